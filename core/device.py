@@ -1,0 +1,375 @@
+"""OpenCL device layer: list devices, pick one, build programs once, move buffers.
+
+Four small jobs, after tinygrad's runtime: *compile* (source -> program, with the build log in the
+error), *program cache* (one build per context and option set), *buffers* (alloc / upload /
+download), *device* (platform, context, queue and the limits kernels size themselves from).
+
+Nothing here imports Qt; the GUI and the CLI call :func:`list_devices` and :func:`open_device`.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "opencl-llm-studio"
+
+
+class OpenCLUnavailableError(RuntimeError):
+    """No OpenCL platform or device could be found (no driver, no PoCL)."""
+
+
+class KernelBuildError(RuntimeError):
+    """An OpenCL program failed to build; the message carries the compiler's build log."""
+
+
+# ----------------------------------------------------------------------------- paths
+
+def _writable_dir(candidate: Path) -> Path | None:
+    try:
+        candidate.mkdir(parents=True, exist_ok=True)
+        probe = candidate / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return candidate
+    except OSError:
+        return None
+
+
+def user_cache_dir() -> Path:
+    """Per-user writable cache folder for compiled kernels.
+
+    Uses platformdirs' user cache dir; falls back to a folder in the system temp dir when HOME is
+    unset or the default location is read-only.
+
+    Returns:
+        An existing, writable directory.
+    """
+    candidates = []
+    if os.environ.get("OPENCL_LLM_CACHE_DIR"):
+        candidates.append(Path(os.environ["OPENCL_LLM_CACHE_DIR"]))
+    try:
+        import platformdirs
+
+        candidates.append(Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)))
+    except Exception:  # HOME unset and no passwd entry: platformdirs raises KeyError/RuntimeError
+        pass
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    candidates.append(Path(tempfile.gettempdir()) / f"{APP_NAME}-cache-{uid}")
+    for c in candidates:
+        ok = _writable_dir(c)
+        if ok is not None:
+            return ok
+    raise OSError(f"no writable cache directory among: {', '.join(map(str, candidates))}")
+
+
+def _prepare_environment() -> None:
+    """Point PoCL's own kernel cache at a writable folder before any context exists."""
+    if "POCL_CACHE_DIR" not in os.environ:
+        try:
+            os.environ["POCL_CACHE_DIR"] = str(user_cache_dir() / "pocl")
+        except OSError:
+            pass
+    # pyopencl prints build logs of successful builds as warnings; we show logs only on failure.
+    os.environ.setdefault("PYOPENCL_COMPILER_OUTPUT", "0")
+
+
+# ----------------------------------------------------------------------------- listing
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One OpenCL device as the user sees it.
+
+    Attributes:
+        index: position in :func:`list_devices` order (preferred devices first).
+        platform: platform name, e.g. "Portable Computing Language".
+        name, vendor: as reported by the driver.
+        kind: "GPU", "CPU", "ACCELERATOR" or "OTHER".
+        integrated: True when the device shares host memory (CL_DEVICE_HOST_UNIFIED_MEMORY), i.e.
+            an integrated GPU (or a CPU).
+        compute_units: CL_DEVICE_MAX_COMPUTE_UNITS.
+        global_mem_bytes, local_mem_bytes: memory sizes in bytes.
+        max_work_group_size: CL_DEVICE_MAX_WORK_GROUP_SIZE.
+        opencl_version: CL_DEVICE_VERSION string.
+    """
+
+    index: int
+    platform: str
+    name: str
+    vendor: str
+    kind: str
+    integrated: bool
+    compute_units: int
+    global_mem_bytes: int
+    local_mem_bytes: int
+    max_work_group_size: int
+    opencl_version: str
+    platform_index: int
+    device_index: int
+
+    @property
+    def label(self) -> str:
+        """Short human label, e.g. ``"Intel(R) UHD Graphics (integrated GPU)"``."""
+        if self.kind == "GPU":
+            what = "integrated GPU" if self.integrated else "GPU"
+        else:
+            what = self.kind.lower()
+        return f"{self.name.strip()} ({what}, {self.platform.strip()})"
+
+    def rank(self) -> int:
+        """Preference order: integrated GPU (0), other GPU (1), CPU (2), anything else (3)."""
+        if self.kind == "GPU":
+            return 0 if self.integrated else 1
+        return 2 if self.kind == "CPU" else 3
+
+
+def _loader_name() -> str:
+    found = ctypes.util.find_library("OpenCL")
+    try:
+        import pyopencl
+
+        ext = Path(pyopencl.__file__).parent
+        bundled = sorted(str(p) for p in ext.parent.glob("pyopencl.libs/libOpenCL*"))
+        if bundled:
+            return bundled[0]
+    except Exception:
+        pass
+    return found or "libOpenCL (not found on the library path)"
+
+
+def _no_opencl_message(cause: str) -> str:
+    return (
+        f"No OpenCL device found ({cause}).\n"
+        f"OpenCL loader used: {_loader_name()}\n"
+        "To get one: install your GPU vendor's OpenCL driver (Intel: intel-opencl-icd / "
+        "'Intel Graphics Compute Runtime'; AMD: ROCm or the Adrenalin driver; NVIDIA: the "
+        "proprietary driver), or the CPU driver PoCL with `pip install pyopencl[pocl]` "
+        "(Linux) or your package manager (`apt install pocl-opencl-icd`)."
+    )
+
+
+_KIND_NAMES = {2: "CPU", 4: "GPU", 8: "ACCELERATOR"}
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every OpenCL device on every platform, preferred first.
+
+    Order: integrated GPUs, then other GPUs, then CPUs, then others; stable within a group.
+
+    Returns:
+        A non-empty list of :class:`DeviceInfo`.
+
+    Raises:
+        OpenCLUnavailableError: no platform or no device; the message names the OpenCL loader used
+            and how to install a driver or PoCL.
+    """
+    _prepare_environment()
+    try:
+        import pyopencl as cl
+    except ImportError as e:  # pragma: no cover - dependency missing
+        raise OpenCLUnavailableError(_no_opencl_message(f"pyopencl not importable: {e}")) from e
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as e:  # PLATFORM_NOT_FOUND_KHR when the ICD loader finds no vendor file
+        raise OpenCLUnavailableError(_no_opencl_message(f"no OpenCL platform: {e}")) from None
+    raw = []
+    for pi, p in enumerate(platforms):
+        try:
+            devs = p.get_devices()
+        except cl.Error:
+            continue
+        for di, d in enumerate(devs):
+            kind = next((n for bit, n in _KIND_NAMES.items() if d.type & bit), "OTHER")
+            try:
+                unified = bool(d.host_unified_memory)
+            except cl.Error:
+                unified = kind == "CPU"
+            raw.append(
+                DeviceInfo(
+                    index=-1, platform=p.name, name=d.name, vendor=d.vendor, kind=kind,
+                    integrated=unified, compute_units=int(d.max_compute_units),
+                    global_mem_bytes=int(d.global_mem_size), local_mem_bytes=int(d.local_mem_size),
+                    max_work_group_size=int(d.max_work_group_size), opencl_version=d.version,
+                    platform_index=pi, device_index=di,
+                )
+            )
+    if not raw:
+        raise OpenCLUnavailableError(_no_opencl_message("platforms found but no devices"))
+    ordered = sorted(raw, key=lambda i: i.rank())
+    return [DeviceInfo(**{**i.__dict__, "index": n}) for n, i in enumerate(ordered)]
+
+
+def select_device(spec: int | str | None = None) -> DeviceInfo:
+    """Pick a device by index in :func:`list_devices` order, by (part of) its name, or the default.
+
+    Args:
+        spec: None for the default (first in preference order), an int index, a string of digits,
+            or a case-insensitive substring of the device or platform name.
+
+    Raises:
+        OpenCLUnavailableError: no device at all.
+        ValueError: the index is out of range or no device name matches; lists what exists.
+    """
+    devices = list_devices()
+    if spec is None or spec == "":
+        return devices[0]
+    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
+        i = int(spec)
+        if not 0 <= i < len(devices):
+            raise ValueError(f"device index {i} out of range 0..{len(devices) - 1}; devices:\n"
+                             + "\n".join(f"  {d.index}: {d.label}" for d in devices))
+        return devices[i]
+    needle = str(spec).lower()
+    for d in devices:
+        if needle in d.name.lower() or needle in d.platform.lower() or needle in d.label.lower():
+            return d
+    raise ValueError(f"no OpenCL device matches {spec!r}; devices:\n"
+                     + "\n".join(f"  {d.index}: {d.label}" for d in devices))
+
+
+# ----------------------------------------------------------------------------- device
+
+class Device:
+    """An OpenCL context and in-order queue on one device, with a per-context program cache.
+
+    Programs are built once per (file, build options) and shared by all users of this Device.
+    Kernel objects are *not* shared: each launcher fetches its own with :meth:`kernel`, so that a
+    training thread and a chat thread never call the same ``cl.Kernel`` object at once.
+    """
+
+    def __init__(self, info: DeviceInfo):
+        import pyopencl as cl
+
+        self.cl = cl
+        self.info = info
+        platform = cl.get_platforms()[info.platform_index]
+        self.cl_device = platform.get_devices()[info.device_index]
+        self.context = cl.Context([self.cl_device])
+        self.queue = cl.CommandQueue(self.context)
+        self.cache_dir = str(user_cache_dir() / "pyopencl")
+        self.max_work_group_size = int(self.cl_device.max_work_group_size)
+        self.local_mem_size = int(self.cl_device.local_mem_size)
+        # sub-buffer origins must be multiples of this (CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits)
+        self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)
+        self._programs: dict[tuple[str, tuple[str, ...]], object] = {}
+        self._lock = threading.Lock()
+
+    # -- programs -------------------------------------------------------------------------
+    def program(self, name: str, options: tuple[str, ...] = ()):
+        """The built program ``core/kernels/<name>.cl`` for this context, built on first use.
+
+        Args:
+            name: file stem, e.g. ``"rmsnorm"``.
+            options: build options such as ``("-D", "TILE=16")``.
+
+        Raises:
+            KernelBuildError: the build failed; the message holds the device name and build log.
+        """
+        key = (name, tuple(options))
+        with self._lock:
+            prg = self._programs.get(key)
+            if prg is None:
+                src = resources.files("core.kernels").joinpath(f"{name}.cl").read_text("utf-8")
+                opts = ["-cl-std=CL1.2", *options]
+                try:
+                    prg = self.cl.Program(self.context, src).build(options=opts,
+                                                                    cache_dir=self.cache_dir)
+                except self.cl.RuntimeError as e:
+                    raise KernelBuildError(
+                        f"building {name}.cl for {self.info.name} failed:\n{e}") from None
+                log.debug("built %s.cl %s for %s", name, " ".join(options), self.info.name)
+                self._programs[key] = prg
+        return prg
+
+    def kernel(self, program: str, kernel_name: str, options: tuple[str, ...] = ()):
+        """A new ``cl.Kernel`` object for ``kernel_name`` in ``core/kernels/<program>.cl``.
+
+        Call once per launcher and keep the result; never fetch a kernel per launch.
+        """
+        return self.cl.Kernel(self.program(program, options), kernel_name)
+
+    def work_group_size(self, kernel, wanted: int | None = None) -> int:
+        """Largest power of two <= ``wanted`` that this kernel may use on this device.
+
+        Args:
+            kernel: a ``cl.Kernel``.
+            wanted: requested size, default the device's max work-group size.
+        """
+        limit = int(kernel.get_work_group_info(
+            self.cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
+        limit = min(limit, self.max_work_group_size, wanted or self.max_work_group_size)
+        size = 1
+        while size * 2 <= limit:
+            size *= 2
+        return size
+
+    # -- buffers --------------------------------------------------------------------------
+    def alloc(self, n_floats: int):
+        """An uninitialised float32 device buffer of ``n_floats`` elements (at least one)."""
+        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(1, int(n_floats)) * 4)
+
+    def zeros(self, n: int, dtype=np.float32):
+        """A device buffer of ``n`` zeroed elements of ``dtype`` (float32 or int32)."""
+        nbytes = max(1, int(n)) * np.dtype(dtype).itemsize
+        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        self.cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, dtype=np.uint8), 0, nbytes)
+        return buf
+
+    def upload(self, array: np.ndarray, buf=None):
+        """Copy a host array (float32 or int32, any shape) into a new or given device buffer."""
+        a = np.ascontiguousarray(array)
+        if a.dtype not in (np.float32, np.int32):
+            raise TypeError(f"upload wants float32 or int32, got {a.dtype}")
+        if buf is None:
+            buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(4, a.nbytes))
+        if a.nbytes:
+            self.cl.enqueue_copy(self.queue, buf, a)
+        return buf
+
+    def download(self, buf, shape, dtype=np.float32, offset_elems: int = 0) -> np.ndarray:
+        """Copy a device buffer (or its part from ``offset_elems``) into a new host array."""
+        out = np.empty(shape, dtype=dtype)
+        if out.nbytes:
+            self.cl.enqueue_copy(self.queue, out, buf,
+                                 src_offset=offset_elems * out.itemsize, is_blocking=True)
+        return out
+
+    def copy(self, dst, src, n_elems: int, dst_offset: int = 0, src_offset: int = 0,
+             itemsize: int = 4) -> None:
+        """Device-to-device copy of ``n_elems`` elements (offsets in elements)."""
+        if n_elems:
+            self.cl.enqueue_copy(self.queue, dst, src, byte_count=n_elems * itemsize,
+                                 dst_offset=dst_offset * itemsize, src_offset=src_offset * itemsize)
+
+    def finish(self) -> None:
+        """Block until every queued command has completed."""
+        self.queue.finish()
+
+
+_open_devices: dict[tuple[int, int], Device] = {}
+
+
+def open_device(spec: int | str | DeviceInfo | None = None) -> Device:
+    """Open (or reuse) the :class:`Device` for ``spec`` (see :func:`select_device`).
+
+    One Device per physical device per process, so programs are built once.
+
+    Raises:
+        OpenCLUnavailableError, ValueError: as :func:`select_device`.
+    """
+    info = spec if isinstance(spec, DeviceInfo) else select_device(spec)
+    key = (info.platform_index, info.device_index)
+    dev = _open_devices.get(key)
+    if dev is None:
+        dev = Device(info)
+        _open_devices[key] = dev
+    return dev

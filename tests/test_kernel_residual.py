@@ -1,0 +1,18 @@
+import numpy as np
+import pytest
+
+from core.kernels.residual import Residual
+from tests import reference as ref
+from tests.opcheck import assert_close, from_device, to_device
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
+@pytest.mark.parametrize("local", [1, 32, 256])
+def test_residual_forward_backward(device, rng, n, local):
+    op = Residual(device, local_size=local)
+    a, b, g = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    A, B, O, G = to_device(device, a, b, np.zeros(n, np.float32), g)
+    op.forward(O, A, B, n)
+    assert_close(from_device(device, O, a), ref.residual_forward(a, b), what="out")
+    op.backward(A, G, n)  # A += g
+    assert_close(from_device(device, A, a), ref.residual_forward(a, g), what="d_in")
