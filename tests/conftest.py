@@ -6,6 +6,10 @@ the same tests on the GPU too. ``OPENCL_LLM_TEST_DEVICE`` (index or name) limits
 from __future__ import annotations
 
 import os
+import sys
+
+# GUI tests (tests/test_gui_*.py) need no display; set before anything imports Qt.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
 import pytest
@@ -34,3 +38,45 @@ def device(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# ----------------------------------------------------------------------------- GUI (tests/test_gui_*.py)
+
+@pytest.fixture(autouse=True)
+def _no_qthread_left_running():
+    """Fail any test that leaves a gui.workers QThread running (it is stopped and waited for first)."""
+    yield
+    workers = sys.modules.get("gui.workers")
+    if workers is None:
+        return
+    left = workers.running_workers()
+    if left:
+        names = ", ".join(type(w).__name__ for w in left)
+        workers.stop_all()
+        pytest.fail(f"the test left QThreads running: {names}")
+
+
+@pytest.fixture
+def studio_env(tmp_path, monkeypatch, qapp):
+    """Isolated QSettings (an INI file under tmp_path) and app data folder for the GUI."""
+    from PySide6.QtCore import QSettings
+
+    from gui.app import set_app_identity
+
+    set_app_identity(qapp)
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "settings"))
+    monkeypatch.setenv("OPENCL_LLM_STUDIO_DATA", str(tmp_path / "data"))
+    return tmp_path
+
+
+@pytest.fixture
+def main_window(studio_env, qtbot):
+    """The real MainWindow on a fresh untitled project; closed (workers stopped) after the test."""
+    from gui.main_window import MainWindow
+
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()

@@ -11,3 +11,136 @@ import numpy as np
 def residual_forward(a, b):
     """a (n), b (n) -> a + b."""
     return (a.astype(np.float64) + b).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- rope
+
+def rope_forward(x, seq_len, pos_start, theta, inverse=False):
+    """x (n_tokens, n_heads, head_dim) -> x with adjacent pairs (x[2i], x[2i+1]) rotated by
+    pos * theta**(-2i/head_dim), pos = pos_start + row % seq_len (ggml "normal" RoPE).
+    ``inverse`` rotates by the negated angle. Written as a complex multiplication."""
+    x64 = x.astype(np.float64)
+    n_tokens, _, head_dim = x64.shape
+    pos = pos_start + np.arange(n_tokens) % seq_len
+    freq = float(theta) ** (-np.arange(0, head_dim, 2) / head_dim)
+    angle = pos[:, None, None] * freq[None, None, :]
+    z = (x64[..., 0::2] + 1j * x64[..., 1::2]) * np.exp((-1j if inverse else 1j) * angle)
+    out = np.empty_like(x64)
+    out[..., 0::2] = z.real
+    out[..., 1::2] = z.imag
+    return out.astype(x.dtype)
+
+
+def rope_backward(d_out, seq_len, pos_start, theta):
+    """d_out (n_tokens, n_heads, head_dim) -> d_x: the transpose of the rotation (inverse)."""
+    return rope_forward(d_out, seq_len, pos_start, theta, inverse=True)
+
+
+# ----------------------------------------------------------------------------- attention
+
+def _attention_heads(q, k, v):
+    """(B, S, H, D) layouts -> (B, H, S, D) float64 with kv heads repeated to the query heads."""
+    rep = q.shape[2] // k.shape[2]
+    qh = q.astype(np.float64).transpose(0, 2, 1, 3)
+    kh = np.repeat(k.astype(np.float64).transpose(0, 2, 1, 3), rep, axis=1)
+    vh = np.repeat(v.astype(np.float64).transpose(0, 2, 1, 3), rep, axis=1)
+    return qh, kh, vh
+
+
+def attention_forward(q, k, v, q_pos_start=0):
+    """q (B, seq_q, H, D), k/v (B, seq_k, KVH, D) -> out (B, seq_q, H, D),
+    probs (B, H, seq_q, seq_k). Causal (key j visible to query i iff j <= q_pos_start + i),
+    scale 1/sqrt(D), query head h uses kv head h // (H // KVH). Rows that see no key give zeros.
+    Float64 internally; results in q's dtype."""
+    qh, kh, vh = _attention_heads(q, k, v)
+    seq_q, seq_k, d = q.shape[1], k.shape[1], q.shape[3]
+    s = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(d)
+    visible = np.arange(seq_k)[None, :] <= q_pos_start + np.arange(seq_q)[:, None]
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True) if seq_k else np.zeros(s.shape[:-1] + (1,))
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(visible, np.exp(s - m), 0.0)
+    z = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    out = (p @ vh).transpose(0, 2, 1, 3)
+    return out.astype(q.dtype), p.astype(q.dtype)
+
+
+def attention_backward(d_out, q, k, v):
+    """Training backward (q_pos_start 0, seq_q = seq_k): d_out (B, S, H, D) ->
+    d_q (B, S, H, D), d_k, d_v (B, S, KVH, D); a kv head's grads sum over its query heads.
+    dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D)."""
+    _, p = attention_forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    qh, kh, vh = _attention_heads(q, k, v)
+    b, s_len, h, d = q.shape
+    kvh = k.shape[2]
+    do = d_out.astype(np.float64).transpose(0, 2, 1, 3)
+    dv = p.transpose(0, 1, 3, 2) @ do
+    dp = do @ vh.transpose(0, 1, 3, 2)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    dq = ds @ kh / np.sqrt(d)
+    dk = ds.transpose(0, 1, 3, 2) @ qh / np.sqrt(d)
+    dk = dk.reshape(b, kvh, h // kvh, s_len, d).sum(axis=2)
+    dv = dv.reshape(b, kvh, h // kvh, s_len, d).sum(axis=2)
+    t = (0, 2, 1, 3)
+    return (dq.transpose(t).astype(q.dtype), dk.transpose(t).astype(q.dtype),
+            dv.transpose(t).astype(q.dtype))
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+def cross_entropy_forward(logits, targets, mask):
+    """logits (n_rows, V), targets (n_rows) int, mask (n_rows) -> losses (n_rows):
+    mask * -log softmax(logits)[target]; rows with mask 0 give 0 (target not read)."""
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    logp = x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    keep = mask != 0
+    t = np.where(keep, targets, 0)
+    nll = -logp[np.arange(len(t)), t]
+    return np.where(keep, mask.astype(np.float64) * nll, 0.0).astype(logits.dtype)
+
+
+def cross_entropy_backward(logits, targets, mask, grad_scale):
+    """Gradient of grad_scale * sum(losses) w.r.t. logits (n_rows, V):
+    (softmax - onehot(target)) * mask * grad_scale; rows with mask 0 give 0."""
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    keep = mask != 0
+    rows = np.nonzero(keep)[0]
+    p[rows, targets[rows]] -= 1.0
+    g = p * (np.where(keep, mask, 0.0) * grad_scale)[:, None]
+    return g.astype(logits.dtype)
+
+
+# ----------------------------------------------------------------------------- adamw
+
+def adamw_step(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale=1.0):
+    """One AdamW step (Loshchilov & Hutter 2019) in float64 -> new (p, m, v) as float64."""
+    p, g, m, v = (np.asarray(a, np.float64) for a in (p, g, m, v))
+    g = g * grad_scale
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    mhat = m / (1 - beta1 ** step)
+    vhat = v / (1 - beta2 ** step)
+    p = p - lr * (mhat / (np.sqrt(vhat) + eps) + weight_decay * p)
+    return p, m, v
+
+
+# ----------------------------------------------------------------------------- grad norm
+
+def sum_squares(x):
+    """x (n) -> sum(x^2) in float64."""
+    x = x.astype(np.float64)
+    return float(np.dot(x, x))
+
+
+def sum_(x):
+    """x (n) -> sum(x) in float64."""
+    return float(x.astype(np.float64).sum())
+
+
+def clip_factor(norm, max_norm):
+    """Gradient-clipping factor: min(1, max_norm / (norm + 1e-6))."""
+    return min(1.0, max_norm / (norm + 1e-6))

@@ -1,0 +1,223 @@
+"""Model and training configuration: frozen dataclasses that reject impossible values.
+
+Every error names the field, so the GUI can highlight it and the CLI can print it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+
+
+class ConfigError(ValueError):
+    """A configuration value is impossible. ``field`` names the offending field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
+
+
+def _positive_float(name: str, value, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+    if not ok:
+        raise ConfigError(name, f"must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of the llama-architecture transformer.
+
+    Attributes:
+        vocab_size: number of token ids (embedding rows and logits).
+        d_model: width of the residual stream (GGUF ``embedding_length``).
+        n_layers: transformer blocks (GGUF ``block_count``).
+        n_heads: query heads; ``head_dim = d_model // n_heads`` must be even (RoPE pairs).
+        n_kv_heads: key/value heads (grouped-query attention); divides ``n_heads``.
+        ffn_dim: hidden width of the SwiGLU feed-forward (GGUF ``feed_forward_length``).
+        context_length: longest sequence in tokens.
+        rope_theta: RoPE base frequency (GGUF ``rope.freq_base``).
+        norm_eps: RMSNorm epsilon (GGUF ``attention.layer_norm_rms_epsilon``).
+    """
+
+    vocab_size: int = 1024
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    ffn_dim: int = 384
+    context_length: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("context_length", self.context_length, 2)
+        _positive_float("rope_theta", self.rope_theta)
+        _positive_float("norm_eps", self.norm_eps)
+        if self.d_model % self.n_heads:
+            raise ConfigError("n_heads", f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if (self.d_model // self.n_heads) % 2:
+            raise ConfigError("n_heads", f"head_dim = d_model / n_heads = {self.d_model // self.n_heads} must be even for RoPE")
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError("n_kv_heads", f"must divide n_heads ({self.n_heads}), got {self.n_kv_heads}")
+        if self.context_length > 8192:
+            raise ConfigError("context_length", f"at most 8192 is supported, got {self.context_length}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: d_model // n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K and V projections: n_kv_heads * head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameter names (llama.cpp's GGUF tensor names) and numpy shapes, in storage order.
+
+        Matrices come first and the RMSNorm weights last, so weight decay applies to one
+        contiguous range. Linear weights are (out_features, in_features).
+        """
+        d, f, kv = self.d_model, self.ffn_dim, self.kv_dim
+        mats = [("token_embd.weight", (self.vocab_size, d))]
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            mats += [(p + "attn_q.weight", (d, d)), (p + "attn_k.weight", (kv, d)),
+                     (p + "attn_v.weight", (kv, d)), (p + "attn_output.weight", (d, d)),
+                     (p + "ffn_gate.weight", (f, d)), (p + "ffn_up.weight", (f, d)),
+                     (p + "ffn_down.weight", (d, f))]
+        mats.append(("output.weight", (self.vocab_size, d)))
+        norms = [(f"blk.{i}.{n}.weight", (d,)) for i in range(self.n_layers) for n in ("attn_norm", "ffn_norm")]
+        norms.append(("output_norm.weight", (d,)))
+        return mats + norms
+
+    def n_params(self) -> int:
+        """Total number of parameters."""
+        return sum(math.prod(s) for _, s in self.param_shapes())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build from a dict, ignoring unknown keys; raises ConfigError for bad values."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One training stage (pretraining on facts, or tuning on dialogues).
+
+    Attributes:
+        steps: optimizer steps in this stage (0 skips the stage).
+        lr: peak learning rate.
+        batch_size: sequences per step.
+        warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to ``lr * min_lr_ratio``.
+        min_lr_ratio: final lr as a fraction of ``lr``.
+    """
+
+    steps: int = 300
+    lr: float = 3e-3
+    batch_size: int = 16
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+
+    def validate(self, prefix: str) -> None:
+        _positive_int(f"{prefix}.steps", self.steps, 0)
+        _positive_float(f"{prefix}.lr", self.lr)
+        _positive_int(f"{prefix}.batch_size", self.batch_size)
+        _positive_int(f"{prefix}.warmup_steps", self.warmup_steps, 0)
+        if not (0 <= self.min_lr_ratio <= 1):
+            raise ConfigError(f"{prefix}.min_lr_ratio", f"must be within 0..1, got {self.min_lr_ratio!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings for both stages.
+
+    Attributes:
+        pretrain: stage 1, next-token loss on facts.
+        tune: stage 2, loss on assistant tokens of dialogues, with facts replayed.
+        replay_share: fraction of each tuning batch drawn from facts (0 disables replay).
+        grad_clip: max global gradient L2 norm (0 disables clipping).
+        weight_decay: AdamW decoupled weight decay on matrices (not on norm weights).
+        beta1, beta2, adam_eps: AdamW moments.
+        seed: seeds initialisation and batch sampling.
+        vocab_size: target size of the BPE vocabulary trained on the dataset.
+    """
+
+    pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
+    tune: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=16, warmup_steps=10))
+    replay_share: float = 0.25
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    adam_eps: float = 1e-8
+    seed: int = 0
+    vocab_size: int = 1024
+
+    def __post_init__(self):
+        self.pretrain.validate("pretrain")
+        self.tune.validate("tune")
+        if not (0 <= self.replay_share < 1):
+            raise ConfigError("replay_share", f"must be within 0..1 (exclusive of 1), got {self.replay_share!r}")
+        _positive_float("grad_clip", self.grad_clip, allow_zero=True)
+        _positive_float("weight_decay", self.weight_decay, allow_zero=True)
+        for name in ("beta1", "beta2"):
+            v = getattr(self, name)
+            if not (0 <= v < 1):
+                raise ConfigError(name, f"must be within 0..1, got {v!r}")
+        _positive_float("adam_eps", self.adam_eps)
+        _positive_int("seed", self.seed, 0)
+        _positive_int("vocab_size", self.vocab_size, 260)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """Build from a dict (as written by :meth:`to_dict`); raises ConfigError for bad values."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        for stage in ("pretrain", "tune"):
+            if isinstance(kw.get(stage), dict):
+                sn = {f.name for f in fields(StageConfig)}
+                kw[stage] = StageConfig(**{k: v for k, v in kw[stage].items() if k in sn})
+        return cls(**kw)
+
+
+PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
+    "Tiny": (ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=192, context_length=128),
+             TrainConfig(pretrain=StageConfig(steps=200, lr=4e-3, batch_size=16, warmup_steps=20),
+                         tune=StageConfig(steps=150, lr=3e-3, batch_size=16, warmup_steps=10))),
+    "Small": (ModelConfig(), TrainConfig()),
+    "Larger": (ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=768, context_length=256),
+               TrainConfig(pretrain=StageConfig(steps=400, lr=2e-3, batch_size=16, warmup_steps=40),
+                           tune=StageConfig(steps=300, lr=1e-3, batch_size=16, warmup_steps=20))),
+}
+"""Named model/training presets offered by the GUI (the default is "Small")."""
+
+
+def lr_at(stage: StageConfig, step: int) -> float:
+    """Learning rate at 0-based ``step`` of a stage: linear warmup, then cosine decay.
+
+    1. step < warmup: lr * (step + 1) / warmup.
+    2. afterwards: progress p in [0, 1]; lr * (min + (1 - min) * 0.5 * (1 + cos(pi * p))).
+    (Loshchilov & Hutter 2017, SGDR, without restarts.)
+    """
+    if stage.warmup_steps and step < stage.warmup_steps:
+        return stage.lr * (step + 1) / stage.warmup_steps
+    span = max(1, stage.steps - stage.warmup_steps)
+    p = min(1.0, (step - stage.warmup_steps) / span)
+    return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+__all__ = ["ConfigError", "ModelConfig", "StageConfig", "TrainConfig", "PRESETS", "lr_at", "replace"]

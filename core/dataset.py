@@ -1,0 +1,462 @@
+"""Training data: facts (plain statements, for pretraining) and dialogues (for tuning the chat turns).
+
+Readers (:func:`load_dataset`), chosen by extension and content:
+
+- the app's JSON file (``.json``)::
+
+      {"format": "opencl-llm-studio-dataset", "version": 1,
+       "facts": ["...", ...],
+       "dialogues": [{"system": null, "turns": [{"user": "...", "assistant": "..."}]}]}
+
+- plain text (``.txt`` and anything else that is not JSON): each line is a fact, except
+  ``User: ...`` / ``Assistant: ...`` lines, which form dialogues (several turns allowed; a blank line or
+  a fact line ends a dialogue). An optional ``System: ...`` line may open a dialogue.
+- chat JSONL (``.jsonl``): one ``{"messages": [{"role": "system"|"user"|"assistant", "content": ...}]}``
+  per line; a ``{"text": "..."}`` line is a fact.
+
+All readers take UTF-8 with or without a byte-order mark and read CRLF and bare CR as LF. Text and
+JSONL contents are trimmed of surrounding whitespace. A malformed entry becomes a :class:`Problem`
+(``file:line: message``) and is skipped; only a file that cannot be read as a whole raises
+:class:`DatasetError`.
+
+Writers (:func:`save_dataset`, :func:`export_text`, :func:`export_jsonl`) replace the file atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
+
+if TYPE_CHECKING:
+    from core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "opencl-llm-studio-dataset"
+FORMAT_VERSION = 1
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_ROLE_LINE = re.compile(r"^(user|assistant|system)\s*:\s?(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be read at all (not UTF-8, broken JSON, unknown layout)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A skipped entry of a file: ``path``, 1-based ``line`` (None when unknown), ``message``."""
+
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}" if self.line is not None else f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class EntryProblem:
+    """A problem with one entry of a :class:`Dataset`, from :meth:`Dataset.validate`.
+
+    ``kind`` is ``"fact"`` or ``"dialogue"``; ``index`` is 0-based into ``facts``/``dialogues``;
+    ``turn`` is the 0-based turn of a dialogue or None. ``str()`` numbers from 1 for people.
+    """
+
+    kind: str
+    index: int
+    turn: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.kind} {self.index + 1}"
+        if self.turn is not None:
+            where += f", turn {self.turn + 1}"
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class Dialogue:
+    """A conversation: ``turns`` of ``(user, assistant)`` and an optional ``system`` message."""
+
+    turns: list[tuple[str, str]] = field(default_factory=list)
+    system: str | None = None
+
+
+@dataclass
+class Dataset:
+    """What a model learns from: ``facts`` (pretraining sentences) and ``dialogues`` (chat tuning)."""
+
+    facts: list[str] = field(default_factory=list)
+    dialogues: list[Dialogue] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-file form (see the module docstring)."""
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "facts": list(self.facts),
+            "dialogues": [{"system": d.system, "turns": [{"user": u, "assistant": a} for u, a in d.turns]}
+                          for d in self.dialogues],
+        }
+
+    def tokenizer_texts(self) -> list[str]:
+        """Plain texts to train the tokenizer on: the facts and each dialogue as rendered (no specials)."""
+        return list(self.facts) + [plain_text(d.turns, d.system) for d in self.dialogues]
+
+    def validate(self, tokenizer: "Tokenizer | None" = None, max_tokens: int | None = None) -> list[EntryProblem]:
+        """Problems that would spoil training, one per entry (or turn) at fault.
+
+        Checks: empty fact, empty question or answer, a dialogue without turns, text containing the
+        special token strings (``<|bos|>`` ...), and — when both ``tokenizer`` and ``max_tokens`` are
+        given — a fact or dialogue longer than ``max_tokens`` tokens (BOS/EOS included), which the
+        trainer would have to cut.
+        """
+        out: list[EntryProblem] = []
+        check_len = tokenizer is not None and max_tokens is not None
+
+        def specials(text: str) -> list[str]:
+            return [t for t in SPECIAL_TOKENS if t in text]
+
+        for i, fact in enumerate(self.facts):
+            if not fact.strip():
+                out.append(EntryProblem("fact", i, None, "empty fact"))
+                continue
+            if found := specials(fact):
+                out.append(EntryProblem("fact", i, None, f"contains the reserved text {found[0]}"))
+            if check_len and (n := len(encode_fact(tokenizer, fact))) > max_tokens:
+                out.append(EntryProblem("fact", i, None, f"too long: {n} tokens, the limit is {max_tokens}"))
+        for i, d in enumerate(self.dialogues):
+            if not d.turns:
+                out.append(EntryProblem("dialogue", i, None, "no turns"))
+                continue
+            if d.system and (found := specials(d.system)):
+                out.append(EntryProblem("dialogue", i, None, f"system message contains the reserved text {found[0]}"))
+            for t, (user, answer) in enumerate(d.turns):
+                if not user.strip():
+                    out.append(EntryProblem("dialogue", i, t, "empty question"))
+                if not answer.strip():
+                    out.append(EntryProblem("dialogue", i, t, "empty answer"))
+                if found := specials(user) + specials(answer):
+                    out.append(EntryProblem("dialogue", i, t, f"contains the reserved text {found[0]}"))
+            if check_len and (n := len(encode_dialogue(tokenizer, d)[0])) > max_tokens:
+                out.append(EntryProblem("dialogue", i, None, f"too long: {n} tokens, the limit is {max_tokens}"))
+        return out
+
+
+def dataset_hash(dataset: Dataset) -> str:
+    """sha256 hex digest of the canonical JSON (sorted keys, no spaces, UTF-8) of ``dataset``."""
+    text = json.dumps(dataset.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ---- atomic writing ---------------------------------------------------------------------------
+
+def atomic_write_text(path: str | PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8 (LF line ends) to ``path`` via a temp file in the same folder + ``os.replace``.
+
+    Either the whole new file is there afterwards or the old one is untouched. Raises OSError.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        except FileNotFoundError:
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a new data file should be readable as usual
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_dataset(dataset: Dataset, path: str | PathLike) -> None:
+    """Write ``dataset`` in the app's JSON format, atomically. Raises OSError."""
+    atomic_write_text(path, json.dumps(dataset.to_dict(), ensure_ascii=False, indent=1) + "\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(_LINE_BREAK.split(text))
+
+
+def export_text(dataset: Dataset, path: str | PathLike) -> None:
+    """Write the plain-text format (facts, a blank line, then dialogues separated by blank lines).
+
+    The format is line based: a line break inside an entry is written as a space. Raises OSError.
+    """
+    lines = [_one_line(f) for f in dataset.facts]
+    for d in dataset.dialogues:
+        if lines:
+            lines.append("")
+        if d.system:
+            lines.append(f"System: {_one_line(d.system)}")
+        for user, answer in d.turns:
+            lines += [f"User: {_one_line(user)}", f"Assistant: {_one_line(answer)}"]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def export_jsonl(dataset: Dataset, path: str | PathLike) -> None:
+    """Write chat JSONL: ``{"text": fact}`` lines, then ``{"messages": [...]}`` lines. Raises OSError."""
+    rows: list[dict[str, Any]] = [{"text": f} for f in dataset.facts]
+    for d in dataset.dialogues:
+        msgs = [{"role": "system", "content": d.system}] if d.system else []
+        for user, answer in d.turns:
+            msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        rows.append({"messages": msgs})
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DatasetError(f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                           "save it as UTF-8 and load it again") from e
+    return "\n".join(_LINE_BREAK.split(text))
+
+
+def load_dataset(path: str | PathLike) -> tuple[Dataset, list[Problem]]:
+    """Read a dataset file in any of the supported formats (see the module docstring).
+
+    Returns:
+        ``(dataset, problems)``: the entries that could be read and one :class:`Problem` per skipped
+        entry.
+
+    Raises:
+        DatasetError: (a ValueError) the file is not UTF-8, is JSON of an unknown layout or a newer
+            version, or is broken JSON where the whole file is one JSON document.
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    ext = path.suffix.lower()
+    first = next((ln.strip() for ln in text.split("\n") if ln.strip()), "")
+    if ext == ".jsonl" or (ext != ".json" and _looks_like_jsonl_line(first)):
+        return _parse_jsonl(text, str(path))
+    if ext == ".json" or (first.startswith(("{", "[")) and _is_json_document(text)):
+        return _parse_json(text, str(path))
+    return _parse_text(text, str(path))
+
+
+def default_dataset() -> Dataset:
+    """The small example dataset shipped in ``resources/default_dataset.json``.
+
+    Raises:
+        DatasetError: if the packaged file is damaged.
+    """
+    from importlib.resources import files
+
+    text = files("resources").joinpath("default_dataset.json").read_text(encoding="utf-8")
+    dataset, problems = _parse_json(text, "default_dataset.json")
+    if problems:
+        raise DatasetError("; ".join(map(str, problems)))
+    return dataset
+
+
+def _is_json_document(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _looks_like_jsonl_line(line: str) -> bool:
+    if not line.startswith("{"):
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and ("messages" in obj or "text" in obj)
+
+
+def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from e
+    if isinstance(doc, list):  # a JSON array of chat records, as some tools write
+        return _parse_records(doc, path, lambda i: None)
+    if not isinstance(doc, dict) or not ({"facts", "dialogues"} & doc.keys() or doc.get("format") == FORMAT_NAME):
+        raise DatasetError(f"{path}: not an OpenCL LLM Studio dataset (no \"facts\" or \"dialogues\")")
+    if doc.get("format", FORMAT_NAME) != FORMAT_NAME:
+        raise DatasetError(f"{path}: unknown format {doc.get('format')!r}")
+    version = doc.get("version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise DatasetError(f"{path}: dataset version {version!r} is newer than this app reads ({FORMAT_VERSION})")
+
+    ds, problems = Dataset(), []
+
+    def bad(msg: str) -> None:
+        problems.append(Problem(path, None, msg))
+
+    facts = doc.get("facts", [])
+    if not isinstance(facts, list):
+        bad("\"facts\" must be a list")
+        facts = []
+    for i, f in enumerate(facts):
+        if isinstance(f, str):
+            ds.facts.append(f)
+        else:
+            bad(f"facts[{i}]: not text, skipped")
+    dialogues = doc.get("dialogues", [])
+    if not isinstance(dialogues, list):
+        bad("\"dialogues\" must be a list")
+        dialogues = []
+    for i, d in enumerate(dialogues):
+        turns = d.get("turns") if isinstance(d, dict) else None
+        system = d.get("system") if isinstance(d, dict) else None
+        if not isinstance(turns, list) or not (system is None or isinstance(system, str)):
+            bad(f"dialogues[{i}]: needs a \"turns\" list and a text or null \"system\", skipped")
+            continue
+        pairs = []
+        for t in turns:
+            if not (isinstance(t, dict) and isinstance(t.get("user"), str) and isinstance(t.get("assistant"), str)):
+                pairs = None
+                break
+            pairs.append((t["user"], t["assistant"]))
+        if pairs is None:
+            bad(f"dialogues[{i}]: each turn needs text \"user\" and \"assistant\", skipped")
+            continue
+        ds.dialogues.append(Dialogue(pairs, system))
+    return ds, problems
+
+
+def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+    records, lines, problems = [], [], []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+            lines.append(n)
+        except json.JSONDecodeError as e:
+            problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
+    ds, more = _parse_records(records, path, lambda i: lines[i])
+    return ds, problems + more
+
+
+def _parse_records(records: list, path: str, line_of) -> tuple[Dataset, list[Problem]]:
+    ds, problems = Dataset(), []
+    for i, rec in enumerate(records):
+        err = None
+        if isinstance(rec, dict) and isinstance(rec.get("text"), str) and "messages" not in rec:
+            if rec["text"].strip():
+                ds.facts.append(rec["text"].strip())
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+            err = "expected {\"messages\": [...]} or {\"text\": ...}"
+        else:
+            dialogue, err = _messages_to_dialogue(rec["messages"])
+            if dialogue is not None:
+                ds.dialogues.append(dialogue)
+        if err:
+            problems.append(Problem(path, line_of(i), f"{err}, skipped"))
+    return ds, problems
+
+
+def _messages_to_dialogue(messages: list) -> tuple[Dialogue | None, str | None]:
+    system, turns, pending = None, [], None
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return None, f"message {k + 1} is not an object"
+        role, content = m.get("role"), m.get("content")
+        if role not in ("system", "user", "assistant"):
+            return None, f"message {k + 1} has unknown role {role!r} (expected system, user or assistant)"
+        if not isinstance(content, str):
+            return None, f"message {k + 1} has no text content"
+        content = content.strip()
+        if role == "system":
+            if k != 0:
+                return None, f"message {k + 1}: a system message must come first"
+            system = content or None
+        elif role == "user":
+            if pending is not None:
+                return None, f"message {k + 1}: two user messages in a row"
+            if not content:
+                return None, f"message {k + 1}: empty user message"
+            pending = content
+        else:
+            if pending is None:
+                return None, f"message {k + 1}: an assistant message must follow a user message"
+            if not content:
+                return None, f"message {k + 1}: empty assistant message"
+            turns.append((pending, content))
+            pending = None
+    if pending is not None:
+        return None, "the last user message has no assistant answer"
+    if not turns:
+        return None, "no user/assistant messages"
+    return Dialogue(turns, system), None
+
+
+def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+    ds, problems = Dataset(), []
+    turns: list[tuple[str, str]] = []
+    system: str | None = None
+    system_line = 0  # line of a pending "System:" line, 0 when there is none
+    question: str | None = None
+    question_line = 0
+
+    def end_dialogue() -> None:
+        nonlocal turns, system, system_line, question
+        if question is not None:
+            problems.append(Problem(path, question_line, "\"User:\" line without an \"Assistant:\" answer, skipped"))
+        if turns:
+            ds.dialogues.append(Dialogue(turns, system))
+        elif system_line:
+            problems.append(Problem(path, system_line, "\"System:\" line without a dialogue after it, skipped"))
+        turns, system, system_line, question = [], None, 0, None
+
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        m = _ROLE_LINE.match(line)
+        if not line or not m:
+            end_dialogue()
+            if line:
+                ds.facts.append(line)
+            continue
+        role, content = m.group(1).lower(), m.group(2).strip()
+        if role == "system":
+            end_dialogue()
+            system, system_line = content or None, n
+        elif role == "user":
+            if question is not None:
+                problems.append(Problem(path, question_line, "\"User:\" line without an \"Assistant:\" answer, skipped"))
+            if content:
+                question, question_line = content, n
+            else:
+                question = None
+                problems.append(Problem(path, n, "empty \"User:\" line, skipped"))
+        else:
+            if question is None:
+                problems.append(Problem(path, n, "\"Assistant:\" line without a \"User:\" line before it, skipped"))
+            elif not content:
+                problems.append(Problem(path, n, "empty \"Assistant:\" answer, skipped with its question"))
+                question = None
+            else:
+                turns.append((question, content))
+                question = None
+    end_dialogue()
+    return ds, problems

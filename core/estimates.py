@@ -1,0 +1,94 @@
+"""Sizes the GUI shows before anything runs: device memory a training run needs, GGUF file size,
+and token / sequence counts of a dataset.
+
+Estimates, not guarantees: the memory figure mirrors the buffers ``core.model.Model`` allocates
+(weights, gradients, two AdamW moments, activations for one batch of ``context_length`` tokens);
+the GGUF size counts tensor data plus a rough allowance for the tokenizer metadata.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.config import ModelConfig
+
+# Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
+GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0}
+
+
+def training_memory_bytes(config: ModelConfig, batch_size: int) -> int:
+    """Device memory of a training run in bytes (float32 everywhere).
+
+    Params P: weights, gradients and AdamW m and v = 16 P bytes. Activations for ``n = batch *
+    context_length`` tokens, per layer: residual stream, norms, q/k/v, attention probabilities
+    (batch, heads, T, T), FFN gate/up/hidden; plus logits and their gradient (n, vocab).
+    """
+    c = config
+    n = batch_size * c.context_length
+    d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
+    att = batch_size * c.n_heads * c.context_length ** 2
+    floats = 4 * c.n_params()
+    # forward buffers (kept for backward)
+    floats += 3 * n + (L + 1) * n * d + L * (6 * n * d + 2 * n * kv + 2 * n + att + 3 * n * f)
+    floats += 2 * n * d + 2 * n + n * v
+    # backward scratch
+    floats += n * v + 5 * n * d + 2 * n * kv + att + 3 * n * f
+    return int(floats * 4)
+
+
+def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
+    """Approximate size of the exported GGUF file for ``dtype`` ("f32", "f16" or "q8_0").
+
+    Norm weights (1-D) stay float32 in every dtype, as llama.cpp's converter keeps them.
+    """
+    per = GGUF_BYTES_PER_VALUE[dtype.lower()]
+    size = 0.0
+    for _, shape in config.param_shapes():
+        count = math.prod(shape)
+        size += count * (4.0 if len(shape) == 1 else per)
+    size += config.vocab_size * 24 + 4096  # token strings, scores, types, merges, other keys
+    return int(size)
+
+
+@dataclass(frozen=True)
+class DatasetStats:
+    """Token counts of a dataset with a tokenizer trained on it.
+
+    Attributes:
+        vocab_size: tokens in the trained vocabulary.
+        fact_tokens, dialogue_tokens: tokens of all facts / dialogues with BOS/EOS and chat format.
+        fact_sequences, dialogue_sequences: training sequences (long entries are cut into windows).
+        longest: tokens of the longest single entry.
+        too_long: ``EntryProblem`` list of entries longer than ``context_length + 1`` tokens.
+    """
+
+    vocab_size: int
+    fact_tokens: int
+    dialogue_tokens: int
+    fact_sequences: int
+    dialogue_sequences: int
+    longest: int
+    too_long: list
+
+
+def dataset_stats(dataset, vocab_size: int, context_length: int) -> DatasetStats:
+    """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences.
+
+    Raises:
+        ValueError: the dataset is empty or ``vocab_size`` is below the tokenizer's minimum.
+    """
+    from core.chat_format import encode_dialogue, encode_fact
+    from core.tokenizer import Tokenizer
+    from core.trainer import corpus_texts, dialogue_examples, fact_examples
+
+    if not dataset.facts and not dataset.dialogues:
+        raise ValueError("the dataset has no facts and no dialogues")
+    tok = Tokenizer.train(corpus_texts(dataset), vocab_size=vocab_size)
+    fact_lens = [len(encode_fact(tok, f)) for f in dataset.facts]
+    dlg_lens = [len(encode_dialogue(tok, d)[0]) for d in dataset.dialogues if d.turns]
+    facts = fact_examples(tok, [f for f in dataset.facts if f.strip()], context_length)
+    dialogues = dialogue_examples(tok, [d for d in dataset.dialogues if d.turns], context_length)
+    too_long = dataset.validate(tok, context_length + 1)
+    too_long = [p for p in too_long if p.message.startswith("too long")]
+    return DatasetStats(tok.vocab_size, sum(fact_lens), sum(dlg_lens), len(facts), len(dialogues),
+                        max(fact_lens + dlg_lens, default=0), too_long)

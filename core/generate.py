@@ -1,0 +1,216 @@
+"""Text generation on the OpenCL device with a KV cache, and sampling.
+
+The prompt is run once (prefill) and its keys/values kept per layer in a cache of
+``context_length`` rows; each new token then costs one single-row forward that attends to the cache.
+Only the last position's logits are read back to the host, where the sampler picks the next token.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.config import ModelConfig
+from core.device import Device
+from core.model import Ops, param_layout
+from core.params import TensorStore
+
+
+class ContextFullError(ValueError):
+    """The prompt alone does not fit into ``context_length`` tokens."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the next token is chosen.
+
+    Attributes:
+        temperature: 0 = greedy (argmax); otherwise logits are divided by it.
+        top_k: keep the k most likely tokens (0 = all).
+        top_p: nucleus sampling, keep the smallest set with probability mass >= top_p (1 = all)
+            (Holtzman et al. 2020).
+        repetition_penalty: > 1 makes tokens already in the context less likely, dividing
+            positive logits and multiplying negative ones (Keskar et al. 2019, CTRL; as llama.cpp's
+            ``penalty_repeat``).
+        max_tokens: most new tokens to generate.
+        seed: seed of the sampler's random generator.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+def sample_token(logits: np.ndarray, settings: SamplingSettings, history: list[int],
+                 rng: np.random.Generator) -> tuple[int, np.ndarray]:
+    """Choose the next token id from one row of logits.
+
+    Args:
+        logits: float32 (vocab_size,).
+        settings: sampling settings.
+        history: token ids already in the context (for the repetition penalty).
+        rng: random generator (unused when greedy).
+
+    Returns:
+        (token id, probabilities (vocab_size,) float64 after penalty and temperature) — the
+        probabilities the GUI shows for a token and its alternatives.
+    """
+    z = logits.astype(np.float64).copy()
+    if settings.repetition_penalty != 1.0 and history:
+        ids = np.unique(np.asarray(history, dtype=np.int64))
+        vals = z[ids]
+        z[ids] = np.where(vals > 0, vals / settings.repetition_penalty, vals * settings.repetition_penalty)
+    t = settings.temperature if settings.temperature > 0 else 1.0
+    p = np.exp((z - z.max()) / t)
+    p /= p.sum()
+    if settings.temperature == 0:
+        return int(np.argmax(z)), p
+    q = p.copy()
+    if settings.top_k and settings.top_k < q.size:
+        kth = np.partition(q, -settings.top_k)[-settings.top_k]
+        q[q < kth] = 0.0
+    if settings.top_p < 1.0:
+        order = np.argsort(-q, kind="stable")
+        cum = np.cumsum(q[order])
+        keep = cum - q[order] < settings.top_p * cum[-1]
+        drop = order[~keep]
+        q[drop] = 0.0
+    q /= q.sum()
+    return int(rng.choice(q.size, p=q)), p
+
+
+class Generator:
+    """Runs the model forward for generation, with a per-layer KV cache on the device.
+
+    A Generator holds its own copy of the weights and its own kernel objects, so it can run in a
+    chat thread while another thread trains.
+
+    Args:
+        dev: OpenCL device.
+        config: architecture.
+        weights: ``{gguf tensor name: float32 array}``, or a ``core.params.TensorStore`` to copy
+            on the device.
+    """
+
+    def __init__(self, dev: Device, config: ModelConfig, weights):
+        self.dev, self.config = dev, config
+        self.ops = Ops(dev)
+        self.params = TensorStore(dev, param_layout(dev, config))
+        if isinstance(weights, TensorStore):
+            self.params.copy_from(weights)
+        else:
+            self.params.load(weights)
+        c, a = config, dev.alloc
+        T, d, kv, f = c.context_length, c.d_model, c.kv_dim, c.ffn_dim
+        self.k_cache = [a(T * kv) for _ in range(c.n_layers)]
+        self.v_cache = [a(T * kv) for _ in range(c.n_layers)]
+        self.tokens = dev.zeros(T, np.int32)
+        self.x, self.x_mid, self.h_norm, self.q = a(T * d), a(T * d), a(T * d), a(T * d)
+        self.k_new, self.v_new, self.attn_out, self.tmp = a(T * kv), a(T * kv), a(T * d), a(T * d)
+        self.gate, self.up, self.h = a(T * f), a(T * f), a(T * f)
+        self.rstd = a(T)
+        self.probs = a(c.n_heads * T * T)
+        self.logits = a(c.vocab_size)
+        self.n_past = 0
+
+    def reset(self) -> None:
+        """Forget the cached context."""
+        self.n_past = 0
+
+    def feed(self, ids: list[int]) -> np.ndarray:
+        """Append tokens to the context and return the logits after the last one.
+
+        Args:
+            ids: token ids (at least one).
+
+        Returns:
+            float32 (vocab_size,) logits predicting the token after ``ids[-1]``.
+
+        Raises:
+            ContextFullError: the context would exceed ``context_length``.
+            ValueError: empty ``ids`` or an id outside the vocabulary.
+        """
+        c, o, p = self.config, self.ops, self.params.views
+        t = len(ids)
+        if t == 0:
+            raise ValueError("feed() needs at least one token")
+        if self.n_past + t > c.context_length:
+            raise ContextFullError(f"{self.n_past + t} tokens do not fit the context_length of {c.context_length}")
+        arr = np.asarray(ids, np.int32)
+        if arr.min() < 0 or arr.max() >= c.vocab_size:
+            raise ValueError(f"token id outside vocab_size {c.vocab_size}")
+        self.dev.upload(arr, self.tokens)
+        d, kv, f, pos = c.d_model, c.kv_dim, c.ffn_dim, self.n_past
+        o.embedding.forward(self.x, self.tokens, p["token_embd.weight"], t, d)
+        for i in range(c.n_layers):
+            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+            o.rmsnorm.forward(self.h_norm, self.rstd, self.x, w("attn_norm"), t, d, c.norm_eps)
+            o.matmul(self.q, self.h_norm, w("attn_q"), t, d, d, trans_b=True)
+            o.matmul(self.k_new, self.h_norm, w("attn_k"), t, kv, d, trans_b=True)
+            o.matmul(self.v_new, self.h_norm, w("attn_v"), t, kv, d, trans_b=True)
+            o.rope.forward(self.q, t, t, c.n_heads, c.head_dim, pos, c.rope_theta)
+            o.rope.forward(self.k_new, t, t, c.n_kv_heads, c.head_dim, pos, c.rope_theta)
+            self.dev.copy(self.k_cache[i], self.k_new, t * kv, dst_offset=pos * kv)
+            self.dev.copy(self.v_cache[i], self.v_new, t * kv, dst_offset=pos * kv)
+            o.attention.forward(self.attn_out, self.probs, self.q, self.k_cache[i], self.v_cache[i],
+                                1, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
+            o.matmul(self.tmp, self.attn_out, w("attn_output"), t, d, d, trans_b=True)
+            o.residual.forward(self.x_mid, self.x, self.tmp, t * d)
+            o.rmsnorm.forward(self.h_norm, self.rstd, self.x_mid, w("ffn_norm"), t, d, c.norm_eps)
+            o.matmul(self.gate, self.h_norm, w("ffn_gate"), t, f, d, trans_b=True)
+            o.matmul(self.up, self.h_norm, w("ffn_up"), t, f, d, trans_b=True)
+            o.swiglu.forward(self.h, self.gate, self.up, t * f)
+            o.matmul(self.tmp, self.h, w("ffn_down"), t, d, f, trans_b=True)
+            o.residual.forward(self.x, self.x_mid, self.tmp, t * d)
+        o.rmsnorm.forward(self.h_norm, self.rstd, self.x, p["output_norm.weight"], t, d, c.norm_eps)
+        o.matmul(self.logits, self.h_norm, p["output.weight"], 1, c.vocab_size, d, trans_b=True,
+                 a_offset=(t - 1) * d)
+        self.n_past += t
+        return self.dev.download(self.logits, (c.vocab_size,))
+
+    def generate(self, prompt_ids: list[int], settings: SamplingSettings, stop_ids: set[int] | None = None,
+                 ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield new tokens one by one after ``prompt_ids``, with their probability rows.
+
+        Stops after ``settings.max_tokens`` tokens, after a token in ``stop_ids`` (which is yielded),
+        or when the context is full (no error: the answer is cut at ``context_length``).
+
+        Yields:
+            (token id, probabilities (vocab_size,) float64 at that step).
+
+        Raises:
+            ContextFullError: the prompt itself does not fit.
+        """
+        self.reset()
+        if len(prompt_ids) >= self.config.context_length:
+            raise ContextFullError(
+                f"the prompt has {len(prompt_ids)} tokens; context_length is {self.config.context_length}")
+        rng = np.random.default_rng(settings.seed)
+        history = list(prompt_ids)
+        logits = self.feed(list(prompt_ids))
+        for _ in range(settings.max_tokens):
+            tok, probs = sample_token(logits, settings, history, rng)
+            yield tok, probs
+            history.append(tok)
+            if stop_ids and tok in stop_ids:
+                return
+            if self.n_past >= self.config.context_length:
+                return
+            logits = self.feed([tok])

@@ -1,0 +1,100 @@
+// Softmax cross-entropy over the vocabulary, one row per token, with a per-row mask.
+//   lse = max + log(sum_j exp(logits[j] - max))          (stable log-sum-exp)
+//   losses[r]   = mask[r] * (lse - logits[target[r]])    (= mask * -log softmax[target])
+//   d_logits[r] = (softmax - onehot(target[r])) * mask[r] * grad_scale
+// (the gradient of softmax cross-entropy; e.g. Goodfellow et al. 2016, "Deep Learning", 6.2.2.3).
+// A row with mask 0 gets loss 0 and gradient 0 and its target is never read (it may be out of
+// range). A row with mask != 0 and a target outside [0, vocab_size) gets loss NaN (a data bug made
+// visible) and gradient softmax * mask * grad_scale.
+// One work-group per row; tree reductions in local memory, any power-of-two work-group size.
+
+inline float group_max(__local float* red, float v) {
+    const int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lid] = fmax(red[lid], red[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);  // red is reused by the next reduction
+    return r;
+}
+
+inline float group_sum(__local float* red, float v) {
+    const int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lid] += red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+// Row max and sum_j exp(row[j] - max), identical in every item of the group.
+inline float2 row_softmax_stats(__global const float* row, const int vocab_size,
+                                __local float* red) {
+    const int lid = get_local_id(0);
+    const int L = get_local_size(0);
+    float m = -INFINITY;
+    for (int j = lid; j < vocab_size; j += L) m = fmax(m, row[j]);
+    m = group_max(red, m);
+    float s = 0.0f;
+    for (int j = lid; j < vocab_size; j += L) s += exp(row[j] - m);
+    s = group_sum(red, s);
+    return (float2)(m, s);
+}
+
+inline float row_loss(__global const float* row, const int t, const int vocab_size,
+                      const float mk, const float2 st) {
+    if (t < 0 || t >= vocab_size) return NAN;
+    return mk * (st.x + log(st.y) - row[t]);
+}
+
+// logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows) -> losses (n_rows)
+// One work-group per row; red (local size).
+__kernel void cross_entropy_forward(__global float* losses, __global const float* logits,
+                                    __global const int* targets, __global const float* mask,
+                                    const int vocab_size, __local float* red) {
+    const int r = get_group_id(0);
+    const float mk = mask[r];
+    if (mk == 0.0f) {  // uniform over the group: all items leave before any barrier
+        if (get_local_id(0) == 0) losses[r] = 0.0f;
+        return;
+    }
+    __global const float* row = logits + (size_t)r * vocab_size;
+    const float2 st = row_softmax_stats(row, vocab_size, red);
+    if (get_local_id(0) == 0) losses[r] = row_loss(row, targets[r], vocab_size, mk, st);
+}
+
+// logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
+// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
+// One work-group per row; red (local size).
+__kernel void cross_entropy_backward(__global float* losses, __global float* d_logits,
+                                     __global const float* logits, __global const int* targets,
+                                     __global const float* mask, const int vocab_size,
+                                     const float grad_scale, __local float* red) {
+    const int r = get_group_id(0);
+    const int lid = get_local_id(0);
+    const int L = get_local_size(0);
+    const float mk = mask[r];
+    __global float* drow = d_logits + (size_t)r * vocab_size;
+    if (mk == 0.0f) {  // uniform over the group: all items leave before any barrier
+        for (int j = lid; j < vocab_size; j += L) drow[j] = 0.0f;
+        if (lid == 0) losses[r] = 0.0f;
+        return;
+    }
+    __global const float* row = logits + (size_t)r * vocab_size;
+    const float2 st = row_softmax_stats(row, vocab_size, red);
+    const int t = targets[r];
+    if (lid == 0) losses[r] = row_loss(row, t, vocab_size, mk, st);
+    const float inv = 1.0f / st.y;
+    const float g = mk * grad_scale;
+    for (int j = lid; j < vocab_size; j += L) {
+        const float p = exp(row[j] - st.x) * inv;
+        drow[j] = (p - (j == t ? 1.0f : 0.0f)) * g;
+    }
+}

@@ -1,0 +1,55 @@
+"""Launcher for ``cross_entropy.cl``: masked softmax cross-entropy and its gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from core.device import Device
+
+
+class CrossEntropy:
+    """Per-row softmax cross-entropy over the vocabulary with a per-row mask.
+
+    ``losses[r] = mask[r] * -log softmax(logits[r])[targets[r]]`` with a stable log-sum-exp;
+    ``d_logits[r] = (softmax(logits[r]) - onehot(targets[r])) * mask[r] * grad_scale``.
+    A row with mask 0 gets loss 0 and gradient 0 (its target is not read). A row with mask != 0
+    and a target outside ``[0, vocab_size)`` gets loss NaN. One work-group per row.
+    """
+
+    def __init__(self, dev: Device, local_size: int | None = None):
+        self.dev = dev
+        self._fwd = dev.kernel("cross_entropy", "cross_entropy_forward")
+        self._bwd = dev.kernel("cross_entropy", "cross_entropy_backward")
+        wanted = local_size or 256
+        self.local_fwd = dev.work_group_size(self._fwd, wanted)
+        self.local_bwd = dev.work_group_size(self._bwd, wanted)
+
+    def forward(self, losses, logits, targets, mask, n_rows: int, vocab_size: int) -> None:
+        """Losses only (evaluation).
+
+        Args:
+            losses: float32 ``(n_rows,)``, overwritten.
+            logits: float32 ``(n_rows, vocab_size)``.
+            targets: int32 ``(n_rows,)``.
+            mask: float32 ``(n_rows,)``, the weight of each row's loss (0 drops the row).
+        """
+        if n_rows == 0:
+            return
+        L = self.local_fwd
+        self._fwd(self.dev.queue, (n_rows * L,), (L,), losses, logits, targets, mask,
+                  np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
+
+    def forward_backward(self, losses, d_logits, logits, targets, mask, n_rows: int,
+                         vocab_size: int, grad_scale: float) -> None:
+        """Losses and the gradient of ``grad_scale * sum(losses)`` w.r.t. the logits.
+
+        Args:
+            losses: float32 ``(n_rows,)``, overwritten.
+            d_logits: float32 ``(n_rows, vocab_size)``, overwritten (an activation gradient).
+            logits, targets, mask: as :meth:`forward`.
+            grad_scale: the trainer passes ``1 / sum(mask)`` (mean loss over real tokens).
+        """
+        if n_rows == 0:
+            return
+        L = self.local_bwd
+        self._bwd(self.dev.queue, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
+                  np.int32(vocab_size), np.float32(grad_scale), self.dev.cl.LocalMemory(4 * L))

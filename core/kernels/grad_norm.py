@@ -1,0 +1,66 @@
+"""Launcher for ``grad_norm.cl``: deterministic sums (gradient norm, loss sum) and scaling."""
+from __future__ import annotations
+
+import numpy as np
+
+from core.device import Device
+from core.kernels._launch import round_up
+
+# Upper bound on pass-1 work-groups: enough to fill a GPU, few enough that pass 2 is one group.
+MAX_GROUPS = 256
+
+
+class Reduce:
+    """Two-pass deterministic reductions into a slot of a small result buffer, and ``x *= f``.
+
+    Results land in ``out[out_index]`` on the device, so several (per-layer norms, the loss sum)
+    can be computed and then downloaded in one copy. The pass-1 partials buffer belongs to this
+    launcher (grown as needed): use one ``Reduce`` per thread / queue.
+    """
+
+    def __init__(self, dev: Device, local_size: int | None = None):
+        self.dev = dev
+        self._sq = dev.kernel("grad_norm", "sum_squares_partial")
+        self._sum = dev.kernel("grad_norm", "sum_partial")
+        self._final = dev.kernel("grad_norm", "sum_final")
+        self._scale = dev.kernel("grad_norm", "scale")
+        wanted = local_size or 256
+        self.local = min(dev.work_group_size(self._sq, wanted),
+                         dev.work_group_size(self._sum, wanted))
+        self.local_final = dev.work_group_size(self._final, wanted)
+        self.local_scale = dev.work_group_size(self._scale, wanted)
+        self._partials = None
+        self._partials_len = 0
+
+    def _reduce(self, kernel, out, out_index: int, x, n: int) -> None:
+        if n >= 2**31:
+            raise ValueError(f"reduction over {n} elements exceeds the int32 index range")
+        L = self.local
+        n_groups = max(1, min(-(-int(n) // L), MAX_GROUPS))
+        if n_groups > self._partials_len:
+            self._partials = self.dev.alloc(n_groups)
+            self._partials_len = n_groups
+        lm = self.dev.cl.LocalMemory
+        kernel(self.dev.queue, (n_groups * L,), (L,), self._partials, x, np.int32(n), lm(4 * L))
+        Lf = self.local_final
+        self._final(self.dev.queue, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
+                    np.int32(n_groups), lm(4 * Lf))
+
+    def sum_squares(self, out, out_index: int, x, n: int) -> None:
+        """``out[out_index] = sum(x[:n] ** 2)`` (overwritten); ``x`` float32 ``(n,)``, ``out``
+        float32 with at least ``out_index + 1`` elements. Deterministic for a given device and
+        local size. The L2 norm is ``sqrt`` of it; per-layer norms: call on sub-buffers with
+        different ``out_index``."""
+        self._reduce(self._sq, out, out_index, x, n)
+
+    def sum(self, out, out_index: int, x, n: int) -> None:
+        """``out[out_index] = sum(x[:n])`` (overwritten), e.g. the loss sum over rows."""
+        self._reduce(self._sum, out, out_index, x, n)
+
+    def scale(self, x, n: int, factor: float) -> None:
+        """``x[:n] *= factor`` in place, e.g. gradient clipping with
+        ``factor = min(1, max_norm / (norm + 1e-6))``."""
+        if n == 0:
+            return
+        L = self.local_scale
+        self._scale(self.dev.queue, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))

@@ -1,0 +1,58 @@
+// Rotary position embedding (RoPE), ggml's "normal" mode: ADJACENT pairs (x[2i], x[2i+1]) of each
+// head are rotated, as llama.cpp does for the llama architecture (LLAMA_ROPE_TYPE_NORM; see
+// ggml_rope / ggml_rope_ext in ggml.h and rope_yarn + ggml_compute_forward_rope_f32 in
+// ggml/src/ggml-cpu/ops.cpp, with freq_scale = 1 and ext_factor = 0). For pair i at position pos:
+//   angle    = pos * theta^(-2i/head_dim)
+//   y[2i]    = x[2i] cos(angle) - x[2i+1] sin(angle)
+//   y[2i+1]  = x[2i] sin(angle) + x[2i+1] cos(angle)
+// The rotation is orthogonal, so the backward is the inverse rotation (angle -> -angle), which is
+// also how ggml's rope_back works (it negates the sine).
+//
+// Accuracy: a plain float product pos * inv_freq is off by up to half an ulp of the angle (~1e-4 rad
+// at pos ~ 4000). The launcher passes inv_freq = theta^(-2i/head_dim) computed on the host in double
+// precision as a float pair hi + lo; the kernel forms the angle as an unevaluated sum a_hi + a_lo
+// (the rounding error of pos * hi recovered exactly with fma) and applies a_lo to first order:
+//   cos(a_hi + a_lo) ~ cos(a_hi) - sin(a_hi) a_lo,  sin(a_hi + a_lo) ~ sin(a_hi) + cos(a_hi) a_lo.
+// |a_lo| is at most about half an ulp of a_hi (1.2e-4 for angles below 4096, 2e-3 below 65536), so
+// the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
+
+// x (n_tokens, n_heads, head_dim) rotated in place; inv_freq (2, head_dim/2) = [hi; lo].
+// Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
+// One work-item per pair: g = (r * n_heads + head) * (head_dim/2) + i, and the pair sits at x[2g].
+inline void rope_rotate(__global float* x, __global const float* inv_freq, const int n_tokens,
+                        const int seq_len, const int n_heads, const int head_dim,
+                        const int pos_start, const float sign) {
+    const int n_freq = head_dim / 2;
+    const int g = get_global_id(0);
+    if (g >= n_tokens * n_heads * n_freq) return;
+    const int i = g % n_freq;
+    const int r = g / (n_freq * n_heads);
+    const float pos = (float)(pos_start + r % seq_len);
+    const float f_hi = inv_freq[i];
+    const float f_lo = inv_freq[n_freq + i];
+    const float a_hi = pos * f_hi;
+    const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
+    float c_hi;
+    const float s_hi = sincos(a_hi, &c_hi);
+    const float c = c_hi - s_hi * a_lo;
+    const float s = sign * (s_hi + c_hi * a_lo);
+    __global float* p = x + 2 * (size_t)g;
+    const float x0 = p[0];
+    const float x1 = p[1];
+    p[0] = x0 * c - x1 * s;
+    p[1] = x0 * s + x1 * c;
+}
+
+// x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> x rotated by +angle, in place
+__kernel void rope_forward(__global float* x, __global const float* inv_freq, const int n_tokens,
+                           const int seq_len, const int n_heads, const int head_dim,
+                           const int pos_start) {
+    rope_rotate(x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, 1.0f);
+}
+
+// d_x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> d_x rotated by -angle, in place
+__kernel void rope_backward(__global float* d_x, __global const float* inv_freq, const int n_tokens,
+                            const int seq_len, const int n_heads, const int head_dim,
+                            const int pos_start) {
+    rope_rotate(d_x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, -1.0f);
+}

@@ -1,0 +1,369 @@
+"""The llama-architecture transformer on OpenCL: forward in layer order, backward in reverse.
+
+Computes exactly what llama.cpp's ``llama`` architecture computes (src/models/llama.cpp,
+``llm_build_llama``), so a GGUF export needs no weight permutation:
+
+    x = token_embd[tokens]                                   # (N, d_model), N = B*T
+    for each layer:
+        h = rmsnorm(x) * attn_norm                           # (N, d_model)
+        q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T               # (B,T,n_heads,hd), (B,T,n_kv,hd) x2
+        q, k = rope(q), rope(k)                              # adjacent pairs, ggml "normal" rope
+        a = causal_softmax(q k^T / sqrt(hd)) v               # (B,T,n_heads,hd)
+        x = x + a @ Wo.T
+        h = rmsnorm(x) * ffn_norm
+        x = x + (silu(h @ Wgate.T) * (h @ Wup.T)) @ Wdown.T  # SwiGLU (Shazeer 2020)
+    logits = (rmsnorm(x) * output_norm) @ Wout.T             # (N, vocab_size)
+
+All tensors stay on the device; the host reads back only the scalars it reports.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.config import ModelConfig
+from core.device import Device
+from core.kernels.adamw import AdamW
+from core.kernels.attention import Attention
+from core.kernels.cross_entropy import CrossEntropy
+from core.kernels.embedding import Embedding
+from core.kernels.grad_norm import Reduce
+from core.kernels.matmul import Matmul
+from core.kernels.residual import Residual
+from core.kernels.rmsnorm import RMSNorm
+from core.kernels.rope import RoPE
+from core.kernels.swiglu import SwiGLU
+from core.params import Layout, TensorStore
+
+
+class Ops:
+    """One set of launchers (and so of ``cl.Kernel`` objects) for one thread's use."""
+
+    def __init__(self, dev: Device):
+        self.embedding = Embedding(dev)
+        self.rmsnorm = RMSNorm(dev)
+        self.matmul = Matmul(dev)
+        self.rope = RoPE(dev)
+        self.attention = Attention(dev)
+        self.swiglu = SwiGLU(dev)
+        self.residual = Residual(dev)
+        self.cross_entropy = CrossEntropy(dev)
+        self.adamw = AdamW(dev)
+        self.reduce = Reduce(dev)
+
+
+def param_layout(dev: Device, config: ModelConfig) -> Layout:
+    """The flat layout of the model's parameters (matrices first, norm weights last)."""
+    first_norm = "blk.0.attn_norm.weight"
+    return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm)
+
+
+def init_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """Random initial weights: N(0, 0.02) for matrices, the residual output projections
+    (attn_output, ffn_down) scaled by 1/sqrt(2 n_layers) as in GPT-2 (Radford et al. 2019),
+    ones for RMSNorm weights.
+
+    Returns:
+        ``{gguf tensor name: float32 array}``.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in config.param_shapes():
+        if name.endswith("norm.weight"):
+            out[name] = np.ones(shape, np.float32)
+        else:
+            std = 0.02
+            if name.endswith(("attn_output.weight", "ffn_down.weight")):
+                std /= math.sqrt(2 * config.n_layers)
+            out[name] = (rng.standard_normal(shape) * std).astype(np.float32)
+    return out
+
+
+@dataclass
+class StepStats:
+    """What one training step reports (host floats)."""
+
+    loss: float
+    grad_norm: float
+    layer_grad_norms: list[float]
+    tokens: int
+
+
+class _Activations:
+    """Buffers for one forward/backward at up to ``n_max`` tokens and ``batch x seq`` attention."""
+
+    def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
+        n = batch * seq
+        d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
+        att = batch * c.n_heads * seq * seq
+        a = dev.alloc
+        self.tokens = dev.zeros(n, np.int32)
+        self.targets = dev.zeros(n, np.int32)
+        self.mask = dev.zeros(n)
+        self.x = [a(n * d) for _ in range(L + 1)]
+        self.attn_in = [a(n * d) for _ in range(L)]
+        self.attn_rstd = [a(n) for _ in range(L)]
+        self.q = [a(n * d) for _ in range(L)]
+        self.k = [a(n * kv) for _ in range(L)]
+        self.v = [a(n * kv) for _ in range(L)]
+        self.probs = [a(att) for _ in range(L)]
+        self.attn_out = [a(n * d) for _ in range(L)]
+        self.x_mid = [a(n * d) for _ in range(L)]
+        self.ffn_in = [a(n * d) for _ in range(L)]
+        self.ffn_rstd = [a(n) for _ in range(L)]
+        self.gate = [a(n * f) for _ in range(L)]
+        self.up = [a(n * f) for _ in range(L)]
+        self.h = [a(n * f) for _ in range(L)]
+        self.tmp = a(n * d)
+        self.final = a(n * d)
+        self.final_rstd = a(n)
+        self.logits = a(n * v)
+        self.losses = a(n)
+        if training:
+            self.d_logits = a(n * v)
+            self.dx = a(n * d)
+            self.d_norm = a(n * d)
+            self.d_in = a(n * d)
+            self.dq = a(n * d)
+            self.dk = a(n * kv)
+            self.dv = a(n * kv)
+            self.d_scores = a(att)
+            self.d_attn = a(n * d)
+            self.dh = a(n * f)
+            self.d_gate = a(n * f)
+            self.d_up = a(n * f)
+
+
+class Model:
+    """Weights, gradients, AdamW moments and activations of one model on one device.
+
+    Args:
+        dev: the OpenCL device.
+        config: the architecture.
+        batch_size: largest batch a step will use.
+        weights: initial weights ``{gguf name: array}``; random (``init_weights``) when None.
+        seed: seed for random weights.
+        training: allocate gradients, moments and backward buffers.
+    """
+
+    def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
+                 weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True):
+        self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
+        self.ops = Ops(dev)
+        self.layout = param_layout(dev, config)
+        self.params = TensorStore(dev, self.layout)
+        self.params.load(weights if weights is not None else init_weights(config, seed))
+        if training:
+            self.grads = TensorStore(dev, self.layout)
+            self.m = TensorStore(dev, self.layout)
+            self.v = TensorStore(dev, self.layout)
+        self.act = _Activations(dev, config, batch_size, config.context_length, training)
+        names = [n for n, _ in config.param_shapes()]
+        self._stat_names = names
+        # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
+        self._stats = dev.zeros(2 + len(names))
+        self.adam_step = 0
+
+    # ------------------------------------------------------------------ forward
+    def _load_batch(self, tokens: np.ndarray, targets: np.ndarray | None, mask: np.ndarray | None):
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tokens.shape}")
+        b, t = tokens.shape
+        if b > self.batch_size:
+            raise ValueError(f"batch of {b} exceeds the model's batch_size {self.batch_size}")
+        if t > self.config.context_length:
+            raise ValueError(f"sequence of {t} tokens exceeds context_length {self.config.context_length}")
+        bad = (tokens < 0) | (tokens >= self.config.vocab_size)
+        if bad.any():
+            raise ValueError(f"token id {int(tokens[bad][0])} outside vocab_size {self.config.vocab_size}")
+        self.dev.upload(tokens, self.act.tokens)
+        if targets is not None:
+            self.dev.upload(np.asarray(targets, np.int32), self.act.targets)
+            self.dev.upload(np.asarray(mask, np.float32), self.act.mask)
+        return b, t
+
+    def _forward(self, b: int, t: int) -> None:
+        """Forward pass in layer order; activations are kept for backward."""
+        c, o, a, p = self.config, self.ops, self.act, self.params.views
+        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
+        o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d)
+        for i in range(c.n_layers):
+            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+            # attention block
+            o.rmsnorm.forward(a.attn_in[i], a.attn_rstd[i], a.x[i], w("attn_norm"), n, d, c.norm_eps)
+            o.matmul(a.q[i], a.attn_in[i], w("attn_q"), n, d, d, trans_b=True)
+            o.matmul(a.k[i], a.attn_in[i], w("attn_k"), n, kv, d, trans_b=True)
+            o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True)
+            o.rope.forward(a.q[i], n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
+            o.rope.forward(a.k[i], n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+            o.attention.forward(a.attn_out[i], a.probs[i], a.q[i], a.k[i], a.v[i],
+                                b, t, t, 0, c.n_heads, c.n_kv_heads, c.head_dim)
+            o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
+            o.residual.forward(a.x_mid[i], a.x[i], a.tmp, n * d)
+            # feed-forward block
+            o.rmsnorm.forward(a.ffn_in[i], a.ffn_rstd[i], a.x_mid[i], w("ffn_norm"), n, d, c.norm_eps)
+            o.matmul(a.gate[i], a.ffn_in[i], w("ffn_gate"), n, f, d, trans_b=True)
+            o.matmul(a.up[i], a.ffn_in[i], w("ffn_up"), n, f, d, trans_b=True)
+            o.swiglu.forward(a.h[i], a.gate[i], a.up[i], n * f)
+            o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
+            o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
+        o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
+        o.matmul(a.logits, a.final, p["output.weight"], n, c.vocab_size, d, trans_b=True)
+
+    # ------------------------------------------------------------------ backward
+    def _backward(self, b: int, t: int) -> None:
+        """Backward pass, in reverse layer order; accumulates into ``self.grads`` (zeroed first)."""
+        c, o, a, p, g = self.config, self.ops, self.act, self.params.views, self.grads.views
+        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
+        mm = o.matmul
+        # output projection and final norm
+        mm(g["output.weight"], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
+        mm(a.d_norm, a.d_logits, p["output.weight"], n, d, c.vocab_size)
+        o.rmsnorm.backward(a.dx, g["output_norm.weight"], a.d_norm, a.x[c.n_layers],
+                           p["output_norm.weight"], a.final_rstd, n, d)
+        # a.dx now holds dL/dx for the residual stream; walk the layers backwards
+        for i in reversed(range(c.n_layers)):
+            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+            gw = lambda s: g[f"blk.{i}.{s}.weight"]  # noqa: E731
+            # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
+            mm(gw("ffn_down"), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
+            mm(a.dh, a.dx, w("ffn_down"), n, f, d)
+            o.swiglu.backward(a.d_gate, a.d_up, a.dh, a.gate[i], a.up[i], n * f)
+            mm(gw("ffn_gate"), a.d_gate, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
+            mm(gw("ffn_up"), a.d_up, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.d_gate, w("ffn_gate"), n, d, f)
+            mm(a.d_norm, a.d_up, w("ffn_up"), n, d, f, accumulate=True)
+            o.rmsnorm.backward(a.d_in, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d)
+            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx_mid
+            # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
+            mm(gw("attn_output"), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
+            mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
+            o.attention.backward(a.dq, a.dk, a.dv, a.d_scores, a.d_attn, a.q[i], a.k[i], a.v[i], a.probs[i],
+                                 b, t, c.n_heads, c.n_kv_heads, c.head_dim)
+            o.rope.backward(a.dq, n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
+            o.rope.backward(a.dk, n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+            mm(gw("attn_q"), a.dq, a.attn_in[i], d, d, n, trans_a=True, accumulate=True)
+            mm(gw("attn_k"), a.dk, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
+            mm(gw("attn_v"), a.dv, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.dq, w("attn_q"), n, d, d)
+            mm(a.d_norm, a.dk, w("attn_k"), n, d, kv, accumulate=True)
+            mm(a.d_norm, a.dv, w("attn_v"), n, d, kv, accumulate=True)
+            o.rmsnorm.backward(a.d_in, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d)
+            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx[i]
+        o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
+
+    # ------------------------------------------------------------------ public API
+    def logits(self, tokens: np.ndarray) -> np.ndarray:
+        """Logits for every position of a batch.
+
+        Args:
+            tokens: int (batch, seq) token ids, seq <= context_length, batch <= batch_size.
+
+        Returns:
+            float32 (batch, seq, vocab_size).
+
+        Raises:
+            ValueError: shape or token ids out of range.
+        """
+        tokens = np.atleast_2d(tokens)
+        b, t = self._load_batch(tokens, None, None)
+        self._forward(b, t)
+        return self.dev.download(self.act.logits, (b, t, self.config.vocab_size))
+
+    def loss(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+        """Masked mean cross-entropy (nats/token) of a batch, without gradients.
+
+        Args:
+            tokens, targets: int (batch, seq); mask: float (batch, seq) of 0/1.
+
+        Returns:
+            (mean loss over masked tokens, number of masked tokens).
+        """
+        b, t = self._load_batch(tokens, targets, mask)
+        self._forward(b, t)
+        n = b * t
+        o, a = self.ops, self.act
+        o.cross_entropy.forward(a.losses, a.logits, a.targets, a.mask, n, self.config.vocab_size)
+        o.reduce.sum(self._stats, 0, a.losses, n)
+        o.reduce.sum(self._stats, 1, a.mask, n)
+        s = self.dev.download(self._stats, (2,))
+        return float(s[0] / max(s[1], 1.0)), float(s[1])
+
+    def forward_backward(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> StepStats:
+        """Loss and gradients of one batch (gradients left in ``self.grads``).
+
+        The loss is the mean over tokens with mask 1; gradients are of that mean.
+
+        Args:
+            tokens, targets: int (batch, seq); mask: float (batch, seq) of 0/1.
+
+        Returns:
+            StepStats with loss (nats/token), global gradient L2 norm and one norm per layer
+            (entry 0 = embedding, 1..n_layers = blocks, last = output norm + projection).
+
+        Raises:
+            ValueError: bad shapes or ids; RuntimeError: no token has mask 1.
+        """
+        if not self.training:
+            raise RuntimeError("model was created with training=False")
+        mask = np.asarray(mask, np.float32)
+        count = float(mask.sum())
+        if count <= 0:
+            raise RuntimeError("batch has no token to learn from (all loss-mask entries are 0)")
+        b, t = self._load_batch(tokens, targets, mask)
+        n = b * t
+        self._forward(b, t)
+        o, a = self.ops, self.act
+        o.cross_entropy.forward_backward(a.losses, a.d_logits, a.logits, a.targets, a.mask, n,
+                                         self.config.vocab_size, 1.0 / count)
+        self.grads.zero()
+        self._backward(b, t)
+        o.reduce.sum(self._stats, 0, a.losses, n)
+        o.reduce.sum(self._stats, 1, a.mask, n)
+        for i, name in enumerate(self._stat_names):
+            s = self.layout.slots[name]
+            o.reduce.sum_squares(self._stats, 2 + i, self.grads.views[name], s.size)
+        stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
+        sq = stats[2:]
+        per_layer = [0.0] * (self.config.n_layers + 2)
+        for name, v in zip(self._stat_names, sq):
+            if name.startswith("blk."):
+                per_layer[1 + int(name.split(".")[1])] += v
+            elif name.startswith("token_embd"):
+                per_layer[0] += v
+            else:
+                per_layer[-1] += v
+        return StepStats(loss=float(stats[0] / count), grad_norm=float(math.sqrt(sq.sum())) if np.all(np.isfinite(sq)) else float("nan"),
+                         layer_grad_norms=[math.sqrt(x) if math.isfinite(x) else float("nan") for x in per_layer],
+                         tokens=int(count))
+
+    def optimizer_step(self, lr: float, weight_decay: float, beta1: float, beta2: float, eps: float,
+                       grad_scale: float = 1.0) -> None:
+        """One AdamW update from ``self.grads`` (scaled by ``grad_scale``, the clip factor).
+
+        Weight decay applies to matrices, not to RMSNorm weights. Uses Loshchilov & Hutter (2019).
+        """
+        self.adam_step += 1
+        for k, (start, size) in enumerate(self.layout.ranges):
+            if not size:
+                continue
+            self.ops.adamw.step(self.params.range_views[k], self.grads.range_views[k], self.m.range_views[k],
+                                self.v.range_views[k], size, lr, beta1, beta2, eps,
+                                weight_decay if k == 0 else 0.0, self.adam_step, grad_scale)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Host copy of every weight, ``{gguf tensor name: float32 array}``."""
+        return self.params.to_numpy()
+
+    def optimizer_state(self) -> dict[str, object]:
+        """Host copy of AdamW's moments and step counter, for checkpoints."""
+        return {"m": self.m.to_numpy(), "v": self.v.to_numpy(), "step": self.adam_step}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Restore what :meth:`optimizer_state` returned."""
+        self.m.load(state["m"])
+        self.v.load(state["v"])
+        self.adam_step = int(state["step"])

@@ -1,0 +1,104 @@
+"""All tensors of one kind (weights, gradients, AdamW moments) in one device allocation.
+
+After llm.c: one buffer, a table of named offsets and shapes, and a sub-buffer per tensor so that
+kernels see each tensor as its own ``cl.Buffer``. Each tensor starts on the device's base-address
+alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN); the padding between tensors stays zero.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.device import Device
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor lives in the flat buffer: offset and size in float32 elements."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+
+class Layout:
+    """Offsets of named tensors in a flat float32 buffer.
+
+    Args:
+        shapes: ``[(name, shape), ...]`` in storage order.
+        align_elems: every tensor's offset is a multiple of this many float32 elements.
+        split_at: name of the first tensor of the second range (``ranges`` gives both), or None.
+    """
+
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], align_elems: int, split_at: str | None = None):
+        self.slots: dict[str, Slot] = {}
+        off = 0
+        self.split = None
+        for name, shape in shapes:
+            off = -(-off // align_elems) * align_elems
+            if name == split_at:
+                self.split = off
+            size = math.prod(shape)
+            self.slots[name] = Slot(name, tuple(shape), off, size)
+            off += size
+        self.total = -(-off // align_elems) * align_elems
+        if self.split is None:
+            self.split = self.total
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((start, size), (start, size)) of the two ranges: before and from ``split_at``."""
+        return (0, self.split), (self.split, self.total - self.split)
+
+
+class TensorStore:
+    """A flat float32 device buffer holding every tensor of a :class:`Layout`.
+
+    Attributes:
+        flat: the whole ``cl.Buffer`` (``layout.total`` floats).
+        views: ``{name: cl.Buffer}`` sub-buffers, one per tensor.
+        range_views: sub-buffers of the two ranges of ``layout.ranges`` (empty ranges are None).
+    """
+
+    def __init__(self, dev: Device, layout: Layout):
+        self.dev = dev
+        self.layout = layout
+        self.flat = dev.zeros(layout.total)
+        self.views = {n: self._sub(s.offset, s.size) for n, s in layout.slots.items()}
+        self.range_views = [self._sub(a, n) if n else None for a, n in layout.ranges]
+
+    def _sub(self, offset: int, size: int):
+        return self.flat.get_sub_region(offset * 4, max(1, size) * 4)
+
+    def zero(self) -> None:
+        """Set every element (padding included) to 0."""
+        self.dev.cl.enqueue_fill_buffer(self.dev.queue, self.flat, np.zeros(1, np.float32), 0, self.layout.total * 4)
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Upload host arrays by name.
+
+        Raises:
+            KeyError: a tensor of the layout is missing from ``arrays``.
+            ValueError: a shape differs from the layout's.
+        """
+        host = np.zeros(self.layout.total, np.float32)
+        for name, s in self.layout.slots.items():
+            if name not in arrays:
+                raise KeyError(f"missing tensor {name!r}")
+            a = np.asarray(arrays[name], dtype=np.float32)
+            if a.shape != s.shape:
+                raise ValueError(f"tensor {name!r}: shape {a.shape} != expected {s.shape}")
+            host[s.offset:s.offset + s.size] = a.reshape(-1)
+        self.dev.upload(host, self.flat)
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """Download every tensor as ``{name: float32 array of its shape}``."""
+        host = self.dev.download(self.flat, (self.layout.total,))
+        return {n: host[s.offset:s.offset + s.size].reshape(s.shape).copy() for n, s in self.layout.slots.items()}
+
+    def copy_from(self, other: "TensorStore") -> None:
+        """Device-to-device copy of another store with the same layout."""
+        self.dev.copy(self.flat, other.flat, self.layout.total)

@@ -1,0 +1,197 @@
+"""Device check: build every kernel, compare a few ops with numpy, time a matmul.
+
+The GUI's "Test device" button and ``gui.selftest`` (the bundle's ``--self-test``) call
+:func:`check_device`. Progress and cancellation go through plain callables, so no Qt is needed here.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.device import Device
+
+log = logging.getLogger(__name__)
+
+# (module in core.kernels, launcher class) in the order they are built.
+LAUNCHERS = [("residual", "Residual"), ("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
+             ("matmul", "Matmul"), ("rope", "RoPE"), ("attention", "Attention"), ("swiglu", "SwiGLU"),
+             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("grad_norm", "Reduce")]
+
+
+class CheckCancelled(Exception):
+    """``should_stop`` returned True between two steps of the check."""
+
+
+@dataclass
+class OpCheck:
+    """One op compared with numpy: largest absolute error and the tolerance it had to meet."""
+
+    name: str
+    max_abs_err: float
+    tolerance: float
+    ok: bool
+    error: str = ""
+
+
+@dataclass
+class DeviceCheck:
+    """What :func:`check_device` found.
+
+    Attributes:
+        device: the device label.
+        build_s: seconds spent building (or loading from the cache) every kernel.
+        build_errors: ``{launcher: message}`` of kernels that failed to build or import.
+        checks: numpy comparisons.
+        matmul_gflops: measured float32 matmul speed (None when the matmul kernel is unusable).
+    """
+
+    device: str
+    build_s: float = 0.0
+    build_errors: dict[str, str] = field(default_factory=dict)
+    checks: list[OpCheck] = field(default_factory=list)
+    matmul_gflops: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.build_errors and bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def _rmsnorm_ref(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w
+
+
+def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck]:
+    """Compare each available op with its numpy twin on small random inputs."""
+    out: list[OpCheck] = []
+
+    def run(name, tol, fn):
+        if fn is None:
+            return
+        try:
+            err = float(fn())
+            out.append(OpCheck(name, err, tol, bool(np.isfinite(err) and err <= tol)))
+        except Exception as e:  # report, keep checking the other ops
+            out.append(OpCheck(name, float("nan"), tol, False, f"{type(e).__name__}: {e}"))
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    if "residual" in ops:
+        def residual():
+            a, b = f32(1000), f32(1000)
+            o = dev.alloc(1000)
+            ops["residual"].forward(o, dev.upload(a), dev.upload(b), 1000)
+            return np.abs(dev.download(o, (1000,)) - (a + b)).max()
+        run("residual add", 1e-6, residual)
+    if "matmul" in ops:
+        def matmul(trans_b):
+            M, N, K = 67, 45, 33
+            a, b = f32(M, K), f32(N, K) if trans_b else f32(K, N)
+            c = dev.alloc(M * N)
+            ops["matmul"](c, dev.upload(a), dev.upload(b), M, N, K, trans_b=trans_b)
+            ref = a @ (b.T if trans_b else b)
+            return np.abs(dev.download(c, (M, N)) - ref).max()
+        run("matmul", 1e-4, lambda: matmul(False))
+        run("matmul (B transposed)", 1e-4, lambda: matmul(True))
+    if "rmsnorm" in ops:
+        def rmsnorm():
+            rows, dim = 7, 96
+            x, w = f32(rows, dim), f32(dim)
+            o, rstd = dev.alloc(rows * dim), dev.alloc(rows)
+            ops["rmsnorm"].forward(o, rstd, dev.upload(x), dev.upload(w), rows, dim, 1e-5)
+            return np.abs(dev.download(o, (rows, dim)) - _rmsnorm_ref(x, w, 1e-5)).max()
+        run("RMSNorm", 1e-4, rmsnorm)
+    if "swiglu" in ops:
+        def swiglu():
+            g, u = f32(500), f32(500)
+            o = dev.alloc(500)
+            ops["swiglu"].forward(o, dev.upload(g), dev.upload(u), 500)
+            return np.abs(dev.download(o, (500,)) - g / (1 + np.exp(-g)) * u).max()
+        run("SwiGLU", 1e-5, swiglu)
+    if "cross_entropy" in ops:
+        def cross_entropy():
+            rows, vocab = 9, 300
+            logits = f32(rows, vocab) * 3
+            targets = rng.integers(0, vocab, rows).astype(np.int32)
+            mask = np.ones(rows, np.float32)
+            losses = dev.alloc(rows)
+            ops["cross_entropy"].forward(losses, dev.upload(logits), dev.upload(targets), dev.upload(mask),
+                                         rows, vocab)
+            z = logits - logits.max(axis=1, keepdims=True)
+            ref = np.log(np.exp(z).sum(axis=1)) - z[np.arange(rows), targets]
+            return np.abs(dev.download(losses, (rows,)) - ref).max()
+        run("cross-entropy", 1e-4, cross_entropy)
+    return out
+
+
+def _matmul_gflops(dev: Device, matmul, size: int, budget_s: float,
+                   should_stop: Callable[[], bool]) -> float:
+    """float32 GFLOP/s of ``size`` x ``size`` x ``size`` matmuls, timed for about ``budget_s``."""
+    rng = np.random.default_rng(0)
+    a = dev.upload(rng.standard_normal((size, size)).astype(np.float32))
+    b = dev.upload(rng.standard_normal((size, size)).astype(np.float32))
+    c = dev.alloc(size * size)
+    matmul(c, a, b, size, size, size)  # warm-up (first launch may finish compiling)
+    dev.finish()
+    reps, t0 = 0, time.perf_counter()
+    while reps < 200 and not should_stop():
+        matmul(c, a, b, size, size, size)
+        dev.finish()
+        reps += 1
+        if time.perf_counter() - t0 >= budget_s:
+            break
+    dt = time.perf_counter() - t0
+    return 2.0 * size ** 3 * reps / max(dt, 1e-9) / 1e9
+
+
+def check_device(dev: Device, progress: Callable[[float, str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, matmul_size: int = 512,
+                 budget_s: float = 1.0) -> DeviceCheck:
+    """Build every kernel on ``dev``, check ops against numpy, and measure matmul speed.
+
+    Args:
+        dev: the opened device.
+        progress: called with (fraction 0..1, message) before each step.
+        should_stop: polled between steps; when it returns True, :class:`CheckCancelled` is raised.
+        matmul_size: side of the square matrices timed.
+        budget_s: roughly how long to time the matmul.
+
+    Returns:
+        A :class:`DeviceCheck`; build failures and wrong results are reported in it, not raised.
+    """
+    progress = progress or (lambda f, m: None)
+    should_stop = should_stop or (lambda: False)
+    result = DeviceCheck(dev.info.label)
+    ops: dict = {}
+    n = len(LAUNCHERS)
+    t0 = time.perf_counter()
+    for i, (module, cls) in enumerate(LAUNCHERS):
+        if should_stop():
+            raise CheckCancelled()
+        progress(0.8 * i / n, f"building {module}.cl ({i + 1}/{n})")
+        try:
+            launcher = getattr(importlib.import_module(f"core.kernels.{module}"), cls)
+            ops[module] = launcher(dev)
+        except Exception as e:  # a missing module or a build log: report it per kernel
+            log.warning("kernel %s unusable on %s: %s", module, dev.info.label, e)
+            result.build_errors[module] = f"{type(e).__name__}: {e}"
+    result.build_s = time.perf_counter() - t0
+    if should_stop():
+        raise CheckCancelled()
+    progress(0.8, "comparing results with numpy")
+    result.checks = _check_ops(dev, ops, np.random.default_rng(1234))
+    if "matmul" in ops and should_stop() is False:
+        progress(0.9, f"timing a {matmul_size}x{matmul_size} matmul")
+        try:
+            result.matmul_gflops = _matmul_gflops(dev, ops["matmul"], matmul_size, budget_s, should_stop)
+        except Exception as e:
+            result.checks.append(OpCheck("matmul timing", float("nan"), 0.0, False, f"{type(e).__name__}: {e}"))
+    if should_stop():
+        raise CheckCancelled()
+    progress(1.0, "done")
+    return result

@@ -1,0 +1,385 @@
+"""Two-stage training: pretrain on facts, then tune on User/Assistant dialogues.
+
+The :class:`Trainer` is an iterator API a GUI thread or the CLI drives::
+
+    trainer = Trainer(dataset, model_config, train_config, device)
+    for event in trainer.run():          # StepReport, StageReport, LogEvent
+        ...
+        if user_pressed_stop: trainer.request_stop()   # honoured before the next step
+
+Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS). Stage 2 ("tune") learns
+only the assistant tokens of each dialogue, and mixes ``replay_share`` of each batch from the facts
+again, because a tiny model otherwise forgets its facts during tuning.
+
+Batches are a pure function of (seed, stage, step): example order is the concatenation of per-epoch
+permutations drawn from ``default_rng([seed, stage, epoch])``. So a resumed run sees exactly the
+batches the uninterrupted run would have seen.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core import chat_format
+from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
+from core.dataset import Dataset, dataset_hash
+from core.device import Device
+from core.model import Model
+from core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+STAGES = ("pretrain", "tune")
+
+
+@dataclass
+class Example:
+    """One training sequence: ``ids`` (n+1 tokens) and ``mask`` (n+1, 1 where a token is learned)."""
+
+    ids: list[int]
+    mask: list[int]
+
+
+@dataclass
+class StepReport:
+    """Reported after every optimizer step (or skipped step).
+
+    Attributes:
+        stage: "pretrain" or "tune"; step: 1-based within the stage; total_steps: of the stage.
+        loss: mean cross-entropy in nats per learned token; grad_norm: global L2 norm before
+        clipping; layer_grad_norms: [embedding, block 0..n-1, output]; lr: learning rate used;
+        clipped: the gradient was scaled down; skipped: loss or gradient was not finite, weights kept;
+        tokens_per_s: learned tokens per second over this step; elapsed_s: since the run started.
+    """
+
+    stage: str
+    step: int
+    total_steps: int
+    loss: float
+    grad_norm: float
+    layer_grad_norms: list[float]
+    lr: float
+    clipped: bool
+    skipped: bool
+    tokens_per_s: float
+    elapsed_s: float
+
+
+@dataclass
+class RecallItem:
+    """Whether the model reproduces one fact or one dialogue turn (greedy decoding)."""
+
+    kind: str  # "fact" or "dialogue"
+    index: int
+    prompt: str
+    expected: str
+    got: str
+    ok: bool
+
+
+@dataclass
+class StageReport:
+    """Reported when a stage ends: its recall table over every fact and every dialogue turn."""
+
+    stage: str
+    steps_done: int
+    stopped: bool
+    recall: list[RecallItem] = field(default_factory=list)
+
+    @property
+    def facts_recalled(self) -> tuple[int, int]:
+        items = [r for r in self.recall if r.kind == "fact"]
+        return sum(r.ok for r in items), len(items)
+
+    @property
+    def dialogues_recalled(self) -> tuple[int, int]:
+        items = [r for r in self.recall if r.kind == "dialogue"]
+        return sum(r.ok for r in items), len(items)
+
+
+@dataclass
+class LogEvent:
+    """A line for the log panel (level is a ``logging`` level name)."""
+
+    level: str
+    message: str
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive non-finite steps; lower the learning rate."""
+
+
+def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list[Example]:
+    """BOS + fact + EOS per fact, every token learned; long facts are cut into context windows."""
+    out = []
+    for text in facts:
+        ids = chat_format.encode_fact(tok, text)
+        out += _windows(ids, [1] * len(ids), context_length)
+    return out
+
+
+def dialogue_examples(tok: Tokenizer, dialogues, context_length: int) -> list[Example]:
+    """One example per dialogue; only assistant answer tokens (and their EOS) are learned."""
+    out = []
+    for dlg in dialogues:
+        ids, mask = chat_format.encode_dialogue(tok, dlg)
+        out += _windows(ids, mask, context_length)
+    return out
+
+
+def _windows(ids: list[int], mask: list[int], context_length: int) -> list[Example]:
+    n = context_length + 1
+    if len(ids) <= n:
+        return [Example(ids, mask)]
+    return [Example(ids[s:s + n], mask[s:s + n]) for s in range(0, len(ids) - 1, context_length)
+            if any(mask[s + 1:s + n])]
+
+
+def make_batch(examples: list[Example], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pad examples into (tokens, targets, mask), each (batch, T) with T = longest example - 1.
+
+    tokens[b, t] = ids[t], targets[b, t] = ids[t + 1], mask[b, t] = mask[t + 1] (0 on padding).
+    """
+    t = max(len(e.ids) for e in examples) - 1
+    b = len(examples)
+    tokens = np.full((b, t), pad_id, np.int32)
+    targets = np.zeros((b, t), np.int32)
+    mask = np.zeros((b, t), np.float32)
+    for i, e in enumerate(examples):
+        n = len(e.ids) - 1
+        tokens[i, :n] = e.ids[:-1]
+        targets[i, :n] = e.ids[1:]
+        mask[i, :n] = e.mask[1:]
+    return tokens, targets, mask
+
+
+def batch_indices(seed: int, stage: int, step: int, n_examples: int, batch_size: int, stream: int = 0) -> list[int]:
+    """Indices of the examples in batch ``step`` (0-based): a pure function of its arguments.
+
+    Example order is the concatenation of per-epoch permutations of ``range(n_examples)``.
+    """
+    out = []
+    pos = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(pos, n_examples)
+        perm = np.random.default_rng([seed, stage, stream, epoch]).permutation(n_examples)
+        take = min(batch_size - len(out), n_examples - offset)
+        out += perm[offset:offset + take].tolist()
+        pos += take
+    return out
+
+
+class Trainer:
+    """Trains a model on a dataset in two stages on one OpenCL device.
+
+    Args:
+        dataset: facts and dialogues.
+        model_config: architecture; its ``vocab_size`` is replaced by the tokenizer's.
+        train_config: stages, optimizer and seed.
+        device: the OpenCL device.
+        tokenizer: reuse a trained tokenizer (resume); trained on the dataset when None.
+
+    Raises:
+        ValueError: the dataset is empty.
+    """
+
+    def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,
+                 device: Device, tokenizer: Tokenizer | None = None):
+        if not dataset.facts and not dataset.dialogues:
+            raise ValueError("the dataset has no facts and no dialogues")
+        self.dataset, self.train_config, self.dev = dataset, train_config, device
+        if tokenizer is None:
+            tokenizer = Tokenizer.train(corpus_texts(dataset), vocab_size=train_config.vocab_size)
+        self.tokenizer = tokenizer
+        self.model_config = replace(model_config, vocab_size=tokenizer.vocab_size)
+        cl = self.model_config.context_length
+        self.facts = fact_examples(tokenizer, dataset.facts, cl)
+        self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
+        batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
+        self.model = Model(device, self.model_config, batch_size=batch, seed=train_config.seed)
+        self.stage_index = 0  # next stage to run
+        self.stage_step = 0  # steps done in the current stage
+        self.dataset_hash = dataset_hash(dataset)
+        self._stop = False
+        self.last_loss = float("nan")
+        self.history: list[StepReport] = []
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """Ask the run to stop; honoured before the next step starts (thread-safe flag)."""
+        self._stop = True
+
+    @property
+    def done(self) -> bool:
+        return self.stage_index >= len(STAGES)
+
+    def stage_config(self, index: int) -> StageConfig:
+        return self.train_config.pretrain if index == 0 else self.train_config.tune
+
+    # ------------------------------------------------------------------ batches
+    def _batch(self, stage: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cfg, seed = self.stage_config(stage), self.train_config.seed
+        b = cfg.batch_size
+        if stage == 0:
+            pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b)]
+        else:
+            n_replay = int(round(b * self.train_config.replay_share)) if self.facts else 0
+            if not self.dialogues:
+                n_replay = b
+            pool = [self.dialogues[i] for i in batch_indices(seed, 1, step, len(self.dialogues), b - n_replay)] \
+                if b - n_replay else []
+            if n_replay:
+                pool += [self.facts[i] for i in batch_indices(seed, 1, step, len(self.facts), n_replay, stream=1)]
+        return make_batch(pool, self.tokenizer.pad_id)
+
+    def _stage_has_data(self, stage: int) -> bool:
+        return bool(self.facts) if stage == 0 else bool(self.dialogues)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, recall: bool = True) -> Iterator[StepReport | StageReport | LogEvent]:
+        """Run (or continue) training; yields a StepReport per step, a StageReport per stage end.
+
+        Stops early, with a StageReport whose ``stopped`` is True, when :meth:`request_stop` was
+        called. Raises TrainingDiverged after 25 consecutive non-finite steps (weights are kept from
+        the last good step).
+        """
+        self._stop = False
+        t_start = time.perf_counter()
+        tc = self.train_config
+        while self.stage_index < len(STAGES):
+            si = self.stage_index
+            cfg, name = self.stage_config(si), STAGES[si]
+            if not self._stage_has_data(si) or cfg.steps == 0:
+                yield LogEvent("INFO", f"{name}: skipped ({'no steps' if cfg.steps == 0 else 'no data for this stage'})")
+                self.stage_index += 1
+                self.stage_step = 0
+                continue
+            if self.stage_step == 0:
+                yield LogEvent("INFO", f"{name}: {cfg.steps} steps, lr {cfg.lr:g}, batch {cfg.batch_size}")
+            bad_in_a_row = 0
+            while self.stage_step < cfg.steps:
+                if self._stop:
+                    yield StageReport(name, self.stage_step, stopped=True)
+                    return
+                step = self.stage_step
+                t0 = time.perf_counter()
+                tokens, targets, mask = self._batch(si, step)
+                stats = self.model.forward_backward(tokens, targets, mask)
+                lr = lr_at(cfg, step)
+                finite = math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
+                clipped = False
+                if finite:
+                    scale = 1.0
+                    if tc.grad_clip > 0 and stats.grad_norm > tc.grad_clip:
+                        scale, clipped = tc.grad_clip / (stats.grad_norm + 1e-6), True
+                    self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale)
+                    self.last_loss = stats.loss
+                    bad_in_a_row = 0
+                else:
+                    bad_in_a_row += 1
+                self.dev.finish()
+                dt = time.perf_counter() - t0
+                self.stage_step += 1
+                rep = StepReport(name, self.stage_step, cfg.steps, stats.loss, stats.grad_norm,
+                                 stats.layer_grad_norms, lr, clipped, not finite,
+                                 stats.tokens / max(dt, 1e-9), time.perf_counter() - t_start)
+                self.history.append(rep)
+                yield rep
+                if not finite:
+                    yield LogEvent("WARNING", f"{name} step {self.stage_step}: loss {stats.loss} / grad norm "
+                                              f"{stats.grad_norm} not finite; step skipped, weights kept")
+                    if bad_in_a_row >= 25:
+                        raise TrainingDiverged(
+                            f"{bad_in_a_row} steps in a row had a non-finite loss or gradient at lr {lr:g}; "
+                            "lower the learning rate (the weights of the last good step are kept)")
+            report = StageReport(name, self.stage_step, stopped=False)
+            self.stage_index += 1
+            self.stage_step = 0
+            if recall:
+                report.recall = self.recall()
+                f_ok, f_n = report.facts_recalled
+                d_ok, d_n = report.dialogues_recalled
+                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}")
+            yield report
+
+    # ------------------------------------------------------------------ evaluation
+    def generator(self):
+        """A :class:`core.generate.Generator` with a snapshot of the current weights."""
+        from core.generate import Generator
+
+        return Generator(self.dev, self.model_config, self.model.params)
+
+    def recall(self) -> list[RecallItem]:
+        """Greedy recall of every fact (its second half from its first words) and every dialogue turn."""
+        return recall_table(self.generator(), self.tokenizer, self.dataset)
+
+    def validation_loss(self) -> dict[str, float]:
+        """Mean loss (nats/token) over all fact examples and all dialogue examples, no gradients."""
+        out = {}
+        for name, exs in (("facts", self.facts), ("dialogues", self.dialogues)):
+            if not exs:
+                continue
+            total, count = 0.0, 0.0
+            b = self.model.batch_size
+            for s in range(0, len(exs), b):
+                loss, n = self.model.loss(*make_batch(exs[s:s + b], self.tokenizer.pad_id))
+                total, count = total + loss * n, count + n
+            out[name] = total / max(count, 1.0)
+        return out
+
+
+def corpus_texts(dataset: Dataset) -> list[str]:
+    """Every text the tokenizer should learn from, in the chat format's surface form."""
+    texts = list(dataset.facts)
+    for d in dataset.dialogues:
+        texts.append(chat_format.plain_text(d.turns, d.system))
+    return texts
+
+
+def fact_split(text: str) -> tuple[str, str]:
+    """Split a fact into (prompt, expected continuation) at a word boundary about 1/3 in."""
+    words = text.split(" ")
+    k = max(1, min(len(words) - 1, round(len(words) / 3)))
+    prompt = " ".join(words[:k])
+    return prompt, text[len(prompt):]
+
+
+def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None) -> list[RecallItem]:
+    """Check, with greedy decoding, which facts and dialogue answers the model reproduces.
+
+    Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
+    Dialogues: for each turn, the model gets the previous turns and the question and must answer
+    exactly (surrounding whitespace ignored).
+    """
+    from core.generate import SamplingSettings
+
+    items = []
+    limit = max_tokens or gen.config.context_length
+    for i, fact in enumerate(dataset.facts):
+        prompt, expected = fact_split(fact)
+        if not expected:
+            continue
+        ids = [tok.bos_id] + tok.encode(prompt)
+        if len(ids) >= gen.config.context_length:
+            continue
+        settings = SamplingSettings(temperature=0.0, max_tokens=min(limit, gen.config.context_length - len(ids)))
+        out = [t for t, _ in gen.generate(ids, settings, stop_ids={tok.eos_id})]
+        got = tok.decode([t for t in out if t != tok.eos_id])
+        items.append(RecallItem("fact", i, prompt, expected, got, got.strip() == expected.strip()))
+    for i, dlg in enumerate(dataset.dialogues):
+        history = []
+        for user, answer in dlg.turns:
+            ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
+            history.append((user, answer))
+            if len(ids) >= gen.config.context_length:
+                continue
+            settings = SamplingSettings(temperature=0.0, max_tokens=min(limit, gen.config.context_length - len(ids)))
+            out = [t for t, _ in gen.generate(ids, settings, stop_ids={tok.eos_id})]
+            got = tok.decode([t for t in out if t != tok.eos_id])
+            items.append(RecallItem("dialogue", i, user, answer, got.strip(), got.strip() == answer.strip()))
+    return items

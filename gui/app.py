@@ -1,0 +1,55 @@
+"""Entry point of the ``opencl-llm-studio`` GUI script and ``python -m gui``.
+
+``--self-test`` runs :mod:`gui.selftest` without opening a window (for the packaged executable).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+APP_NAME = "OpenCL LLM Studio"
+ORG_NAME = "opencl-llm-studio"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opencl-llm-studio", description="Train a tiny language model from scratch "
+                                "with OpenCL, watch it learn, chat with it and export GGUF.")
+    p.add_argument("project", nargs="?", help="project folder to open")
+    p.add_argument("--self-test", action="store_true", help="check devices, train a few steps, generate, export a "
+                   "GGUF to a temporary folder, print a summary and exit (no window)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    return p
+
+
+def set_app_identity(app) -> None:
+    """Organization and application names: QSettings and the data folder depend on them."""
+    app.setOrganizationName(ORG_NAME)
+    app.setApplicationName(APP_NAME)
+    app.setApplicationDisplayName(APP_NAME)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the app (or the self-test); returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, qt_args = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.self_test:
+        from gui.selftest import run_self_test
+
+        return run_self_test()
+
+    from PySide6.QtWidgets import QApplication
+
+    from gui.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "opencl-llm-studio", *qt_args])
+    set_app_identity(app)
+    window = MainWindow(project_dir=args.project)
+    window.show()
+    return int(app.exec())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

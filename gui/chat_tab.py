@@ -1,0 +1,364 @@
+"""Chat tab: a transcript with streamed answers; hovering a generated token shows its probability
+and the most likely alternatives (tooltip and side panel)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
+from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
+                               QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
+                               QTableWidgetItem, QTextEdit, QToolTip, QVBoxLayout, QWidget)
+
+from gui.workers import ChatWorker
+
+TOKEN_PROP = QTextFormat.Property.UserProperty + 1
+
+
+def _shown(token: str) -> str:
+    return repr(token)[1:-1] if token else "∅"
+
+
+def token_tooltip(p: dict) -> str:
+    """Tooltip of a generated token: its probability and the top alternatives."""
+    alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p["alternatives"])
+    return f"'{_shown(p['text'])}': probability {p['prob']:.1%}\nmost likely at this step:\n{alts}"
+
+
+def prob_color(p: float) -> QColor:
+    """Background for a token: clear when the model was sure, deeper orange the less sure it was."""
+    alpha = int(max(0.0, min(1.0, 1.0 - p)) * 170)
+    return QColor(255, 150, 40, alpha)
+
+
+class ChatTab(QWidget):
+    """Talks to a :class:`gui.workers.ChatWorker`; never touches the model itself.
+
+    Args:
+        studio: the main window: ``device_info()``, ``trained_model_path()``.
+    """
+
+    answering_changed = Signal(bool)  # an answer started (True) or ended (False)
+
+    def __init__(self, studio, parent=None) -> None:
+        super().__init__(parent)
+        self.studio = studio
+        self._worker: ChatWorker | None = None
+        self._source: str | None = None  # model the user wants to chat with
+        self._loaded: str | None = None  # model the worker has loaded (or is loading)
+        self._answering = False
+        self._pieces: list[dict] = []
+        self._answer_text = ""
+        self._seed = 0
+
+        # -- transcript and input
+        self.transcript = QTextEdit()
+        self.transcript.setReadOnly(True)
+        self.transcript.setPlaceholderText("Train a model (or open one) and ask it something.")
+        self.transcript.viewport().setMouseTracking(True)
+        self.transcript.viewport().installEventFilter(self)
+        row = QHBoxLayout()
+        self.input = QLineEdit()
+        self.input.setPlaceholderText("Type a message and press Enter")
+        self.input.returnPressed.connect(self.send)
+        row.addWidget(self.input, 1)
+        self.send_button = QPushButton("Send")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop_answer)
+        self.clear_button = QPushButton("Clear")
+        self.clear_button.setToolTip("Clear the transcript and the model's memory of the conversation")
+        self.clear_button.clicked.connect(self.clear)
+        for b in (self.send_button, self.stop_button, self.clear_button):
+            row.addWidget(b)
+        left = QWidget()
+        lv = QVBoxLayout(left)
+        lv.setContentsMargins(0, 0, 0, 0)
+        lv.addWidget(self.transcript, 1)
+        lv.addLayout(row)
+
+        # -- side panel: model, sampling, token details
+        model_box = QGroupBox("Model")
+        mv = QVBoxLayout(model_box)
+        self.model_label = QLabel("No model yet.")
+        self.model_label.setWordWrap(True)
+        mv.addWidget(self.model_label)
+        mrow = QHBoxLayout()
+        self.use_trained_button = QPushButton("Trained model")
+        self.use_trained_button.setToolTip("Chat with the model trained in this project")
+        self.use_trained_button.clicked.connect(self.use_trained_model)
+        open_ckpt = QPushButton("Open folder…")
+        open_ckpt.setToolTip("Open a checkpoint folder")
+        open_ckpt.clicked.connect(self._open_checkpoint_dialog)
+        open_gguf = QPushButton("Open GGUF…")
+        open_gguf.clicked.connect(self._open_gguf_dialog)
+        for b in (self.use_trained_button, open_ckpt, open_gguf):
+            mrow.addWidget(b)
+        mv.addLayout(mrow)
+
+        sampling = QGroupBox("Sampling")
+        form = QFormLayout(sampling)
+        self.temperature = QDoubleSpinBox(decimals=2, minimum=0.0, maximum=5.0, singleStep=0.1, value=0.0)
+        self.temperature.setToolTip("0 = always the most likely token; higher = more random")
+        self.top_k = QSpinBox(minimum=0, maximum=100000, value=0)
+        self.top_k.setToolTip("Keep only the k most likely tokens (0 = all)")
+        self.top_p = QDoubleSpinBox(decimals=2, minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0)
+        self.top_p.setToolTip("Keep the most likely tokens that together have this probability (1 = all)")
+        self.repetition = QDoubleSpinBox(decimals=2, minimum=0.5, maximum=3.0, singleStep=0.05, value=1.0)
+        self.repetition.setToolTip("Above 1 makes tokens already in the conversation less likely")
+        self.max_tokens = QSpinBox(minimum=1, maximum=4096, value=64)
+        self.max_tokens.setToolTip("Longest answer in tokens")
+        form.addRow("Temperature:", self.temperature)
+        form.addRow("Top-k:", self.top_k)
+        form.addRow("Top-p:", self.top_p)
+        form.addRow("Repetition penalty:", self.repetition)
+        form.addRow("Max tokens:", self.max_tokens)
+
+        token_box = QGroupBox("Token under the mouse")
+        tv = QVBoxLayout(token_box)
+        self.token_label = QLabel("Hover over a generated token.")
+        self.token_label.setWordWrap(True)
+        tv.addWidget(self.token_label)
+        self.alternatives = QTableWidget(0, 2)
+        self.alternatives.setHorizontalHeaderLabels(["Alternative", "Probability"])
+        self.alternatives.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.alternatives.verticalHeader().setVisible(False)
+        self.alternatives.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        tv.addWidget(self.alternatives, 1)
+
+        side = QWidget()
+        sv = QVBoxLayout(side)
+        sv.setContentsMargins(0, 0, 0, 0)
+        sv.addWidget(model_box)
+        sv.addWidget(sampling)
+        sv.addWidget(token_box, 1)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(side)
+        split.setSizes([700, 320])
+        split.setStretchFactor(0, 1)
+        QVBoxLayout(self).addWidget(split)
+        self._update_buttons()
+
+    # ----------------------------------------------------------------------------- model
+    def set_trained_model(self, path: str | None) -> None:
+        """The project's checkpoint was (re)written: chat with it unless the user opened another."""
+        if path is None:
+            if self._source is not None and self._source == str(self.studio.checkpoint_dir()):
+                self._source = None
+                self._loaded = None
+                self.model_label.setText("No model yet.")
+            self._update_buttons()
+            return
+        if self._source is None or self._source == str(path):
+            self._source = str(path)
+            self._loaded = None  # reload on the next question: the weights changed
+            self.model_label.setText(f"Trained model of this project:\n{path}\n(loaded with the next message)")
+        self._update_buttons()
+
+    def use_trained_model(self) -> None:
+        path = self.studio.trained_model_path()
+        if path is None:
+            self.model_label.setText("This project has no trained model yet: train one on the Training tab.")
+            return
+        self._source = None
+        self.set_trained_model(str(path))
+
+    def open_model(self, path: str) -> None:
+        """Chat with a checkpoint folder or a .gguf file."""
+        self._source = str(path)
+        self._loaded = None
+        self.model_label.setText(f"{path}\n(loaded with the next message)")
+        self._load_if_needed()
+        self._update_buttons()
+
+    def _open_checkpoint_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a checkpoint folder")
+        if path:
+            self.open_model(path)
+
+    def _open_gguf_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.open_model(path)
+
+    def model_source(self) -> str | None:
+        return self._source
+
+    def _ensure_worker(self) -> ChatWorker:
+        if self._worker is None or not self._worker.isRunning():
+            w = ChatWorker()
+            w.model_loaded.connect(self._on_loaded)
+            w.piece.connect(self._on_piece)
+            w.answer_done.connect(self._on_answer_done)
+            w.failed.connect(self._on_failed)
+            self._worker = w
+            w.start()
+        return self._worker
+
+    def _load_if_needed(self) -> bool:
+        if self._source is None:
+            return False
+        device = self.studio.device_info()
+        if device is None:
+            self.model_label.setText("No OpenCL device: see the Device tab.")
+            return False
+        if self._loaded != self._source:
+            self._ensure_worker().load(self._source, device)
+            self._loaded = self._source
+            self.model_label.setText(f"Loading {self._source}…")
+        return True
+
+    def _on_loaded(self, info: dict) -> None:
+        self.model_label.setText(f"{info['path']}\n{info['n_params']:,} parameters, context "
+                                 f"{info['context_length']} tokens, on {info['device']}")
+
+    # ----------------------------------------------------------------------------- conversation
+    def settings(self) -> dict:
+        """Sampling settings (core.generate.SamplingSettings fields)."""
+        return {"temperature": self.temperature.value(), "top_k": self.top_k.value(), "top_p": self.top_p.value(),
+                "repetition_penalty": self.repetition.value(), "max_tokens": self.max_tokens.value(),
+                "seed": self._seed}
+
+    def send(self, message: str | None = None) -> bool:
+        """Send the input line (or ``message``); False when nothing can be sent now."""
+        text = (message if isinstance(message, str) else self.input.text()).strip()
+        if not text or self._answering:
+            return False
+        if not self._load_if_needed():
+            if self._source is None:
+                self.model_label.setText("No model: train one on the Training tab or open one here.")
+            return False
+        self.input.clear()
+        self._append_block(f"You: ", text, bold_color="#1f4e9c")
+        self._append_block("Model: ", "", bold_color="#2b7a2b")
+        self._answering = True
+        self._answer_text = ""
+        self._seed += 1
+        self._worker.ask(text, self.settings())
+        self._update_buttons()
+        self.answering_changed.emit(True)
+        return True
+
+    def stop_answer(self) -> None:
+        if self._worker is not None and self._answering:
+            self._worker.cancel()
+
+    def clear(self) -> None:
+        self.transcript.clear()
+        self._pieces.clear()
+        self.token_label.setText("Hover over a generated token.")
+        self.alternatives.setRowCount(0)
+        if self._worker is not None and self._worker.isRunning():
+            self._worker.clear()
+
+    def is_answering(self) -> bool:
+        return self._answering
+
+    def last_answer(self) -> str:
+        return self._answer_text
+
+    def pieces(self) -> list[dict]:
+        """Every generated token shown so far (dicts from ChatWorker.piece)."""
+        return list(self._pieces)
+
+    def _append_block(self, label: str, text: str, bold_color: str) -> None:
+        cur = self.transcript.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        if not self.transcript.document().isEmpty():
+            cur.insertBlock()
+        fmt = QTextCharFormat()
+        fmt.setFontWeight(700)
+        fmt.setForeground(QColor(bold_color))
+        cur.insertText(label, fmt)
+        cur.insertText(text, QTextCharFormat())
+        self.transcript.setTextCursor(cur)
+
+    def _on_piece(self, p: dict) -> None:
+        if not p["text"]:
+            return
+        cur = self.transcript.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        fmt = QTextCharFormat()
+        if p["token_id"] >= 0:
+            self._pieces.append(p)
+            fmt.setBackground(prob_color(p["prob"]))
+            fmt.setToolTip(token_tooltip(p))
+            fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
+        cur.insertText(p["text"], fmt)
+        self._answer_text += p["text"]
+        self.transcript.ensureCursorVisible()
+
+    def _on_answer_done(self, d: dict) -> None:
+        self._answer_text = d["text"]
+        if d["stopped"]:
+            self._append_note(" [stopped]")
+        self._finish_answer()
+
+    def _append_note(self, text: str) -> None:
+        cur = self.transcript.textCursor()
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor("#888"))
+        fmt.setFontItalic(True)
+        cur.insertText(text, fmt)
+
+    def _on_failed(self, kind: str, message: str) -> None:
+        if self._answering:
+            self._append_note(f" [error: {message}]")
+            self._finish_answer()
+        else:
+            self.model_label.setText(f"Could not load the model: {message}")
+            self._loaded = None
+
+    def _finish_answer(self) -> None:
+        self._answering = False
+        self._update_buttons()
+        self.answering_changed.emit(False)
+
+    def _update_buttons(self) -> None:
+        self.send_button.setEnabled(not self._answering)
+        self.input.setEnabled(not self._answering)
+        self.stop_button.setEnabled(self._answering)
+
+    def stop(self) -> None:
+        """Stop the chat thread and wait for it (window closing)."""
+        if self._worker is not None:
+            self._worker.request_stop()
+            self._worker.wait()
+
+    # ----------------------------------------------------------------------------- hover
+    def token_at(self, pos: QPoint) -> int | None:
+        """Index into :meth:`pieces` of the token drawn at viewport position ``pos``, or None."""
+        cur = self.transcript.cursorForPosition(pos)
+        if self.transcript.cursorRect(cur).center().x() <= pos.x():
+            cur.movePosition(QTextCursor.MoveOperation.Right)
+        idx = cur.charFormat().property(TOKEN_PROP)
+        return idx if isinstance(idx, int) and 0 <= idx < len(self._pieces) else None
+
+    def show_token(self, index: int) -> None:
+        """Show token ``index``'s probability and alternatives in the side panel."""
+        p = self._pieces[index]
+        self.token_label.setText(f"Token '{_shown(p['text'])}' had probability {p['prob']:.1%}.")
+        self.alternatives.setRowCount(len(p["alternatives"]))
+        for r, (tok, pr) in enumerate(p["alternatives"]):
+            self.alternatives.setItem(r, 0, QTableWidgetItem(f"'{_shown(tok)}'"))
+            self.alternatives.setItem(r, 1, QTableWidgetItem(f"{pr:.1%}"))
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt API
+        if obj is self.transcript.viewport():
+            if event.type() == QEvent.Type.MouseMove:
+                idx = self.token_at(event.position().toPoint())
+                if idx is not None:
+                    self.show_token(idx)
+            elif event.type() == QEvent.Type.ToolTip:
+                idx = self.token_at(event.pos())
+                if idx is not None:
+                    QToolTip.showText(event.globalPos(), token_tooltip(self._pieces[idx]), self.transcript.viewport())
+                else:
+                    QToolTip.hideText()
+                return True
+        return super().eventFilter(obj, event)
+
+    def source_path(self) -> Path | None:
+        return Path(self._source) if self._source else None

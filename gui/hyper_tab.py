@@ -1,0 +1,256 @@
+"""Hyperparameters tab: model architecture and per-stage training settings, presets, live validation.
+
+Every value goes through core.config (ModelConfig, TrainConfig); a ConfigError names the field, and
+that field is highlighted. Sizes come from core.estimates.
+"""
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QSpinBox, QVBoxLayout, QWidget)
+
+from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
+
+BAD_STYLE = "background-color: #ffcdcd;"
+CUSTOM = "Custom"
+
+# (key, label, type, tooltip); key is the ConfigError field name.
+MODEL_FIELDS = [
+    ("d_model", "Width (d_model)", int, "Width of the residual stream"),
+    ("n_layers", "Layers", int, "Transformer blocks"),
+    ("n_heads", "Attention heads", int, "Query heads; d_model / heads must be even"),
+    ("n_kv_heads", "Key/value heads", int, "Grouped-query attention: must divide the number of heads"),
+    ("ffn_dim", "Feed-forward width", int, "Hidden width of the SwiGLU feed-forward block"),
+    ("context_length", "Context length (tokens)", int, "Longest sequence the model sees"),
+    ("vocab_size", "Vocabulary size (target)", int, "Tokens the BPE tokenizer may learn (at least 259)"),
+    ("rope_theta", "RoPE base", float, "Rotary position embedding base frequency"),
+    ("norm_eps", "RMSNorm epsilon", float, "Added inside the square root of RMSNorm"),
+]
+STAGE_FIELDS = [
+    ("steps", "Steps", int, "Optimizer steps in this stage (0 skips it)"),
+    ("lr", "Learning rate", float, "Peak learning rate"),
+    ("batch_size", "Batch size", int, "Sequences per step"),
+    ("warmup_steps", "Warmup steps", int, "Linear warmup from 0 to the learning rate"),
+    ("min_lr_ratio", "Final lr / peak lr", float, "Cosine decay ends at this fraction of the learning rate"),
+]
+TRAIN_FIELDS = [
+    ("grad_clip", "Clip gradient norm at", float, "Largest global gradient norm (0 disables clipping)"),
+    ("weight_decay", "Weight decay", float, "AdamW decoupled weight decay on matrices"),
+    ("replay_share", "Fact replay share", float, "Fraction of each tuning batch drawn from the facts (0..1)"),
+    ("seed", "Seed", int, "Seeds the initial weights and the batch order"),
+    ("beta1", "Adam beta1", float, "First-moment decay"),
+    ("beta2", "Adam beta2", float, "Second-moment decay"),
+    ("adam_eps", "Adam epsilon", float, "Added to the denominator of the Adam update"),
+]
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _preset_values(name: str) -> dict:
+    mc, tc = PRESETS[name]
+    out = {k: getattr(mc, k) for k, *_ in MODEL_FIELDS if k != "vocab_size"}
+    out["vocab_size"] = tc.vocab_size
+    for stage in ("pretrain", "tune"):
+        sc = getattr(tc, stage)
+        out.update({f"{stage}.{k}": getattr(sc, k) for k, *_ in STAGE_FIELDS})
+    out.update({k: getattr(tc, k) for k, *_ in TRAIN_FIELDS})
+    return out
+
+
+class HyperTab(QWidget):
+    """The model and training settings form."""
+
+    changed = Signal()  # any value changed
+    validity_changed = Signal(bool)  # True when every value is valid
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.widgets: dict[str, QWidget] = {}
+        self.types: dict[str, type] = {}
+        self._filling = False
+        self._valid = True
+        self._error_field: str | None = None
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Preset:"))
+        self.preset = QComboBox()
+        self.preset.addItems([*PRESETS.keys(), CUSTOM])
+        self.preset.setToolTip("Tiny trains in seconds on a CPU; Larger needs a GPU")
+        self.preset.currentTextChanged.connect(self._on_preset)
+        top.addWidget(self.preset)
+        top.addStretch(1)
+
+        grid = QGridLayout()
+        grid.addWidget(self._group("Model", MODEL_FIELDS, ""), 0, 0)
+        grid.addWidget(self._group("Optimizer and data", TRAIN_FIELDS, ""), 1, 0)
+        grid.addWidget(self._group("Stage 1: pretraining on facts", STAGE_FIELDS, "pretrain."), 0, 1)
+        grid.addWidget(self._group("Stage 2: tuning on dialogues", STAGE_FIELDS, "tune."), 1, 1)
+
+        info = QGroupBox("Size")
+        iv = QVBoxLayout(info)
+        self.info_label = QLabel()
+        self.info_label.setWordWrap(True)
+        iv.addWidget(self.info_label)
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #b00020; font-weight: bold;")
+        iv.addWidget(self.error_label)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addLayout(grid)
+        lay.addWidget(info)
+        lay.addStretch(1)
+        self.set_preset("Tiny")
+
+    def _group(self, title: str, fields, prefix: str) -> QGroupBox:
+        box = QGroupBox(title)
+        form = QFormLayout(box)
+        for key, label, typ, tip in fields:
+            full = prefix + key
+            if typ is int:
+                w = QSpinBox()
+                w.setRange(0, 1_000_000_000)
+                w.valueChanged.connect(self._on_edit)
+            else:
+                w = QLineEdit()
+                w.textChanged.connect(self._on_edit)
+            w.setToolTip(tip)
+            w.setObjectName(full)
+            self.widgets[full] = w
+            self.types[full] = typ
+            form.addRow(label + ":", w)
+        return box
+
+    # ----------------------------------------------------------------------------- values
+    def set_preset(self, name: str) -> None:
+        self.preset.setCurrentText(name)
+        self._on_preset(name)
+
+    def _on_preset(self, name: str) -> None:
+        if name in PRESETS and not self._filling:
+            self.set_values(_preset_values(name), preset=name)
+
+    def set_values(self, values: dict, preset: str | None = None) -> None:
+        """Fill the form (unknown keys are ignored) and validate."""
+        self._filling = True
+        for key, v in values.items():
+            w = self.widgets.get(key)
+            if w is None:
+                continue
+            if isinstance(w, QSpinBox):
+                try:
+                    w.setValue(int(v))
+                except (TypeError, ValueError):
+                    pass
+            else:
+                w.setText(_fmt(v))
+        if preset is not None:
+            self.preset.setCurrentText(preset)
+        self._filling = False
+        self.validate()
+        self.changed.emit()
+
+    def values(self) -> dict:
+        """Form values: int for integer fields, float where the text parses, else the raw text."""
+        out = {}
+        for key, w in self.widgets.items():
+            if isinstance(w, QSpinBox):
+                out[key] = w.value()
+            else:
+                text = w.text().strip()
+                try:
+                    out[key] = float(text)
+                except ValueError:
+                    out[key] = text
+        return out
+
+    def state(self) -> dict:
+        """What a project saves: preset name and form values."""
+        return {"preset": self.preset.currentText(), "values": self.values()}
+
+    def set_state(self, state: dict) -> None:
+        values = state.get("values") if isinstance(state, dict) else None
+        if isinstance(values, dict):
+            self.set_values(values, preset=state.get("preset", CUSTOM))
+
+    def build(self) -> tuple[ModelConfig, TrainConfig]:
+        """The configs the form describes.
+
+        Raises:
+            ConfigError: with ``field`` naming the first bad field.
+        """
+        v = self.values()
+        for key, val in v.items():
+            if isinstance(val, str):
+                raise ConfigError(key, f"not a number: {val!r}")
+        m = {k: v[k] for k, *_ in MODEL_FIELDS}
+        mc = ModelConfig(**m)
+        stages = {s: StageConfig(**{k: v[f"{s}.{k}"] for k, *_ in STAGE_FIELDS}) for s in ("pretrain", "tune")}
+        tc = TrainConfig(pretrain=stages["pretrain"], tune=stages["tune"], vocab_size=v["vocab_size"],
+                         **{k: (int(v[k]) if k == "seed" else v[k]) for k, *_ in TRAIN_FIELDS})
+        return mc, tc
+
+    # ----------------------------------------------------------------------------- validation
+    def _on_edit(self, *_) -> None:
+        if self._filling:
+            return
+        if self.preset.currentText() != CUSTOM:
+            self._filling = True
+            self.preset.setCurrentText(CUSTOM)
+            self._filling = False
+        self.validate()
+        self.changed.emit()
+
+    def is_valid(self) -> bool:
+        return self._valid
+
+    def error_field(self) -> str | None:
+        """The key of the field at fault, or None."""
+        return self._error_field
+
+    def validate(self) -> bool:
+        """Check the form; highlight the bad field and explain; update the size estimates."""
+        from core.estimates import gguf_size_bytes, training_memory_bytes
+
+        for w in self.widgets.values():
+            w.setStyleSheet("")
+        try:
+            mc, tc = self.build()
+        except ConfigError as e:
+            self._error_field = e.field
+            w = self.widgets.get(e.field)
+            if w is not None:
+                w.setStyleSheet(BAD_STYLE)
+            self.error_label.setText(f"Invalid setting: {e}")
+            self.info_label.setText("")
+            ok = False
+        else:
+            self._error_field = None
+            self.error_label.setText("")
+            batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+            mem = training_memory_bytes(mc, batch)
+            sizes = ", ".join(f"{d.upper()} {gguf_size_bytes(mc, d) / 1e6:.2f} MB" for d in ("f32", "f16", "q8_0"))
+            self.info_label.setText(
+                f"Parameters: {mc.n_params():,} (with a full vocabulary of {mc.vocab_size} tokens)\n"
+                f"Device memory for training: about {mem / 2**20:.0f} MiB (batch {batch}, context "
+                f"{mc.context_length})\n"
+                f"GGUF file: {sizes}\n"
+                f"Steps: {tc.pretrain.steps} pretraining + {tc.tune.steps} tuning; "
+                f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
+            ok = True
+        if ok != self._valid:
+            self._valid = ok
+            self.validity_changed.emit(ok)
+        return ok
+
+    def limits(self) -> tuple[int, int]:
+        """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""
+        v = self.values()
+        vocab = v["vocab_size"] if isinstance(v["vocab_size"], int) and v["vocab_size"] >= 259 else 1024
+        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 else 128
+        return vocab, ctx

@@ -1,0 +1,186 @@
+"""Live training plots (pyqtgraph): loss with validation points, gradient norm with clip events,
+per-layer gradient norms, learning rate.
+
+Incoming numbers are appended to lists; a QTimer pushes them to the curves at most ``fps`` times a
+second, whatever the step rate. Non-finite values are never drawn: a skipped step (NaN/inf loss) is
+marked with a red cross on the loss plot instead.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QGridLayout, QWidget
+
+pg.setConfigOptions(antialias=True, background="w", foreground="k")
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _plot(title: str, y_label: str) -> pg.PlotWidget:
+    w = pg.PlotWidget(title=title)
+    item = w.getPlotItem()
+    item.showGrid(x=True, y=True, alpha=0.25)
+    item.setLabel("bottom", "step")
+    item.setLabel("left", y_label)
+    item.setClipToView(True)
+    item.setDownsampling(auto=True, mode="peak")
+    item.addLegend(offset=(-10, 10))
+    return w
+
+
+class _Series:
+    """x/y lists of one curve (only finite points)."""
+
+    def __init__(self) -> None:
+        self.x: list[float] = []
+        self.y: list[float] = []
+
+    def add(self, x: float, y) -> bool:
+        if _finite(y):
+            self.x.append(float(x))
+            self.y.append(float(y))
+            return True
+        return False
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.x, dtype=float), np.asarray(self.y, dtype=float)
+
+
+class TrainingPlots(QWidget):
+    """Four plots in a grid, fed with :meth:`add_step` / :meth:`add_validation` dicts."""
+
+    def __init__(self, parent=None, fps: int = 10) -> None:
+        super().__init__(parent)
+        self.loss_plot = _plot("Training loss", "nats / token")
+        self.grad_plot = _plot("Global gradient norm (before clipping)", "L2 norm")
+        self.layer_plot = _plot("Gradient norm per layer", "L2 norm")
+        self.lr_plot = _plot("Learning rate", "lr")
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(self.loss_plot, 0, 0)
+        grid.addWidget(self.grad_plot, 0, 1)
+        grid.addWidget(self.layer_plot, 1, 0)
+        grid.addWidget(self.lr_plot, 1, 1)
+
+        self.loss_curve = self.loss_plot.plot(pen=pg.mkPen("#1f77b4", width=1.5), name="training")
+        self.val_scatter = {
+            "facts": pg.ScatterPlotItem(symbol="o", size=9, brush=pg.mkBrush("#ff7f0e"), pen=pg.mkPen("k"),
+                                        name="validation (facts)"),
+            "dialogues": pg.ScatterPlotItem(symbol="s", size=9, brush=pg.mkBrush("#2ca02c"), pen=pg.mkPen("k"),
+                                            name="validation (dialogues)"),
+        }
+        for s in self.val_scatter.values():
+            self.loss_plot.addItem(s)
+        self.skip_scatter = pg.ScatterPlotItem(symbol="x", size=12, brush=pg.mkBrush("r"), pen=pg.mkPen("r"),
+                                               name="skipped (not finite)")
+        self.loss_plot.addItem(self.skip_scatter)
+        self.grad_curve = self.grad_plot.plot(pen=pg.mkPen("#9467bd", width=1.5), name="norm")
+        self.clip_scatter = pg.ScatterPlotItem(symbol="t", size=8, brush=pg.mkBrush("#d62728"), pen=None,
+                                               name="clipped")
+        self.grad_plot.addItem(self.clip_scatter)
+        self.clip_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen("#d62728", style=pg.QtCore.Qt.PenStyle.DashLine))
+        self.clip_line.setVisible(False)
+        self.grad_plot.addItem(self.clip_line)
+        self.lr_curve = self.lr_plot.plot(pen=pg.mkPen("#17becf", width=1.5), name="lr")
+        self.layer_curves: list[pg.PlotDataItem] = []
+        self._markers: list[pg.InfiniteLine] = []
+
+        self._timer = QTimer(self, interval=max(1, 1000 // fps))
+        self._timer.timeout.connect(self.flush)
+        self._timer.start()
+        self.clear()
+
+    # ----------------------------------------------------------------------------- data
+    def clear(self) -> None:
+        """Forget every point (a new run)."""
+        self.loss = _Series()
+        self.grad = _Series()
+        self.clip = _Series()
+        self.lr = _Series()
+        self.skipped = _Series()
+        self.val = {k: _Series() for k in self.val_scatter}
+        self.layers: list[_Series] = []
+        for c in self.layer_curves:
+            self.layer_plot.removeItem(c)
+        self.layer_curves = []
+        legend = self.layer_plot.getPlotItem().legend
+        if legend is not None:
+            legend.clear()
+        for m in self._markers:
+            self.loss_plot.removeItem(m)
+        self._markers = []
+        self._last_loss = None
+        self._dirty = True
+
+    def set_clip_threshold(self, value: float) -> None:
+        self.clip_line.setVisible(value > 0)
+        if value > 0:
+            self.clip_line.setValue(value)
+
+    def add_step(self, d: dict) -> None:
+        """Append one StepReport dict (with "global_step")."""
+        x = d["global_step"]
+        if self.loss.add(x, d["loss"]):
+            self._last_loss = d["loss"]
+        if d.get("skipped") or not _finite(d["loss"]):
+            self.skipped.add(x, self._last_loss if self._last_loss is not None else 0.0)
+        self.grad.add(x, d["grad_norm"])
+        if d.get("clipped") and _finite(d["grad_norm"]):
+            self.clip.add(x, d["grad_norm"])
+        self.lr.add(x, d["lr"])
+        norms = d.get("layer_grad_norms") or []
+        if len(norms) != len(self.layers):
+            self._make_layer_curves(len(norms))
+        for s, v in zip(self.layers, norms):
+            s.add(x, v)
+        self._dirty = True
+
+    def add_validation(self, d: dict) -> None:
+        for key in self.val:
+            self.val[key].add(d["global_step"], d.get(key))
+        self._dirty = True
+
+    def add_stage_marker(self, x: float, label: str) -> None:
+        line = pg.InfiniteLine(pos=x, angle=90, movable=False, pen=pg.mkPen("#888", style=pg.QtCore.Qt.PenStyle.DotLine),
+                               label=label, labelOpts={"position": 0.9, "color": "#555"})
+        self.loss_plot.addItem(line)
+        self._markers.append(line)
+
+    def _make_layer_curves(self, n: int) -> None:
+        for c in self.layer_curves:
+            self.layer_plot.removeItem(c)
+        legend = self.layer_plot.getPlotItem().legend
+        if legend is not None:
+            legend.clear()
+        names = ["embedding"] + [f"block {i}" for i in range(n - 2)] + ["output"] if n >= 2 else ["all"] * n
+        self.layers = [_Series() for _ in range(n)]
+        self.layer_curves = [self.layer_plot.plot(pen=pg.mkPen(pg.intColor(i, max(n, 1)), width=1.2), name=names[i])
+                             for i in range(n)]
+
+    def point_count(self) -> int:
+        """Points drawn in the loss curve (for tests)."""
+        return len(self.loss_curve.xData) if self.loss_curve.xData is not None else 0
+
+    # ----------------------------------------------------------------------------- drawing
+    def flush(self) -> None:
+        """Push new points to the curves (called by the timer)."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.loss_curve.setData(*self.loss.arrays())
+        self.grad_curve.setData(*self.grad.arrays())
+        self.lr_curve.setData(*self.lr.arrays())
+        self.clip_scatter.setData(*self.clip.arrays())
+        self.skip_scatter.setData(*self.skipped.arrays())
+        for key, s in self.val.items():
+            self.val_scatter[key].setData(*s.arrays())
+        for s, c in zip(self.layers, self.layer_curves):
+            c.setData(*s.arrays())
+
+    def stop(self) -> None:
+        self._timer.stop()

@@ -1,0 +1,342 @@
+"""Training tab: start / stop / resume, progress with ETA, live plots, log, recall table."""
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
+                               QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
+
+from gui.plots import TrainingPlots
+from gui.workers import TrainWorker
+
+STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
+OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def checkpoint_position(folder: Path) -> tuple[int, int] | None:
+    """(stage_index, stage_step) of a checkpoint folder, or None when there is none."""
+    try:
+        meta = json.loads((Path(folder) / "config.json").read_text("utf-8"))
+        return int(meta["stage_index"]), int(meta["stage_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class TrainingTab(QWidget):
+    """Runs a :class:`gui.workers.TrainWorker` and shows what it reports.
+
+    Args:
+        studio: the main window, which provides ``device_info()``, ``dataset_copy()``, ``configs()``
+            (may raise core.config.ConfigError), ``dataset_problems()``, ``checkpoint_dir()`` and
+            ``switch_to_cpu()``.
+    """
+
+    model_saved = Signal(str)  # checkpoint folder written by training
+    running_changed = Signal(bool)  # training started (True) or ended (False)
+
+    def __init__(self, studio, parent=None) -> None:
+        super().__init__(parent)
+        self.studio = studio
+        self._worker: TrainWorker | None = None
+        self._stage_steps = [0, 0]
+        self._rates: deque = deque(maxlen=30)
+        self._last: dict | None = None
+        self._t0 = 0.0
+        self._stopping = False
+
+        # -- controls
+        row = QHBoxLayout()
+        self.start_button = QPushButton("Start training")
+        self.start_button.setToolTip("Train a new model from scratch with the current dataset and settings")
+        self.start_button.clicked.connect(self.start)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop after the current step and save a checkpoint")
+        self.stop_button.clicked.connect(self.stop)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setToolTip("Continue from the last checkpoint of this project")
+        self.resume_button.clicked.connect(self.resume)
+        for b in (self.start_button, self.stop_button, self.resume_button):
+            row.addWidget(b)
+        self.stage_label = QLabel("Not started")
+        self.stage_label.setStyleSheet("font-weight: bold;")
+        row.addSpacing(12)
+        row.addWidget(self.stage_label, 1)
+        prow = QHBoxLayout()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        prow.addWidget(self.progress, 1)
+        self.speed_label = QLabel("")
+        self.speed_label.setMinimumWidth(360)
+        prow.addWidget(self.speed_label)
+
+        # -- error banner
+        self.banner = QFrame()
+        self.banner.setStyleSheet("QFrame { background: #fff3cd; border: 1px solid #e0c060; border-radius: 4px; }")
+        brow = QHBoxLayout(self.banner)
+        self.banner_text = QLabel()
+        self.banner_text.setWordWrap(True)
+        brow.addWidget(self.banner_text, 1)
+        self.cpu_button = QPushButton("Switch to the CPU device and start again")
+        self.cpu_button.clicked.connect(self._switch_to_cpu)
+        brow.addWidget(self.cpu_button)
+        close = QPushButton("Dismiss")
+        close.clicked.connect(self.banner.hide)
+        brow.addWidget(close)
+        self.banner.hide()
+
+        # -- plots, log, recall
+        self.plots = TrainingPlots()
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(5000)
+        log_box = QGroupBox("Log")
+        QVBoxLayout(log_box).addWidget(self.log)
+        recall_box = QGroupBox("Recall after each stage")
+        rv = QVBoxLayout(recall_box)
+        self.recall_label = QLabel("Shown when a stage ends: which facts and dialogue answers the model reproduces.")
+        self.recall_label.setWordWrap(True)
+        rv.addWidget(self.recall_label)
+        self.recall = QTableWidget(0, 6)
+        self.recall.setHorizontalHeaderLabels(["Stage", "Kind", "Prompt", "Expected", "Model wrote", "OK"])
+        self.recall.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.recall.horizontalHeader().setStretchLastSection(False)
+        self.recall.verticalHeader().setVisible(False)
+        self.recall.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.recall.setWordWrap(False)
+        rv.addWidget(self.recall, 1)
+        bottom = QSplitter(Qt.Orientation.Horizontal)
+        bottom.addWidget(log_box)
+        bottom.addWidget(recall_box)
+        bottom.setSizes([350, 650])
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.plots)
+        split.addWidget(bottom)
+        split.setSizes([520, 260])
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(row)
+        lay.addLayout(prow)
+        lay.addWidget(self.banner)
+        lay.addWidget(split, 1)
+
+        self._label_timer = QTimer(self, interval=200)
+        self._label_timer.timeout.connect(self._update_labels)
+        self.update_buttons()
+
+    # ----------------------------------------------------------------------------- state
+    def is_running(self) -> bool:
+        return self._worker is not None and self._worker.isRunning()
+
+    def can_resume(self) -> bool:
+        pos = checkpoint_position(self.studio.checkpoint_dir())
+        return pos is not None and pos[0] < 2
+
+    def update_buttons(self) -> None:
+        running = self.is_running()
+        self.start_button.setEnabled(not running and self.studio.can_train())
+        self.stop_button.setEnabled(running and not self._stopping)
+        self.resume_button.setEnabled(not running and self.studio.can_train() and self.can_resume())
+
+    def append_log(self, level: str, message: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        prefix = "" if level == "INFO" else f"{level}: "
+        self.log.appendPlainText(f"{stamp}  {prefix}{message}")
+
+    def _show_banner(self, text: str, offer_cpu: bool) -> None:
+        self.banner_text.setText(text)
+        self.cpu_button.setVisible(offer_cpu)
+        self.banner.show()
+
+    # ----------------------------------------------------------------------------- actions
+    def start(self) -> bool:
+        """Start a new run; False (with a message) when settings or dataset are not usable."""
+        return self._launch(resume=False)
+
+    def resume(self) -> bool:
+        """Continue from the project's checkpoint."""
+        return self._launch(resume=True)
+
+    def _launch(self, resume: bool) -> bool:
+        from core.config import ConfigError
+
+        if self.is_running():
+            return False
+        self.banner.hide()
+        device = self.studio.device_info()
+        if device is None:
+            self._show_banner("No OpenCL device: see the Device tab.", False)
+            return False
+        kw = {}
+        if not resume:
+            try:
+                mc, tc = self.studio.configs()
+            except ConfigError as e:
+                self._show_banner(f"Fix the hyperparameters first: {e}", False)
+                return False
+            dataset = self.studio.dataset_copy()
+            if not dataset.facts and not dataset.dialogues:
+                self._show_banner("The dataset is empty: add facts or dialogues on the Dataset tab.", False)
+                return False
+            problems = dataset.validate()
+            if problems:
+                self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
+                return False
+            kw = dict(dataset=dataset, model_config=mc, train_config=tc)
+            self.plots.clear()
+            self.plots.set_clip_threshold(tc.grad_clip)
+            self.recall.setRowCount(0)
+            self.recall_label.setText("Shown when a stage ends.")
+            total = tc.pretrain.steps + tc.tune.steps
+            val_every = max(10, total // 15)
+        else:
+            val_every = 10
+        w = TrainWorker(device, self.studio.checkpoint_dir(), resume=resume, val_every=val_every, **kw)
+        w.run_started.connect(self._on_started)
+        w.step.connect(self._on_step)
+        w.validation.connect(self.plots.add_validation)
+        w.stage_done.connect(self._on_stage_done)
+        w.checkpoint_saved.connect(self.model_saved)
+        w.run_done.connect(self._on_run_done)
+        w.log_line.connect(self.append_log)
+        w.failed.connect(self._on_failed)
+        w.finished.connect(self._on_finished)
+        self._worker = w
+        self._stopping = False
+        self._rates.clear()
+        self._last = None
+        self._t0 = time.perf_counter()
+        self.stage_label.setText("Preparing: tokenizer, model and kernels…")
+        self.progress.setRange(0, 0)  # busy until the first step
+        self.append_log("INFO", "resuming training" if resume else "starting training")
+        w.start()
+        self._label_timer.start()
+        self.update_buttons()
+        self.running_changed.emit(True)
+        return True
+
+    def stop(self) -> None:
+        """Ask the run to stop after the current step (a checkpoint is saved)."""
+        if self.is_running():
+            self._stopping = True
+            self._worker.request_stop()
+            self.stage_label.setText("Stopping after this step…")
+            self.update_buttons()
+
+    def stop_and_wait(self) -> None:
+        if self._worker is not None:
+            self._worker.request_stop()
+            self._worker.wait()
+
+    def _switch_to_cpu(self) -> None:
+        self.banner.hide()
+        if self.studio.switch_to_cpu():
+            self.start()
+
+    # ----------------------------------------------------------------------------- worker signals
+    def _on_started(self, info: dict) -> None:
+        self._stage_steps = list(info["stage_steps"])
+        total = sum(self._stage_steps)
+        self.progress.setRange(0, max(total, 1))
+        offset = self._stage_steps[0] if info["stage_index"] >= 1 else 0
+        self.progress.setValue(offset + info["stage_step"])
+        if self._stage_steps[0] and self._stage_steps[1] and not info["resumed"]:
+            self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
+        self.stage_label.setText(f"Training on {info['device']}")
+
+    def _on_step(self, d: dict) -> None:
+        self.plots.add_step(d)
+        self._last = d
+        self._rates.append((time.perf_counter(), d["global_step"]))
+
+    def _update_labels(self) -> None:
+        d = self._last
+        if d is None:
+            return
+        total = sum(self._stage_steps)
+        self.progress.setValue(d["global_step"])
+        stage_no = 1 if d["stage"] == "pretrain" else 2
+        if not self._stopping:
+            self.stage_label.setText(f"{STAGE_NAMES.get(d['stage'], d['stage'])} — step {d['step']}/"
+                                     f"{d['total_steps']} (stage {stage_no} of 2)")
+        eta = ""
+        if len(self._rates) >= 2:
+            (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
+            if s1 > s0 and t1 > t0:
+                eta = f" · ETA {_hms((total - d['global_step']) * (t1 - t0) / (s1 - s0))}"
+        loss = d["loss"]
+        self.speed_label.setText(f"step {d['global_step']}/{total}{eta} · {d['tokens_per_s']:,.0f} tokens/s · "
+                                 f"loss {loss:.3f} · elapsed {_hms(time.perf_counter() - self._t0)}")
+
+    def _on_stage_done(self, d: dict) -> None:
+        self.plots.flush()
+        if d["stopped"]:
+            self.append_log("INFO", f"{d['stage']}: stopped at step {d['steps_done']}")
+            return
+        for r in d["recall"]:
+            row = self.recall.rowCount()
+            self.recall.insertRow(row)
+            vals = [d["stage"], r["kind"], r["prompt"], r["expected"], r["got"], "yes" if r["ok"] else "no"]
+            for c, v in enumerate(vals):
+                it = QTableWidgetItem(v)
+                it.setToolTip(v)
+                if c == 5:
+                    it.setBackground(OK_BRUSH if r["ok"] else FAIL_BRUSH)
+                self.recall.setItem(row, c, it)
+        self.recall.resizeColumnsToContents()
+        for c in (2, 3, 4):
+            self.recall.setColumnWidth(c, min(self.recall.columnWidth(c), 260))
+        f_ok, f_n = d["facts_recalled"]
+        g_ok, g_n = d["dialogues_recalled"]
+        text = (f"After {d['stage']}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
+                f"reproduced exactly.")
+        prev = self.recall_label.text()
+        self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
+
+    def _on_run_done(self, d: dict) -> None:
+        self._last_run = d
+        if d["finished"]:
+            self.stage_label.setText("Training finished — try the model on the Chat tab")
+        elif d["stopped"]:
+            self.stage_label.setText("Stopped" + (" — Resume continues from the checkpoint" if d["checkpoint"] else ""))
+
+    def _on_failed(self, kind: str, message: str) -> None:
+        self.append_log("ERROR", message)
+        info = self.studio.device_info()
+        offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.studio.has_cpu_device()
+        if kind == "device":
+            text = f"The OpenCL device failed during training: {message}"
+            if offer_cpu:
+                text += "\nThe CPU device is slower but has more memory."
+        elif kind == "diverged":
+            text = f"Training diverged: {message}"
+        else:
+            text = f"Training failed: {message}"
+        self._show_banner(text, offer_cpu)
+        self.stage_label.setText("Failed")
+
+    def _on_finished(self) -> None:
+        self._label_timer.stop()
+        self._update_labels()
+        self.plots.flush()
+        if self.progress.maximum() == 0:
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+        if self._stopping and not self.stage_label.text().startswith(("Stopped", "Failed")):
+            self.stage_label.setText("Stopped")
+        self._stopping = False
+        self.update_buttons()
+        self.running_changed.emit(False)

@@ -1,0 +1,374 @@
+"""QThread workers: each calls ``core`` off the GUI thread and emits plain data (dicts, lists, str).
+
+Rules (napari / pyqtgraph style):
+
+- signals are declared at class level, with a comment naming each argument;
+- a worker never touches a widget; the GUI connects its own slots to the signals;
+- :meth:`Worker.request_stop` sets a flag that the worker checks at every step;
+- an exception ends the job and is emitted as ``failed(kind, message)``.
+
+Every worker registers itself, so the main window (and the tests) can stop and wait for all of
+them with :func:`stop_all` before the application exits.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QThread, Signal
+
+log = logging.getLogger(__name__)
+
+_live: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+
+def running_workers() -> list["Worker"]:
+    """Workers whose thread is still running."""
+    return [w for w in list(_live) if w.isRunning()]
+
+
+def stop_all() -> None:
+    """Ask every running worker to stop, then wait until each thread has ended."""
+    workers = running_workers()
+    for w in workers:
+        w.request_stop()
+    for w in workers:
+        w.wait()
+
+
+def error_kind(exc: BaseException) -> str:
+    """Classify an exception for the GUI: "no_opencl", "build", "device", "diverged" or "error".
+
+    "device" means the OpenCL runtime failed while running (e.g. OUT_OF_RESOURCES,
+    MEM_OBJECT_ALLOCATION_FAILURE): the GUI offers to switch to the CPU device.
+    """
+    from core.device import KernelBuildError, OpenCLUnavailableError
+
+    if isinstance(exc, OpenCLUnavailableError):
+        return "no_opencl"
+    if isinstance(exc, KernelBuildError):
+        return "build"
+    try:
+        import pyopencl as cl
+
+        if isinstance(exc, cl.Error):
+            return "device"
+    except ImportError:  # pragma: no cover - pyopencl is a dependency
+        pass
+    if isinstance(exc, MemoryError):
+        return "device"
+    if type(exc).__name__ == "TrainingDiverged":
+        return "diverged"
+    return "error"
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if text else type(exc).__name__
+
+
+class Worker(QThread):
+    """Base class: runs :meth:`work` in the thread and reports exceptions as ``failed``."""
+
+    failed = Signal(str, str)  # (kind from error_kind(), message for the user)
+    log_line = Signal(str, str)  # (logging level name, message)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stop = threading.Event()
+        _live.add(self)
+
+    def request_stop(self) -> None:
+        """Ask the job to end at its next check (thread-safe)."""
+        self._stop.set()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:  # noqa: D102 - QThread entry point
+        try:
+            self.work()
+        except Exception as e:  # every failure reaches the GUI as a signal, never as a crash
+            log.warning("%s failed", type(self).__name__, exc_info=True)
+            self.failed.emit(error_kind(e), _message(e))
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------------- device test
+
+class DeviceTestWorker(Worker):
+    """Builds every kernel on a device, checks ops against numpy and times a matmul."""
+
+    progress = Signal(float, str)  # (fraction 0..1, what is happening)
+    result = Signal(dict)  # core.selftest.DeviceCheck as a dict, plus "ok"
+
+    def __init__(self, device_info) -> None:
+        super().__init__()
+        self.device_info = device_info
+
+    def work(self) -> None:
+        from core.device import open_device
+        from core.selftest import CheckCancelled, check_device
+
+        self.progress.emit(0.0, "opening the device")
+        dev = open_device(self.device_info)
+        try:
+            check = check_device(dev, progress=self.progress.emit, should_stop=self.stop_requested)
+        except CheckCancelled:
+            return
+        out = asdict(check)
+        out["ok"] = check.ok
+        self.result.emit(out)
+
+
+# ------------------------------------------------------------------------------------- training
+
+class TrainWorker(Worker):
+    """Runs (or resumes) two-stage training and saves a checkpoint at each stage end and on stop.
+
+    Args:
+        device_info: core.device.DeviceInfo to train on.
+        checkpoint_dir: folder for core.checkpoint.save_checkpoint.
+        dataset, model_config, train_config: for a new run (ignored when ``resume``).
+        resume: continue from ``checkpoint_dir`` at the step it was saved.
+        val_every: steps between validation-loss points (0: only at stage ends).
+    """
+
+    run_started = Signal(dict)  # {"device", "n_params", "vocab_size", "stage_steps": [pretrain, tune],
+    #                              "stage_index", "stage_step", "resumed"}
+    step = Signal(dict)  # core.trainer.StepReport as a dict, plus "global_step" (1-based over both stages)
+    validation = Signal(dict)  # {"global_step", "stage", "facts": loss or None, "dialogues": loss or None}
+    stage_done = Signal(dict)  # {"stage", "steps_done", "stopped", "recall": [RecallItem dicts],
+    #                             "facts_recalled": [ok, n], "dialogues_recalled": [ok, n]}
+    checkpoint_saved = Signal(str)  # checkpoint folder
+    run_done = Signal(dict)  # {"stopped": bool, "finished": bool (both stages done), "checkpoint": folder or ""}
+
+    def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
+                 train_config=None, resume: bool = False, val_every: int = 0) -> None:
+        super().__init__()
+        self.device_info = device_info
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.dataset, self.model_config, self.train_config = dataset, model_config, train_config
+        self.resume = resume
+        self.val_every = val_every
+        self._trainer = None
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        trainer = self._trainer
+        if trainer is not None:
+            trainer.request_stop()
+
+    def _save(self, trainer) -> str:
+        from core.checkpoint import save_checkpoint
+
+        path = str(save_checkpoint(trainer, self.checkpoint_dir))
+        self.checkpoint_saved.emit(path)
+        self.log_line.emit("INFO", f"checkpoint saved to {path}")
+        return path
+
+    def _validate(self, trainer, stage: str, global_step: int) -> None:
+        losses = trainer.validation_loss()
+        self.validation.emit({"global_step": global_step, "stage": stage,
+                              "facts": losses.get("facts"), "dialogues": losses.get("dialogues")})
+
+    def work(self) -> None:
+        from core.checkpoint import resume_trainer
+        from core.device import open_device
+        from core.trainer import LogEvent, StageReport, StepReport, Trainer, TrainingDiverged
+
+        dev = open_device(self.device_info)
+        self.log_line.emit("INFO", f"device: {dev.info.label}")
+        if self.resume:
+            trainer = resume_trainer(self.checkpoint_dir, dev)
+            self.log_line.emit("INFO", f"resuming {self.checkpoint_dir} at stage {trainer.stage_index + 1}, "
+                                       f"step {trainer.stage_step}")
+        else:
+            self.log_line.emit("INFO", "training the tokenizer and building the model")
+            trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
+        self._trainer = trainer
+        tc, mc = trainer.train_config, trainer.model_config
+        steps = [tc.pretrain.steps, tc.tune.steps]
+        self.run_started.emit({"device": dev.info.label, "n_params": mc.n_params(), "vocab_size": mc.vocab_size,
+                               "stage_steps": steps, "stage_index": trainer.stage_index,
+                               "stage_step": trainer.stage_step, "resumed": self.resume})
+        self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
+        saved, stopped, progressed = "", False, False
+        if self.stop_requested():
+            self.run_done.emit({"stopped": True, "finished": trainer.done, "checkpoint": ""})
+            return
+        try:
+            for ev in trainer.run():
+                if isinstance(ev, StepReport):
+                    progressed = True
+                    offset = 0 if ev.stage == "pretrain" else steps[0]
+                    d = asdict(ev)
+                    d["global_step"] = offset + ev.step
+                    self.step.emit(d)
+                    if (self.val_every and ev.step % self.val_every == 0 and ev.step < ev.total_steps
+                            and not self.stop_requested()):
+                        self._validate(trainer, ev.stage, d["global_step"])
+                elif isinstance(ev, StageReport):
+                    stopped = ev.stopped
+                    if not ev.stopped:
+                        offset = 0 if ev.stage == "pretrain" else steps[0]
+                        self._validate(trainer, ev.stage, offset + ev.steps_done)
+                    self.stage_done.emit({
+                        "stage": ev.stage, "steps_done": ev.steps_done, "stopped": ev.stopped,
+                        "recall": [asdict(r) for r in ev.recall],
+                        "facts_recalled": list(ev.facts_recalled),
+                        "dialogues_recalled": list(ev.dialogues_recalled)})
+                    if not ev.stopped:
+                        saved = self._save(trainer)
+                elif isinstance(ev, LogEvent):
+                    self.log_line.emit(ev.level, ev.message)
+                if self.stop_requested():
+                    trainer.request_stop()
+        except TrainingDiverged:
+            self._save(trainer)  # the weights of the last good step are kept
+            raise
+        if stopped and progressed:
+            saved = self._save(trainer)
+        self.run_done.emit({"stopped": stopped, "finished": trainer.done, "checkpoint": saved})
+
+
+# ------------------------------------------------------------------------------------- chat
+
+class ChatWorker(Worker):
+    """One long-lived thread that owns the chat model: load requests and questions are queued.
+
+    The model (a core.generate.Generator and a core.chat.ChatSession) lives only in this thread.
+    """
+
+    model_loaded = Signal(dict)  # {"path", "n_params", "context_length", "vocab_size", "device"}
+    piece = Signal(dict)  # {"text", "token_id", "prob", "alternatives": [[token text, prob], ...]}
+    answer_done = Signal(dict)  # {"text": whole answer, "stopped": cancelled by the user}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jobs: queue.Queue = queue.Queue()
+        self._cancel = threading.Event()
+        self._session = None
+
+    # -- called from the GUI thread ------------------------------------------------------------
+    def load(self, path: str, device_info) -> None:
+        """Queue loading a checkpoint folder or .gguf file onto ``device_info``."""
+        self._jobs.put(("load", str(path), device_info))
+
+    def ask(self, message: str, settings: dict) -> None:
+        """Queue a question; ``settings`` are core.generate.SamplingSettings fields."""
+        self._cancel.clear()
+        self._jobs.put(("ask", message, dict(settings)))
+
+    def clear(self) -> None:
+        """Queue forgetting the conversation."""
+        self._jobs.put(("clear",))
+
+    def cancel(self) -> None:
+        """Stop the answer being generated (at the next token)."""
+        self._cancel.set()
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self._cancel.set()
+        self._jobs.put(None)
+
+    # -- the thread ----------------------------------------------------------------------------
+    def work(self) -> None:
+        while not self.stop_requested():
+            job = self._jobs.get()
+            if job is None:
+                break
+            try:
+                getattr(self, f"_do_{job[0]}")(*job[1:])
+            except Exception as e:  # keep serving: a bad file or a full context is not fatal
+                log.warning("chat job %s failed", job[0], exc_info=True)
+                self.failed.emit(error_kind(e), _message(e))
+
+    def _do_load(self, path: str, device_info) -> None:
+        from core.chat import ChatSession
+        from core.checkpoint import load_model
+        from core.device import open_device
+        from core.generate import Generator
+
+        self._session = None
+        loaded = load_model(path)
+        dev = open_device(device_info)
+        gen = Generator(dev, loaded.config, loaded.weights)
+        self._session = ChatSession(gen, loaded.tokenizer)
+        c = loaded.config
+        self.model_loaded.emit({"path": path, "n_params": c.n_params(), "context_length": c.context_length,
+                                "vocab_size": c.vocab_size, "device": dev.info.label})
+
+    def _do_clear(self) -> None:
+        if self._session is not None:
+            self._session.clear()
+
+    def _do_ask(self, message: str, settings: dict) -> None:
+        from core.generate import SamplingSettings
+
+        if self._session is None:
+            raise RuntimeError("no model is loaded: train one or open a checkpoint or GGUF file")
+        sampling = SamplingSettings(**settings)
+        parts, stopped = [], False
+        stream = self._session.ask(message, sampling)
+        for p in stream:
+            parts.append(p.text)
+            self.piece.emit({"text": p.text, "token_id": p.token_id, "prob": p.prob,
+                             "alternatives": [[t, pr] for t, pr in p.alternatives]})
+            if self._cancel.is_set() or self.stop_requested():
+                stopped = True
+                stream.close()  # GeneratorExit inside ask(): the turn is not added to the history
+                break
+        self.answer_done.emit({"text": "".join(parts).strip(), "stopped": stopped})
+
+
+# ------------------------------------------------------------------------------------- export
+
+class ExportWorker(Worker):
+    """Writes a GGUF file (and optionally an Ollama Modelfile) from a checkpoint or GGUF."""
+
+    progress = Signal(str)  # what is happening
+    exported = Signal(dict)  # {"path", "size_bytes", "modelfile": path or "", "notes": [str]}
+
+    def __init__(self, model_path: str, out_path: str, dtype: str, modelfile: bool) -> None:
+        super().__init__()
+        self.model_path, self.out_path, self.dtype, self.modelfile = model_path, out_path, dtype, modelfile
+
+    def work(self) -> None:
+        from core.checkpoint import load_model
+        from core.gguf_io import export_gguf
+
+        self.progress.emit(f"reading {self.model_path}")
+        loaded = load_model(self.model_path)
+        if self.stop_requested():
+            return
+        self.progress.emit(f"writing {self.out_path}")
+        res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile)
+        self.exported.emit({"path": str(res.path), "size_bytes": int(res.size_bytes),
+                            "modelfile": str(res.modelfile) if res.modelfile else "",
+                            "notes": [str(n) for n in res.notes]})
+
+
+# ------------------------------------------------------------------------------------- generic
+
+class CallWorker(Worker):
+    """Calls ``fn(*args)`` once in the thread; ``done`` carries its (plain-data) result."""
+
+    done = Signal(object)  # the function's return value (plain data by convention)
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        super().__init__()
+        self.fn, self.args = fn, args
+
+    def work(self) -> None:
+        out = self.fn(*self.args)
+        if not self.stop_requested():
+            self.done.emit(out)

@@ -1,0 +1,269 @@
+"""Dataset readers (real-world cases in tests/data), writers, validation, hash, default dataset."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from core.chat_format import SPECIAL_TOKENS
+from core.dataset import (Dataset, DatasetError, Dialogue, Problem, dataset_hash, default_dataset, export_jsonl,
+                          export_text, load_dataset, save_dataset)
+from core.tokenizer import Tokenizer
+
+DATA = Path(__file__).parent / "data"
+
+
+def _write(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def _all_texts(ds: Dataset) -> list[str]:
+    out = list(ds.facts)
+    for d in ds.dialogues:
+        out += [d.system or ""] + [t for turn in d.turns for t in turn]
+    return out
+
+
+# ---- the real cases (tests/data, copied from the shared case collection) ----------------------
+
+def test_case_dialogues_crlf(tmp_path):
+    raw = (DATA / "dialogues_crlf.txt").read_bytes()
+    assert b"\r\n" in raw  # guard: the fixture must keep its Windows line ends
+    ds, problems = load_dataset(DATA / "dialogues_crlf.txt")
+    assert problems == [] and ds.facts == []
+    assert [len(d.turns) for d in ds.dialogues] == [1, 2]
+    assert ds.dialogues[1].turns == [("How many legs does a spider have?", "A spider has eight legs."),
+                                     ("And an ant?", "An ant has six legs.")]
+    lf, _ = load_dataset(_write(tmp_path, "lf.txt", raw.replace(b"\r\n", b"\n")))
+    assert lf == ds
+    assert not any("\r" in t for t in _all_texts(ds))
+    tok = Tokenizer.train(ds.tokenizer_texts(), 300)
+    used = {i for text in ds.tokenizer_texts() for i in tok.encode(text)}
+    assert used and not any(b"\r" in tok.token_bytes(i) for i in used)
+    assert not any(b"\r" in tok.token_bytes(i) for i in range(259, tok.vocab_size))  # no merge learned a CR
+
+
+def test_case_facts_cr_only():
+    raw = (DATA / "facts_cr_only.txt").read_bytes()
+    assert b"\r" in raw and b"\n" not in raw
+    ds, problems = load_dataset(DATA / "facts_cr_only.txt")
+    assert problems == [] and ds.dialogues == []
+    assert ds.facts == ["Iron is a metal.", "The moon orbits the Earth.", "A week has seven days."]
+
+
+def test_case_facts_bom_unicode():
+    assert (DATA / "facts_bom_unicode.txt").read_bytes().startswith(b"\xef\xbb\xbf")
+    ds, problems = load_dataset(DATA / "facts_bom_unicode.txt")
+    assert problems == []
+    assert len(ds.facts) == 5
+    assert ds.facts[0] == "El café se cultiva en Colombia."  # BOM gone
+    assert ds.facts[2] == "The emoji for fire is 🔥."
+    assert ds.facts[3] == "Москва is the capital of Russia."
+    assert ds.facts[4] == "Leading and trailing spaces are trimmed."
+    assert all(f == f.strip() and "\ufeff" not in f for f in ds.facts)
+    tok = Tokenizer.train(ds.tokenizer_texts(), 300)
+    for f in ds.facts:
+        assert tok.decode(tok.encode(f)).encode("utf-8") == f.encode("utf-8")
+
+
+def test_case_messages_jsonl():
+    path = DATA / "messages.jsonl"
+    ds, problems = load_dataset(path)
+    assert len(ds.dialogues) == 3
+    assert ds.dialogues[1].system == "You answer briefly."
+    assert ds.dialogues[2].turns == [("What is 2 plus 2?", "2 plus 2 is 4."), ("And 3 plus 3?", "3 plus 3 is 6.")]
+    assert [p.line for p in problems] == [3, 4]
+    assert str(problems[0]).startswith(f"{path}:3: ")
+    assert "narrator" in str(problems[1]) and str(problems[1]).startswith(f"{path}:4: ")
+
+
+# ---- readers ----------------------------------------------------------------------------------
+
+def test_not_utf8_names_the_file(tmp_path):
+    path = _write(tmp_path, "latin1.txt", "Caf\u00e9 au lait.\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match="latin1.txt:1: the file is not UTF-8") as e:
+        load_dataset(path)
+    assert isinstance(e.value, ValueError)
+
+
+def test_text_format_dialogues_and_facts(tmp_path):
+    path = _write(tmp_path, "mixed.txt", (
+        "  A fact.  \n"
+        "User: Q1\n"
+        "Assistant: A1\n"
+        "user:Q2\n"
+        "ASSISTANT:   A2  \n"
+        "\n\n"
+        "System: Be brief.\n"
+        "User: Q3\n"
+        "Assistant: A3\n"
+        "Another fact.\n"
+    ))
+    ds, problems = load_dataset(path)
+    assert problems == []
+    assert ds.facts == ["A fact.", "Another fact."]
+    assert ds.dialogues == [Dialogue([("Q1", "A1"), ("Q2", "A2")]), Dialogue([("Q3", "A3")], "Be brief.")]
+
+
+def test_text_format_malformed_lines_are_reported(tmp_path):
+    path = _write(tmp_path, "bad.txt", (
+        "Assistant: orphan answer\n"   # 1
+        "User: unanswered\n"           # 2
+        "User: Q\n"                    # 3
+        "Assistant: A\n"               # 4
+        "User: Q2\n"                   # 5
+        "Assistant:\n"                 # 6 empty answer
+        "User:\n"                      # 7 empty question
+        "\n"
+        "System: alone\n"              # 9
+        "\n"
+        "User: last\n"                 # 11, file ends
+    ))
+    ds, problems = load_dataset(path)
+    assert ds.dialogues == [Dialogue([("Q", "A")])] and ds.facts == []
+    assert [p.line for p in problems] == [1, 2, 6, 7, 9, 11]
+    assert all(isinstance(p, Problem) and str(p).startswith(f"{path}:{p.line}: ") for p in problems)
+
+
+def test_jsonl_facts_and_bad_records(tmp_path):
+    lines = [
+        {"text": "  A fact.  "},
+        {"messages": [{"role": "user", "content": "Q"}, {"role": "system", "content": "late"}]},
+        {"messages": [{"role": "user", "content": "Q"}]},
+        {"messages": [{"role": "user", "content": ["parts"]}, {"role": "assistant", "content": "A"}]},
+        {"messages": [{"role": "assistant", "content": "A"}]},
+        {"other": 1},
+        [1, 2],
+        {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": " Q "},
+                      {"role": "assistant", "content": " A "}]},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines) + "\n\n"
+    ds, problems = load_dataset(_write(tmp_path, "chat.jsonl", text))
+    assert ds.facts == ["A fact."]
+    assert ds.dialogues == [Dialogue([("Q", "A")], None)]
+    assert [p.line for p in problems] == [2, 3, 4, 5, 6, 7]
+
+
+def test_format_is_sniffed_for_other_extensions(tmp_path):
+    ds = Dataset(["A fact."], [Dialogue([("Q", "A")], "S")])
+    save_dataset(ds, tmp_path / "a.json")
+    app_json = (tmp_path / "a.json").read_bytes()
+    assert load_dataset(_write(tmp_path, "a.data", app_json)) == (ds, [])
+    export_jsonl(ds, tmp_path / "b.jsonl")
+    assert load_dataset(_write(tmp_path, "b.txt", (tmp_path / "b.jsonl").read_bytes())) == (ds, [])
+
+
+def test_app_json_bad_entries_are_skipped(tmp_path):
+    doc = {"format": "opencl-llm-studio-dataset", "version": 1, "facts": ["ok", 3, None],
+           "dialogues": [{"system": None, "turns": [{"user": "Q", "assistant": "A"}]},
+                         {"turns": [{"user": "Q"}]}, "nonsense", {"system": 5, "turns": []}]}
+    ds, problems = load_dataset(_write(tmp_path, "d.json", json.dumps(doc)))
+    assert ds == Dataset(["ok"], [Dialogue([("Q", "A")])])
+    assert len(problems) == 5
+    assert str(problems[0]) == f"{tmp_path / 'd.json'}: facts[1]: not text, skipped"
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"facts": ["a",', r"d.json:1: broken JSON"),
+    ('{"format": "opencl-llm-studio-dataset", "version": 2, "facts": []}', "newer"),
+    ('{"something": "else"}', "not an OpenCL LLM Studio dataset"),
+    ('{"format": "other", "facts": []}', "unknown format"),
+])
+def test_app_json_whole_file_errors(tmp_path, content, match):
+    with pytest.raises(DatasetError, match=match):
+        load_dataset(_write(tmp_path, "d.json", content))
+
+
+# ---- writers ----------------------------------------------------------------------------------
+
+SAMPLE = Dataset(
+    facts=["Iron is a metal.", "Café 🔥 Москва."],
+    dialogues=[Dialogue([("Q1?", "A1."), ("Q2?", "A2.")], "Be brief."), Dialogue([("Q3?", "A3.")])],
+)
+
+
+@pytest.mark.parametrize("writer, name", [(save_dataset, "d.json"), (export_text, "d.txt"), (export_jsonl, "d.jsonl")])
+def test_writers_round_trip(tmp_path, writer, name):
+    writer(SAMPLE, tmp_path / name)
+    raw = (tmp_path / name).read_bytes()
+    assert b"\r" not in raw and raw.endswith(b"\n")
+    assert load_dataset(tmp_path / name) == (SAMPLE, [])
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_export_text_flattens_line_breaks(tmp_path):
+    export_text(Dataset(["two\nlines"], [Dialogue([("a\r\nb", "c")])]), tmp_path / "x.txt")
+    ds, _ = load_dataset(tmp_path / "x.txt")
+    assert ds == Dataset(["two lines"], [Dialogue([("a b", "c")])])
+
+
+@pytest.mark.parametrize("broken", ["replace", "fsync"])
+def test_save_is_atomic(tmp_path, monkeypatch, broken):
+    path = tmp_path / "d.json"
+    save_dataset(SAMPLE, path)
+    before = path.read_bytes()
+
+    def fail(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, broken, fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_dataset(Dataset(["other"]), path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["d.json"]
+
+
+# ---- validation, hash, default dataset ------------------------------------------------------
+
+def test_validate_names_the_entries():
+    ds = Dataset(
+        facts=["fine", "  ", "has <|eos|> inside"],
+        dialogues=[Dialogue([("Q", "A")]), Dialogue([("", "A"), ("Q", " ")]), Dialogue([]),
+                   Dialogue([("Q <|bos|>", "A")], system="S <|pad|>")],
+    )
+    issues = ds.validate()
+    assert [(p.kind, p.index, p.turn) for p in issues] == [
+        ("fact", 1, None), ("fact", 2, None), ("dialogue", 1, 0), ("dialogue", 1, 1), ("dialogue", 2, None),
+        ("dialogue", 3, None), ("dialogue", 3, 0)]
+    assert str(issues[0]) == "fact 2: empty fact"
+    assert str(issues[3]) == "dialogue 2, turn 2: empty answer"
+    assert "<|eos|>" in str(issues[1])
+
+
+def test_validate_too_long():
+    tok = Tokenizer.train(default_dataset().tokenizer_texts(), 400)
+    ds = Dataset(["short fact", "word " * 40], [Dialogue([("Q", "A")]), Dialogue([("Q " * 30, "A")])])
+    issues = ds.validate(tokenizer=tok, max_tokens=16)
+    assert [(p.kind, p.index) for p in issues] == [("fact", 1), ("dialogue", 1)]
+    assert "limit is 16" in str(issues[0])
+    assert ds.validate(max_tokens=16) == []  # no tokenizer: lengths are not checked
+
+
+def test_dataset_hash_is_canonical(tmp_path):
+    h = dataset_hash(SAMPLE)
+    assert len(h) == 64 and h == dataset_hash(Dataset(list(SAMPLE.facts), list(SAMPLE.dialogues)))
+    doc = SAMPLE.to_dict()
+    shuffled = {k: doc[k] for k in reversed(list(doc))}
+    reread, _ = load_dataset(_write(tmp_path, "s.json", json.dumps(shuffled, indent=4, ensure_ascii=True)))
+    assert dataset_hash(reread) == h
+    assert dataset_hash(Dataset(SAMPLE.facts + ["x"], SAMPLE.dialogues)) != h
+    assert dataset_hash(Dataset(SAMPLE.facts, [Dialogue([("Q3?", "A3.")], "S")])) != dataset_hash(
+        Dataset(SAMPLE.facts, [Dialogue([("Q3?", "A3.")])]))
+
+
+def test_default_dataset_shape():
+    ds = default_dataset()
+    assert len(ds.facts) == 25 and len(ds.dialogues) == 13
+    assert ds.validate() == []
+    assert len(set(ds.facts)) == len(ds.facts)
+    assert all(6 <= len(f.split()) <= 14 for f in ds.facts)
+    assert 1 <= sum(len(d.turns) == 2 for d in ds.dialogues) <= 2
+    assert all(len(d.turns) in (1, 2) for d in ds.dialogues)
+    assert all(len(a.split()) < 20 for d in ds.dialogues for _, a in d.turns)
+    assert all(u.endswith("?") for d in ds.dialogues for u, _ in d.turns)
+    texts = ds.tokenizer_texts()
+    assert len(texts) == 38 and not any(t in x for x in texts for t in SPECIAL_TOKENS)

@@ -1,0 +1,111 @@
+"""Main window pieces that need no training: devices, the no-OpenCL panel, projects, plots, launch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from core.dataset import Dataset
+
+
+def test_device_tab_lists_devices_and_remembers_the_choice(main_window):
+    tab = main_window.device_tab
+    assert tab.stack.currentIndex() == 1
+    assert tab.combo.count() == len(tab.devices) >= 1
+    assert tab.combo.itemText(0) == tab.devices[0].label
+    assert tab.detail_labels["Name"].text() == tab.devices[0].name.strip()
+    assert QSettings().value("device/label") == tab.current().label
+    assert main_window.device_info() == tab.current()
+
+
+def test_no_opencl_shows_a_panel_not_a_crash(studio_env, qtbot, monkeypatch):
+    import core.device
+    from gui.main_window import MainWindow
+
+    def boom():
+        raise core.device.OpenCLUnavailableError("No OpenCL device found (test).\nTo get one: install PoCL.")
+
+    monkeypatch.setattr(core.device, "list_devices", boom)
+    w = MainWindow()
+    qtbot.addWidget(w)
+    try:
+        assert w.device_tab.stack.currentIndex() == 0
+        assert "To get one" in w.device_tab.missing_text.text()
+        assert w.device_info() is None
+        assert not w.training_tab.start_button.isEnabled()
+        assert not w.training_tab.start()
+    finally:
+        w.close()
+
+
+def test_project_save_as_open_and_recent(main_window, tmp_path):
+    from gui.project import is_project
+
+    main_window.dataset_tab.set_dataset(Dataset(["Only fact."], []))
+    main_window.hyper_tab.widgets["seed"].setValue(5)
+    folder = tmp_path / "my project"
+    main_window.save_project_as(folder)
+    assert is_project(folder) and main_window.project.folder == folder
+    assert main_window.windowTitle().startswith("my project")
+    assert str(folder) in main_window.recent_projects()
+
+    main_window.new_project()
+    assert main_window.is_untitled()
+    assert main_window.dataset_tab.dataset().facts != ["Only fact."]
+    main_window.open_project(folder)
+    assert main_window.dataset_tab.dataset().facts == ["Only fact."]
+    assert main_window.configs()[1].seed == 5
+
+
+def test_open_a_folder_that_is_not_a_project(main_window, tmp_path):
+    from gui.project import ProjectError
+
+    with pytest.raises(ProjectError):
+        main_window.open_project(tmp_path)
+
+
+def test_plots_skip_non_finite_points(qtbot):
+    from gui.plots import TrainingPlots
+
+    plots = TrainingPlots()
+    qtbot.addWidget(plots)
+    base = {"stage": "pretrain", "total_steps": 10, "lr": 1e-3, "clipped": False, "skipped": False,
+            "tokens_per_s": 1.0, "elapsed_s": 0.0, "step": 1}
+    plots.add_step({**base, "global_step": 1, "loss": 5.0, "grad_norm": 2.0, "layer_grad_norms": [1.0, 1.0, 1.0]})
+    plots.add_step({**base, "global_step": 2, "loss": math.nan, "grad_norm": math.inf, "skipped": True,
+                    "layer_grad_norms": [math.nan, 1.0, math.inf]})
+    plots.add_step({**base, "global_step": 3, "loss": 4.0, "grad_norm": 3.0, "clipped": True,
+                    "layer_grad_norms": [1.0, 2.0, 3.0]})
+    plots.add_validation({"global_step": 3, "stage": "pretrain", "facts": 4.5, "dialogues": None})
+    plots.flush()
+    x, y = plots.loss_curve.getData()
+    assert list(x) == [1, 3] and list(y) == [5.0, 4.0]
+    assert list(plots.skip_scatter.getData()[0]) == [2]
+    assert list(plots.clip_scatter.getData()[0]) == [3]
+    assert len(plots.layer_curves) == 3 and list(plots.layer_curves[0].getData()[0]) == [1, 3]
+    assert list(plots.val_scatter["facts"].getData()[1]) == [4.5]
+    plots.stop()
+
+
+def test_plot_updates_are_batched(qtbot):
+    """Steps only append to lists; the curves are redrawn by the timer, not once per step."""
+    from gui.plots import TrainingPlots
+
+    plots = TrainingPlots(fps=10)
+    qtbot.addWidget(plots)
+    for i in range(1, 2001):
+        plots.add_step({"global_step": i, "loss": 1.0 / i, "grad_norm": 1.0, "lr": 1e-3, "layer_grad_norms": [1.0],
+                        "clipped": False, "skipped": False})
+    assert plots.point_count() == 0  # nothing drawn synchronously
+    qtbot.waitUntil(lambda: plots.point_count() == 2000, timeout=2000)
+    assert plots.loss_plot.getPlotItem().clipToViewMode()
+    plots.stop()
+
+
+def test_main_parses_self_test_flag(monkeypatch):
+    import gui.selftest
+    from gui import app
+
+    monkeypatch.setattr(gui.selftest, "run_self_test", lambda: 0)
+    assert app.main(["--self-test"]) == 0

@@ -1,0 +1,67 @@
+"""Hyperparameters tab: presets, validation naming the bad field, size estimates."""
+from __future__ import annotations
+
+import pytest
+
+from core.config import PRESETS, ModelConfig
+from gui.hyper_tab import BAD_STYLE
+
+
+@pytest.fixture
+def tab(main_window):
+    main_window.tabs.setCurrentWidget(main_window.hyper_tab)
+    return main_window.hyper_tab
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_build_the_preset_configs(tab, name):
+    tab.set_preset(name)
+    mc, tc = tab.build()
+    want_mc, want_tc = PRESETS[name]
+    assert mc == ModelConfig(**{**want_mc.to_dict(), "vocab_size": want_tc.vocab_size})
+    assert tc == want_tc
+    assert tab.is_valid()
+    assert f"{mc.n_params():,}" in tab.info_label.text()
+
+
+def test_editing_a_value_switches_to_custom(tab):
+    tab.set_preset("Tiny")
+    tab.widgets["pretrain.steps"].setValue(7)
+    assert tab.preset.currentText() == "Custom"
+    assert tab.build()[1].pretrain.steps == 7
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("n_heads", 3, "n_heads"),            # 64 / 3 is not an integer
+    ("n_kv_heads", 3, "n_kv_heads"),      # does not divide 4 heads
+    ("pretrain.batch_size", 0, "pretrain.batch_size"),
+    ("tune.lr", "abc", "tune.lr"),
+    ("pretrain.lr", "-1", "pretrain.lr"),
+    ("replay_share", "1.5", "replay_share"),
+    ("vocab_size", 100, "vocab_size"),
+])
+def test_invalid_value_names_and_highlights_the_field(main_window, tab, key, value, field):
+    tab.set_preset("Tiny")
+    w = tab.widgets[key]
+    if isinstance(value, int):
+        w.setValue(value)
+    else:
+        w.setText(value)
+    assert not tab.is_valid()
+    assert tab.error_field() == field
+    assert tab.widgets[field].styleSheet() == BAD_STYLE
+    assert field in tab.error_label.text()
+    assert not main_window.training_tab.start_button.isEnabled()
+    tab.set_preset("Tiny")
+    assert tab.is_valid() and tab.error_field() is None
+    assert tab.widgets[field].styleSheet() == ""
+    assert main_window.training_tab.start_button.isEnabled()
+
+
+def test_state_round_trip(tab):
+    tab.set_preset("Small")
+    tab.widgets["seed"].setValue(42)
+    state = tab.state()
+    tab.set_preset("Tiny")
+    tab.set_state(state)
+    assert tab.build()[1].seed == 42 and tab.build()[0].d_model == PRESETS["Small"][0].d_model
