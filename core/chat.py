@@ -82,7 +82,7 @@ class ChatSession:
         for tok_id, probs in self.gen.generate(ids, settings, stop_ids={self.tok.eos_id}):
             if tok_id == self.tok.eos_id:
                 break
-            text += decoder.push(tok_id)
+            text += decoder.feed(tok_id)
             cut = min((text.find(s) for s in stop_text if s in text), default=-1)
             if cut >= 0:
                 text, stopped_by_text = text[:cut], True

@@ -165,7 +165,8 @@ def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], use
         user_message: the new user message.
         system: optional system message.
     """
-    ids, _ = _encode_segments(tokenizer, render_segments(history, system, add_generation_prompt_for=user_message))
+    segs = render_segments(history, system, add_generation_prompt_for=user_message)
+    ids, _ = _encode_segments(tokenizer, segs)
     return ids
 
 
@@ -267,5 +268,6 @@ def render_chat_template(messages: Sequence[dict], add_generation_prompt: bool,
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=list(messages), bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
-                                            add_generation_prompt=add_generation_prompt)
+    return env.from_string(template).render(
+        messages=list(messages), bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
+        add_generation_prompt=add_generation_prompt)

@@ -61,7 +61,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}" if self.line is not None else f"{self.path}: {self.message}"
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class Dataset:
         """Plain texts to train the tokenizer on: the facts and each dialogue as rendered (no specials)."""
         return list(self.facts) + [plain_text(d.turns, d.system) for d in self.dialogues]
 
-    def validate(self, tokenizer: "Tokenizer | None" = None, max_tokens: int | None = None) -> list[EntryProblem]:
+    def validate(self, tokenizer: Tokenizer | None = None,
+                 max_tokens: int | None = None) -> list[EntryProblem]:
         """Problems that would spoil training, one per entry (or turn) at fault.
 
         Checks: empty fact, empty question or answer, a dialogue without turns, text containing the
@@ -127,6 +129,9 @@ class Dataset:
         def specials(text: str) -> list[str]:
             return [t for t in SPECIAL_TOKENS if t in text]
 
+        def too_long(n: int) -> str:
+            return f"too long: {n} tokens, the limit is {max_tokens}"
+
         for i, fact in enumerate(self.facts):
             if not fact.strip():
                 out.append(EntryProblem("fact", i, None, "empty fact"))
@@ -134,13 +139,14 @@ class Dataset:
             if found := specials(fact):
                 out.append(EntryProblem("fact", i, None, f"contains the reserved text {found[0]}"))
             if check_len and (n := len(encode_fact(tokenizer, fact))) > max_tokens:
-                out.append(EntryProblem("fact", i, None, f"too long: {n} tokens, the limit is {max_tokens}"))
+                out.append(EntryProblem("fact", i, None, too_long(n)))
         for i, d in enumerate(self.dialogues):
             if not d.turns:
                 out.append(EntryProblem("dialogue", i, None, "no turns"))
                 continue
             if d.system and (found := specials(d.system)):
-                out.append(EntryProblem("dialogue", i, None, f"system message contains the reserved text {found[0]}"))
+                out.append(EntryProblem("dialogue", i, None,
+                                        f"system message contains the reserved text {found[0]}"))
             for t, (user, answer) in enumerate(d.turns):
                 if not user.strip():
                     out.append(EntryProblem("dialogue", i, t, "empty question"))
@@ -149,7 +155,7 @@ class Dataset:
                 if found := specials(user) + specials(answer):
                     out.append(EntryProblem("dialogue", i, t, f"contains the reserved text {found[0]}"))
             if check_len and (n := len(encode_dialogue(tokenizer, d)[0])) > max_tokens:
-                out.append(EntryProblem("dialogue", i, None, f"too long: {n} tokens, the limit is {max_tokens}"))
+                out.append(EntryProblem("dialogue", i, None, too_long(n)))
         return out
 
 
@@ -162,7 +168,7 @@ def dataset_hash(dataset: Dataset) -> str:
 # ---- atomic writing ---------------------------------------------------------------------------
 
 def atomic_write_text(path: str | PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 (LF line ends) to ``path`` via a temp file in the same folder + ``os.replace``.
+    """Write ``text`` as UTF-8 to ``path`` via a temp file in the same folder + ``os.replace``.
 
     Either the whole new file is there afterwards or the old one is untouched. Raises OSError.
     """
@@ -298,13 +304,14 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
         raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from e
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write
         return _parse_records(doc, path, lambda i: None)
-    if not isinstance(doc, dict) or not ({"facts", "dialogues"} & doc.keys() or doc.get("format") == FORMAT_NAME):
+    if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):
         raise DatasetError(f"{path}: not an OpenCL LLM Studio dataset (no \"facts\" or \"dialogues\")")
     if doc.get("format", FORMAT_NAME) != FORMAT_NAME:
         raise DatasetError(f"{path}: unknown format {doc.get('format')!r}")
     version = doc.get("version", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise DatasetError(f"{path}: dataset version {version!r} is newer than this app reads ({FORMAT_VERSION})")
+        raise DatasetError(f"{path}: dataset version {version!r} is newer than this app reads "
+                           f"({FORMAT_VERSION})")
 
     ds, problems = Dataset(), []
 
@@ -332,7 +339,8 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             continue
         pairs = []
         for t in turns:
-            if not (isinstance(t, dict) and isinstance(t.get("user"), str) and isinstance(t.get("assistant"), str)):
+            if not (isinstance(t, dict) and isinstance(t.get("user"), str)
+                    and isinstance(t.get("assistant"), str)):
                 pairs = None
                 break
             pairs.append((t["user"], t["assistant"]))
@@ -411,6 +419,9 @@ def _messages_to_dialogue(messages: list) -> tuple[Dialogue | None, str | None]:
     return Dialogue(turns, system), None
 
 
+_NO_ANSWER = "'User:' line without an 'Assistant:' answer, skipped"
+
+
 def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     ds, problems = Dataset(), []
     turns: list[tuple[str, str]] = []
@@ -422,11 +433,11 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     def end_dialogue() -> None:
         nonlocal turns, system, system_line, question
         if question is not None:
-            problems.append(Problem(path, question_line, "\"User:\" line without an \"Assistant:\" answer, skipped"))
+            problems.append(Problem(path, question_line, _NO_ANSWER))
         if turns:
             ds.dialogues.append(Dialogue(turns, system))
         elif system_line:
-            problems.append(Problem(path, system_line, "\"System:\" line without a dialogue after it, skipped"))
+            problems.append(Problem(path, system_line, "'System:' line without a dialogue after it, skipped"))
         turns, system, system_line, question = [], None, 0, None
 
     for n, raw in enumerate(text.split("\n"), 1):
@@ -443,17 +454,17 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             system, system_line = content or None, n
         elif role == "user":
             if question is not None:
-                problems.append(Problem(path, question_line, "\"User:\" line without an \"Assistant:\" answer, skipped"))
+                problems.append(Problem(path, question_line, _NO_ANSWER))
             if content:
                 question, question_line = content, n
             else:
                 question = None
-                problems.append(Problem(path, n, "empty \"User:\" line, skipped"))
+                problems.append(Problem(path, n, "empty 'User:' line, skipped"))
         else:
             if question is None:
-                problems.append(Problem(path, n, "\"Assistant:\" line without a \"User:\" line before it, skipped"))
+                problems.append(Problem(path, n, "'Assistant:' line without a 'User:' line before it, skipped"))
             elif not content:
-                problems.append(Problem(path, n, "empty \"Assistant:\" answer, skipped with its question"))
+                problems.append(Problem(path, n, "empty 'Assistant:' answer, skipped with its question"))
                 question = None
             else:
                 turns.append((question, content))

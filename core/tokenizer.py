@@ -29,7 +29,8 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (``encoder.py`` of openai/gpt-2), used by ByteLevel."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+          *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

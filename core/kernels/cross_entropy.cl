@@ -61,13 +61,12 @@ __kernel void cross_entropy_forward(__global float* losses, __global const float
                                     const int vocab_size, __local float* red) {
     const int r = get_group_id(0);
     const float mk = mask[r];
-    if (mk == 0.0f) {  // uniform over the group: all items leave before any barrier
-        if (get_local_id(0) == 0) losses[r] = 0.0f;
-        return;
-    }
     __global const float* row = logits + (size_t)r * vocab_size;
+    // stats for every row, masked or not: barriers never sit behind a branch (an early return of
+    // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
-    if (get_local_id(0) == 0) losses[r] = row_loss(row, targets[r], vocab_size, mk, st);
+    if (get_local_id(0) == 0)
+        losses[r] = mk == 0.0f ? 0.0f : row_loss(row, targets[r], vocab_size, mk, st);
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
@@ -81,14 +80,16 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
     const int lid = get_local_id(0);
     const int L = get_local_size(0);
     const float mk = mask[r];
+    __global const float* row = logits + (size_t)r * vocab_size;
     __global float* drow = d_logits + (size_t)r * vocab_size;
-    if (mk == 0.0f) {  // uniform over the group: all items leave before any barrier
+    // stats for every row, masked or not: barriers never sit behind a branch (an early return of
+    // the whole group before the barriers hung PoCL 3.0 on a CPU)
+    const float2 st = row_softmax_stats(row, vocab_size, red);
+    if (mk == 0.0f) {
         for (int j = lid; j < vocab_size; j += L) drow[j] = 0.0f;
         if (lid == 0) losses[r] = 0.0f;
         return;
     }
-    __global const float* row = logits + (size_t)r * vocab_size;
-    const float2 st = row_softmax_stats(row, vocab_size, red);
     const int t = targets[r];
     if (lid == 0) losses[r] = row_loss(row, t, vocab_size, mk, st);
     const float inv = 1.0f / st.y;
