@@ -158,7 +158,7 @@ class Generator:
             raise ValueError(f"token id outside vocab_size {c.vocab_size}")
         self.dev.upload(arr, self.tokens)
         d, kv, f, pos = c.d_model, c.kv_dim, c.ffn_dim, self.n_past
-        o.embedding.forward(self.x, self.tokens, p["token_embd.weight"], t, d)
+        o.embedding.forward(self.x, self.tokens, p["token_embd.weight"], t, d, c.vocab_size)
         for i in range(c.n_layers):
             w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
             o.rmsnorm.forward(self.h_norm, self.rstd, self.x, w("attn_norm"), t, d, c.norm_eps)

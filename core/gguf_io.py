@@ -460,7 +460,8 @@ def import_gguf(path: str | os.PathLike):
                         "(GGUF files it exported itself)")
     tok_model = get("tokenizer.ggml.model", kind=str)
     tok_pre = get("tokenizer.ggml.pre", "", kind=str)
-    if tok_model != TOKENIZER_MODEL or tok_pre not in ("", TOKENIZER_PRE, "default"):
+    # Another pre-tokenizer (or none, which llama.cpp treats as "default") splits text differently.
+    if tok_model != TOKENIZER_MODEL or tok_pre != TOKENIZER_PRE:
         raise GGUFError(f"{p}: tokenizer {tok_model!r}/{tok_pre!r} is not supported; this app reads only "
                         f"byte-level BPE with the GPT-2 pre-tokenizer ('{TOKENIZER_MODEL}'/'{TOKENIZER_PRE}')")
     for key in (f"{ARCH}.rope.scaling.type",):

@@ -189,7 +189,7 @@ class Model:
         """Forward pass in layer order; activations are kept for backward."""
         c, o, a, p = self.config, self.ops, self.act, self.params.views
         n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
-        o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d)
+        o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)
         for i in range(c.n_layers):
             w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
             # attention block

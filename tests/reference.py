@@ -144,3 +144,61 @@ def sum_(x):
 def clip_factor(norm, max_norm):
     """Gradient-clipping factor: min(1, max_norm / (norm + 1e-6))."""
     return min(1.0, max_norm / (norm + 1e-6))
+
+
+# ---------------------------------------------------------------- embedding, rmsnorm, swiglu
+def embedding_forward(tokens, weight):
+    """tokens (N) int, weight (V, C) -> (N, C)."""
+    return weight[np.asarray(tokens)].astype(np.float32)
+
+
+def embedding_backward(d_out, tokens, vocab_size):
+    """d_out (N, C), tokens (N) -> d_weight (V, C) (scatter-add)."""
+    g = np.zeros((vocab_size, d_out.shape[1]), np.float64)
+    np.add.at(g, np.asarray(tokens), d_out.astype(np.float64))
+    return g.astype(np.float32)
+
+
+def rmsnorm_forward(x, w, eps):
+    """x (R, C), w (C) -> (y (R, C), rstd (R)); y = x / sqrt(mean(x^2) + eps) * w."""
+    x64 = x.astype(np.float64)
+    rstd = 1.0 / np.sqrt((x64 ** 2).mean(axis=1) + eps)
+    return (x64 * rstd[:, None] * w).astype(np.float32), rstd.astype(np.float32)
+
+
+def rmsnorm_backward(d_out, x, w, eps):
+    """Gradients (d_x (R, C), d_w (C)) of sum(d_out * rmsnorm(x, w)), derived by hand in float64."""
+    x64, g = x.astype(np.float64), d_out.astype(np.float64)
+    c = x.shape[1]
+    r = 1.0 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + eps)
+    gw = g * w
+    d_x = r * gw - r ** 3 / c * x64 * (gw * x64).sum(axis=1, keepdims=True)
+    d_w = (g * x64 * r).sum(axis=0)
+    return d_x.astype(np.float32), d_w.astype(np.float32)
+
+
+def swiglu_forward(gate, up):
+    """silu(gate) * up."""
+    g = gate.astype(np.float64)
+    return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+def swiglu_backward(d_out, gate, up):
+    """(d_gate, d_up) of sum(d_out * silu(gate) * up)."""
+    g = gate.astype(np.float64)
+    s = 1.0 / (1.0 + np.exp(-g))
+    return (d_out * up * (s + g * s * (1 - s))).astype(np.float32), (d_out * g * s).astype(np.float32)
+
+
+# ---------------------------------------------------------------- matmul
+def matmul_forward(a, b, trans_a=False, trans_b=False, c=None):
+    """op(a) (M,K) @ op(b) (K,N) in float64, plus c (M,N) when given (accumulate).
+
+    a is stored (M,K), or (K,M) when trans_a; b is stored (K,N), or (N,K) when trans_b.
+    """
+    a64 = a.astype(np.float64).T if trans_a else a.astype(np.float64)
+    b64 = b.astype(np.float64).T if trans_b else b.astype(np.float64)
+    out = a64 @ b64
+    if c is not None:
+        out = out + c
+    return out.astype(np.float32)

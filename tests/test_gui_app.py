@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 from PySide6.QtCore import QSettings
@@ -109,3 +110,25 @@ def test_main_parses_self_test_flag(monkeypatch):
 
     monkeypatch.setattr(gui.selftest, "run_self_test", lambda: 0)
     assert app.main(["--self-test"]) == 0
+
+
+def test_qt_binding_keeps_refcounts(qapp):
+    """PySide6 6.12.0 on Python < 3.12 drops a reference to True on every signal emit and to None on
+    every void call, and the app later dies with "Fatal Python error: bool_dealloc". Fail clearly."""
+    import PySide6
+    from PySide6.QtCore import QObject, Signal
+    from PySide6.QtWidgets import QWidget
+
+    class Emitter(QObject):
+        sig = Signal()
+
+    e, w = Emitter(), QWidget()
+    e.sig.connect(lambda: None)
+    before = sys.getrefcount(True), sys.getrefcount(None)
+    for _ in range(20):
+        e.sig.emit()
+        w.update()
+    after = sys.getrefcount(True), sys.getrefcount(None)
+    assert after[0] >= before[0] - 2 and after[1] >= before[1] - 2, (
+        f"PySide6 {PySide6.__version__} on Python {sys.version.split()[0]} corrupts reference counts "
+        f"(True {before[0]}->{after[0]}, None {before[1]}->{after[1]}); use another PySide6 version")

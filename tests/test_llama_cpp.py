@@ -1,6 +1,6 @@
 """Our engine and llama.cpp (through llama-cpp-python) agree on an exported GGUF.
 
-A tiny model (d_model 32, 2 layers, 4 query heads / 2 kv heads, 30 steps per stage on the default
+A tiny model (d_model 32, 2 layers, 4 query heads / 2 kv heads, 60 steps per stage on the default
 dataset; :func:`tests.test_gguf.get_trained`) is exported as F32, F16 and Q8_0. llama.cpp must then
 tokenize like us, compute the same logits at every position (F32), pick the same greedy tokens (all
 three types), render our chat template to the same ids, and answer a chat question like ChatSession.

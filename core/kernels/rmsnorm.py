@@ -1,0 +1,52 @@
+"""Launcher for ``rmsnorm.cl``: RMSNorm as llama.cpp computes it, forward and backward."""
+from __future__ import annotations
+
+import numpy as np
+
+from core.device import Device
+from core.kernels._launch import round_up
+
+
+class RMSNorm:
+    """``y = x * rstd * weight`` per row, ``rstd = 1 / sqrt(mean(x**2) + eps)``; float32 buffers.
+
+    RMSNorm (Zhang & Sennrich, 2019) as llama.cpp computes it: ``ggml_rms_norm`` followed by the
+    multiply with the norm weight (the ``llama`` architecture's ``attn_norm`` / ``ffn_norm`` /
+    ``output_norm``). One work-group per row reduces in local memory; its size is a power of two
+    (``local_size`` overrides the default 256). Backward: with ``g = d_out * weight``,
+    ``d_x = rstd * (g - x * rstd**2 * mean(g * x))`` and ``d_weight += sum_rows(d_out * x * rstd)``.
+    """
+
+    def __init__(self, dev: Device, local_size: int | None = None):
+        self.dev = dev
+        self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward")
+        self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
+        self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
+        self.local = min(dev.work_group_size(self._fwd, local_size or 256),
+                         dev.work_group_size(self._bwd_x, local_size or 256))
+        self.local_w = dev.work_group_size(self._bwd_w, local_size or 64)
+        self._scratch = dev.cl.LocalMemory(4 * self.local)
+
+    def forward(self, out, rstd, x, weight, n_rows: int, dim: int, eps: float) -> None:
+        """out (n_rows, dim) and rstd (n_rows), both overwritten, from x (n_rows, dim), weight (dim).
+
+        ``rstd`` is kept for :meth:`backward`.
+        """
+        if n_rows <= 0:
+            return
+        self._fwd(self.dev.queue, (n_rows * self.local,), (self.local,), out, rstd, x, weight,
+                  np.int32(n_rows), np.int32(dim), np.float32(eps), self._scratch)
+
+    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int) -> None:
+        """d_x (n_rows, dim) overwritten; d_weight (dim) accumulated (+=).
+
+        Inputs: d_out, x (n_rows, dim), weight (dim), rstd (n_rows) from :meth:`forward`.
+        d_weight sums over rows in a fixed order (one work-item per column): deterministic.
+        d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out``.
+        """
+        if n_rows <= 0:
+            return
+        self._bwd_w(self.dev.queue, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+                    d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+        self._bwd_x(self.dev.queue, (n_rows * self.local,), (self.local,), d_x, d_out, x, weight,
+                    rstd, np.int32(n_rows), np.int32(dim), self._scratch)

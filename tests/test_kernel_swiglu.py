@@ -1,0 +1,79 @@
+"""SwiGLU forward/backward against the float64 reference, finite at extreme inputs, plus finite
+differences of the reference (float64) and of the kernel itself (float32, loose)."""
+import numpy as np
+import pytest
+
+from core.kernels.swiglu import SwiGLU
+from tests import reference as ref
+from tests.opcheck import assert_close, from_device, to_device
+
+
+def _run(device, op, gate, up, d_out):
+    n = gate.size
+    GA, U, G, O, DG, DU = to_device(device, gate, up, d_out, *(np.full(n, np.nan, np.float32) for _ in range(3)))
+    op.forward(O, GA, U, n)
+    op.backward(DG, DU, G, GA, U, n)
+    return [from_device(device, buf, gate) for buf in (O, DG, DU)]
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
+@pytest.mark.parametrize("local", [1, 32, None])
+def test_swiglu_forward_backward(device, rng, n, local):
+    op = SwiGLU(device, local_size=local)
+    gate = (rng.standard_normal(n) * 4).astype(np.float32)
+    up, d_out = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out, d_gate, d_up = _run(device, op, gate, up, d_out)
+    want_dg, want_du = ref.swiglu_backward(d_out, gate, up)
+    assert_close(out, ref.swiglu_forward(gate, up), what="out")
+    assert_close(d_gate, want_dg, what="d_gate")
+    assert_close(d_up, want_du, what="d_up")
+
+
+def test_swiglu_is_finite_and_right_at_extremes(device):
+    gate = np.array([-1e30, -100, -30, 0, 30, 100, 1e30], np.float32)
+    up = np.full(gate.size, 0.5, np.float32)
+    out, d_gate, d_up = _run(device, SwiGLU(device), gate, up, np.ones_like(gate))
+    for name, got in (("out", out), ("d_gate", d_gate), ("d_up", d_up)):
+        assert np.all(np.isfinite(got)), f"{name}: {got}"
+    # silu(x) -> x for large x, -> 0 for very negative x; d silu -> 1 and 0 likewise
+    np.testing.assert_allclose(out, [0, 0, 0, 0, 15, 50, 5e29], rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(d_gate, [0, 0, 0, 0.25, 0.5, 0.5, 0.5], rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(d_up, [0, 0, 0, 0, 30, 100, 1e30], rtol=1e-6, atol=1e-10)
+
+
+def _fd(f, x, h):
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        old = x[i]
+        x[i] = old + h
+        hi = f(x)
+        x[i] = old - h
+        lo = f(x)
+        x[i] = old
+        g[i] = (hi - lo) / (2 * h)
+    return g
+
+
+def test_swiglu_reference_backward_matches_finite_differences(rng):
+    gate, up, g = rng.standard_normal(8) * 3, rng.standard_normal(8), rng.standard_normal(8)
+
+    def loss(a, b):  # sum(g * silu(a) * b), written out again in float64
+        return (g * a / (1.0 + np.exp(-a)) * b).sum()
+
+    dg, du = ref.swiglu_backward(g, gate, up)
+    np.testing.assert_allclose(dg, _fd(lambda a: loss(a, up), gate.copy(), 1e-6), atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(du, _fd(lambda b: loss(gate, b), up.copy(), 1e-6), atol=1e-6, rtol=1e-5)
+
+
+def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
+    gate = (rng.standard_normal(6) * 3).astype(np.float32)
+    up, g = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    op = SwiGLU(device)
+
+    def loss(a, b):
+        out = _run(device, op, a.astype(np.float32), b.astype(np.float32), g)[0]
+        return float((g.astype(np.float64) * out).sum())
+
+    _, dg, du = _run(device, op, gate, up, g)
+    np.testing.assert_allclose(dg, _fd(lambda a: loss(a, up), gate.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+    np.testing.assert_allclose(du, _fd(lambda b: loss(gate, b), up.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
