@@ -279,15 +279,27 @@ class Device:
             prg = self._programs.get(key)
             if prg is None:
                 src = resources.files("core.kernels").joinpath(f"{name}.cl").read_text("utf-8")
-                opts = ["-cl-std=CL1.2", *options]
-                try:
-                    prg = self.cl.Program(self.context, src).build(options=opts,
-                                                                    cache_dir=self.cache_dir)
-                except self.cl.RuntimeError as e:
-                    raise KernelBuildError(
-                        f"building {name}.cl for {self.info.name} failed:\n{e}") from None
-                log.debug("built %s.cl %s for %s", name, " ".join(options), self.info.name)
+                prg = self.build_source(f"{name}.cl", src, options)
                 self._programs[key] = prg
+        return prg
+
+    def build_source(self, label: str, source: str, options: tuple[str, ...] = ()):
+        """Build OpenCL C ``source`` for this device (uncached by this object).
+
+        Args:
+            label: name for messages, e.g. the file name.
+            source: OpenCL C source.
+            options: build options.
+
+        Raises:
+            KernelBuildError: the message names ``label`` and the device and holds the build log.
+        """
+        opts = ["-cl-std=CL1.2", *options]
+        try:
+            prg = self.cl.Program(self.context, source).build(options=opts, cache_dir=self.cache_dir)
+        except self.cl.RuntimeError as e:
+            raise KernelBuildError(f"building {label} for {self.info.name} failed:\n{e}") from None
+        log.debug("built %s %s for %s", label, " ".join(options), self.info.name)
         return prg
 
     def kernel(self, program: str, kernel_name: str, options: tuple[str, ...] = ()):

@@ -190,7 +190,7 @@ class Generator:
         """Yield new tokens one by one after ``prompt_ids``, with their probability rows.
 
         Stops after ``settings.max_tokens`` tokens, after a token in ``stop_ids`` (which is yielded),
-        or when the context is full (no error: the answer is cut at ``context_length``).
+        or when prompt + answer reach ``context_length`` tokens (no error: the answer is cut).
 
         Yields:
             (token id, probabilities (vocab_size,) float64 at that step).
@@ -206,11 +206,11 @@ class Generator:
         history = list(prompt_ids)
         logits = self.feed(list(prompt_ids))
         for _ in range(settings.max_tokens):
+            if len(history) >= self.config.context_length:
+                return  # prompt + answer never exceed context_length
             tok, probs = sample_token(logits, settings, history, rng)
             yield tok, probs
             history.append(tok)
-            if stop_ids and tok in stop_ids:
-                return
-            if self.n_past >= self.config.context_length:
+            if (stop_ids and tok in stop_ids) or len(history) >= self.config.context_length:
                 return
             logits = self.feed([tok])

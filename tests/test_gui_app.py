@@ -132,3 +132,22 @@ def test_qt_binding_keeps_refcounts(qapp):
     assert after[0] >= before[0] - 2 and after[1] >= before[1] - 2, (
         f"PySide6 {PySide6.__version__} on Python {sys.version.split()[0]} corrupts reference counts "
         f"(True {before[0]}->{after[0]}, None {before[1]}->{after[1]}); use another PySide6 version")
+
+
+def test_window_state_is_remembered(main_window):
+    main_window.tabs.setCurrentIndex(2)
+    main_window.close()
+    s = QSettings()
+    assert s.value("window/geometry") is not None and int(s.value("window/tab")) == 2
+    assert s.value("project/last") == str(main_window.project.folder)
+
+
+def test_core_does_not_import_qt():
+    import subprocess
+
+    code = ("import sys, core.trainer, core.chat, core.checkpoint, core.gguf_io, core.selftest, core.estimates, "
+            "core.cli; bad = [m for m in sys.modules if m.startswith(('PySide6', 'pyqtgraph'))]; "
+            "sys.exit(f'core imported {bad}' if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr

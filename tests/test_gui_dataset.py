@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import Qt
 
 from core.dataset import Dataset, Dialogue, default_dataset, load_dataset
 from gui.dataset_tab import BAD

@@ -1,0 +1,217 @@
+"""The whole model on OpenCL against an independent float64 numpy llama (tests/reference.py):
+forward logits, every gradient by finite differences, KV-cache generation, determinism,
+checkpoint resume, non-finite steps and stop requests."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from core.checkpoint import resume_trainer, save_checkpoint
+from core.config import ModelConfig, StageConfig, TrainConfig
+from core.dataset import Dataset, Dialogue, default_dataset
+from core.generate import Generator, SamplingSettings
+from core.model import Model, init_weights
+from core.trainer import StageReport, StepReport, Trainer
+from tests import reference as ref
+
+# odd sizes on purpose: head_dim 6, GQA 4 query heads on 2 kv heads, ffn 37, vocab 53
+TINY = ModelConfig(vocab_size=53, d_model=24, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=37, context_length=19)
+
+
+def random_weights(config, seed, scale=0.3):
+    """Weights large enough that every path matters (init_weights' 0.02 makes attention uniform)."""
+    rng = np.random.default_rng(seed)
+    w = init_weights(config, seed)
+    return {k: (v + rng.standard_normal(v.shape) * (0.2 if k.endswith("norm.weight") else scale)).astype(np.float32)
+            for k, v in w.items()}
+
+
+def batch(config, b, t, seed):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
+    targets = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
+    mask = (rng.random((b, t)) < 0.7).astype(np.float32)
+    mask[0, 0] = 1.0
+    return tokens, targets, mask
+
+
+@pytest.mark.parametrize("b,t", [(1, 1), (1, 19), (3, 7)])
+def test_forward_matches_numpy_llama(device, b, t):
+    w = random_weights(TINY, 1)
+    model = Model(device, TINY, batch_size=3, weights=w, training=False)
+    tokens, _, _ = batch(TINY, b, t, 2)
+    got = model.logits(tokens)
+    want = ref.llama_forward(w, TINY, tokens)
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_every_gradient_matches_finite_differences(device):
+    """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss."""
+    w = random_weights(TINY, 3)
+    model = Model(device, TINY, batch_size=2, weights=w)
+    tokens, targets, mask = batch(TINY, 2, 11, 4)
+    stats = model.forward_backward(tokens, targets, mask)
+    want_loss = ref.llama_loss(w, TINY, tokens, targets, mask)
+    assert stats.loss == pytest.approx(want_loss, rel=1e-4)
+    grads = model.grads.to_numpy()
+    w64 = {k: v.astype(np.float64) for k, v in w.items()}
+    rng = np.random.default_rng(5)
+    eps = 1e-5
+    for name, g in grads.items():
+        flat = w64[name].reshape(-1)
+        picks = rng.choice(flat.size, size=min(6, flat.size), replace=False)
+        if name == "token_embd.weight":  # rows of tokens in the batch carry the gradient
+            rows = np.unique(tokens)[:3]
+            picks = np.concatenate([picks, rows * TINY.d_model + 1])
+        for i in picks:
+            old = flat[i]
+            flat[i] = old + eps
+            hi = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            flat[i] = old - eps
+            lo = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            flat[i] = old
+            fd = (hi - lo) / (2 * eps)
+            got = g.reshape(-1)[i]
+            assert abs(got - fd) <= 2e-4 + 2e-3 * abs(fd), f"{name}[{i}]: backward {got:.6g} vs finite diff {fd:.6g}"
+    total = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+    assert stats.grad_norm == pytest.approx(total, rel=1e-4)
+
+
+def test_kv_cache_generation_matches_full_forward(device):
+    w = random_weights(TINY, 6)
+    model = Model(device, TINY, batch_size=1, weights=w, training=False)
+    tokens, _, _ = batch(TINY, 1, TINY.context_length, 7)
+    full = model.logits(tokens)[0]
+    gen = Generator(device, TINY, w)
+    rows = [gen.feed(tokens[0, :5].tolist())]  # prefill a chunk, then one token at a time
+    for t in range(5, TINY.context_length):
+        rows.append(gen.feed([int(tokens[0, t])]))
+    np.testing.assert_allclose(rows[0], full[4], atol=1e-4)
+    np.testing.assert_allclose(np.stack(rows[1:]), full[5:], atol=1e-4)
+    with pytest.raises(ValueError, match="context_length"):
+        gen.feed([1])
+
+
+def test_generation_stops_at_context_length(device):
+    w = random_weights(TINY, 8)
+    gen = Generator(device, TINY, w)
+    out = list(gen.generate([1, 2, 3], SamplingSettings(max_tokens=500)))
+    assert len(out) == TINY.context_length - 3
+
+
+def small_run_config(steps=6):
+    return TrainConfig(pretrain=StageConfig(steps=steps, lr=3e-3, batch_size=4, warmup_steps=2),
+                       tune=StageConfig(steps=steps, lr=2e-3, batch_size=4, warmup_steps=2), vocab_size=300)
+
+
+SMALL = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, context_length=64)
+
+
+def run_all(trainer):
+    return [e for e in trainer.run(recall=False) if isinstance(e, StepReport)]
+
+
+def test_training_is_deterministic(device):
+    ds = default_dataset()
+    a = Trainer(ds, SMALL, small_run_config(), device)
+    b = Trainer(ds, SMALL, small_run_config(), device)
+    la, lb = [r.loss for r in run_all(a)], [r.loss for r in run_all(b)]
+    assert la == lb
+    wa, wb = a.model.weights(), b.model.weights()
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)
+    assert la[-1] < la[0]
+
+
+def test_checkpoint_resume_is_exact(device, tmp_path):
+    ds = default_dataset()
+    full = Trainer(ds, SMALL, small_run_config(), device)
+    run_all(full)
+    part = Trainer(ds, SMALL, small_run_config(), device)
+    it = part.run(recall=False)
+    steps = 0
+    for ev in it:  # stop in the middle of the tuning stage
+        if isinstance(ev, StepReport) and ev.stage == "tune" and ev.step == 3:
+            part.request_stop()
+        steps += isinstance(ev, StepReport)
+    assert steps == 9
+    save_checkpoint(part, tmp_path / "ckpt")
+    resumed = resume_trainer(tmp_path / "ckpt", device)
+    assert (resumed.stage_index, resumed.stage_step) == (1, 3)
+    rest = run_all(resumed)
+    assert [r.step for r in rest] == [4, 5, 6]
+    wf, wr = full.model.weights(), resumed.model.weights()
+    assert all(np.array_equal(wf[k], wr[k]) for k in wf)
+    assert full.model.adam_step == resumed.model.adam_step == 12
+
+
+def test_stop_is_honoured_before_the_next_step(device):
+    tr = Trainer(default_dataset(), SMALL, small_run_config(50), device)
+    seen = []
+    for ev in tr.run(recall=False):
+        if isinstance(ev, StepReport):
+            seen.append(ev.step)
+            tr.request_stop()
+        elif isinstance(ev, StageReport):
+            assert ev.stopped
+    assert seen == [1]
+
+
+def test_non_finite_step_is_skipped_and_weights_kept(device):
+    tr = Trainer(default_dataset(), SMALL, small_run_config(), device)
+    it = tr.run(recall=False)
+    next(e for e in it if isinstance(e, StepReport))  # one good step
+    w = tr.model.weights()
+    w["blk.0.ffn_up.weight"][0, 0] = np.inf  # poison: the next loss is not finite
+    tr.model.params.load(w)
+    before, m_before = tr.model.weights(), tr.model.optimizer_state()
+    rep = next(e for e in it if isinstance(e, StepReport))
+    assert rep.skipped and not np.isfinite(rep.loss)
+    after, m_after = tr.model.weights(), tr.model.optimizer_state()
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k])
+        np.testing.assert_array_equal(m_after["m"][k], m_before["m"][k])
+    assert m_after["step"] == m_before["step"]
+
+
+def test_high_learning_rate_never_corrupts_weights(device):
+    """lr 0.1: steps may be skipped, but the weights stay finite and training reports it."""
+    tc = dataclasses.replace(small_run_config(15), grad_clip=0.0,
+                             pretrain=StageConfig(steps=15, lr=0.1, batch_size=4, warmup_steps=0))
+    tr = Trainer(default_dataset(), SMALL, tc, device)
+    reps = run_all(tr)
+    assert len(reps) == 30
+    assert all(np.all(np.isfinite(v)) for v in tr.model.weights().values())
+    for r in reps:
+        assert r.skipped == (not (np.isfinite(r.loss) and np.isfinite(r.grad_norm)))
+
+
+def test_tuning_learns_only_assistant_tokens(device):
+    tok_ds = Dataset(facts=[], dialogues=[Dialogue(turns=[("Say hi", "Hi there")])])
+    tr = Trainer(tok_ds, SMALL, small_run_config(), device)
+    ex = tr.dialogues[0]
+    learned = tr.tokenizer.decode([i for i, m in zip(ex.ids, ex.mask) if m], skip_special=False)
+    assert learned == " Hi there<|eos|>"
+
+
+def test_default_dataset_answers_and_facts_after_training(device, tmp_path, capsys):
+    """The product's promise, through the CLI: train on the default dataset with the default
+    settings, then greedy answers reproduce the tuned answers and the facts are still recalled."""
+    from core.checkpoint import load_model
+    from core.cli import main
+    from core.trainer import recall_table
+
+    out = tmp_path / "model"
+    assert main(["train", "--out", str(out), "--device", str(device.info.index), "-q"]) == 0
+    loaded = load_model(out)
+    gen = Generator(device, loaded.config, loaded.weights)
+    table = recall_table(gen, loaded.tokenizer, default_dataset())
+    facts = [r for r in table if r.kind == "fact"]
+    answers = [r for r in table if r.kind == "dialogue"]
+    assert sum(r.ok for r in answers) == len(answers), [r for r in answers if not r.ok]
+    assert sum(r.ok for r in facts) >= 0.8 * len(facts), [r for r in facts if not r.ok]
+    capsys.readouterr()
+    assert main(["chat", "--model", str(out), "--device", str(device.info.index),
+                 "--prompt", "Can penguins fly?"]) == 0
+    assert capsys.readouterr().out.strip() == "No, penguins cannot fly, but they swim very fast."
