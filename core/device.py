@@ -137,8 +137,8 @@ def _loader_name() -> str:
     try:
         import pyopencl
 
-        ext = Path(pyopencl.__file__).parent
-        bundled = sorted(str(p) for p in ext.parent.glob("pyopencl.libs/libOpenCL*"))
+        pkg = Path(pyopencl.__file__).parent
+        bundled = sorted(str(p) for p in [*pkg.glob(".libs/libOpenCL*"), *pkg.parent.glob("pyopencl.libs/libOpenCL*")])
         if bundled:
             return bundled[0]
     except Exception:

@@ -1,0 +1,187 @@
+"""Device layer, configuration validation and sampling."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core import device as device_mod
+from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig, lr_at
+from core.generate import SamplingSettings, sample_token
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- device layer
+def test_list_devices_orders_integrated_gpu_first():
+    devices = device_mod.list_devices()
+    assert [d.index for d in devices] == list(range(len(devices)))
+    assert [d.rank() for d in devices] == sorted(d.rank() for d in devices)
+    for d in devices:
+        assert d.max_work_group_size >= 1 and d.local_mem_bytes > 0 and d.compute_units >= 1
+
+
+def test_select_device_by_index_name_and_errors():
+    first = device_mod.list_devices()[0]
+    assert device_mod.select_device(0) == first
+    assert device_mod.select_device("0") == first
+    assert device_mod.select_device(first.name[:5].lower()) == first
+    with pytest.raises(ValueError, match="out of range"):
+        device_mod.select_device(99)
+    with pytest.raises(ValueError, match="no OpenCL device matches"):
+        device_mod.select_device("no-such-device-xyz")
+
+
+def test_no_platform_gives_a_clear_message(monkeypatch):
+    import pyopencl as cl
+
+    def boom():
+        raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setattr(cl, "get_platforms", boom)
+    with pytest.raises(device_mod.OpenCLUnavailableError) as e:
+        device_mod.list_devices()
+    msg = str(e.value)
+    assert "OpenCL loader used:" in msg and "PoCL" in msg and "driver" in msg
+
+
+def test_cli_devices_without_opencl_prints_help_not_traceback(monkeypatch, capsys):
+    import pyopencl as cl
+
+    from core.cli import main
+
+    def none():
+        raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setattr(cl, "get_platforms", none)
+    assert main(["devices"]) == 1
+    err = capsys.readouterr().err
+    assert "No OpenCL device found" in err and "OpenCL loader used: " in err and "libOpenCL" in err
+
+
+def test_kernel_build_failure_shows_the_build_log(device):
+    with pytest.raises(device_mod.KernelBuildError) as e:
+        device.build_source("broken.cl", "__kernel void k(__global float* x) { x[0] = undefined_name; }")
+    assert "broken.cl" in str(e.value) and "undefined_name" in str(e.value)
+
+
+@pytest.mark.parametrize("case", ["no-home", "read-only-home"])
+def test_cache_dir_is_writable_without_a_usable_home(tmp_path, case):
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME", "OPENCL_LLM_CACHE_DIR")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    if case == "read-only-home":
+        home = tmp_path / "home"
+        home.mkdir()
+        home.chmod(0o500)
+        env["HOME"] = str(home)
+    code = ("from core.device import user_cache_dir, open_device\n"
+            "from core.kernels.residual import Residual\n"
+            "d = user_cache_dir(); print(d); Residual(open_device())\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    path = Path(r.stdout.strip().splitlines()[-1])
+    assert path.is_dir()
+    if os.geteuid() != 0 and case == "read-only-home":  # root may write anywhere
+        assert not str(path).startswith(str(tmp_path / "home"))
+
+
+def test_programs_are_built_once_per_device(device):
+    a = device.program("residual")
+    b = device.program("residual")
+    assert a is b
+
+
+# ----------------------------------------------------------------------------- config
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(d_model=130, n_heads=4), "n_heads"),        # not divisible
+    (dict(d_model=12, n_heads=4), "n_heads"),         # head_dim 3 is odd
+    (dict(n_heads=4, n_kv_heads=3), "n_kv_heads"),
+    (dict(n_layers=0), "n_layers"),
+    (dict(context_length=1), "context_length"),
+    (dict(rope_theta=-1.0), "rope_theta"),
+    (dict(vocab_size=2.5), "vocab_size"),
+])
+def test_model_config_names_the_bad_field(kwargs, field):
+    with pytest.raises(ConfigError) as e:
+        ModelConfig(**kwargs)
+    assert e.value.field == field and field in str(e.value)
+
+
+def test_train_config_names_the_bad_field():
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(tune=StageConfig(lr=0.0))
+    assert e.value.field == "tune.lr"
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(replay_share=1.5)
+    assert e.value.field == "replay_share"
+
+
+def test_config_round_trips_through_dicts():
+    tc = TrainConfig(seed=7, tune=StageConfig(steps=3))
+    assert TrainConfig.from_dict(tc.to_dict()) == tc
+    mc = ModelConfig(d_model=64, n_kv_heads=2)
+    assert ModelConfig.from_dict(mc.to_dict()) == mc
+    assert mc.n_params() == sum(int(np.prod(s)) for _, s in mc.param_shapes())
+
+
+def test_lr_schedule_warmup_then_cosine():
+    s = StageConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(s, 0) == pytest.approx(0.1)
+    assert lr_at(s, 9) == pytest.approx(1.0)
+    assert lr_at(s, 10) == pytest.approx(1.0)
+    assert lr_at(s, 60) == pytest.approx(0.55)
+    assert lr_at(s, 110) == pytest.approx(0.1)
+    lrs = [lr_at(s, i) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+# ----------------------------------------------------------------------------- sampling
+def test_greedy_picks_argmax():
+    logits = np.array([0.1, 3.0, 2.9, -1.0], np.float32)
+    tok, p = sample_token(logits, SamplingSettings(), [], np.random.default_rng(0))
+    assert tok == 1
+    assert p.sum() == pytest.approx(1.0)
+
+
+def test_top_k_and_top_p_restrict_the_choice():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = np.random.default_rng(0)
+    k2 = {sample_token(logits, SamplingSettings(temperature=1.0, top_k=2), [], rng)[0] for _ in range(300)}
+    assert k2 == {0, 1}
+    p = {sample_token(logits, SamplingSettings(temperature=1.0, top_p=0.7), [], rng)[0] for _ in range(300)}
+    assert p == {0, 1}
+    allowed = {sample_token(logits, SamplingSettings(temperature=1.0), [], rng)[0] for _ in range(2000)}
+    assert allowed == {0, 1, 2, 3}
+
+
+def test_temperature_and_repetition_penalty():
+    logits = np.array([2.0, 1.0, -1.0])
+    _, p1 = sample_token(logits, SamplingSettings(temperature=1.0), [], np.random.default_rng(0))
+    _, p2 = sample_token(logits, SamplingSettings(temperature=0.5), [], np.random.default_rng(0))
+    assert p2[0] > p1[0]
+    np.testing.assert_allclose(p1, np.exp(logits) / np.exp(logits).sum())
+    tok, pr = sample_token(logits, SamplingSettings(repetition_penalty=4.0), [0, 2], np.random.default_rng(0))
+    assert tok == 1  # 2.0/4 = 0.5 < 1.0
+    z = np.array([0.5, 1.0, -4.0])
+    np.testing.assert_allclose(pr, np.exp(z) / np.exp(z).sum())
+
+
+def test_sampling_is_seeded():
+    logits = np.zeros(50)
+    s = SamplingSettings(temperature=1.0, seed=3)
+    a = [sample_token(logits, s, [], np.random.default_rng(3))[0] for _ in range(5)]
+    b = [sample_token(logits, s, [], np.random.default_rng(3))[0] for _ in range(5)]
+    assert a == b
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_k=-1), dict(max_tokens=0),
+                                    dict(repetition_penalty=0)])
+def test_bad_sampling_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        SamplingSettings(**kwargs)
