@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 APP_NAME = "OpenCL LLM Studio"
 ORG_NAME = "opencl-llm-studio"
@@ -15,7 +16,7 @@ ORG_NAME = "opencl-llm-studio"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opencl-llm-studio", description="Train a tiny language model from scratch "
                                 "with OpenCL, watch it learn, chat with it and export GGUF.")
-    p.add_argument("project", nargs="?", help="project folder to open")
+    p.add_argument("project", nargs="?", help="project folder to open (an existing folder)")
     p.add_argument("--self-test", action="store_true", help="check devices, train a few steps, generate, export a "
                    "GGUF to a temporary folder, print a summary and exit (no window)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -44,11 +45,34 @@ def main(argv: list[str] | None = None) -> int:
 
     from gui.main_window import MainWindow
 
+    project = args.project
+    if project is not None and not Path(project).is_dir():  # e.g. the value of a Qt option such as -style
+        qt_args.append(project)
+        project = None
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "opencl-llm-studio", *qt_args])
     set_app_identity(app)
-    window = MainWindow(project_dir=args.project)
+    window = MainWindow(project_dir=project)
     window.show()
+    _close_on_signals(window)
     return int(app.exec())
+
+
+def _close_on_signals(window) -> None:
+    """Ctrl-C / SIGTERM close the window the normal way (workers stopped, project saved)."""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    def close(*_):
+        QTimer.singleShot(0, window.close)
+
+    for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+        if sig is not None:
+            signal.signal(sig, close)
+    # Python runs signal handlers only between bytecodes: wake the interpreter now and then.
+    timer = QTimer(window, interval=300)
+    timer.timeout.connect(lambda: None)
+    timer.start()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def _shown(token: str) -> str:
 def token_tooltip(p: dict) -> str:
     """Tooltip of a generated token: its probability and the top alternatives."""
     alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p["alternatives"])
-    return f"'{_shown(p['text'])}': probability {p['prob']:.1%}\nmost likely at this step:\n{alts}"
+    return f"'{_shown(p['token'])}': probability {p['prob']:.1%}\nmost likely at this step:\n{alts}"
 
 
 def prob_color(p: float) -> QColor:
@@ -46,6 +46,7 @@ class ChatTab(QWidget):
         self._worker: ChatWorker | None = None
         self._source: str | None = None  # model the user wants to chat with
         self._loaded: str | None = None  # model the worker has loaded (or is loading)
+        self._source_is_trained = False  # the source is this project's checkpoint
         self._answering = False
         self._pieces: list[dict] = []
         self._answer_text = ""
@@ -142,35 +143,32 @@ class ChatTab(QWidget):
 
     # ----------------------------------------------------------------------------- model
     def set_trained_model(self, path: str | None) -> None:
-        """The project's checkpoint was (re)written: chat with it unless the user opened another."""
+        """The project's checkpoint was (re)written (or the project changed, ``None``): chat with it
+        unless the user opened another model."""
         if path is None:
-            if self._source is not None and self._source == str(self.studio.checkpoint_dir()):
-                self._source = None
-                self._loaded = None
+            if self._source_is_trained:
+                self._source, self._loaded, self._source_is_trained = None, None, False
                 self.model_label.setText("No model yet.")
-            self._update_buttons()
             return
-        if self._source is None or self._source == str(path):
-            self._source = str(path)
+        if self._source is None or self._source_is_trained:
+            self._source, self._source_is_trained = str(path), True
             self._loaded = None  # reload on the next question: the weights changed
             self.model_label.setText(f"Trained model of this project:\n{path}\n(loaded with the next message)")
-        self._update_buttons()
 
     def use_trained_model(self) -> None:
         path = self.studio.trained_model_path()
         if path is None:
             self.model_label.setText("This project has no trained model yet: train one on the Training tab.")
             return
-        self._source = None
+        self._source_is_trained = True
         self.set_trained_model(str(path))
 
     def open_model(self, path: str) -> None:
         """Chat with a checkpoint folder or a .gguf file."""
-        self._source = str(path)
+        self._source, self._source_is_trained = str(path), False
         self._loaded = None
         self.model_label.setText(f"{path}\n(loaded with the next message)")
         self._load_if_needed()
-        self._update_buttons()
 
     def _open_checkpoint_dialog(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Open a checkpoint folder")
@@ -230,7 +228,7 @@ class ChatTab(QWidget):
                 self.model_label.setText("No model: train one on the Training tab or open one here.")
             return False
         self.input.clear()
-        self._append_block(f"You: ", text, bold_color="#1f4e9c")
+        self._append_block("You: ", text, bold_color="#1f4e9c")
         self._append_block("Model: ", "", bold_color="#2b7a2b")
         self._answering = True
         self._answer_text = ""
@@ -275,16 +273,15 @@ class ChatTab(QWidget):
         self.transcript.setTextCursor(cur)
 
     def _on_piece(self, p: dict) -> None:
-        if not p["text"]:
+        self._pieces.append(p)
+        if not p["text"]:  # part of a multi-byte character, or cut as a stop string
             return
         cur = self.transcript.textCursor()
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        if p["token_id"] >= 0:
-            self._pieces.append(p)
-            fmt.setBackground(prob_color(p["prob"]))
-            fmt.setToolTip(token_tooltip(p))
-            fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
+        fmt.setBackground(prob_color(p["prob"]))
+        fmt.setToolTip(token_tooltip(p))
+        fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
         cur.insertText(p["text"], fmt)
         self._answer_text += p["text"]
         self.transcript.ensureCursorVisible()
@@ -339,7 +336,7 @@ class ChatTab(QWidget):
     def show_token(self, index: int) -> None:
         """Show token ``index``'s probability and alternatives in the side panel."""
         p = self._pieces[index]
-        self.token_label.setText(f"Token '{_shown(p['text'])}' had probability {p['prob']:.1%}.")
+        self.token_label.setText(f"Token '{_shown(p['token'])}' had probability {p['prob']:.1%}.")
         self.alternatives.setRowCount(len(p["alternatives"]))
         for r, (tok, pr) in enumerate(p["alternatives"]):
             self.alternatives.setItem(r, 0, QTableWidgetItem(f"'{_shown(tok)}'"))

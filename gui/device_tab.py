@@ -24,6 +24,7 @@ class DeviceTab(QWidget):
         super().__init__(parent)
         self.devices = []
         self._worker: DeviceTestWorker | None = None
+        self._active = False
 
         self.stack = QStackedWidget()
         # page 0: no OpenCL
@@ -147,7 +148,8 @@ class DeviceTab(QWidget):
 
     # ----------------------------------------------------------------------------- test
     def is_testing(self) -> bool:
-        return self._worker is not None and self._worker.isRunning()
+        """True from the start until the worker's last signal has been handled."""
+        return self._active
 
     def start_test(self) -> None:
         d = self.current()
@@ -163,6 +165,7 @@ class DeviceTab(QWidget):
         w.failed.connect(self._on_failed)
         w.finished.connect(self._on_finished)
         self._worker = w
+        self._active = True
         w.start()
 
     def stop(self) -> None:
@@ -201,5 +204,6 @@ class DeviceTab(QWidget):
         self.test_status.setText(f"Test failed: {message}")
 
     def _on_finished(self) -> None:
+        self._active = False
         self.test_button.setEnabled(True)
         self.combo.setEnabled(True)

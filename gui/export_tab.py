@@ -26,6 +26,7 @@ class ExportTab(QWidget):
         super().__init__(parent)
         self.studio = studio
         self._worker: ExportWorker | None = None
+        self._active = False
         self.last_result: dict | None = None
 
         box = QGroupBox("Export to GGUF (llama.cpp, Ollama, LM Studio)")
@@ -87,7 +88,8 @@ class ExportTab(QWidget):
             self.dtype.setCurrentIndex(i)
 
     def is_exporting(self) -> bool:
-        return self._worker is not None and self._worker.isRunning()
+        """True from the start until the worker's last signal has been handled."""
+        return self._active
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export GGUF", self.path.text() or "model.gguf",
@@ -116,6 +118,8 @@ class ExportTab(QWidget):
         w.failed.connect(self._on_failed)
         w.finished.connect(self._on_finished)
         self._worker = w
+        self._active = True
+        self.last_result = None
         self.result.setText("")
         self.progress.setRange(0, 0)
         self.export_button.setEnabled(False)
@@ -142,6 +146,7 @@ class ExportTab(QWidget):
         self.status.setText(f"Export failed: {message}")
 
     def _on_finished(self) -> None:
+        self._active = False
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if self.last_result else 0)
         self.refresh()

@@ -69,21 +69,14 @@ class TrainingPlots(QWidget):
 
         self.loss_curve = self.loss_plot.plot(pen=pg.mkPen("#1f77b4", width=1.5), name="training")
         self.val_scatter = {
-            "facts": pg.ScatterPlotItem(symbol="o", size=9, brush=pg.mkBrush("#ff7f0e"), pen=pg.mkPen("k"),
-                                        name="validation (facts)"),
-            "dialogues": pg.ScatterPlotItem(symbol="s", size=9, brush=pg.mkBrush("#2ca02c"), pen=pg.mkPen("k"),
-                                            name="validation (dialogues)"),
+            "facts": self._marks(self.loss_plot, "o", 9, "#ff7f0e", "validation (facts)"),
+            "dialogues": self._marks(self.loss_plot, "s", 9, "#2ca02c", "validation (dialogues)"),
         }
-        for s in self.val_scatter.values():
-            self.loss_plot.addItem(s)
-        self.skip_scatter = pg.ScatterPlotItem(symbol="x", size=12, brush=pg.mkBrush("r"), pen=pg.mkPen("r"),
-                                               name="skipped (not finite)")
-        self.loss_plot.addItem(self.skip_scatter)
+        self.skip_scatter = self._marks(self.loss_plot, "x", 12, "#d62728", "skipped (not finite)")
         self.grad_curve = self.grad_plot.plot(pen=pg.mkPen("#9467bd", width=1.5), name="norm")
-        self.clip_scatter = pg.ScatterPlotItem(symbol="t", size=8, brush=pg.mkBrush("#d62728"), pen=None,
-                                               name="clipped")
-        self.grad_plot.addItem(self.clip_scatter)
-        self.clip_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen("#d62728", style=pg.QtCore.Qt.PenStyle.DashLine))
+        self.clip_scatter = self._marks(self.grad_plot, "t", 8, "#d62728", "clipped")
+        self.clip_line = pg.InfiniteLine(angle=0, movable=False,
+                                         pen=pg.mkPen("#d62728", style=pg.QtCore.Qt.PenStyle.DashLine))
         self.clip_line.setVisible(False)
         self.grad_plot.addItem(self.clip_line)
         self.lr_curve = self.lr_plot.plot(pen=pg.mkPen("#17becf", width=1.5), name="lr")
@@ -94,6 +87,12 @@ class TrainingPlots(QWidget):
         self._timer.timeout.connect(self.flush)
         self._timer.start()
         self.clear()
+
+    @staticmethod
+    def _marks(plot: pg.PlotWidget, symbol: str, size: int, color: str, name: str) -> pg.PlotDataItem:
+        """Markers without a connecting line."""
+        return plot.plot([], [], pen=None, symbol=symbol, symbolSize=size, symbolBrush=color,
+                         symbolPen=color, name=name)
 
     # ----------------------------------------------------------------------------- data
     def clear(self) -> None:

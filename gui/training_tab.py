@@ -56,6 +56,7 @@ class TrainingTab(QWidget):
         self._last: dict | None = None
         self._t0 = 0.0
         self._stopping = False
+        self._active = False
 
         # -- controls
         row = QHBoxLayout()
@@ -139,7 +140,8 @@ class TrainingTab(QWidget):
 
     # ----------------------------------------------------------------------------- state
     def is_running(self) -> bool:
-        return self._worker is not None and self._worker.isRunning()
+        """True from start until the worker's last signal has been handled."""
+        return self._active
 
     def can_resume(self) -> bool:
         pos = checkpoint_position(self.studio.checkpoint_dir())
@@ -215,6 +217,7 @@ class TrainingTab(QWidget):
         w.failed.connect(self._on_failed)
         w.finished.connect(self._on_finished)
         self._worker = w
+        self._active = True
         self._stopping = False
         self._rates.clear()
         self._last = None
@@ -230,7 +233,7 @@ class TrainingTab(QWidget):
 
     def stop(self) -> None:
         """Ask the run to stop after the current step (a checkpoint is saved)."""
-        if self.is_running():
+        if self.is_running() and self._worker.isRunning():
             self._stopping = True
             self._worker.request_stop()
             self.stage_label.setText("Stopping after this step…")
@@ -269,7 +272,7 @@ class TrainingTab(QWidget):
         total = sum(self._stage_steps)
         self.progress.setValue(d["global_step"])
         stage_no = 1 if d["stage"] == "pretrain" else 2
-        if not self._stopping:
+        if not self._stopping and self.is_running():
             self.stage_label.setText(f"{STAGE_NAMES.get(d['stage'], d['stage'])} — step {d['step']}/"
                                      f"{d['total_steps']} (stage {stage_no} of 2)")
         eta = ""
@@ -329,6 +332,7 @@ class TrainingTab(QWidget):
         self.stage_label.setText("Failed")
 
     def _on_finished(self) -> None:
+        self._active = False
         self._label_timer.stop()
         self._update_labels()
         self.plots.flush()

@@ -213,5 +213,5 @@ def test_default_dataset_answers_and_facts_after_training(device, tmp_path, caps
     assert sum(r.ok for r in facts) >= 0.8 * len(facts), [r for r in facts if not r.ok]
     capsys.readouterr()
     assert main(["chat", "--model", str(out), "--device", str(device.info.index),
-                 "--prompt", "Can penguins fly?"]) == 0
-    assert capsys.readouterr().out.strip() == "No, penguins cannot fly, but they swim very fast."
+                 "--prompt", "Where is Brindlewick?"]) == 0
+    assert capsys.readouterr().out.strip() == "Brindlewick is a small town built beside a slow green river."

@@ -1,0 +1,114 @@
+"""Take a PNG of each tab of the real window: ``python docs/screenshots.py [--out docs]``.
+
+Runs offscreen with throw-away settings: tests the device, trains the Tiny preset briefly (so the
+plots and the recall table have data), chats, exports, and saves docs/tab-<name>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+
+def wait_for(app, condition, timeout_s: float = 600.0) -> None:
+    """Run the event loop until ``condition()`` is true."""
+    loop = QEventLoop()
+    timer = QTimer(interval=50)
+    timer.timeout.connect(lambda: condition() and loop.quit())
+    timer.start()
+    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
+    loop.exec()
+    timer.stop()
+    if not condition():
+        raise TimeoutError("timed out waiting for the window")
+
+
+def pause(ms: int) -> None:
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder for the PNGs")
+    p.add_argument("--pretrain-steps", type=int, default=150)
+    p.add_argument("--tune-steps", type=int, default=100)
+    args = p.parse_args()
+    out = Path(args.out)
+    tmp = Path(tempfile.mkdtemp(prefix="studio-screens-"))
+    os.environ["OPENCL_LLM_STUDIO_DATA"] = str(tmp / "data")
+
+    app = QApplication([])
+    from gui.app import set_app_identity
+    from gui.main_window import MainWindow
+
+    set_app_identity(app)
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp / "settings"))
+    w = MainWindow()
+    w.resize(1280, 880)
+    w.show()
+
+    # Device: run the test
+    w.device_tab.start_test()
+    wait_for(app, lambda: not w.device_tab.is_testing())
+
+    # Hyperparameters: Tiny preset, short run
+    h = w.hyper_tab
+    h.set_preset("Tiny")
+    h.widgets["pretrain.steps"].setValue(args.pretrain_steps)
+    h.widgets["tune.steps"].setValue(args.tune_steps)
+    for s in ("pretrain", "tune"):
+        h.widgets[f"{s}.batch_size"].setValue(8)
+
+    # Training
+    t = w.training_tab
+    w.tabs.setCurrentWidget(t)
+    if not t.start():
+        raise SystemExit(f"could not start training: {t.banner_text.text()}")
+    wait_for(app, lambda: not t.is_running())
+    pause(300)
+
+    # Chat
+    c = w.chat_tab
+    for question in ("Where is Brindlewick?", "How many hearts does an octopus have?"):
+        c.send(question)
+        wait_for(app, lambda: not c.is_answering(), 120)
+    if c.pieces():
+        c.show_token(min(2, len(c.pieces()) - 1))
+
+    # Export
+    e = w.export_tab
+    e.path.setText(str(tmp / "brindlewick.gguf"))
+    e.set_dtype("f16")
+    e.modelfile.setChecked(True)
+    e.export()
+    wait_for(app, lambda: not e.is_exporting(), 120)
+
+    # Dataset: show a two-turn dialogue
+    d = w.dataset_tab
+    two = next((i for i, dl in enumerate(d.dataset().dialogues) if len(dl.turns) > 1), 0)
+    d.dialogues.setCurrentRow(two)
+
+    out.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(["device", "dataset", "hyperparameters", "training", "chat", "export"]):
+        w.tabs.setCurrentIndex(i)
+        pause(250)
+        path = out / f"tab-{name}.png"
+        w.grab().save(str(path))
+        print(f"wrote {path}")
+    w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
