@@ -50,7 +50,7 @@ rm -rf "$bundle" build/pyinstaller
   --distpath dist --workpath build/pyinstaller packaging/opencl-llm-studio.spec
 
 # desktop integration next to the executables
-cp resources/$name.desktop "$bundle/$name.desktop"
+cp resources/$name.desktop resources/$name.png resources/$name.svg "$bundle/"
 cp packaging/install-desktop-entry.sh "$bundle/install-desktop-entry.sh"
 chmod +x "$bundle/install-desktop-entry.sh" "$bundle/$name"
 cp packaging/BUNDLE-README.txt "$bundle/README.txt"

@@ -42,6 +42,28 @@ def _setup() -> None:
         except Exception:  # core.device sets it again (or falls back) when it lists devices
             pass
     os.environ.setdefault("PYOPENCL_COMPILER_OUTPUT", "0")
+    _restore_library_path(base)
+
+
+def _restore_library_path(base: str) -> None:
+    """Give child processes the user's LD_LIBRARY_PATH, not the bundle's.
+
+    PyInstaller's bootloader (Linux) starts the app with ``LD_LIBRARY_PATH=<bundle>/_internal[:old]``
+    and keeps the old value in ``LD_LIBRARY_PATH_ORIG``. The dynamic loader read the variable when
+    this process started, so changing it now only affects child processes: PoCL runs the system
+    linker (/usr/bin/ld) for every kernel it compiles, and ld must load the *system* libz/libzstd,
+    not the (possibly older) copies in the bundle; likewise xdg-open & co. started by Qt.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    current = os.environ.get("LD_LIBRARY_PATH")
+    if current is None or not current.split(os.pathsep)[0].startswith(base):
+        return
+    orig = os.environ.pop("LD_LIBRARY_PATH_ORIG", None)
+    if orig:
+        os.environ["LD_LIBRARY_PATH"] = orig
+    else:
+        del os.environ["LD_LIBRARY_PATH"]
 
 
 _setup()
