@@ -29,8 +29,8 @@ class AdamW:
         Args:
             params, m, v: float32 ``(n,)``; ``m`` and ``v`` start at zero.
             grads: float32 ``(n,)``, read only.
-            step: the 1-based step count ``t`` (bias corrections are computed here in double
-                precision and passed as float32).
+            step: the 1-based step count ``t`` (bias corrections are computed here in float64
+                and passed as float32).
             grad_scale: multiplies the gradient first (the clipping factor).
 
         Raises:

@@ -9,7 +9,7 @@
 // also how ggml's rope_back works (it negates the sine).
 //
 // Accuracy: a plain float product pos * inv_freq is off by up to half an ulp of the angle (~1e-4 rad
-// at pos ~ 4000). The launcher passes inv_freq = theta^(-2i/head_dim) computed on the host in double
+// at pos ~ 4000). The launcher passes inv_freq = theta^(-2i/head_dim) computed on the host in float64
 // precision as a float pair hi + lo; the kernel forms the angle as an unevaluated sum a_hi + a_lo
 // (the rounding error of pos * hi recovered exactly with fma) and applies a_lo to first order:
 //   cos(a_hi + a_lo) ~ cos(a_hi) - sin(a_hi) a_lo,  sin(a_hi + a_lo) ~ sin(a_hi) + cos(a_hi) a_lo.

@@ -16,7 +16,7 @@ class RoPE:
     ggml's "normal" RoPE as llama.cpp uses for the llama architecture (``LLAMA_ROPE_TYPE_NORM``;
     ggml-cpu ``ops.cpp``: ``rope_yarn`` / ``ggml_compute_forward_rope_f32``); Su et al. 2021,
     "RoFormer". The frequencies ``theta ** (-2i / head_dim)`` are computed once per
-    ``(head_dim, theta)`` on the host in double precision and kept on the device as a float
+    ``(head_dim, theta)`` on the host in float64 and kept on the device as a float
     hi + lo pair, so the kernel's angle stays accurate at positions of many thousands.
     """
 
