@@ -1,7 +1,7 @@
 """Sizes the GUI shows before anything runs: device memory a training run needs, GGUF file size,
 and token / sequence counts of a dataset.
 
-Estimates, not guarantees: the memory figure mirrors the buffers ``core.model.Model`` allocates
+Estimates, not guarantees: the memory figure adds up the buffers ``core.model.Model`` allocates
 (weights, gradients, two AdamW moments, activations for one batch of ``context_length`` tokens);
 the GGUF size counts tensor data plus a rough allowance for the tokenizer metadata.
 """
@@ -17,35 +17,34 @@ GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0}
 
 
 def training_memory_bytes(config: ModelConfig, batch_size: int) -> int:
-    """Device memory of a training run in bytes (float32 everywhere).
+    """Device memory of a training run in bytes (4-byte elements everywhere).
 
-    Params P: weights, gradients and AdamW m and v = 16 P bytes. Activations for ``n = batch *
-    context_length`` tokens, per layer: residual stream, norms, q/k/v, attention probabilities
-    (batch, heads, T, T), FFN gate/up/hidden; plus logits and their gradient (n, vocab).
+    Weights, gradients and AdamW m and v (16 bytes per parameter) plus every activation buffer
+    :class:`core.model.Model` allocates for ``batch_size x context_length`` tokens
+    (:func:`core.model.activation_sizes`).
     """
-    c = config
-    n = batch_size * c.context_length
-    d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
-    att = batch_size * c.n_heads * c.context_length ** 2
-    floats = 4 * c.n_params()
-    # forward buffers (kept for backward)
-    floats += 3 * n + (L + 1) * n * d + L * (6 * n * d + 2 * n * kv + 2 * n + att + 3 * n * f)
-    floats += 2 * n * d + 2 * n + n * v
-    # backward scratch
-    floats += n * v + 5 * n * d + 2 * n * kv + att + 3 * n * f
-    return int(floats * 4)
+    from core.model import activation_sizes
+
+    acts = activation_sizes(config, batch_size, config.context_length, training=True)
+    return 4 * (4 * config.n_params() + sum(sum(v) for v in acts.values()))
 
 
 def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
     """Approximate size of the exported GGUF file for ``dtype`` ("f32", "f16" or "q8_0").
 
-    Norm weights (1-D) stay float32 in every dtype, as llama.cpp's converter keeps them.
+    Norm weights (1-D) stay float32 in every dtype, as llama.cpp's converter keeps them; for Q8_0
+    a matrix whose rows are not a multiple of 32 long is written as F16 (see core.gguf_io).
     """
     per = GGUF_BYTES_PER_VALUE[dtype.lower()]
     size = 0.0
     for _, shape in config.param_shapes():
         count = math.prod(shape)
-        size += count * (4.0 if len(shape) == 1 else per)
+        if len(shape) == 1:
+            size += count * 4.0
+        elif dtype.lower() == "q8_0" and shape[-1] % 32:
+            size += count * GGUF_BYTES_PER_VALUE["f16"]
+        else:
+            size += count * per
     size += config.vocab_size * 24 + 4096  # token strings, scores, types, merges, other keys
     return int(size)
 

@@ -91,49 +91,47 @@ class StepStats:
     tokens: int
 
 
+def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> dict[str, list[int]]:
+    """Every activation buffer one step needs: ``{name: [elements of each buffer]}``.
+
+    Per-layer buffers have one entry per layer; ``x`` has ``n_layers + 1`` (the residual stream
+    before each layer and after the last). All elements are 4 bytes (float32 or int32). The one
+    place these sizes are written: :class:`_Activations` allocates them and
+    ``core.estimates`` adds them up.
+    """
+    n = batch * seq
+    d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
+    att = batch * c.n_heads * seq * seq
+    per_layer = {"attn_in": n * d, "attn_rstd": n, "q": n * d, "k": n * kv, "v": n * kv, "probs": att,
+                 "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate": n * f,
+                 "up": n * f, "h": n * f}
+    sizes = {name: [size] * L for name, size in per_layer.items()}
+    sizes["x"] = [n * d] * (L + 1)
+    single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "final": n * d, "final_rstd": n,
+              "logits": n * v, "losses": n}
+    if training:
+        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
+                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate": n * f, "d_up": n * f}
+    sizes |= {name: [size] for name, size in single.items()}
+    return sizes
+
+
 class _Activations:
-    """Buffers for one forward/backward at up to ``n_max`` tokens and ``batch x seq`` attention."""
+    """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
+
+    _INT32 = ("tokens", "targets")
+    _SINGLE = ("tokens", "targets", "mask", "tmp", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
+               "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate", "d_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
-        n = batch * seq
-        d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
-        att = batch * c.n_heads * seq * seq
-        a = dev.alloc
-        self.tokens = dev.zeros(n, np.int32)
-        self.targets = dev.zeros(n, np.int32)
-        self.mask = dev.zeros(n)
-        self.x = [a(n * d) for _ in range(L + 1)]
-        self.attn_in = [a(n * d) for _ in range(L)]
-        self.attn_rstd = [a(n) for _ in range(L)]
-        self.q = [a(n * d) for _ in range(L)]
-        self.k = [a(n * kv) for _ in range(L)]
-        self.v = [a(n * kv) for _ in range(L)]
-        self.probs = [a(att) for _ in range(L)]
-        self.attn_out = [a(n * d) for _ in range(L)]
-        self.x_mid = [a(n * d) for _ in range(L)]
-        self.ffn_in = [a(n * d) for _ in range(L)]
-        self.ffn_rstd = [a(n) for _ in range(L)]
-        self.gate = [a(n * f) for _ in range(L)]
-        self.up = [a(n * f) for _ in range(L)]
-        self.h = [a(n * f) for _ in range(L)]
-        self.tmp = a(n * d)
-        self.final = a(n * d)
-        self.final_rstd = a(n)
-        self.logits = a(n * v)
-        self.losses = a(n)
-        if training:
-            self.d_logits = a(n * v)
-            self.dx = a(n * d)
-            self.d_norm = a(n * d)
-            self.d_in = a(n * d)
-            self.dq = a(n * d)
-            self.dk = a(n * kv)
-            self.dv = a(n * kv)
-            self.d_scores = a(att)
-            self.d_attn = a(n * d)
-            self.dh = a(n * f)
-            self.d_gate = a(n * f)
-            self.d_up = a(n * f)
+        for name, sizes in activation_sizes(c, batch, seq, training).items():
+            if name in self._INT32:
+                bufs = [dev.zeros(n, np.int32) for n in sizes]
+            elif name == "mask":
+                bufs = [dev.zeros(n) for n in sizes]
+            else:
+                bufs = [dev.alloc(n) for n in sizes]
+            setattr(self, name, bufs[0] if name in self._SINGLE else bufs)
 
 
 class Model:

@@ -17,8 +17,10 @@ How a pip install finds its drivers, reproduced here:
   points it at the app's per-user cache folder before any context exists. We set the same folder
   here too (when nothing else did), so that no code path can make PoCL write next to the bundle,
   which may be read-only.
-* PoCL links each kernel with the system linker (``ld``; plus ``-lgcc -lgcc_s -lc``), as the pip
-  install does: that needs binutils and the C library's development files on Linux.
+* PoCL links each kernel by running the system linker ``ld`` and aborts the process when there is
+  none; the bundle carries GNU ld in ``_internal/pocl-linker`` and we append that to PATH.
+* PyInstaller's bootloader puts the bundle folder on LD_LIBRARY_PATH; we restore the user's value so
+  that child processes (that ``ld``, xdg-open, ...) load their own system libraries.
 """
 import os
 import sys
@@ -42,7 +44,21 @@ def _setup() -> None:
         except Exception:  # core.device sets it again (or falls back) when it lists devices
             pass
     os.environ.setdefault("PYOPENCL_COMPILER_OUTPUT", "0")
+    _add_pocl_linker(base)
     _restore_library_path(base)
+
+
+def _add_pocl_linker(base: str) -> None:
+    """Append the bundled fallback linker (``_internal/pocl-linker/ld``) to PATH.
+
+    PoCL runs ``ld`` for every kernel it compiles and aborts the process when there is none
+    (machines without binutils). Appended, not prepended: a system linker is still found first.
+    """
+    linker_dir = os.path.join(base, "pocl-linker")
+    if sys.platform.startswith("linux") and os.path.isfile(os.path.join(linker_dir, "ld")):
+        path = os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+        if linker_dir not in path.split(os.pathsep):
+            os.environ["PATH"] = path + os.pathsep + linker_dir
 
 
 def _restore_library_path(base: str) -> None:
