@@ -73,12 +73,20 @@ def user_cache_dir() -> Path:
 
 
 def _prepare_environment() -> None:
-    """Point PoCL's own kernel cache at a writable folder before any context exists."""
-    if "POCL_CACHE_DIR" not in os.environ:
-        try:
-            os.environ["POCL_CACHE_DIR"] = str(user_cache_dir() / "pocl")
-        except OSError:
-            pass
+    """Point PoCL's and pytools' caches at writable folders before any context exists.
+
+    PoCL caches compiled kernels in POCL_CACHE_DIR (default ~/.cache/pocl); pytools, which
+    pyopencl uses, writes under XDG_CACHE_HOME (default ~/.cache). When HOME is unset or not
+    writable, both are pointed below :func:`user_cache_dir`'s fallback.
+    """
+    try:
+        cache = user_cache_dir()
+    except OSError:
+        return
+    os.environ.setdefault("POCL_CACHE_DIR", str(cache / "pocl"))
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if xdg.startswith("~") or _writable_dir(Path(xdg)) is None:
+        os.environ["XDG_CACHE_HOME"] = str(cache / "xdg")
     # pyopencl prints build logs of successful builds as warnings; we show logs only on failure.
     os.environ.setdefault("PYOPENCL_COMPILER_OUTPUT", "0")
 

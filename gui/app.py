@@ -30,6 +30,19 @@ def set_app_identity(app) -> None:
     app.setApplicationDisplayName(APP_NAME)
 
 
+def set_app_icon(app) -> None:
+    """Window icon and desktop-file name, so the window matches its menu entry (also on Wayland)."""
+    from importlib import resources
+
+    from PySide6.QtGui import QIcon, QPixmap
+
+    data = resources.files("resources").joinpath("opencl-llm-studio.png").read_bytes()
+    pixmap = QPixmap()
+    if pixmap.loadFromData(data):
+        app.setWindowIcon(QIcon(pixmap))
+    app.setDesktopFileName("opencl-llm-studio")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the app (or the self-test); returns the process exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -51,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         project = None
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "opencl-llm-studio", *qt_args])
     set_app_identity(app)
+    set_app_icon(app)
     window = MainWindow(project_dir=project)
     window.show()
     _close_on_signals(window)
