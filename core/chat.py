@@ -19,8 +19,10 @@ class ChatPiece:
     """One generated token as the user sees it.
 
     Attributes:
-        text: new text this token completes (may be "" while a multi-byte character is incomplete).
-        token_id: the sampled id.
+        text: the text this token adds to the answer (its own decoded text; "" while a multi-byte
+            character is still incomplete, and cut where a stop string begins). Joining the
+            ``text`` of all pieces gives the answer exactly.
+        token_id: the sampled id (-1 for trailing bytes flushed at the end).
         prob: its probability (after repetition penalty and temperature).
         alternatives: the 5 most likely tokens at that step as (token text, probability).
     """
@@ -29,6 +31,17 @@ class ChatPiece:
     token_id: int
     prob: float
     alternatives: list[tuple[str, float]] = field(default_factory=list)
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
 
 
 class ChatSession:
@@ -63,42 +76,53 @@ class ChatSession:
         return ids
 
     def ask(self, message: str, settings: SamplingSettings) -> Iterator[ChatPiece]:
-        """Stream the answer to ``message``; the turn is added to the history when it ends.
+        """Stream the answer to ``message`` token by token; the turn joins the history at the end.
 
-        Generation stops at EOS, at a new ``User:`` turn in the text, at ``settings.max_tokens``, or
-        when the context is full.
+        Generation stops at EOS, at a new ``User:`` turn in the text (not shown), at
+        ``settings.max_tokens``, or when the context is full. A piece is held back only while its
+        text could still be the start of such a stop string.
 
         Raises:
+            ValueError: the message is empty.
             ContextFullError: the message alone does not fit the context.
         """
         message = message.strip()
+        if not message:
+            raise ValueError("the message is empty")
         ids = self._prompt(message)
         decoder = StreamDecoder(self.tok)
-        text = ""
-        shown = 0
-        stop_text = [s for s in chat_format.STOP_STRINGS if s != chat_format.EOS_TOKEN]
-        hold = max(len(s) for s in stop_text)
-        stopped_by_text = False
+        stops = [s for s in chat_format.STOP_STRINGS if s != chat_format.EOS_TOKEN]
+        pending: list[ChatPiece] = []  # generated, not yet released
+        text, released = "", 0  # all decoded text; characters of it already released
+        cut = -1
         for tok_id, probs in self.gen.generate(ids, settings, stop_ids={self.tok.eos_id}):
             if tok_id == self.tok.eos_id:
                 break
-            text += decoder.feed(tok_id)
-            cut = min((text.find(s) for s in stop_text if s in text), default=-1)
-            if cut >= 0:
-                text, stopped_by_text = text[:cut], True
-                break
-            # hold back a tail that could be the start of a stop string
-            safe = max(shown, len(text) - hold)
             top = np.argsort(-probs)[:5]
-            yield ChatPiece(text[shown:safe], tok_id, float(probs[tok_id]),
-                            [(self.tok.decode([int(t)], skip_special=False), float(probs[t])) for t in top])
-            shown = safe
-        if not stopped_by_text:
-            text += decoder.flush()
-        if len(text) > shown:
-            yield ChatPiece(text[shown:], -1, 1.0, [])
-        answer = text.strip()
-        self.history.append((message, answer))
+            piece = ChatPiece(decoder.feed(tok_id), tok_id, float(probs[tok_id]),
+                              [(self.tok.decode([int(t)], skip_special=False), float(probs[t])) for t in top])
+            pending.append(piece)
+            text += piece.text
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                break
+            safe = len(text) - _stop_prefix_len(text, stops)
+            while pending and released + len(pending[0].text) <= safe:
+                p = pending.pop(0)
+                released += len(p.text)
+                yield p
+        if cut < 0:
+            tail = decoder.flush()
+            if tail:
+                pending.append(ChatPiece(tail, -1, 1.0, []))
+                text += tail
+            cut = len(text)
+        for p in pending:  # release the rest, cut where the stop string starts
+            keep = max(0, min(len(p.text), cut - released))
+            released += len(p.text)
+            if keep or p.text == "":
+                yield ChatPiece(p.text[:keep], p.token_id, p.prob, p.alternatives)
+        self.history.append((message, text[:cut].strip()))
 
     def answer(self, message: str, settings: SamplingSettings) -> str:
         """The whole answer to ``message`` as one string (see :meth:`ask`)."""

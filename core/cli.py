@@ -34,9 +34,9 @@ def cmd_devices(args) -> int:
 
 # ----------------------------------------------------------------------------- train
 def _configs(args):
-    from core.config import PRESETS, ModelConfig, StageConfig, TrainConfig, replace
+    from core.config import PRESETS, replace
 
-    mc, tc = PRESETS[args.preset]
+    mc, tc = PRESETS[args.preset or "Small"]
     mfields = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
                "n_kv_heads": args.n_kv_heads, "ffn_dim": args.ffn_dim, "context_length": args.context_length,
                "rope_theta": args.rope_theta}
@@ -58,24 +58,68 @@ def _configs(args):
     return mc, tc
 
 
+_MODEL_OPTIONS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "context_length", "rope_theta",
+                  "vocab_size", "seed")
+
+
+def _writable_folder(path: Path) -> Path:
+    """Create ``path`` if needed and check a file can be written there (before any training)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path}: exists and is not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".write-test"
+    probe.write_bytes(b"")
+    probe.unlink()
+    return path
+
+
+def _resume_config(args, saved):
+    """The saved TrainConfig with the training options given on the command line applied."""
+    from core.config import replace
+
+    fixed = [f"--{n.replace('_', '-')}" for n in _MODEL_OPTIONS if getattr(args, n) is not None]
+    if args.data or args.preset or fixed:
+        what = ", ".join(fixed + (["--data"] if args.data else []) + (["--preset"] if args.preset else []))
+        raise ValueError(f"{what}: cannot change when resuming (the checkpoint fixes the model, dataset and "
+                         "tokenizer); only steps, lr, batch size, clipping, weight decay and replay share can")
+    pre, tune = saved.pretrain, saved.tune
+    for stage, prefix in ((0, "pretrain"), (1, "tune")):
+        st = pre if stage == 0 else tune
+        if getattr(args, f"{prefix}_steps") is not None:
+            st = replace(st, steps=getattr(args, f"{prefix}_steps"))
+        if getattr(args, f"{prefix}_lr") is not None:
+            st = replace(st, lr=getattr(args, f"{prefix}_lr"))
+        if args.batch_size is not None:
+            st = replace(st, batch_size=args.batch_size)
+        pre, tune = (st, tune) if stage == 0 else (pre, st)
+    extra = {k: getattr(args, k) for k in ("replay_share", "grad_clip", "weight_decay") if getattr(args, k) is not None}
+    return replace(saved, pretrain=pre, tune=tune, **extra)
+
+
 def cmd_train(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from core.checkpoint import resume_trainer, save_checkpoint
-    from core.config import ConfigError
+    from core.checkpoint import load_checkpoint, resume_trainer, save_checkpoint
+    from core.config import ConfigError, TrainConfig
     from core.dataset import default_dataset, load_dataset
     from core.device import open_device
     from core.trainer import LogEvent, StageReport, StepReport, Trainer, TrainingDiverged
 
+    out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
     try:
-        mc, tc = _configs(args)
+        if args.resume:
+            saved = TrainConfig.from_dict(load_checkpoint(args.resume).meta["train"])
+            tc = _resume_config(args, saved)
+        else:
+            mc, tc = _configs(args)
     except ConfigError as e:
         return _fail(f"invalid setting {e}")
+    _writable_folder(out)
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
     if args.resume:
-        trainer = resume_trainer(args.resume, dev)
-        print(f"resuming {args.resume} at stage {trainer.stage_index}, step {trainer.stage_step}")
+        trainer = resume_trainer(args.resume, dev, train_config=tc)
+        print(f"resuming {args.resume} at stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}")
     else:
         if args.data:
             dataset, problems = load_dataset(args.data)
@@ -90,7 +134,9 @@ def cmd_train(args) -> int:
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
           f"vocab {c.vocab_size}, context {c.context_length})")
-    out = Path(args.out)
+    if trainer.done:
+        print(f"nothing left to train in {args.resume}: both stages are complete (give more --pretrain-steps or "
+              "--tune-steps to continue)")
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                TimeElapsedColumn(), TimeRemainingColumn()]
@@ -104,12 +150,12 @@ def cmd_train(args) -> int:
                     progress.update(tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
                                     tps=f"{ev.tokens_per_s:,.0f}")
                 elif isinstance(ev, LogEvent):
-                    progress.console.print(ev.message)
+                    progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
                 elif isinstance(ev, StageReport) and not ev.stopped:
                     save_checkpoint(trainer, out)
     except KeyboardInterrupt:
         save_checkpoint(trainer, out)
-        print(f"interrupted; checkpoint saved to {out} (resume with --resume {out})")
+        print(f"interrupted; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
         return 130
     except TrainingDiverged as e:
         save_checkpoint(trainer, out)
@@ -124,7 +170,7 @@ def cmd_chat(args) -> int:
     from core.chat import ChatSession
     from core.checkpoint import load_model
     from core.device import open_device
-    from core.generate import Generator, SamplingSettings
+    from core.generate import ContextFullError, Generator, SamplingSettings
 
     loaded = load_model(args.model)
     dev = open_device(args.device)
@@ -136,21 +182,26 @@ def cmd_chat(args) -> int:
     if args.prompt is not None:
         print(session.answer(args.prompt, settings))
         return 0
-    print("Chat with the model. Empty line or Ctrl-D quits; /clear forgets the conversation.")
+    print("Chat with the model. An empty line, /exit or Ctrl-D quits; /clear forgets the conversation.")
     while True:
         try:
             line = input("User: ")
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
-        if not line.strip():
+        if not line.strip() or line.strip() in ("/exit", "/quit"):
             return 0
         if line.strip() == "/clear":
             session.clear()
             continue
         print("Assistant:", end="", flush=True)
-        for piece in session.ask(line, settings):
-            print(piece.text, end="", flush=True)
+        try:
+            for piece in session.ask(line, settings):
+                print(piece.text, end="", flush=True)
+        except (ContextFullError, ValueError) as e:  # one bad message does not end the session
+            print(f" [{e}]", end="")
+        except KeyboardInterrupt:
+            print(" [stopped]", end="")
         print()
 
 
@@ -160,7 +211,12 @@ def cmd_export(args) -> int:
     from core.gguf_io import export_gguf
 
     loaded = load_model(args.model)
-    result = export_gguf(loaded, args.out, dtype=args.dtype, modelfile=args.modelfile)
+    out = Path(args.out)
+    if out.is_dir():  # a folder: write <model name>.gguf inside it
+        out = out / (Path(args.model).resolve().stem + ".gguf")
+    result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
+    for note in getattr(result, "notes", []) or []:
+        print(f"note: {note}")
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype})")
     if result.modelfile:
         print(f"wrote {result.modelfile} (ollama create NAME -f {result.modelfile})")
@@ -181,9 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "then tune on dialogues. Uses the built-in default dataset when --data is not given.")
     s.add_argument("--data", help="dataset file: the app's .json, plain text, or chat .jsonl")
     s.add_argument("--device", help="device index or name (see `opencl-llm devices`); default: the best found")
-    s.add_argument("--out", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder to write (default: {DEFAULT_MODEL_DIR})")
-    s.add_argument("--resume", metavar="DIR", help="continue training from a checkpoint folder")
-    s.add_argument("--preset", default="Small", choices=["Tiny", "Small", "Larger"], help="model and training preset")
+    s.add_argument("--out", help=f"checkpoint folder to write (default: the --resume folder, else {DEFAULT_MODEL_DIR})")
+    s.add_argument("--resume", metavar="DIR", help="continue training a checkpoint folder exactly where it stopped; "
+                   "steps, lr, batch size, clipping, weight decay and replay share may be changed, the model and "
+                   "dataset may not")
+    s.add_argument("--preset", choices=["Tiny", "Small", "Larger"], help="model and training preset (default: Small)")
     for name, typ in (("d-model", int), ("n-layers", int), ("n-heads", int), ("n-kv-heads", int), ("ffn-dim", int),
                       ("context-length", int), ("rope-theta", float), ("pretrain-steps", int), ("tune-steps", int),
                       ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),
@@ -198,19 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", help="one message to answer")
     s.add_argument("--system", help="system message")
     s.add_argument("--device", help="device index or name")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--repetition-penalty", type=float, default=1.0)
-    s.add_argument("--max-tokens", type=int, default=64)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--temperature", type=float, default=0.0, help="randomness; 0 = always the most likely token "
+                   "(greedy, the default)")
+    s.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0 = all)")
+    s.add_argument("--top-p", type=float, default=1.0, help="sample only from the most likely tokens whose "
+                   "probabilities add up to p (1 = all)")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 makes tokens already in the "
+                   "conversation less likely (1 = off)")
+    s.add_argument("--max-tokens", type=int, default=64, help="longest answer in tokens (default 64)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("export", help="export a GGUF file", description="Export a model to GGUF for llama.cpp, "
                        "Ollama and LM Studio.")
-    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help="checkpoint folder (or .gguf)")
-    s.add_argument("--out", required=True, help="the .gguf file to write")
-    s.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8_0"])
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder or .gguf (default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--out", required=True, help="the .gguf file to write (or a folder to write it into)")
+    s.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8_0"], help="f32: exact (default); f16: "
+                   "half the size; q8_0: about a quarter, slightly less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
     s.set_defaults(func=cmd_export)
     return p
@@ -230,10 +292,21 @@ def main(argv: list[str] | None = None) -> int:
     except (OpenCLUnavailableError, KernelBuildError) as e:
         print(f"opencl-llm: {e}", file=sys.stderr)
         return 1
-    except (CheckpointError, ConfigError, ContextFullError, FileNotFoundError, ValueError) as e:
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (CheckpointError, ConfigError, ContextFullError, ValueError, OSError) as e:
         if args.verbose:
             raise
         return _fail(str(e))
+    except Exception as e:
+        import pyopencl as cl
+
+        if isinstance(e, cl.Error) and not args.verbose:  # e.g. OUT_OF_RESOURCES on a small GPU
+            print(f"opencl-llm: the OpenCL device failed: {e}\n"
+                  "Try a smaller model or batch, or another device (opencl-llm devices).", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

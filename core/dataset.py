@@ -127,7 +127,7 @@ class Dataset:
         check_len = tokenizer is not None and max_tokens is not None
 
         def specials(text: str) -> list[str]:
-            return [t for t in SPECIAL_TOKENS if t in text]
+            return sorted((t for t in SPECIAL_TOKENS if t in text), key=text.find)
 
         def too_long(n: int) -> str:
             return f"too long: {n} tokens, the limit is {max_tokens}"
@@ -254,10 +254,13 @@ def load_dataset(path: str | PathLike) -> tuple[Dataset, list[Problem]]:
         OSError: the file cannot be read.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"{path}: is a folder; give a dataset file (.json, .jsonl or .txt)")
     text = _read_text(path)
     ext = path.suffix.lower()
     first = next((ln.strip() for ln in text.split("\n") if ln.strip()), "")
-    if ext == ".jsonl" or (ext != ".json" and _looks_like_jsonl_line(first)):
+    # JSONL is recognised by its first line too: chat datasets often ship as JSONL named *.json
+    if ext == ".jsonl" or _looks_like_jsonl_line(first):
         return _parse_jsonl(text, str(path))
     if ext == ".json" or (first.startswith(("{", "[")) and _is_json_document(text)):
         return _parse_json(text, str(path))

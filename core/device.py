@@ -221,7 +221,8 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
 
     Args:
         spec: None for the default (first in preference order), an int index, a string of digits,
-            or a case-insensitive substring of the device or platform name.
+            or a case-insensitive substring of the device name, platform, vendor or version string
+            (so "PoCL", "NVIDIA" or "Intel" work).
 
     Raises:
         OpenCLUnavailableError: no device at all.
@@ -230,7 +231,7 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
     devices = list_devices()
     if spec is None or spec == "":
         return devices[0]
-    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
+    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().lstrip("-").isdigit()):
         i = int(spec)
         if not 0 <= i < len(devices):
             raise ValueError(f"device index {i} out of range 0..{len(devices) - 1}; devices:\n"
@@ -238,7 +239,7 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
         return devices[i]
     needle = str(spec).lower()
     for d in devices:
-        if needle in d.name.lower() or needle in d.platform.lower() or needle in d.label.lower():
+        if any(needle in s.lower() for s in (d.name, d.platform, d.label, d.vendor, d.opencl_version)):
             return d
     raise ValueError(f"no OpenCL device matches {spec!r}; devices:\n"
                      + "\n".join(f"  {d.index}: {d.label}" for d in devices))
@@ -266,6 +267,8 @@ class Device:
         self.cache_dir = str(user_cache_dir() / "pyopencl")
         self.max_work_group_size = int(self.cl_device.max_work_group_size)
         self.local_mem_size = int(self.cl_device.local_mem_size)
+        self.global_mem_size = int(self.cl_device.global_mem_size)
+        self.max_alloc_bytes = int(self.cl_device.max_mem_alloc_size)  # largest single buffer
         # sub-buffer origins must be multiples of this (CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits)
         self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)
         self._programs: dict[tuple[str, tuple[str, ...]], object] = {}

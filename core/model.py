@@ -116,6 +116,28 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     return sizes
 
 
+def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True) -> None:
+    """Refuse, before allocating, a model whose buffers the device cannot hold.
+
+    Raises:
+        ValueError: the largest buffer exceeds CL_DEVICE_MAX_MEM_ALLOC_SIZE, or all buffers together
+            exceed 90 % of CL_DEVICE_GLOBAL_MEM_SIZE; the message gives both figures.
+    """
+    acts = activation_sizes(config, batch_size, config.context_length, training)
+    params = 4 * config.n_params() * (4 if training else 1)  # weights (+ grads, m, v)
+    total = params + 4 * sum(sum(v) for v in acts.values())
+    largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
+    gib = 2 ** 30
+    if largest > dev.max_alloc_bytes:
+        raise ValueError(f"the model needs a single buffer of {largest / gib:.2f} GiB but {dev.info.name} allows "
+                         f"{dev.max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
+                         "vocab_size or d_model")
+    if total > 0.9 * dev.global_mem_size:
+        raise ValueError(f"training needs about {total / gib:.2f} GiB of device memory but {dev.info.name} has "
+                         f"{dev.global_mem_size / gib:.2f} GiB: lower batch_size, context_length, d_model, "
+                         "ffn_dim or n_layers")
+
+
 class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
@@ -149,6 +171,7 @@ class Model:
     def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
+        check_fits(dev, config, batch_size, training)
         self.ops = Ops(dev)
         self.layout = param_layout(dev, config)
         self.params = TensorStore(dev, self.layout)

@@ -51,6 +51,15 @@ def _configure(tk: _HFTokenizer) -> None:
     tk.post_processor = None
 
 
+def _valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates replaced: bytes Python escaped on input (surrogateescape) are
+    decoded again with U+FFFD for what is not UTF-8; any other lone surrogate becomes U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
+
+
 class Tokenizer:
     """A trained byte-level BPE tokenizer. Build with :meth:`train`, :meth:`from_json` or :meth:`load`."""
 
@@ -149,9 +158,17 @@ class Tokenizer:
         Args:
             parse_special: if True, the texts ``<|bos|>``, ``<|eos|>``, ``<|pad|>`` become their special
                 ids; if False (the default, for user input) they are tokenized as ordinary text.
+
+        Text that cannot be UTF-8 (lone surrogates, as Python makes of undecodable terminal bytes)
+        is encoded with U+FFFD in their place.
         """
         tk = self._tk if parse_special else self._tk_plain
-        return tk.encode(text, add_special_tokens=False).ids
+        try:
+            return tk.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            if not isinstance(text, str):
+                raise
+            return tk.encode(_valid_unicode(text), add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens are dropped when ``skip_special``.

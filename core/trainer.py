@@ -181,7 +181,7 @@ class Trainer:
         dataset: facts and dialogues.
         model_config: architecture; its ``vocab_size`` is replaced by the tokenizer's.
         train_config: stages, optimizer and seed.
-        device: the OpenCL device.
+        device: the OpenCL device (or an index / name / DeviceInfo to open).
         tokenizer: reuse a trained tokenizer (resume); trained on the dataset when None.
 
     Raises:
@@ -192,6 +192,10 @@ class Trainer:
                  device: Device, tokenizer: Tokenizer | None = None):
         if not dataset.facts and not dataset.dialogues:
             raise ValueError("the dataset has no facts and no dialogues")
+        if not isinstance(device, Device):
+            from core.device import open_device
+
+            device = open_device(device)  # an index, a name or a DeviceInfo
         self.dataset, self.train_config, self.dev = dataset, train_config, device
         if tokenizer is None:
             tokenizer = Tokenizer.train(corpus_texts(dataset), vocab_size=train_config.vocab_size)
@@ -251,6 +255,9 @@ class Trainer:
         self._stop = False
         t_start = time.perf_counter()
         tc = self.train_config
+        if self.stage_index == 0 and self.stage_step == 0:
+            for msg in self.warnings():
+                yield LogEvent("WARNING", msg)
         while self.stage_index < len(STAGES):
             si = self.stage_index
             cfg, name = self.stage_config(si), STAGES[si]
@@ -306,6 +313,15 @@ class Trainer:
                 d_ok, d_n = report.dialogues_recalled
                 yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}")
             yield report
+
+    def warnings(self) -> list[str]:
+        """What the user should know before training: dataset problems (special-token text,
+        entries longer than the context, empty entries) and a vocabulary llama.cpp cannot load."""
+        out = [str(p) for p in self.dataset.validate(self.tokenizer, self.model_config.context_length + 1)]
+        if not self.tokenizer.merges():
+            out.append("the dataset is too small to learn any word pieces (the vocabulary has no merges): "
+                       "the model trains, but llama.cpp cannot load its GGUF export; add more text")
+        return out
 
     # ------------------------------------------------------------------ evaluation
     def generator(self):

@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "opencl-llm-studio", *qt_args])
     set_app_identity(app)
     set_app_icon(app)
+    # Collect cyclic garbage only in the GUI thread: a Qt object freed by Python's GC inside a
+    # worker thread can deadlock Qt against the GIL (pyqtgraph's remedy, gc on a GUI timer).
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    collector = GarbageCollector(interval=1.0)  # noqa: F841 - must live as long as the app
     window = MainWindow(project_dir=project)
     window.show()
     _close_on_signals(window)

@@ -314,47 +314,23 @@ class ChatWorker(Worker):
 
     def _do_ask(self, message: str, settings: dict) -> None:
         from core.generate import SamplingSettings
-        from core.tokenizer import StreamDecoder
 
         if self._session is None:
             raise RuntimeError("no model is loaded: train one or open a checkpoint or GGUF file")
         sampling = SamplingSettings(**settings)
         tok = self._session.tok
-        # ChatSession holds text back while it could still become a stop string ("User:"), so its
-        # pieces lag the tokens. Re-align: emit each token with its own text once that text is
-        # inside what ChatSession has released (its text is always a prefix of the tokens' text).
-        decoder = StreamDecoder(tok)
-        raw, released, pending = "", "", []  # pending: (end offset in raw, ChatPiece, token text)
-        stopped = False
-
-        def emit_ready(final: bool) -> None:
-            while pending and (pending[0][0] <= len(released) or final):
-                end, p, text = pending.pop(0)
-                start = end - len(text)
-                if final and end > len(released):
-                    text = released[start:] if start < len(released) else ""
-                self.piece.emit({"text": text, "token": tok.decode([p.token_id], skip_special=False),
-                                 "token_id": p.token_id, "prob": p.prob,
-                                 "alternatives": [[t, pr] for t, pr in p.alternatives]})
-
+        answer, stopped = "", False
         stream = self._session.ask(message, sampling)
-        for p in stream:
-            if p.token_id >= 0:
-                text = decoder.feed(p.token_id)
-                raw += text
-                pending.append((len(raw), p, text))
-            released += p.text
-            emit_ready(False)
+        for p in stream:  # one piece per token, its text exactly the text it adds
+            answer += p.text
+            self.piece.emit({"text": p.text, "token": tok.decode([p.token_id], skip_special=False) if p.token_id >= 0
+                             else p.text, "token_id": p.token_id, "prob": p.prob,
+                             "alternatives": [[t, pr] for t, pr in p.alternatives]})
             if self._cancel.is_set() or self.stop_requested():
                 stopped = True
                 stream.close()  # GeneratorExit inside ask(): the turn is not added to the history
                 break
-        tail = decoder.flush()
-        if tail and pending:
-            end, p, text = pending[-1]
-            pending[-1] = (end + len(tail), p, text + tail)
-        emit_ready(True)
-        self.answer_done.emit({"text": released.strip(), "stopped": stopped})
+        self.answer_done.emit({"text": answer.strip(), "stopped": stopped})
 
 
 # ------------------------------------------------------------------------------------- export

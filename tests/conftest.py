@@ -56,6 +56,31 @@ def _no_qthread_left_running():
         pytest.fail(f"the test left QThreads running: {names}")
 
 
+@pytest.fixture(autouse=True)
+def _gc_only_in_the_gui_thread(request):
+    """In Qt tests, collect garbage only in the GUI thread (as gui.app does in the app).
+
+    Python's cyclic GC runs in whichever thread happens to allocate; when it frees a Qt object
+    from a worker thread, Qt and the GIL can deadlock (seen: ~QObject in a ChatWorker waiting for
+    the GIL while the GUI thread waited for Qt's signal-slot lock). pyqtgraph's GarbageCollector
+    disables automatic GC and collects on a GUI-thread timer instead.
+    """
+    if not {"qtbot", "qapp"} & set(request.fixturenames):
+        yield
+        return
+    import gc
+
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    collector = GarbageCollector(interval=0.5)
+    try:
+        yield
+    finally:
+        collector.timer.stop()
+        gc.collect()
+        gc.enable()
+
+
 @pytest.fixture
 def studio_env(tmp_path, monkeypatch, qapp):
     """Isolated QSettings (an INI file under tmp_path) and app data folder for the GUI."""
