@@ -72,7 +72,7 @@ def test_kernel_build_failure_shows_the_build_log(device):
 @pytest.mark.parametrize("case", ["no-home", "read-only-home"])
 def test_cache_dir_is_writable_without_a_usable_home(tmp_path, case):
     env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME", "OPENCL_LLM_CACHE_DIR")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     if case == "read-only-home":
