@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes.util
 import logging
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -247,6 +248,24 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
 
 # ----------------------------------------------------------------------------- device
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.]+)"[ \t]*$', re.MULTILINE)
+
+
+def kernel_source(name: str) -> str:
+    """The OpenCL C source of ``core/kernels/<name>.cl`` with its ``#include "x.h"`` lines replaced
+    by those headers (from the same package folder).
+
+    Inlining here rather than passing ``-I`` keeps the build independent of where the package
+    lives (wheel, zip, PyInstaller bundle) and keys pyopencl's binary cache on the full text.
+
+    Raises:
+        FileNotFoundError: the kernel file or an included header is missing.
+    """
+    folder = resources.files("core.kernels")
+    src = folder.joinpath(f"{name}.cl").read_text("utf-8")
+    return _INCLUDE.sub(lambda m: folder.joinpath(m.group(1)).read_text("utf-8"), src)
+
+
 class Device:
     """An OpenCL context and in-order queue on one device, with a per-context program cache.
 
@@ -289,8 +308,7 @@ class Device:
         with self._lock:
             prg = self._programs.get(key)
             if prg is None:
-                src = resources.files("core.kernels").joinpath(f"{name}.cl").read_text("utf-8")
-                prg = self.build_source(f"{name}.cl", src, options)
+                prg = self.build_source(f"{name}.cl", kernel_source(name), options)
                 self._programs[key] = prg
         return prg
 

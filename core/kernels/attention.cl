@@ -8,33 +8,7 @@
 // Reductions are tree reductions in local memory with barriers, valid for any power-of-two
 // work-group size. No atomics: every output element is written by exactly one work-item.
 
-// Work-group max / sum of one float per item; every item must call, every item gets the result.
-// red has get_local_size(0) floats; the local size is a power of two.
-inline float group_max(__local float* red, float v) {
-    const int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] = fmax(red[lid], red[lid + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);  // red is reused by the next reduction
-    return r;
-}
-
-inline float group_sum(__local float* red, float v) {
-    const int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#include "group_reduce.h"
 
 // q (B, seq_q, n_heads, head_dim), k (B, seq_k, n_kv_heads, head_dim), v (same as k)
 // -> out (B, seq_q, n_heads, head_dim), probs (B, n_heads, seq_q, seq_k) (0 for masked keys)

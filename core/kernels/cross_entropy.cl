@@ -8,31 +8,7 @@
 // visible) and gradient softmax * mask * grad_scale.
 // One work-group per row; tree reductions in local memory, any power-of-two work-group size.
 
-inline float group_max(__local float* red, float v) {
-    const int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] = fmax(red[lid], red[lid + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);  // red is reused by the next reduction
-    return r;
-}
-
-inline float group_sum(__local float* red, float v) {
-    const int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#include "group_reduce.h"
 
 // Row max and sum_j exp(row[j] - max), identical in every item of the group.
 inline float2 row_softmax_stats(__global const float* row, const int vocab_size,

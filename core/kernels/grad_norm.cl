@@ -5,16 +5,7 @@
 // out[out_index]. The summation order depends only on n, n_groups and the local size, never on
 // timing: no atomics. Tree reductions are valid for any power-of-two work-group size.
 
-inline float group_sum(__local float* red, float v) {
-    const int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = get_local_size(0) / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return red[0];
-}
+#include "group_reduce.h"
 
 // x (n) -> partials (n_groups): partial sums of x^2; red (local size)
 __kernel void sum_squares_partial(__global float* partials, __global const float* x, const int n,

@@ -5,20 +5,7 @@
 // Row reductions: one work-group per row, a tree in local memory with barriers. The work-group
 // size must be a power of two (any, 1 included); `scratch` holds one float per work-item.
 
-// Sum of v over the work-group, returned to every work-item. Ends with a barrier, so scratch
-// may be reused right after.
-float group_sum(float v, __local float* scratch) {
-    const int lid = get_local_id(0);
-    scratch[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int stride = get_local_size(0) / 2; stride > 0; stride /= 2) {
-        if (lid < stride) scratch[lid] += scratch[lid + stride];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float total = scratch[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return total;
-}
+#include "group_reduce.h"
 
 // x (n_rows, dim), weight (dim) -> out (n_rows, dim), rstd (n_rows)
 // global (n_rows * L), local (L): work-group r normalises row r.
@@ -31,7 +18,7 @@ __kernel void rmsnorm_forward(__global float* out, __global float* rstd,
     __global const float* xr = x + row * dim;
     float ss = 0.0f;
     for (int i = lid; i < dim; i += L) ss += xr[i] * xr[i];
-    ss = group_sum(ss, scratch);
+    ss = group_sum(scratch, ss);
     const float r = 1.0f / sqrt(ss / (float)dim + eps);
     if (lid == 0) rstd[row] = r;
     for (int i = lid; i < dim; i += L) out[row * dim + i] = xr[i] * r * weight[i];
@@ -49,7 +36,7 @@ __kernel void rmsnorm_backward_input(__global float* d_x, __global const float* 
     __global const float* gr = d_out + row * dim;
     float dot = 0.0f;
     for (int i = lid; i < dim; i += L) dot += gr[i] * weight[i] * xr[i];
-    dot = group_sum(dot, scratch);
+    dot = group_sum(scratch, dot);
     const float r = rstd[row];
     const float coef = r * r * dot / (float)dim;
     for (int i = lid; i < dim; i += L) d_x[row * dim + i] = r * (gr[i] * weight[i] - xr[i] * coef);
