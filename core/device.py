@@ -12,6 +12,7 @@ import ctypes.util
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -279,6 +280,11 @@ class Device:
 
         self.cl = cl
         self.info = info
+        if "portable computing language" in info.platform.lower() and shutil.which("ld") is None:
+            # PoCL links every kernel with the system linker and aborts the process without it
+            raise OpenCLUnavailableError(
+                f"{info.label} needs the system linker `ld` to build kernels, and none is on PATH: "
+                "install binutils (e.g. `apt install binutils`), or choose another device")
         platform = cl.get_platforms()[info.platform_index]
         self.cl_device = platform.get_devices()[info.device_index]
         self.context = cl.Context([self.cl_device])

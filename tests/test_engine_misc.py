@@ -185,3 +185,12 @@ def test_sampling_is_seeded():
 def test_bad_sampling_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplingSettings(**kwargs)
+
+
+def test_pocl_without_a_linker_is_a_clear_error(monkeypatch):
+    pocl = [d for d in device_mod.list_devices() if "portable computing language" in d.platform.lower()]
+    if not pocl:
+        pytest.skip("no PoCL device here")
+    monkeypatch.setattr(device_mod.shutil, "which", lambda name: None)
+    with pytest.raises(device_mod.OpenCLUnavailableError, match="binutils"):
+        device_mod.Device(pocl[0])
