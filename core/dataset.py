@@ -201,11 +201,31 @@ def _one_line(text: str) -> str:
     return " ".join(_LINE_BREAK.split(text))
 
 
-def export_text(dataset: Dataset, path: str | PathLike) -> None:
+def export_text(dataset: Dataset, path: str | PathLike) -> list[EntryProblem]:
     """Write the plain-text format (facts, a blank line, then dialogues separated by blank lines).
 
-    The format is line based: a line break inside an entry is written as a space. Raises OSError.
+    The format is line based and has no escapes, so two things cannot survive it: a line break
+    inside an entry (written as a space) and a fact that begins like a role line (``User:``,
+    ``Assistant:``, ``System:``), which would read back as part of a dialogue. Such facts are
+    written as they are and reported.
+
+    Returns:
+        One :class:`EntryProblem` per entry that will not read back exactly (empty when the export
+        is lossless); the JSON and JSONL formats keep everything.
+
+    Raises:
+        OSError: the file cannot be written (the old file, if any, is untouched).
     """
+    lossy: list[EntryProblem] = []
+    for i, f in enumerate(dataset.facts):
+        if _ROLE_LINE.match(f.strip()):
+            lossy.append(EntryProblem("fact", i, None, "starts like a role line and will read back as a dialogue line"))
+        elif _one_line(f) != f:
+            lossy.append(EntryProblem("fact", i, None, "has a line break, written as a space"))
+    for i, d in enumerate(dataset.dialogues):
+        texts = [d.system or ""] + [t for turn in d.turns for t in turn]
+        if any(_one_line(t) != t for t in texts):
+            lossy.append(EntryProblem("dialogue", i, None, "has a line break, written as a space"))
     lines = [_one_line(f) for f in dataset.facts]
     for d in dataset.dialogues:
         if lines:
@@ -215,6 +235,7 @@ def export_text(dataset: Dataset, path: str | PathLike) -> None:
         for user, answer in d.turns:
             lines += [f"User: {_one_line(user)}", f"Assistant: {_one_line(answer)}"]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
+    return lossy
 
 
 def export_jsonl(dataset: Dataset, path: str | PathLike) -> None:

@@ -272,7 +272,10 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     name = name or out.stem
     facts = _training_facts(loaded, training_meta)
 
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write into {out.parent}: {e.strerror}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     writer = None

@@ -267,3 +267,17 @@ def test_default_dataset_shape():
     assert all(u.endswith("?") for d in ds.dialogues for u, _ in d.turns)
     texts = ds.tokenizer_texts()
     assert len(texts) == 38 and not any(t in x for x in texts for t in SPECIAL_TOKENS)
+
+
+def test_text_export_reports_what_it_cannot_keep(tmp_path):
+    from core.dataset import Dataset, Dialogue, export_text, load_dataset
+
+    ds = Dataset(facts=["Plain fact.", "System: the solar system has eight planets.", "Two\nlines."],
+                 dialogues=[Dialogue(turns=[("Hi", "Hello")])])
+    lossy = export_text(ds, tmp_path / "d.txt")
+    assert [(p.kind, p.index) for p in lossy] == [("fact", 1), ("fact", 2)]
+    assert "role line" in str(lossy[0])
+    clean = Dataset(facts=["Plain fact."], dialogues=[Dialogue(turns=[("Hi", "Hello")])])
+    assert export_text(clean, tmp_path / "c.txt") == []
+    back, problems = load_dataset(tmp_path / "c.txt")
+    assert back.facts == clean.facts and back.dialogues[0].turns == [("Hi", "Hello")] and not problems
