@@ -70,7 +70,7 @@ def test_segmentwise_equals_whole_on_tricky_strings(tok, text):
     _assert_segmentwise_equals_whole(tok, [("Q", text), (text, "A")], None)
 
 
-_no_specials = st.text(alphabet=st.sampled_from(list(" \r\n\t:'<|>eosAU😀é1.?")) | st.characters(),
+_no_specials = st.text(alphabet=st.sampled_from(list(" \r\n\t:'<|>eosAU😀é1.?")) | st.characters(codec="utf-8"),
                        max_size=25).filter(lambda s: not any(t in s for t in SPECIAL_TOKENS))
 _turns = st.lists(st.tuples(_no_specials, _no_specials), min_size=0, max_size=3)
 

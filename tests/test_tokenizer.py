@@ -53,7 +53,7 @@ def test_round_trip_tricky(tok, text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text())
+@given(st.text(alphabet=st.characters(codec="utf-8")))
 def test_round_trip_any_text(tok, text):
     assert tok.decode(tok.encode(text)) == text
 
@@ -173,3 +173,11 @@ def test_unicode_fixture_round_trips_byte_for_byte(tok):
     assert not problems
     for fact in ds.facts:
         assert tok.decode(tok.encode(fact)).encode("utf-8") == fact.encode("utf-8")
+
+
+def test_text_that_is_not_utf8_is_encoded_with_replacement_characters():
+    from core.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(["plain text for a tiny vocabulary"] * 2, vocab_size=300)
+    for bad, shown in (("Caf\udce9!", "Caf\ufffd!"), ("a\ud800b", "a\ufffdb")):
+        assert tok.decode(tok.encode(bad)) == shown
