@@ -16,6 +16,14 @@ import pytest
 
 from core.device import list_devices, open_device
 
+# Property tests: the same examples on every run (CI must not pass or fail by luck), no time limit
+# per example (a loaded 2-core CI machine is slow). HYPOTHESIS_PROFILE=explore draws new examples.
+from hypothesis import settings as _hyp_settings  # noqa: E402
+
+_hyp_settings.register_profile("repeatable", derandomize=True, deadline=None)
+_hyp_settings.register_profile("explore", deadline=None)
+_hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
 
 def _device_params():
     try:
