@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,11 +24,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DATA_ENV = "OPENCL_LLM_STUDIO_DATA"
+
+
 def set_app_identity(app) -> None:
-    """Organization and application names: QSettings and the data folder depend on them."""
+    """Organization and application names: QSettings and the data folder depend on them.
+
+    With ``$OPENCL_LLM_STUDIO_DATA`` set, the settings too live there (an INI file under
+    ``$OPENCL_LLM_STUDIO_DATA/settings``), so that variable isolates the app completely.
+    """
     app.setOrganizationName(ORG_NAME)
     app.setApplicationName(APP_NAME)
     app.setApplicationDisplayName(APP_NAME)
+    data = os.environ.get(DATA_ENV)
+    if data:
+        from PySide6.QtCore import QSettings
+
+        QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+        QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(Path(data) / "settings"))
 
 
 def set_app_icon(app) -> None:

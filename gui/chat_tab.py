@@ -47,6 +47,7 @@ class ChatTab(QWidget):
         self._source: str | None = None  # model the user wants to chat with
         self._loaded: str | None = None  # model the worker has loaded (or is loading)
         self._source_is_trained = False  # the source is this project's checkpoint
+        self._in_worker: tuple[str, bool] | None = None  # (model the worker has loaded, is the trained one)
         self._answering = False
         self._pieces: list[dict] = []
         self._answer_text = ""
@@ -164,7 +165,7 @@ class ChatTab(QWidget):
         self.set_trained_model(str(path))
 
     def open_model(self, path: str) -> None:
-        """Chat with a checkpoint folder or a .gguf file."""
+        """Chat with a checkpoint folder or a .gguf file (if it cannot be loaded, the model in use stays)."""
         self._source, self._source_is_trained = str(path), False
         self._loaded = None
         self.model_label.setText(f"{path}\n(loaded with the next message)")
@@ -187,6 +188,7 @@ class ChatTab(QWidget):
         if self._worker is None or not self._worker.isRunning():
             w = ChatWorker()
             w.model_loaded.connect(self._on_loaded)
+            w.load_failed.connect(self._on_load_failed)
             w.piece.connect(self._on_piece)
             w.answer_done.connect(self._on_answer_done)
             w.failed.connect(self._on_failed)
@@ -208,8 +210,21 @@ class ChatTab(QWidget):
         return True
 
     def _on_loaded(self, info: dict) -> None:
+        self._in_worker = (info["path"], info["path"] == self._source and self._source_is_trained)
         self.model_label.setText(f"{info['path']}\n{info['n_params']:,} parameters, context "
                                  f"{info['context_length']} tokens, on {info['device']}")
+
+    def _on_load_failed(self, path: str, message: str) -> None:
+        """The worker kept the model it had: chat with that one again, and say so (once)."""
+        text = f"Could not open {path}:\n{message}"
+        if path == self._source:  # not superseded by a newer request
+            if self._in_worker is not None:
+                self._source, self._source_is_trained = self._in_worker
+                self._loaded = self._source
+                text += f"\nStill chatting with {self._source}."
+            else:
+                self._source, self._loaded, self._source_is_trained = None, None, False
+        self.model_label.setText(text)
 
     # ----------------------------------------------------------------------------- conversation
     def settings(self) -> dict:
@@ -274,7 +289,8 @@ class ChatTab(QWidget):
 
     def _on_piece(self, p: dict) -> None:
         self._pieces.append(p)
-        if not p["text"]:  # part of a multi-byte character, or cut as a stop string
+        text = p["text"] if self._answer_text else p["text"].lstrip()  # the format's space after "Assistant:"
+        if not text:  # part of a multi-byte character, cut as a stop string, or that space
             return
         cur = self.transcript.textCursor()
         cur.movePosition(QTextCursor.MoveOperation.End)
@@ -282,14 +298,18 @@ class ChatTab(QWidget):
         fmt.setBackground(prob_color(p["prob"]))
         fmt.setToolTip(token_tooltip(p))
         fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
-        cur.insertText(p["text"], fmt)
-        self._answer_text += p["text"]
+        cur.insertText(text, fmt)
+        self._answer_text += text
         self.transcript.ensureCursorVisible()
 
     def _on_answer_done(self, d: dict) -> None:
         self._answer_text = d["text"]
         if d["stopped"]:
             self._append_note(" [stopped]")
+        elif d.get("cut") == "max_tokens":
+            self._append_note(" [cut at max tokens]")
+        elif d.get("cut") == "context":
+            self._append_note(" [cut: the model's context is full]")
         self._finish_answer()
 
     def _append_note(self, text: str) -> None:
@@ -305,8 +325,7 @@ class ChatTab(QWidget):
             self._append_note(f" [error: {message}]")
             self._finish_answer()
         else:
-            self.model_label.setText(f"Could not load the model: {message}")
-            self._loaded = None
+            self.model_label.setText(f"Error: {message}")
 
     def _finish_answer(self) -> None:
         self._answering = False

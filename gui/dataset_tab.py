@@ -7,11 +7,12 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMenu, QMessageBox, QPushButton, QSplitter,
+                               QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
                                QTableWidget, QTableWidgetItem, QToolButton, QVBoxLayout, QWidget)
 
-from core.dataset import (Dataset, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
+from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
+from gui import dialogs
 from gui.workers import CallWorker
 
 BAD = QBrush(QColor(255, 205, 205))
@@ -22,7 +23,36 @@ def _button(text: str, tip: str, slot) -> QPushButton:
     b = QPushButton(text)
     b.setToolTip(tip)
     b.clicked.connect(slot)
+    # as wide as the text needs (the style's minimum of ~80 px each keeps small windows from fitting)
+    b.setMinimumWidth(b.fontMetrics().horizontalAdvance(text) + 24)
     return b
+
+
+def _selected_row(view: QListWidget) -> int:
+    """The current row when the search shows it, else -1."""
+    row = view.currentRow()
+    item = view.item(row) if row >= 0 else None
+    return row if item is not None and not item.isHidden() else -1
+
+
+def _visible_neighbour(view: QListWidget, row: int, delta: int) -> int:
+    """The nearest row above (delta -1) or below (+1) ``row`` that the search shows, or -1."""
+    r = row + delta
+    while 0 <= r < view.count():
+        if not view.item(r).isHidden():
+            return r
+        r += delta
+    return -1
+
+
+def _mark(item, bad: bool, tooltip: str | None) -> None:
+    """Highlight an entry. Only real changes are written: a change to an item that is being edited
+    resets its editor (the user's typing and the selected text would be lost)."""
+    brush = BAD if bad else QBrush()
+    if item.background() != brush:
+        item.setBackground(brush)
+    if tooltip is not None and item.toolTip() != tooltip:
+        item.setToolTip(tooltip)
 
 
 def _stats(dataset: Dataset, vocab_size: int, context_length: int) -> dict:
@@ -82,12 +112,16 @@ class DatasetTab(QWidget):
         self.facts.setWordWrap(True)
         self.facts.setAlternatingRowColors(True)
         self.facts.itemChanged.connect(self._on_fact_edited)
+        self.facts.itemSelectionChanged.connect(self._update_buttons)
         fv.addWidget(self.facts, 1)
         fb = QHBoxLayout()
         fb.addWidget(_button("Add", "Add a fact", self.add_fact))
-        fb.addWidget(_button("Remove", "Remove the selected fact", self.remove_fact))
-        fb.addWidget(_button("Up", "Move the selected fact up", lambda: self._move_fact(-1)))
-        fb.addWidget(_button("Down", "Move the selected fact down", lambda: self._move_fact(1)))
+        self.fact_remove = _button("Remove", "Remove the selected fact", self.remove_fact)
+        self.fact_up = _button("Up", "Move the selected fact above the previous one shown",
+                               lambda: self._move_fact(-1))
+        self.fact_down = _button("Down", "Move the selected fact below the next one shown", lambda: self._move_fact(1))
+        for b in (self.fact_remove, self.fact_up, self.fact_down):
+            fb.addWidget(b)
         fv.addLayout(fb)
 
         # -- dialogues
@@ -100,12 +134,17 @@ class DatasetTab(QWidget):
         self.dialogues = QListWidget()
         self.dialogues.setAlternatingRowColors(True)
         self.dialogues.currentRowChanged.connect(self._show_dialogue)
+        self.dialogues.itemSelectionChanged.connect(self._update_buttons)
         tv.addWidget(self.dialogues, 1)
         db = QHBoxLayout()
         db.addWidget(_button("Add", "Add a dialogue", self.add_dialogue))
-        db.addWidget(_button("Remove", "Remove the selected dialogue", self.remove_dialogue))
-        db.addWidget(_button("Up", "Move the selected dialogue up", lambda: self._move_dialogue(-1)))
-        db.addWidget(_button("Down", "Move the selected dialogue down", lambda: self._move_dialogue(1)))
+        self.dialogue_remove = _button("Remove", "Remove the selected dialogue", self.remove_dialogue)
+        self.dialogue_up = _button("Up", "Move the selected dialogue above the previous one shown",
+                                   lambda: self._move_dialogue(-1))
+        self.dialogue_down = _button("Down", "Move the selected dialogue below the next one shown",
+                                     lambda: self._move_dialogue(1))
+        for b in (self.dialogue_remove, self.dialogue_up, self.dialogue_down):
+            db.addWidget(b)
         tv.addLayout(db)
         split.addWidget(top_part)
         editor = QWidget()
@@ -123,12 +162,17 @@ class DatasetTab(QWidget):
         self.turns.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.turns.setWordWrap(True)
         self.turns.itemChanged.connect(self._on_turn_edited)
+        self.turns.itemSelectionChanged.connect(self._update_buttons)
+        self.turns.currentCellChanged.connect(self._update_buttons)
         ev.addWidget(self.turns, 1)
         tb = QHBoxLayout()
-        tb.addWidget(_button("Add turn", "Add a User/Assistant turn", self.add_turn))
-        tb.addWidget(_button("Remove turn", "Remove the selected turn", self.remove_turn))
-        tb.addWidget(_button("Turn up", "Move the selected turn up", lambda: self._move_turn(-1)))
-        tb.addWidget(_button("Turn down", "Move the selected turn down", lambda: self._move_turn(1)))
+        self.turn_buttons = [
+            _button("Add turn", "Add a User/Assistant turn", self.add_turn),
+            _button("Remove turn", "Remove the selected turn", self.remove_turn),
+            _button("Up", "Move the selected turn up", lambda: self._move_turn(-1)),
+            _button("Down", "Move the selected turn down", lambda: self._move_turn(1))]
+        for b in self.turn_buttons:
+            tb.addWidget(b)
         ev.addLayout(tb)
         split.addWidget(editor)
         split.setSizes([300, 250])
@@ -159,6 +203,7 @@ class DatasetTab(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(outer, 1)
+        self._update_buttons()
 
     # ----------------------------------------------------------------------------- data in/out
     def set_dataset(self, dataset: Dataset) -> None:
@@ -211,34 +256,43 @@ class DatasetTab(QWidget):
         return it
 
     def add_fact(self, text: str = "") -> None:
+        """Append a fact and open it for editing, its text selected so that typing replaces it."""
         text = text if isinstance(text, str) and text else "New fact."
+        self.search.clear()  # the new entry must be visible
         self._dataset.facts.append(text)
         self._loading = True
         self.facts.addItem(self._fact_item(text))
         self._loading = False
         row = self.facts.count() - 1
         self.facts.setCurrentRow(row)
-        self.facts.editItem(self.facts.item(row))
+        item = self.facts.item(row)
+        self.facts.editItem(item)
+        editor = self.facts.indexWidget(self.facts.indexFromItem(item))
+        if isinstance(editor, QLineEdit):
+            editor.selectAll()
         self._edited()
 
     def remove_fact(self) -> None:
-        row = self.facts.currentRow()
+        """Remove the selected fact (only one the search shows)."""
+        row = _selected_row(self.facts)
         if 0 <= row < len(self._dataset.facts):
             del self._dataset.facts[row]
             self._loading = True
             self.facts.takeItem(row)
             self._loading = False
+            self._drop_hidden_selection()
             self._edited()
 
     def _move_fact(self, delta: int) -> None:
-        row = self.facts.currentRow()
-        new = row + delta
+        """Swap the selected fact with the nearest one the search shows above (-1) or below (+1)."""
+        row = _selected_row(self.facts)
+        new = _visible_neighbour(self.facts, row, delta) if row >= 0 else -1
         facts = self._dataset.facts
         if 0 <= row < len(facts) and 0 <= new < len(facts):
             facts[row], facts[new] = facts[new], facts[row]
             self._loading = True
-            item = self.facts.takeItem(row)
-            self.facts.insertItem(new, item)
+            self.facts.item(row).setText(facts[row])
+            self.facts.item(new).setText(facts[new])
             self._loading = False
             self.facts.setCurrentRow(new)
             self._edited()
@@ -257,14 +311,17 @@ class DatasetTab(QWidget):
         if not d.turns:
             return "(no turns)"
         first = d.turns[0][0].strip() or "(empty question)"
-        more = f"  (+{len(d.turns) - 1} turns)" if len(d.turns) > 1 else ""
+        n_more = len(d.turns) - 1
+        more = f"  (+{n_more} turn{'s' if n_more > 1 else ''})" if n_more else ""
         return f"User: {first}{more}"
 
     def _current_dialogue(self) -> int:
-        row = self.dialogues.currentRow()
+        """The dialogue shown in the editor: the selected one, if the search shows it; else -1."""
+        row = _selected_row(self.dialogues)
         return row if 0 <= row < len(self._dataset.dialogues) else -1
 
     def add_dialogue(self) -> None:
+        self.search.clear()  # the new entry must be visible
         d = Dialogue([("New question?", "New answer.")])
         self._dataset.dialogues.append(d)
         self.dialogues.addItem(QListWidgetItem(self._summary(d)))
@@ -272,28 +329,31 @@ class DatasetTab(QWidget):
         self._edited()
 
     def remove_dialogue(self) -> None:
+        """Remove the selected dialogue (only one the search shows)."""
         row = self._current_dialogue()
         if row >= 0:
             del self._dataset.dialogues[row]
             self.dialogues.takeItem(row)
-            self._show_dialogue(self.dialogues.currentRow())
+            self._drop_hidden_selection()
+            self._show_dialogue(self._current_dialogue())
             self._edited()
 
     def _move_dialogue(self, delta: int) -> None:
+        """Swap the selected dialogue with the nearest one the search shows above (-1) or below (+1)."""
         row = self._current_dialogue()
-        new = row + delta
+        new = _visible_neighbour(self.dialogues, row, delta) if row >= 0 else -1
         ds = self._dataset.dialogues
         if row >= 0 and 0 <= new < len(ds):
             ds[row], ds[new] = ds[new], ds[row]
-            item = self.dialogues.takeItem(row)
-            self.dialogues.insertItem(new, item)
+            self._refresh_summary(row)
+            self._refresh_summary(new)
             self.dialogues.setCurrentRow(new)
             self._edited()
 
     def _show_dialogue(self, row: int) -> None:
         self._loading = True
         self.turns.setRowCount(0)
-        valid = 0 <= row < len(self._dataset.dialogues)
+        valid = 0 <= row < len(self._dataset.dialogues) and not self.dialogues.item(row).isHidden()
         self.system.setEnabled(valid)
         self.turns.setEnabled(valid)
         if valid:
@@ -309,6 +369,7 @@ class DatasetTab(QWidget):
             self.system.setText("")
         self._loading = False
         self._highlight()
+        self._update_buttons()
 
     def _refresh_summary(self, row: int) -> None:
         self.dialogues.item(row).setText(self._summary(self._dataset.dialogues[row]))
@@ -369,6 +430,36 @@ class DatasetTab(QWidget):
         for i, d in enumerate(self._dataset.dialogues):
             text = " ".join([d.system or ""] + [u + " " + a for u, a in d.turns]).lower()
             self.dialogues.item(i).setHidden(bool(needle) and needle not in text)
+        self._drop_hidden_selection()
+        self._update_buttons()
+
+    def _drop_hidden_selection(self) -> None:
+        """A selected entry that the search hides is deselected (and the dialogue editor emptied), so
+        Remove / Up / Down never act on an entry the user cannot see."""
+        for view in (self.facts, self.dialogues):
+            row = view.currentRow()
+            if row >= 0 and view.item(row).isHidden():
+                view.setCurrentRow(-1)
+                view.clearSelection()
+        if self.turns.isEnabled() and self._current_dialogue() < 0:
+            self._show_dialogue(-1)
+
+    def _update_buttons(self) -> None:
+        """Remove / Up / Down only for a selected, visible entry with a visible neighbour that way."""
+        for view, remove, up, down in ((self.facts, self.fact_remove, self.fact_up, self.fact_down),
+                                       (self.dialogues, self.dialogue_remove, self.dialogue_up,
+                                        self.dialogue_down)):
+            row = _selected_row(view)
+            remove.setEnabled(row >= 0)
+            up.setEnabled(row >= 0 and _visible_neighbour(view, row, -1) >= 0)
+            down.setEnabled(row >= 0 and _visible_neighbour(view, row, 1) >= 0)
+        has_dialogue = self._current_dialogue() >= 0
+        t, n = self.turns.currentRow(), self.turns.rowCount()
+        add, remove, up, down = self.turn_buttons
+        add.setEnabled(has_dialogue)
+        remove.setEnabled(has_dialogue and 0 <= t < n)
+        up.setEnabled(has_dialogue and 0 < t < n)
+        down.setEnabled(has_dialogue and 0 <= t < n - 1)
 
     # ----------------------------------------------------------------------------- validation
     def validate_now(self) -> None:
@@ -382,10 +473,10 @@ class DatasetTab(QWidget):
             it = QListWidgetItem(f"⚠ {p}")
             it.setData(Qt.ItemDataRole.UserRole, (p.kind, p.index, p.turn))
             self.problem_list.addItem(it)
-        if not self._problems:
-            self.problem_list.addItem(QListWidgetItem("No problems found."))
         if not self._dataset.facts and not self._dataset.dialogues:
             self.problem_list.addItem(QListWidgetItem("⚠ The dataset is empty: add facts or dialogues."))
+        elif not self._problems:
+            self.problem_list.addItem(QListWidgetItem("No problems found."))
         self._highlight()
 
     def _highlight(self) -> None:
@@ -396,22 +487,18 @@ class DatasetTab(QWidget):
                 bad_dlg.setdefault(p.index, []).append(p)
         was_loading, self._loading = self._loading, True
         for i in range(self.facts.count()):
-            it = self.facts.item(i)
             p = bad_facts.get(i)
-            it.setBackground(BAD if p else QBrush())
-            it.setToolTip(str(p) if p else "")
+            _mark(self.facts.item(i), bool(p), str(p) if p else "")
         for i in range(self.dialogues.count()):
-            it = self.dialogues.item(i)
             ps = bad_dlg.get(i)
-            it.setBackground(BAD if ps else QBrush())
-            it.setToolTip("\n".join(map(str, ps)) if ps else "")
+            _mark(self.dialogues.item(i), bool(ps), "\n".join(map(str, ps)) if ps else "")
         cur = self._current_dialogue()
         bad_turns = {p.turn for p in bad_dlg.get(cur, []) if p.turn is not None}
         for r in range(self.turns.rowCount()):
             for c in range(2):
                 it = self.turns.item(r, c)
                 if it is not None:
-                    it.setBackground(BAD if r in bad_turns else QBrush())
+                    _mark(it, r in bad_turns, None)
         self._loading = was_loading
 
     def _goto_problem(self, item: QListWidgetItem) -> None:
@@ -479,9 +566,13 @@ class DatasetTab(QWidget):
         """Read a dataset file (any core format); returns the problems found (skipped entries).
 
         Raises:
-            core.dataset.DatasetError, OSError: the file cannot be read at all.
+            core.dataset.DatasetError, OSError: the file cannot be read at all, or holds no entry (the
+                dataset is then left as it is).
         """
         ds, problems = load_dataset(path)
+        if not ds.facts and not ds.dialogues:
+            why = f"; {len(problems)} entries could not be read, e.g. {problems[0]}" if problems else ""
+            raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
         if replace:
             self.set_dataset(ds)
         else:
@@ -509,12 +600,12 @@ class DatasetTab(QWidget):
         try:
             problems = self.import_file(path, replace=replace)
         except (OSError, ValueError) as e:
-            QMessageBox.warning(self, "Import failed", str(e))
+            dialogs.warn(self, "Import failed", str(e))
             return
         if problems:
             more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-            QMessageBox.information(self, "Import", f"{len(problems)} entries were skipped:\n"
-                                    + "\n".join(problems[:20]) + more)
+            dialogs.inform(self, "Import", f"{len(problems)} entries were skipped:\n"
+                           + "\n".join(problems[:20]) + more)
 
     def _export_dialog(self) -> None:
         path, chosen = QFileDialog.getSaveFileName(
@@ -527,11 +618,10 @@ class DatasetTab(QWidget):
         try:
             self.export_file(path)
         except OSError as e:
-            QMessageBox.warning(self, "Export failed", str(e))
+            dialogs.warn(self, "Export failed", str(e))
 
     def _reset_dialog(self) -> None:
-        answer = QMessageBox.question(self, "Reset dataset",
-                                      "Replace the whole dataset with the built-in example?")
-        if answer == QMessageBox.StandardButton.Yes:
+        if dialogs.ask(self, "Reset dataset", "Replace the whole dataset with the built-in example?",
+                       yes="Replace"):
             self.set_dataset(default_dataset())
             self.changed.emit()

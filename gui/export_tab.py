@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
+from gui import dialogs
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
@@ -27,6 +28,7 @@ class ExportTab(QWidget):
         self.studio = studio
         self._worker: ExportWorker | None = None
         self._active = False
+        self._confirmed: str | None = None  # an existing file the user agreed to replace
         self.last_result: dict | None = None
 
         box = QGroupBox("Export to GGUF (llama.cpp, Ollama, LM Studio)")
@@ -37,6 +39,7 @@ class ExportTab(QWidget):
         prow = QHBoxLayout()
         self.path = QLineEdit()
         self.path.setPlaceholderText("model.gguf")
+        self.path.textChanged.connect(self._update_hint)
         prow.addWidget(self.path, 1)
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
@@ -64,14 +67,33 @@ class ExportTab(QWidget):
         self.result.setWordWrap(True)
         self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form.addRow("Result:", self.result)
-        hint = QLabel("With Ollama: <code>ollama create mymodel -f Modelfile</code>, then "
-                      "<code>ollama run mymodel</code>. With llama.cpp: <code>llama-cli -m model.gguf</code>.")
-        hint.setWordWrap(True)
+        self.hint = QLabel()
+        self.hint.setWordWrap(True)
+        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.modelfile.toggled.connect(self._update_hint)
         lay = QVBoxLayout(self)
         lay.addWidget(box)
-        lay.addWidget(hint)
+        lay.addWidget(self.hint)
         lay.addStretch(1)
+        self._update_hint()
         self.refresh()
+
+    def _update_hint(self) -> None:
+        """How to use the file, with the real file names (the Modelfile is ``<stem>.Modelfile``)."""
+        import shlex
+        from html import escape
+
+        out = Path(self.path.text().strip() or "model.gguf")
+        gguf = out.name if out.name.lower().endswith(".gguf") else out.name + ".gguf"
+        stem = Path(gguf).stem
+        name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
+
+        def code(*words: str) -> str:
+            return "<code>" + escape(" ".join(shlex.quote(w) for w in words), quote=False) + "</code>"
+
+        ollama = (f"With Ollama, in that folder: {code('ollama', 'create', name, '-f', stem + '.Modelfile')}, then "
+                  f"{code('ollama', 'run', name)} (tick “Also write an Ollama Modelfile”). ")
+        self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv')}.")
 
     def source(self) -> str | None:
         p = self.studio.trained_model_path()
@@ -98,6 +120,7 @@ class ExportTab(QWidget):
             if not path.lower().endswith(".gguf"):
                 path += ".gguf"
             self.path.setText(path)
+            self._confirmed = path  # the file dialog asked about replacing it
 
     def export(self) -> bool:
         """Start the export; False when there is no model or no file name."""
@@ -111,7 +134,18 @@ class ExportTab(QWidget):
         if not out.lower().endswith(".gguf"):
             out += ".gguf"
             self.path.setText(out)
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        if Path(out).exists() and out != self._confirmed:
+            if Path(out).is_dir():
+                self.status.setText(f"{out} is a folder: choose a file name.")
+                return False
+            if not dialogs.ask(self, "Replace the file?", f"{out} already exists. Replace it?", yes="Replace"):
+                return False
+        self._confirmed = out  # exporting again to the same file replaces it without asking
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self.status.setText(f"Export failed: {e}")
+            return False
         w = ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked())
         w.progress.connect(self.status.setText)
         w.exported.connect(self._on_exported)
@@ -140,6 +174,7 @@ class ExportTab(QWidget):
             text += f"\nNote: {note}"
         self.result.setText(text)
         self.status.setText("Done.")
+        QSettings().setValue("export/folder", str(Path(d["path"]).parent))  # the next project suggests it
         self.exported.emit(d)
 
     def _on_failed(self, kind: str, message: str) -> None:

@@ -74,6 +74,9 @@ class HyperTab(QWidget):
         self._filling = False
         self._valid = True
         self._error_field: str | None = None
+        self._error_message = ""
+        self._labels: dict[str, str] = {}  # field key -> "Group ▸ Label" for messages
+        self._device_memory: tuple[int, str] | None = None  # (global memory bytes, device label)
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Preset:"))
@@ -95,6 +98,11 @@ class HyperTab(QWidget):
         self.info_label = QLabel()
         self.info_label.setWordWrap(True)
         iv.addWidget(self.info_label)
+        self.memory_label = QLabel()
+        self.memory_label.setWordWrap(True)
+        self.memory_label.setStyleSheet("color: #b00020; font-weight: bold;")
+        self.memory_label.hide()
+        iv.addWidget(self.memory_label)
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #b00020; font-weight: bold;")
@@ -123,6 +131,7 @@ class HyperTab(QWidget):
             w.setObjectName(full)
             self.widgets[full] = w
             self.types[full] = typ
+            self._labels[full] = f"{title.split(':')[0]} ▸ {label}"
             form.addRow(label + ":", w)
         return box
 
@@ -213,6 +222,15 @@ class HyperTab(QWidget):
         """The key of the field at fault, or None."""
         return self._error_field
 
+    def error_message(self) -> str:
+        """What is wrong, naming the field as the form shows it ("" when the form is valid)."""
+        return self._error_message
+
+    def set_device(self, info) -> None:
+        """The chosen core.device.DeviceInfo (or None): the memory estimate is checked against it."""
+        self._device_memory = (int(info.global_mem_bytes), info.label) if info is not None else None
+        self.validate()
+
     def validate(self) -> bool:
         """Check the form; highlight the bad field and explain; update the size estimates."""
         from core.estimates import gguf_size_bytes, training_memory_bytes
@@ -226,14 +244,27 @@ class HyperTab(QWidget):
             w = self.widgets.get(e.field)
             if w is not None:
                 w.setStyleSheet(BAD_STYLE)
-            self.error_label.setText(f"Invalid setting: {e}")
+            text = str(e)
+            detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
+            self._error_message = f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}"
+            self.error_label.setText(f"Invalid setting — {self._error_message}")
             self.info_label.setText("")
+            self.memory_label.hide()
             ok = False
         else:
             self._error_field = None
+            self._error_message = ""
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
             mem = training_memory_bytes(mc, batch)
+            if self._device_memory is not None and mem > self._device_memory[0]:
+                have, label = self._device_memory
+                self.memory_label.setText(
+                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than the {have / 2**20:.0f} MiB of "
+                    f"{label}: choose a smaller preset, batch size or context length, or another device.")
+                self.memory_label.show()
+            else:
+                self.memory_label.hide()
             sizes = ", ".join(f"{d.upper()} {gguf_size_bytes(mc, d) / 1e6:.2f} MB" for d in ("f32", "f16", "q8_0"))
             self.info_label.setText(
                 f"Parameters: {mc.n_params():,} (with a full vocabulary of {mc.vocab_size} tokens)\n"

@@ -2,25 +2,28 @@
 from __future__ import annotations
 
 import os
-import shutil
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QStandardPaths, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QTabWidget
+from PySide6.QtWidgets import (QFileDialog, QFrame, QMainWindow, QMessageBox, QScrollArea, QTabWidget, QVBoxLayout,
+                               QWidget)
 
+from gui import dialogs
+from gui.app import DATA_ENV
 from gui.chat_tab import ChatTab
 from gui.dataset_tab import DatasetTab
 from gui.device_tab import DeviceTab
 from gui.export_tab import ExportTab
 from gui.hyper_tab import HyperTab
-from gui.project import Project, ProjectError, copy_checkpoint, load_project, new_project, save_project
+from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
+                         new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
 from gui.workers import stop_all
 
 APP_TITLE = "OpenCL LLM Studio"
 MAX_RECENT = 8
-DATA_ENV = "OPENCL_LLM_STUDIO_DATA"
 
 
 def data_dir() -> Path:
@@ -33,6 +36,66 @@ def data_dir() -> Path:
 
 def untitled_dir() -> Path:
     return data_dir() / "untitled"
+
+
+def default_export_dir() -> Path:
+    """Where the Export tab suggests writing: the last export folder, else Documents, else home (never
+    inside the app's data folder, whose untitled project is replaced by "New project")."""
+    last = QSettings().value("export/folder", "", type=str)
+    if last and Path(last).is_dir():
+        return Path(last)
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path, folder = path.resolve(), folder.resolve()
+    except OSError:
+        return False
+    return path == folder or folder in path.parents
+
+
+class _NoHeightForWidth(QVBoxLayout):
+    """A layout that hides its items' height-for-width: a QScrollArea would otherwise size a page with
+    word-wrapped labels to its full preferred height (plots 1300 px tall) instead of the viewport."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt API
+        return False
+
+
+class ScrollingTabs(QTabWidget):
+    """Tabs whose pages scroll when the window is smaller than a page needs (small laptop screens).
+
+    ``widget(i)`` is the scroll area; :meth:`page` is the tab's own widget, and
+    :meth:`setCurrentWidget` accepts either.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._pages: list[QWidget] = []
+
+    def add_page(self, page: QWidget, name: str) -> None:
+        holder = QWidget()
+        lay = _NoHeightForWidth(holder)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(page)
+        area = QScrollArea()
+        area.setWidgetResizable(True)
+        area.setFrameShape(QFrame.Shape.NoFrame)
+        area.setWidget(holder)
+        self.addTab(area, name)
+        self._pages.append(page)
+
+    def page(self, index: int) -> QWidget | None:
+        return self._pages[index] if 0 <= index < len(self._pages) else None
+
+    def setCurrentWidget(self, widget: QWidget) -> None:  # noqa: N802 - Qt API
+        for i in range(self.count()):
+            if widget is self.widget(i) or widget is self.page(i):
+                self.setCurrentIndex(i)
+                return
+        raise ValueError(f"{widget!r} is not a tab")
 
 
 class MainWindow(QMainWindow):
@@ -57,12 +120,14 @@ class MainWindow(QMainWindow):
         self.training_tab = TrainingTab(self)
         self.chat_tab = ChatTab(self)
         self.export_tab = ExportTab(self)
-        self.tabs = QTabWidget()
+        self.tabs = ScrollingTabs()
         for w, name in ((self.device_tab, "Device"), (self.dataset_tab, "Dataset"),
                         (self.hyper_tab, "Hyperparameters"), (self.training_tab, "Training"),
                         (self.chat_tab, "Chat"), (self.export_tab, "Export")):
-            self.tabs.addTab(w, name)
+            self.tabs.add_page(w, name)
         self.setCentralWidget(self.tabs)
+        status = self.statusBar()  # there from the start, one line high: messages never shift the tabs
+        status.setFixedHeight(status.fontMetrics().height() + 10)
         self.resize(1200, 860)
 
         self._autosave_timer = QTimer(self, singleShot=True, interval=800)
@@ -144,25 +209,44 @@ class MainWindow(QMainWindow):
         self.recent_menu.setEnabled(bool(recent))
 
     # ----------------------------------------------------------------------------- projects
+    def _warn_soon(self, title: str, text: str) -> None:
+        """A warning shown once the event loop runs (the window may not be visible yet)."""
+        QTimer.singleShot(0, lambda: dialogs.warn(self, title, text))
+
+    def _try_open_initial(self, folder) -> bool:
+        try:
+            self.open_project(folder)
+            return True
+        except ProjectError as e:
+            self._warn_soon("Open project", f"Could not open the project:\n{e}")
+            return False
+
     def _open_initial(self, project_dir) -> None:
-        candidates = [project_dir] if project_dir else [QSettings().value("project/last", "", type=str)]
-        for c in candidates:
-            if c and Path(c, "project.json").is_file():
-                try:
-                    self.open_project(c)
-                    return
-                except ProjectError as e:
-                    self.statusBar().showMessage(str(e), 10000)
-        if project_dir:  # a folder that is not a project yet: start one there
-            self._set_project(new_project(project_dir))
-            return
         u = untitled_dir()
-        if (u / "project.json").is_file():
-            try:
-                self.open_project(u)
+        if project_dir:
+            if is_project(project_dir):
+                if self._try_open_initial(project_dir):
+                    return
+            elif project_files_in(project_dir):
+                self._warn_soon("Open project", f"{project_dir} is not a project folder but holds "
+                                f"{', '.join(project_files_in(project_dir))}; it is left as it is.")
+            else:  # a folder that is not a project yet: start one there
+                self._set_project(new_project(project_dir))
                 return
-            except ProjectError:
-                pass
+        else:
+            last = QSettings().value("project/last", "", type=str)
+            if last and is_project(last) and not _inside(Path(last), u) and self._try_open_initial(last):
+                return
+        if is_project(u) and self._try_open_initial(u):
+            return
+        if is_project(u) or (u / "dataset.json").exists():  # unreadable: keep it, start afresh beside it
+            aside = u.with_name(f"untitled-unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+            try:
+                os.replace(u, aside)
+            except OSError as e:  # never write over it: better not to start
+                raise SystemExit(f"{u}: unreadable project, and it cannot be moved aside ({e})") from None
+            self._warn_soon("Untitled project", f"The untitled project could not be opened, so it was moved to "
+                            f"{aside} (nothing was deleted) and a new untitled project was started.")
         self._set_project(new_project(u))
 
     def _set_project(self, project: Project, warnings: list[str] | None = None) -> None:
@@ -174,17 +258,21 @@ class MainWindow(QMainWindow):
         else:
             self.hyper_tab.set_preset("Tiny")
         self._apply_sampling(project.settings.get("sampling"))
-        export = project.settings.get("export") or {}
-        if isinstance(export, dict):
-            self.export_tab.set_dtype(str(export.get("dtype", "f16")))
-            self.export_tab.modelfile.setChecked(bool(export.get("modelfile", False)))
-            self.export_tab.path.setText(str(export.get("path") or project.folder / "model.gguf"))
+        export = project.settings.get("export")
+        export = export if isinstance(export, dict) else {}
+        self.export_tab.set_dtype(str(export.get("dtype", "f16")))
+        self.export_tab.modelfile.setChecked(bool(export.get("modelfile", False)))
+        path = str(export.get("path") or "")
+        if not path or _inside(Path(path), data_dir()):  # never suggest the app's own data folder
+            name = "model" if project.folder.resolve() == untitled_dir().resolve() else project.folder.name
+            path = str(default_export_dir() / f"{name}.gguf")
+        self.export_tab.path.setText(path)
         self.dataset_tab.set_limits(*self.hyper_tab.limits())
         self.chat_tab.set_trained_model(None)
         if project.has_checkpoint():
             self.chat_tab.set_trained_model(str(project.checkpoint_dir))
         self.export_tab.refresh()
-        self.training_tab.update_buttons()
+        self.training_tab.show_project_state()
         self.save()
         self._remember(project.folder)
         self._update_title()
@@ -248,35 +336,46 @@ class MainWindow(QMainWindow):
         except OSError as e:
             self.statusBar().showMessage(f"could not save the project: {e}", 10000)
 
-    def save_project_as(self, folder: str | os.PathLike) -> None:
-        """Copy the project (with its checkpoint) to ``folder`` and continue there."""
+    def save_project_as(self, folder: str | os.PathLike, replace: bool = False) -> None:
+        """Copy the project (with its trained model) to ``folder`` and continue there.
+
+        An untitled project's own files are then removed from the data folder (nothing else there).
+
+        Raises:
+            ProjectError: ``folder`` is inside the current project folder, holds files a project would
+                overwrite, or holds another project and ``replace`` is False. RuntimeError: busy.
+            OSError: writing failed.
+        """
         if self._busy():
             raise RuntimeError("stop training or export before saving the project elsewhere")
         folder = Path(folder)
-        self.save()
         old = self.project
+        if check_save_as_target(old, folder) and not replace:
+            raise ProjectError(f"{folder}: already holds a project")
+        self.save()
         copy_checkpoint(old, folder)
         project = Project(folder, self.dataset_tab.dataset(), dict(old.settings))
         save_project(project)
         was_untitled = self.is_untitled()
         self._set_project(project)
-        if was_untitled:  # the work now lives in the named folder: start the next untitled one afresh
-            shutil.rmtree(untitled_dir(), ignore_errors=True)
+        if was_untitled:  # the work now lives in the named folder: the next untitled one starts afresh
+            remove_project_files(old.folder)
 
     def new_project(self) -> None:
-        """Start a new untitled project with the example dataset (the untitled folder is reset)."""
+        """Start a new untitled project with the example dataset. The untitled folder's project files
+        (dataset, settings, trained model) are replaced; other files there are kept."""
         if self._busy():
             raise RuntimeError("stop training or export before starting a new project")
         self.save()
         u = untitled_dir()
-        shutil.rmtree(u, ignore_errors=True)
+        remove_project_files(u)
         self._set_project(new_project(u))
 
     def _open_with_message(self, folder: str) -> None:
         try:
             self.open_project(folder)
         except (ProjectError, RuntimeError) as e:
-            QMessageBox.warning(self, "Open project", str(e))
+            dialogs.warn(self, "Open project", f"Could not open the project:\n{e}")
 
     def _open_project_dialog(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open a project folder")
@@ -288,20 +387,33 @@ class MainWindow(QMainWindow):
         if not folder:
             return
         try:
-            self.save_project_as(folder)
-        except (OSError, RuntimeError) as e:
-            QMessageBox.warning(self, "Save project as", str(e))
+            replace = check_save_as_target(self.project, folder)
+        except ProjectError as e:
+            dialogs.warn(self, "Save project as", str(e))
+            return
+        if replace and not dialogs.ask(self, "Save project as", f"{folder} already holds a project. Replace its "
+                                       "dataset, settings and trained model with this project's?", yes="Replace"):
+            return
+        try:
+            self.save_project_as(folder, replace=replace)
+        except (OSError, RuntimeError, ProjectError) as e:
+            dialogs.warn(self, "Save project as", str(e))
 
     def _new_project_dialog(self) -> None:
-        if self.is_untitled():
-            answer = QMessageBox.question(self, "New project", "Discard the untitled project (its dataset and "
-                                          "trained model)? Use “Save project as” to keep it.")
-            if answer != QMessageBox.StandardButton.Yes:
+        u = untitled_dir()
+        if is_project(u):
+            if self.is_untitled():
+                text = ("Discard the untitled project (its dataset, settings and trained model)? Use “Save project "
+                        "as” to keep it.")
+            else:
+                text = (f"Start a new untitled project? This discards the earlier untitled project in {u} (its "
+                        "dataset, settings and trained model); open it and use “Save project as” to keep it.")
+            if not dialogs.ask(self, "New project", text + f"\n\nOther files in {u} are kept.", yes="Discard"):
                 return
         try:
             self.new_project()
         except RuntimeError as e:
-            QMessageBox.warning(self, "New project", str(e))
+            dialogs.warn(self, "New project", str(e))
 
     # ----------------------------------------------------------------------------- studio API for the tabs
     def device_info(self):
@@ -322,11 +434,29 @@ class MainWindow(QMainWindow):
     def configs(self):
         return self.hyper_tab.build()
 
+    def train_blocker(self) -> str | None:
+        """Why training cannot start now (for the button's tooltip), or None."""
+        if self.device_info() is None:
+            return "No OpenCL device: see the Device tab."
+        error = self.hyper_tab.error_message()
+        if error:
+            return f"Fix the hyperparameters first: {error}"
+        return None
+
     def can_train(self) -> bool:
-        return self.device_info() is not None and self.hyper_tab.is_valid()
+        return self.train_blocker() is None
 
     def checkpoint_dir(self) -> Path:
+        """The project's trained-model folder."""
         return self.project.checkpoint_dir if self.project is not None else untitled_dir() / "checkpoint"
+
+    def new_run_dir(self) -> Path:
+        """Where a new run saves until its first stage end (see gui.project)."""
+        return self.project.new_run_dir() if self.project is not None else self.checkpoint_dir()
+
+    def resume_dir(self) -> Path | None:
+        """The checkpoint Resume continues, or None."""
+        return self.project.resume_dir() if self.project is not None else None
 
     def trained_model_path(self) -> Path | None:
         if self.project is not None and self.project.has_checkpoint():
@@ -335,6 +465,7 @@ class MainWindow(QMainWindow):
 
     # ----------------------------------------------------------------------------- signals
     def _on_device_changed(self, info) -> None:
+        self.hyper_tab.set_device(info)
         self.training_tab.update_buttons()
 
     def _on_hyper_changed(self) -> None:
@@ -345,6 +476,7 @@ class MainWindow(QMainWindow):
     def _on_model_saved(self, path: str) -> None:
         self.chat_tab.set_trained_model(path)
         self.export_tab.refresh()
+        self.training_tab.update_buttons()
 
     def _on_training_running(self, running: bool) -> None:
         for a in (self.new_action, self.open_action, self.save_as_action):

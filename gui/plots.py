@@ -26,7 +26,8 @@ def _plot(title: str, y_label: str) -> pg.PlotWidget:
     item = w.getPlotItem()
     item.showGrid(x=True, y=True, alpha=0.25)
     item.setLabel("bottom", "step")
-    item.setLabel("left", y_label)
+    if y_label:
+        item.setLabel("left", y_label)
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
     item.addLegend(offset=(-10, 10))
@@ -59,7 +60,9 @@ class TrainingPlots(QWidget):
         self.loss_plot = _plot("Training loss", "nats / token")
         self.grad_plot = _plot("Global gradient norm (before clipping)", "L2 norm")
         self.layer_plot = _plot("Gradient norm per layer", "L2 norm")
-        self.lr_plot = _plot("Learning rate", "lr")
+        self.lr_plot = _plot("Learning rate", "")  # the title names it; tick labels such as 2.5e-05 need the room
+        # pyqtgraph's SI prefix turns lr 0.5 into "500 (x0.001)": plain numbers read right at any size
+        self.lr_plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         grid = QGridLayout(self)
         grid.setContentsMargins(0, 0, 0, 0)
         grid.addWidget(self.loss_plot, 0, 0)

@@ -1,14 +1,20 @@
 """A project is one folder: the dataset, the settings and the trained weights.
 
-    DIR/project.json   format marker, hyperparameter form values, sampling and export settings
-    DIR/dataset.json   the dataset (core.dataset's JSON format)
-    DIR/checkpoint/    the trained model (core.checkpoint's folder), once training has saved one
+    DIR/project.json      format marker, hyperparameter form values, sampling and export settings
+    DIR/dataset.json      the dataset (core.dataset's JSON format)
+    DIR/checkpoint/       the trained model (core.checkpoint's folder), once training has saved one
+    DIR/checkpoint.new/   a new run that has not finished a stage yet while an older model exists;
+                          it replaces checkpoint/ at its first stage end (so stopping a new run early
+                          never leaves a half-trained model in place of a finished one)
 
-No Qt here; the main window reads and writes projects through these functions.
+These are the project's own files: nothing else in the folder is ever written or deleted (the
+user may keep exported GGUF files there). No Qt here; the main window reads and writes projects
+through these functions.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +23,24 @@ from core.dataset import Dataset, atomic_write_text, default_dataset, load_datas
 
 FORMAT = "opencl-llm-studio-project"
 VERSION = 1
+PROJECT_FILES = ("project.json", "dataset.json")
+CHECKPOINT, PENDING = "checkpoint", "checkpoint.new"
+PROJECT_DIRS = (CHECKPOINT, PENDING)
 
 
 class ProjectError(ValueError):
-    """A folder that is not a readable project."""
+    """A folder that is not a readable project, or cannot become one."""
+
+
+def checkpoint_meta(folder: str | Path) -> dict | None:
+    """The parsed config.json of a checkpoint folder (stage, step, configs), or None when unreadable."""
+    try:
+        meta = json.loads((Path(folder) / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("stage_index"), int):
+        return None
+    return meta
 
 
 @dataclass
@@ -39,10 +59,31 @@ class Project:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.folder / "checkpoint"
+        """The trained model (used by Chat and Export)."""
+        return self.folder / CHECKPOINT
+
+    @property
+    def pending_dir(self) -> Path:
+        """A new run that has not replaced the trained model yet."""
+        return self.folder / PENDING
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint_dir / "config.json").is_file()
+
+    def has_pending(self) -> bool:
+        return (self.pending_dir / "config.json").is_file()
+
+    def new_run_dir(self) -> Path:
+        """Where a new run saves until its first stage end: beside the trained model if there is one."""
+        return self.pending_dir if self.has_checkpoint() else self.checkpoint_dir
+
+    def resume_dir(self) -> Path | None:
+        """The checkpoint that Resume continues (the unfinished new run first), or None."""
+        for d in (self.pending_dir, self.checkpoint_dir):
+            meta = checkpoint_meta(d)
+            if meta is not None:
+                return d if meta["stage_index"] < 2 else None
+        return None
 
 
 def is_project(folder: str | Path) -> bool:
@@ -58,10 +99,11 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
     """Read a project folder.
 
     Returns:
-        (project, warnings): warnings list dataset entries that could not be read.
+        (project, warnings): warnings say what was substituted (a missing dataset file).
 
     Raises:
-        ProjectError: no project.json, or it is not ours or unreadable.
+        ProjectError: no project.json, or it is not ours or unreadable; dataset.json unreadable or
+            with any entry that cannot be read (autosave would otherwise drop it from the file).
     """
     folder = Path(folder)
     meta_path = folder / "project.json"
@@ -80,7 +122,10 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
             dataset, problems = load_dataset(ds_path)
         except (OSError, ValueError) as e:
             raise ProjectError(str(e)) from None
-        warnings = [str(p) for p in problems]
+        if problems:
+            shown = "\n".join(map(str, problems[:10])) + (f"\n… and {len(problems) - 10} more"
+                                                           if len(problems) > 10 else "")
+            raise ProjectError(f"{ds_path}: the project's dataset has entries that cannot be read:\n{shown}")
     else:
         dataset = default_dataset()
         warnings.append(f"{ds_path}: missing, the default dataset is used")
@@ -96,10 +141,83 @@ def save_project(project: Project) -> None:
     atomic_write_text(project.folder / "project.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def check_save_as_target(src: Project, target: str | Path) -> bool:
+    """Check that ``src`` can be saved into ``target``.
+
+    Returns:
+        True when ``target`` already holds another project (which the copy replaces: ask first).
+
+    Raises:
+        ProjectError: ``target`` is the project's own folder or inside it, or it is not a project
+            but already has files a project would overwrite.
+    """
+    target = Path(target)
+    if _inside(target, src.folder):
+        raise ProjectError(f"{target}: is inside the project's current folder {src.folder}; choose a folder "
+                           "outside it")
+    if target.exists() and not target.is_dir():
+        raise ProjectError(f"{target}: exists and is not a folder")
+    if is_project(target):
+        return True
+    clash = project_files_in(target)
+    if clash:
+        raise ProjectError(f"{target}: already contains {', '.join(clash)}; choose an empty folder")
+    return False
+
+
+def project_files_in(folder: str | Path) -> list[str]:
+    """Names of the project files and folders that exist in ``folder`` (a new project there would
+    overwrite them)."""
+    return [n for n in PROJECT_FILES + PROJECT_DIRS if (Path(folder) / n).exists()]
+
+
 def copy_checkpoint(src: Project, dst_folder: str | Path) -> None:
-    """Copy ``src``'s checkpoint folder into ``dst_folder`` (for "Save project as")."""
-    dst = Path(dst_folder) / "checkpoint"
-    if src.has_checkpoint() and src.checkpoint_dir.resolve() != dst.resolve():
-        if dst.exists():
-            shutil.rmtree(dst)
-        shutil.copytree(src.checkpoint_dir, dst)
+    """Copy ``src``'s checkpoint folders into ``dst_folder`` (for "Save project as"); the target's
+    own checkpoint folders (of the project being replaced there) are removed first."""
+    dst_folder = Path(dst_folder)
+    for name in PROJECT_DIRS:
+        s, d = src.folder / name, dst_folder / name
+        if s.resolve() == d.resolve():
+            continue
+        if d.exists():
+            shutil.rmtree(d)
+        if (s / "config.json").is_file():
+            shutil.copytree(s, d)
+
+
+def remove_project_files(folder: str | Path) -> None:
+    """Delete a project's own files (project.json, dataset.json, checkpoint folders) and nothing else;
+    the folder itself goes only when that leaves it empty."""
+    folder = Path(folder)
+    for name in PROJECT_DIRS:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    for name in PROJECT_FILES:
+        try:
+            (folder / name).unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (other files are the user's) or already gone
+        pass
+
+
+def promote_pending(pending: str | Path, checkpoint: str | Path) -> None:
+    """Make a new run's checkpoint the trained model: ``pending`` replaces ``checkpoint``.
+
+    The old model is renamed aside first and deleted last, so an interruption leaves one complete
+    model under one of the two names.
+    """
+    pending, checkpoint = Path(pending), Path(checkpoint)
+    old = checkpoint.with_name(checkpoint.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if checkpoint.exists():
+        os.replace(checkpoint, old)
+    os.replace(pending, checkpoint)
+    shutil.rmtree(old, ignore_errors=True)

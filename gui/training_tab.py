@@ -1,10 +1,8 @@
 """Training tab: start / stop / resume, progress with ETA, live plots, log, recall table."""
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
-from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor
@@ -12,11 +10,19 @@ from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLab
                                QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
+from gui import dialogs
 from gui.plots import TrainingPlots
+from gui.project import checkpoint_meta
 from gui.workers import TrainWorker
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
 OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
+START_TIP = ("Train a new model from scratch with the current dataset and settings. A trained model this project "
+             "already has stays until the new run finishes its first stage (and is kept if you stop earlier).")
+RESUME_TIP = ("Continue the last run from its checkpoint, with its model and dataset; steps, learning rates, batch "
+              "sizes, clipping, weight decay and replay share are taken from the Hyperparameters tab")
+KEPT_NOTE = "the previous trained model is kept until this run finishes a stage"
+RECALL_HINT = "Shown when a stage ends: which facts and dialogue answers the model reproduces."
 
 
 def _hms(seconds: float) -> str:
@@ -26,12 +32,17 @@ def _hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def checkpoint_position(folder: Path) -> tuple[int, int] | None:
-    """(stage_index, stage_step) of a checkpoint folder, or None when there is none."""
+def validation_interval(train_config) -> int:
+    """Steps between validation points: about 15 per run, at least 10 steps apart."""
+    return max(10, (train_config.pretrain.steps + train_config.tune.steps) // 15)
+
+
+def _saved_position(meta: dict) -> tuple[int, int, list[int]] | None:
+    """(stage_index, stage_step, [pretrain steps, tune steps]) of a checkpoint's config.json."""
     try:
-        meta = json.loads((Path(folder) / "config.json").read_text("utf-8"))
-        return int(meta["stage_index"]), int(meta["stage_step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return (int(meta["stage_index"]), int(meta["stage_step"]),
+                [int(meta["train"]["pretrain"]["steps"]), int(meta["train"]["tune"]["steps"])])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -40,7 +51,8 @@ class TrainingTab(QWidget):
 
     Args:
         studio: the main window, which provides ``device_info()``, ``dataset_copy()``, ``configs()``
-            (may raise core.config.ConfigError), ``dataset_problems()``, ``checkpoint_dir()`` and
+            (may raise core.config.ConfigError), ``train_blocker()``, ``can_train()``, ``checkpoint_dir()``,
+            ``new_run_dir()``, ``resume_dir()``, ``trained_model_path()``, ``has_cpu_device()`` and
             ``switch_to_cpu()``.
     """
 
@@ -55,24 +67,26 @@ class TrainingTab(QWidget):
         self._rates: deque = deque(maxlen=30)
         self._last: dict | None = None
         self._t0 = 0.0
+        self._resumed = False
         self._stopping = False
         self._active = False
 
         # -- controls
         row = QHBoxLayout()
         self.start_button = QPushButton("Start training")
-        self.start_button.setToolTip("Train a new model from scratch with the current dataset and settings")
+        self.start_button.setToolTip(START_TIP)
         self.start_button.clicked.connect(self.start)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop after the current step and save a checkpoint")
         self.stop_button.clicked.connect(self.stop)
         self.resume_button = QPushButton("Resume")
-        self.resume_button.setToolTip("Continue from the last checkpoint of this project")
+        self.resume_button.setToolTip(RESUME_TIP)
         self.resume_button.clicked.connect(self.resume)
         for b in (self.start_button, self.stop_button, self.resume_button):
             row.addWidget(b)
         self.stage_label = QLabel("Not started")
         self.stage_label.setStyleSheet("font-weight: bold;")
+        self.stage_label.setWordWrap(True)  # "Stopped at … — Resume to continue (…)" fits narrow windows
         row.addSpacing(12)
         row.addWidget(self.stage_label, 1)
         prow = QHBoxLayout()
@@ -81,8 +95,12 @@ class TrainingTab(QWidget):
         self.progress.setValue(0)
         prow.addWidget(self.progress, 1)
         self.speed_label = QLabel("")
-        self.speed_label.setMinimumWidth(360)
+        self.speed_label.setMinimumWidth(360)  # the bar does not jump as the numbers change
         prow.addWidget(self.speed_label)
+        self.hint_label = QLabel()  # why Start / Resume are disabled
+        self.hint_label.setWordWrap(True)
+        self.hint_label.setStyleSheet("color: #b00020;")
+        self.hint_label.hide()
 
         # -- error banner
         self.banner = QFrame()
@@ -108,13 +126,15 @@ class TrainingTab(QWidget):
         QVBoxLayout(log_box).addWidget(self.log)
         recall_box = QGroupBox("Recall after each stage")
         rv = QVBoxLayout(recall_box)
-        self.recall_label = QLabel("Shown when a stage ends: which facts and dialogue answers the model reproduces.")
+        self.recall_label = QLabel(RECALL_HINT)
         self.recall_label.setWordWrap(True)
         rv.addWidget(self.recall_label)
         self.recall = QTableWidget(0, 6)
         self.recall.setHorizontalHeaderLabels(["Stage", "Kind", "Prompt", "Expected", "Model wrote", "OK"])
-        self.recall.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        self.recall.horizontalHeader().setStretchLastSection(False)
+        header = self.recall.horizontalHeader()
+        for c in range(6):  # the text columns share the width; the short ones fit their contents
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch if c in (2, 3, 4)
+                                        else QHeaderView.ResizeMode.ResizeToContents)
         self.recall.verticalHeader().setVisible(False)
         self.recall.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.recall.setWordWrap(False)
@@ -131,6 +151,7 @@ class TrainingTab(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(row)
         lay.addLayout(prow)
+        lay.addWidget(self.hint_label)
         lay.addWidget(self.banner)
         lay.addWidget(split, 1)
 
@@ -144,14 +165,57 @@ class TrainingTab(QWidget):
         return self._active
 
     def can_resume(self) -> bool:
-        pos = checkpoint_position(self.studio.checkpoint_dir())
-        return pos is not None and pos[0] < 2
+        return self.studio.resume_dir() is not None
 
     def update_buttons(self) -> None:
         running = self.is_running()
-        self.start_button.setEnabled(not running and self.studio.can_train())
+        blocker = self.studio.train_blocker()
+        self.start_button.setEnabled(not running and blocker is None)
         self.stop_button.setEnabled(running and not self._stopping)
-        self.resume_button.setEnabled(not running and self.studio.can_train() and self.can_resume())
+        self.resume_button.setEnabled(not running and blocker is None and self.can_resume())
+        self.start_button.setToolTip(blocker or START_TIP)
+        self.resume_button.setToolTip(blocker or RESUME_TIP)
+        self.hint_label.setText(blocker or "")
+        self.hint_label.setVisible(bool(blocker) and not running)
+
+    def show_project_state(self) -> None:
+        """A project was opened: forget the previous project's run and show where this one stands."""
+        if self.is_running():
+            return
+        self.banner.hide()
+        self.log.clear()
+        self.plots.clear()
+        self.recall.setRowCount(0)
+        self.recall_label.setText(RECALL_HINT)
+        self.speed_label.setText("")
+        self._last = None
+        self._show_saved_state()
+        self.update_buttons()
+
+    def _show_saved_state(self) -> None:
+        """Stage label and progress bar from the project's checkpoints (config.json)."""
+        resume_dir = self.studio.resume_dir()
+        trained = self.studio.trained_model_path()
+        folder = resume_dir or trained
+        pos = _saved_position(checkpoint_meta(folder) or {}) if folder is not None else None
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        if pos is None:
+            self.stage_label.setText("Not started" if folder is None else "Trained model ready")
+            return
+        stage, step, steps = pos
+        total = sum(steps)
+        if total > 0:
+            done = total if stage >= 2 else (steps[0] if stage == 1 else 0) + step
+            self.progress.setRange(0, total)
+            self.progress.setValue(min(total, done))
+        if resume_dir is None:
+            self.stage_label.setText("Training finished — try the model on the Chat tab")
+            return
+        text = f"Stopped at stage {stage + 1} step {step} of {steps[stage]} — Resume to continue"
+        if trained is not None and resume_dir != trained:
+            text += f" ({KEPT_NOTE})"
+        self.stage_label.setText(text)
 
     def append_log(self, level: str, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -165,12 +229,43 @@ class TrainingTab(QWidget):
 
     # ----------------------------------------------------------------------------- actions
     def start(self) -> bool:
-        """Start a new run; False (with a message) when settings or dataset are not usable."""
+        """Start a new run; False (with a message) when settings or dataset are not usable, or when the
+        user keeps the trained model."""
+        if self.is_running():
+            return False
+        if self.studio.trained_model_path() is not None or self.studio.resume_dir() is not None:
+            text = ("This project already has a trained model. A new run trains one from scratch with the "
+                    "current dataset and settings.\n\nThe current model stays in use (Chat, Export) until the "
+                    "new run finishes its first stage; if you stop the new run before that, it is kept.")
+            if not dialogs.ask(self, "Replace the trained model?", text, yes="Start a new run"):
+                return False
         return self._launch(resume=False)
 
     def resume(self) -> bool:
-        """Continue from the project's checkpoint."""
+        """Continue the project's last run from its checkpoint, with its model and dataset; the form's
+        training-only settings apply. Asks first when the form's model settings or the dataset differ."""
+        if self.is_running():
+            return False
         return self._launch(resume=True)
+
+    def _plan_resume(self, folder, mc, tc):
+        """The gui.resume.ResumePlan for ``folder``, or None (with a message) when it cannot resume."""
+        from core.config import ConfigError
+        from gui.resume import resume_plan
+
+        try:
+            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.studio.dataset_copy())
+        except (KeyError, TypeError, ConfigError) as e:
+            self._show_banner(f"Cannot resume: {folder}/config.json is incomplete ({e}).", False)
+            return None
+        if plan.ignored:
+            text = ("Resume continues the saved model and dataset; to use the new settings, Start a new run.\n\n"
+                    "Not used by Resume:\n" + "\n".join(f"• {x}" for x in plan.ignored))
+            if plan.applied:
+                text += "\n\nUsed by Resume:\n" + "\n".join(f"• {x}" for x in plan.applied)
+            if not dialogs.ask(self, "Resume the saved run?", text, yes="Resume"):
+                return None
+        return plan
 
     def _launch(self, resume: bool) -> bool:
         from core.config import ConfigError
@@ -182,13 +277,26 @@ class TrainingTab(QWidget):
         if device is None:
             self._show_banner("No OpenCL device: see the Device tab.", False)
             return False
-        kw = {}
-        if not resume:
-            try:
-                mc, tc = self.studio.configs()
-            except ConfigError as e:
-                self._show_banner(f"Fix the hyperparameters first: {e}", False)
+        try:
+            mc, tc = self.studio.configs()
+        except ConfigError as e:
+            self._show_banner(f"Fix the hyperparameters first: {e}", False)
+            return False
+        checkpoint = self.studio.checkpoint_dir()
+        if resume:
+            run_dir = self.studio.resume_dir()
+            if run_dir is None:
+                self._show_banner("There is no unfinished run to resume.", False)
                 return False
+            plan = self._plan_resume(run_dir, mc, tc)
+            if plan is None:
+                return False
+            kw = dict(train_config=plan.train_config)
+            for change in plan.applied:
+                self.append_log("INFO", f"resume uses the new setting {change}")
+            val_every = validation_interval(plan.train_config)
+            self.plots.set_clip_threshold(plan.train_config.grad_clip)
+        else:
             dataset = self.studio.dataset_copy()
             if not dataset.facts and not dataset.dialogues:
                 self._show_banner("The dataset is empty: add facts or dialogues on the Dataset tab.", False)
@@ -197,16 +305,14 @@ class TrainingTab(QWidget):
             if problems:
                 self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
                 return False
+            run_dir = self.studio.new_run_dir()
             kw = dict(dataset=dataset, model_config=mc, train_config=tc)
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
             self.recall.setRowCount(0)
             self.recall_label.setText("Shown when a stage ends.")
-            total = tc.pretrain.steps + tc.tune.steps
-            val_every = max(10, total // 15)
-        else:
-            val_every = 10
-        w = TrainWorker(device, self.studio.checkpoint_dir(), resume=resume, val_every=val_every, **kw)
+            val_every = validation_interval(tc)
+        w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
         w.run_started.connect(self._on_started)
         w.step.connect(self._on_step)
         w.validation.connect(self.plots.add_validation)
@@ -219,10 +325,12 @@ class TrainingTab(QWidget):
         self._worker = w
         self._active = True
         self._stopping = False
+        self._resumed = resume
         self._rates.clear()
         self._last = None
         self._t0 = time.perf_counter()
         self.stage_label.setText("Preparing: tokenizer, model and kernels…")
+        self.speed_label.setText("")
         self.progress.setRange(0, 0)  # busy until the first step
         self.append_log("INFO", "resuming training" if resume else "starting training")
         w.start()
@@ -256,7 +364,7 @@ class TrainingTab(QWidget):
         self.progress.setRange(0, max(total, 1))
         offset = self._stage_steps[0] if info["stage_index"] >= 1 else 0
         self.progress.setValue(offset + info["stage_step"])
-        if self._stage_steps[0] and self._stage_steps[1] and not info["resumed"]:
+        if self._stage_steps[0] and self._stage_steps[1] and (not info["resumed"] or not self.plots.loss.x):
             self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
         self.stage_label.setText(f"Training on {info['device']}")
 
@@ -281,8 +389,9 @@ class TrainingTab(QWidget):
             if s1 > s0 and t1 > t0:
                 eta = f" · ETA {_hms((total - d['global_step']) * (t1 - t0) / (s1 - s0))}"
         loss = d["loss"]
+        since = " since resuming" if self._resumed else ""
         self.speed_label.setText(f"step {d['global_step']}/{total}{eta} · {d['tokens_per_s']:,.0f} tokens/s · "
-                                 f"loss {loss:.3f} · elapsed {_hms(time.perf_counter() - self._t0)}")
+                                 f"loss {loss:.3f} · {_hms(time.perf_counter() - self._t0)} elapsed{since}")
 
     def _on_stage_done(self, d: dict) -> None:
         self.plots.flush()
@@ -299,9 +408,6 @@ class TrainingTab(QWidget):
                 if c == 5:
                     it.setBackground(OK_BRUSH if r["ok"] else FAIL_BRUSH)
                 self.recall.setItem(row, c, it)
-        self.recall.resizeColumnsToContents()
-        for c in (2, 3, 4):
-            self.recall.setColumnWidth(c, min(self.recall.columnWidth(c), 260))
         f_ok, f_n = d["facts_recalled"]
         g_ok, g_n = d["dialogues_recalled"]
         text = (f"After {d['stage']}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
@@ -310,11 +416,17 @@ class TrainingTab(QWidget):
         self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
 
     def _on_run_done(self, d: dict) -> None:
-        self._last_run = d
         if d["finished"]:
             self.stage_label.setText("Training finished — try the model on the Chat tab")
         elif d["stopped"]:
-            self.stage_label.setText("Stopped" + (" — Resume continues from the checkpoint" if d["checkpoint"] else ""))
+            text = "Stopped"
+            if d["checkpoint"]:
+                stage = d["stage_index"]
+                steps = self._stage_steps[stage] if stage < 2 else 0
+                text += f" at stage {stage + 1} step {d['stage_step']} of {steps} — Resume to continue"
+                if not d["replaced"]:
+                    text += f" ({KEPT_NOTE})"
+            self.stage_label.setText(text)
 
     def _on_failed(self, kind: str, message: str) -> None:
         self.append_log("ERROR", message)

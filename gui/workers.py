@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import weakref
 from dataclasses import asdict
@@ -133,12 +134,18 @@ class DeviceTestWorker(Worker):
 class TrainWorker(Worker):
     """Runs (or resumes) two-stage training and saves a checkpoint at each stage end and on stop.
 
+    A run saves into ``run_dir``. When that is not ``checkpoint_dir`` (a new run beside an older
+    trained model, see gui.project), its first stage-end save replaces ``checkpoint_dir`` with it and
+    later saves go to ``checkpoint_dir``; a stop before that leaves the older model in place.
+
     Args:
         device_info: core.device.DeviceInfo to train on.
-        checkpoint_dir: folder for core.checkpoint.save_checkpoint.
-        dataset, model_config, train_config: for a new run (ignored when ``resume``).
-        resume: continue from ``checkpoint_dir`` at the step it was saved.
+        checkpoint_dir: the trained model's folder (core.checkpoint's format).
+        dataset, model_config: for a new run (ignored when ``resume``).
+        train_config: for a new run; when resuming, the settings to continue with (None: the saved ones).
+        resume: continue from ``run_dir`` at the step it was saved.
         val_every: steps between validation-loss points (0: only at stage ends).
+        run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
     """
 
     run_started = Signal(dict)  # {"device", "n_params", "vocab_size", "stage_steps": [pretrain, tune],
@@ -147,14 +154,18 @@ class TrainWorker(Worker):
     validation = Signal(dict)  # {"global_step", "stage", "facts": loss or None, "dialogues": loss or None}
     stage_done = Signal(dict)  # {"stage", "steps_done", "stopped", "recall": [RecallItem dicts],
     #                             "facts_recalled": [ok, n], "dialogues_recalled": [ok, n]}
-    checkpoint_saved = Signal(str)  # checkpoint folder
-    run_done = Signal(dict)  # {"stopped": bool, "finished": bool (both stages done), "checkpoint": folder or ""}
+    checkpoint_saved = Signal(str)  # the trained model's folder, (re)written
+    run_done = Signal(dict)  # {"stopped": bool, "finished": bool (both stages done), "checkpoint": folder or "",
+    #                           "stage_index", "stage_step" (where the run ended), "replaced": bool (the run's
+    #                           checkpoint is the trained model)}
 
     def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
-                 train_config=None, resume: bool = False, val_every: int = 0) -> None:
+                 train_config=None, resume: bool = False, val_every: int = 0,
+                 run_dir: str | Path | None = None) -> None:
         super().__init__()
         self.device_info = device_info
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.run_dir = Path(run_dir) if run_dir is not None else self.checkpoint_dir
         self.dataset, self.model_config, self.train_config = dataset, model_config, train_config
         self.resume = resume
         self.val_every = val_every
@@ -166,18 +177,35 @@ class TrainWorker(Worker):
         if trainer is not None:
             trainer.request_stop()
 
-    def _save(self, trainer) -> str:
-        from core.checkpoint import save_checkpoint
+    def _replaced(self) -> bool:
+        return self.run_dir.resolve() == self.checkpoint_dir.resolve()
 
-        path = str(save_checkpoint(trainer, self.checkpoint_dir))
-        self.checkpoint_saved.emit(path)
-        self.log_line.emit("INFO", f"checkpoint saved to {path}")
-        return path
+    def _save(self, trainer, stage_end: bool) -> str:
+        from core.checkpoint import save_checkpoint
+        from gui.project import promote_pending
+
+        path = save_checkpoint(trainer, self.run_dir)
+        if not self._replaced() and stage_end:
+            promote_pending(self.run_dir, self.checkpoint_dir)
+            self.run_dir = path = self.checkpoint_dir
+            self.log_line.emit("INFO", "the new model replaces the previous one")
+        if self._replaced():
+            self.checkpoint_saved.emit(str(path))
+            self.log_line.emit("INFO", f"checkpoint saved to {path}")
+        else:
+            self.log_line.emit("INFO", f"unfinished run saved to {path}; the previous trained model is kept "
+                                       "until this run finishes a stage")
+        return str(path)
 
     def _validate(self, trainer, stage: str, global_step: int) -> None:
         losses = trainer.validation_loss()
         self.validation.emit({"global_step": global_step, "stage": stage,
                               "facts": losses.get("facts"), "dialogues": losses.get("dialogues")})
+
+    def _done(self, trainer, stopped: bool, saved: str) -> None:
+        self.run_done.emit({"stopped": stopped, "finished": trainer.done, "checkpoint": saved,
+                            "stage_index": trainer.stage_index, "stage_step": trainer.stage_step,
+                            "replaced": self._replaced()})
 
     def work(self) -> None:
         from core.checkpoint import resume_trainer
@@ -187,10 +215,12 @@ class TrainWorker(Worker):
         dev = open_device(self.device_info)
         self.log_line.emit("INFO", f"device: {dev.info.label}")
         if self.resume:
-            trainer = resume_trainer(self.checkpoint_dir, dev)
-            self.log_line.emit("INFO", f"resuming {self.checkpoint_dir} at stage {trainer.stage_index + 1}, "
+            trainer = resume_trainer(self.run_dir, dev, train_config=self.train_config)
+            self.log_line.emit("INFO", f"resuming {self.run_dir} at stage {trainer.stage_index + 1}, "
                                        f"step {trainer.stage_step}")
         else:
+            if not self._replaced() and self.run_dir.exists():  # an older unfinished run: this one replaces it
+                shutil.rmtree(self.run_dir)
             self.log_line.emit("INFO", "training the tokenizer and building the model")
             trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
         self._trainer = trainer
@@ -202,7 +232,7 @@ class TrainWorker(Worker):
         self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
         saved, stopped, progressed = "", False, False
         if self.stop_requested():
-            self.run_done.emit({"stopped": True, "finished": trainer.done, "checkpoint": ""})
+            self._done(trainer, True, "")
             return
         try:
             for ev in trainer.run():
@@ -226,37 +256,69 @@ class TrainWorker(Worker):
                         "facts_recalled": list(ev.facts_recalled),
                         "dialogues_recalled": list(ev.dialogues_recalled)})
                     if not ev.stopped:
-                        saved = self._save(trainer)
+                        saved = self._save(trainer, stage_end=True)
                 elif isinstance(ev, LogEvent):
                     self.log_line.emit(ev.level, ev.message)
                 if self.stop_requested():
                     trainer.request_stop()
         except TrainingDiverged:
-            self._save(trainer)  # the weights of the last good step are kept
+            self._save(trainer, stage_end=False)  # the weights of the last good step are kept
             raise
         if stopped and progressed:
-            saved = self._save(trainer)
-        self.run_done.emit({"stopped": stopped, "finished": trainer.done, "checkpoint": saved})
+            saved = self._save(trainer, stage_end=False)
+        self._done(trainer, stopped, saved)
 
 
 # ------------------------------------------------------------------------------------- chat
 
+class _GenerationProbe:
+    """Wraps a core.generate.Generator for a ChatSession and notes how the last generation ended."""
+
+    def __init__(self, gen) -> None:
+        self._gen = gen
+        self.prompt_len, self.generated, self.last_token = 0, 0, -1
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def generate(self, prompt_ids, settings, stop_ids=None):
+        self.prompt_len, self.generated, self.last_token = len(prompt_ids), 0, -1
+        for tok, probs in self._gen.generate(prompt_ids, settings, stop_ids=stop_ids):
+            self.generated += 1
+            self.last_token = tok
+            yield tok, probs
+
+    def end_reason(self, max_tokens: int, eos_id: int) -> str:
+        """Why the last answer was cut off: "max_tokens", "context", or "" (it ended by itself)."""
+        if self.last_token == eos_id:
+            return ""
+        if self.generated >= max_tokens:
+            return "max_tokens"
+        if self.prompt_len + self.generated >= self._gen.config.context_length:
+            return "context"
+        return ""
+
+
 class ChatWorker(Worker):
     """One long-lived thread that owns the chat model: load requests and questions are queued.
 
-    The model (a core.generate.Generator and a core.chat.ChatSession) lives only in this thread.
+    The model (a core.generate.Generator and a core.chat.ChatSession) lives only in this thread. A
+    load that fails keeps the model loaded before it.
     """
 
     model_loaded = Signal(dict)  # {"path", "n_params", "context_length", "vocab_size", "device"}
+    load_failed = Signal(str, str)  # (path that could not be loaded, message); the previous model stays
     piece = Signal(dict)  # one generated token: {"text": its visible text, "token": its vocabulary string,
     #                       "token_id", "prob", "alternatives": [[token text, prob], ...]}
-    answer_done = Signal(dict)  # {"text": whole answer, "stopped": cancelled by the user}
+    answer_done = Signal(dict)  # {"text": whole answer, "stopped": cancelled by the user,
+    #                              "cut": "max_tokens" or "context" when the answer was cut off, else ""}
 
     def __init__(self) -> None:
         super().__init__()
         self._jobs: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._session = None
+        self._probe: _GenerationProbe | None = None
 
     # -- called from the GUI thread ------------------------------------------------------------
     def load(self, path: str, device_info) -> None:
@@ -299,11 +361,15 @@ class ChatWorker(Worker):
         from core.device import open_device
         from core.generate import Generator
 
-        self._session = None
-        loaded = load_model(path)
-        dev = open_device(device_info)
-        gen = Generator(dev, loaded.config, loaded.weights)
-        self._session = ChatSession(gen, loaded.tokenizer)
+        try:
+            loaded = load_model(path)
+            dev = open_device(device_info)
+            probe = _GenerationProbe(Generator(dev, loaded.config, loaded.weights))
+        except Exception as e:  # the model loaded before stays in use
+            log.warning("loading %s failed", path, exc_info=True)
+            self.load_failed.emit(path, _message(e))
+            return
+        self._session, self._probe = ChatSession(probe, loaded.tokenizer), probe
         c = loaded.config
         self.model_loaded.emit({"path": path, "n_params": c.n_params(), "context_length": c.context_length,
                                 "vocab_size": c.vocab_size, "device": dev.info.label})
@@ -330,7 +396,8 @@ class ChatWorker(Worker):
                 stopped = True
                 stream.close()  # GeneratorExit inside ask(): the turn is not added to the history
                 break
-        self.answer_done.emit({"text": answer.strip(), "stopped": stopped})
+        cut = "" if stopped else self._probe.end_reason(sampling.max_tokens, tok.eos_id)
+        self.answer_done.emit({"text": answer.strip(), "stopped": stopped, "cut": cut})
 
 
 # ------------------------------------------------------------------------------------- export

@@ -89,6 +89,43 @@ def _gc_only_in_the_gui_thread(request):
         gc.enable()
 
 
+class DialogRecorder:
+    """Stands in for gui.dialogs in GUI tests: records every message; answers questions with
+    ``answer`` (None: an unexpected question fails the test instead of blocking it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.warned: list[tuple[str, str]] = []
+        self.informed: list[tuple[str, str]] = []
+        self.answer: bool | None = None
+
+    def ask(self, parent, title, text, yes="Yes", no="Cancel") -> bool:
+        self.asked.append((title, text))
+        if self.answer is None:
+            raise AssertionError(f"unexpected question {title!r}: {text}")
+        return self.answer
+
+    def warn(self, parent, title, text) -> None:
+        self.warned.append((title, text))
+
+    def inform(self, parent, title, text) -> None:
+        self.informed.append((title, text))
+
+
+@pytest.fixture(autouse=True)
+def dialogs(request, monkeypatch):
+    """In Qt tests, gui.dialogs' message boxes are recorded instead of shown (see DialogRecorder)."""
+    if not {"qtbot", "qapp"} & set(request.fixturenames):
+        yield None
+        return
+    import gui.dialogs
+
+    rec = DialogRecorder()
+    for name in ("ask", "warn", "inform"):
+        monkeypatch.setattr(gui.dialogs, name, getattr(rec, name))
+    yield rec
+
+
 @pytest.fixture
 def studio_env(tmp_path, monkeypatch, qapp):
     """Isolated QSettings (an INI file under tmp_path) and app data folder for the GUI."""

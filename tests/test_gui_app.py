@@ -86,6 +86,7 @@ def test_plots_skip_non_finite_points(qtbot):
     assert list(plots.clip_scatter.getData()[0]) == [3]
     assert len(plots.layer_curves) == 3 and list(plots.layer_curves[0].getData()[0]) == [1, 3]
     assert list(plots.val_scatter["facts"].getData()[1]) == [4.5]
+    assert not plots.lr_plot.getPlotItem().getAxis("left").autoSIPrefix  # lr 0.5 is not "500 (x0.001)"
     plots.stop()
 
 
@@ -151,3 +152,22 @@ def test_core_does_not_import_qt():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr
+
+
+def test_window_fits_a_small_laptop_screen(main_window, qtbot):
+    w = main_window
+    for i in range(w.tabs.count()):
+        w.tabs.setCurrentIndex(i)
+        hint = w.minimumSizeHint()
+        assert hint.width() <= 640 and hint.height() <= 480, (w.tabs.tabText(i), hint)
+    w.tabs.setCurrentWidget(w.hyper_tab)  # a tall tab: it scrolls
+    w.resize(640, 480)
+    qtbot.waitUntil(lambda: (w.width(), w.height()) == (640, 480), timeout=2000)
+    qtbot.waitUntil(lambda: w.tabs.currentWidget().verticalScrollBar().maximum() > 0, timeout=2000)
+    w.tabs.setCurrentWidget(w.training_tab)  # its plots fill the window, not their 1300 px preferred height
+    qtbot.wait(50)
+    assert w.tabs.currentWidget().verticalScrollBar().maximum() == 0
+    assert w.training_tab.height() <= w.tabs.currentWidget().viewport().height()
+    height = w.statusBar().height()
+    w.statusBar().showMessage("a long message " * 40)
+    assert w.statusBar().height() == height

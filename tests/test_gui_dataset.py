@@ -128,3 +128,88 @@ def test_unsaved_edit_is_written_on_close(main_window):
     main_window.close()  # before the autosave timer fires
     data = json.loads((folder / "dataset.json").read_text("utf-8"))
     assert data["facts"][-1] == "Written on close."
+
+
+def _visible(view) -> list[int]:
+    return [i for i in range(view.count()) if not view.item(i).isHidden()]
+
+
+def test_search_hides_the_selection_and_remove_acts_only_on_visible_facts(tab):
+    tab.set_dataset(Dataset(["apple one", "pear two", "apple three", "pear four"], []))
+    tab.facts.setCurrentRow(1)  # "pear two"
+    tab.search.setText("apple")
+    assert tab.facts.currentRow() == -1 and not tab.fact_remove.isEnabled()
+    tab.remove_fact()
+    assert tab.dataset().facts == ["apple one", "pear two", "apple three", "pear four"]
+    tab.facts.setCurrentRow(0)
+    assert tab.fact_remove.isEnabled() and not tab.fact_up.isEnabled() and tab.fact_down.isEnabled()
+    tab._move_fact(1)  # swaps with the next *visible* fact, the hidden one stays where it is
+    assert tab.dataset().facts == ["apple three", "pear two", "apple one", "pear four"]
+    assert tab.facts.currentRow() == 2 and tab.facts.item(2).text() == "apple one"
+    assert not tab.fact_down.isEnabled()  # no visible fact below
+    tab._move_fact(1)
+    assert tab.dataset().facts == ["apple three", "pear two", "apple one", "pear four"]
+    tab.remove_fact()
+    assert tab.dataset().facts == ["apple three", "pear two", "pear four"]
+    assert tab.facts.currentRow() == -1 or not tab.facts.item(tab.facts.currentRow()).isHidden()
+    assert [tab.facts.item(i).text() for i in _visible(tab.facts)] == ["apple three"]
+
+
+def test_search_hides_the_selected_dialogue_and_its_editor(tab):
+    d = [Dialogue([("apple?", "Yes.")]), Dialogue([("pear?", "No.")]), Dialogue([("apple pie?", "Yum.")])]
+    tab.set_dataset(Dataset([], d))
+    tab.dialogues.setCurrentRow(1)
+    assert tab.turns.rowCount() == 1 and tab.dialogue_remove.isEnabled()
+    tab.search.setText("apple")
+    assert tab.dialogues.currentRow() == -1
+    assert tab.turns.rowCount() == 0 and not tab.turns.isEnabled()
+    assert not tab.dialogue_remove.isEnabled() and not any(b.isEnabled() for b in tab.turn_buttons)
+    tab.remove_dialogue()
+    tab.add_turn()
+    assert len(tab.dataset().dialogues) == 3 and len(tab.dataset().dialogues[1].turns) == 1
+    tab.dialogues.setCurrentRow(2)
+    tab._move_dialogue(-1)
+    assert [x.turns[0][0] for x in tab.dataset().dialogues] == ["apple pie?", "pear?", "apple?"]
+    assert "apple?" in tab.dialogues.item(2).text() and tab.dialogues.currentRow() == 0
+    tab.remove_dialogue()
+    assert [x.turns[0][0] for x in tab.dataset().dialogues] == ["pear?", "apple?"]
+
+
+def test_importing_an_empty_file_says_so_and_changes_nothing(tab, tmp_path, dialogs, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    from core.dataset import DatasetError
+
+    before = tab.dataset_copy()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", "utf-8")
+    with pytest.raises(DatasetError, match="no facts or dialogues"):
+        tab.import_file(empty)
+    assert tab.dataset() == before
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(empty), "")))
+    tab._import_dialog(replace=True)
+    assert dialogs.warned and "no facts or dialogues" in dialogs.warned[0][1]
+    assert tab.dataset() == before
+
+
+def test_add_fact_keeps_its_text_selected_for_typing(tab, qtbot):
+    from PySide6.QtWidgets import QLineEdit
+
+    tab.search.setText("octopus")
+    tab.add_fact()
+    row = tab.facts.count() - 1
+    assert not tab.facts.item(row).isHidden()  # the search is cleared for the new entry
+    editor = tab.facts.indexWidget(tab.facts.indexFromItem(tab.facts.item(row)))
+    assert isinstance(editor, QLineEdit) and editor.selectedText() == "New fact."
+    qtbot.wait(400)  # validation highlights every entry meanwhile; the open editor must not be reset
+    editor.insert("Typed")  # replaces the selection, as typing does
+    qtbot.wait(400)
+    assert editor.text() == "Typed"
+
+
+def test_summary_and_problem_wording(tab):
+    assert tab._summary(Dialogue([("A?", "B."), ("C?", "D.")])).endswith("(+1 turn)")
+    assert tab._summary(Dialogue([("A?", "B."), ("C?", "D."), ("E?", "F.")])).endswith("(+2 turns)")
+    tab.set_dataset(Dataset())
+    texts = [tab.problem_list.item(i).text() for i in range(tab.problem_list.count())]
+    assert texts == ["⚠ The dataset is empty: add facts or dialogues."]

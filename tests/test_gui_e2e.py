@@ -122,10 +122,11 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     assert str(out) in c.model_label.text()
 
 
-def test_start_stop_twenty_times_then_resume(main_window, qtbot):
+def test_start_stop_twenty_times_then_resume(main_window, qtbot, dialogs):
     w = main_window
     configure_tiny(w, pretrain=200, tune=0)
     t = w.training_tab
+    dialogs.answer = True  # "Replace the trained model?" once a stop has saved one
     for i in range(20):
         assert t.start(), t.banner_text.text()
         if i % 2:  # stop after the first step; else stop while the run is still being set up

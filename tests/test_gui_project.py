@@ -1,0 +1,187 @@
+"""Projects on disk: nothing but a project's own files is ever deleted or overwritten; broken
+projects are refused; settings stay inside $OPENCL_LLM_STUDIO_DATA; the export path is outside it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from core.dataset import Dataset
+
+
+def _user_files(folder: Path) -> list[Path]:
+    """Files a user put into a project folder (an export, a Modelfile, notes)."""
+    files = [folder / "model.gguf", folder / "model.Modelfile", folder / "notes" / "todo.txt"]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("mine", "utf-8")
+    return files
+
+
+def test_default_export_path_is_outside_the_data_folder(main_window, studio_env):
+    from gui.main_window import data_dir
+
+    path = Path(main_window.export_tab.path.text())
+    assert path.name == "model.gguf"
+    assert data_dir().resolve() not in path.resolve().parents
+
+
+def test_export_path_follows_the_last_export_folder(studio_env, qtbot):
+    from gui.main_window import MainWindow
+
+    folder = studio_env / "exports"
+    folder.mkdir()
+    QSettings().setValue("export/folder", str(folder))
+    w = MainWindow()
+    qtbot.addWidget(w)
+    try:
+        assert Path(w.export_tab.path.text()) == folder / "model.gguf"
+    finally:
+        w.close()
+
+
+def test_save_as_from_untitled_keeps_other_files(main_window, tmp_path):
+    untitled = main_window.project.folder
+    mine = _user_files(untitled)
+    main_window.save_project_as(tmp_path / "named")
+    assert all(f.read_text("utf-8") == "mine" for f in mine)
+    assert not (untitled / "project.json").exists() and not (untitled / "dataset.json").exists()
+
+
+def test_new_project_keeps_other_files_and_says_so(main_window, dialogs):
+    untitled = main_window.project.folder
+    mine = _user_files(untitled)
+    main_window.dataset_tab.set_dataset(Dataset(["Only fact."], []))
+    main_window.save()
+    dialogs.answer = False
+    main_window._new_project_dialog()
+    assert main_window.dataset_tab.dataset().facts == ["Only fact."]  # declined: nothing changed
+    assert "trained model" in dialogs.asked[0][1] and "Other files" in dialogs.asked[0][1]
+    dialogs.answer = True
+    main_window._new_project_dialog()
+    assert main_window.dataset_tab.dataset().facts != ["Only fact."]
+    assert all(f.read_text("utf-8") == "mine" for f in mine)
+
+
+def test_save_as_refuses_a_folder_inside_the_project(main_window, dialogs, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    from gui.project import ProjectError
+
+    untitled = main_window.project.folder
+    inside = untitled / "sub"
+    with pytest.raises(ProjectError, match="inside"):
+        main_window.save_project_as(inside)
+    with pytest.raises(ProjectError, match="inside"):
+        main_window.save_project_as(untitled)
+    assert main_window.project.folder == untitled and (untitled / "project.json").is_file()
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(inside)))
+    main_window._save_as_dialog()
+    assert dialogs.warned and "inside" in dialogs.warned[0][1]
+    assert main_window.project.folder == untitled
+
+
+def test_save_as_over_another_project_asks_and_over_foreign_files_refuses(main_window, tmp_path, dialogs):
+    from gui.project import ProjectError
+
+    other = tmp_path / "other"
+    main_window.save_project_as(other)
+    main_window.new_project()
+    with pytest.raises(ProjectError, match="already holds a project"):
+        main_window.save_project_as(other)
+    main_window.save_project_as(other, replace=True)
+    assert main_window.project.folder == other
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "dataset.json").write_text("{}", "utf-8")
+    with pytest.raises(ProjectError, match="dataset.json"):
+        main_window.save_project_as(foreign)
+    assert (foreign / "dataset.json").read_text("utf-8") == "{}"
+
+
+@pytest.mark.parametrize("content", ['{"facts": 5}', '{"facts": ["ok", 7], "dialogues": []}', '{"facts": [}'])
+def test_a_project_with_a_broken_dataset_is_refused_and_not_overwritten(main_window, tmp_path, dialogs, content):
+    from gui.project import ProjectError
+
+    broken = tmp_path / "broken"
+    main_window.save_project_as(broken)
+    main_window.new_project()
+    (broken / "dataset.json").write_text(content, "utf-8")
+    with pytest.raises(ProjectError, match="dataset.json"):
+        main_window.open_project(broken)
+    main_window._open_with_message(str(broken))
+    assert dialogs.warned and "dataset.json" in dialogs.warned[-1][1]
+    assert main_window.is_untitled()
+    main_window.save()
+    assert (broken / "dataset.json").read_text("utf-8") == content
+
+
+def test_a_broken_last_project_is_not_overwritten_at_start(studio_env, qtbot, dialogs):
+    from gui.main_window import MainWindow, untitled_dir
+
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.close()
+    ds = untitled_dir() / "dataset.json"
+    ds.write_text('{"facts": 5}', "utf-8")
+    again = MainWindow()
+    qtbot.addWidget(again)
+    try:
+        qtbot.waitUntil(lambda: bool(dialogs.warned), timeout=2000)
+        assert "dataset.json" in dialogs.warned[0][1] and "moved" in dialogs.warned[1][1]
+        aside = [p for p in untitled_dir().parent.iterdir() if p.name.startswith("untitled-unreadable")]
+        assert len(aside) == 1 and (aside[0] / "dataset.json").read_text("utf-8") == '{"facts": 5}'
+        assert again.dataset_tab.dataset().facts  # a fresh untitled project
+    finally:
+        again.close()
+
+
+def test_a_broken_project_given_at_start_is_not_overwritten(studio_env, qtbot, dialogs):
+    from gui.main_window import MainWindow
+
+    folder = studio_env / "given"
+    folder.mkdir()
+    (folder / "project.json").write_text(json.dumps({"format": "opencl-llm-studio-project", "version": 1}), "utf-8")
+    (folder / "dataset.json").write_text('{"dialogues": {}}', "utf-8")
+    w = MainWindow(project_dir=folder)
+    qtbot.addWidget(w)
+    try:
+        qtbot.waitUntil(lambda: bool(dialogs.warned), timeout=2000)
+        assert w.is_untitled()
+        assert (folder / "dataset.json").read_text("utf-8") == '{"dialogues": {}}'
+    finally:
+        w.close()
+
+
+def test_data_variable_isolates_the_settings(qapp, tmp_path, monkeypatch):
+    from gui.app import set_app_identity
+
+    monkeypatch.setenv("OPENCL_LLM_STUDIO_DATA", str(tmp_path / "data"))
+    set_app_identity(qapp)
+    s = QSettings()
+    s.setValue("test/isolated", 1)
+    s.sync()
+    assert Path(s.fileName()).resolve().is_relative_to((tmp_path / "data").resolve()), s.fileName()
+    assert Path(s.fileName()).is_file()
+
+
+def test_export_asks_before_replacing_a_typed_file_and_names_the_modelfile(main_window, tmp_path, dialogs, qtbot):
+    from tests.test_gui_e2e import save_tiny_checkpoint
+
+    save_tiny_checkpoint(main_window.project.checkpoint_dir)
+    e = main_window.export_tab
+    e.refresh()
+    target = tmp_path / "Brindle wick.gguf"
+    target.write_text("keep me", "utf-8")
+    e.path.setText(str(target))
+    assert "ollama create brindle-wick -f 'Brindle wick.Modelfile'" in e.hint.text()
+    dialogs.answer = False
+    assert not e.export()
+    assert target.read_text("utf-8") == "keep me" and "already exists" in dialogs.asked[-1][1]
+    dialogs.answer = True
+    assert e.export()
+    qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
+    assert e.last_result is not None and target.stat().st_size > 100
+    assert QSettings().value("export/folder") == str(tmp_path)

@@ -1,0 +1,155 @@
+"""Training tab: replacing a trained model, resuming with changed settings, saying why Start is
+disabled, showing a project's saved state. Runs the Tiny preset on the PoCL (CPU) device."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from core.dataset import Dataset
+from tests.test_gui_e2e import configure_tiny, wait_idle
+
+
+def _meta(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text("utf-8"))
+
+
+def _run_and_stop(qtbot, t) -> None:
+    assert t.start(), t.banner_text.text()
+    qtbot.waitUntil(lambda: t._last is not None, timeout=60_000)
+    t.stop()
+    wait_idle(qtbot, t, timeout=60_000)
+
+
+def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(main_window, qtbot, dialogs):
+    w, t = main_window, main_window.training_tab
+    configure_tiny(w, pretrain=4, tune=2, batch=2)
+    assert t.start()
+    wait_idle(qtbot, t)
+    assert not dialogs.asked  # nothing to replace yet
+    ckpt = w.project.checkpoint_dir
+    assert _meta(ckpt)["stage_index"] == 2
+    weights = (ckpt / "weights.npz").read_bytes()
+
+    dialogs.answer = False
+    assert not t.start() and not t.is_running()
+    assert dialogs.asked[-1][0] == "Replace the trained model?"
+
+    configure_tiny(w, pretrain=300, tune=2, batch=2)
+    dialogs.answer = True
+    _run_and_stop(qtbot, t)
+    assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt)["stage_index"] == 2
+    assert w.trained_model_path() == ckpt and w.project.has_pending()
+    assert t.stage_label.text().startswith("Stopped at stage 1") and "kept" in t.stage_label.text()
+    assert t.resume_button.isEnabled()
+
+    # Resume continues the new run; its first stage end makes it the trained model
+    w.hyper_tab.widgets["pretrain.steps"].setValue(t._last["step"] + 2)  # training-only: no question
+    n_asked = len(dialogs.asked)
+    assert t.resume(), t.banner_text.text()
+    wait_idle(qtbot, t)
+    assert len(dialogs.asked) == n_asked
+    assert not w.project.has_pending() and _meta(ckpt)["stage_index"] == 2
+    assert (ckpt / "weights.npz").read_bytes() != weights
+    assert "finished" in t.stage_label.text()
+
+
+def test_resume_says_what_it_does_not_use_and_applies_training_settings(main_window, qtbot, dialogs):
+    from gui.training_tab import validation_interval
+
+    w, t, h = main_window, main_window.training_tab, main_window.hyper_tab
+    configure_tiny(w, pretrain=200, tune=0, batch=2)
+    _run_and_stop(qtbot, t)
+    ckpt = w.project.checkpoint_dir
+    h.widgets["d_model"].setValue(128)
+    w.dataset_tab.add_fact("A fact added after the run.")
+    h.widgets["pretrain.steps"].setValue(300)
+
+    dialogs.answer = False
+    assert not t.resume() and not t.is_running()
+    text = dialogs.asked[-1][1]
+    assert "Resume continues the saved model and dataset" in text and "Start a new run" in text
+    assert "d_model: 64 in the saved run, 128 in the form" in text and "the dataset" in text
+    assert "pretrain.steps: 200 → 300" in text
+
+    dialogs.answer = True
+    assert t.resume()
+    qtbot.waitUntil(lambda: t._last is not None, timeout=60_000)
+    assert t.progress.maximum() == 300
+    assert t._worker.val_every == validation_interval(h.build()[1]) == 20
+    t.stop()
+    wait_idle(qtbot, t, timeout=60_000)
+    meta = _meta(ckpt)
+    assert meta["model"]["d_model"] == 64 and meta["train"]["pretrain"]["steps"] == 300
+    assert "since resuming" in t.speed_label.text()
+
+
+def test_start_says_why_it_is_disabled(main_window):
+    t = main_window.training_tab
+    main_window.hyper_tab.widgets["n_heads"].setValue(3)
+    assert not t.start_button.isEnabled()
+    for text in (t.start_button.toolTip(), t.hint_label.text()):
+        assert "Attention heads" in text and "n_heads" in text
+    assert not t.hint_label.isHidden()
+    main_window.hyper_tab.set_preset("Tiny")
+    assert t.start_button.isEnabled() and t.hint_label.isHidden()
+    assert "from scratch" in t.start_button.toolTip()
+
+
+def test_a_stopped_run_shows_its_position_after_a_restart(main_window, studio_env, qtbot):
+    from gui.main_window import MainWindow
+
+    configure_tiny(main_window, pretrain=200, tune=0, batch=2)
+    _run_and_stop(qtbot, main_window.training_tab)
+    step = _meta(main_window.project.checkpoint_dir)["stage_step"]
+    main_window.close()
+    again = MainWindow()
+    qtbot.addWidget(again)
+    try:
+        t = again.training_tab
+        assert t.stage_label.text() == f"Stopped at stage 1 step {step} of 200 — Resume to continue"
+        assert t.resume_button.isEnabled()
+        assert t.progress.maximum() == 200 and t.progress.value() == step
+    finally:
+        again.close()
+
+
+def test_opening_another_project_clears_the_training_tab(main_window, tmp_path):
+    w, t = main_window, main_window.training_tab
+    w.save_project_as(tmp_path / "first")
+    w.dataset_tab.set_dataset(Dataset())
+    assert not t.start()  # the dataset is empty: banner
+    assert not t.banner.isHidden()
+    t.append_log("INFO", "a line of the first project")
+    t.plots.add_step({"global_step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "layer_grad_norms": [1.0]})
+    t.speed_label.setText("step 100/100 · loss 0.344")
+    w.save_project_as(tmp_path / "second")
+    w.open_project(tmp_path / "first")
+    assert t.banner.isHidden() and t.log.toPlainText() == "" and not t.plots.loss.x
+    assert t.speed_label.text() == "" and t.stage_label.text() == "Not started"
+
+
+def test_a_failed_start_leaves_no_stale_numbers(main_window, qtbot, monkeypatch):
+    import core.trainer
+
+    def broken_run(self, recall=True):
+        raise RuntimeError("broken on purpose")
+        yield  # pragma: no cover - makes this a generator
+
+    configure_tiny(main_window)
+    t = main_window.training_tab
+    t.speed_label.setText("step 100/100 · loss 0.344")  # what a finished run left
+    monkeypatch.setattr(core.trainer.Trainer, "run", broken_run)
+    assert t.start()
+    wait_idle(qtbot, t, timeout=60_000)
+    assert "broken on purpose" in t.banner_text.text()
+    assert t.speed_label.text() == "" and t.progress.value() == 0
+
+
+def test_memory_estimate_above_the_device_memory_is_flagged(main_window):
+    h = main_window.hyper_tab
+    info = main_window.device_info()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**20, name="Small GPU"))
+    assert not h.memory_label.isHidden() and "Small GPU" in h.memory_label.text()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40))
+    assert h.memory_label.isHidden()
