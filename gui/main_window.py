@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QStandardPaths, QTimer
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QFrame, QMainWindow, QMessageBox, QScrollArea, QTabWidget, QVBoxLayout,
                                QWidget)
@@ -29,7 +29,12 @@ MAX_RECENT = 8
 def data_dir() -> Path:
     """Where the untitled (autosaved) project lives: $OPENCL_LLM_STUDIO_DATA or the app data folder."""
     env = os.environ.get(DATA_ENV)
-    base = Path(env) if env else Path(QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation))
+    if env:
+        base = Path(env)
+    else:
+        import platformdirs
+
+        base = Path(platformdirs.user_data_dir("opencl-llm-studio", appauthor=False))
     base.mkdir(parents=True, exist_ok=True)
     return base
 
@@ -44,7 +49,9 @@ def default_export_dir() -> Path:
     last = QSettings().value("export/folder", "", type=str)
     if last and Path(last).is_dir():
         return Path(last)
-    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    import platformdirs
+
+    docs = platformdirs.user_documents_dir()
     return Path(docs) if docs and Path(docs).is_dir() else Path.home()
 
 
