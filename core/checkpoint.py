@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,15 +115,38 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     """Read a checkpoint folder's model (not the optimizer).
 
     Raises:
-        CheckpointError: not a checkpoint, incomplete, or unreadable.
+        CheckpointError: not a checkpoint, incomplete, unreadable, or its tensors do not match its
+            config; the message names the file.
     """
     d = Path(directory)
     meta = _read_meta(d)
-    config = ModelConfig.from_dict(meta["model"])
-    tok = Tokenizer.from_json((d / "tokenizer.json").read_text("utf-8"))
-    with np.load(d / "weights.npz") as z:
-        weights = {k: z[k].astype(np.float32) for k in z.files}
+    try:
+        config = ModelConfig.from_dict(meta["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{d / 'config.json'}: bad or missing model config ({e})") from None
+    try:
+        tok = Tokenizer.from_json((d / "tokenizer.json").read_text("utf-8"))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise CheckpointError(f"{d / 'tokenizer.json'}: unreadable ({e})") from None
+    weights = _read_arrays(d / "weights.npz")
+    _check_tensors(d / "weights.npz", weights, config)
     return LoadedModel(config, tok, weights, meta, d)
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k].astype(np.float32) for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+
+
+def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfig) -> None:
+    for name, shape in config.param_shapes():
+        if name not in arrays:
+            raise CheckpointError(f"{path}: tensor {name!r} is missing")
+        if arrays[name].shape != shape:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {arrays[name].shape}, the config says {shape}")
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
@@ -151,7 +175,7 @@ def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConf
         train_config: optional new settings (e.g. more steps); defaults to the saved ones.
 
     Raises:
-        CheckpointError: missing optimizer state or dataset.
+        CheckpointError: missing or unreadable optimizer state, dataset or training state.
     """
     from core.trainer import Trainer
 
@@ -162,15 +186,20 @@ def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConf
     dataset, problems = load_dataset(d / "dataset.json")
     if problems:
         raise CheckpointError(f"{d / 'dataset.json'}: {problems[0]}")
-    tc = train_config or TrainConfig.from_dict(loaded.meta["train"])
-    trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer)
-    trainer.model.params.load(loaded.weights)
-    with np.load(d / "optimizer.npz") as z:
-        m = {k[2:]: z[k] for k in z.files if k.startswith("m.")}
-        v = {k[2:]: z[k] for k in z.files if k.startswith("v.")}
-    trainer.model.load_optimizer_state({"m": m, "v": v, "step": loaded.meta["adam_step"]})
-    trainer.stage_index = int(loaded.meta["stage_index"])
-    trainer.stage_step = int(loaded.meta["stage_step"])
+    try:
+        tc = train_config or TrainConfig.from_dict(loaded.meta["train"])
+        stage_index, stage_step = int(loaded.meta["stage_index"]), int(loaded.meta["stage_step"])
+        adam_step = int(loaded.meta["adam_step"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{d / 'config.json'}: cannot resume, training state missing or bad ({e})") from None
+    arrays = _read_arrays(d / "optimizer.npz")
+    moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
+    moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
+    _check_tensors(d / "optimizer.npz", moment1, loaded.config)
+    _check_tensors(d / "optimizer.npz", moment2, loaded.config)
+    trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=loaded.weights)
+    trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": adam_step})
+    trainer.stage_index, trainer.stage_step = stage_index, stage_step
     trainer.last_loss = float(loaded.meta.get("last_loss", float("nan")))
     return trainer
 

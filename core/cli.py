@@ -141,6 +141,15 @@ def cmd_train(args) -> int:
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     tasks = {}
+    # The first Ctrl-C asks the trainer to stop between two steps (so the checkpoint resumes
+    # exactly); a second one interrupts at once.
+    import signal
+
+    def stop_between_steps(*_):
+        trainer.request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, stop_between_steps)
     try:
         with Progress(*columns, disable=args.quiet) as progress:
             for ev in trainer.run():
@@ -151,15 +160,20 @@ def cmd_train(args) -> int:
                                     tps=f"{ev.tokens_per_s:,.0f}")
                 elif isinstance(ev, LogEvent):
                     progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
-                elif isinstance(ev, StageReport) and not ev.stopped:
+                elif isinstance(ev, StageReport) and ev.stopped:
                     save_checkpoint(trainer, out)
-    except KeyboardInterrupt:
-        save_checkpoint(trainer, out)
-        print(f"interrupted; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+                    print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+                    return 130
+                elif isinstance(ev, StageReport):
+                    save_checkpoint(trainer, out)
+    except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing is saved
+        print(f"interrupted; {out} keeps the checkpoint of the last completed stage (if any)")
         return 130
     except TrainingDiverged as e:
         save_checkpoint(trainer, out)
         return _fail(str(e))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     save_checkpoint(trainer, out)
     print(f"model saved to {out}")
     return 0
@@ -198,7 +212,7 @@ def cmd_chat(args) -> int:
         try:
             for piece in session.ask(line, settings):
                 print(piece.text, end="", flush=True)
-        except (ContextFullError, ValueError) as e:  # one bad message does not end the session
+        except (ContextFullError, ValueError, FloatingPointError) as e:  # one bad message does not end the chat
             print(f" [{e}]", end="")
         except KeyboardInterrupt:
             print(" [stopped]", end="")
@@ -295,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (CheckpointError, ConfigError, ContextFullError, ValueError, OSError) as e:
+    except (CheckpointError, ConfigError, ContextFullError, ValueError, OSError, FloatingPointError) as e:
         if args.verbose:
             raise
         return _fail(str(e))

@@ -403,6 +403,7 @@ class Device:
 
 
 _open_devices: dict[tuple[int, int], Device] = {}
+_open_lock = threading.Lock()
 
 
 def open_device(spec: int | str | DeviceInfo | None = None) -> Device:
@@ -415,8 +416,9 @@ def open_device(spec: int | str | DeviceInfo | None = None) -> Device:
     """
     info = spec if isinstance(spec, DeviceInfo) else select_device(spec)
     key = (info.platform_index, info.device_index)
-    dev = _open_devices.get(key)
-    if dev is None:
-        dev = Device(info)
-        _open_devices[key] = dev
+    with _open_lock:  # the GUI opens devices from several worker threads
+        dev = _open_devices.get(key)
+        if dev is None:
+            dev = Device(info)
+            _open_devices[key] = dev
     return dev

@@ -78,15 +78,15 @@ def dataset_stats(dataset, vocab_size: int, context_length: int) -> DatasetStats
     """
     from core.chat_format import encode_dialogue, encode_fact
     from core.tokenizer import Tokenizer
-    from core.trainer import corpus_texts, dialogue_examples, fact_examples
+    from core.trainer import dialogue_examples, fact_examples
 
     if not dataset.facts and not dataset.dialogues:
         raise ValueError("the dataset has no facts and no dialogues")
-    tok = Tokenizer.train(corpus_texts(dataset), vocab_size=vocab_size)
+    tok = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
     fact_lens = [len(encode_fact(tok, f)) for f in dataset.facts]
     dlg_lens = [len(encode_dialogue(tok, d)[0]) for d in dataset.dialogues if d.turns]
-    facts = fact_examples(tok, [f for f in dataset.facts if f.strip()], context_length)
-    dialogues = dialogue_examples(tok, [d for d in dataset.dialogues if d.turns], context_length)
+    facts = fact_examples(tok, dataset.facts, context_length)
+    dialogues = dialogue_examples(tok, dataset.dialogues, context_length)
     too_long = dataset.validate(tok, context_length + 1)
     too_long = [p for p in too_long if p.message.startswith("too long")]
     return DatasetStats(tok.vocab_size, sum(fact_lens), sum(dlg_lens), len(facts), len(dialogues),

@@ -14,7 +14,7 @@ import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, param_layout
+from core.model import Ops, check_context, param_layout
 from core.params import TensorStore
 
 
@@ -71,8 +71,14 @@ def sample_token(logits: np.ndarray, settings: SamplingSettings, history: list[i
     Returns:
         (token id, probabilities (vocab_size,) float64 after penalty and temperature) — the
         probabilities the GUI shows for a token and its alternatives.
+
+    Raises:
+        FloatingPointError: the logits are not all finite (a diverged model).
     """
     z = logits.astype(np.float64).copy()
+    if not np.all(np.isfinite(z)):
+        raise FloatingPointError("the model's outputs are not finite numbers (its training diverged); "
+                                 "train it again with a lower learning rate")
     if settings.repetition_penalty != 1.0 and history:
         ids = np.unique(np.asarray(history, dtype=np.int64))
         vals = z[ids]
@@ -112,6 +118,7 @@ class Generator:
     def __init__(self, dev: Device, config: ModelConfig, weights):
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
+        check_context(self.ops, config)
         self.params = TensorStore(dev, param_layout(dev, config))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.config import ModelConfig
+from core.config import ConfigError, ModelConfig
 from core.device import Device
 from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
@@ -138,6 +138,18 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
                          "ffn_dim or n_layers")
 
 
+def check_context(ops: Ops, config: ModelConfig) -> None:
+    """Refuse a context_length whose attention scores do not fit the device's local memory.
+
+    Raises:
+        ConfigError: on field ``context_length``, with the longest this device allows.
+    """
+    longest = ops.attention.max_seq_len(config.head_dim)
+    if config.context_length > longest:
+        raise ConfigError("context_length", f"{config.context_length} tokens do not fit the local memory of "
+                                            f"{ops.attention.dev.info.name}; at most {longest} on this device")
+
+
 class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
@@ -173,6 +185,7 @@ class Model:
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
         check_fits(dev, config, batch_size, training)
         self.ops = Ops(dev)
+        check_context(self.ops, config)
         self.layout = param_layout(dev, config)
         self.params = TensorStore(dev, self.layout)
         self.params.load(weights if weights is not None else init_weights(config, seed))
@@ -200,10 +213,18 @@ class Model:
         bad = (tokens < 0) | (tokens >= self.config.vocab_size)
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} outside vocab_size {self.config.vocab_size}")
+        if targets is not None:
+            targets, mask = np.asarray(targets, np.int32), np.asarray(mask, np.float32)
+            if targets.shape != tokens.shape or mask.shape != tokens.shape:
+                raise ValueError(f"targets {targets.shape} and mask {mask.shape} must have the shape of tokens "
+                                 f"{tokens.shape}")
+            bad = (mask != 0) & ((targets < 0) | (targets >= self.config.vocab_size))
+            if bad.any():
+                raise ValueError(f"target id {int(targets[bad][0])} outside vocab_size {self.config.vocab_size}")
         self.dev.upload(tokens, self.act.tokens)
         if targets is not None:
-            self.dev.upload(np.asarray(targets, np.int32), self.act.targets)
-            self.dev.upload(np.asarray(mask, np.float32), self.act.mask)
+            self.dev.upload(targets, self.act.targets)
+            self.dev.upload(mask, self.act.mask)
         return b, t
 
     def _forward(self, b: int, t: int) -> None:

@@ -81,13 +81,12 @@ class TensorStore:
         """Upload host arrays by name.
 
         Raises:
-            KeyError: a tensor of the layout is missing from ``arrays``.
-            ValueError: a shape differs from the layout's.
+            ValueError: a tensor of the layout is missing from ``arrays``, or its shape differs.
         """
         host = np.zeros(self.layout.total, np.float32)
         for name, s in self.layout.slots.items():
             if name not in arrays:
-                raise KeyError(f"missing tensor {name!r}")
+                raise ValueError(f"missing tensor {name!r}")
             a = np.asarray(arrays[name], dtype=np.float32)
             if a.shape != s.shape:
                 raise ValueError(f"tensor {name!r}: shape {a.shape} != expected {s.shape}")

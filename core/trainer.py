@@ -118,6 +118,8 @@ def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list
     """BOS + fact + EOS per fact, every token learned; long facts are cut into context windows."""
     out = []
     for text in facts:
+        if not text.strip():  # nothing to learn (Dataset.validate reports it)
+            continue
         ids = chat_format.encode_fact(tok, text)
         out += _windows(ids, [1] * len(ids), context_length)
     return out
@@ -128,6 +130,8 @@ def dialogue_examples(tok: Tokenizer, dialogues, context_length: int) -> list[Ex
     out = []
     for dlg in dialogues:
         ids, mask = chat_format.encode_dialogue(tok, dlg)
+        if not any(mask):  # no turns: nothing to learn (Dataset.validate reports it)
+            continue
         out += _windows(ids, mask, context_length)
     return out
 
@@ -183,13 +187,16 @@ class Trainer:
         train_config: stages, optimizer and seed.
         device: the OpenCL device (or an index / name / DeviceInfo to open).
         tokenizer: reuse a trained tokenizer (resume); trained on the dataset when None.
+        weights: start from these weights (resume); random when None.
 
     Raises:
-        ValueError: the dataset is empty.
+        ValueError: the dataset is empty or has nothing to learn; ConfigError: the model does not
+            fit the device (see core.model.check_fits / check_context).
     """
 
     def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,
-                 device: Device, tokenizer: Tokenizer | None = None):
+                 device: Device, tokenizer: Tokenizer | None = None,
+                 weights: dict[str, np.ndarray] | None = None):
         if not dataset.facts and not dataset.dialogues:
             raise ValueError("the dataset has no facts and no dialogues")
         if not isinstance(device, Device):
@@ -198,14 +205,16 @@ class Trainer:
             device = open_device(device)  # an index, a name or a DeviceInfo
         self.dataset, self.train_config, self.dev = dataset, train_config, device
         if tokenizer is None:
-            tokenizer = Tokenizer.train(corpus_texts(dataset), vocab_size=train_config.vocab_size)
+            tokenizer = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=train_config.vocab_size)
         self.tokenizer = tokenizer
         self.model_config = replace(model_config, vocab_size=tokenizer.vocab_size)
         cl = self.model_config.context_length
         self.facts = fact_examples(tokenizer, dataset.facts, cl)
         self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
+        if not self.facts and not self.dialogues:
+            raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
-        self.model = Model(device, self.model_config, batch_size=batch, seed=train_config.seed)
+        self.model = Model(device, self.model_config, batch_size=batch, weights=weights, seed=train_config.seed)
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
@@ -233,6 +242,7 @@ class Trainer:
             pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b)]
         else:
             n_replay = int(round(b * self.train_config.replay_share)) if self.facts else 0
+            n_replay = min(n_replay, b - 1)  # at least one dialogue per tuning batch
             if not self.dialogues:
                 n_replay = b
             pool = [self.dialogues[i] for i in batch_indices(seed, 1, step, len(self.dialogues), b - n_replay)] \
@@ -289,9 +299,9 @@ class Trainer:
                     bad_in_a_row = 0
                 else:
                     bad_in_a_row += 1
+                self.stage_step += 1  # the step is taken: count it before anything can interrupt
                 self.dev.finish()
                 dt = time.perf_counter() - t0
-                self.stage_step += 1
                 rep = StepReport(name, self.stage_step, cfg.steps, stats.loss, stats.grad_norm,
                                  stats.layer_grad_norms, lr, clipped, not finite,
                                  stats.tokens / max(dt, 1e-9), time.perf_counter() - t_start)
@@ -347,14 +357,6 @@ class Trainer:
                 total, count = total + loss * n, count + n
             out[name] = total / max(count, 1.0)
         return out
-
-
-def corpus_texts(dataset: Dataset) -> list[str]:
-    """Every text the tokenizer should learn from, in the chat format's surface form."""
-    texts = list(dataset.facts)
-    for d in dataset.dialogues:
-        texts.append(chat_format.plain_text(d.turns, d.system))
-    return texts
 
 
 def fact_split(text: str) -> tuple[str, str]:

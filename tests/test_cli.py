@@ -69,3 +69,55 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     shown = capsys.readouterr().out
     assert shown.count("Assistant:") == 3  # the too-long message is answered with an error, the chat goes on
     assert "context_length" in shown
+
+
+def test_ctrl_c_stops_between_steps_and_resume_is_exact(tmp_path, capsys):
+    """SIGINT during training: the trainer stops after the step in progress, the checkpoint is
+    consistent, and resuming ends with exactly the weights of an uninterrupted run."""
+    import os
+    import signal
+
+    import numpy as np
+
+    from core import trainer as trainer_mod
+    from core.checkpoint import load_checkpoint
+
+    steps = ["--pretrain-steps", "6", "--tune-steps", "4", "--seed", "3"]
+    full = tmp_path / "full"
+    assert train(tmp_path, "--out", str(full), *steps) == 0
+    real_run = trainer_mod.Trainer.run
+
+    def run_and_interrupt(self, *a, **k):  # deliver a real SIGINT in the middle of step 3
+        for ev in real_run(self, *a, **k):
+            if isinstance(ev, trainer_mod.StepReport) and ev.stage == "pretrain" and ev.step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield ev
+
+    part = tmp_path / "part"
+    trainer_mod.Trainer.run = run_and_interrupt
+    try:
+        assert train(tmp_path, "--out", str(part), *steps) == 130
+    finally:
+        trainer_mod.Trainer.run = real_run
+    assert "--resume" in capsys.readouterr().out
+    assert main(["train", "--resume", str(part), "-q"]) == 0
+    a, b = load_checkpoint(full), load_checkpoint(part)
+    assert a.meta["adam_step"] == b.meta["adam_step"] == 10
+    assert all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
+
+
+def test_damaged_checkpoints_are_one_line_errors(tmp_path, capsys):
+    import numpy as np
+
+    out = tmp_path / "m"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1") == 0
+    with np.load(out / "weights.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != "output_norm.weight"}
+    np.savez(out / "weights.npz", **arrays)
+    capsys.readouterr()
+    assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "output_norm.weight" in err and "missing" in err and "Traceback" not in err
+    (out / "weights.npz").write_bytes(b"PK\x03\x04 truncated")
+    assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
+    assert "unreadable" in capsys.readouterr().err

@@ -215,3 +215,46 @@ def test_default_dataset_answers_and_facts_after_training(device, tmp_path, caps
     assert main(["chat", "--model", str(out), "--device", str(device.info.index),
                  "--prompt", "Where is Brindlewick?"]) == 0
     assert capsys.readouterr().out.strip() == "Brindlewick is a small town built beside a slow green river."
+
+
+def test_every_tuning_batch_has_a_dialogue(device):
+    for batch_size, share in ((2, 0.75), (3, 0.9), (16, 0.97)):
+        tc = dataclasses.replace(small_run_config(), replay_share=share,
+                                 tune=StageConfig(steps=3, lr=1e-3, batch_size=batch_size, warmup_steps=0))
+        tr = Trainer(default_dataset(), SMALL, tc, device)
+        for step in range(3):
+            _, _, mask = tr._batch(1, step)
+            dialogue_rows = [row for row in mask if row.sum() and row[0] == 0]  # facts learn from token 1 on
+            assert dialogue_rows, (batch_size, share)
+
+
+def test_bad_targets_and_masks_are_refused(device):
+    model = Model(device, TINY, batch_size=2, weights=random_weights(TINY, 0))
+    tokens, targets, mask = batch(TINY, 2, 5, 1)
+    with pytest.raises(ValueError, match="shape"):
+        model.forward_backward(tokens, targets[:, :3], mask)
+    targets[0, 0] = TINY.vocab_size
+    mask[0, 0] = 1
+    with pytest.raises(ValueError, match="target id"):
+        model.forward_backward(tokens, targets, mask)
+
+
+def test_context_longer_than_local_memory_allows_is_a_config_error(device):
+    from core.config import ConfigError
+    from core.model import Ops
+
+    longest = Ops(device).attention.max_seq_len(TINY.head_dim)
+    if longest >= 8192:
+        pytest.skip("this device's local memory holds the longest supported context")
+    cfg = dataclasses.replace(TINY, context_length=longest + 1)
+    with pytest.raises(ConfigError) as e:
+        Generator(device, cfg, init_weights(cfg, 0))
+    assert e.value.field == "context_length"
+
+
+def test_sampling_a_diverged_model_says_so(device):
+    w = random_weights(TINY, 1)
+    w["output_norm.weight"][:] = np.nan
+    gen = Generator(device, TINY, w)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        list(gen.generate([1, 2], SamplingSettings(temperature=0.7)))
