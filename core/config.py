@@ -102,6 +102,7 @@ class ModelConfig:
         return sum(math.prod(s) for _, s in self.param_shapes())
 
     def to_dict(self) -> dict:
+        """Plain dict of every field (JSON-serialisable), for checkpoints and GGUF metadata."""
         return asdict(self)
 
     @classmethod
@@ -130,6 +131,11 @@ class StageConfig:
     min_lr_ratio: float = 0.1
 
     def validate(self, prefix: str) -> None:
+        """Check every field; ``prefix`` ("pretrain"/"tune") goes into the field name of a ConfigError.
+
+        Raises:
+            ConfigError: a field is out of range.
+        """
         _positive_int(f"{prefix}.steps", self.steps, 0)
         _positive_float(f"{prefix}.lr", self.lr)
         _positive_int(f"{prefix}.batch_size", self.batch_size)
@@ -180,6 +186,7 @@ class TrainConfig:
         _positive_int("vocab_size", self.vocab_size, 260)
 
     def to_dict(self) -> dict:
+        """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""
         return asdict(self)
 
     @classmethod

@@ -201,14 +201,17 @@ class Tokenizer:
 
     @property
     def bos_id(self) -> int:
+        """Id of the beginning-of-sequence special token."""
         return self._bos
 
     @property
     def eos_id(self) -> int:
+        """Id of the end-of-sequence (end of an answer) special token."""
         return self._eos
 
     @property
     def pad_id(self) -> int:
+        """Id of the padding special token."""
         return self._pad
 
     def token_id(self, token: str) -> int | None:

@@ -93,11 +93,13 @@ class StageReport:
 
     @property
     def facts_recalled(self) -> tuple[int, int]:
+        """(facts reproduced, facts checked)."""
         items = [r for r in self.recall if r.kind == "fact"]
         return sum(r.ok for r in items), len(items)
 
     @property
     def dialogues_recalled(self) -> tuple[int, int]:
+        """(dialogue answers reproduced, answers checked)."""
         items = [r for r in self.recall if r.kind == "dialogue"]
         return sum(r.ok for r in items), len(items)
 
@@ -229,9 +231,11 @@ class Trainer:
 
     @property
     def done(self) -> bool:
+        """True when both stages have run all their steps."""
         return self.stage_index >= len(STAGES)
 
     def stage_config(self, index: int) -> StageConfig:
+        """The settings of stage ``index`` (0 = pretrain, 1 = tune)."""
         return self.train_config.pretrain if index == 0 else self.train_config.tune
 
     # ------------------------------------------------------------------ batches
