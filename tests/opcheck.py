@@ -28,3 +28,18 @@ def assert_close(got, want, atol=1e-5, rtol=1e-4, what=""):
     if not np.all(err <= tol):
         i = np.unravel_index(np.argmax(err - tol), err.shape)
         raise AssertionError(f"{what}: max error {err.max():.3g} at {i}: got {got[i]!r}, want {want[i]!r}")
+
+
+def finite_differences(f, x, h):
+    """Central differences (f(x + h e_i) - f(x - h e_i)) / 2h of a scalar function, for every
+    element of the float64 array ``x`` (modified in place and restored)."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + h
+        hi = f(x)
+        x[i] = old - h
+        lo = f(x)
+        x[i] = old
+        g[i] = (hi - lo) / (2 * h)
+    return g

@@ -5,7 +5,7 @@ import pytest
 
 from core.kernels.rmsnorm import RMSNorm
 from tests import reference as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
 EPS = 1e-5
 
@@ -53,19 +53,6 @@ def test_rmsnorm_backward_in_place(device, rng):
     assert_close(from_device(device, DW, w), want_dw, atol=1e-4, what="d_weight")
 
 
-def _fd(f, x, h):
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + h
-        hi = f(x)
-        x[i] = old - h
-        lo = f(x)
-        x[i] = old
-        g[i] = (hi - lo) / (2 * h)
-    return g
-
-
 def test_rmsnorm_reference_backward_matches_finite_differences(rng):
     x, w, g = rng.standard_normal((3, 6)), rng.standard_normal(6), rng.standard_normal((3, 6))
 
@@ -73,8 +60,8 @@ def test_rmsnorm_reference_backward_matches_finite_differences(rng):
         return (g * x_ / np.sqrt((x_ ** 2).mean(axis=1, keepdims=True) + EPS) * w_).sum()
 
     dx, dw = ref.rmsnorm_backward(g, x, w, EPS)
-    np.testing.assert_allclose(dx, _fd(lambda a: loss(a, w), x.copy(), 1e-6), atol=1e-5, rtol=1e-4)
-    np.testing.assert_allclose(dw, _fd(lambda b: loss(x, b), w.copy(), 1e-6), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(dx, finite_differences(lambda a: loss(a, w), x.copy(), 1e-6), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(dw, finite_differences(lambda b: loss(x, b), w.copy(), 1e-6), atol=1e-5, rtol=1e-4)
 
 
 def test_rmsnorm_kernel_backward_matches_its_own_finite_differences(device, rng):
@@ -89,5 +76,5 @@ def test_rmsnorm_kernel_backward_matches_its_own_finite_differences(device, rng)
         return float((g.astype(np.float64) * y).sum())
 
     _, _, dx, dw = _run(device, op, x, w, g, np.zeros(dim, np.float32))
-    np.testing.assert_allclose(dx, _fd(lambda a: loss(a, w), x.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
-    np.testing.assert_allclose(dw, _fd(lambda b: loss(x, b), w.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+    np.testing.assert_allclose(dx, finite_differences(lambda a: loss(a, w), x.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+    np.testing.assert_allclose(dw, finite_differences(lambda b: loss(x, b), w.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)

@@ -5,7 +5,7 @@ import pytest
 
 from core.kernels.swiglu import SwiGLU
 from tests import reference as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
 
 def _run(device, op, gate, up, d_out):
@@ -41,19 +41,6 @@ def test_swiglu_is_finite_and_right_at_extremes(device):
     np.testing.assert_allclose(d_up, [0, 0, 0, 0, 30, 100, 1e30], rtol=1e-6, atol=1e-10)
 
 
-def _fd(f, x, h):
-    g = np.zeros_like(x)
-    for i in range(x.size):
-        old = x[i]
-        x[i] = old + h
-        hi = f(x)
-        x[i] = old - h
-        lo = f(x)
-        x[i] = old
-        g[i] = (hi - lo) / (2 * h)
-    return g
-
-
 def test_swiglu_reference_backward_matches_finite_differences(rng):
     gate, up, g = rng.standard_normal(8) * 3, rng.standard_normal(8), rng.standard_normal(8)
 
@@ -61,8 +48,8 @@ def test_swiglu_reference_backward_matches_finite_differences(rng):
         return (g * a / (1.0 + np.exp(-a)) * b).sum()
 
     dg, du = ref.swiglu_backward(g, gate, up)
-    np.testing.assert_allclose(dg, _fd(lambda a: loss(a, up), gate.copy(), 1e-6), atol=1e-6, rtol=1e-5)
-    np.testing.assert_allclose(du, _fd(lambda b: loss(gate, b), up.copy(), 1e-6), atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(dg, finite_differences(lambda a: loss(a, up), gate.copy(), 1e-6), atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(du, finite_differences(lambda b: loss(gate, b), up.copy(), 1e-6), atol=1e-6, rtol=1e-5)
 
 
 def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
@@ -75,5 +62,5 @@ def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
         return float((g.astype(np.float64) * out).sum())
 
     _, dg, du = _run(device, op, gate, up, g)
-    np.testing.assert_allclose(dg, _fd(lambda a: loss(a, up), gate.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
-    np.testing.assert_allclose(du, _fd(lambda b: loss(gate, b), up.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+    np.testing.assert_allclose(dg, finite_differences(lambda a: loss(a, up), gate.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+    np.testing.assert_allclose(du, finite_differences(lambda b: loss(gate, b), up.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
