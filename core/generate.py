@@ -118,6 +118,7 @@ class Generator:
     def __init__(self, dev: Device, config: ModelConfig, weights):
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
+        self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.params = TensorStore(dev, param_layout(dev, config))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)

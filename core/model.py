@@ -173,6 +173,7 @@ class Model:
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
         check_fits(dev, config, batch_size, training)
         self.ops = Ops(dev)
+        self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.layout = param_layout(dev, config)
         self.params = TensorStore(dev, self.layout)
         self.params.load(weights if weights is not None else init_weights(config, seed))
