@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -119,21 +119,27 @@ class Attention:
 
     def _kernels(self, head_dim: int):
         built = self._built.get(head_dim)
-        if built is None:
-            t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
-            if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
-                raise ValueError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
-                                 f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
+        if built is not None:
+            return built
+        t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
+        if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
+            raise ValueError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
+                             f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
+        while True:
             opts = t.options(head_dim)
             knls = [self.dev.kernel("attention", n, opts) for n in
                     ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv",
                      "attention_backward_dq")]
+            # a kernel can allow fewer work-items than the device (registers): then use fewer
             allowed = min(self.dev.work_group_size(kn) for kn in knls)
-            if allowed < t.items:
+            if allowed >= t.items:
+                break
+            if self._forced is not None:
                 raise ValueError(f"{t} needs {t.items} work-items per group; {self.dev.info.name} allows "
                                  f"{allowed} for these kernels")
-            log.debug("attention head_dim=%d: %s", head_dim, t)
-            built = self._built[head_dim] = (t, *knls)
+            t = replace(t, items=allowed)
+        log.debug("attention head_dim=%d: %s", head_dim, t)
+        built = self._built[head_dim] = (t, *knls)
         return built
 
     @staticmethod
