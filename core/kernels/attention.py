@@ -112,6 +112,7 @@ class Attention:
         self._local_size = local_size
         self._forced = tiles
         self._built: dict[int, tuple[AttentionTiles, object, object, object, object]] = {}
+        self._decode: dict[int, tuple[AttentionTiles, object]] = {}
 
     def tiles(self, head_dim: int) -> AttentionTiles:
         """The tiling used for ``head_dim`` (building its kernels on first use)."""
@@ -141,6 +142,13 @@ class Attention:
         log.debug("attention head_dim=%d: %s", head_dim, t)
         built = self._built[head_dim] = (t, *knls)
         return built
+
+    def _decode_forward(self, head_dim: int, t: AttentionTiles):
+        """The forward kernel with one query row per work-item (built on first use)."""
+        if head_dim not in self._decode:
+            one = replace(t, rows=1)
+            self._decode[head_dim] = (one, self.dev.kernel("attention", "attention_forward", one.options(head_dim)))
+        return self._decode[head_dim]
 
     @staticmethod
     def _check_heads(n_heads: int, n_kv_heads: int, head_dim: int) -> None:
@@ -178,6 +186,8 @@ class Attention:
         if batch * n_heads * seq_q == 0:
             return
         t, fwd, _, _, _ = self._kernels(head_dim)
+        if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
+            t, fwd = self._decode_forward(head_dim, t)
         fwd(self.dev.queue, self._grid(seq_q, t.rows, t.items, batch * n_heads), (t.items, 1), out, lse,
             q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
             np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
