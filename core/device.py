@@ -298,6 +298,9 @@ class Device:
         self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)
         self._programs: dict[tuple[str, tuple[str, ...]], object] = {}
         self._lock = threading.Lock()
+        # bytes of every buffer alloc/zeros/upload created (never decremented: a running total
+        # that benchmarks and memory tests difference around the code they measure)
+        self.allocated_bytes = 0
 
     # -- programs -------------------------------------------------------------------------
     def program(self, name: str, options: tuple[str, ...] = ()):
@@ -360,14 +363,19 @@ class Device:
         return size
 
     # -- buffers --------------------------------------------------------------------------
+    def _buffer(self, nbytes: int):
+        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        self.allocated_bytes += nbytes
+        return buf
+
     def alloc(self, n_floats: int):
         """An uninitialised float32 device buffer of ``n_floats`` elements (at least one)."""
-        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(1, int(n_floats)) * 4)
+        return self._buffer(max(1, int(n_floats)) * 4)
 
     def zeros(self, n: int, dtype=np.float32):
         """A device buffer of ``n`` zeroed elements of ``dtype`` (float32 or int32)."""
         nbytes = max(1, int(n)) * np.dtype(dtype).itemsize
-        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        buf = self._buffer(nbytes)
         self.cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, dtype=np.uint8), 0, nbytes)
         return buf
 
@@ -377,7 +385,7 @@ class Device:
         if a.dtype not in (np.float32, np.int32):
             raise TypeError(f"upload wants float32 or int32, got {a.dtype}")
         if buf is None:
-            buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(4, a.nbytes))
+            buf = self._buffer(max(4, a.nbytes))
         if a.nbytes:
             self.cl.enqueue_copy(self.queue, buf, a)
         return buf

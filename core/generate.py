@@ -14,7 +14,7 @@ import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, check_context, param_layout
+from core.model import Ops, param_layout
 from core.params import TensorStore
 
 
@@ -118,7 +118,7 @@ class Generator:
     def __init__(self, dev: Device, config: ModelConfig, weights):
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
-        check_context(self.ops, config)
+        self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.params = TensorStore(dev, param_layout(dev, config))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)
@@ -133,7 +133,7 @@ class Generator:
         self.k_new, self.v_new, self.attn_out, self.tmp = a(T * kv), a(T * kv), a(T * d), a(T * d)
         self.gate, self.up, self.h = a(T * f), a(T * f), a(T * f)
         self.rstd = a(T)
-        self.probs = a(c.n_heads * T * T)
+        self.lse = a(c.n_heads * T)  # attention's per-row log-sum-exp (only training reads it)
         self.logits = a(c.vocab_size)
         self.n_past = 0
 
@@ -176,7 +176,7 @@ class Generator:
             o.rope.forward(self.k_new, t, t, c.n_kv_heads, c.head_dim, pos, c.rope_theta)
             self.dev.copy(self.k_cache[i], self.k_new, t * kv, dst_offset=pos * kv)
             self.dev.copy(self.v_cache[i], self.v_new, t * kv, dst_offset=pos * kv)
-            o.attention.forward(self.attn_out, self.probs, self.q, self.k_cache[i], self.v_cache[i],
+            o.attention.forward(self.attn_out, self.lse, self.q, self.k_cache[i], self.v_cache[i],
                                 1, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
             o.matmul(self.tmp, self.attn_out, w("attn_output"), t, d, d, trans_b=True)
             o.residual.forward(self.x_mid, self.x, self.tmp, t * d)

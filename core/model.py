@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.config import ConfigError, ModelConfig
+from core.config import ModelConfig
 from core.device import Device
 from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
@@ -101,8 +101,8 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     """
     n = batch * seq
     d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
-    att = batch * c.n_heads * seq * seq
-    per_layer = {"attn_in": n * d, "attn_rstd": n, "q": n * d, "k": n * kv, "v": n * kv, "probs": att,
+    rows = batch * c.n_heads * seq  # one float per query row and head (attention's lse, d_sum)
+    per_layer = {"attn_in": n * d, "attn_rstd": n, "q": n * d, "k": n * kv, "v": n * kv, "lse": rows,
                  "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate": n * f,
                  "up": n * f, "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
@@ -111,7 +111,7 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
               "logits": n * v, "losses": n}
     if training:
         single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
-                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate": n * f, "d_up": n * f}
+                   "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate": n * f, "d_up": n * f}
     sizes |= {name: [size] for name, size in single.items()}
     return sizes
 
@@ -138,24 +138,12 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
                          "ffn_dim or n_layers")
 
 
-def check_context(ops: Ops, config: ModelConfig) -> None:
-    """Refuse a context_length whose attention scores do not fit the device's local memory.
-
-    Raises:
-        ConfigError: on field ``context_length``, with the longest this device allows.
-    """
-    longest = ops.attention.max_seq_len(config.head_dim)
-    if config.context_length > longest:
-        raise ConfigError("context_length", f"{config.context_length} tokens do not fit the local memory of "
-                                            f"{ops.attention.dev.info.name}; at most {longest} on this device")
-
-
 class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
     _INT32 = ("tokens", "targets")
     _SINGLE = ("tokens", "targets", "mask", "tmp", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
-               "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate", "d_up")
+               "d_norm", "d_in", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate", "d_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
         for name, sizes in activation_sizes(c, batch, seq, training).items():
@@ -185,7 +173,7 @@ class Model:
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
         check_fits(dev, config, batch_size, training)
         self.ops = Ops(dev)
-        check_context(self.ops, config)
+        self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.layout = param_layout(dev, config)
         self.params = TensorStore(dev, self.layout)
         self.params.load(weights if weights is not None else init_weights(config, seed))
@@ -241,7 +229,7 @@ class Model:
             o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True)
             o.rope.forward(a.q[i], n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
             o.rope.forward(a.k[i], n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            o.attention.forward(a.attn_out[i], a.probs[i], a.q[i], a.k[i], a.v[i],
+            o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
                                 b, t, t, 0, c.n_heads, c.n_kv_heads, c.head_dim)
             o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
             o.residual.forward(a.x_mid[i], a.x[i], a.tmp, n * d)
@@ -283,8 +271,8 @@ class Model:
             # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
             mm(gw("attn_output"), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
             mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
-            o.attention.backward(a.dq, a.dk, a.dv, a.d_scores, a.d_attn, a.q[i], a.k[i], a.v[i], a.probs[i],
-                                 b, t, c.n_heads, c.n_kv_heads, c.head_dim)
+            o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
+                                 a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
             o.rope.backward(a.dq, n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
             o.rope.backward(a.dk, n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
             mm(gw("attn_q"), a.dq, a.attn_in[i], d, d, n, trans_a=True, accumulate=True)

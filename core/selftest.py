@@ -113,6 +113,19 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             ops["swiglu"].forward(o, dev.upload(g), dev.upload(u), 500)
             return np.abs(dev.download(o, (500,)) - g / (1 + np.exp(-g)) * u).max()
         run("SwiGLU", 1e-5, swiglu)
+    if "attention" in ops:
+        def attention():  # builds the kernels for head_dim 32 (the default model's), GQA 2
+            s, h, kvh, d = 21, 4, 2, 32
+            q, k, v = f32(1, s, h, d), f32(1, s, kvh, d), f32(1, s, kvh, d)
+            o, lse = dev.alloc(q.size), dev.alloc(h * s)
+            ops["attention"].forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d)
+            kh, vh = np.repeat(k[0], h // kvh, axis=1), np.repeat(v[0], h // kvh, axis=1)
+            scores = np.einsum("ihd,jhd->hij", q[0], kh) / np.sqrt(d)
+            scores = np.where(np.tri(s, dtype=bool), scores, -np.inf)
+            p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            ref = np.einsum("hij,jhd->ihd", p / p.sum(axis=-1, keepdims=True), vh)
+            return np.abs(dev.download(o, (s, h, d)) - ref).max()
+        run("attention", 1e-4, attention)
     if "cross_entropy" in ops:
         def cross_entropy():
             rows, vocab = 9, 300

@@ -193,7 +193,7 @@ class Trainer:
 
     Raises:
         ValueError: the dataset is empty or has nothing to learn; ConfigError: the model does not
-            fit the device (see core.model.check_fits / check_context).
+            fit the device (see core.model.check_fits).
     """
 
     def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,

@@ -66,6 +66,20 @@ def attention_forward(q, k, v, q_pos_start=0):
     return out.astype(q.dtype), p.astype(q.dtype)
 
 
+def attention_lse(q, k, v, q_pos_start=0):
+    """Per-row log-sum-exp of the scaled, masked scores: (B, H, seq_q); -inf for a row that sees no
+    key. Float64 internally; result float64."""
+    qh, kh, _ = _attention_heads(q, k, v)
+    seq_q, seq_k, d = q.shape[1], k.shape[1], q.shape[3]
+    s = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(d)
+    visible = np.arange(seq_k)[None, :] <= q_pos_start + np.arange(seq_q)[:, None]
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1) if seq_k else np.full(s.shape[:-1], -np.inf)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.exp(s - safe[..., None]).sum(axis=-1))
+
+
 def attention_backward(d_out, q, k, v):
     """Training backward (q_pos_start 0, seq_q = seq_k): d_out (B, S, H, D) ->
     d_q (B, S, H, D), d_k, d_v (B, S, KVH, D); a kv head's grads sum over its query heads.

@@ -1,19 +1,35 @@
 import numpy as np
 import pytest
 
-from core.kernels.attention import Attention
+from core.kernels.attention import Attention, AttentionTiles, default_tiles
 from tests import reference as ref
 from tests.opcheck import assert_close, from_device, to_device
 
-# (batch, seq, n_heads, n_kv_heads, head_dim)
+# (batch, seq, n_heads, n_kv_heads, head_dim): seq not a multiple of any tile, head_dim 6/10/24/64,
+# GQA ratios 1, 2 and 3, multi-query
 SHAPES = [
-    (1, 1, 1, 1, 1),
-    (1, 7, 4, 2, 8),      # GQA
-    (3, 33, 4, 2, 33),    # GQA, odd sizes
-    (3, 7, 2, 2, 8),      # plain multi-head
-    (1, 33, 4, 1, 1),     # multi-query, head_dim 1
+    (1, 1, 1, 1, 6),
+    (2, 13, 4, 2, 10),    # GQA 2
+    (1, 37, 6, 2, 24),    # GQA 3
+    (2, 19, 3, 3, 64),    # plain multi-head
+    (1, 33, 3, 1, 6),     # multi-query
+]
+# None: the device's own tiling; then a CPU-style one (no local memory, several rows per item),
+# GPU-style ones (local-memory staging, several items per group) and odd mixes of sizes
+TILINGS = [
+    None,
+    AttentionTiles(items=1, rows=3, keys=4, kv_rows=2, vector=8),
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True),
+    AttentionTiles(items=4, rows=2, keys=2, kv_rows=8, vector=8, stage_kv=True),
+    AttentionTiles(items=2, rows=5, keys=1, kv_rows=16, vector=4),
 ]
 TOL = dict(atol=2e-5, rtol=2e-4)
+
+
+def _tiling_id(t):
+    if t is None:
+        return "device"
+    return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}"
 
 
 def _qkv(rng, b, sq, sk, h, kvh, d):
@@ -24,74 +40,120 @@ def _qkv(rng, b, sq, sk, h, kvh, d):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("local", [1, 16, 128])
-def test_attention_forward_backward(device, rng, shape, local):
+@pytest.mark.parametrize("tiles", TILINGS, ids=_tiling_id)
+def test_attention_forward_backward(device, rng, shape, tiles):
     b, s, h, kvh, d = shape
-    op = Attention(device, local_size=local)
+    op = Attention(device, tiles=tiles)
     q, k, v = _qkv(rng, b, s, s, h, kvh, d)
     d_out = rng.standard_normal(q.shape).astype(np.float32)
     Q, K, V, DO = to_device(device, q, k, v, d_out)
-    O, P = device.alloc(q.size), device.alloc(b * h * s * s)
-    op.forward(O, P, Q, K, V, b, s, s, 0, h, kvh, d)
-    out_ref, p_ref = ref.attention_forward(q, k, v)
-    assert_close(from_device(device, O, q), out_ref, **TOL, what="out")
-    assert_close(from_device(device, P, p_ref), p_ref, **TOL, what="probs")
+    O, LSE = device.alloc(q.size), device.alloc(b * h * s)
+    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d)
+    out_ref, _ = ref.attention_forward(q, k, v)
+    out = from_device(device, O, q)
+    assert_close(out, out_ref, **TOL, what="out")
+    assert_close(from_device(device, LSE, ((b, h, s), np.float32)), ref.attention_lse(q, k, v), **TOL,
+                 what="lse")
 
+    DQ, DK, DV, DSUM = device.alloc(q.size), device.alloc(k.size), device.alloc(v.size), device.alloc(b * h * s)
+    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d)
+    dq, dk, dv = ref.attention_backward(d_out, q, k, v)
+    assert_close(from_device(device, DQ, q), dq, **TOL, what="d_q")
+    assert_close(from_device(device, DK, k), dk, **TOL, what="d_k")
+    assert_close(from_device(device, DV, v), dv, **TOL, what="d_v")
+    d_sum = (d_out.astype(np.float64) * out).sum(axis=-1).transpose(0, 2, 1)
+    assert_close(from_device(device, DSUM, ((b, h, s), np.float32)), d_sum, **TOL, what="d_sum")
+
+
+@pytest.mark.parametrize("tiles", TILINGS[:3], ids=_tiling_id)
+@pytest.mark.parametrize("head_dim", [10, 64])
+def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
+    """Prompt chunk, then a second chunk, then one token at a time (seq_q < seq_k, q_pos_start > 0):
+    each call's rows equal the corresponding rows of a full causal forward. The K/V buffers hold
+    a cache of larger capacity than the keys in use, as core.generate's do."""
+    s, h, kvh, d, capacity = 45, 6, 2, head_dim, 50
+    op = Attention(device, tiles=tiles)
+    q, k, v = _qkv(rng, 1, s, capacity, h, kvh, d)
+    out_full, _ = ref.attention_forward(q, k[:, :s], v[:, :s])
+    lse_full = ref.attention_lse(q, k[:, :s], v[:, :s])
+    K, V = to_device(device, k, v)
+    chunks = [(0, 20), (20, 27)] + [(i, i + 1) for i in range(27, s)]
+    for start, stop in chunks:
+        sq, sk = stop - start, stop
+        (Q,) = to_device(device, q[:, start:stop])
+        O, LSE = device.alloc(sq * h * d), device.alloc(h * sq)
+        op.forward(O, LSE, Q, K, V, 1, sq, sk, start, h, kvh, d)
+        assert_close(from_device(device, O, ((1, sq, h, d), np.float32)),
+                     out_full[:, start:stop], **TOL, what=f"out rows {start}:{stop}")
+        assert_close(from_device(device, LSE, ((1, h, sq), np.float32)),
+                     lse_full[:, :, start:stop], **TOL, what=f"lse rows {start}:{stop}")
+
+
+@pytest.mark.parametrize("tiles", TILINGS[:3], ids=_tiling_id)
+def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
+    op = Attention(device, tiles=tiles)
+    q, k, v = _qkv(rng, 1, 5, 4, 2, 1, 6)
+    Q, K, V = to_device(device, q, k, v)
+    O, LSE = device.alloc(q.size), device.alloc(2 * 5)
+    op.forward(O, LSE, Q, K, V, 1, 5, 4, -3, 2, 1, 6)  # queries 0..2 see no key
+    out_ref, _ = ref.attention_forward(q, k, v, q_pos_start=-3)
+    out = from_device(device, O, q)
+    assert_close(out, out_ref, **TOL, what="out")
+    assert not out[:, :3].any()
+    lse = from_device(device, LSE, ((1, 2, 5), np.float32))
+    assert np.all(lse[:, :, :3] == -np.inf)
+    assert_close(lse[:, :, 3:], ref.attention_lse(q, k, v, q_pos_start=-3)[:, :, 3:], **TOL, what="lse")
+    op.forward(O, LSE, Q, K, V, 1, 5, 0, 0, 2, 1, 6)  # no keys at all
+    assert not from_device(device, O, q).any()
+
+
+def test_attention_long_sequence_has_no_seq_squared_buffer(device, rng):
+    """A sequence far longer than the old kernels' local-memory limit allowed per work-group row
+    still matches numpy; the launcher takes no (seq x seq) buffer."""
+    b, s, h, kvh, d = 1, 700, 2, 1, 24
+    op = Attention(device)
+    q, k, v = _qkv(rng, b, s, s, h, kvh, d)
+    d_out = rng.standard_normal(q.shape).astype(np.float32)
+    Q, K, V, DO = to_device(device, q, k, v, d_out)
+    O, LSE, DSUM = device.alloc(q.size), device.alloc(b * h * s), device.alloc(b * h * s)
     DQ, DK, DV = device.alloc(q.size), device.alloc(k.size), device.alloc(v.size)
-    DS = device.alloc(b * h * s * s)
-    op.backward(DQ, DK, DV, DS, DO, Q, K, V, P, b, s, h, kvh, d)
+    before = device.allocated_bytes
+    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d)
+    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d)
+    assert device.allocated_bytes == before  # no scratch of its own
+    assert_close(from_device(device, O, q), ref.attention_forward(q, k, v)[0], **TOL, what="out")
     dq, dk, dv = ref.attention_backward(d_out, q, k, v)
     assert_close(from_device(device, DQ, q), dq, **TOL, what="d_q")
     assert_close(from_device(device, DK, k), dk, **TOL, what="d_k")
     assert_close(from_device(device, DV, v), dv, **TOL, what="d_v")
 
 
-@pytest.mark.parametrize("local", [1, 64])
-def test_attention_kv_cache_matches_full_forward(device, rng, local):
-    """Prompt chunk, then a second chunk, then one token at a time: each call's rows equal the
-    corresponding rows of a full causal forward."""
-    s, h, kvh, d = 33, 4, 2, 8
-    op = Attention(device, local_size=local)
-    q, k, v = _qkv(rng, 1, s, s, h, kvh, d)
-    out_full, p_full = ref.attention_forward(q, k, v)
-    K, V = to_device(device, k, v)  # the cache holds all keys; a call reads the first seq_k
-    chunks = [(0, 20), (20, 27)] + [(i, i + 1) for i in range(27, s)]
-    for start, stop in chunks:
-        sq, sk = stop - start, stop
-        (Q,) = to_device(device, q[:, start:stop])
-        O, P = device.alloc(sq * h * d), device.alloc(h * sq * sk)
-        op.forward(O, P, Q, K, V, 1, sq, sk, start, h, kvh, d)
-        assert_close(from_device(device, O, ((1, sq, h, d), np.float32)),
-                     out_full[:, start:stop], **TOL, what=f"out rows {start}:{stop}")
-        assert_close(from_device(device, P, ((1, h, sq, sk), np.float32)),
-                     p_full[:, :, start:stop, :sk], **TOL, what=f"probs rows {start}:{stop}")
+def test_attention_tiles_follow_device_limits(device):
+    for head_dim in (6, 64, 128):
+        t = default_tiles(device, head_dim)
+        assert t.items <= device.max_work_group_size
+        assert t.local_mem_bytes(head_dim) <= device.local_mem_size
+        assert default_tiles(device, head_dim, max_items=1).items == 1
+    assert Attention(device).tiles(24) == default_tiles(device, 24)
 
 
-def test_attention_fully_masked_rows_are_zero(device, rng):
-    op = Attention(device, local_size=8)
-    q, k, v = _qkv(rng, 1, 5, 4, 2, 1, 3)
-    Q, K, V = to_device(device, q, k, v)
-    O, P = device.alloc(q.size), device.alloc(2 * 5 * 4)
-    op.forward(O, P, Q, K, V, 1, 5, 4, -3, 2, 1, 3)  # queries 0..2 see no key
-    out_ref, p_ref = ref.attention_forward(q, k, v, q_pos_start=-3)
-    out = from_device(device, O, q)
-    assert_close(out, out_ref, **TOL, what="out")
-    assert_close(from_device(device, P, p_ref), p_ref, **TOL, what="probs")
-    assert not out[:, :3].any()
-    op.forward(O, P, Q, K, V, 1, 5, 0, 0, 2, 1, 3)  # no keys at all
-    assert not from_device(device, O, q).any()
-
-
-def test_attention_too_long_context_names_context_length(device):
-    op = Attention(device)
-    n = op.max_seq_len(8) + 1
+def test_attention_bad_arguments_are_refused(device):
+    with pytest.raises(ValueError, match="keys"):
+        AttentionTiles(items=1, rows=1, keys=3, kv_rows=1)
+    with pytest.raises(ValueError, match="vector"):
+        AttentionTiles(items=1, rows=1, keys=4, kv_rows=1, vector=2)
     buf = device.alloc(1)
-    with pytest.raises(ValueError, match="context_length"):
-        op.forward(buf, buf, buf, buf, buf, 1, 1, n, n - 1, 1, 1, 8)
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        Attention(device).forward(buf, buf, buf, buf, buf, 1, 1, 1, 0, 4, 3, 8)
+    huge = AttentionTiles(items=1, rows=1, keys=16, kv_rows=1, stage_kv=True)
+    too_long = device.local_mem_size // (2 * 16 * 4) + 4  # head_dim whose staged chunks do not fit
+    with pytest.raises(ValueError, match="local memory"):
+        Attention(device, tiles=huge).forward(buf, buf, buf, buf, buf, 1, 1, 1, 0, 1, 1, too_long)
 
 
 def test_attention_reference_matches_finite_differences():
-    """Validate the reference backward with central differences of sum(out * d_out), float64."""
+    """Validate the reference backward with central differences of sum(out * d_out), float64,
+    and the reference lse against a direct log(sum(exp))."""
     rng = np.random.default_rng(7)
     b, s, h, kvh, d = 2, 4, 4, 2, 3
     q, k, v = (rng.standard_normal(sh) for sh in [(b, s, h, d), (b, s, kvh, d), (b, s, kvh, d)])
@@ -110,3 +172,7 @@ def test_attention_reference_matches_finite_differences():
             fd[i] = (plus - minus) / (2 * eps)
         np.testing.assert_allclose(grads[idx], fd, atol=1e-7, rtol=1e-6,
                                    err_msg=("d_q", "d_k", "d_v")[idx])
+    kh = np.repeat(k, h // kvh, axis=2)
+    for bi, hi, i in np.ndindex(b, h, s):
+        scores = [q[bi, i, hi] @ kh[bi, j, hi] / np.sqrt(d) for j in range(i + 1)]
+        np.testing.assert_allclose(ref.attention_lse(q, k, v)[bi, hi, i], np.log(np.sum(np.exp(scores))))

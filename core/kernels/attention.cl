@@ -1,175 +1,341 @@
-// Causal multi-head attention with grouped-query attention (GQA), forward and backward.
+// Causal multi-head attention with grouped-query attention (GQA), flash-style: forward with an
+// online softmax over key chunks, backward recomputing the probabilities from the saved per-row
+// log-sum-exp. No (seq_q x seq_k) buffer anywhere.
 //   S = scale * Q K^T (scale = 1/sqrt(head_dim)), masked so that query i (absolute position
-//   q_pos_start + i) sees key j iff j <= q_pos_start + i;  P = softmax(S) row-wise;  O = P V.
-// Vaswani et al. 2017, "Attention Is All You Need", eq. 1. Backward as in Dao et al. 2022,
-// "FlashAttention", Appendix B.2 (eqs. for dV, dP, dS, dQ, dK):
-//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
-// Query head h reads kv head h / (n_heads / n_kv_heads); dK, dV of a kv head sum over its group.
-// Reductions are tree reductions in local memory with barriers, valid for any power-of-two
-// work-group size. No atomics: every output element is written by exactly one work-item.
+//   q_pos_start + i) sees key j iff j <= q_pos_start + i;  P = softmax(S) row-wise;  O = P V;
+//   lse_i = log sum_j exp(S_ij).
+// Vaswani et al. 2017, "Attention Is All You Need", eq. 1. Online softmax and backward after
+// Dao et al. 2022 ("FlashAttention", Algorithms 1 and 4) and Dao 2023 ("FlashAttention-2",
+// Algorithms 1 and 2):
+//   P_ij = exp(S_ij - lse_i),  D_i = rowsum(dO_i * O_i),  dV_j = sum_i P_ij dO_i,
+//   dP_ij = dO_i . V_j,  dS_ij = P_ij (dP_ij - D_i),  dQ_i = scale sum_j dS_ij K_j,
+//   dK_j = scale sum_i dS_ij Q_i.
+// Query head h reads kv head h / (n_heads / n_kv_heads); dK, dV of a kv head sum over its group
+// inside one work-item. No atomics: every output element is written by exactly one work-item.
+//
+// Layouts: q, out, d_q, d_out (B, seq_q, n_heads, HD); k, v, d_k, d_v (B, seq_k, n_kv_heads, HD)
+// (a KV cache of larger capacity works: only keys 0 .. seq_k-1 are read); lse, d_sum
+// (B, n_heads, seq_q). The work-item grid is (query or key blocks, B * heads).
+//
+// Build options (attention.py chooses them from the device's limits):
+//   HD   head_dim (any >= 1); VW vector width of the dot products and row updates (4 or 8); rows
+//        are handled as NV = ceil(HD / VW) vectors, lanes past HD read as 0.0f and never stored.
+//   WG   work-items per work-group (reqd_work_group_size).
+//   BQ   query rows per work-item (forward, dQ); BK keys per chunk of the online softmax (forward,
+//        dQ); BKV keys per work-item (dK/dV). BK, BKV in 1, 2, 4, 8, 16 (a vector exp each).
+//   STAGE_KV  (forward) the work-group stages each chunk of BK keys and values in local memory
+//        (GPUs); without it every work-item reads them straight from global memory (CPUs: PoCL
+//        keeps values that live across a barrier in memory, so a barrier-free kernel keeps its
+//        accumulators in registers, as matmul_direct does).
+// PoCL does not inline builtins such as min or vloadN, so vectors are built from scalar loads
+// (LLVM merges contiguous ones) and clamps are ternaries.
 
-#include "group_reduce.h"
+#ifndef HD
+#define HD 32
+#endif
+#ifndef VW
+#define VW 4
+#endif
+#ifndef WG
+#define WG 1
+#endif
+#ifndef BQ
+#define BQ 4
+#endif
+#ifndef BK
+#define BK 8
+#endif
+#ifndef BKV
+#define BKV 4
+#endif
+#define NV ((HD + VW - 1) / VW)  // vectors per row
+#define HDP (NV * VW)            // padded row length
 
-// q (B, seq_q, n_heads, head_dim), k (B, seq_k, n_kv_heads, head_dim), v (same as k)
-// -> out (B, seq_q, n_heads, head_dim), probs (B, n_heads, seq_q, seq_k) (0 for masked keys)
-// One work-group per query row (b, h, i), group id = (b * n_heads + h) * seq_q + i.
-// Local: scores (seq_k), qrow (head_dim), red (local size). A fully masked row gives zeros.
-__kernel void attention_forward(__global float* out, __global float* probs,
-                                __global const float* q, __global const float* k,
-                                __global const float* v, const int seq_q, const int seq_k,
-                                const int q_pos_start, const int n_heads, const int n_kv_heads,
-                                const int head_dim, const float scale, __local float* scores,
-                                __local float* qrow, __local float* red) {
-    const int row = get_group_id(0);
-    const int lid = get_local_id(0);
-    const int L = get_local_size(0);
-    const int i = row % seq_q;
-    const int h = (row / seq_q) % n_heads;
-    const int b = row / (seq_q * n_heads);
-    const int kvh = h / (n_heads / n_kv_heads);
-    const int n_valid = clamp(q_pos_start + i + 1, 0, seq_k);  // keys 0 .. n_valid-1 are visible
+#if VW == 4
+#define floatV float4
+#define HSUM(x) (((x).s0 + (x).s1) + ((x).s2 + (x).s3))
+#define VBUILD(F) ((float4)(F(0), F(1), F(2), F(3)))
+#elif VW == 8
+#define floatV float8
+#define HSUM(x) ((((x).s0 + (x).s4) + ((x).s1 + (x).s5)) + (((x).s2 + (x).s6) + ((x).s3 + (x).s7)))
+#define VBUILD(F) ((float8)(F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7)))
+#else
+#error "VW must be 4 or 8"
+#endif
 
-    const size_t q_off = (((size_t)b * seq_q + i) * n_heads + h) * head_dim;
-    const size_t kv_stride = (size_t)n_kv_heads * head_dim;  // between consecutive keys
-    const size_t kv_base = (size_t)b * seq_k * kv_stride + (size_t)kvh * head_dim;
-    __global float* prow = probs + (size_t)row * seq_k;
+// The vector type of N floats (N in 1, 2, 4, 8, 16), for one exp call per chunk.
+#define VEC_1 float
+#define VEC_2 float2
+#define VEC_4 float4
+#define VEC_8 float8
+#define VEC_16 float16
+#define VEC_(n) VEC_##n
+#define VEC(n) VEC_(n)
+#define VLOAD_(n) vload##n
+#define VLOAD__(n) VLOAD_(n)
+#define VLOAD VLOAD__(VW)
+#define floatK VEC(BK)
+#define floatKV VEC(BKV)
 
-    for (int d = lid; d < head_dim; d += L) qrow[d] = q[q_off + d];
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    // scores and their max (each item owns keys j = lid, lid + L, ...)
-    float m = -INFINITY;
-    for (int j = lid; j < n_valid; j += L) {
-        __global const float* kr = k + kv_base + j * kv_stride;
-        float s = 0.0f;
-        for (int d = 0; d < head_dim; d++) s += qrow[d] * kr[d];
-        s *= scale;
-        scores[j] = s;
-        m = fmax(m, s);
-    }
-    m = group_max(red, m);
-
-    float sum = 0.0f;
-    for (int j = lid; j < n_valid; j += L) {
-        const float e = exp(scores[j] - m);
-        scores[j] = e;
-        sum += e;
-    }
-    sum = group_sum(red, sum);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // sum == 0 only when n_valid == 0
-
-    for (int j = lid; j < seq_k; j += L) {
-        float p = 0.0f;
-        if (j < n_valid) {
-            p = scores[j] * inv;
-            scores[j] = p;
-        }
-        prow[j] = p;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    // out[d] = sum_j P[j] V[j, d]; each item owns dims d = lid, lid + L, ...
-    for (int d = lid; d < head_dim; d += L) {
-        float acc = 0.0f;
-        for (int j = 0; j < n_valid; j++) acc += scores[j] * v[kv_base + j * kv_stride + d];
-        out[q_off + d] = acc;
+// Vector c of the row at p (lanes past HD are 0.0f): c is a compile-time constant after
+// unrolling, so the guards fold away.
+#define LANE(e) ((c) * VW + (e) < HD ? row[(c) * VW + (e)] : 0.0f)
+inline void load_row(floatV* dst, const __global float* row) {
+    _Pragma("unroll") for (int c = 0; c < NV; c++) dst[c] = VBUILD(LANE);
+}
+inline void load_row_scaled(floatV* dst, const __global float* row, const float s) {
+    _Pragma("unroll") for (int c = 0; c < NV; c++) dst[c] = VBUILD(LANE) * s;
+}
+inline void store_row(__global float* row, const floatV* src, const float s) {
+    _Pragma("unroll") for (int c = 0; c < NV; c++) {
+        union { floatV v; float a[VW]; } u = {src[c] * s};
+        _Pragma("unroll") for (int e = 0; e < VW; e++)
+            if (c * VW + e < HD) row[c * VW + e] = u.a[e];
     }
 }
-
-// Backward, kernel 1 of 2 (training: seq_q = seq_k = seq, q_pos_start = 0).
-// d_out (B, seq, n_heads, head_dim), k, v (B, seq, n_kv_heads, head_dim),
-// probs (B, n_heads, seq, seq) -> d_scores (B, n_heads, seq, seq) = dS (without the scale; 0 above
-// the diagonal), d_q (B, seq, n_heads, head_dim) = scale dS K (overwritten).
-// One work-group per query row (b, h, i), group id = (b * n_heads + h) * seq + i.
-// Local: ds (seq), dorow (head_dim), red (local size).
-__kernel void attention_backward(__global float* d_q, __global float* d_scores,
-                                 __global const float* d_out, __global const float* k,
-                                 __global const float* v, __global const float* probs,
-                                 const int seq, const int n_heads, const int n_kv_heads,
-                                 const int head_dim, const float scale, __local float* ds,
-                                 __local float* dorow, __local float* red) {
-    const int row = get_group_id(0);
-    const int lid = get_local_id(0);
-    const int L = get_local_size(0);
-    const int i = row % seq;
-    const int h = (row / seq) % n_heads;
-    const int b = row / (seq * n_heads);
-    const int kvh = h / (n_heads / n_kv_heads);
-    const int n_valid = i + 1;
-
-    const size_t q_off = (((size_t)b * seq + i) * n_heads + h) * head_dim;
-    const size_t kv_stride = (size_t)n_kv_heads * head_dim;
-    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * head_dim;
-    __global const float* prow = probs + (size_t)row * seq;
-    __global float* dsrow = d_scores + (size_t)row * seq;
-
-    for (int d = lid; d < head_dim; d += L) dorow[d] = d_out[q_off + d];
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    // dP[j] = dO_i . V_j, kept in ds; and rowsum(P * dP)
-    float acc = 0.0f;
-    for (int j = lid; j < n_valid; j += L) {
-        __global const float* vr = v + kv_base + j * kv_stride;
-        float dp = 0.0f;
-        for (int d = 0; d < head_dim; d++) dp += dorow[d] * vr[d];
-        ds[j] = dp;
-        acc += prow[j] * dp;
-    }
-    const float rowsum = group_sum(red, acc);
-
-    for (int j = lid; j < seq; j += L) {
-        float g = 0.0f;
-        if (j < n_valid) {
-            g = prow[j] * (ds[j] - rowsum);
-            ds[j] = g;
-        }
-        dsrow[j] = g;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    for (int d = lid; d < head_dim; d += L) {
-        float a = 0.0f;
-        for (int j = 0; j < n_valid; j++) a += ds[j] * k[kv_base + j * kv_stride + d];
-        d_q[q_off + d] = scale * a;
-    }
+inline float dot_row(const floatV* a, const floatV* b) {
+    floatV t = a[0] * b[0];
+    _Pragma("unroll") for (int c = 1; c < NV; c++) t += a[c] * b[c];
+    return HSUM(t);
 }
 
-// Backward, kernel 2 of 2. d_scores, probs (B, n_heads, seq, seq), q, d_out (B, seq, n_heads,
-// head_dim) -> d_k, d_v (B, seq, n_kv_heads, head_dim) (overwritten):
-//   d_k[j] = scale * sum_{h in group} sum_{i >= j} dS[h, i, j] q[i, h],
-//   d_v[j] =         sum_{h in group} sum_{i >= j} P[h, i, j] d_out[i, h].
-// One work-group per key row (b, kvh, j), group id = (b * n_kv_heads + kvh) * seq + j; items own
-// dims d = lid, lid + L, ... No barriers, so any work-group size works.
-__kernel void attention_backward_kv(__global float* d_k, __global float* d_v,
-                                    __global const float* d_scores, __global const float* probs,
-                                    __global const float* q, __global const float* d_out,
-                                    const int seq, const int n_heads, const int n_kv_heads,
-                                    const int head_dim, const float scale) {
-    const int row = get_group_id(0);
-    const int lid = get_local_id(0);
-    const int L = get_local_size(0);
-    const int j = row % seq;
-    const int kvh = (row / seq) % n_kv_heads;
-    const int b = row / (seq * n_kv_heads);
-    const int group = n_heads / n_kv_heads;
-    const size_t q_stride = (size_t)n_heads * head_dim;  // between consecutive queries
+// ---------------------------------------------------------------------------------- forward
+// q (B, seq_q, n_heads, HD), k, v (B, >= seq_k, n_kv_heads, HD) -> out (B, seq_q, n_heads, HD),
+// lse (B, n_heads, seq_q). Work-item (x, bh) owns query rows x*BQ .. x*BQ+BQ-1 of (b, h) =
+// (bh / n_heads, bh % n_heads). A row that sees no key gets out 0 and lse -INFINITY.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_forward(__global float* out, __global float* lse, __global const float* q,
+                       __global const float* k, __global const float* v, const int seq_q,
+                       const int seq_k, const int q_pos_start, const int n_heads,
+                       const int n_kv_heads, const float scale) {
+    const int bh = get_global_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int i0 = get_global_id(0) * BQ;
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const __global float* qb = q + (size_t)b * seq_q * q_stride + (size_t)h * HD;
+    const __global float* kb = k + (size_t)b * seq_k * kv_stride + (size_t)kvh * HD;
+    const __global float* vb = v + (size_t)b * seq_k * kv_stride + (size_t)kvh * HD;
 
-    for (int d = lid; d < head_dim; d += L) {
-        float dk = 0.0f;
-        float dv = 0.0f;
-        for (int hh = 0; hh < group; hh++) {
-            const int h = kvh * group + hh;
-            const size_t s_base = ((size_t)b * n_heads + h) * seq * seq + j;  // [b, h, 0, j]
-            const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * head_dim + d;
-            for (int i = j; i < seq; i++) {
-                const size_t s = s_base + (size_t)i * seq;
-                const size_t qi = q_base + (size_t)i * q_stride;
-                dk += d_scores[s] * q[qi];
-                dv += probs[s] * d_out[qi];
+    floatV qr[BQ][NV], acc[BQ][NV];
+    float m[BQ], l[BQ];
+    _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+        const int i = i0 + r < seq_q ? i0 + r : seq_q - 1;  // rows past seq_q: computed, not stored
+        load_row_scaled(qr[r], qb + i * q_stride, scale);
+        _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] = (floatV)(0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    // keys 0 .. n_keys-1 are visible to the last row of this work-item (or work-group)
+#ifdef STAGE_KV
+    const int last = (get_group_id(0) + 1) * WG * BQ;
+#else
+    const int last = i0 + BQ;
+#endif
+    const int n_vis = q_pos_start + (last < seq_q ? last : seq_q);
+    const int n_keys = n_vis < 0 ? 0 : (n_vis < seq_k ? n_vis : seq_k);
+#ifdef STAGE_KV
+    __local float ks[BK * HDP], vs[BK * HDP];
+    const int lid = get_local_id(0);
+#endif
+
+    for (int j0 = 0; j0 < n_keys; j0 += BK) {
+        union { floatK v; float a[BK]; } s[BQ];  // scores, then probabilities, of this chunk
+#ifdef STAGE_KV
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous chunk
+        for (int e = lid; e < BK * HDP; e += WG) {
+            const int jj = e / HDP, d = e % HDP, j = j0 + jj;
+            const bool ok = j < n_keys && d < HD;
+            ks[e] = ok ? kb[j * kv_stride + d] : 0.0f;
+            vs[e] = ok ? vb[j * kv_stride + d] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#define KROW(jj) (ks + (jj) * HDP)
+#define VROW(jj) (vs + (jj) * HDP)
+#define LOAD_KV(dst, p) _Pragma("unroll") for (int c = 0; c < NV; c++) dst[c] = VLOAD(c, p)
+#else
+#define KROW(jj) (kb + (j0 + (jj) < n_keys ? j0 + (jj) : n_keys - 1) * kv_stride)
+#define VROW(jj) (vb + (j0 + (jj) < n_keys ? j0 + (jj) : n_keys - 1) * kv_stride)
+#define LOAD_KV(dst, p) load_row(dst, p)
+#endif
+        _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
+            floatV kk[NV];
+            LOAD_KV(kk, KROW(jj));
+            const int j = j0 + jj;
+            _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+                const float sc = dot_row(qr[r], kk);
+                s[r].a[jj] = (j < n_keys && j <= q_pos_start + i0 + r) ? sc : -INFINITY;
             }
         }
-        const size_t kv_off = (((size_t)b * seq + j) * n_kv_heads + kvh) * head_dim + d;
-        d_k[kv_off] = scale * dk;
-        d_v[kv_off] = dv;
+        _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+            float cm = s[r].a[0];
+            _Pragma("unroll") for (int jj = 1; jj < BK; jj++) cm = s[r].a[jj] > cm ? s[r].a[jj] : cm;
+            const float mn = cm > m[r] ? cm : m[r];
+            const float ms = mn == -INFINITY ? 0.0f : mn;  // nothing visible yet: all p are 0
+            s[r].v = exp(s[r].v - ms);
+            const float alpha = exp(m[r] - ms);
+            float ps = 0.0f;
+            _Pragma("unroll") for (int jj = 0; jj < BK; jj++) ps += s[r].a[jj];
+            l[r] = l[r] * alpha + ps;
+            m[r] = mn;
+            _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] *= alpha;
+        }
+        _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
+            floatV vv[NV];
+            LOAD_KV(vv, VROW(jj));
+            _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+                const float p = s[r].a[jj];
+                _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] += p * vv[c];
+            }
+        }
+#undef KROW
+#undef VROW
+#undef LOAD_KV
     }
+
+    _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+        const int i = i0 + r;
+        if (i < seq_q) {
+            store_row(out + (size_t)b * seq_q * q_stride + i * q_stride + (size_t)h * HD, acc[r],
+                      l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+            lse[(size_t)bh * seq_q + i] = l[r] > 0.0f ? m[r] + log(l[r]) : -INFINITY;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------- backward
+// Training only: seq_q = seq_k = seq, q_pos_start = 0. Three kernels, in this order.
+
+// 1 of 3. d_out, out (B, seq, n_heads, HD) -> d_sum (B, n_heads, seq) = rowsum(d_out * out).
+// One work-item per row, work-item (i, bh).
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_backward_dsum(__global float* d_sum, __global const float* d_out,
+                             __global const float* out, const int seq, const int n_heads) {
+    const int i = get_global_id(0), bh = get_global_id(1);
+    if (i >= seq) return;  // no barriers here
+    const int h = bh % n_heads, b = bh / n_heads;
+    const size_t off = (((size_t)b * seq + i) * n_heads + h) * HD;
+    floatV x[NV], y[NV];
+    load_row(x, d_out + off);
+    load_row(y, out + off);
+    d_sum[(size_t)bh * seq + i] = dot_row(x, y);
+}
+
+// 2 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum
+// (B, n_heads, seq) -> d_k, d_v (B, seq, n_kv_heads, HD), overwritten. Work-item (x, bkv) owns
+// keys x*BKV .. x*BKV+BKV-1 of (b, kvh) = (bkv / n_kv_heads, bkv % n_kv_heads) and loops over
+// every query row i >= its first key of every query head of the group.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_backward_dkdv(__global float* d_k, __global float* d_v, __global const float* q,
+                             __global const float* k, __global const float* v,
+                             __global const float* d_out, __global const float* lse,
+                             __global const float* d_sum, const int seq, const int n_heads,
+                             const int n_kv_heads, const float scale) {
+    const int bkv = get_global_id(1);
+    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int j0 = get_global_id(0) * BKV;
+    if (j0 >= seq) return;  // no barriers here
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+
+    floatV kr[BKV][NV], vr[BKV][NV], dk[BKV][NV], dv[BKV][NV];
+    _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
+        const int j = j0 + jj < seq ? j0 + jj : seq - 1;  // keys past seq: never visible
+        load_row_scaled(kr[jj], k + kv_base + j * kv_stride, scale);
+        load_row(vr[jj], v + kv_base + j * kv_stride);
+        _Pragma("unroll") for (int c = 0; c < NV; c++) dk[jj][c] = dv[jj][c] = (floatV)(0.0f);
+    }
+    for (int hh = 0; hh < group; hh++) {
+        const int h = kvh * group + hh;
+        const __global float* qb = q + (size_t)b * seq * q_stride + (size_t)h * HD;
+        const __global float* dob = d_out + (size_t)b * seq * q_stride + (size_t)h * HD;
+        const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
+        const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
+        for (int i = j0; i < seq; i++) {
+            floatV qi[NV], doi[NV];
+            load_row(qi, qb + i * q_stride);
+            load_row(doi, dob + i * q_stride);
+            const float li = lb[i], di = db[i];
+            union { floatKV v; float a[BKV]; } p;
+            _Pragma("unroll") for (int jj = 0; jj < BKV; jj++)
+                p.a[jj] = j0 + jj <= i ? dot_row(qi, kr[jj]) - li : -INFINITY;
+            p.v = exp(p.v);
+            _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
+                const float ds = p.a[jj] * (dot_row(doi, vr[jj]) - di);
+                _Pragma("unroll") for (int c = 0; c < NV; c++) {
+                    dv[jj][c] += p.a[jj] * doi[c];
+                    dk[jj][c] += ds * qi[c];
+                }
+            }
+        }
+    }
+    _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
+        if (j0 + jj < seq) {
+            const size_t off = kv_base + (j0 + jj) * kv_stride;
+            store_row(d_k + off, dk[jj], scale);
+            store_row(d_v + off, dv[jj], 1.0f);
+        }
+    }
+}
+
+// 3 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum
+// (B, n_heads, seq) -> d_q (B, seq, n_heads, HD), overwritten. Work-item (x, bh) owns query rows
+// x*BQ .. x*BQ+BQ-1 of (b, h) and loops over their visible keys in chunks of BK.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_backward_dq(__global float* d_q, __global const float* q,
+                           __global const float* k, __global const float* v,
+                           __global const float* d_out, __global const float* lse,
+                           __global const float* d_sum, const int seq, const int n_heads,
+                           const int n_kv_heads, const float scale) {
+    const int bh = get_global_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int i0 = get_global_id(0) * BQ;
+    if (i0 >= seq) return;  // no barriers here
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+    const __global float* kb = k + (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    const __global float* vb = v + (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+
+    floatV qr[BQ][NV], dor[BQ][NV], dq[BQ][NV];
+    float li[BQ], di[BQ];
+    _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+        const int i = i0 + r < seq ? i0 + r : seq - 1;
+        load_row_scaled(qr[r], q + q_base + i * q_stride, scale);
+        load_row(dor[r], d_out + q_base + i * q_stride);
+        li[r] = lse[(size_t)bh * seq + i];
+        di[r] = d_sum[(size_t)bh * seq + i];
+        _Pragma("unroll") for (int c = 0; c < NV; c++) dq[r][c] = (floatV)(0.0f);
+    }
+    const int n_keys = i0 + BQ < seq ? i0 + BQ : seq;
+    for (int j0 = 0; j0 < n_keys; j0 += BK) {
+        union { floatK v; float a[BK]; } p[BQ];
+        _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
+            floatV kk[NV];
+            const int j = j0 + jj;
+            load_row(kk, kb + (j < n_keys ? j : n_keys - 1) * kv_stride);
+            _Pragma("unroll") for (int r = 0; r < BQ; r++)
+                p[r].a[jj] = j <= i0 + r ? dot_row(qr[r], kk) - li[r] : -INFINITY;
+        }
+        _Pragma("unroll") for (int r = 0; r < BQ; r++) p[r].v = exp(p[r].v);
+        _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
+            floatV vv[NV];
+            const int j = j0 + jj;
+            load_row(vv, vb + (j < n_keys ? j : n_keys - 1) * kv_stride);
+            _Pragma("unroll") for (int r = 0; r < BQ; r++)
+                p[r].a[jj] *= dot_row(dor[r], vv) - di[r];  // dS (without the scale)
+        }
+        _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
+            floatV kk[NV];
+            const int j = j0 + jj;
+            load_row(kk, kb + (j < n_keys ? j : n_keys - 1) * kv_stride);
+            _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+                const float ds = p[r].a[jj];
+                _Pragma("unroll") for (int c = 0; c < NV; c++) dq[r][c] += ds * kk[c];
+            }
+        }
+    }
+    _Pragma("unroll") for (int r = 0; r < BQ; r++)
+        if (i0 + r < seq) store_row(d_q + q_base + (i0 + r) * q_stride, dq[r], scale);
 }

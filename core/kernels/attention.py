@@ -1,49 +1,161 @@
-"""Launcher for ``attention.cl``: causal multi-head attention with grouped-query attention."""
+"""Launcher for ``attention.cl``: causal multi-head attention with grouped-query attention,
+flash-style (online softmax forward, backward recomputing the probabilities from the saved
+log-sum-exp), so no (seq x seq) buffer exists and any context length runs.
+
+Tile sizes are compile-time (``-D`` build options), chosen here from the device's limits, and
+``head_dim`` is compiled in too (one program per head_dim, built on first use):
+
+* CPUs (PoCL): one work-item per work-group, 4 query rows (4 keys in dK/dV) per work-item, keys in
+  chunks of 8, float8 vectors when ``head_dim >= 16`` and the device prefers 8-wide floats (AVX2);
+  no local memory and no barriers, so the accumulators stay in registers (see the header of
+  ``attention.cl``). Decode (fewer query rows than a work-item holds) uses one row per item.
+* GPUs (on-chip local memory): 64 work-items per work-group, one query row (one key in dK/dV) per
+  work-item, chunks of 16 keys and values staged in local memory in the forward.
+"""
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from core.device import Device
 
+log = logging.getLogger(__name__)
+
+_POW2 = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Compile-time tiling of the attention kernels.
+
+    Attributes:
+        items: work-items per work-group.
+        rows: query rows per work-item (forward and dQ).
+        keys: keys per chunk of the online softmax (forward and dQ); 1, 2, 4, 8 or 16.
+        kv_rows: keys per work-item in the dK/dV kernel; 1, 2, 4, 8 or 16.
+        vector: vector width of the row arithmetic, 4 or 8.
+        stage_kv: the forward stages each chunk of keys and values in local memory (GPUs).
+    """
+
+    items: int
+    rows: int
+    keys: int
+    kv_rows: int
+    vector: int = 4
+    stage_kv: bool = False
+
+    def __post_init__(self):
+        if self.items < 1 or self.rows < 1:
+            raise ValueError(f"items and rows must be >= 1: {self}")
+        if self.keys not in _POW2 or self.kv_rows not in _POW2:
+            raise ValueError(f"keys and kv_rows must be one of {_POW2}: {self}")
+        if self.vector not in (4, 8):
+            raise ValueError(f"vector must be 4 or 8: {self}")
+
+    def local_mem_bytes(self, head_dim: int) -> int:
+        """Local memory the forward declares (the staged key and value chunks)."""
+        padded = -(-head_dim // self.vector) * self.vector
+        return 2 * self.keys * padded * 4 if self.stage_kv else 0
+
+    def options(self, head_dim: int) -> tuple[str, ...]:
+        """Build options for this tiling and ``head_dim``."""
+        opts = [f"-DHD={head_dim}", f"-DVW={self.vector}", f"-DWG={self.items}", f"-DBQ={self.rows}",
+                f"-DBK={self.keys}", f"-DBKV={self.kv_rows}"]
+        if self.stage_kv:
+            opts.append("-DSTAGE_KV")
+        return tuple(opts)
+
+
+def _is_cpu(dev: Device) -> bool:
+    return bool(int(dev.cl_device.type) & dev.cl.device_type.CPU)
+
+
+def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> AttentionTiles:
+    """The tiling for this device and head_dim (see the module docstring).
+
+    On a GPU the work-group has ``min(64, max_items)`` work-items (``max_items`` defaults to the
+    device's maximum work-group size), and the staged chunk shrinks until it fits local memory.
+    """
+    if _is_cpu(dev):
+        # measured on PoCL (2-core Xeons, AVX2 and AVX-512): 4 rows x 8 keys per work-item, one
+        # per group; float8 where the device's SIMD is at least that wide and rows are long enough
+        # (float16 on AVX-512 measured no faster)
+        try:
+            wide = int(dev.cl_device.preferred_vector_width_float) >= 8
+        except dev.cl.Error:
+            wide = False
+        return AttentionTiles(1, 4, 8, 4, vector=8 if wide and head_dim >= 16 else 4)
+    items = 1
+    while items * 2 <= min(64, max_items or dev.max_work_group_size):
+        items *= 2
+    for keys in (16, 8, 4, 2, 1):
+        t = AttentionTiles(items, 1, keys, 1, vector=4, stage_kv=True)
+        if t.local_mem_bytes(head_dim) <= dev.local_mem_size:
+            return t
+    return AttentionTiles(items, 1, 16, 1, vector=4)  # head_dim too long to stage: read global
+
 
 class Attention:
     """Causal softmax attention ``O = softmax(scale * Q K^T + mask) V`` and its backward.
 
-    Vaswani et al. 2017 ("Attention Is All You Need", eq. 1); backward equations as in Dao et
-    al. 2022 ("FlashAttention", Appendix B.2). ``scale = 1 / sqrt(head_dim)``. Query ``i`` (absolute
-    position ``q_pos_start + i``) attends key ``j`` iff ``j <= q_pos_start + i``. Query head ``h``
-    uses kv head ``h // (n_heads // n_kv_heads)`` (grouped-query attention).
+    Vaswani et al. 2017 ("Attention Is All You Need", eq. 1); the online softmax and the backward
+    from the saved log-sum-exp after Dao et al. 2022 ("FlashAttention") and Dao 2023
+    ("FlashAttention-2"). ``scale = 1 / sqrt(head_dim)``. Query ``i`` (absolute position
+    ``q_pos_start + i``) attends key ``j`` iff ``j <= q_pos_start + i``. Query head ``h`` uses kv
+    head ``h // (n_heads // n_kv_heads)`` (grouped-query attention). Deterministic (no atomics);
+    memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row.
 
-    One work-group per query row keeps that row's ``seq_k`` scores in local memory, so the longest
-    usable context depends on the device: see :meth:`max_seq_len`. Deterministic (no atomics).
+    Args:
+        dev: the device.
+        local_size: largest work-group (work-items) to use; default the device's maximum.
+        tiles: override the tiling for every head_dim (tests use this).
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None, tiles: AttentionTiles | None = None):
         self.dev = dev
-        self._fwd = dev.kernel("attention", "attention_forward")
-        self._bwd_q = dev.kernel("attention", "attention_backward")
-        self._bwd_kv = dev.kernel("attention", "attention_backward_kv")
-        wanted = local_size or 64  # fastest of 16..128 on PoCL (B8 T256 H8 D64); a GPU wavefront
-        self.local_fwd = dev.work_group_size(self._fwd, wanted)
-        self.local_bwd_q = dev.work_group_size(self._bwd_q, wanted)
-        self.local_bwd_kv = dev.work_group_size(self._bwd_kv, wanted)
+        self._local_size = local_size
+        self._forced = tiles
+        self._built: dict[int, tuple[AttentionTiles, object, object, object, object]] = {}
+        self._decode: dict[int, tuple[AttentionTiles, object]] = {}
 
-    def max_seq_len(self, head_dim: int) -> int:
-        """Longest ``seq_k`` (context length) whose scores fit in this device's local memory."""
-        local = max(self.local_fwd, self.local_bwd_q)
-        return max(0, self.dev.local_mem_size // 4 - head_dim - local)
+    def tiles(self, head_dim: int) -> AttentionTiles:
+        """The tiling used for ``head_dim`` (building its kernels on first use)."""
+        return self._kernels(head_dim)[0]
 
-    def _local_mem(self, n_keys: int, head_dim: int, local: int):
-        need = 4 * (n_keys + head_dim + local)
-        if need > self.dev.local_mem_size:
-            raise ValueError(
-                f"attention over {n_keys} keys needs {need} bytes of local memory but "
-                f"{self.dev.info.name} has {self.dev.local_mem_size}; lower context_length to at "
-                f"most {self.max_seq_len(head_dim)} for this device")
-        lm = self.dev.cl.LocalMemory
-        return lm(4 * max(1, n_keys)), lm(4 * max(1, head_dim)), lm(4 * local)
+    def _kernels(self, head_dim: int):
+        built = self._built.get(head_dim)
+        if built is not None:
+            return built
+        t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
+        if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
+            raise ValueError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
+                             f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
+        while True:
+            opts = t.options(head_dim)
+            knls = [self.dev.kernel("attention", n, opts) for n in
+                    ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv",
+                     "attention_backward_dq")]
+            # a kernel can allow fewer work-items than the device (registers): then use fewer
+            allowed = min(self.dev.work_group_size(kn) for kn in knls)
+            if allowed >= t.items:
+                break
+            if self._forced is not None:
+                raise ValueError(f"{t} needs {t.items} work-items per group; {self.dev.info.name} allows "
+                                 f"{allowed} for these kernels")
+            t = replace(t, items=allowed)
+        log.debug("attention head_dim=%d: %s", head_dim, t)
+        built = self._built[head_dim] = (t, *knls)
+        return built
+
+    def _decode_forward(self, head_dim: int, t: AttentionTiles):
+        """The forward kernel with one query row per work-item (built on first use)."""
+        if head_dim not in self._decode:
+            one = replace(t, rows=1)
+            self._decode[head_dim] = (one, self.dev.kernel("attention", "attention_forward", one.options(head_dim)))
+        return self._decode[head_dim]
 
     @staticmethod
     def _check_heads(n_heads: int, n_kv_heads: int, head_dim: int) -> None:
@@ -51,49 +163,56 @@ class Attention:
             raise ValueError(f"attention needs n_kv_heads ({n_kv_heads}) dividing n_heads "
                              f"({n_heads}) and head_dim >= 1 (got {head_dim})")
 
-    def forward(self, out, probs, q, k, v, batch: int, seq_q: int, seq_k: int, q_pos_start: int,
+    @staticmethod
+    def _grid(n: int, per_item: int, items: int, groups: int) -> tuple[int, int]:
+        blocks = -(-n // per_item)
+        return -(-blocks // items) * items, groups
+
+    def forward(self, out, lse, q, k, v, batch: int, seq_q: int, seq_k: int, q_pos_start: int,
                 n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         """Causal attention forward (training and KV-cache generation).
 
         Args:
             out: float32 ``(batch, seq_q, n_heads, head_dim)``, overwritten.
-            probs: float32 ``(batch, n_heads, seq_q, seq_k)``, overwritten with the softmax
-                (0 for masked keys); :meth:`backward` reads it.
+            lse: float32 ``(batch, n_heads, seq_q)``, overwritten with each row's log-sum-exp of
+                the scaled scores (natural log); :meth:`backward` reads it. A row that sees no
+                key gets ``out`` 0 and ``lse`` -inf.
             q: float32 ``(batch, seq_q, n_heads, head_dim)``.
-            k, v: float32 ``(batch, seq_k, n_kv_heads, head_dim)``.
+            k, v: float32 ``(batch, seq_k, n_kv_heads, head_dim)``; with ``batch == 1`` the
+                buffers may hold more keys (a KV cache of larger capacity): only the first
+                ``seq_k`` are read.
             q_pos_start: absolute position of query 0; key ``j`` has position ``j``. Training:
                 0 with ``seq_q = seq_k``; generation: the number of cached tokens, with
-                ``seq_k = q_pos_start + seq_q``. A row that sees no key gets zeros.
+                ``seq_k = q_pos_start + seq_q``.
 
         Raises:
-            ValueError: ``seq_k`` keys do not fit in local memory (lower ``context_length``), or
-                ``n_kv_heads`` does not divide ``n_heads``.
+            ValueError: ``n_kv_heads`` does not divide ``n_heads``, or a forced tiling does not
+                fit the device.
         """
         self._check_heads(n_heads, n_kv_heads, head_dim)
-        n_rows = batch * n_heads * seq_q
-        if n_rows == 0:
+        if batch * n_heads * seq_q == 0:
             return
-        L = self.local_fwd
-        scores, qrow, red = self._local_mem(seq_k, head_dim, L)
-        self._fwd(self.dev.queue, (n_rows * L,), (L,), out, probs, q, k, v,
-                  np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
-                  np.int32(n_kv_heads), np.int32(head_dim), np.float32(1.0 / math.sqrt(head_dim)),
-                  scores, qrow, red)
+        t, fwd, _, _, _ = self._kernels(head_dim)
+        if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
+            t, fwd = self._decode_forward(head_dim, t)
+        fwd(self.dev.queue, self._grid(seq_q, t.rows, t.items, batch * n_heads), (t.items, 1), out, lse,
+            q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
+            np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
 
-    def backward(self, d_q, d_k, d_v, d_scores, d_out, q, k, v, probs, batch: int, seq: int,
+    def backward(self, d_q, d_k, d_v, d_sum, d_out, q, k, v, out, lse, batch: int, seq: int,
                  n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         """Gradients of :meth:`forward` for training (``q_pos_start = 0``, ``seq_q = seq_k = seq``).
 
-        ``dP = dO V^T``, ``dS = P * (dP - rowsum(P * dP))``, ``dQ = scale dS K``,
-        ``dK = scale dS^T Q``, ``dV = P^T dO`` (Dao et al. 2022, Appendix B.2); a kv head's dK and
-        dV sum over its group of query heads.
+        ``P = exp(scale Q K^T - lse)``, ``D = rowsum(dO * O)``, ``dV = P^T dO``,
+        ``dS = P * (dO V^T - D)``, ``dQ = scale dS K``, ``dK = scale dS^T Q`` (Dao 2023,
+        "FlashAttention-2", Algorithm 2); a kv head's dK and dV sum over its group of query heads.
 
         Args:
             d_q: float32 ``(batch, seq, n_heads, head_dim)``, overwritten.
             d_k, d_v: float32 ``(batch, seq, n_kv_heads, head_dim)``, overwritten.
-            d_scores: float32 scratch ``(batch, n_heads, seq, seq)``, overwritten with dS.
+            d_sum: float32 scratch ``(batch, n_heads, seq)``, overwritten with ``D``.
             d_out: float32 ``(batch, seq, n_heads, head_dim)``, gradient of ``out``.
-            q, k, v, probs: the forward's inputs and saved ``probs``.
+            q, k, v, out, lse: the forward's inputs, output and saved ``lse``.
 
         Raises:
             ValueError: as :meth:`forward`.
@@ -101,13 +220,13 @@ class Attention:
         self._check_heads(n_heads, n_kv_heads, head_dim)
         if batch * seq == 0:
             return
-        L = self.local_bwd_q
-        ds, dorow, red = self._local_mem(seq, head_dim, L)
-        self._bwd_q(self.dev.queue, (batch * n_heads * seq * L,), (L,), d_q, d_scores, d_out, k, v,
-                    probs, np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
-                    np.int32(head_dim), np.float32(1.0 / math.sqrt(head_dim)), ds, dorow, red)
-        # items of the kv kernel own head dims: no use for more items than dims
-        L2 = min(self.local_bwd_kv, 1 << (head_dim - 1).bit_length())
-        self._bwd_kv(self.dev.queue, (batch * n_kv_heads * seq * L2,), (L2,), d_k, d_v, d_scores,
-                     probs, q, d_out, np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
-                     np.int32(head_dim), np.float32(1.0 / math.sqrt(head_dim)))
+        t, _, dsum, dkdv, dq = self._kernels(head_dim)
+        queue, L = self.dev.queue, (t.items, 1)
+        sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
+                 np.float32(1.0 / math.sqrt(head_dim)))
+        dsum(queue, self._grid(seq, 1, t.items, batch * n_heads), L, d_sum, d_out, out,
+             np.int32(seq), np.int32(n_heads))
+        dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
+             lse, d_sum, *sizes)
+        dq(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, q, k, v, d_out, lse, d_sum,
+           *sizes)

@@ -1,0 +1,167 @@
+"""Attention forward+backward speed, new flash-style kernels vs the old row-wise ones, and the
+device memory of a long-context training step against ``core.estimates``. Not a test.
+
+    python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
+    python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
+
+Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
+row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)
+probabilities) on the same inputs in one process run, alternating, and prints the median
+milliseconds, GFLOP/s (causal: 2 T^2 H D B for the forward, 2.5x that for the backward) and the
+speedup. Default shape: the default training step's (batch 16, T 128, 4 heads, head_dim 32).
+
+Memory (``--memory``): builds a training ``Model`` at the given size, runs one training step,
+and prints the bytes of the device buffers it allocated (``Device.allocated_bytes``), the
+process's resident-memory growth (on a CPU device buffers live in host memory) and
+``core.estimates.training_memory_bytes``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import numpy as np  # noqa: E402
+
+from core.device import open_device  # noqa: E402
+from core.kernels.attention import Attention  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+class RowwiseAttention:
+    """The old kernels: one work-group of ``local`` items per query row, probs (B, H, T, T)."""
+
+    def __init__(self, dev, local: int = 64):
+        header = (HERE.parent / "core" / "kernels" / "group_reduce.h").read_text()
+        src = (HERE / "attention_rowwise.cl").read_text().replace('#include "group_reduce.h"', header)
+        prg = dev.build_source("attention_rowwise.cl", src)
+        self.dev = dev
+        self.fwd, self.bwd_q, self.bwd_kv = prg.attention_forward, prg.attention_backward, prg.attention_backward_kv
+        self.local = local
+
+    def forward_backward(self, bufs, b, s, h, kvh, d):
+        cl, L, q = self.dev.cl, self.local, self.dev.queue
+        lm = lambda n: cl.LocalMemory(4 * max(1, n))  # noqa: E731
+        scale = np.float32(1 / math.sqrt(d))
+        O, P, DS, Q, K, V, DO, DQ, DK, DV = (bufs[n] for n in ("O", "P", "DS", "Q", "K", "V", "DO", "DQ", "DK", "DV"))
+        self.fwd(q, (b * h * s * L,), (L,), O, P, Q, K, V, np.int32(s), np.int32(s), np.int32(0),
+                 np.int32(h), np.int32(kvh), np.int32(d), scale, lm(s), lm(d), lm(L))
+        self.bwd_q(q, (b * h * s * L,), (L,), DQ, DS, DO, K, V, P, np.int32(s), np.int32(h), np.int32(kvh),
+                   np.int32(d), scale, lm(s), lm(d), lm(L))
+        L2 = min(L, 1 << (d - 1).bit_length())
+        self.bwd_kv(q, (b * kvh * s * L2,), (L2,), DK, DV, DS, P, Q, DO, np.int32(s), np.int32(h),
+                    np.int32(kvh), np.int32(d), scale)
+
+
+def bench_speed(dev, b, s, h, kvh, d, reps):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, s, h, d)).astype(np.float32)
+    k = rng.standard_normal((b, s, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((b, s, kvh, d)).astype(np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    bufs = {"Q": dev.upload(q), "K": dev.upload(k), "V": dev.upload(v), "DO": dev.upload(do),
+            "O": dev.alloc(q.size), "DQ": dev.alloc(q.size), "DK": dev.alloc(k.size), "DV": dev.alloc(v.size),
+            "P": dev.alloc(b * h * s * s), "DS": dev.alloc(b * h * s * s), "LSE": dev.alloc(b * h * s),
+            "DSUM": dev.alloc(b * h * s)}
+    new, old = Attention(dev), RowwiseAttention(dev)
+    B = bufs
+
+    def run_new():
+        new.forward(B["O"], B["LSE"], B["Q"], B["K"], B["V"], b, s, s, 0, h, kvh, d)
+        new.backward(B["DQ"], B["DK"], B["DV"], B["DSUM"], B["DO"], B["Q"], B["K"], B["V"], B["O"], B["LSE"],
+                     b, s, h, kvh, d)
+
+    def run_old():
+        old.forward_backward(B, b, s, h, kvh, d)
+
+    results = {"new": [], "old": []}
+    grads = {}
+    for name, fn in (("new", run_new), ("old", run_old)):  # warm-up (builds), and the gradients
+        fn()
+        dev.finish()
+        grads[name] = [dev.download(B[n], shp) for n, shp in (("DQ", q.shape), ("DK", k.shape), ("DV", v.shape))]
+    diff = max(float(np.abs(a - c).max()) for a, c in zip(grads["new"], grads["old"]))
+    for _ in range(reps):
+        for name, fn in (("new", run_new), ("old", run_old)):
+            t0 = time.perf_counter()
+            fn()
+            dev.finish()
+            results[name].append(time.perf_counter() - t0)
+    flop = 2.0 * s * s * h * d * b * 3.5  # causal half of 2 matmuls forward (x2) and 5 backward
+    print(f"attention forward+backward  batch {b}, T {s}, heads {h}/{kvh}, head_dim {d}  ({dev.info.label})")
+    for name in ("old", "new"):
+        t = float(np.median(results[name]))
+        print(f"  {name}: {t * 1e3:8.2f} ms  {flop / t / 1e9:6.2f} GFLOP/s  (runs: "
+              + " ".join(f"{x * 1e3:.1f}" for x in results[name]) + ")")
+    print(f"  speedup new/old: {np.median(results['old']) / np.median(results['new']):.2f}x; "
+          f"largest gradient difference {diff:.2g}")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def bench_memory(dev, context, d_model, layers, heads, batch, vocab):
+    from core.config import ModelConfig
+    from core.estimates import training_memory_bytes
+    from core.model import Model
+
+    cfg = ModelConfig(vocab_size=vocab, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=heads,
+                      ffn_dim=d_model * 3, context_length=context)
+    rss0, alloc0 = _rss_bytes(), dev.allocated_bytes
+    t0 = time.perf_counter()
+    model = Model(dev, cfg, batch_size=batch, seed=0)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, size=(batch, context + 1)).astype(np.int32)
+    stats = model.forward_backward(tokens[:, :-1], tokens[:, 1:], np.ones((batch, context), np.float32))
+    model.optimizer_step(1e-3, 0.01, 0.9, 0.98, 1e-8)
+    dev.finish()
+    dt = time.perf_counter() - t0
+    allocated = dev.allocated_bytes - alloc0
+    grown = _rss_bytes() - rss0
+    est = training_memory_bytes(cfg, batch)
+    tt = 4 * batch * heads * context * context
+    mib = 2 ** 20
+    print(f"training step at context {context}, d_model {d_model}, {layers} layers, {heads} heads, batch {batch}, "
+          f"vocab {vocab} ({cfg.n_params() / 1e6:.2f}M params): loss {stats.loss:.3f}, {dt:.1f} s "
+          f"(with building the model)")
+    print(f"  device buffers allocated: {allocated / mib:8.1f} MiB")
+    print(f"  process RSS growth:       {grown / mib:8.1f} MiB   (peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
+    print(f"  estimate (Hyperparameters tab): {est / mib:8.1f} MiB  -> allocated/estimate "
+          f"{allocated / est:.3f}, RSS growth/estimate {grown / est:.3f}")
+    print(f"  one (T x T) buffer per layer would add {tt * layers / mib:.1f} MiB (probs), "
+          f"+{tt / mib:.1f} MiB (d_scores)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--shape", default="16,128,4,4,32", help="batch,T,n_heads,n_kv_heads,head_dim")
+    ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--vocab", type=int, default=1024)
+    a = ap.parse_args(argv)
+    dev = open_device(a.device)
+    if a.memory:
+        bench_memory(dev, a.context, a.d_model, a.layers, a.heads, a.batch, a.vocab)
+    else:
+        bench_speed(dev, *map(int, a.shape.split(",")), a.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
