@@ -11,12 +11,12 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QMainWindow, QMessageBox, QS
                                QWidget)
 
 from gui import dialogs
-from gui.app import DATA_ENV
 from gui.chat_tab import ChatTab
 from gui.dataset_tab import DatasetTab
 from gui.device_tab import DeviceTab
 from gui.export_tab import ExportTab
 from gui.hyper_tab import HyperTab
+from gui.paths import data_dir, default_export_dir, untitled_dir
 from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
                          new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
@@ -24,35 +24,6 @@ from gui.workers import stop_all
 
 APP_TITLE = "OpenCL LLM Studio"
 MAX_RECENT = 8
-
-
-def data_dir() -> Path:
-    """Where the untitled (autosaved) project lives: $OPENCL_LLM_STUDIO_DATA or the app data folder."""
-    env = os.environ.get(DATA_ENV)
-    if env:
-        base = Path(env)
-    else:
-        import platformdirs
-
-        base = Path(platformdirs.user_data_dir("opencl-llm-studio", appauthor=False))
-    base.mkdir(parents=True, exist_ok=True)
-    return base
-
-
-def untitled_dir() -> Path:
-    return data_dir() / "untitled"
-
-
-def default_export_dir() -> Path:
-    """Where the Export tab suggests writing: the last export folder, else Documents, else home (never
-    inside the app's data folder, whose untitled project is replaced by "New project")."""
-    last = QSettings().value("export/folder", "", type=str)
-    if last and Path(last).is_dir():
-        return Path(last)
-    import platformdirs
-
-    docs = platformdirs.user_documents_dir()
-    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
 
 
 def _inside(path: Path, folder: Path) -> bool:
