@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupB
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTextEdit, QToolTip, QVBoxLayout, QWidget)
 
+from gui.events import AnswerDone, AnswerPiece, ModelLoaded
 from gui.workers import ChatWorker
 
 TOKEN_PROP = QTextFormat.Property.UserProperty + 1
@@ -19,10 +20,10 @@ def _shown(token: str) -> str:
     return repr(token)[1:-1] if token else "∅"
 
 
-def token_tooltip(p: dict) -> str:
+def token_tooltip(p: AnswerPiece) -> str:
     """Tooltip of a generated token: its probability and the top alternatives."""
-    alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p["alternatives"])
-    return f"'{_shown(p['token'])}': probability {p['prob']:.1%}\nmost likely at this step:\n{alts}"
+    alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p.alternatives)
+    return f"'{_shown(p.token)}': probability {p.prob:.1%}\nmost likely at this step:\n{alts}"
 
 
 def prob_color(p: float) -> QColor:
@@ -49,7 +50,7 @@ class ChatTab(QWidget):
         self._source_is_trained = False  # the source is this project's checkpoint
         self._in_worker: tuple[str, bool] | None = None  # (model the worker has loaded, is the trained one)
         self._answering = False
-        self._pieces: list[dict] = []
+        self._pieces: list[AnswerPiece] = []
         self._answer_text = ""
         self._seed = 0
 
@@ -209,10 +210,10 @@ class ChatTab(QWidget):
             self.model_label.setText(f"Loading {self._source}…")
         return True
 
-    def _on_loaded(self, info: dict) -> None:
-        self._in_worker = (info["path"], info["path"] == self._source and self._source_is_trained)
-        self.model_label.setText(f"{info['path']}\n{info['n_params']:,} parameters, context "
-                                 f"{info['context_length']} tokens, on {info['device']}")
+    def _on_loaded(self, info: ModelLoaded) -> None:
+        self._in_worker = (info.path, info.path == self._source and self._source_is_trained)
+        self.model_label.setText(f"{info.path}\n{info.n_params:,} parameters, context "
+                                 f"{info.context_length} tokens, on {info.device}")
 
     def _on_load_failed(self, path: str, message: str) -> None:
         """The worker kept the model it had: chat with that one again, and say so (once)."""
@@ -271,8 +272,8 @@ class ChatTab(QWidget):
     def last_answer(self) -> str:
         return self._answer_text
 
-    def pieces(self) -> list[dict]:
-        """Every generated token shown so far (dicts from ChatWorker.piece)."""
+    def pieces(self) -> list[AnswerPiece]:
+        """Every generated token shown so far."""
         return list(self._pieces)
 
     def _append_block(self, label: str, text: str, bold_color: str) -> None:
@@ -287,28 +288,28 @@ class ChatTab(QWidget):
         cur.insertText(text, QTextCharFormat())
         self.transcript.setTextCursor(cur)
 
-    def _on_piece(self, p: dict) -> None:
+    def _on_piece(self, p: AnswerPiece) -> None:
         self._pieces.append(p)
-        text = p["text"] if self._answer_text else p["text"].lstrip()  # the format's space after "Assistant:"
+        text = p.text if self._answer_text else p.text.lstrip()  # the format's space after "Assistant:"
         if not text:  # part of a multi-byte character, cut as a stop string, or that space
             return
         cur = self.transcript.textCursor()
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        fmt.setBackground(prob_color(p["prob"]))
+        fmt.setBackground(prob_color(p.prob))
         fmt.setToolTip(token_tooltip(p))
         fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
         cur.insertText(text, fmt)
         self._answer_text += text
         self.transcript.ensureCursorVisible()
 
-    def _on_answer_done(self, d: dict) -> None:
-        self._answer_text = d["text"]
-        if d["stopped"]:
+    def _on_answer_done(self, d: AnswerDone) -> None:
+        self._answer_text = d.text
+        if d.stopped:
             self._append_note(" [stopped]")
-        elif d.get("cut") == "max_tokens":
+        elif d.cut == "max_tokens":
             self._append_note(" [cut at max tokens]")
-        elif d.get("cut") == "context":
+        elif d.cut == "context":
             self._append_note(" [cut: the model's context is full]")
         self._finish_answer()
 
@@ -355,9 +356,9 @@ class ChatTab(QWidget):
     def show_token(self, index: int) -> None:
         """Show token ``index``'s probability and alternatives in the side panel."""
         p = self._pieces[index]
-        self.token_label.setText(f"Token '{_shown(p['token'])}' had probability {p['prob']:.1%}.")
-        self.alternatives.setRowCount(len(p["alternatives"]))
-        for r, (tok, pr) in enumerate(p["alternatives"]):
+        self.token_label.setText(f"Token '{_shown(p.token)}' had probability {p.prob:.1%}.")
+        self.alternatives.setRowCount(len(p.alternatives))
+        for r, (tok, pr) in enumerate(p.alternatives):
             self.alternatives.setItem(r, 0, QTableWidgetItem(f"'{_shown(tok)}'"))
             self.alternatives.setItem(r, 1, QTableWidgetItem(f"{pr:.1%}"))
 

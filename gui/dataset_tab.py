@@ -14,8 +14,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxL
                                QLineEdit, QListView, QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
                                QTableView, QToolButton, QVBoxLayout, QWidget)
 
-from core.dataset import (Dataset, DatasetError, Dialogue, EntryProblem, default_dataset, export_jsonl, export_text,
-                          load_dataset, save_dataset)
+from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
+                          save_dataset)
+from core.estimates import DatasetStats, dataset_stats
 from gui import dialogs
 from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsModel
 from gui.workers import CallWorker
@@ -30,17 +31,6 @@ def _button(text: str, tip: str, slot) -> QPushButton:
     # as wide as the text needs (the style's minimum of ~80 px each keeps small windows from fitting)
     b.setMinimumWidth(b.fontMetrics().horizontalAdvance(text) + 24)
     return b
-
-
-def _stats(dataset: Dataset, vocab_size: int, context_length: int) -> dict:
-    """Worker function: core.estimates.dataset_stats as plain data."""
-    from core.estimates import dataset_stats
-
-    s = dataset_stats(dataset, vocab_size, context_length)
-    return {"vocab_size": s.vocab_size, "fact_tokens": s.fact_tokens, "dialogue_tokens": s.dialogue_tokens,
-            "fact_sequences": s.fact_sequences, "dialogue_sequences": s.dialogue_sequences,
-            "longest": s.longest,
-            "too_long": [[p.kind, p.index, p.turn, p.message] for p in s.too_long]}
 
 
 class EntryListView(QListView):
@@ -504,7 +494,7 @@ class DatasetTab(QWidget):
         if not ds.facts and not ds.dialogues:
             self.stats_label.setText("0 facts, 0 dialogues.")
             return
-        w = CallWorker(_stats, ds, self._vocab_size, self._context_length)
+        w = CallWorker(dataset_stats, ds, self._vocab_size, self._context_length)
         w.done.connect(self._on_stats)
         w.failed.connect(self._on_stats_failed)
         w.finished.connect(self._on_stats_finished)
@@ -516,15 +506,15 @@ class DatasetTab(QWidget):
         if self._stats_pending and not self._stats_timer.isActive():
             self._stats_timer.start()
 
-    def _on_stats(self, s: dict) -> None:
+    def _on_stats(self, s: DatasetStats) -> None:
         n_turns = sum(len(d.turns) for d in self._dataset.dialogues)
         self.stats_label.setText(
             f"{len(self._dataset.facts)} facts, {len(self._dataset.dialogues)} dialogues ({n_turns} turns) · "
-            f"{s['fact_tokens'] + s['dialogue_tokens']:,} tokens ({s['fact_tokens']:,} in facts, "
-            f"{s['dialogue_tokens']:,} in dialogues) · {s['fact_sequences'] + s['dialogue_sequences']} training "
-            f"sequences · longest entry {s['longest']} tokens (context {self._context_length}) · "
-            f"vocabulary {s['vocab_size']} tokens")
-        self._too_long = [EntryProblem(k, i, t, m) for k, i, t, m in s["too_long"]]
+            f"{s.fact_tokens + s.dialogue_tokens:,} tokens ({s.fact_tokens:,} in facts, "
+            f"{s.dialogue_tokens:,} in dialogues) · {s.fact_sequences + s.dialogue_sequences} training "
+            f"sequences · longest entry {s.longest} tokens (context {self._context_length}) · "
+            f"vocabulary {s.vocab_size} tokens")
+        self._too_long = list(s.too_long)
         self.validate_now()
 
     def _on_stats_failed(self, kind: str, message: str) -> None:

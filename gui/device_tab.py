@@ -1,12 +1,17 @@
 """Device tab: choose the OpenCL device, see its details, test it (build, check, benchmark)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
                                QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget, QHeaderView)
 
 from gui.workers import DeviceTestWorker
+
+if TYPE_CHECKING:
+    from core.selftest import DeviceCheck
 
 SETTINGS_KEY = "device/label"
 
@@ -184,20 +189,20 @@ class DeviceTab(QWidget):
         self.results.setItem(r, 1, QTableWidgetItem("—" if ok is None else ("pass" if ok else "FAIL")))
         self.results.setItem(r, 2, QTableWidgetItem(details))
 
-    def _on_result(self, res: dict) -> None:
+    def _on_result(self, res: DeviceCheck) -> None:
         self.results.setRowCount(0)
-        self._add_row("kernel build", not res["build_errors"],
-                      f"{res['build_s']:.1f} s" + "".join(f"; {k}: {v.splitlines()[0]}"
-                                                          for k, v in res["build_errors"].items()))
-        for c in res["checks"]:
-            detail = c["error"] or f"max |error| {c['max_abs_err']:.2e} (tolerance {c['tolerance']:.0e})"
-            self._add_row(c["name"], c["ok"], detail)
-        g = res["matmul_gflops"]
+        self._add_row("kernel build", not res.build_errors,
+                      f"{res.build_s:.1f} s" + "".join(f"; {k}: {v.splitlines()[0]}"
+                                                      for k, v in res.build_errors.items()))
+        for c in res.checks:
+            detail = c.error or f"max |error| {c.max_abs_err:.2e} (tolerance {c.tolerance:.0e})"
+            self._add_row(c.name, c.ok, detail)
+        g = res.matmul_gflops
         self._add_row("matmul speed", None, "unavailable" if g is None else f"{g:.1f} GFLOP/s (float32)")
         self.results.resizeColumnsToContents()
         self.results.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         speed = "" if g is None else f", {g:.1f} GFLOP/s"
-        self.test_status.setText(("The device works" if res["ok"] else "The device has problems (see below)") + speed)
+        self.test_status.setText(("The device works" if res.ok else "The device has problems (see below)") + speed)
         self.progress.setValue(100)
 
     def _on_failed(self, kind: str, message: str) -> None:

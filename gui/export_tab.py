@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.events import Exported
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
@@ -21,7 +22,7 @@ class ExportTab(QWidget):
         studio: the main window: ``trained_model_path()``, ``chat_model_path()``.
     """
 
-    exported = Signal(dict)  # {"path", "size_bytes", "modelfile"}
+    exported = Signal(object)  # (gui.events.Exported)
 
     def __init__(self, studio, parent=None) -> None:
         super().__init__(parent)
@@ -29,7 +30,7 @@ class ExportTab(QWidget):
         self._worker: ExportWorker | None = None
         self._active = False
         self._confirmed: str | None = None  # an existing file the user agreed to replace
-        self.last_result: dict | None = None
+        self.last_result: Exported | None = None
 
         box = QGroupBox("Export to GGUF (llama.cpp, Ollama, LM Studio)")
         form = QFormLayout(box)
@@ -165,16 +166,16 @@ class ExportTab(QWidget):
             self._worker.request_stop()
             self._worker.wait()
 
-    def _on_exported(self, d: dict) -> None:
+    def _on_exported(self, d: Exported) -> None:
         self.last_result = d
-        text = f"{d['path']} — {d['size_bytes'] / 1e6:.2f} MB"
-        if d.get("modelfile"):
-            text += f"\nModelfile: {d['modelfile']}"
-        for note in d.get("notes", []):
+        text = f"{d.path} — {d.size_bytes / 1e6:.2f} MB"
+        if d.modelfile:
+            text += f"\nModelfile: {d.modelfile}"
+        for note in d.notes:
             text += f"\nNote: {note}"
         self.result.setText(text)
         self.status.setText("Done.")
-        QSettings().setValue("export/folder", str(Path(d["path"]).parent))  # the next project suggests it
+        QSettings().setValue("export/folder", str(Path(d.path).parent))  # the next project suggests it
         self.exported.emit(d)
 
     def _on_failed(self, kind: str, message: str) -> None:

@@ -117,7 +117,7 @@ class MainWindow(QMainWindow):
         self.hyper_tab.validity_changed.connect(lambda ok: self.training_tab.update_buttons())
         self.training_tab.model_saved.connect(self._on_model_saved)
         self.training_tab.running_changed.connect(self._on_training_running)
-        self.export_tab.exported.connect(lambda d: self.statusBar().showMessage(f"exported {d['path']}", 8000))
+        self.export_tab.exported.connect(lambda d: self.statusBar().showMessage(f"exported {d.path}", 8000))
 
         self._build_menu()
         settings = QSettings()

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLab
                                QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.events import RunDone, RunStarted, StageDone, TrainingStep
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
 from gui.workers import TrainWorker
@@ -65,7 +66,7 @@ class TrainingTab(QWidget):
         self._worker: TrainWorker | None = None
         self._stage_steps = [0, 0]
         self._rates: deque = deque(maxlen=30)
-        self._last: dict | None = None
+        self._last: TrainingStep | None = None
         self._t0 = 0.0
         self._resumed = False
         self._stopping = False
@@ -358,73 +359,73 @@ class TrainingTab(QWidget):
             self.start()
 
     # ----------------------------------------------------------------------------- worker signals
-    def _on_started(self, info: dict) -> None:
-        self._stage_steps = list(info["stage_steps"])
+    def _on_started(self, info: RunStarted) -> None:
+        self._stage_steps = list(info.stage_steps)
         total = sum(self._stage_steps)
         self.progress.setRange(0, max(total, 1))
-        offset = self._stage_steps[0] if info["stage_index"] >= 1 else 0
-        self.progress.setValue(offset + info["stage_step"])
-        if self._stage_steps[0] and self._stage_steps[1] and (not info["resumed"] or not self.plots.loss.x):
+        offset = self._stage_steps[0] if info.stage_index >= 1 else 0
+        self.progress.setValue(offset + info.stage_step)
+        if self._stage_steps[0] and self._stage_steps[1] and (not info.resumed or not self.plots.loss.x):
             self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
-        self.stage_label.setText(f"Training on {info['device']}")
+        self.stage_label.setText(f"Training on {info.device}")
 
-    def _on_step(self, d: dict) -> None:
+    def _on_step(self, d: TrainingStep) -> None:
         self.plots.add_step(d)
         self._last = d
-        self._rates.append((time.perf_counter(), d["global_step"]))
+        self._rates.append((time.perf_counter(), d.global_step))
 
     def _update_labels(self) -> None:
         d = self._last
         if d is None:
             return
         total = sum(self._stage_steps)
-        self.progress.setValue(d["global_step"])
-        stage_no = 1 if d["stage"] == "pretrain" else 2
+        self.progress.setValue(d.global_step)
+        stage_no = 1 if d.stage == "pretrain" else 2
         if not self._stopping and self.is_running():
-            self.stage_label.setText(f"{STAGE_NAMES.get(d['stage'], d['stage'])} — step {d['step']}/"
-                                     f"{d['total_steps']} (stage {stage_no} of 2)")
+            self.stage_label.setText(f"{STAGE_NAMES.get(d.stage, d.stage)} — step {d.step}/"
+                                     f"{d.total_steps} (stage {stage_no} of 2)")
         eta = ""
         if len(self._rates) >= 2:
             (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
             if s1 > s0 and t1 > t0:
-                eta = f" · ETA {_hms((total - d['global_step']) * (t1 - t0) / (s1 - s0))}"
-        loss = d["loss"]
+                eta = f" · ETA {_hms((total - d.global_step) * (t1 - t0) / (s1 - s0))}"
+        loss = d.loss
         since = " since resuming" if self._resumed else ""
-        self.speed_label.setText(f"step {d['global_step']}/{total}{eta} · {d['tokens_per_s']:,.0f} tokens/s · "
+        self.speed_label.setText(f"step {d.global_step}/{total}{eta} · {d.tokens_per_s:,.0f} tokens/s · "
                                  f"loss {loss:.3f} · {_hms(time.perf_counter() - self._t0)} elapsed{since}")
 
-    def _on_stage_done(self, d: dict) -> None:
+    def _on_stage_done(self, d: StageDone) -> None:
         self.plots.flush()
-        if d["stopped"]:
-            self.append_log("INFO", f"{d['stage']}: stopped at step {d['steps_done']}")
+        if d.stopped:
+            self.append_log("INFO", f"{d.stage}: stopped at step {d.steps_done}")
             return
-        for r in d["recall"]:
+        for r in d.recall:
             row = self.recall.rowCount()
             self.recall.insertRow(row)
-            vals = [d["stage"], r["kind"], r["prompt"], r["expected"], r["got"], "yes" if r["ok"] else "no"]
+            vals = [d.stage, r.kind, r.prompt, r.expected, r.got, "yes" if r.ok else "no"]
             for c, v in enumerate(vals):
                 it = QTableWidgetItem(v)
                 it.setToolTip(v)
                 if c == 5:
-                    it.setBackground(OK_BRUSH if r["ok"] else FAIL_BRUSH)
+                    it.setBackground(OK_BRUSH if r.ok else FAIL_BRUSH)
                 self.recall.setItem(row, c, it)
-        f_ok, f_n = d["facts_recalled"]
-        g_ok, g_n = d["dialogues_recalled"]
-        text = (f"After {d['stage']}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
+        f_ok, f_n = d.facts_recalled
+        g_ok, g_n = d.dialogues_recalled
+        text = (f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
                 f"reproduced exactly.")
         prev = self.recall_label.text()
         self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
 
-    def _on_run_done(self, d: dict) -> None:
-        if d["finished"]:
+    def _on_run_done(self, d: RunDone) -> None:
+        if d.finished:
             self.stage_label.setText("Training finished — try the model on the Chat tab")
-        elif d["stopped"]:
+        elif d.stopped:
             text = "Stopped"
-            if d["checkpoint"]:
-                stage = d["stage_index"]
+            if d.checkpoint:
+                stage = d.stage_index
                 steps = self._stage_steps[stage] if stage < 2 else 0
-                text += f" at stage {stage + 1} step {d['stage_step']} of {steps} — Resume to continue"
-                if not d["replaced"]:
+                text += f" at stage {stage + 1} step {d.stage_step} of {steps} — Resume to continue"
+                if not d.replaced:
                     text += f" ({KEPT_NOTE})"
             self.stage_label.setText(text)
 
