@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupB
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTextEdit, QToolTip, QVBoxLayout, QWidget)
 
+from gui.app_state import AppState
 from gui.events import AnswerDone, AnswerPiece, ModelLoaded
 from gui.workers import ChatWorker
 
@@ -36,14 +37,15 @@ class ChatTab(QWidget):
     """Talks to a :class:`gui.workers.ChatWorker`; never touches the model itself.
 
     Args:
-        studio: the main window: ``device_info()``, ``trained_model_path()``.
+        state: the app state: the device to load models on, and the project's trained model (the
+            tab switches to it when a project is opened or training saves it).
     """
 
-    answering_changed = Signal(bool)  # an answer started (True) or ended (False)
+    answering_changed = Signal(bool)  # (True: an answer started, False: it ended)
 
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: ChatWorker | None = None
         self._source: str | None = None  # model the user wants to chat with
         self._loaded: str | None = None  # model the worker has loaded (or is loading)
@@ -142,6 +144,8 @@ class ChatTab(QWidget):
         split.setStretchFactor(0, 1)
         QVBoxLayout(self).addWidget(split)
         self._update_buttons()
+        state.project_changed.connect(self._on_project)
+        state.model_saved.connect(self.set_trained_model)
 
     # ----------------------------------------------------------------------------- model
     def set_trained_model(self, path: str | None) -> None:
@@ -157,8 +161,16 @@ class ChatTab(QWidget):
             self._loaded = None  # reload on the next question: the weights changed
             self.model_label.setText(f"Trained model of this project:\n{path}\n(loaded with the next message)")
 
+    def _on_project(self, project) -> None:
+        """A project was opened: its sampling settings, and its trained model (if any)."""
+        self.apply_settings(project.settings.get("sampling"))
+        self.set_trained_model(None)
+        path = self.app_state.trained_model_path()
+        if path is not None:
+            self.set_trained_model(str(path))
+
     def use_trained_model(self) -> None:
-        path = self.studio.trained_model_path()
+        path = self.app_state.trained_model_path()
         if path is None:
             self.model_label.setText("This project has no trained model yet: train one on the Training tab.")
             return
@@ -200,7 +212,7 @@ class ChatTab(QWidget):
     def _load_if_needed(self) -> bool:
         if self._source is None:
             return False
-        device = self.studio.device_info()
+        device = self.app_state.device_info()
         if device is None:
             self.model_label.setText("No OpenCL device: see the Device tab.")
             return False
@@ -233,6 +245,24 @@ class ChatTab(QWidget):
         return {"temperature": self.temperature.value(), "top_k": self.top_k.value(), "top_p": self.top_p.value(),
                 "repetition_penalty": self.repetition.value(), "max_tokens": self.max_tokens.value(),
                 "seed": self._seed}
+
+    def saved_settings(self) -> dict:
+        """What a project saves: the sampling settings without the seed (it counts the answers)."""
+        s = self.settings()
+        s.pop("seed")
+        return s
+
+    def apply_settings(self, s) -> None:
+        """Set the sampling widgets from a project's saved settings (unreadable values are skipped)."""
+        if not isinstance(s, dict):
+            return
+        for key, widget in (("temperature", self.temperature), ("top_k", self.top_k), ("top_p", self.top_p),
+                            ("repetition_penalty", self.repetition), ("max_tokens", self.max_tokens)):
+            if key in s:
+                try:
+                    widget.setValue(type(widget.value())(s[key]))
+                except (TypeError, ValueError):
+                    pass
 
     def send(self, message: str | None = None) -> bool:
         """Send the input line (or ``message``); False when nothing can be sent now."""

@@ -12,8 +12,7 @@ by validation are shown with :meth:`set_problems` (background and tooltip of the
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
-from PySide6.QtCore import QSortFilterProxyModel
+from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 
 from core.dataset import Dialogue
@@ -21,7 +20,6 @@ from core.dataset import Dialogue
 BAD = QBrush(QColor(255, 205, 205))  # background of an entry at fault
 NEW_TURN = ("New question?", "New answer.")
 _ROLE = Qt.ItemDataRole
-_ANY_INDEX = (QModelIndex, QPersistentModelIndex)
 
 
 def dialogue_summary(d: Dialogue) -> str:
@@ -37,6 +35,16 @@ def dialogue_summary(d: Dialogue) -> str:
 def dialogue_search_text(d: Dialogue) -> str:
     """What the search looks in: the system message and every turn, lower case."""
     return " ".join([d.system or ""] + [u + " " + a for u, a in d.turns]).lower()
+
+
+def _editable(flags, index):
+    """``flags`` of a model's cell plus ItemIsEditable (for every real cell)."""
+    return flags | Qt.ItemFlag.ItemIsEditable if index.isValid() else flags
+
+
+def _is_text_edit(index, value, role) -> bool:
+    """A ``setData`` call that edits a cell's text (views pass str for EditRole)."""
+    return role == _ROLE.EditRole and index.isValid() and isinstance(value, str)
 
 
 class _EntryModel(QAbstractListModel):
@@ -127,11 +135,10 @@ class FactsModel(_EntryModel):
         return self._rows[row].lower()
 
     def flags(self, index):
-        base = super().flags(index)
-        return base | Qt.ItemFlag.ItemIsEditable if index.isValid() else base
+        return _editable(super().flags(index), index)
 
     def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
-        if role != _ROLE.EditRole or not index.isValid() or not isinstance(value, str):
+        if not _is_text_edit(index, value, role):
             return False
         row = index.row()
         if self._rows[row] != value:
@@ -195,11 +202,10 @@ class TurnsModel(QAbstractTableModel):
         return None
 
     def flags(self, index):
-        base = super().flags(index)
-        return base | Qt.ItemFlag.ItemIsEditable if index.isValid() else base
+        return _editable(super().flags(index), index)
 
     def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
-        if role != _ROLE.EditRole or not index.isValid() or not isinstance(value, str):
+        if not _is_text_edit(index, value, role):
             return False
         t, turns = index.row(), self._dialogue.turns
         user, answer = turns[t]

@@ -6,10 +6,9 @@ Views speak in *source* rows (indexes into ``dataset.facts`` / ``dataset.dialogu
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer, Signal
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QListView, QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
                                QTableView, QToolButton, QVBoxLayout, QWidget)
@@ -18,6 +17,7 @@ from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, expo
                           save_dataset)
 from core.estimates import DatasetStats, dataset_stats
 from gui import dialogs
+from gui.app_state import AppState
 from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsModel
 from gui.workers import CallWorker
 
@@ -120,12 +120,17 @@ class TurnsView(QTableView):
 
 
 class DatasetTab(QWidget):
-    """Edits a :class:`core.dataset.Dataset` in place and says what is wrong with it, live."""
+    """Edits the state's :class:`core.dataset.Dataset` in place and says what is wrong with it, live.
 
-    changed = Signal()  # the dataset was edited
+    Args:
+        state: the app state: the tab shows ``state.dataset()`` (and each dataset that replaces it),
+            reports every edit with ``state.mark_dataset_edited()`` and counts tokens with the
+            vocabulary size and context length of ``state.limits()``.
+    """
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
+        self.app_state = state
         self._dataset = Dataset()
         self._vocab_size, self._context_length = 1024, 128
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
@@ -256,10 +261,15 @@ class DatasetTab(QWidget):
         lay.addLayout(top)
         lay.addWidget(outer, 1)
         self._show_dialogue(-1)
+        state.dataset_replaced.connect(self._show_dataset)
+        state.hyperparameters_changed.connect(self._on_hyperparameters)
 
     # ----------------------------------------------------------------------------- data in/out
     def set_dataset(self, dataset: Dataset) -> None:
-        """Show ``dataset`` (the tab edits this object in place)."""
+        """Replace the dataset with ``dataset`` (the tab edits this object in place)."""
+        self.app_state.set_dataset(dataset)
+
+    def _show_dataset(self, dataset: Dataset) -> None:
         self._dataset = dataset
         self._too_long = []
         self.fact_model.reset(dataset.facts)
@@ -277,13 +287,16 @@ class DatasetTab(QWidget):
 
     def dataset_copy(self) -> Dataset:
         """An independent copy of the dataset (for another thread)."""
-        return copy.deepcopy(self._dataset)
+        return self.app_state.dataset_copy()
 
     def set_limits(self, vocab_size: int, context_length: int) -> None:
         """Vocabulary size and context length used for token counts and the too-long check."""
         if (vocab_size, context_length) != (self._vocab_size, self._context_length):
             self._vocab_size, self._context_length = vocab_size, context_length
             self._stats_timer.start()
+
+    def _on_hyperparameters(self) -> None:
+        self.set_limits(*self.app_state.limits())
 
     def problems(self) -> list:
         """Current problems (EntryProblem-like objects with kind, index, turn, message)."""
@@ -295,7 +308,7 @@ class DatasetTab(QWidget):
         self._validate_timer.start()
         self._stats_timer.start()
         self._update_buttons()
-        self.changed.emit()
+        self.app_state.mark_dataset_edited()
 
     # ----------------------------------------------------------------------------- facts
     def add_fact(self, text: str = "") -> None:
@@ -551,7 +564,6 @@ class DatasetTab(QWidget):
             self._dataset.facts.extend(ds.facts)
             self._dataset.dialogues.extend(ds.dialogues)
             self.set_dataset(self._dataset)
-        self.changed.emit()
         return [str(p) for p in problems]
 
     def export_file(self, path: str | Path) -> None:
@@ -596,4 +608,3 @@ class DatasetTab(QWidget):
         if dialogs.ask(self, "Reset dataset", "Replace the whole dataset with the built-in example?",
                        yes="Replace"):
             self.set_dataset(default_dataset())
-            self.changed.emit()

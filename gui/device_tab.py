@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, Q
                                QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget, QHeaderView)
 
+from gui.app_state import AppState
 from gui.workers import DeviceTestWorker
 
 if TYPE_CHECKING:
@@ -21,12 +22,19 @@ def _gib(n: int) -> str:
 
 
 class DeviceTab(QWidget):
-    """Lists every OpenCL device (preferred first) or explains how to get one."""
+    """Lists every OpenCL device (preferred first) or explains how to get one.
 
-    device_changed = Signal(object)  # the chosen core.device.DeviceInfo (or None)
+    Args:
+        state: the app state; the tab publishes the device list and the chosen device there (through
+            :attr:`device_changed`, which the main window connects) and follows a device chosen
+            elsewhere (the Training tab's "switch to the CPU").
+    """
 
-    def __init__(self, parent=None) -> None:
+    device_changed = Signal(object)  # (the chosen core.device.DeviceInfo, or None)
+
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
+        self.app_state = state
         self.devices = []
         self._worker: DeviceTestWorker | None = None
         self._active = False
@@ -96,6 +104,7 @@ class DeviceTab(QWidget):
         self.stack.addWidget(page)
         lay = QVBoxLayout(self)
         lay.addWidget(self.stack)
+        state.device_changed.connect(self._show_device)
 
     # ----------------------------------------------------------------------------- devices
     def refresh(self) -> None:
@@ -106,10 +115,12 @@ class DeviceTab(QWidget):
             self.devices = list_devices()
         except OpenCLUnavailableError as e:
             self.devices = []
+            self.app_state.set_devices([])
             self.missing_text.setText(str(e))
             self.stack.setCurrentIndex(0)
             self.device_changed.emit(None)
             return
+        self.app_state.set_devices(self.devices)
         remembered = QSettings().value(SETTINGS_KEY, "", type=str)
         self.combo.blockSignals(True)
         self.combo.clear()
@@ -126,13 +137,11 @@ class DeviceTab(QWidget):
         i = self.combo.currentIndex()
         return self.devices[i] if self.devices and 0 <= i < len(self.devices) else None
 
-    def select_cpu(self) -> bool:
-        """Switch to the first CPU device; False when there is none."""
-        for i, d in enumerate(self.devices):
-            if d.kind == "CPU":
-                self.combo.setCurrentIndex(i)
-                return True
-        return False
+    def _show_device(self, info) -> None:
+        """The state's device changed (maybe here, maybe elsewhere): show it in the list."""
+        i = next((i for i, d in enumerate(self.devices) if d == info), -1)
+        if i >= 0 and i != self.combo.currentIndex():
+            self.combo.setCurrentIndex(i)
 
     def _on_selected(self, index: int) -> None:
         d = self.current()

@@ -8,7 +8,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.app_state import AppState
 from gui.events import Exported
+from gui.paths import data_dir, default_export_dir, inside, untitled_dir
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
@@ -19,14 +21,15 @@ class ExportTab(QWidget):
     """Runs an :class:`gui.workers.ExportWorker` for the project's trained model (or an opened one).
 
     Args:
-        studio: the main window: ``trained_model_path()``, ``chat_model_path()``.
+        state: the app state: the project's trained model is what the tab exports; the tab reports
+            whether an export runs (``set_exporting``) and where it wrote (``message``).
     """
 
     exported = Signal(object)  # (gui.events.Exported)
 
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: ExportWorker | None = None
         self._active = False
         self._confirmed: str | None = None  # an existing file the user agreed to replace
@@ -78,6 +81,9 @@ class ExportTab(QWidget):
         lay.addStretch(1)
         self._update_hint()
         self.refresh()
+        state.project_changed.connect(self._on_project)
+        state.model_saved.connect(self.refresh)
+        state.busy_changed.connect(self.refresh)
 
     def _update_hint(self) -> None:
         """How to use the file, with the real file names (the Modelfile is ``<stem>.Modelfile``)."""
@@ -97,10 +103,27 @@ class ExportTab(QWidget):
         self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv')}.")
 
     def source(self) -> str | None:
-        p = self.studio.trained_model_path()
+        p = self.app_state.trained_model_path()
         return str(p) if p else None
 
-    def refresh(self) -> None:
+    def _on_project(self, project) -> None:
+        """A project was opened: its export settings; a file name outside the app's data folder."""
+        export = project.settings.get("export")
+        export = export if isinstance(export, dict) else {}
+        self.set_dtype(str(export.get("dtype", "f16")))
+        self.modelfile.setChecked(bool(export.get("modelfile", False)))
+        path = str(export.get("path") or "")
+        if not path or inside(Path(path), data_dir()):  # never suggest the app's own data folder
+            name = "model" if project.folder.resolve() == untitled_dir().resolve() else project.folder.name
+            path = str(default_export_dir() / f"{name}.gguf")
+        self.path.setText(path)
+        self.refresh()
+
+    def saved_settings(self) -> dict:
+        """What a project saves: weight type, Modelfile wanted, file name."""
+        return {"dtype": self.dtype.currentData(), "modelfile": self.modelfile.isChecked(), "path": self.path.text()}
+
+    def refresh(self, *_) -> None:
         src = self.source()
         self.source_label.setText(src or "No trained model yet: train one on the Training tab.")
         self.export_button.setEnabled(src is not None and not self.is_exporting())
@@ -154,6 +177,7 @@ class ExportTab(QWidget):
         w.finished.connect(self._on_finished)
         self._worker = w
         self._active = True
+        self.app_state.set_exporting(True)
         self.last_result = None
         self.result.setText("")
         self.progress.setRange(0, 0)
@@ -177,12 +201,14 @@ class ExportTab(QWidget):
         self.status.setText("Done.")
         QSettings().setValue("export/folder", str(Path(d.path).parent))  # the next project suggests it
         self.exported.emit(d)
+        self.app_state.message.emit(f"exported {d.path}")
 
     def _on_failed(self, kind: str, message: str) -> None:
         self.status.setText(f"Export failed: {message}")
 
     def _on_finished(self) -> None:
         self._active = False
+        self.app_state.set_exporting(False)
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if self.last_result else 0)
         self.refresh()

@@ -39,3 +39,12 @@ def default_export_dir() -> Path:
 
     docs = platformdirs.user_documents_dir()
     return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """True when ``path`` is ``folder`` or lies in it (False when either cannot be resolved)."""
+    try:
+        path, folder = path.resolve(), folder.resolve()
+    except OSError:
+        return False
+    return path == folder or folder in path.parents

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLab
                                QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.app_state import AppState
 from gui.events import RunDone, RunStarted, StageDone, TrainingStep
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
@@ -51,18 +52,15 @@ class TrainingTab(QWidget):
     """Runs a :class:`gui.workers.TrainWorker` and shows what it reports.
 
     Args:
-        studio: the main window, which provides ``device_info()``, ``dataset_copy()``, ``configs()``
-            (may raise core.config.ConfigError), ``train_blocker()``, ``can_train()``, ``checkpoint_dir()``,
-            ``new_run_dir()``, ``resume_dir()``, ``trained_model_path()``, ``has_cpu_device()`` and
-            ``switch_to_cpu()``.
+        state: the app state: device, dataset, configs and checkpoint folders come from it; the tab
+            reports a saved model (``notify_model_saved``) and whether it is training (``set_training``).
     """
 
-    model_saved = Signal(str)  # checkpoint folder written by training
-    running_changed = Signal(bool)  # training started (True) or ended (False)
+    running_changed = Signal(bool)  # (True: training started, False: it ended)
 
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: TrainWorker | None = None
         self._stage_steps = [0, 0]
         self._rates: deque = deque(maxlen=30)
@@ -158,6 +156,9 @@ class TrainingTab(QWidget):
 
         self._label_timer = QTimer(self, interval=200)
         self._label_timer.timeout.connect(self._update_labels)
+        for signal in (state.device_changed, state.hyperparameters_changed, state.model_saved):
+            signal.connect(self.update_buttons)
+        state.project_changed.connect(self.show_project_state)
         self.update_buttons()
 
     # ----------------------------------------------------------------------------- state
@@ -166,11 +167,11 @@ class TrainingTab(QWidget):
         return self._active
 
     def can_resume(self) -> bool:
-        return self.studio.resume_dir() is not None
+        return self.app_state.resume_dir() is not None
 
-    def update_buttons(self) -> None:
+    def update_buttons(self, *_) -> None:
         running = self.is_running()
-        blocker = self.studio.train_blocker()
+        blocker = self.app_state.train_blocker()
         self.start_button.setEnabled(not running and blocker is None)
         self.stop_button.setEnabled(running and not self._stopping)
         self.resume_button.setEnabled(not running and blocker is None and self.can_resume())
@@ -179,7 +180,7 @@ class TrainingTab(QWidget):
         self.hint_label.setText(blocker or "")
         self.hint_label.setVisible(bool(blocker) and not running)
 
-    def show_project_state(self) -> None:
+    def show_project_state(self, *_) -> None:
         """A project was opened: forget the previous project's run and show where this one stands."""
         if self.is_running():
             return
@@ -195,8 +196,8 @@ class TrainingTab(QWidget):
 
     def _show_saved_state(self) -> None:
         """Stage label and progress bar from the project's checkpoints (config.json)."""
-        resume_dir = self.studio.resume_dir()
-        trained = self.studio.trained_model_path()
+        resume_dir = self.app_state.resume_dir()
+        trained = self.app_state.trained_model_path()
         folder = resume_dir or trained
         pos = _saved_position(checkpoint_meta(folder) or {}) if folder is not None else None
         self.progress.setRange(0, 1)
@@ -234,7 +235,7 @@ class TrainingTab(QWidget):
         user keeps the trained model."""
         if self.is_running():
             return False
-        if self.studio.trained_model_path() is not None or self.studio.resume_dir() is not None:
+        if self.app_state.trained_model_path() is not None or self.app_state.resume_dir() is not None:
             text = ("This project already has a trained model. A new run trains one from scratch with the "
                     "current dataset and settings.\n\nThe current model stays in use (Chat, Export) until the "
                     "new run finishes its first stage; if you stop the new run before that, it is kept.")
@@ -255,7 +256,7 @@ class TrainingTab(QWidget):
         from gui.resume import resume_plan
 
         try:
-            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.studio.dataset_copy())
+            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.app_state.dataset_copy())
         except (KeyError, TypeError, ConfigError) as e:
             self._show_banner(f"Cannot resume: {folder}/config.json is incomplete ({e}).", False)
             return None
@@ -269,23 +270,21 @@ class TrainingTab(QWidget):
         return plan
 
     def _launch(self, resume: bool) -> bool:
-        from core.config import ConfigError
-
         if self.is_running():
             return False
         self.banner.hide()
-        device = self.studio.device_info()
+        device = self.app_state.device_info()
         if device is None:
             self._show_banner("No OpenCL device: see the Device tab.", False)
             return False
-        try:
-            mc, tc = self.studio.configs()
-        except ConfigError as e:
-            self._show_banner(f"Fix the hyperparameters first: {e}", False)
+        configs = self.app_state.configs()
+        if configs is None:
+            self._show_banner(f"Fix the hyperparameters first: {self.app_state.config_error()}", False)
             return False
-        checkpoint = self.studio.checkpoint_dir()
+        mc, tc = configs
+        checkpoint = self.app_state.checkpoint_dir()
         if resume:
-            run_dir = self.studio.resume_dir()
+            run_dir = self.app_state.resume_dir()
             if run_dir is None:
                 self._show_banner("There is no unfinished run to resume.", False)
                 return False
@@ -298,7 +297,7 @@ class TrainingTab(QWidget):
             val_every = validation_interval(plan.train_config)
             self.plots.set_clip_threshold(plan.train_config.grad_clip)
         else:
-            dataset = self.studio.dataset_copy()
+            dataset = self.app_state.dataset_copy()
             if not dataset.facts and not dataset.dialogues:
                 self._show_banner("The dataset is empty: add facts or dialogues on the Dataset tab.", False)
                 return False
@@ -306,7 +305,7 @@ class TrainingTab(QWidget):
             if problems:
                 self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
                 return False
-            run_dir = self.studio.new_run_dir()
+            run_dir = self.app_state.new_run_dir()
             kw = dict(dataset=dataset, model_config=mc, train_config=tc)
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
@@ -318,7 +317,7 @@ class TrainingTab(QWidget):
         w.step.connect(self._on_step)
         w.validation.connect(self.plots.add_validation)
         w.stage_done.connect(self._on_stage_done)
-        w.checkpoint_saved.connect(self.model_saved)
+        w.checkpoint_saved.connect(self.app_state.notify_model_saved)
         w.run_done.connect(self._on_run_done)
         w.log_line.connect(self.append_log)
         w.failed.connect(self._on_failed)
@@ -336,6 +335,7 @@ class TrainingTab(QWidget):
         self.append_log("INFO", "resuming training" if resume else "starting training")
         w.start()
         self._label_timer.start()
+        self.app_state.set_training(True)
         self.update_buttons()
         self.running_changed.emit(True)
         return True
@@ -349,13 +349,15 @@ class TrainingTab(QWidget):
             self.update_buttons()
 
     def stop_and_wait(self) -> None:
+        """Stop the run and wait for its thread (the window closes); the plots stop redrawing."""
         if self._worker is not None:
             self._worker.request_stop()
             self._worker.wait()
+        self.plots.stop()
 
     def _switch_to_cpu(self) -> None:
         self.banner.hide()
-        if self.studio.switch_to_cpu():
+        if self.app_state.switch_to_cpu():
             self.start()
 
     # ----------------------------------------------------------------------------- worker signals
@@ -431,8 +433,8 @@ class TrainingTab(QWidget):
 
     def _on_failed(self, kind: str, message: str) -> None:
         self.append_log("ERROR", message)
-        info = self.studio.device_info()
-        offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.studio.has_cpu_device()
+        info = self.app_state.device_info()
+        offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.app_state.has_cpu_device()
         if kind == "device":
             text = f"The OpenCL device failed during training: {message}"
             if offer_cpu:
@@ -455,5 +457,6 @@ class TrainingTab(QWidget):
         if self._stopping and not self.stage_label.text().startswith(("Stopped", "Failed")):
             self.stage_label.setText("Stopped")
         self._stopping = False
+        self.app_state.set_training(False)
         self.update_buttons()
         self.running_changed.emit(False)

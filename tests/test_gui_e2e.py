@@ -178,14 +178,14 @@ def test_device_error_offers_the_cpu(main_window, qtbot, monkeypatch):
     monkeypatch.setattr(core.trainer.Trainer, "run", broken_run)
     cpu = main_window.device_info()
     gpu = dataclasses.replace(cpu, kind="GPU", name="Pretend GPU")
-    monkeypatch.setattr(main_window, "device_info", lambda: gpu)  # as if a GPU had been chosen
+    monkeypatch.setattr(main_window.state, "device_info", lambda: gpu)  # as if a GPU had been chosen
     t = main_window.training_tab
     assert t.start()
     wait_idle(qtbot, t, timeout=60_000)
     assert not t.banner.isHidden() and not t.cpu_button.isHidden()
     assert "OUT_OF_RESOURCES" in t.banner_text.text()
     switched = []
-    monkeypatch.setattr(main_window, "switch_to_cpu", lambda: switched.append(1) or False)
+    monkeypatch.setattr(main_window.state, "switch_to_cpu", lambda: switched.append(1) or False)
     qtbot.mouseClick(t.cpu_button, Qt.MouseButton.LeftButton)
     assert switched and t.banner.isHidden()
 
