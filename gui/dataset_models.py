@@ -70,7 +70,7 @@ class _EntryModel(QAbstractListModel):
         if role == _ROLE.BackgroundRole:
             return BAD if row in self._bad else None
         if role == _ROLE.ToolTipRole:
-            return self._bad.get(row)
+            return self._bad.get(row, self.tooltip(row))
         return None
 
     # -- for the tab
@@ -80,6 +80,10 @@ class _EntryModel(QAbstractListModel):
     def search_text(self, row: int) -> str:
         """Lower-case text the search looks in."""
         raise NotImplementedError
+
+    def tooltip(self, row: int) -> str | None:
+        """Tooltip of a row without a problem."""
+        return None
 
     def reset(self, rows: list) -> None:
         """Show ``rows`` (the dataset's own list, not a copy)."""
@@ -118,6 +122,9 @@ class _EntryModel(QAbstractListModel):
         old, self._bad = self._bad, {r: p for r, p in bad.items() if 0 <= r < len(self._rows)}
         changed = sorted(r for r in old.keys() | self._bad.keys() if old.get(r) != self._bad.get(r))
         roles = [_ROLE.BackgroundRole, _ROLE.ToolTipRole]
+        if len(changed) > 64:  # one signal for many rows (a range never resets an editor either)
+            self.dataChanged.emit(self.index(changed[0]), self.index(changed[-1]), roles)
+            return
         for r in changed:
             self.dataChanged.emit(self.index(r), self.index(r), roles)
 
@@ -133,6 +140,10 @@ class FactsModel(_EntryModel):
 
     def search_text(self, row: int) -> str:
         return self._rows[row].lower()
+
+    def tooltip(self, row: int) -> str | None:
+        """The whole fact: a row shows one line of it."""
+        return self._rows[row] or None
 
     def flags(self, index):
         return _editable(super().flags(index), index)

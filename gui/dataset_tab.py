@@ -22,6 +22,7 @@ from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsMod
 from gui.workers import CallWorker
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
+MAX_LISTED_PROBLEMS = 500  # a list item per problem: 20,000 items would make every check slow
 
 
 def _button(text: str, tip: str, slot) -> QPushButton:
@@ -447,10 +448,13 @@ class DatasetTab(QWidget):
                            if (p.kind == "fact" and p.index < len(self._dataset.facts))
                            or (p.kind == "dialogue" and p.index < len(self._dataset.dialogues))]
         self.problem_list.clear()
-        for p in self._problems:
+        for p in self._problems[:MAX_LISTED_PROBLEMS]:
             it = QListWidgetItem(f"⚠ {p}")
             it.setData(Qt.ItemDataRole.UserRole, (p.kind, p.index, p.turn))
             self.problem_list.addItem(it)
+        if len(self._problems) > MAX_LISTED_PROBLEMS:  # all are highlighted in the lists all the same
+            self.problem_list.addItem(QListWidgetItem(f"… and {len(self._problems) - MAX_LISTED_PROBLEMS:,} more "
+                                                      "problems (fix these first)"))
         if not self._dataset.facts and not self._dataset.dialogues:
             self.problem_list.addItem(QListWidgetItem("⚠ The dataset is empty: add facts or dialogues."))
         elif not self._problems:

@@ -108,3 +108,21 @@ def test_twenty_thousand_facts_stay_responsive(main_window, qtbot, timed):
 
     slow = {k: v for k, v in timed.times.items() if v > BOUND_S and "worker" not in k}
     assert not slow, f"slower than {BOUND_S} s: {slow}"
+
+
+def test_twenty_thousand_problems_are_listed_in_part_and_all_highlighted(main_window, timed):
+    from gui.dataset_tab import MAX_LISTED_PROBLEMS
+
+    tab = main_window.dataset_tab
+    main_window.tabs.setCurrentWidget(tab)
+    with timed("open 20,000 empty facts"):
+        tab.set_dataset(Dataset([" "] * N_FACTS, []))
+    with timed("validate 20,000 problems"):
+        tab.validate_now()
+    assert len(tab.problems()) == N_FACTS
+    assert tab.problem_list.count() == MAX_LISTED_PROBLEMS + 1
+    assert tab.problem_list.item(MAX_LISTED_PROBLEMS).text().startswith(f"… and {N_FACTS - MAX_LISTED_PROBLEMS:,} more")
+    model = tab.facts.source()
+    assert model.data(model.index(N_FACTS - 1), Qt.ItemDataRole.BackgroundRole) is not None
+    slow = {k: v for k, v in timed.times.items() if v > BOUND_S}
+    assert not slow, f"slower than {BOUND_S} s: {slow}"
