@@ -81,9 +81,11 @@ class AppState(QObject):
 
     # ----------------------------------------------------------------------------- device
     def devices(self) -> list[DeviceInfo]:
+        """Every OpenCL device the Device tab found (preferred first)."""
         return list(self._devices)
 
     def set_devices(self, devices: list[DeviceInfo]) -> None:
+        """The devices were listed (again)."""
         self._devices = list(devices)
         self.devices_changed.emit(self.devices())
 
@@ -92,12 +94,14 @@ class AppState(QObject):
         return self._device
 
     def set_device(self, info: DeviceInfo | None) -> None:
+        """Train and chat on ``info`` from now on (None: there is no device)."""
         if info == self._device and info is not None:
             return
         self._device = info
         self.device_changed.emit(info)
 
     def has_cpu_device(self) -> bool:
+        """True when a CPU device is listed (the fallback when a GPU runs out of memory)."""
         return any(d.kind == "CPU" for d in self._devices)
 
     def switch_to_cpu(self) -> bool:
@@ -161,9 +165,11 @@ class AppState(QObject):
 
     # ----------------------------------------------------------------------------- busy flags
     def is_training(self) -> bool:
+        """True from the start of a run until its worker's last signal has been handled."""
         return self._training
 
     def is_exporting(self) -> bool:
+        """True from the start of an export until its worker's last signal has been handled."""
         return self._exporting
 
     def busy(self) -> bool:
@@ -171,11 +177,13 @@ class AppState(QObject):
         return self._training or self._exporting
 
     def set_training(self, running: bool) -> None:
+        """The Training tab started (True) or finished (False) a run."""
         if running != self._training:
             self._training = running
             self.busy_changed.emit()
 
     def set_exporting(self, running: bool) -> None:
+        """The Export tab started (True) or finished (False) an export."""
         if running != self._exporting:
             self._exporting = running
             self.busy_changed.emit()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
@@ -40,8 +40,6 @@ class ChatTab(QWidget):
         state: the app state: the device to load models on, and the project's trained model (the
             tab switches to it when a project is opened or training saves it).
     """
-
-    answering_changed = Signal(bool)  # (True: an answer started, False: it ended)
 
     def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
@@ -281,7 +279,6 @@ class ChatTab(QWidget):
         self._seed += 1
         self._worker.ask(text, self.settings())
         self._update_buttons()
-        self.answering_changed.emit(True)
         return True
 
     def stop_answer(self) -> None:
@@ -361,7 +358,6 @@ class ChatTab(QWidget):
     def _finish_answer(self) -> None:
         self._answering = False
         self._update_buttons()
-        self.answering_changed.emit(False)
 
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(not self._answering)

@@ -75,6 +75,7 @@ class _EntryModel(QAbstractListModel):
 
     # -- for the tab
     def text(self, row: int) -> str:
+        """What the row shows."""
         raise NotImplementedError
 
     def search_text(self, row: int) -> str:
@@ -92,12 +93,14 @@ class _EntryModel(QAbstractListModel):
         self.endResetModel()
 
     def insert(self, row: int, value) -> None:
+        """Insert ``value`` (a fact or a Dialogue) before ``row``."""
         self.beginInsertRows(QModelIndex(), row, row)
         self._rows.insert(row, value)
         self.endInsertRows()
         self.edited.emit()
 
     def remove(self, row: int) -> None:
+        """Delete ``row`` (later marks move up with their rows)."""
         self.beginRemoveRows(QModelIndex(), row, row)
         del self._rows[row]
         self.endRemoveRows()
@@ -127,9 +130,6 @@ class _EntryModel(QAbstractListModel):
             return
         for r in changed:
             self.dataChanged.emit(self.index(r), self.index(r), roles)
-
-    def problem(self, row: int) -> str | None:
-        return self._bad.get(row)
 
 
 class FactsModel(_EntryModel):
@@ -168,9 +168,6 @@ class DialoguesModel(_EntryModel):
     def search_text(self, row: int) -> str:
         return dialogue_search_text(self._rows[row])
 
-    def dialogue(self, row: int) -> Dialogue:
-        return self._rows[row]
-
 
 class TurnsModel(QAbstractTableModel):
     """The turns of one dialogue: column 0 the user's question, column 1 the assistant's answer."""
@@ -190,6 +187,7 @@ class TurnsModel(QAbstractTableModel):
         self.endResetModel()
 
     def dialogue(self) -> Dialogue | None:
+        """The dialogue shown, or None."""
         return self._dialogue
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
@@ -237,6 +235,7 @@ class TurnsModel(QAbstractTableModel):
         return t
 
     def remove_turn(self, t: int) -> None:
+        """Delete turn ``t``."""
         self.beginRemoveRows(QModelIndex(), t, t)
         del self._dialogue.turns[t]
         self.endRemoveRows()
@@ -244,6 +243,7 @@ class TurnsModel(QAbstractTableModel):
         self.edited.emit()
 
     def swap_turns(self, a: int, b: int) -> None:
+        """Exchange turns ``a`` and ``b``."""
         turns = self._dialogue.turns
         turns[a], turns[b] = turns[b], turns[a]
         for r in (a, b):
@@ -283,9 +283,6 @@ class SearchProxy(QSortFilterProxyModel):
         else:
             self._needle = needle
             self.invalidateRowsFilter()
-
-    def needle(self) -> str:
-        return self._needle
 
     def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802 - Qt API
         return not self._needle or self._needle in self.sourceModel().search_text(source_row)

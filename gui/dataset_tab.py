@@ -64,6 +64,7 @@ class EntryListView(QListView):
         return self.proxy.mapFromSource(src.index(row)) if 0 <= row < src.rowCount() else QModelIndex()
 
     def is_shown(self, row: int) -> bool:
+        """True when the search shows source row ``row``."""
         return self.view_index(row).isValid()
 
     def currentRow(self) -> int:  # noqa: N802 - like QListWidget
@@ -80,6 +81,7 @@ class EntryListView(QListView):
             self.clear_current()
 
     def clear_current(self) -> None:
+        """Select nothing."""
         self.selectionModel().setCurrentIndex(QModelIndex(), QItemSelectionModel.SelectionFlag.Clear)
 
     def neighbour(self, row: int, delta: int) -> int:
@@ -110,13 +112,16 @@ class TurnsView(QTableView):
         self.setWordWrap(True)
 
     def rowCount(self) -> int:  # noqa: N802 - like QTableWidget
+        """Turns of the dialogue shown (0 when none is)."""
         return self.model().rowCount()
 
     def currentRow(self) -> int:  # noqa: N802 - like QTableWidget
+        """The selected turn, or -1."""
         idx = self.currentIndex()
         return idx.row() if idx.isValid() else -1
 
     def setCurrentCell(self, row: int, column: int) -> None:  # noqa: N802 - like QTableWidget
+        """Select turn ``row``'s question (column 0) or answer (1)."""
         self.setCurrentIndex(self.model().index(row, column))
 
 
@@ -346,6 +351,7 @@ class DatasetTab(QWidget):
         return self.dialogues.currentRow()
 
     def add_dialogue(self) -> None:
+        """Append a dialogue with one placeholder turn and select it."""
         self.search.clear()  # the new entry must be visible
         row = len(self._dataset.dialogues)
         self.dialogue_model.insert(row, Dialogue([("New question?", "New answer.")]))
@@ -397,6 +403,7 @@ class DatasetTab(QWidget):
         self._edited()
 
     def add_turn(self) -> None:
+        """Append a placeholder turn to the selected dialogue."""
         if self._current_dialogue() < 0:
             return
         t = self.turn_model.add_turn()
@@ -404,6 +411,7 @@ class DatasetTab(QWidget):
         self.turns.setCurrentCell(t, 0)
 
     def remove_turn(self) -> None:
+        """Remove the selected turn of the selected dialogue."""
         t = self.turns.currentRow()
         if self._current_dialogue() >= 0 and 0 <= t < self.turns.rowCount():
             self.turn_model.remove_turn(t)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
@@ -24,8 +24,6 @@ class ExportTab(QWidget):
         state: the app state: the project's trained model is what the tab exports; the tab reports
             whether an export runs (``set_exporting``) and where it wrote (``message``).
     """
-
-    exported = Signal(object)  # (gui.events.Exported)
 
     def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
@@ -200,7 +198,6 @@ class ExportTab(QWidget):
         self.result.setText(text)
         self.status.setText("Done.")
         QSettings().setValue("export/folder", str(Path(d.path).parent))  # the next project suggests it
-        self.exported.emit(d)
         self.app_state.message.emit(f"exported {d.path}")
 
     def _on_failed(self, kind: str, message: str) -> None:

@@ -71,7 +71,6 @@ class HyperTab(QWidget):
     """
 
     changed = Signal()  # (): any value changed (the project saves the form)
-    validity_changed = Signal(bool)  # (True when every value is valid)
 
     def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
@@ -292,9 +291,7 @@ class HyperTab(QWidget):
                 f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
             ok = True
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits())
-        if ok != self._valid:
-            self._valid = ok
-            self.validity_changed.emit(ok)
+        self._valid = ok
         return ok
 
     def limits(self) -> tuple[int, int]:

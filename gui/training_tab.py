@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
                                QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
@@ -55,8 +55,6 @@ class TrainingTab(QWidget):
         state: the app state: device, dataset, configs and checkpoint folders come from it; the tab
             reports a saved model (``notify_model_saved``) and whether it is training (``set_training``).
     """
-
-    running_changed = Signal(bool)  # (True: training started, False: it ended)
 
     def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
@@ -337,7 +335,6 @@ class TrainingTab(QWidget):
         self._label_timer.start()
         self.app_state.set_training(True)
         self.update_buttons()
-        self.running_changed.emit(True)
         return True
 
     def stop(self) -> None:
@@ -459,4 +456,3 @@ class TrainingTab(QWidget):
         self._stopping = False
         self.app_state.set_training(False)
         self.update_buttons()
-        self.running_changed.emit(False)
