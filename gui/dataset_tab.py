@@ -384,7 +384,7 @@ class DatasetTab(QWidget):
             self.turn_model.set_dialogue(d)
         self.system.setEnabled(valid)
         self.turns.setEnabled(valid)
-        self.system.setText(d.system or "" if d is not None else "")
+        self.system.setText((d.system or "") if d is not None else "")
         if valid:
             self.turns.resizeRowsToContents()
         self._highlight_turns()
