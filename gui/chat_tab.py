@@ -197,12 +197,9 @@ class ChatTab(QWidget):
 
     def _ensure_worker(self) -> ChatWorker:
         if self._worker is None or not self._worker.isRunning():
-            w = ChatWorker()
-            w.model_loaded.connect(self._on_loaded)
-            w.load_failed.connect(self._on_load_failed)
-            w.piece.connect(self._on_piece)
-            w.answer_done.connect(self._on_answer_done)
-            w.failed.connect(self._on_failed)
+            w = ChatWorker().connect_slots(model_loaded=self._on_loaded, load_failed=self._on_load_failed,
+                                           piece=self._on_piece, answer_done=self._on_answer_done,
+                                           failed=self._on_failed)
             self._worker = w
             w.start()
         return self._worker

@@ -520,9 +520,7 @@ class DatasetTab(QWidget):
             self.stats_label.setText("0 facts, 0 dialogues.")
             return
         w = CallWorker(dataset_stats, ds, self._vocab_size, self._context_length)
-        w.done.connect(self._on_stats)
-        w.failed.connect(self._on_stats_failed)
-        w.finished.connect(self._on_stats_finished)
+        w.connect_slots(done=self._on_stats, failed=self._on_stats_failed, finished=self._on_stats_finished)
         self._stats_worker = w
         w.start()
 

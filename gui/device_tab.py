@@ -173,11 +173,8 @@ class DeviceTab(QWidget):
         self.test_button.setEnabled(False)
         self.combo.setEnabled(False)
         self.test_status.setText("Building kernels (the first time on a device this can take a minute)…")
-        w = DeviceTestWorker(d)
-        w.progress.connect(self._on_progress)
-        w.result.connect(self._on_result)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w = DeviceTestWorker(d).connect_slots(progress=self._on_progress, result=self._on_result,
+                                              failed=self._on_failed, finished=self._on_finished)
         self._worker = w
         self._active = True
         w.start()

@@ -169,10 +169,8 @@ class ExportTab(QWidget):
             self.status.setText(f"Export failed: {e}")
             return False
         w = ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked())
-        w.progress.connect(self.status.setText)
-        w.exported.connect(self._on_exported)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w.connect_slots(progress=self.status.setText, exported=self._on_exported, failed=self._on_failed,
+                        finished=self._on_finished)
         self._worker = w
         self._active = True
         self.app_state.set_exporting(True)

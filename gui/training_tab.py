@@ -311,15 +311,10 @@ class TrainingTab(QWidget):
             self.recall_label.setText("Shown when a stage ends.")
             val_every = validation_interval(tc)
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
-        w.run_started.connect(self._on_started)
-        w.step.connect(self._on_step)
-        w.validation.connect(self.plots.add_validation)
-        w.stage_done.connect(self._on_stage_done)
-        w.checkpoint_saved.connect(self.app_state.notify_model_saved)
-        w.run_done.connect(self._on_run_done)
-        w.log_line.connect(self.append_log)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self.plots.add_validation,
+                        stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
+                        run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
+                        finished=self._on_finished)
         self._worker = w
         self._active = True
         self._stopping = False

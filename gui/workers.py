@@ -94,7 +94,20 @@ class Worker(QThread):
         self._stop.set()
 
     def stop_requested(self) -> bool:
+        """True once :meth:`request_stop` was called."""
         return self._stop.is_set()
+
+    def connect_slots(self, **slots: Callable[..., Any]) -> "Worker":
+        """Connect each signal named by a keyword (``failed=``, ``finished=``, ...) to its slot, as
+        napari's ``create_worker(_connect=...)`` does; returns the worker.
+
+        Raises:
+            AttributeError: the worker has no signal of that name.
+        """
+        for name, slot in slots.items():
+            getattr(type(self), name)  # a typo is an error here, not a silently missing connection
+            getattr(self, name).connect(slot)
+        return self
 
     def run(self) -> None:  # noqa: D102 - QThread entry point
         try:
