@@ -101,6 +101,10 @@ def test_twenty_thousand_facts_stay_responsive(main_window, qtbot, timed):
     with timed("token count snapshot (GUI thread)"):
         tab._start_stats()
     t0 = time.perf_counter()
+    with timed("search while the tokens are counted"):  # the worker thread shares the GIL
+        tab.search.setText("signal number 1999")
+    assert tab.dialogues.proxy.rowCount() == 1 and tab.dialogues.is_shown(N_DIALOGUES - 1)
+    tab.search.clear()
     qtbot.waitUntil(lambda: "tokens" in tab.stats_label.text() and not tab._stats_worker.isRunning(),
                     timeout=120_000)
     timed.times["token counts (worker thread)"] = time.perf_counter() - t0
