@@ -19,21 +19,21 @@ JSONL contents are trimmed of surrounding whitespace. A malformed entry becomes 
 (``file:line: message``) and is skipped; only a file that cannot be read as a whole raises
 :class:`DatasetError`.
 
-Writers (:func:`save_dataset`, :func:`export_text`, :func:`export_jsonl`) replace the file atomically.
+Writers (:func:`save_dataset`, :func:`export_text`, :func:`export_jsonl`) replace the file atomically
+(:func:`core.atomic.atomic_write_text`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.atomic import atomic_write_text
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -163,33 +163,6 @@ def dataset_hash(dataset: Dataset) -> str:
     """sha256 hex digest of the canonical JSON (sorted keys, no spaces, UTF-8) of ``dataset``."""
     text = json.dumps(dataset.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# ---- atomic writing ---------------------------------------------------------------------------
-
-def atomic_write_text(path: str | PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` via a temp file in the same folder + ``os.replace``.
-
-    Either the whole new file is there afterwards or the old one is untouched. Raises OSError.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        except FileNotFoundError:
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a new data file should be readable as usual
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def save_dataset(dataset: Dataset, path: str | PathLike) -> None:

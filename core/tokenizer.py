@@ -21,8 +21,8 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from core.atomic import atomic_write_text
 from core.chat_format import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
-from core.dataset import atomic_write_text
 
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
@@ -213,10 +213,6 @@ class Tokenizer:
     def pad_id(self) -> int:
         """Id of the padding special token."""
         return self._pad
-
-    def token_id(self, token: str) -> int | None:
-        """Id of a token string (byte-level form), or None."""
-        return self._tk.token_to_id(token)
 
     def tokens(self) -> list[str]:
         """All token strings in id order, byte-level encoded (GGUF ``tokenizer.ggml.tokens``)."""

@@ -222,7 +222,6 @@ class Trainer:
         self.dataset_hash = dataset_hash(dataset)
         self._stop = False
         self.last_loss = float("nan")
-        self.history: list[StepReport] = []
 
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -309,7 +308,6 @@ class Trainer:
                 rep = StepReport(name, self.stage_step, cfg.steps, stats.loss, stats.grad_norm,
                                  stats.layer_grad_norms, lr, clipped, not finite,
                                  stats.tokens / max(dt, 1e-9), time.perf_counter() - t_start)
-                self.history.append(rep)
                 yield rep
                 if not finite:
                     yield LogEvent("WARNING", f"{name} step {self.stage_step}: loss {stats.loss} / grad norm "

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from gui.paths import DATA_ENV
+
 APP_NAME = "OpenCL LLM Studio"
 ORG_NAME = "opencl-llm-studio"
 
@@ -22,9 +24,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "GGUF to a temporary folder, print a summary and exit (no window)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     return p
-
-
-DATA_ENV = "OPENCL_LLM_STUDIO_DATA"
 
 
 def set_app_identity(app) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTextEdit, QToolTip, QVBoxLayout, QWidget)
 
+from gui.app_state import AppState
+from gui.events import AnswerDone, AnswerPiece, ModelLoaded
 from gui.workers import ChatWorker
 
 TOKEN_PROP = QTextFormat.Property.UserProperty + 1
@@ -19,10 +21,10 @@ def _shown(token: str) -> str:
     return repr(token)[1:-1] if token else "∅"
 
 
-def token_tooltip(p: dict) -> str:
+def token_tooltip(p: AnswerPiece) -> str:
     """Tooltip of a generated token: its probability and the top alternatives."""
-    alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p["alternatives"])
-    return f"'{_shown(p['token'])}': probability {p['prob']:.1%}\nmost likely at this step:\n{alts}"
+    alts = "\n".join(f"  '{_shown(t)}'  {pr:.1%}" for t, pr in p.alternatives)
+    return f"'{_shown(p.token)}': probability {p.prob:.1%}\nmost likely at this step:\n{alts}"
 
 
 def prob_color(p: float) -> QColor:
@@ -35,21 +37,20 @@ class ChatTab(QWidget):
     """Talks to a :class:`gui.workers.ChatWorker`; never touches the model itself.
 
     Args:
-        studio: the main window: ``device_info()``, ``trained_model_path()``.
+        state: the app state: the device to load models on, and the project's trained model (the
+            tab switches to it when a project is opened or training saves it).
     """
 
-    answering_changed = Signal(bool)  # an answer started (True) or ended (False)
-
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: ChatWorker | None = None
         self._source: str | None = None  # model the user wants to chat with
         self._loaded: str | None = None  # model the worker has loaded (or is loading)
         self._source_is_trained = False  # the source is this project's checkpoint
         self._in_worker: tuple[str, bool] | None = None  # (model the worker has loaded, is the trained one)
         self._answering = False
-        self._pieces: list[dict] = []
+        self._pieces: list[AnswerPiece] = []
         self._answer_text = ""
         self._seed = 0
 
@@ -141,6 +142,8 @@ class ChatTab(QWidget):
         split.setStretchFactor(0, 1)
         QVBoxLayout(self).addWidget(split)
         self._update_buttons()
+        state.project_changed.connect(self._on_project)
+        state.model_saved.connect(self.set_trained_model)
 
     # ----------------------------------------------------------------------------- model
     def set_trained_model(self, path: str | None) -> None:
@@ -156,8 +159,16 @@ class ChatTab(QWidget):
             self._loaded = None  # reload on the next question: the weights changed
             self.model_label.setText(f"Trained model of this project:\n{path}\n(loaded with the next message)")
 
+    def _on_project(self, project) -> None:
+        """A project was opened: its sampling settings, and its trained model (if any)."""
+        self.apply_settings(project.settings.get("sampling"))
+        self.set_trained_model(None)
+        path = self.app_state.trained_model_path()
+        if path is not None:
+            self.set_trained_model(str(path))
+
     def use_trained_model(self) -> None:
-        path = self.studio.trained_model_path()
+        path = self.app_state.trained_model_path()
         if path is None:
             self.model_label.setText("This project has no trained model yet: train one on the Training tab.")
             return
@@ -186,12 +197,9 @@ class ChatTab(QWidget):
 
     def _ensure_worker(self) -> ChatWorker:
         if self._worker is None or not self._worker.isRunning():
-            w = ChatWorker()
-            w.model_loaded.connect(self._on_loaded)
-            w.load_failed.connect(self._on_load_failed)
-            w.piece.connect(self._on_piece)
-            w.answer_done.connect(self._on_answer_done)
-            w.failed.connect(self._on_failed)
+            w = ChatWorker().connect_slots(model_loaded=self._on_loaded, load_failed=self._on_load_failed,
+                                           piece=self._on_piece, answer_done=self._on_answer_done,
+                                           failed=self._on_failed)
             self._worker = w
             w.start()
         return self._worker
@@ -199,7 +207,7 @@ class ChatTab(QWidget):
     def _load_if_needed(self) -> bool:
         if self._source is None:
             return False
-        device = self.studio.device_info()
+        device = self.app_state.device_info()
         if device is None:
             self.model_label.setText("No OpenCL device: see the Device tab.")
             return False
@@ -209,10 +217,10 @@ class ChatTab(QWidget):
             self.model_label.setText(f"Loading {self._source}…")
         return True
 
-    def _on_loaded(self, info: dict) -> None:
-        self._in_worker = (info["path"], info["path"] == self._source and self._source_is_trained)
-        self.model_label.setText(f"{info['path']}\n{info['n_params']:,} parameters, context "
-                                 f"{info['context_length']} tokens, on {info['device']}")
+    def _on_loaded(self, info: ModelLoaded) -> None:
+        self._in_worker = (info.path, info.path == self._source and self._source_is_trained)
+        self.model_label.setText(f"{info.path}\n{info.n_params:,} parameters, context "
+                                 f"{info.context_length} tokens, on {info.device}")
 
     def _on_load_failed(self, path: str, message: str) -> None:
         """The worker kept the model it had: chat with that one again, and say so (once)."""
@@ -233,6 +241,24 @@ class ChatTab(QWidget):
                 "repetition_penalty": self.repetition.value(), "max_tokens": self.max_tokens.value(),
                 "seed": self._seed}
 
+    def saved_settings(self) -> dict:
+        """What a project saves: the sampling settings without the seed (it counts the answers)."""
+        s = self.settings()
+        s.pop("seed")
+        return s
+
+    def apply_settings(self, s) -> None:
+        """Set the sampling widgets from a project's saved settings (unreadable values are skipped)."""
+        if not isinstance(s, dict):
+            return
+        for key, widget in (("temperature", self.temperature), ("top_k", self.top_k), ("top_p", self.top_p),
+                            ("repetition_penalty", self.repetition), ("max_tokens", self.max_tokens)):
+            if key in s:
+                try:
+                    widget.setValue(type(widget.value())(s[key]))
+                except (TypeError, ValueError):
+                    pass
+
     def send(self, message: str | None = None) -> bool:
         """Send the input line (or ``message``); False when nothing can be sent now."""
         text = (message if isinstance(message, str) else self.input.text()).strip()
@@ -250,7 +276,6 @@ class ChatTab(QWidget):
         self._seed += 1
         self._worker.ask(text, self.settings())
         self._update_buttons()
-        self.answering_changed.emit(True)
         return True
 
     def stop_answer(self) -> None:
@@ -271,8 +296,8 @@ class ChatTab(QWidget):
     def last_answer(self) -> str:
         return self._answer_text
 
-    def pieces(self) -> list[dict]:
-        """Every generated token shown so far (dicts from ChatWorker.piece)."""
+    def pieces(self) -> list[AnswerPiece]:
+        """Every generated token shown so far."""
         return list(self._pieces)
 
     def _append_block(self, label: str, text: str, bold_color: str) -> None:
@@ -287,28 +312,28 @@ class ChatTab(QWidget):
         cur.insertText(text, QTextCharFormat())
         self.transcript.setTextCursor(cur)
 
-    def _on_piece(self, p: dict) -> None:
+    def _on_piece(self, p: AnswerPiece) -> None:
         self._pieces.append(p)
-        text = p["text"] if self._answer_text else p["text"].lstrip()  # the format's space after "Assistant:"
+        text = p.text if self._answer_text else p.text.lstrip()  # the format's space after "Assistant:"
         if not text:  # part of a multi-byte character, cut as a stop string, or that space
             return
         cur = self.transcript.textCursor()
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        fmt.setBackground(prob_color(p["prob"]))
+        fmt.setBackground(prob_color(p.prob))
         fmt.setToolTip(token_tooltip(p))
         fmt.setProperty(TOKEN_PROP, len(self._pieces) - 1)
         cur.insertText(text, fmt)
         self._answer_text += text
         self.transcript.ensureCursorVisible()
 
-    def _on_answer_done(self, d: dict) -> None:
-        self._answer_text = d["text"]
-        if d["stopped"]:
+    def _on_answer_done(self, d: AnswerDone) -> None:
+        self._answer_text = d.text
+        if d.stopped:
             self._append_note(" [stopped]")
-        elif d.get("cut") == "max_tokens":
+        elif d.cut == "max_tokens":
             self._append_note(" [cut at max tokens]")
-        elif d.get("cut") == "context":
+        elif d.cut == "context":
             self._append_note(" [cut: the model's context is full]")
         self._finish_answer()
 
@@ -330,7 +355,6 @@ class ChatTab(QWidget):
     def _finish_answer(self) -> None:
         self._answering = False
         self._update_buttons()
-        self.answering_changed.emit(False)
 
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(not self._answering)
@@ -355,9 +379,9 @@ class ChatTab(QWidget):
     def show_token(self, index: int) -> None:
         """Show token ``index``'s probability and alternatives in the side panel."""
         p = self._pieces[index]
-        self.token_label.setText(f"Token '{_shown(p['token'])}' had probability {p['prob']:.1%}.")
-        self.alternatives.setRowCount(len(p["alternatives"]))
-        for r, (tok, pr) in enumerate(p["alternatives"]):
+        self.token_label.setText(f"Token '{_shown(p.token)}' had probability {p.prob:.1%}.")
+        self.alternatives.setRowCount(len(p.alternatives))
+        for r, (tok, pr) in enumerate(p.alternatives):
             self.alternatives.setItem(r, 0, QTableWidgetItem(f"'{_shown(tok)}'"))
             self.alternatives.setItem(r, 1, QTableWidgetItem(f"{pr:.1%}"))
 

@@ -1,22 +1,28 @@
-"""Dataset tab: edit facts and multi-turn dialogues, import/export, live validation and counts."""
+"""Dataset tab: edit facts and multi-turn dialogues, import/export, live validation and counts.
+
+The lists are Qt views on :mod:`gui.dataset_models` over the project's :class:`core.dataset.Dataset`
+(edited in place); the search is a :class:`gui.dataset_models.SearchProxy` in front of each list.
+Views speak in *source* rows (indexes into ``dataset.facts`` / ``dataset.dialogues``).
+"""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
-                               QTableWidget, QTableWidgetItem, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+                               QLineEdit, QListView, QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
+                               QTableView, QToolButton, QVBoxLayout, QWidget)
 
 from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
+from core.estimates import DatasetStats, dataset_stats
 from gui import dialogs
+from gui.app_state import AppState
+from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsModel
 from gui.workers import CallWorker
 
-BAD = QBrush(QColor(255, 205, 205))
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
+MAX_LISTED_PROBLEMS = 500  # a list item per problem: 20,000 items would make every check slow
 
 
 def _button(text: str, tip: str, slot) -> QPushButton:
@@ -28,63 +34,128 @@ def _button(text: str, tip: str, slot) -> QPushButton:
     return b
 
 
-def _selected_row(view: QListWidget) -> int:
-    """The current row when the search shows it, else -1."""
-    row = view.currentRow()
-    item = view.item(row) if row >= 0 else None
-    return row if item is not None and not item.isHidden() else -1
+class EntryListView(QListView):
+    """A list of facts or dialogues behind a :class:`SearchProxy`; rows are source rows.
+
+    One line per entry, all of the same height (``uniformItemSizes``): the view then lays out
+    20,000 rows without measuring each; the full text of a long entry shows in its editor.
+    """
+
+    def __init__(self, model, parent=None) -> None:
+        super().__init__(parent)
+        self.proxy = SearchProxy(model, self)
+        self.setModel(self.proxy)
+        self.setUniformItemSizes(True)
+        self.setAlternatingRowColors(True)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setTextElideMode(Qt.TextElideMode.ElideRight)
+
+    def source(self):
+        """The model over the dataset (FactsModel or DialoguesModel)."""
+        return self.proxy.sourceModel()
+
+    def count(self) -> int:
+        """Entries in the dataset, shown or not."""
+        return self.source().rowCount()
+
+    def view_index(self, row: int) -> QModelIndex:
+        """The view's index of source row ``row`` (invalid when the search hides it)."""
+        src = self.source()
+        return self.proxy.mapFromSource(src.index(row)) if 0 <= row < src.rowCount() else QModelIndex()
+
+    def is_shown(self, row: int) -> bool:
+        """True when the search shows source row ``row``."""
+        return self.view_index(row).isValid()
+
+    def currentRow(self) -> int:  # noqa: N802 - like QListWidget
+        """The selected entry (always one the search shows), or -1."""
+        idx = self.currentIndex()
+        return self.proxy.mapToSource(idx).row() if idx.isValid() else -1
+
+    def setCurrentRow(self, row: int) -> None:  # noqa: N802 - like QListWidget
+        """Select source row ``row``; -1 or a row the search hides selects nothing."""
+        idx = self.view_index(row)
+        if idx.isValid():
+            self.setCurrentIndex(idx)
+        else:
+            self.clear_current()
+
+    def clear_current(self) -> None:
+        """Select nothing."""
+        self.selectionModel().setCurrentIndex(QModelIndex(), QItemSelectionModel.SelectionFlag.Clear)
+
+    def neighbour(self, row: int, delta: int) -> int:
+        """The nearest source row above (delta -1) or below (+1) ``row`` that the search shows, or -1."""
+        idx = self.view_index(row)
+        if not idx.isValid():
+            return -1
+        r = idx.row() + delta
+        if not 0 <= r < self.proxy.rowCount():
+            return -1
+        return self.proxy.mapToSource(self.proxy.index(r, 0)).row()
+
+    def set_needle(self, needle: str) -> None:
+        """Filter by ``needle``; a selected entry the search hides is deselected (never moved to a
+        neighbour, as Qt would: Remove / Up / Down must not act on an entry the user did not pick)."""
+        row = self.currentRow()
+        self.proxy.set_needle(needle)
+        self.setCurrentRow(row)
 
 
-def _visible_neighbour(view: QListWidget, row: int, delta: int) -> int:
-    """The nearest row above (delta -1) or below (+1) ``row`` that the search shows, or -1."""
-    r = row + delta
-    while 0 <= r < view.count():
-        if not view.item(r).isHidden():
-            return r
-        r += delta
-    return -1
+class TurnsView(QTableView):
+    """The turns of the dialogue being edited (rows are turns, columns User / Assistant)."""
 
+    def __init__(self, model: TurnsModel, parent=None) -> None:
+        super().__init__(parent)
+        self.setModel(model)
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.setWordWrap(True)
 
-def _mark(item, bad: bool, tooltip: str | None) -> None:
-    """Highlight an entry. Only real changes are written: a change to an item that is being edited
-    resets its editor (the user's typing and the selected text would be lost)."""
-    brush = BAD if bad else QBrush()
-    if item.background() != brush:
-        item.setBackground(brush)
-    if tooltip is not None and item.toolTip() != tooltip:
-        item.setToolTip(tooltip)
+    def rowCount(self) -> int:  # noqa: N802 - like QTableWidget
+        """Turns of the dialogue shown (0 when none is)."""
+        return self.model().rowCount()
 
+    def currentRow(self) -> int:  # noqa: N802 - like QTableWidget
+        """The selected turn, or -1."""
+        idx = self.currentIndex()
+        return idx.row() if idx.isValid() else -1
 
-def _stats(dataset: Dataset, vocab_size: int, context_length: int) -> dict:
-    """Worker function: core.estimates.dataset_stats as plain data."""
-    from core.estimates import dataset_stats
-
-    s = dataset_stats(dataset, vocab_size, context_length)
-    return {"vocab_size": s.vocab_size, "fact_tokens": s.fact_tokens, "dialogue_tokens": s.dialogue_tokens,
-            "fact_sequences": s.fact_sequences, "dialogue_sequences": s.dialogue_sequences,
-            "longest": s.longest,
-            "too_long": [[p.kind, p.index, p.turn, p.message] for p in s.too_long]}
+    def setCurrentCell(self, row: int, column: int) -> None:  # noqa: N802 - like QTableWidget
+        """Select turn ``row``'s question (column 0) or answer (1)."""
+        self.setCurrentIndex(self.model().index(row, column))
 
 
 class DatasetTab(QWidget):
-    """Edits a :class:`core.dataset.Dataset` in place and says what is wrong with it, live."""
+    """Edits the state's :class:`core.dataset.Dataset` in place and says what is wrong with it, live.
 
-    changed = Signal()  # the dataset was edited
+    Args:
+        state: the app state: the tab shows ``state.dataset()`` (and each dataset that replaces it),
+            reports every edit with ``state.mark_dataset_edited()`` and counts tokens with the
+            vocabulary size and context length of ``state.limits()``.
+    """
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
+        self.app_state = state
         self._dataset = Dataset()
         self._vocab_size, self._context_length = 1024, 128
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
         self._too_long: list = []
         self._stats_worker: CallWorker | None = None
         self._stats_pending = False
-        self._loading = False
+        self._stopped = False
 
         self._validate_timer = QTimer(self, singleShot=True, interval=250)
         self._validate_timer.timeout.connect(self.validate_now)
         self._stats_timer = QTimer(self, singleShot=True, interval=700)
         self._stats_timer.timeout.connect(self._start_stats)
+
+        self.fact_model = FactsModel(self)
+        self.dialogue_model = DialoguesModel(self)
+        self.turn_model = TurnsModel(self)
+        self.fact_model.edited.connect(self._edited)
+        self.dialogue_model.edited.connect(self._edited)
+        self.turn_model.edited.connect(self._on_turns_edited)
 
         # -- top bar
         top = QHBoxLayout()
@@ -108,11 +179,8 @@ class DatasetTab(QWidget):
         # -- facts
         facts_box = QGroupBox("Facts (pretraining sentences)")
         fv = QVBoxLayout(facts_box)
-        self.facts = QListWidget()
-        self.facts.setWordWrap(True)
-        self.facts.setAlternatingRowColors(True)
-        self.facts.itemChanged.connect(self._on_fact_edited)
-        self.facts.itemSelectionChanged.connect(self._update_buttons)
+        self.facts = EntryListView(self.fact_model)
+        self.facts.selectionModel().currentChanged.connect(self._update_buttons)
         fv.addWidget(self.facts, 1)
         fb = QHBoxLayout()
         fb.addWidget(_button("Add", "Add a fact", self.add_fact))
@@ -131,10 +199,9 @@ class DatasetTab(QWidget):
         top_part = QWidget()
         tv = QVBoxLayout(top_part)
         tv.setContentsMargins(0, 0, 0, 0)
-        self.dialogues = QListWidget()
-        self.dialogues.setAlternatingRowColors(True)
-        self.dialogues.currentRowChanged.connect(self._show_dialogue)
-        self.dialogues.itemSelectionChanged.connect(self._update_buttons)
+        self.dialogues = EntryListView(self.dialogue_model)
+        self.dialogues.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.dialogues.selectionModel().currentChanged.connect(self._on_dialogue_selected)
         tv.addWidget(self.dialogues, 1)
         db = QHBoxLayout()
         db.addWidget(_button("Add", "Add a dialogue", self.add_dialogue))
@@ -157,13 +224,8 @@ class DatasetTab(QWidget):
         self.system.textEdited.connect(self._on_system_edited)
         srow.addWidget(self.system, 1)
         ev.addLayout(srow)
-        self.turns = QTableWidget(0, 2)
-        self.turns.setHorizontalHeaderLabels(["User", "Assistant"])
-        self.turns.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.turns.setWordWrap(True)
-        self.turns.itemChanged.connect(self._on_turn_edited)
-        self.turns.itemSelectionChanged.connect(self._update_buttons)
-        self.turns.currentCellChanged.connect(self._update_buttons)
+        self.turns = TurnsView(self.turn_model)
+        self.turns.selectionModel().currentChanged.connect(self._update_buttons)
         ev.addWidget(self.turns, 1)
         tb = QHBoxLayout()
         self.turn_buttons = [
@@ -191,6 +253,7 @@ class DatasetTab(QWidget):
         bv.addWidget(self.stats_label)
         self.problem_list = QListWidget()
         self.problem_list.setMaximumHeight(110)
+        self.problem_list.setUniformItemSizes(True)
         self.problem_list.itemActivated.connect(self._goto_problem)
         self.problem_list.itemClicked.connect(self._goto_problem)
         bv.addWidget(self.problem_list)
@@ -203,24 +266,24 @@ class DatasetTab(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(outer, 1)
-        self._update_buttons()
+        self._show_dialogue(-1)
+        state.dataset_replaced.connect(self._show_dataset)
+        state.hyperparameters_changed.connect(self._on_hyperparameters)
 
     # ----------------------------------------------------------------------------- data in/out
     def set_dataset(self, dataset: Dataset) -> None:
-        """Show ``dataset`` (the tab edits this object in place)."""
+        """Replace the dataset with ``dataset`` (the tab edits this object in place)."""
+        self.app_state.set_dataset(dataset)
+
+    def _show_dataset(self, dataset: Dataset) -> None:
         self._dataset = dataset
-        self._loading = True
-        self.facts.clear()
-        for f in dataset.facts:
-            self.facts.addItem(self._fact_item(f))
-        self.dialogues.clear()
-        for d in dataset.dialogues:
-            self.dialogues.addItem(QListWidgetItem(self._summary(d)))
-        self._loading = False
-        self._show_dialogue(0 if dataset.dialogues else -1)
-        if dataset.dialogues:
-            self.dialogues.setCurrentRow(0)
-        self._apply_filter()
+        self._too_long = []
+        self.fact_model.reset(dataset.facts)
+        self.dialogue_model.reset(dataset.dialogues)
+        self.facts.set_needle(self.search.text())
+        self.dialogues.set_needle(self.search.text())
+        self.dialogues.setCurrentRow(0 if dataset.dialogues else -1)
+        self._show_dialogue(self.dialogues.currentRow())
         self.validate_now()
         self._stats_timer.start()
 
@@ -229,7 +292,8 @@ class DatasetTab(QWidget):
         return self._dataset
 
     def dataset_copy(self) -> Dataset:
-        return copy.deepcopy(self._dataset)
+        """An independent copy of the dataset (for another thread)."""
+        return self.app_state.dataset_copy()
 
     def set_limits(self, vocab_size: int, context_length: int) -> None:
         """Vocabulary size and context length used for token counts and the too-long check."""
@@ -237,142 +301,94 @@ class DatasetTab(QWidget):
             self._vocab_size, self._context_length = vocab_size, context_length
             self._stats_timer.start()
 
+    def _on_hyperparameters(self) -> None:
+        self.set_limits(*self.app_state.limits())
+
     def problems(self) -> list:
         """Current problems (EntryProblem-like objects with kind, index, turn, message)."""
         return list(self._problems)
 
     def _edited(self) -> None:
-        if self._loading:
-            return
+        """Something changed through a model: check again soon, count tokens again later (both are
+        restarted by every keystroke-sized edit, so typing never waits for them)."""
         self._validate_timer.start()
         self._stats_timer.start()
-        self.changed.emit()
+        self._update_buttons()
+        self.app_state.mark_dataset_edited()
 
     # ----------------------------------------------------------------------------- facts
-    @staticmethod
-    def _fact_item(text: str) -> QListWidgetItem:
-        it = QListWidgetItem(text)
-        it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
-        return it
-
     def add_fact(self, text: str = "") -> None:
         """Append a fact and open it for editing, its text selected so that typing replaces it."""
         text = text if isinstance(text, str) and text else "New fact."
         self.search.clear()  # the new entry must be visible
-        self._dataset.facts.append(text)
-        self._loading = True
-        self.facts.addItem(self._fact_item(text))
-        self._loading = False
-        row = self.facts.count() - 1
+        row = len(self._dataset.facts)
+        self.fact_model.insert(row, text)
         self.facts.setCurrentRow(row)
-        item = self.facts.item(row)
-        self.facts.editItem(item)
-        editor = self.facts.indexWidget(self.facts.indexFromItem(item))
+        idx = self.facts.view_index(row)
+        self.facts.scrollTo(idx)
+        self.facts.edit(idx)
+        editor = self.facts.indexWidget(idx)
         if isinstance(editor, QLineEdit):
             editor.selectAll()
-        self._edited()
 
     def remove_fact(self) -> None:
         """Remove the selected fact (only one the search shows)."""
-        row = _selected_row(self.facts)
-        if 0 <= row < len(self._dataset.facts):
-            del self._dataset.facts[row]
-            self._loading = True
-            self.facts.takeItem(row)
-            self._loading = False
-            self._drop_hidden_selection()
-            self._edited()
+        row = self.facts.currentRow()
+        if row >= 0:
+            self.fact_model.remove(row)
 
     def _move_fact(self, delta: int) -> None:
         """Swap the selected fact with the nearest one the search shows above (-1) or below (+1)."""
-        row = _selected_row(self.facts)
-        new = _visible_neighbour(self.facts, row, delta) if row >= 0 else -1
-        facts = self._dataset.facts
-        if 0 <= row < len(facts) and 0 <= new < len(facts):
-            facts[row], facts[new] = facts[new], facts[row]
-            self._loading = True
-            self.facts.item(row).setText(facts[row])
-            self.facts.item(new).setText(facts[new])
-            self._loading = False
+        row = self.facts.currentRow()
+        new = self.facts.neighbour(row, delta) if row >= 0 else -1
+        if new >= 0:
+            self.fact_model.swap(row, new)
             self.facts.setCurrentRow(new)
-            self._edited()
-
-    def _on_fact_edited(self, item: QListWidgetItem) -> None:
-        if self._loading:
-            return
-        row = self.facts.row(item)
-        if 0 <= row < len(self._dataset.facts) and self._dataset.facts[row] != item.text():
-            self._dataset.facts[row] = item.text()
-            self._edited()
 
     # ----------------------------------------------------------------------------- dialogues
-    @staticmethod
-    def _summary(d: Dialogue) -> str:
-        if not d.turns:
-            return "(no turns)"
-        first = d.turns[0][0].strip() or "(empty question)"
-        n_more = len(d.turns) - 1
-        more = f"  (+{n_more} turn{'s' if n_more > 1 else ''})" if n_more else ""
-        return f"User: {first}{more}"
-
     def _current_dialogue(self) -> int:
-        """The dialogue shown in the editor: the selected one, if the search shows it; else -1."""
-        row = _selected_row(self.dialogues)
-        return row if 0 <= row < len(self._dataset.dialogues) else -1
+        """The dialogue shown in the editor: the selected one (always one the search shows), or -1."""
+        return self.dialogues.currentRow()
 
     def add_dialogue(self) -> None:
+        """Append a dialogue with one placeholder turn and select it."""
         self.search.clear()  # the new entry must be visible
-        d = Dialogue([("New question?", "New answer.")])
-        self._dataset.dialogues.append(d)
-        self.dialogues.addItem(QListWidgetItem(self._summary(d)))
-        self.dialogues.setCurrentRow(self.dialogues.count() - 1)
-        self._edited()
+        row = len(self._dataset.dialogues)
+        self.dialogue_model.insert(row, Dialogue([("New question?", "New answer.")]))
+        self.dialogues.setCurrentRow(row)
+        self.dialogues.scrollTo(self.dialogues.view_index(row))
 
     def remove_dialogue(self) -> None:
         """Remove the selected dialogue (only one the search shows)."""
         row = self._current_dialogue()
         if row >= 0:
-            del self._dataset.dialogues[row]
-            self.dialogues.takeItem(row)
-            self._drop_hidden_selection()
-            self._show_dialogue(self._current_dialogue())
-            self._edited()
+            self.dialogue_model.remove(row)
 
     def _move_dialogue(self, delta: int) -> None:
         """Swap the selected dialogue with the nearest one the search shows above (-1) or below (+1)."""
         row = self._current_dialogue()
-        new = _visible_neighbour(self.dialogues, row, delta) if row >= 0 else -1
-        ds = self._dataset.dialogues
-        if row >= 0 and 0 <= new < len(ds):
-            ds[row], ds[new] = ds[new], ds[row]
-            self._refresh_summary(row)
-            self._refresh_summary(new)
+        new = self.dialogues.neighbour(row, delta) if row >= 0 else -1
+        if new >= 0:
+            self.dialogue_model.swap(row, new)
             self.dialogues.setCurrentRow(new)
-            self._edited()
+            self._show_dialogue(new)
+
+    def _on_dialogue_selected(self, *_) -> None:
+        self._show_dialogue(self._current_dialogue())
 
     def _show_dialogue(self, row: int) -> None:
-        self._loading = True
-        self.turns.setRowCount(0)
-        valid = 0 <= row < len(self._dataset.dialogues) and not self.dialogues.item(row).isHidden()
+        """Put dialogue ``row`` (-1: none) into the editor below the list."""
+        valid = 0 <= row < len(self._dataset.dialogues)
+        d = self._dataset.dialogues[row] if valid else None
+        if d is not self.turn_model.dialogue() or d is None:
+            self.turn_model.set_dialogue(d)
         self.system.setEnabled(valid)
         self.turns.setEnabled(valid)
+        self.system.setText((d.system or "") if d is not None else "")
         if valid:
-            d = self._dataset.dialogues[row]
-            self.system.setText(d.system or "")
-            for user, answer in d.turns:
-                r = self.turns.rowCount()
-                self.turns.insertRow(r)
-                self.turns.setItem(r, 0, QTableWidgetItem(user))
-                self.turns.setItem(r, 1, QTableWidgetItem(answer))
             self.turns.resizeRowsToContents()
-        else:
-            self.system.setText("")
-        self._loading = False
-        self._highlight()
+        self._highlight_turns()
         self._update_buttons()
-
-    def _refresh_summary(self, row: int) -> None:
-        self.dialogues.item(row).setText(self._summary(self._dataset.dialogues[row]))
 
     def _on_system_edited(self, text: str) -> None:
         row = self._current_dialogue()
@@ -380,79 +396,49 @@ class DatasetTab(QWidget):
             self._dataset.dialogues[row].system = text if text.strip() else None
             self._edited()
 
-    def _on_turn_edited(self, item: QTableWidgetItem) -> None:
+    def _on_turns_edited(self) -> None:
         row = self._current_dialogue()
-        if self._loading or row < 0:
-            return
-        d = self._dataset.dialogues[row]
-        t = item.row()
-        if 0 <= t < len(d.turns):
-            user, answer = d.turns[t]
-            d.turns[t] = (item.text(), answer) if item.column() == 0 else (user, item.text())
-            self._refresh_summary(row)
-            self._edited()
-
-    def add_turn(self) -> None:
-        row = self._current_dialogue()
-        if row < 0:
-            return
-        self._dataset.dialogues[row].turns.append(("New question?", "New answer."))
-        self._show_dialogue(row)
-        self._refresh_summary(row)
-        self.turns.setCurrentCell(self.turns.rowCount() - 1, 0)
+        if row >= 0:
+            self.dialogue_model.refresh(row)
         self._edited()
 
+    def add_turn(self) -> None:
+        """Append a placeholder turn to the selected dialogue."""
+        if self._current_dialogue() < 0:
+            return
+        t = self.turn_model.add_turn()
+        self.turns.resizeRowsToContents()
+        self.turns.setCurrentCell(t, 0)
+
     def remove_turn(self) -> None:
-        row, t = self._current_dialogue(), self.turns.currentRow()
-        if row >= 0 and 0 <= t < len(self._dataset.dialogues[row].turns):
-            del self._dataset.dialogues[row].turns[t]
-            self._show_dialogue(row)
-            self._refresh_summary(row)
-            self._edited()
+        """Remove the selected turn of the selected dialogue."""
+        t = self.turns.currentRow()
+        if self._current_dialogue() >= 0 and 0 <= t < self.turns.rowCount():
+            self.turn_model.remove_turn(t)
 
     def _move_turn(self, delta: int) -> None:
-        row, t = self._current_dialogue(), self.turns.currentRow()
-        if row < 0:
-            return
-        turns = self._dataset.dialogues[row].turns
-        if 0 <= t < len(turns) and 0 <= t + delta < len(turns):
-            turns[t], turns[t + delta] = turns[t + delta], turns[t]
-            self._show_dialogue(row)
-            self._refresh_summary(row)
+        t, n = self.turns.currentRow(), self.turns.rowCount()
+        if self._current_dialogue() >= 0 and 0 <= t < n and 0 <= t + delta < n:
+            self.turn_model.swap_turns(t, t + delta)
+            self.turns.resizeRowsToContents()
             self.turns.setCurrentCell(t + delta, 0)
-            self._edited()
 
     # ----------------------------------------------------------------------------- search
     def _apply_filter(self) -> None:
-        needle = self.search.text().strip().lower()
-        for i, f in enumerate(self._dataset.facts):
-            self.facts.item(i).setHidden(bool(needle) and needle not in f.lower())
-        for i, d in enumerate(self._dataset.dialogues):
-            text = " ".join([d.system or ""] + [u + " " + a for u, a in d.turns]).lower()
-            self.dialogues.item(i).setHidden(bool(needle) and needle not in text)
-        self._drop_hidden_selection()
-        self._update_buttons()
+        needle = self.search.text()
+        self.facts.set_needle(needle)
+        self.dialogues.set_needle(needle)
+        self._show_dialogue(self._current_dialogue())
 
-    def _drop_hidden_selection(self) -> None:
-        """A selected entry that the search hides is deselected (and the dialogue editor emptied), so
-        Remove / Up / Down never act on an entry the user cannot see."""
-        for view in (self.facts, self.dialogues):
-            row = view.currentRow()
-            if row >= 0 and view.item(row).isHidden():
-                view.setCurrentRow(-1)
-                view.clearSelection()
-        if self.turns.isEnabled() and self._current_dialogue() < 0:
-            self._show_dialogue(-1)
-
-    def _update_buttons(self) -> None:
+    def _update_buttons(self, *_) -> None:
         """Remove / Up / Down only for a selected, visible entry with a visible neighbour that way."""
         for view, remove, up, down in ((self.facts, self.fact_remove, self.fact_up, self.fact_down),
                                        (self.dialogues, self.dialogue_remove, self.dialogue_up,
                                         self.dialogue_down)):
-            row = _selected_row(view)
+            row = view.currentRow()
             remove.setEnabled(row >= 0)
-            up.setEnabled(row >= 0 and _visible_neighbour(view, row, -1) >= 0)
-            down.setEnabled(row >= 0 and _visible_neighbour(view, row, 1) >= 0)
+            up.setEnabled(row >= 0 and view.neighbour(row, -1) >= 0)
+            down.setEnabled(row >= 0 and view.neighbour(row, 1) >= 0)
         has_dialogue = self._current_dialogue() >= 0
         t, n = self.turns.currentRow(), self.turns.rowCount()
         add, remove, up, down = self.turn_buttons
@@ -464,15 +450,19 @@ class DatasetTab(QWidget):
     # ----------------------------------------------------------------------------- validation
     def validate_now(self) -> None:
         """Run core validation and highlight every entry at fault."""
+        self._validate_timer.stop()
         self._problems = self._dataset.validate()
         self._problems += [p for p in self._too_long
                            if (p.kind == "fact" and p.index < len(self._dataset.facts))
                            or (p.kind == "dialogue" and p.index < len(self._dataset.dialogues))]
         self.problem_list.clear()
-        for p in self._problems:
+        for p in self._problems[:MAX_LISTED_PROBLEMS]:
             it = QListWidgetItem(f"⚠ {p}")
             it.setData(Qt.ItemDataRole.UserRole, (p.kind, p.index, p.turn))
             self.problem_list.addItem(it)
+        if len(self._problems) > MAX_LISTED_PROBLEMS:  # all are highlighted in the lists all the same
+            self.problem_list.addItem(QListWidgetItem(f"… and {len(self._problems) - MAX_LISTED_PROBLEMS:,} more "
+                                                      "problems (fix these first)"))
         if not self._dataset.facts and not self._dataset.dialogues:
             self.problem_list.addItem(QListWidgetItem("⚠ The dataset is empty: add facts or dialogues."))
         elif not self._problems:
@@ -480,26 +470,21 @@ class DatasetTab(QWidget):
         self._highlight()
 
     def _highlight(self) -> None:
-        bad_facts = {p.index: p for p in self._problems if p.kind == "fact"}
-        bad_dlg: dict[int, list] = {}
+        facts: dict[int, str] = {}
+        dialogues: dict[int, list[str]] = {}
         for p in self._problems:
-            if p.kind == "dialogue":
-                bad_dlg.setdefault(p.index, []).append(p)
-        was_loading, self._loading = self._loading, True
-        for i in range(self.facts.count()):
-            p = bad_facts.get(i)
-            _mark(self.facts.item(i), bool(p), str(p) if p else "")
-        for i in range(self.dialogues.count()):
-            ps = bad_dlg.get(i)
-            _mark(self.dialogues.item(i), bool(ps), "\n".join(map(str, ps)) if ps else "")
+            if p.kind == "fact":
+                facts.setdefault(p.index, str(p))
+            elif p.kind == "dialogue":
+                dialogues.setdefault(p.index, []).append(str(p))
+        self.fact_model.set_problems(facts)
+        self.dialogue_model.set_problems({i: "\n".join(ps) for i, ps in dialogues.items()})
+        self._highlight_turns()
+
+    def _highlight_turns(self) -> None:
         cur = self._current_dialogue()
-        bad_turns = {p.turn for p in bad_dlg.get(cur, []) if p.turn is not None}
-        for r in range(self.turns.rowCount()):
-            for c in range(2):
-                it = self.turns.item(r, c)
-                if it is not None:
-                    _mark(it, r in bad_turns, None)
-        self._loading = was_loading
+        self.turn_model.set_bad_turns({p.turn for p in self._problems
+                                       if p.kind == "dialogue" and p.index == cur and p.turn is not None})
 
     def _goto_problem(self, item: QListWidgetItem) -> None:
         where = item.data(Qt.ItemDataRole.UserRole)
@@ -509,16 +494,23 @@ class DatasetTab(QWidget):
         self.search.clear()
         if kind == "fact" and index < self.facts.count():
             self.facts.setCurrentRow(index)
-            self.facts.scrollToItem(self.facts.item(index))
+            self.facts.scrollTo(self.facts.view_index(index))
             self.facts.setFocus()
         elif kind == "dialogue" and index < self.dialogues.count():
             self.dialogues.setCurrentRow(index)
-            self.dialogues.scrollToItem(self.dialogues.item(index))
+            self.dialogues.scrollTo(self.dialogues.view_index(index))
             if turn is not None and turn < self.turns.rowCount():
                 self.turns.setCurrentCell(turn, 0)
 
     # ----------------------------------------------------------------------------- counts
     def _start_stats(self) -> None:
+        """Count tokens in a worker thread, on a snapshot of the dataset. Lazy: edits only restart
+        the timer that calls this, and a hidden tab waits until it is shown."""
+        if self._stopped:
+            return
+        if not self.isVisible():
+            self._stats_pending = True
+            return
         if self._stats_worker is not None and self._stats_worker.isRunning():
             self._stats_pending = True
             return
@@ -527,24 +519,25 @@ class DatasetTab(QWidget):
         if not ds.facts and not ds.dialogues:
             self.stats_label.setText("0 facts, 0 dialogues.")
             return
-        w = CallWorker(_stats, ds, self._vocab_size, self._context_length)
-        w.done.connect(self._on_stats)
-        w.failed.connect(self._on_stats_failed)
-        w.finished.connect(self._on_stats_finished)
+        w = CallWorker(dataset_stats, ds, self._vocab_size, self._context_length)
+        w.connect_slots(done=self._on_stats, failed=self._on_stats_failed, finished=self._on_stats_finished)
         self._stats_worker = w
         w.start()
 
-    def _on_stats(self, s: dict) -> None:
-        from core.dataset import EntryProblem
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        if self._stats_pending and not self._stats_timer.isActive():
+            self._stats_timer.start()
 
+    def _on_stats(self, s: DatasetStats) -> None:
         n_turns = sum(len(d.turns) for d in self._dataset.dialogues)
         self.stats_label.setText(
             f"{len(self._dataset.facts)} facts, {len(self._dataset.dialogues)} dialogues ({n_turns} turns) · "
-            f"{s['fact_tokens'] + s['dialogue_tokens']:,} tokens ({s['fact_tokens']:,} in facts, "
-            f"{s['dialogue_tokens']:,} in dialogues) · {s['fact_sequences'] + s['dialogue_sequences']} training "
-            f"sequences · longest entry {s['longest']} tokens (context {self._context_length}) · "
-            f"vocabulary {s['vocab_size']} tokens")
-        self._too_long = [EntryProblem(k, i, t, m) for k, i, t, m in s["too_long"]]
+            f"{s.fact_tokens + s.dialogue_tokens:,} tokens ({s.fact_tokens:,} in facts, "
+            f"{s.dialogue_tokens:,} in dialogues) · {s.fact_sequences + s.dialogue_sequences} training "
+            f"sequences · longest entry {s.longest} tokens (context {self._context_length}) · "
+            f"vocabulary {s.vocab_size} tokens")
+        self._too_long = list(s.too_long)
         self.validate_now()
 
     def _on_stats_failed(self, kind: str, message: str) -> None:
@@ -555,6 +548,8 @@ class DatasetTab(QWidget):
             self._start_stats()
 
     def stop(self) -> None:
+        """Stop the timers and the counting thread for good (the window closes)."""
+        self._stopped = True
         for t in (self._validate_timer, self._stats_timer):
             t.stop()
         if self._stats_worker is not None:
@@ -579,7 +574,6 @@ class DatasetTab(QWidget):
             self._dataset.facts.extend(ds.facts)
             self._dataset.dialogues.extend(ds.dialogues)
             self.set_dataset(self._dataset)
-        self.changed.emit()
         return [str(p) for p in problems]
 
     def export_file(self, path: str | Path) -> None:
@@ -624,4 +618,3 @@ class DatasetTab(QWidget):
         if dialogs.ask(self, "Reset dataset", "Replace the whole dataset with the built-in example?",
                        yes="Replace"):
             self.set_dataset(default_dataset())
-            self.changed.emit()

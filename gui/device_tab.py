@@ -1,12 +1,18 @@
 """Device tab: choose the OpenCL device, see its details, test it (build, check, benchmark)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar,
                                QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget, QHeaderView)
 
+from gui.app_state import AppState
 from gui.workers import DeviceTestWorker
+
+if TYPE_CHECKING:
+    from core.selftest import DeviceCheck
 
 SETTINGS_KEY = "device/label"
 
@@ -16,12 +22,19 @@ def _gib(n: int) -> str:
 
 
 class DeviceTab(QWidget):
-    """Lists every OpenCL device (preferred first) or explains how to get one."""
+    """Lists every OpenCL device (preferred first) or explains how to get one.
 
-    device_changed = Signal(object)  # the chosen core.device.DeviceInfo (or None)
+    Args:
+        state: the app state; the tab publishes the device list and the chosen device there (through
+            :attr:`device_changed`, which the main window connects) and follows a device chosen
+            elsewhere (the Training tab's "switch to the CPU").
+    """
 
-    def __init__(self, parent=None) -> None:
+    device_changed = Signal(object)  # (the chosen core.device.DeviceInfo, or None)
+
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
+        self.app_state = state
         self.devices = []
         self._worker: DeviceTestWorker | None = None
         self._active = False
@@ -91,6 +104,7 @@ class DeviceTab(QWidget):
         self.stack.addWidget(page)
         lay = QVBoxLayout(self)
         lay.addWidget(self.stack)
+        state.device_changed.connect(self._show_device)
 
     # ----------------------------------------------------------------------------- devices
     def refresh(self) -> None:
@@ -101,10 +115,12 @@ class DeviceTab(QWidget):
             self.devices = list_devices()
         except OpenCLUnavailableError as e:
             self.devices = []
+            self.app_state.set_devices([])
             self.missing_text.setText(str(e))
             self.stack.setCurrentIndex(0)
             self.device_changed.emit(None)
             return
+        self.app_state.set_devices(self.devices)
         remembered = QSettings().value(SETTINGS_KEY, "", type=str)
         self.combo.blockSignals(True)
         self.combo.clear()
@@ -121,13 +137,11 @@ class DeviceTab(QWidget):
         i = self.combo.currentIndex()
         return self.devices[i] if self.devices and 0 <= i < len(self.devices) else None
 
-    def select_cpu(self) -> bool:
-        """Switch to the first CPU device; False when there is none."""
-        for i, d in enumerate(self.devices):
-            if d.kind == "CPU":
-                self.combo.setCurrentIndex(i)
-                return True
-        return False
+    def _show_device(self, info) -> None:
+        """The state's device changed (maybe here, maybe elsewhere): show it in the list."""
+        i = next((i for i, d in enumerate(self.devices) if d == info), -1)
+        if i >= 0 and i != self.combo.currentIndex():
+            self.combo.setCurrentIndex(i)
 
     def _on_selected(self, index: int) -> None:
         d = self.current()
@@ -159,11 +173,8 @@ class DeviceTab(QWidget):
         self.test_button.setEnabled(False)
         self.combo.setEnabled(False)
         self.test_status.setText("Building kernels (the first time on a device this can take a minute)…")
-        w = DeviceTestWorker(d)
-        w.progress.connect(self._on_progress)
-        w.result.connect(self._on_result)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w = DeviceTestWorker(d).connect_slots(progress=self._on_progress, result=self._on_result,
+                                              failed=self._on_failed, finished=self._on_finished)
         self._worker = w
         self._active = True
         w.start()
@@ -184,20 +195,20 @@ class DeviceTab(QWidget):
         self.results.setItem(r, 1, QTableWidgetItem("—" if ok is None else ("pass" if ok else "FAIL")))
         self.results.setItem(r, 2, QTableWidgetItem(details))
 
-    def _on_result(self, res: dict) -> None:
+    def _on_result(self, res: DeviceCheck) -> None:
         self.results.setRowCount(0)
-        self._add_row("kernel build", not res["build_errors"],
-                      f"{res['build_s']:.1f} s" + "".join(f"; {k}: {v.splitlines()[0]}"
-                                                          for k, v in res["build_errors"].items()))
-        for c in res["checks"]:
-            detail = c["error"] or f"max |error| {c['max_abs_err']:.2e} (tolerance {c['tolerance']:.0e})"
-            self._add_row(c["name"], c["ok"], detail)
-        g = res["matmul_gflops"]
+        self._add_row("kernel build", not res.build_errors,
+                      f"{res.build_s:.1f} s" + "".join(f"; {k}: {v.splitlines()[0]}"
+                                                      for k, v in res.build_errors.items()))
+        for c in res.checks:
+            detail = c.error or f"max |error| {c.max_abs_err:.2e} (tolerance {c.tolerance:.0e})"
+            self._add_row(c.name, c.ok, detail)
+        g = res.matmul_gflops
         self._add_row("matmul speed", None, "unavailable" if g is None else f"{g:.1f} GFLOP/s (float32)")
         self.results.resizeColumnsToContents()
         self.results.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         speed = "" if g is None else f", {g:.1f} GFLOP/s"
-        self.test_status.setText(("The device works" if res["ok"] else "The device has problems (see below)") + speed)
+        self.test_status.setText(("The device works" if res.ok else "The device has problems (see below)") + speed)
         self.progress.setValue(100)
 
     def _on_failed(self, kind: str, message: str) -> None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.app_state import AppState
+from gui.events import Exported
+from gui.paths import data_dir, default_export_dir, inside, untitled_dir
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
@@ -18,18 +21,17 @@ class ExportTab(QWidget):
     """Runs an :class:`gui.workers.ExportWorker` for the project's trained model (or an opened one).
 
     Args:
-        studio: the main window: ``trained_model_path()``, ``chat_model_path()``.
+        state: the app state: the project's trained model is what the tab exports; the tab reports
+            whether an export runs (``set_exporting``) and where it wrote (``message``).
     """
 
-    exported = Signal(dict)  # {"path", "size_bytes", "modelfile"}
-
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: ExportWorker | None = None
         self._active = False
         self._confirmed: str | None = None  # an existing file the user agreed to replace
-        self.last_result: dict | None = None
+        self.last_result: Exported | None = None
 
         box = QGroupBox("Export to GGUF (llama.cpp, Ollama, LM Studio)")
         form = QFormLayout(box)
@@ -77,6 +79,9 @@ class ExportTab(QWidget):
         lay.addStretch(1)
         self._update_hint()
         self.refresh()
+        state.project_changed.connect(self._on_project)
+        state.model_saved.connect(self.refresh)
+        state.busy_changed.connect(self.refresh)
 
     def _update_hint(self) -> None:
         """How to use the file, with the real file names (the Modelfile is ``<stem>.Modelfile``)."""
@@ -96,10 +101,27 @@ class ExportTab(QWidget):
         self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv')}.")
 
     def source(self) -> str | None:
-        p = self.studio.trained_model_path()
+        p = self.app_state.trained_model_path()
         return str(p) if p else None
 
-    def refresh(self) -> None:
+    def _on_project(self, project) -> None:
+        """A project was opened: its export settings; a file name outside the app's data folder."""
+        export = project.settings.get("export")
+        export = export if isinstance(export, dict) else {}
+        self.set_dtype(str(export.get("dtype", "f16")))
+        self.modelfile.setChecked(bool(export.get("modelfile", False)))
+        path = str(export.get("path") or "")
+        if not path or inside(Path(path), data_dir()):  # never suggest the app's own data folder
+            name = "model" if project.folder.resolve() == untitled_dir().resolve() else project.folder.name
+            path = str(default_export_dir() / f"{name}.gguf")
+        self.path.setText(path)
+        self.refresh()
+
+    def saved_settings(self) -> dict:
+        """What a project saves: weight type, Modelfile wanted, file name."""
+        return {"dtype": self.dtype.currentData(), "modelfile": self.modelfile.isChecked(), "path": self.path.text()}
+
+    def refresh(self, *_) -> None:
         src = self.source()
         self.source_label.setText(src or "No trained model yet: train one on the Training tab.")
         self.export_button.setEnabled(src is not None and not self.is_exporting())
@@ -147,12 +169,11 @@ class ExportTab(QWidget):
             self.status.setText(f"Export failed: {e}")
             return False
         w = ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked())
-        w.progress.connect(self.status.setText)
-        w.exported.connect(self._on_exported)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w.connect_slots(progress=self.status.setText, exported=self._on_exported, failed=self._on_failed,
+                        finished=self._on_finished)
         self._worker = w
         self._active = True
+        self.app_state.set_exporting(True)
         self.last_result = None
         self.result.setText("")
         self.progress.setRange(0, 0)
@@ -165,23 +186,24 @@ class ExportTab(QWidget):
             self._worker.request_stop()
             self._worker.wait()
 
-    def _on_exported(self, d: dict) -> None:
+    def _on_exported(self, d: Exported) -> None:
         self.last_result = d
-        text = f"{d['path']} — {d['size_bytes'] / 1e6:.2f} MB"
-        if d.get("modelfile"):
-            text += f"\nModelfile: {d['modelfile']}"
-        for note in d.get("notes", []):
+        text = f"{d.path} — {d.size_bytes / 1e6:.2f} MB"
+        if d.modelfile:
+            text += f"\nModelfile: {d.modelfile}"
+        for note in d.notes:
             text += f"\nNote: {note}"
         self.result.setText(text)
         self.status.setText("Done.")
-        QSettings().setValue("export/folder", str(Path(d["path"]).parent))  # the next project suggests it
-        self.exported.emit(d)
+        QSettings().setValue("export/folder", str(Path(d.path).parent))  # the next project suggests it
+        self.app_state.message.emit(f"exported {d.path}")
 
     def _on_failed(self, kind: str, message: str) -> None:
         self.status.setText(f"Export failed: {message}")
 
     def _on_finished(self) -> None:
         self._active = False
+        self.app_state.set_exporting(False)
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if self.last_result else 0)
         self.refresh()

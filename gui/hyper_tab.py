@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, Q
                                QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
+from gui.app_state import AppState
 
 BAD_STYLE = "background-color: #ffcdcd;"
 CUSTOM = "Custom"
@@ -62,13 +63,18 @@ def _preset_values(name: str) -> dict:
 
 
 class HyperTab(QWidget):
-    """The model and training settings form."""
+    """The model and training settings form.
 
-    changed = Signal()  # any value changed
-    validity_changed = Signal(bool)  # True when every value is valid
+    Args:
+        state: the app state: after every check the tab publishes the configs (or what is wrong) and
+            the token-count limits there, and it checks the memory estimate against the state's device.
+    """
 
-    def __init__(self, parent=None) -> None:
+    changed = Signal()  # (): any value changed (the project saves the form)
+
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
+        self.app_state = state
         self.widgets: dict[str, QWidget] = {}
         self.types: dict[str, type] = {}
         self._filling = False
@@ -113,6 +119,8 @@ class HyperTab(QWidget):
         lay.addLayout(grid)
         lay.addWidget(info)
         lay.addStretch(1)
+        state.device_changed.connect(self.set_device)
+        state.project_changed.connect(self._on_project)
         self.set_preset("Tiny")
 
     def _group(self, title: str, fields, prefix: str) -> QGroupBox:
@@ -186,6 +194,14 @@ class HyperTab(QWidget):
         values = state.get("values") if isinstance(state, dict) else None
         if isinstance(values, dict):
             self.set_values(values, preset=state.get("preset", CUSTOM))
+
+    def _on_project(self, project) -> None:
+        """A project was opened: show its saved form, or the Tiny preset."""
+        hyper = project.settings.get("hyperparameters")
+        if isinstance(hyper, dict):
+            self.set_state(hyper)
+        else:
+            self.set_preset("Tiny")
 
     def build(self) -> tuple[ModelConfig, TrainConfig]:
         """The configs the form describes.
@@ -274,9 +290,8 @@ class HyperTab(QWidget):
                 f"Steps: {tc.pretrain.steps} pretraining + {tc.tune.steps} tuning; "
                 f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
             ok = True
-        if ok != self._valid:
-            self._valid = ok
-            self.validity_changed.emit(ok)
+        self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits())
+        self._valid = ok
         return ok
 
     def limits(self) -> tuple[int, int]:

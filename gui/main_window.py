@@ -11,12 +11,13 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QMainWindow, QMessageBox, QS
                                QWidget)
 
 from gui import dialogs
-from gui.app import DATA_ENV
+from gui.app_state import AppState
 from gui.chat_tab import ChatTab
 from gui.dataset_tab import DatasetTab
 from gui.device_tab import DeviceTab
 from gui.export_tab import ExportTab
 from gui.hyper_tab import HyperTab
+from gui.paths import inside, untitled_dir
 from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
                          new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
@@ -24,43 +25,6 @@ from gui.workers import stop_all
 
 APP_TITLE = "OpenCL LLM Studio"
 MAX_RECENT = 8
-
-
-def data_dir() -> Path:
-    """Where the untitled (autosaved) project lives: $OPENCL_LLM_STUDIO_DATA or the app data folder."""
-    env = os.environ.get(DATA_ENV)
-    if env:
-        base = Path(env)
-    else:
-        import platformdirs
-
-        base = Path(platformdirs.user_data_dir("opencl-llm-studio", appauthor=False))
-    base.mkdir(parents=True, exist_ok=True)
-    return base
-
-
-def untitled_dir() -> Path:
-    return data_dir() / "untitled"
-
-
-def default_export_dir() -> Path:
-    """Where the Export tab suggests writing: the last export folder, else Documents, else home (never
-    inside the app's data folder, whose untitled project is replaced by "New project")."""
-    last = QSettings().value("export/folder", "", type=str)
-    if last and Path(last).is_dir():
-        return Path(last)
-    import platformdirs
-
-    docs = platformdirs.user_documents_dir()
-    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        path, folder = path.resolve(), folder.resolve()
-    except OSError:
-        return False
-    return path == folder or folder in path.parents
 
 
 class _NoHeightForWidth(QVBoxLayout):
@@ -118,15 +82,15 @@ class MainWindow(QMainWindow):
 
     def __init__(self, project_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
-        self.project: Project | None = None
         self._closing = False
 
-        self.device_tab = DeviceTab()
-        self.dataset_tab = DatasetTab()
-        self.hyper_tab = HyperTab()
-        self.training_tab = TrainingTab(self)
-        self.chat_tab = ChatTab(self)
-        self.export_tab = ExportTab(self)
+        self.state = AppState(self)
+        self.device_tab = DeviceTab(self.state)
+        self.dataset_tab = DatasetTab(self.state)
+        self.hyper_tab = HyperTab(self.state)
+        self.training_tab = TrainingTab(self.state)
+        self.chat_tab = ChatTab(self.state)
+        self.export_tab = ExportTab(self.state)
         self.tabs = ScrollingTabs()
         for w, name in ((self.device_tab, "Device"), (self.dataset_tab, "Dataset"),
                         (self.hyper_tab, "Hyperparameters"), (self.training_tab, "Training"),
@@ -140,13 +104,11 @@ class MainWindow(QMainWindow):
         self._autosave_timer = QTimer(self, singleShot=True, interval=800)
         self._autosave_timer.timeout.connect(self.save)
 
-        self.device_tab.device_changed.connect(self._on_device_changed)
-        self.dataset_tab.changed.connect(self._autosave_timer.start)
-        self.hyper_tab.changed.connect(self._on_hyper_changed)
-        self.hyper_tab.validity_changed.connect(lambda ok: self.training_tab.update_buttons())
-        self.training_tab.model_saved.connect(self._on_model_saved)
-        self.training_tab.running_changed.connect(self._on_training_running)
-        self.export_tab.exported.connect(lambda d: self.statusBar().showMessage(f"exported {d['path']}", 8000))
+        self.device_tab.device_changed.connect(self.state.set_device)
+        self.state.dataset_edited.connect(self._autosave_timer.start)
+        self.hyper_tab.changed.connect(self._autosave_timer.start)
+        self.state.busy_changed.connect(self._on_busy_changed)
+        self.state.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
 
         self._build_menu()
         settings = QSettings()
@@ -242,7 +204,7 @@ class MainWindow(QMainWindow):
                 return
         else:
             last = QSettings().value("project/last", "", type=str)
-            if last and is_project(last) and not _inside(Path(last), u) and self._try_open_initial(last):
+            if last and is_project(last) and not inside(Path(last), u) and self._try_open_initial(last):
                 return
         if is_project(u) and self._try_open_initial(u):
             return
@@ -256,47 +218,19 @@ class MainWindow(QMainWindow):
                             f"{aside} (nothing was deleted) and a new untitled project was started.")
         self._set_project(new_project(u))
 
+    @property
+    def project(self) -> Project | None:
+        """The open project (the state's)."""
+        return self.state.project
+
     def _set_project(self, project: Project, warnings: list[str] | None = None) -> None:
-        self.project = project
-        self.dataset_tab.set_dataset(project.dataset)
-        hyper = project.settings.get("hyperparameters")
-        if isinstance(hyper, dict):
-            self.hyper_tab.set_state(hyper)
-        else:
-            self.hyper_tab.set_preset("Tiny")
-        self._apply_sampling(project.settings.get("sampling"))
-        export = project.settings.get("export")
-        export = export if isinstance(export, dict) else {}
-        self.export_tab.set_dtype(str(export.get("dtype", "f16")))
-        self.export_tab.modelfile.setChecked(bool(export.get("modelfile", False)))
-        path = str(export.get("path") or "")
-        if not path or _inside(Path(path), data_dir()):  # never suggest the app's own data folder
-            name = "model" if project.folder.resolve() == untitled_dir().resolve() else project.folder.name
-            path = str(default_export_dir() / f"{name}.gguf")
-        self.export_tab.path.setText(path)
-        self.dataset_tab.set_limits(*self.hyper_tab.limits())
-        self.chat_tab.set_trained_model(None)
-        if project.has_checkpoint():
-            self.chat_tab.set_trained_model(str(project.checkpoint_dir))
-        self.export_tab.refresh()
-        self.training_tab.show_project_state()
+        """Open ``project`` in the state: each tab loads its part (dataset, form, sampling, export)."""
+        self.state.set_project(project)
         self.save()
         self._remember(project.folder)
         self._update_title()
         for w in warnings or []:
             self.training_tab.append_log("WARNING", w)
-
-    def _apply_sampling(self, s) -> None:
-        if not isinstance(s, dict):
-            return
-        c = self.chat_tab
-        for key, widget in (("temperature", c.temperature), ("top_k", c.top_k), ("top_p", c.top_p),
-                            ("repetition_penalty", c.repetition), ("max_tokens", c.max_tokens)):
-            if key in s:
-                try:
-                    widget.setValue(type(widget.value())(s[key]))
-                except (TypeError, ValueError):
-                    pass
 
     def _update_title(self) -> None:
         if self.project is None:
@@ -309,7 +243,7 @@ class MainWindow(QMainWindow):
         return self.project is not None and self.project.folder.resolve() == untitled_dir().resolve()
 
     def _busy(self) -> bool:
-        return self.training_tab.is_running() or self.export_tab.is_exporting()
+        return self.state.busy()
 
     def open_project(self, folder: str | os.PathLike) -> None:
         """Open a project folder (saving the current one first).
@@ -329,14 +263,11 @@ class MainWindow(QMainWindow):
         self._autosave_timer.stop()
         if self.project is None:
             return
-        self.project.dataset = self.dataset_tab.dataset()
-        sampling = self.chat_tab.settings()
-        sampling.pop("seed", None)
+        self.project.dataset = self.state.dataset()
         self.project.settings = {
             "hyperparameters": self.hyper_tab.state(),
-            "sampling": sampling,
-            "export": {"dtype": self.export_tab.dtype.currentData(), "modelfile": self.export_tab.modelfile.isChecked(),
-                       "path": self.export_tab.path.text()},
+            "sampling": self.chat_tab.saved_settings(),
+            "export": self.export_tab.saved_settings(),
         }
         try:
             save_project(self.project)
@@ -361,7 +292,7 @@ class MainWindow(QMainWindow):
             raise ProjectError(f"{folder}: already holds a project")
         self.save()
         copy_checkpoint(old, folder)
-        project = Project(folder, self.dataset_tab.dataset(), dict(old.settings))
+        project = Project(folder, self.state.dataset(), dict(old.settings))
         save_project(project)
         was_untitled = self.is_untitled()
         self._set_project(project)
@@ -422,74 +353,26 @@ class MainWindow(QMainWindow):
         except RuntimeError as e:
             dialogs.warn(self, "New project", str(e))
 
-    # ----------------------------------------------------------------------------- studio API for the tabs
+    # ----------------------------------------------------------------------------- for scripts and tests
     def device_info(self):
-        return self.device_tab.current()
-
-    def has_cpu_device(self) -> bool:
-        return any(d.kind == "CPU" for d in self.device_tab.devices)
-
-    def switch_to_cpu(self) -> bool:
-        ok = self.device_tab.select_cpu()
-        if ok:
-            self.statusBar().showMessage(f"switched to {self.device_info().label}", 8000)
-        return ok
-
-    def dataset_copy(self):
-        return self.dataset_tab.dataset_copy()
+        """The chosen core.device.DeviceInfo (the state's), or None."""
+        return self.state.device_info()
 
     def configs(self):
+        """The Hyperparameters form as (ModelConfig, TrainConfig). Raises core.config.ConfigError."""
         return self.hyper_tab.build()
 
-    def train_blocker(self) -> str | None:
-        """Why training cannot start now (for the button's tooltip), or None."""
-        if self.device_info() is None:
-            return "No OpenCL device: see the Device tab."
-        error = self.hyper_tab.error_message()
-        if error:
-            return f"Fix the hyperparameters first: {error}"
-        return None
-
-    def can_train(self) -> bool:
-        return self.train_blocker() is None
-
-    def checkpoint_dir(self) -> Path:
-        """The project's trained-model folder."""
-        return self.project.checkpoint_dir if self.project is not None else untitled_dir() / "checkpoint"
-
-    def new_run_dir(self) -> Path:
-        """Where a new run saves until its first stage end (see gui.project)."""
-        return self.project.new_run_dir() if self.project is not None else self.checkpoint_dir()
-
-    def resume_dir(self) -> Path | None:
-        """The checkpoint Resume continues, or None."""
-        return self.project.resume_dir() if self.project is not None else None
-
     def trained_model_path(self) -> Path | None:
-        if self.project is not None and self.project.has_checkpoint():
-            return self.project.checkpoint_dir
-        return None
+        """The project's trained model (the state's), or None."""
+        return self.state.trained_model_path()
 
     # ----------------------------------------------------------------------------- signals
-    def _on_device_changed(self, info) -> None:
-        self.hyper_tab.set_device(info)
-        self.training_tab.update_buttons()
-
-    def _on_hyper_changed(self) -> None:
-        self.dataset_tab.set_limits(*self.hyper_tab.limits())
-        self.training_tab.update_buttons()
-        self._autosave_timer.start()
-
-    def _on_model_saved(self, path: str) -> None:
-        self.chat_tab.set_trained_model(path)
-        self.export_tab.refresh()
-        self.training_tab.update_buttons()
-
-    def _on_training_running(self, running: bool) -> None:
+    def _on_busy_changed(self) -> None:
+        """No other project while training or an export runs."""
+        busy = self.state.busy()
         for a in (self.new_action, self.open_action, self.save_as_action):
-            a.setEnabled(not running)
-        self.recent_menu.setEnabled(not running and bool(self.recent_projects()))
-        self.export_tab.refresh()
+            a.setEnabled(not busy)
+        self.recent_menu.setEnabled(not busy and bool(self.recent_projects()))
 
     # ----------------------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
@@ -503,7 +386,6 @@ class MainWindow(QMainWindow):
         self.export_tab.stop()
         self.dataset_tab.stop()
         stop_all()
-        self.training_tab.plots.stop()
         self.save()
         settings = QSettings()
         settings.setValue("window/geometry", self.saveGeometry())

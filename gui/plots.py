@@ -14,6 +14,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QGridLayout, QWidget
 
+from gui.events import TrainingStep, ValidationLoss
+
 pg.setConfigOptions(antialias=True, background="w", foreground="k")
 
 
@@ -53,7 +55,7 @@ class _Series:
 
 
 class TrainingPlots(QWidget):
-    """Four plots in a grid, fed with :meth:`add_step` / :meth:`add_validation` dicts."""
+    """Four plots in a grid, fed with :meth:`add_step` / :meth:`add_validation` events."""
 
     def __init__(self, parent=None, fps: int = 10) -> None:
         super().__init__(parent)
@@ -124,27 +126,28 @@ class TrainingPlots(QWidget):
         if value > 0:
             self.clip_line.setValue(value)
 
-    def add_step(self, d: dict) -> None:
-        """Append one StepReport dict (with "global_step")."""
-        x = d["global_step"]
-        if self.loss.add(x, d["loss"]):
-            self._last_loss = d["loss"]
-        if d.get("skipped") or not _finite(d["loss"]):
+    def add_step(self, d: TrainingStep) -> None:
+        """Append one step's numbers."""
+        x = d.global_step
+        if self.loss.add(x, d.loss):
+            self._last_loss = d.loss
+        if d.skipped or not _finite(d.loss):
             self.skipped.add(x, self._last_loss if self._last_loss is not None else 0.0)
-        self.grad.add(x, d["grad_norm"])
-        if d.get("clipped") and _finite(d["grad_norm"]):
-            self.clip.add(x, d["grad_norm"])
-        self.lr.add(x, d["lr"])
-        norms = d.get("layer_grad_norms") or []
+        self.grad.add(x, d.grad_norm)
+        if d.clipped and _finite(d.grad_norm):
+            self.clip.add(x, d.grad_norm)
+        self.lr.add(x, d.lr)
+        norms = d.layer_grad_norms or ()
         if len(norms) != len(self.layers):
             self._make_layer_curves(len(norms))
         for s, v in zip(self.layers, norms):
             s.add(x, v)
         self._dirty = True
 
-    def add_validation(self, d: dict) -> None:
-        for key in self.val:
-            self.val[key].add(d["global_step"], d.get(key))
+    def add_validation(self, d: ValidationLoss) -> None:
+        """Append the validation losses of one step (a kind the dataset lacks is None: not drawn)."""
+        self.val["facts"].add(d.global_step, d.facts)
+        self.val["dialogues"].add(d.global_step, d.dialogues)
         self._dirty = True
 
     def add_stage_marker(self, x: float, label: str) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
                                QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
 from gui import dialogs
+from gui.app_state import AppState
+from gui.events import RunDone, RunStarted, StageDone, TrainingStep
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
 from gui.workers import TrainWorker
@@ -50,22 +52,17 @@ class TrainingTab(QWidget):
     """Runs a :class:`gui.workers.TrainWorker` and shows what it reports.
 
     Args:
-        studio: the main window, which provides ``device_info()``, ``dataset_copy()``, ``configs()``
-            (may raise core.config.ConfigError), ``train_blocker()``, ``can_train()``, ``checkpoint_dir()``,
-            ``new_run_dir()``, ``resume_dir()``, ``trained_model_path()``, ``has_cpu_device()`` and
-            ``switch_to_cpu()``.
+        state: the app state: device, dataset, configs and checkpoint folders come from it; the tab
+            reports a saved model (``notify_model_saved``) and whether it is training (``set_training``).
     """
 
-    model_saved = Signal(str)  # checkpoint folder written by training
-    running_changed = Signal(bool)  # training started (True) or ended (False)
-
-    def __init__(self, studio, parent=None) -> None:
+    def __init__(self, state: AppState, parent=None) -> None:
         super().__init__(parent)
-        self.studio = studio
+        self.app_state = state
         self._worker: TrainWorker | None = None
         self._stage_steps = [0, 0]
         self._rates: deque = deque(maxlen=30)
-        self._last: dict | None = None
+        self._last: TrainingStep | None = None
         self._t0 = 0.0
         self._resumed = False
         self._stopping = False
@@ -157,6 +154,9 @@ class TrainingTab(QWidget):
 
         self._label_timer = QTimer(self, interval=200)
         self._label_timer.timeout.connect(self._update_labels)
+        for signal in (state.device_changed, state.hyperparameters_changed, state.model_saved):
+            signal.connect(self.update_buttons)
+        state.project_changed.connect(self.show_project_state)
         self.update_buttons()
 
     # ----------------------------------------------------------------------------- state
@@ -165,11 +165,11 @@ class TrainingTab(QWidget):
         return self._active
 
     def can_resume(self) -> bool:
-        return self.studio.resume_dir() is not None
+        return self.app_state.resume_dir() is not None
 
-    def update_buttons(self) -> None:
+    def update_buttons(self, *_) -> None:
         running = self.is_running()
-        blocker = self.studio.train_blocker()
+        blocker = self.app_state.train_blocker()
         self.start_button.setEnabled(not running and blocker is None)
         self.stop_button.setEnabled(running and not self._stopping)
         self.resume_button.setEnabled(not running and blocker is None and self.can_resume())
@@ -178,7 +178,7 @@ class TrainingTab(QWidget):
         self.hint_label.setText(blocker or "")
         self.hint_label.setVisible(bool(blocker) and not running)
 
-    def show_project_state(self) -> None:
+    def show_project_state(self, *_) -> None:
         """A project was opened: forget the previous project's run and show where this one stands."""
         if self.is_running():
             return
@@ -194,8 +194,8 @@ class TrainingTab(QWidget):
 
     def _show_saved_state(self) -> None:
         """Stage label and progress bar from the project's checkpoints (config.json)."""
-        resume_dir = self.studio.resume_dir()
-        trained = self.studio.trained_model_path()
+        resume_dir = self.app_state.resume_dir()
+        trained = self.app_state.trained_model_path()
         folder = resume_dir or trained
         pos = _saved_position(checkpoint_meta(folder) or {}) if folder is not None else None
         self.progress.setRange(0, 1)
@@ -233,7 +233,7 @@ class TrainingTab(QWidget):
         user keeps the trained model."""
         if self.is_running():
             return False
-        if self.studio.trained_model_path() is not None or self.studio.resume_dir() is not None:
+        if self.app_state.trained_model_path() is not None or self.app_state.resume_dir() is not None:
             text = ("This project already has a trained model. A new run trains one from scratch with the "
                     "current dataset and settings.\n\nThe current model stays in use (Chat, Export) until the "
                     "new run finishes its first stage; if you stop the new run before that, it is kept.")
@@ -254,7 +254,7 @@ class TrainingTab(QWidget):
         from gui.resume import resume_plan
 
         try:
-            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.studio.dataset_copy())
+            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.app_state.dataset_copy())
         except (KeyError, TypeError, ConfigError) as e:
             self._show_banner(f"Cannot resume: {folder}/config.json is incomplete ({e}).", False)
             return None
@@ -268,23 +268,21 @@ class TrainingTab(QWidget):
         return plan
 
     def _launch(self, resume: bool) -> bool:
-        from core.config import ConfigError
-
         if self.is_running():
             return False
         self.banner.hide()
-        device = self.studio.device_info()
+        device = self.app_state.device_info()
         if device is None:
             self._show_banner("No OpenCL device: see the Device tab.", False)
             return False
-        try:
-            mc, tc = self.studio.configs()
-        except ConfigError as e:
-            self._show_banner(f"Fix the hyperparameters first: {e}", False)
+        configs = self.app_state.configs()
+        if configs is None:
+            self._show_banner(f"Fix the hyperparameters first: {self.app_state.config_error()}", False)
             return False
-        checkpoint = self.studio.checkpoint_dir()
+        mc, tc = configs
+        checkpoint = self.app_state.checkpoint_dir()
         if resume:
-            run_dir = self.studio.resume_dir()
+            run_dir = self.app_state.resume_dir()
             if run_dir is None:
                 self._show_banner("There is no unfinished run to resume.", False)
                 return False
@@ -297,7 +295,7 @@ class TrainingTab(QWidget):
             val_every = validation_interval(plan.train_config)
             self.plots.set_clip_threshold(plan.train_config.grad_clip)
         else:
-            dataset = self.studio.dataset_copy()
+            dataset = self.app_state.dataset_copy()
             if not dataset.facts and not dataset.dialogues:
                 self._show_banner("The dataset is empty: add facts or dialogues on the Dataset tab.", False)
                 return False
@@ -305,7 +303,7 @@ class TrainingTab(QWidget):
             if problems:
                 self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
                 return False
-            run_dir = self.studio.new_run_dir()
+            run_dir = self.app_state.new_run_dir()
             kw = dict(dataset=dataset, model_config=mc, train_config=tc)
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
@@ -313,15 +311,10 @@ class TrainingTab(QWidget):
             self.recall_label.setText("Shown when a stage ends.")
             val_every = validation_interval(tc)
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
-        w.run_started.connect(self._on_started)
-        w.step.connect(self._on_step)
-        w.validation.connect(self.plots.add_validation)
-        w.stage_done.connect(self._on_stage_done)
-        w.checkpoint_saved.connect(self.model_saved)
-        w.run_done.connect(self._on_run_done)
-        w.log_line.connect(self.append_log)
-        w.failed.connect(self._on_failed)
-        w.finished.connect(self._on_finished)
+        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self.plots.add_validation,
+                        stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
+                        run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
+                        finished=self._on_finished)
         self._worker = w
         self._active = True
         self._stopping = False
@@ -335,8 +328,8 @@ class TrainingTab(QWidget):
         self.append_log("INFO", "resuming training" if resume else "starting training")
         w.start()
         self._label_timer.start()
+        self.app_state.set_training(True)
         self.update_buttons()
-        self.running_changed.emit(True)
         return True
 
     def stop(self) -> None:
@@ -348,90 +341,92 @@ class TrainingTab(QWidget):
             self.update_buttons()
 
     def stop_and_wait(self) -> None:
+        """Stop the run and wait for its thread (the window closes); the plots stop redrawing."""
         if self._worker is not None:
             self._worker.request_stop()
             self._worker.wait()
+        self.plots.stop()
 
     def _switch_to_cpu(self) -> None:
         self.banner.hide()
-        if self.studio.switch_to_cpu():
+        if self.app_state.switch_to_cpu():
             self.start()
 
     # ----------------------------------------------------------------------------- worker signals
-    def _on_started(self, info: dict) -> None:
-        self._stage_steps = list(info["stage_steps"])
+    def _on_started(self, info: RunStarted) -> None:
+        self._stage_steps = list(info.stage_steps)
         total = sum(self._stage_steps)
         self.progress.setRange(0, max(total, 1))
-        offset = self._stage_steps[0] if info["stage_index"] >= 1 else 0
-        self.progress.setValue(offset + info["stage_step"])
-        if self._stage_steps[0] and self._stage_steps[1] and (not info["resumed"] or not self.plots.loss.x):
+        offset = self._stage_steps[0] if info.stage_index >= 1 else 0
+        self.progress.setValue(offset + info.stage_step)
+        if self._stage_steps[0] and self._stage_steps[1] and (not info.resumed or not self.plots.loss.x):
             self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
-        self.stage_label.setText(f"Training on {info['device']}")
+        self.stage_label.setText(f"Training on {info.device}")
 
-    def _on_step(self, d: dict) -> None:
+    def _on_step(self, d: TrainingStep) -> None:
         self.plots.add_step(d)
         self._last = d
-        self._rates.append((time.perf_counter(), d["global_step"]))
+        self._rates.append((time.perf_counter(), d.global_step))
 
     def _update_labels(self) -> None:
         d = self._last
         if d is None:
             return
         total = sum(self._stage_steps)
-        self.progress.setValue(d["global_step"])
-        stage_no = 1 if d["stage"] == "pretrain" else 2
+        self.progress.setValue(d.global_step)
+        stage_no = 1 if d.stage == "pretrain" else 2
         if not self._stopping and self.is_running():
-            self.stage_label.setText(f"{STAGE_NAMES.get(d['stage'], d['stage'])} — step {d['step']}/"
-                                     f"{d['total_steps']} (stage {stage_no} of 2)")
+            self.stage_label.setText(f"{STAGE_NAMES.get(d.stage, d.stage)} — step {d.step}/"
+                                     f"{d.total_steps} (stage {stage_no} of 2)")
         eta = ""
         if len(self._rates) >= 2:
             (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
             if s1 > s0 and t1 > t0:
-                eta = f" · ETA {_hms((total - d['global_step']) * (t1 - t0) / (s1 - s0))}"
-        loss = d["loss"]
+                eta = f" · ETA {_hms((total - d.global_step) * (t1 - t0) / (s1 - s0))}"
+        loss = d.loss
         since = " since resuming" if self._resumed else ""
-        self.speed_label.setText(f"step {d['global_step']}/{total}{eta} · {d['tokens_per_s']:,.0f} tokens/s · "
+        self.speed_label.setText(f"step {d.global_step}/{total}{eta} · {d.tokens_per_s:,.0f} tokens/s · "
                                  f"loss {loss:.3f} · {_hms(time.perf_counter() - self._t0)} elapsed{since}")
 
-    def _on_stage_done(self, d: dict) -> None:
+    def _on_stage_done(self, d: StageDone) -> None:
         self.plots.flush()
-        if d["stopped"]:
-            self.append_log("INFO", f"{d['stage']}: stopped at step {d['steps_done']}")
+        if d.stopped:
+            self.append_log("INFO", f"{d.stage}: stopped at step {d.steps_done}")
             return
-        for r in d["recall"]:
+        for r in d.recall:
             row = self.recall.rowCount()
             self.recall.insertRow(row)
-            vals = [d["stage"], r["kind"], r["prompt"], r["expected"], r["got"], "yes" if r["ok"] else "no"]
+            vals = [d.stage, r.kind, r.prompt, r.expected, r.got, "yes" if r.ok else "no"]
             for c, v in enumerate(vals):
                 it = QTableWidgetItem(v)
                 it.setToolTip(v)
                 if c == 5:
-                    it.setBackground(OK_BRUSH if r["ok"] else FAIL_BRUSH)
+                    it.setBackground(OK_BRUSH if r.ok else FAIL_BRUSH)
                 self.recall.setItem(row, c, it)
-        f_ok, f_n = d["facts_recalled"]
-        g_ok, g_n = d["dialogues_recalled"]
-        text = (f"After {d['stage']}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
+        f_ok, f_n = d.facts_recalled
+        g_ok, g_n = d.dialogues_recalled
+        text = (f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
                 f"reproduced exactly.")
         prev = self.recall_label.text()
         self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
 
-    def _on_run_done(self, d: dict) -> None:
-        if d["finished"]:
+    def _on_run_done(self, d: RunDone) -> None:
+        if d.finished:
             self.stage_label.setText("Training finished — try the model on the Chat tab")
-        elif d["stopped"]:
+        elif d.stopped:
             text = "Stopped"
-            if d["checkpoint"]:
-                stage = d["stage_index"]
+            if d.checkpoint:
+                stage = d.stage_index
                 steps = self._stage_steps[stage] if stage < 2 else 0
-                text += f" at stage {stage + 1} step {d['stage_step']} of {steps} — Resume to continue"
-                if not d["replaced"]:
+                text += f" at stage {stage + 1} step {d.stage_step} of {steps} — Resume to continue"
+                if not d.replaced:
                     text += f" ({KEPT_NOTE})"
             self.stage_label.setText(text)
 
     def _on_failed(self, kind: str, message: str) -> None:
         self.append_log("ERROR", message)
-        info = self.studio.device_info()
-        offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.studio.has_cpu_device()
+        info = self.app_state.device_info()
+        offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.app_state.has_cpu_device()
         if kind == "device":
             text = f"The OpenCL device failed during training: {message}"
             if offer_cpu:
@@ -454,5 +449,5 @@ class TrainingTab(QWidget):
         if self._stopping and not self.stage_label.text().startswith(("Stopped", "Failed")):
             self.stage_label.setText("Stopped")
         self._stopping = False
+        self.app_state.set_training(False)
         self.update_buttons()
-        self.running_changed.emit(False)

@@ -1,4 +1,5 @@
-"""QThread workers: each calls ``core`` off the GUI thread and emits plain data (dicts, lists, str).
+"""QThread workers: each calls ``core`` off the GUI thread and emits what happened as the frozen
+dataclasses of :mod:`gui.events` (or plain str / core dataclasses where the comment says so).
 
 Rules (napari / pyqtgraph style):
 
@@ -17,11 +18,13 @@ import queue
 import shutil
 import threading
 import weakref
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QThread, Signal
+
+from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RunDone, RunStarted, StageDone,
+                        TrainingStep, ValidationLoss)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,9 @@ def error_kind(exc: BaseException) -> str:
         pass
     if isinstance(exc, MemoryError):
         return "device"
-    if type(exc).__name__ == "TrainingDiverged":
+    from core.trainer import TrainingDiverged
+
+    if isinstance(exc, TrainingDiverged):
         return "diverged"
     return "error"
 
@@ -89,7 +94,20 @@ class Worker(QThread):
         self._stop.set()
 
     def stop_requested(self) -> bool:
+        """True once :meth:`request_stop` was called."""
         return self._stop.is_set()
+
+    def connect_slots(self, **slots: Callable[..., Any]) -> "Worker":
+        """Connect each signal named by a keyword (``failed=``, ``finished=``, ...) to its slot, as
+        napari's ``create_worker(_connect=...)`` does; returns the worker.
+
+        Raises:
+            AttributeError: the worker has no signal of that name.
+        """
+        for name, slot in slots.items():
+            getattr(type(self), name)  # a typo is an error here, not a silently missing connection
+            getattr(self, name).connect(slot)
+        return self
 
     def run(self) -> None:  # noqa: D102 - QThread entry point
         try:
@@ -108,7 +126,7 @@ class DeviceTestWorker(Worker):
     """Builds every kernel on a device, checks ops against numpy and times a matmul."""
 
     progress = Signal(float, str)  # (fraction 0..1, what is happening)
-    result = Signal(dict)  # core.selftest.DeviceCheck as a dict, plus "ok"
+    result = Signal(object)  # (core.selftest.DeviceCheck)
 
     def __init__(self, device_info) -> None:
         super().__init__()
@@ -124,9 +142,7 @@ class DeviceTestWorker(Worker):
             check = check_device(dev, progress=self.progress.emit, should_stop=self.stop_requested)
         except CheckCancelled:
             return
-        out = asdict(check)
-        out["ok"] = check.ok
-        self.result.emit(out)
+        self.result.emit(check)
 
 
 # ------------------------------------------------------------------------------------- training
@@ -148,16 +164,12 @@ class TrainWorker(Worker):
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
     """
 
-    run_started = Signal(dict)  # {"device", "n_params", "vocab_size", "stage_steps": [pretrain, tune],
-    #                              "stage_index", "stage_step", "resumed"}
-    step = Signal(dict)  # core.trainer.StepReport as a dict, plus "global_step" (1-based over both stages)
-    validation = Signal(dict)  # {"global_step", "stage", "facts": loss or None, "dialogues": loss or None}
-    stage_done = Signal(dict)  # {"stage", "steps_done", "stopped", "recall": [RecallItem dicts],
-    #                             "facts_recalled": [ok, n], "dialogues_recalled": [ok, n]}
-    checkpoint_saved = Signal(str)  # the trained model's folder, (re)written
-    run_done = Signal(dict)  # {"stopped": bool, "finished": bool (both stages done), "checkpoint": folder or "",
-    #                           "stage_index", "stage_step" (where the run ended), "replaced": bool (the run's
-    #                           checkpoint is the trained model)}
+    run_started = Signal(object)  # (gui.events.RunStarted)
+    step = Signal(object)  # (gui.events.TrainingStep)
+    validation = Signal(object)  # (gui.events.ValidationLoss)
+    stage_done = Signal(object)  # (gui.events.StageDone)
+    checkpoint_saved = Signal(str)  # (the trained model's folder, (re)written)
+    run_done = Signal(object)  # (gui.events.RunDone)
 
     def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
                  train_config=None, resume: bool = False, val_every: int = 0,
@@ -199,13 +211,11 @@ class TrainWorker(Worker):
 
     def _validate(self, trainer, stage: str, global_step: int) -> None:
         losses = trainer.validation_loss()
-        self.validation.emit({"global_step": global_step, "stage": stage,
-                              "facts": losses.get("facts"), "dialogues": losses.get("dialogues")})
+        self.validation.emit(ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues")))
 
     def _done(self, trainer, stopped: bool, saved: str) -> None:
-        self.run_done.emit({"stopped": stopped, "finished": trainer.done, "checkpoint": saved,
-                            "stage_index": trainer.stage_index, "stage_step": trainer.stage_step,
-                            "replaced": self._replaced()})
+        self.run_done.emit(RunDone(stopped, trainer.done, saved, trainer.stage_index, trainer.stage_step,
+                                   self._replaced()))
 
     def work(self) -> None:
         from core.checkpoint import resume_trainer
@@ -226,9 +236,8 @@ class TrainWorker(Worker):
         self._trainer = trainer
         tc, mc = trainer.train_config, trainer.model_config
         steps = [tc.pretrain.steps, tc.tune.steps]
-        self.run_started.emit({"device": dev.info.label, "n_params": mc.n_params(), "vocab_size": mc.vocab_size,
-                               "stage_steps": steps, "stage_index": trainer.stage_index,
-                               "stage_step": trainer.stage_step, "resumed": self.resume})
+        self.run_started.emit(RunStarted(dev.info.label, mc.n_params(), mc.vocab_size, (steps[0], steps[1]),
+                                         trainer.stage_index, trainer.stage_step, self.resume))
         self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
         saved, stopped, progressed = "", False, False
         if self.stop_requested():
@@ -239,22 +248,16 @@ class TrainWorker(Worker):
                 if isinstance(ev, StepReport):
                     progressed = True
                     offset = 0 if ev.stage == "pretrain" else steps[0]
-                    d = asdict(ev)
-                    d["global_step"] = offset + ev.step
-                    self.step.emit(d)
+                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step))
                     if (self.val_every and ev.step % self.val_every == 0 and ev.step < ev.total_steps
                             and not self.stop_requested()):
-                        self._validate(trainer, ev.stage, d["global_step"])
+                        self._validate(trainer, ev.stage, offset + ev.step)
                 elif isinstance(ev, StageReport):
                     stopped = ev.stopped
                     if not ev.stopped:
                         offset = 0 if ev.stage == "pretrain" else steps[0]
                         self._validate(trainer, ev.stage, offset + ev.steps_done)
-                    self.stage_done.emit({
-                        "stage": ev.stage, "steps_done": ev.steps_done, "stopped": ev.stopped,
-                        "recall": [asdict(r) for r in ev.recall],
-                        "facts_recalled": list(ev.facts_recalled),
-                        "dialogues_recalled": list(ev.dialogues_recalled)})
+                    self.stage_done.emit(StageDone.from_report(ev))
                     if not ev.stopped:
                         saved = self._save(trainer, stage_end=True)
                 elif isinstance(ev, LogEvent):
@@ -306,12 +309,10 @@ class ChatWorker(Worker):
     load that fails keeps the model loaded before it.
     """
 
-    model_loaded = Signal(dict)  # {"path", "n_params", "context_length", "vocab_size", "device"}
+    model_loaded = Signal(object)  # (gui.events.ModelLoaded)
     load_failed = Signal(str, str)  # (path that could not be loaded, message); the previous model stays
-    piece = Signal(dict)  # one generated token: {"text": its visible text, "token": its vocabulary string,
-    #                       "token_id", "prob", "alternatives": [[token text, prob], ...]}
-    answer_done = Signal(dict)  # {"text": whole answer, "stopped": cancelled by the user,
-    #                              "cut": "max_tokens" or "context" when the answer was cut off, else ""}
+    piece = Signal(object)  # (gui.events.AnswerPiece): one generated token
+    answer_done = Signal(object)  # (gui.events.AnswerDone)
 
     def __init__(self) -> None:
         super().__init__()
@@ -371,8 +372,7 @@ class ChatWorker(Worker):
             return
         self._session, self._probe = ChatSession(probe, loaded.tokenizer), probe
         c = loaded.config
-        self.model_loaded.emit({"path": path, "n_params": c.n_params(), "context_length": c.context_length,
-                                "vocab_size": c.vocab_size, "device": dev.info.label})
+        self.model_loaded.emit(ModelLoaded(path, c.n_params(), c.context_length, c.vocab_size, dev.info.label))
 
     def _do_clear(self) -> None:
         if self._session is not None:
@@ -389,15 +389,15 @@ class ChatWorker(Worker):
         stream = self._session.ask(message, sampling)
         for p in stream:  # one piece per token, its text exactly the text it adds
             answer += p.text
-            self.piece.emit({"text": p.text, "token": tok.decode([p.token_id], skip_special=False) if p.token_id >= 0
-                             else p.text, "token_id": p.token_id, "prob": p.prob,
-                             "alternatives": [[t, pr] for t, pr in p.alternatives]})
+            token = tok.decode([p.token_id], skip_special=False) if p.token_id >= 0 else p.text
+            self.piece.emit(AnswerPiece(p.text, token, p.token_id, p.prob,
+                                        tuple((t, pr) for t, pr in p.alternatives)))
             if self._cancel.is_set() or self.stop_requested():
                 stopped = True
                 stream.close()  # GeneratorExit inside ask(): the turn is not added to the history
                 break
         cut = "" if stopped else self._probe.end_reason(sampling.max_tokens, tok.eos_id)
-        self.answer_done.emit({"text": answer.strip(), "stopped": stopped, "cut": cut})
+        self.answer_done.emit(AnswerDone(answer.strip(), stopped, cut))
 
 
 # ------------------------------------------------------------------------------------- export
@@ -406,7 +406,7 @@ class ExportWorker(Worker):
     """Writes a GGUF file (and optionally an Ollama Modelfile) from a checkpoint or GGUF."""
 
     progress = Signal(str)  # what is happening
-    exported = Signal(dict)  # {"path", "size_bytes", "modelfile": path or "", "notes": [str]}
+    exported = Signal(object)  # (gui.events.Exported)
 
     def __init__(self, model_path: str, out_path: str, dtype: str, modelfile: bool) -> None:
         super().__init__()
@@ -422,9 +422,8 @@ class ExportWorker(Worker):
             return
         self.progress.emit(f"writing {self.out_path}")
         res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile)
-        self.exported.emit({"path": str(res.path), "size_bytes": int(res.size_bytes),
-                            "modelfile": str(res.modelfile) if res.modelfile else "",
-                            "notes": [str(n) for n in res.notes]})
+        self.exported.emit(Exported(str(res.path), int(res.size_bytes), str(res.modelfile) if res.modelfile else "",
+                                    tuple(str(n) for n in res.notes)))
 
 
 # ------------------------------------------------------------------------------------- generic
@@ -432,7 +431,7 @@ class ExportWorker(Worker):
 class CallWorker(Worker):
     """Calls ``fn(*args)`` once in the thread; ``done`` carries its (plain-data) result."""
 
-    done = Signal(object)  # the function's return value (plain data by convention)
+    done = Signal(object)  # (the function's return value)
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         super().__init__()

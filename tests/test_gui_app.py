@@ -67,18 +67,20 @@ def test_open_a_folder_that_is_not_a_project(main_window, tmp_path):
 
 
 def test_plots_skip_non_finite_points(qtbot):
+    from gui.events import TrainingStep, ValidationLoss
     from gui.plots import TrainingPlots
 
     plots = TrainingPlots()
     qtbot.addWidget(plots)
     base = {"stage": "pretrain", "total_steps": 10, "lr": 1e-3, "clipped": False, "skipped": False,
             "tokens_per_s": 1.0, "elapsed_s": 0.0, "step": 1}
-    plots.add_step({**base, "global_step": 1, "loss": 5.0, "grad_norm": 2.0, "layer_grad_norms": [1.0, 1.0, 1.0]})
-    plots.add_step({**base, "global_step": 2, "loss": math.nan, "grad_norm": math.inf, "skipped": True,
-                    "layer_grad_norms": [math.nan, 1.0, math.inf]})
-    plots.add_step({**base, "global_step": 3, "loss": 4.0, "grad_norm": 3.0, "clipped": True,
-                    "layer_grad_norms": [1.0, 2.0, 3.0]})
-    plots.add_validation({"global_step": 3, "stage": "pretrain", "facts": 4.5, "dialogues": None})
+    plots.add_step(TrainingStep(**{**base, "global_step": 1, "loss": 5.0, "grad_norm": 2.0,
+                                   "layer_grad_norms": (1.0, 1.0, 1.0)}))
+    plots.add_step(TrainingStep(**{**base, "global_step": 2, "loss": math.nan, "grad_norm": math.inf, "skipped": True,
+                                   "layer_grad_norms": (math.nan, 1.0, math.inf)}))
+    plots.add_step(TrainingStep(**{**base, "global_step": 3, "loss": 4.0, "grad_norm": 3.0, "clipped": True,
+                                   "layer_grad_norms": (1.0, 2.0, 3.0)}))
+    plots.add_validation(ValidationLoss(global_step=3, stage="pretrain", facts=4.5, dialogues=None))
     plots.flush()
     x, y = plots.loss_curve.getData()
     assert list(x) == [1, 3] and list(y) == [5.0, 4.0]
@@ -92,13 +94,14 @@ def test_plots_skip_non_finite_points(qtbot):
 
 def test_plot_updates_are_batched(qtbot):
     """Steps only append to lists; the curves are redrawn by the timer, not once per step."""
+    from gui.events import TrainingStep
     from gui.plots import TrainingPlots
 
     plots = TrainingPlots(fps=10)
     qtbot.addWidget(plots)
     for i in range(1, 2001):
-        plots.add_step({"global_step": i, "loss": 1.0 / i, "grad_norm": 1.0, "lr": 1e-3, "layer_grad_norms": [1.0],
-                        "clipped": False, "skipped": False})
+        plots.add_step(TrainingStep(stage="pretrain", step=i, total_steps=2000, global_step=i, loss=1.0 / i,
+                                    grad_norm=1.0, lr=1e-3, layer_grad_norms=(1.0,)))
     assert plots.point_count() == 0  # nothing drawn synchronously
     qtbot.waitUntil(lambda: plots.point_count() == 2000, timeout=2000)
     assert plots.loss_plot.getPlotItem().clipToViewMode()

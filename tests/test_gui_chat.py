@@ -1,6 +1,7 @@
 """Chat tab: a failed open keeps the working model; how answers are shown."""
 from __future__ import annotations
 
+from gui.events import AnswerDone, AnswerPiece
 from tests.test_gui_e2e import save_tiny_checkpoint
 
 
@@ -23,8 +24,8 @@ def test_a_failed_open_keeps_the_model_in_use(main_window, qtbot, tmp_path):
         assert "Could not open" in c.model_label.text()  # reported once, not reloaded on send
 
 
-def _piece(text: str) -> dict:
-    return {"text": text, "token": text, "token_id": 1, "prob": 0.9, "alternatives": [[text, 0.9]]}
+def _piece(text: str) -> AnswerPiece:
+    return AnswerPiece(text=text, token=text, token_id=1, prob=0.9, alternatives=((text, 0.9),))
 
 
 def test_answer_has_no_double_space_and_notes_a_cut(main_window):
@@ -33,7 +34,7 @@ def test_answer_has_no_double_space_and_notes_a_cut(main_window):
     c._answering = True
     for text in (" Brind", "lewick", " is"):
         c._on_piece(_piece(text))
-    c._on_answer_done({"text": "Brindlewick is", "stopped": False, "cut": "max_tokens"})
+    c._on_answer_done(AnswerDone(text="Brindlewick is", stopped=False, cut="max_tokens"))
     assert c.transcript.toPlainText() == "Model: Brindlewick is [cut at max tokens]"
     assert not c.is_answering()
 

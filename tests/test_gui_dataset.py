@@ -4,9 +4,36 @@ from __future__ import annotations
 import json
 
 import pytest
+from PySide6.QtCore import Qt
 
 from core.dataset import Dataset, Dialogue, default_dataset, load_dataset
-from gui.dataset_tab import BAD
+from gui.dataset_models import BAD, dialogue_summary
+
+
+# The lists are Qt views on models over the dataset; these read and edit them as the user sees them
+# (QListWidget items before: item(i).text(), .setText(), .isHidden(), .background()).
+def _cell(view, row: int, col: int = 0):
+    model = view.source() if hasattr(view, "source") else view.model()
+    return model, model.index(row, col)
+
+
+def _text(view, row: int, col: int = 0) -> str:
+    model, idx = _cell(view, row, col)
+    return model.data(idx)
+
+
+def _set(view, row: int, text: str, col: int = 0) -> None:
+    model, idx = _cell(view, row, col)
+    assert model.setData(idx, text)
+
+
+def _background(view, row: int, col: int = 0):
+    model, idx = _cell(view, row, col)
+    return model.data(idx, Qt.ItemDataRole.BackgroundRole)
+
+
+def _hidden(view, row: int) -> bool:
+    return not view.is_shown(row)
 
 
 @pytest.fixture
@@ -24,7 +51,7 @@ def test_starts_with_default_dataset(tab):
 def test_edit_reorder_and_round_trip(tab, tmp_path, qtbot):
     tab.set_dataset(Dataset(["Fact one.", "Fact two."], [Dialogue([("Hi?", "Hello.")])]))
     tab.add_fact()
-    tab.facts.item(2).setText("Fact three.")
+    _set(tab.facts, 2, "Fact three.")
     assert tab.dataset().facts == ["Fact one.", "Fact two.", "Fact three."]
     tab.facts.setCurrentRow(2)
     tab._move_fact(-1)
@@ -35,16 +62,16 @@ def test_edit_reorder_and_round_trip(tab, tmp_path, qtbot):
 
     tab.add_dialogue()
     assert tab.dialogues.currentRow() == 1
-    tab.turns.item(0, 0).setText("What is two plus two?")
-    tab.turns.item(0, 1).setText("Four.")
+    _set(tab.turns, 0, col=0, text="What is two plus two?")
+    _set(tab.turns, 0, col=1, text="Four.")
     tab.add_turn()
-    tab.turns.item(1, 0).setText("And three plus three?")
-    tab.turns.item(1, 1).setText("Six.")
+    _set(tab.turns, 1, col=0, text="And three plus three?")
+    _set(tab.turns, 1, col=1, text="Six.")
     tab.system.setText("Be brief.")
     tab.system.textEdited.emit("Be brief.")
     want = Dialogue([("What is two plus two?", "Four."), ("And three plus three?", "Six.")], "Be brief.")
     assert tab.dataset().dialogues[1] == want
-    assert "What is two plus two?" in tab.dialogues.item(1).text()
+    assert "What is two plus two?" in _text(tab.dialogues, 1)
     tab._move_dialogue(-1)
     assert tab.dataset().dialogues[0] == want
 
@@ -62,43 +89,43 @@ def test_edit_reorder_and_round_trip(tab, tmp_path, qtbot):
 
 def test_search_filters_both_lists(tab):
     tab.search.setText("octopus")
-    visible_facts = [tab.facts.item(i).text() for i in range(tab.facts.count()) if not tab.facts.item(i).isHidden()]
+    visible_facts = [_text(tab.facts, i) for i in range(tab.facts.count()) if not _hidden(tab.facts, i)]
     assert visible_facts and all("octopus" in f.lower() for f in visible_facts)
-    visible_dlg = [i for i in range(tab.dialogues.count()) if not tab.dialogues.item(i).isHidden()]
+    visible_dlg = [i for i in range(tab.dialogues.count()) if not _hidden(tab.dialogues, i)]
     assert len(visible_dlg) == 1
     tab.search.clear()
-    assert not any(tab.facts.item(i).isHidden() for i in range(tab.facts.count()))
+    assert not any(_hidden(tab.facts, i) for i in range(tab.facts.count()))
 
 
 def test_validation_highlights_the_offending_entry(tab, qtbot):
-    tab.facts.item(3).setText("   ")
+    _set(tab.facts, 3, "   ")
     qtbot.waitUntil(lambda: any(p.kind == "fact" and p.index == 3 for p in tab.problems()), timeout=3000)
-    assert tab.facts.item(3).background() == BAD
-    assert tab.facts.item(2).background() != BAD
+    assert _background(tab.facts, 3) == BAD
+    assert _background(tab.facts, 2) != BAD
     assert "fact 4" in tab.problem_list.item(0).text()
     tab._goto_problem(tab.problem_list.item(0))
     assert tab.facts.currentRow() == 3
 
     tab.dialogues.setCurrentRow(2)
-    tab.turns.item(1, 1).setText("")  # dialogue 3 has two turns; empty the second answer
+    _set(tab.turns, 1, col=1, text="")  # dialogue 3 has two turns; empty the second answer
     qtbot.waitUntil(lambda: any(p.kind == "dialogue" and p.index == 2 and p.turn == 1 for p in tab.problems()),
                     timeout=3000)
-    assert tab.dialogues.item(2).background() == BAD
-    assert tab.turns.item(1, 1).background() == BAD and tab.turns.item(0, 0).background() != BAD
+    assert _background(tab.dialogues, 2) == BAD
+    assert _background(tab.turns, 1, 1) == BAD and _background(tab.turns, 0, 0) != BAD
 
-    tab.facts.item(3).setText("Fixed fact.")
-    tab.turns.item(1, 1).setText("Fixed answer.")
+    _set(tab.facts, 3, "Fixed fact.")
+    _set(tab.turns, 1, col=1, text="Fixed answer.")
     qtbot.waitUntil(lambda: not tab.problems(), timeout=3000)
-    assert tab.facts.item(3).background() != BAD
+    assert _background(tab.facts, 3) != BAD
 
 
 def test_special_token_text_is_reported(tab, qtbot):
-    tab.facts.item(0).setText("hello <|eos|> world")
+    _set(tab.facts, 0, "hello <|eos|> world")
     qtbot.waitUntil(lambda: any("reserved" in p.message for p in tab.problems()), timeout=3000)
 
 
 def test_training_refuses_a_dataset_with_problems(main_window, qtbot):
-    main_window.dataset_tab.facts.item(0).setText("")
+    _set(main_window.dataset_tab.facts, 0, "")
     assert not main_window.training_tab.start()
     assert "Fix the dataset" in main_window.training_tab.banner_text.text()
 
@@ -108,7 +135,7 @@ def test_edits_are_autosaved_and_restored(main_window, studio_env, qtbot):
 
     tab = main_window.dataset_tab
     tab.add_fact()
-    tab.facts.item(tab.facts.count() - 1).setText("An autosaved fact.")
+    _set(tab.facts, tab.facts.count() - 1, "An autosaved fact.")
     folder = main_window.project.folder
     qtbot.waitUntil(lambda: "An autosaved fact." in (folder / "dataset.json").read_text("utf-8"), timeout=5000)
     main_window.close()
@@ -123,7 +150,7 @@ def test_edits_are_autosaved_and_restored(main_window, studio_env, qtbot):
 
 def test_unsaved_edit_is_written_on_close(main_window):
     main_window.dataset_tab.add_fact()
-    main_window.dataset_tab.facts.item(main_window.dataset_tab.facts.count() - 1).setText("Written on close.")
+    _set(main_window.dataset_tab.facts, main_window.dataset_tab.facts.count() - 1, "Written on close.")
     folder = main_window.project.folder
     main_window.close()  # before the autosave timer fires
     data = json.loads((folder / "dataset.json").read_text("utf-8"))
@@ -131,7 +158,7 @@ def test_unsaved_edit_is_written_on_close(main_window):
 
 
 def _visible(view) -> list[int]:
-    return [i for i in range(view.count()) if not view.item(i).isHidden()]
+    return [i for i in range(view.count()) if view.is_shown(i)]
 
 
 def test_search_hides_the_selection_and_remove_acts_only_on_visible_facts(tab):
@@ -145,14 +172,14 @@ def test_search_hides_the_selection_and_remove_acts_only_on_visible_facts(tab):
     assert tab.fact_remove.isEnabled() and not tab.fact_up.isEnabled() and tab.fact_down.isEnabled()
     tab._move_fact(1)  # swaps with the next *visible* fact, the hidden one stays where it is
     assert tab.dataset().facts == ["apple three", "pear two", "apple one", "pear four"]
-    assert tab.facts.currentRow() == 2 and tab.facts.item(2).text() == "apple one"
+    assert tab.facts.currentRow() == 2 and _text(tab.facts, 2) == "apple one"
     assert not tab.fact_down.isEnabled()  # no visible fact below
     tab._move_fact(1)
     assert tab.dataset().facts == ["apple three", "pear two", "apple one", "pear four"]
     tab.remove_fact()
     assert tab.dataset().facts == ["apple three", "pear two", "pear four"]
-    assert tab.facts.currentRow() == -1 or not tab.facts.item(tab.facts.currentRow()).isHidden()
-    assert [tab.facts.item(i).text() for i in _visible(tab.facts)] == ["apple three"]
+    assert tab.facts.currentRow() == -1 or not _hidden(tab.facts, tab.facts.currentRow())
+    assert [_text(tab.facts, i) for i in _visible(tab.facts)] == ["apple three"]
 
 
 def test_search_hides_the_selected_dialogue_and_its_editor(tab):
@@ -170,7 +197,7 @@ def test_search_hides_the_selected_dialogue_and_its_editor(tab):
     tab.dialogues.setCurrentRow(2)
     tab._move_dialogue(-1)
     assert [x.turns[0][0] for x in tab.dataset().dialogues] == ["apple pie?", "pear?", "apple?"]
-    assert "apple?" in tab.dialogues.item(2).text() and tab.dialogues.currentRow() == 0
+    assert "apple?" in _text(tab.dialogues, 2) and tab.dialogues.currentRow() == 0
     tab.remove_dialogue()
     assert [x.turns[0][0] for x in tab.dataset().dialogues] == ["pear?", "apple?"]
 
@@ -198,8 +225,8 @@ def test_add_fact_keeps_its_text_selected_for_typing(tab, qtbot):
     tab.search.setText("octopus")
     tab.add_fact()
     row = tab.facts.count() - 1
-    assert not tab.facts.item(row).isHidden()  # the search is cleared for the new entry
-    editor = tab.facts.indexWidget(tab.facts.indexFromItem(tab.facts.item(row)))
+    assert not _hidden(tab.facts, row)  # the search is cleared for the new entry
+    editor = tab.facts.indexWidget(tab.facts.view_index(row))
     assert isinstance(editor, QLineEdit) and editor.selectedText() == "New fact."
     qtbot.wait(400)  # validation highlights every entry meanwhile; the open editor must not be reset
     editor.insert("Typed")  # replaces the selection, as typing does
@@ -208,8 +235,8 @@ def test_add_fact_keeps_its_text_selected_for_typing(tab, qtbot):
 
 
 def test_summary_and_problem_wording(tab):
-    assert tab._summary(Dialogue([("A?", "B."), ("C?", "D.")])).endswith("(+1 turn)")
-    assert tab._summary(Dialogue([("A?", "B."), ("C?", "D."), ("E?", "F.")])).endswith("(+2 turns)")
+    assert dialogue_summary(Dialogue([("A?", "B."), ("C?", "D.")])).endswith("(+1 turn)")
+    assert dialogue_summary(Dialogue([("A?", "B."), ("C?", "D."), ("E?", "F.")])).endswith("(+2 turns)")
     tab.set_dataset(Dataset())
     texts = [tab.problem_list.item(i).text() for i in range(tab.problem_list.count())]
     assert texts == ["⚠ The dataset is empty: add facts or dialogues."]

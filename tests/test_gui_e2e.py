@@ -87,7 +87,7 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     assert c.pieces(), "no token was streamed"
     assert "Where is Brindlewick?" in c.transcript.toPlainText()
     first = c.pieces()[0]
-    assert 0.0 <= first["prob"] <= 1.0 and first["alternatives"]
+    assert 0.0 <= first.prob <= 1.0 and first.alternatives
     # hover the first generated token: find it on screen and move the mouse there
     doc_text = c.transcript.toPlainText()
     start = doc_text.index("Model: ") + len("Model: ")
@@ -95,7 +95,7 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     cur.setPosition(start)
     rect = c.transcript.cursorRect(cur)
     c.show_token(0)
-    assert c.alternatives.rowCount() == len(first["alternatives"])
+    assert c.alternatives.rowCount() == len(first.alternatives)
     idx = c.token_at(QPoint(rect.x() + 2, rect.center().y()))
     assert idx == 0
 
@@ -109,8 +109,8 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     qtbot.mouseClick(e.export_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
     assert e.last_result is not None, e.status.text()
-    assert out.is_file() and e.last_result["size_bytes"] == out.stat().st_size
-    assert e.last_result["modelfile"] and Path(e.last_result["modelfile"]).is_file()
+    assert out.is_file() and e.last_result.size_bytes == out.stat().st_size
+    assert e.last_result.modelfile and Path(e.last_result.modelfile).is_file()
     assert str(out) in e.result.text()
     back = import_gguf(out)
     assert back.config == load_model(w.trained_model_path()).config
@@ -137,9 +137,9 @@ def test_start_stop_twenty_times_then_resume(main_window, qtbot, dialogs):
         assert t.stage_label.text().startswith("Stopped"), t.stage_label.text()
         assert t.start_button.isEnabled() and not t.stop_button.isEnabled()
     assert t.resume_button.isEnabled()
-    steps_before = t._last["global_step"]
+    steps_before = t._last.global_step
     assert t.resume()
-    qtbot.waitUntil(lambda: t._last is not None and t._last["global_step"] > steps_before, timeout=60_000)
+    qtbot.waitUntil(lambda: t._last is not None and t._last.global_step > steps_before, timeout=60_000)
     t.stop()
     wait_idle(qtbot, t, timeout=60_000)
     assert t.banner.isHidden(), t.banner_text.text()
@@ -178,14 +178,14 @@ def test_device_error_offers_the_cpu(main_window, qtbot, monkeypatch):
     monkeypatch.setattr(core.trainer.Trainer, "run", broken_run)
     cpu = main_window.device_info()
     gpu = dataclasses.replace(cpu, kind="GPU", name="Pretend GPU")
-    monkeypatch.setattr(main_window, "device_info", lambda: gpu)  # as if a GPU had been chosen
+    monkeypatch.setattr(main_window.state, "device_info", lambda: gpu)  # as if a GPU had been chosen
     t = main_window.training_tab
     assert t.start()
     wait_idle(qtbot, t, timeout=60_000)
     assert not t.banner.isHidden() and not t.cpu_button.isHidden()
     assert "OUT_OF_RESOURCES" in t.banner_text.text()
     switched = []
-    monkeypatch.setattr(main_window, "switch_to_cpu", lambda: switched.append(1) or False)
+    monkeypatch.setattr(main_window.state, "switch_to_cpu", lambda: switched.append(1) or False)
     qtbot.mouseClick(t.cpu_button, Qt.MouseButton.LeftButton)
     assert switched and t.banner.isHidden()
 

@@ -21,7 +21,7 @@ def _user_files(folder: Path) -> list[Path]:
 
 
 def test_default_export_path_is_outside_the_data_folder(main_window, studio_env):
-    from gui.main_window import data_dir
+    from gui.paths import data_dir
 
     path = Path(main_window.export_tab.path.text())
     assert path.name == "model.gguf"
@@ -119,7 +119,8 @@ def test_a_project_with_a_broken_dataset_is_refused_and_not_overwritten(main_win
 
 
 def test_a_broken_last_project_is_not_overwritten_at_start(studio_env, qtbot, dialogs):
-    from gui.main_window import MainWindow, untitled_dir
+    from gui.main_window import MainWindow
+    from gui.paths import untitled_dir
 
     w = MainWindow()
     qtbot.addWidget(w)

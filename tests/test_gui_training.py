@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from core.dataset import Dataset
+from gui.events import TrainingStep
 from tests.test_gui_e2e import configure_tiny, wait_idle
 
 
@@ -44,7 +45,9 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     assert t.resume_button.isEnabled()
 
     # Resume continues the new run; its first stage end makes it the trained model
-    w.hyper_tab.widgets["pretrain.steps"].setValue(t._last["step"] + 2)  # training-only: no question
+    # training-only: no question. At least 5 steps: stopped at step 2, a 4-step resume would repeat the
+    # first run's schedule exactly (same seed, warmup 3) and write the same weights.
+    w.hyper_tab.widgets["pretrain.steps"].setValue(max(t._last.step + 2, 5))
     n_asked = len(dialogs.asked)
     assert t.resume(), t.banner_text.text()
     wait_idle(qtbot, t)
@@ -121,7 +124,8 @@ def test_opening_another_project_clears_the_training_tab(main_window, tmp_path):
     assert not t.start()  # the dataset is empty: banner
     assert not t.banner.isHidden()
     t.append_log("INFO", "a line of the first project")
-    t.plots.add_step({"global_step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "layer_grad_norms": [1.0]})
+    t.plots.add_step(TrainingStep(stage="pretrain", step=1, total_steps=1, global_step=1, loss=2.0, grad_norm=1.0,
+                                  lr=1e-3, layer_grad_norms=(1.0,)))
     t.speed_label.setText("step 100/100 · loss 0.344")
     w.save_project_as(tmp_path / "second")
     w.open_project(tmp_path / "first")

@@ -1,0 +1,288 @@
+"""Qt models over a :class:`core.dataset.Dataset` for the Dataset tab (napari-style model/view).
+
+- :class:`FactsModel` — one row per fact, edited in place (``setData`` writes ``dataset.facts``);
+- :class:`DialoguesModel` — one row per dialogue, shown as a one-line summary;
+- :class:`TurnsModel` — the (user, assistant) turns of one dialogue, two editable columns;
+- :class:`SearchProxy` — the search: a row stays when the needle is in its text (case-insensitive).
+
+The models hold no copy: they read and write the dataset's own lists, and a view asks only for the
+rows it draws, so 20,000 facts cost nothing until they are scrolled to. Each model emits
+``edited`` after a change made through it (an edit, an added, removed or moved row); problems found
+by validation are shown with :meth:`set_problems` (background and tooltip of the rows at fault).
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+
+from core.dataset import Dialogue
+
+BAD = QBrush(QColor(255, 205, 205))  # background of an entry at fault
+NEW_TURN = ("New question?", "New answer.")
+_ROLE = Qt.ItemDataRole
+
+
+def dialogue_summary(d: Dialogue) -> str:
+    """One line for the dialogue list: the first question and how many turns follow."""
+    if not d.turns:
+        return "(no turns)"
+    first = d.turns[0][0].strip() or "(empty question)"
+    n_more = len(d.turns) - 1
+    more = f"  (+{n_more} turn{'s' if n_more > 1 else ''})" if n_more else ""
+    return f"User: {first}{more}"
+
+
+def dialogue_search_text(d: Dialogue) -> str:
+    """What the search looks in: the system message and every turn, lower case."""
+    return " ".join([d.system or ""] + [u + " " + a for u, a in d.turns]).lower()
+
+
+def _editable(flags, index):
+    """``flags`` of a model's cell plus ItemIsEditable (for every real cell)."""
+    return flags | Qt.ItemFlag.ItemIsEditable if index.isValid() else flags
+
+
+def _is_text_edit(index, value, role) -> bool:
+    """A ``setData`` call that edits a cell's text (views pass str for EditRole)."""
+    return role == _ROLE.EditRole and index.isValid() and isinstance(value, str)
+
+
+class _EntryModel(QAbstractListModel):
+    """A list model over ``self._rows`` (a list owned by the dataset) with problem marks per row."""
+
+    edited = Signal()  # the dataset was changed through this model
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self._rows: list = []
+        self._bad: dict[int, str] = {}  # row -> problem text (tooltip)
+
+    # -- Qt API
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+        return 0 if parent.isValid() else len(self._rows)
+
+    def data(self, index, role=_ROLE.DisplayRole):
+        if not index.isValid() or not 0 <= index.row() < len(self._rows):
+            return None
+        row = index.row()
+        if role in (_ROLE.DisplayRole, _ROLE.EditRole):
+            return self.text(row)
+        if role == _ROLE.BackgroundRole:
+            return BAD if row in self._bad else None
+        if role == _ROLE.ToolTipRole:
+            return self._bad.get(row, self.tooltip(row))
+        return None
+
+    # -- for the tab
+    def text(self, row: int) -> str:
+        """What the row shows."""
+        raise NotImplementedError
+
+    def search_text(self, row: int) -> str:
+        """Lower-case text the search looks in."""
+        raise NotImplementedError
+
+    def tooltip(self, row: int) -> str | None:
+        """Tooltip of a row without a problem."""
+        return None
+
+    def reset(self, rows: list) -> None:
+        """Show ``rows`` (the dataset's own list, not a copy)."""
+        self.beginResetModel()
+        self._rows, self._bad = rows, {}
+        self.endResetModel()
+
+    def insert(self, row: int, value) -> None:
+        """Insert ``value`` (a fact or a Dialogue) before ``row``."""
+        self.beginInsertRows(QModelIndex(), row, row)
+        self._rows.insert(row, value)
+        self.endInsertRows()
+        self.edited.emit()
+
+    def remove(self, row: int) -> None:
+        """Delete ``row`` (later marks move up with their rows)."""
+        self.beginRemoveRows(QModelIndex(), row, row)
+        del self._rows[row]
+        self.endRemoveRows()
+        self._bad = {r - (r > row): p for r, p in self._bad.items() if r != row}
+        self.edited.emit()
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange rows ``a`` and ``b`` (any two rows: a search may hide the ones between)."""
+        rows = self._rows
+        rows[a], rows[b] = rows[b], rows[a]
+        for r in (a, b):  # one index each: an open editor on either row shows its new text
+            self.dataChanged.emit(self.index(r), self.index(r))
+        self.edited.emit()
+
+    def refresh(self, row: int) -> None:
+        """Row ``row`` changed outside the model (a dialogue's turns): redraw it."""
+        self.dataChanged.emit(self.index(row), self.index(row))
+
+    def set_problems(self, bad: dict[int, str]) -> None:
+        """Mark the rows at fault (row -> problem text). Only rows whose mark changes are redrawn: a
+        change signal for a row being edited would reset its editor (the user's typing and selection)."""
+        old, self._bad = self._bad, {r: p for r, p in bad.items() if 0 <= r < len(self._rows)}
+        changed = sorted(r for r in old.keys() | self._bad.keys() if old.get(r) != self._bad.get(r))
+        roles = [_ROLE.BackgroundRole, _ROLE.ToolTipRole]
+        if len(changed) > 64:  # one signal for many rows (a range never resets an editor either)
+            self.dataChanged.emit(self.index(changed[0]), self.index(changed[-1]), roles)
+            return
+        for r in changed:
+            self.dataChanged.emit(self.index(r), self.index(r), roles)
+
+
+class FactsModel(_EntryModel):
+    """``dataset.facts``, one editable row each."""
+
+    def text(self, row: int) -> str:
+        return self._rows[row]
+
+    def search_text(self, row: int) -> str:
+        return self._rows[row].lower()
+
+    def tooltip(self, row: int) -> str | None:
+        """The whole fact: a row shows one line of it."""
+        return self._rows[row] or None
+
+    def flags(self, index):
+        return _editable(super().flags(index), index)
+
+    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+        if not _is_text_edit(index, value, role):
+            return False
+        row = index.row()
+        if self._rows[row] != value:
+            self._rows[row] = value
+            self.dataChanged.emit(index, index)
+            self.edited.emit()
+        return True
+
+
+class DialoguesModel(_EntryModel):
+    """``dataset.dialogues``, one summary row each (edited through :class:`TurnsModel`)."""
+
+    def text(self, row: int) -> str:
+        return dialogue_summary(self._rows[row])
+
+    def search_text(self, row: int) -> str:
+        return dialogue_search_text(self._rows[row])
+
+
+class TurnsModel(QAbstractTableModel):
+    """The turns of one dialogue: column 0 the user's question, column 1 the assistant's answer."""
+
+    edited = Signal()  # a turn was changed, added, removed or moved through this model
+    HEADERS = ("User", "Assistant")
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self._dialogue: Dialogue | None = None
+        self._bad: set[int] = set()
+
+    def set_dialogue(self, dialogue: Dialogue | None) -> None:
+        """Show ``dialogue`` (edited in place) or nothing."""
+        self.beginResetModel()
+        self._dialogue, self._bad = dialogue, set()
+        self.endResetModel()
+
+    def dialogue(self) -> Dialogue | None:
+        """The dialogue shown, or None."""
+        return self._dialogue
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+        return 0 if parent.isValid() or self._dialogue is None else len(self._dialogue.turns)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+        return 0 if parent.isValid() else 2
+
+    def headerData(self, section, orientation, role=_ROLE.DisplayRole):  # noqa: N802 - Qt API
+        if orientation == Qt.Orientation.Horizontal and role == _ROLE.DisplayRole and 0 <= section < 2:
+            return self.HEADERS[section]
+        return super().headerData(section, orientation, role)
+
+    def data(self, index, role=_ROLE.DisplayRole):
+        if not index.isValid() or index.row() >= self.rowCount():
+            return None
+        if role in (_ROLE.DisplayRole, _ROLE.EditRole):
+            return self._dialogue.turns[index.row()][index.column()]
+        if role == _ROLE.BackgroundRole:
+            return BAD if index.row() in self._bad else None
+        return None
+
+    def flags(self, index):
+        return _editable(super().flags(index), index)
+
+    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+        if not _is_text_edit(index, value, role):
+            return False
+        t, turns = index.row(), self._dialogue.turns
+        user, answer = turns[t]
+        new = (value, answer) if index.column() == 0 else (user, value)
+        if new != turns[t]:
+            turns[t] = new
+            self.dataChanged.emit(index, index)
+            self.edited.emit()
+        return True
+
+    def add_turn(self) -> int:
+        """Append a placeholder turn; returns its row."""
+        t = len(self._dialogue.turns)
+        self.beginInsertRows(QModelIndex(), t, t)
+        self._dialogue.turns.append(NEW_TURN)
+        self.endInsertRows()
+        self.edited.emit()
+        return t
+
+    def remove_turn(self, t: int) -> None:
+        """Delete turn ``t``."""
+        self.beginRemoveRows(QModelIndex(), t, t)
+        del self._dialogue.turns[t]
+        self.endRemoveRows()
+        self._bad = {r - (r > t) for r in self._bad if r != t}
+        self.edited.emit()
+
+    def swap_turns(self, a: int, b: int) -> None:
+        """Exchange turns ``a`` and ``b``."""
+        turns = self._dialogue.turns
+        turns[a], turns[b] = turns[b], turns[a]
+        for r in (a, b):
+            self.dataChanged.emit(self.index(r, 0), self.index(r, 1))
+        self.edited.emit()
+
+    def set_bad_turns(self, bad: set[int]) -> None:
+        """Mark the turns at fault; only rows whose mark changes are redrawn (see _EntryModel)."""
+        old, self._bad = self._bad, set(bad)
+        for r in sorted(old ^ self._bad):
+            if r < self.rowCount():
+                for c in (0, 1):  # one index each: a range signal is cheaper but resets nothing either
+                    self.dataChanged.emit(self.index(r, c), self.index(r, c), [_ROLE.BackgroundRole])
+
+
+class SearchProxy(QSortFilterProxyModel):
+    """Keeps the rows whose :meth:`_EntryModel.search_text` contains the needle (lower case).
+
+    The filter is applied when the needle changes, not on every edit (dynamic filtering is off), so an
+    entry being edited never vanishes from under the cursor.
+    """
+
+    def __init__(self, source: _EntryModel, parent=None) -> None:
+        super().__init__(parent)
+        self._needle = ""
+        self.setDynamicSortFilter(False)
+        self.setSourceModel(source)
+
+    def set_needle(self, needle: str) -> None:
+        needle = needle.strip().lower()
+        if needle == self._needle:
+            return
+        if hasattr(self, "beginFilterChange"):  # Qt >= 6.9
+            self.beginFilterChange()
+            self._needle = needle
+            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+        else:
+            self._needle = needle
+            self.invalidateRowsFilter()
+
+    def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802 - Qt API
+        return not self._needle or self._needle in self.sourceModel().search_text(source_row)
