@@ -12,8 +12,13 @@ token, as in the app. The result is saved with ``save_pretrained`` and can go ba
     opencl-llm chat --model hf-model-tuned
     opencl-llm export --model hf-model-tuned --out tuned.gguf
 
-On one machine without GPUs (what the test does): ``accelerate launch --cpu --num_processes 2 ...``.
-All distribution is accelerate's (DDP; FSDP or DeepSpeed with ``accelerate config``): each process
+On one machine without GPUs, 2 CPU processes talking through gloo (what tests/test_hf.py runs)::
+
+    accelerate launch --multi_gpu --num_processes 2 examples/train_accelerate.py --cpu --model ...
+    torchrun --standalone --nproc_per_node 2 examples/train_accelerate.py --cpu --model ...   # the same
+
+(``accelerate launch --cpu`` alone starts one process unless MPI is set up.) All distribution is
+accelerate's (DDP; FSDP or DeepSpeed with ``accelerate config``): each process
 sees its own shard of every batch, gradients are averaged over processes. One line of JSON per
 optimizer step goes to stdout: ``{"step": n, "loss": mean loss over processes, "lr": lr}``.
 See docs/scale-out.md.
@@ -31,9 +36,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+from core.config import StageConfig, lr_at  # noqa: E402  (the app's warmup + cosine schedule)
 from core.dataset import load_dataset  # noqa: E402
 
 IGNORE = -100  # label ignored by transformers' cross-entropy
@@ -93,18 +99,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder to save the trained model into (save_pretrained)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step on each process")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine decay after warmup)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (linear warmup, then cosine decay "
+                   "to a tenth, as in the app)")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient L2 norm")
     p.add_argument("--no-facts", action="store_true", help="train on the dialogues only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", action="store_true", help="train on CPU processes (gloo) even where GPUs exist")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    accelerator = Accelerator()
+    accelerator = Accelerator(cpu=args.cpu)
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -124,8 +132,10 @@ def main(argv=None) -> int:
     loader = DataLoader(examples, batch_size=args.batch_size, shuffle=True, drop_last=len(examples) > args.batch_size,
                         collate_fn=lambda b: collate(b, tokenizer.pad_token_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=args.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    stage = StageConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, warmup_steps=args.warmup_steps)
+    # Not given to accelerator.prepare, which would step it once per process: one step per optimizer step.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(stage, s) / args.lr)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     accelerator.print(json.dumps({"processes": accelerator.num_processes, "distributed": str(accelerator.distributed_type),
                                   "examples": len(examples)}), flush=True)
