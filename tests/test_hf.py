@@ -325,3 +325,28 @@ def test_accelerate_example_trains_on_two_processes_and_comes_back(tok, device, 
     assert main(["chat", "--model", str(out), "--prompt", "Where is Brindlewick?", "--max-tokens", "4"]) == 0
     assert main(["export", "--model", str(out), "--out", str(tmp_path / "tuned.gguf")]) == 0
     assert import_gguf(tmp_path / "tuned.gguf").config == back.config
+
+
+# ------------------------------------------------------------------------------------ GUI
+def test_export_tab_writes_a_hugging_face_folder(ckpt, studio_env, qtbot, tmp_path):
+    from gui.export_tab import ExportTab
+
+    class Studio:
+        def trained_model_path(self):
+            return ckpt[0]
+
+    tab = ExportTab(Studio())
+    qtbot.addWidget(tab)
+    tab.path.setText(str(tmp_path / "out" / "tiny.gguf"))
+    tab.set_format("hf")
+    assert not tab.dtype.isEnabled() and not tab.modelfile.isEnabled()
+    assert tab.path.text() == str(tmp_path / "out" / "tiny")  # a folder name, not a .gguf
+    assert "from_pretrained" in tab.hint.text() and "train_accelerate.py" in tab.hint.text()
+    assert tab.export()
+    qtbot.waitUntil(lambda: not tab.is_exporting(), timeout=60_000)
+    assert tab.last_result is not None, tab.status.text()
+    assert tab.last_result["path"] == str(tmp_path / "out" / "tiny")
+    _, weights, _ = load_hf(tmp_path / "out" / "tiny")
+    assert all(weights[n].tobytes() == w.tobytes() for n, w in ckpt[1].weights.items())
+    tab.set_format("gguf")
+    assert tab.dtype.isEnabled() and tab.path.text().endswith("tiny.gguf")
