@@ -62,7 +62,11 @@ def param_layout(dev: Device, config: ModelConfig) -> Layout:
 
 
 def output_name(config: ModelConfig) -> str:
-    """The tensor of the logits projection: ``output.weight``, or ``token_embd.weight`` when tied."""
+    """The tensor of the logits projection: ``output.weight``, or ``token_embd.weight`` when tied.
+
+    Tied embeddings (issue 13, minimal): forward uses it for the logits; backward accumulates the
+    logits' gradient into ``token_embd``'s before the embedding backward adds the lookup's part.
+    """
     return "token_embd.weight" if config.tie_embeddings else "output.weight"
 
 
