@@ -342,15 +342,19 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     out = {}
+    bf16 = False
     try:
         with safe_open(str(path), framework="np") as f:
             for name in f.keys():
                 dtype = f.get_slice(name).get_dtype()
                 if dtype == "BF16":
+                    bf16 = True
                     continue
                 if dtype not in ("F32", "F16", "F64"):
                     raise HFError(f"{path}: tensor {name} has dtype {dtype}, which is not supported")
                 out[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
+        if not bf16:
+            return out
         raw = path.read_bytes()
         n = int.from_bytes(raw[:8], "little")  # safetensors format: u64 header length, JSON header, data
         header = json.loads(raw[8:8 + n])

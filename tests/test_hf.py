@@ -290,7 +290,7 @@ def test_load_hf_refuses_extra_tensors_and_reads_bf16(hf_folder, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ accelerate
-def test_accelerate_example_trains_on_two_processes_and_comes_back(tok, device, tmp_path, capsys):
+def test_accelerate_example_trains_on_two_processes_and_comes_back(tok, device, tmp_path):
     start = export_hf(random_model(tok, seed=7, **dict(GQA, rope_theta=10000.0)), tmp_path / "start")
     data = tmp_path / "data.json"
     save_dataset(default_dataset(), data)
