@@ -150,10 +150,11 @@ def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfi
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
-    """Load a model for chat from a checkpoint folder or a ``.gguf`` file.
+    """Load a model for chat from a checkpoint folder, a ``.gguf`` file or a Hugging Face folder.
 
     Raises:
-        CheckpointError: unreadable checkpoint; ``core.gguf_io.GGUFError`` for a bad GGUF.
+        CheckpointError: unreadable checkpoint; ``core.gguf_io.GGUFError`` for a bad GGUF;
+            ``core.hf_io.HFError`` for a bad Hugging Face folder.
         FileNotFoundError: the path does not exist.
     """
     p = Path(path)
@@ -163,6 +164,10 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         from core.gguf_io import import_gguf
 
         return import_gguf(p)
+    from core.hf_io import is_hf_folder, load_hf_model
+
+    if is_hf_folder(p):  # a Hugging Face LlamaForCausalLM folder (core.hf_io)
+        return load_hf_model(p)
     return load_checkpoint(p)
 
 

@@ -224,6 +224,15 @@ def cmd_export(args) -> int:
     from core.checkpoint import load_model
     from core.gguf_io import export_gguf
 
+    if args.format == "hf":
+        from core.hf_io import export_hf
+
+        if args.dtype not in (None, "f32") or args.modelfile:
+            return _fail("--format hf writes float32 weights only; --dtype and --modelfile are for GGUF")
+        folder = export_hf(args.model, args.out)
+        print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
+        return 0
+    args.dtype = args.dtype or "f32"
     loaded = load_model(args.model)
     out = Path(args.out)
     if out.is_dir():  # a folder: write <model name>.gguf inside it
@@ -264,9 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("chat", help="chat with a trained model", description="Chat with a checkpoint folder or a .gguf "
-                       "file. With --prompt, print one answer and exit.")
-    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder or .gguf (default: {DEFAULT_MODEL_DIR})")
+    s = sub.add_parser("chat", help="chat with a trained model", description="Chat with a checkpoint folder, a .gguf "
+                       "file or a Hugging Face folder. With --prompt, print one answer and exit.")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
+                   f"(default: {DEFAULT_MODEL_DIR})")
     s.add_argument("--prompt", help="one message to answer")
     s.add_argument("--system", help="system message")
     s.add_argument("--device", help="device index or name")
@@ -281,12 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("export", help="export a GGUF file", description="Export a model to GGUF for llama.cpp, "
-                       "Ollama and LM Studio.")
-    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder or .gguf (default: {DEFAULT_MODEL_DIR})")
-    s.add_argument("--out", required=True, help="the .gguf file to write (or a folder to write it into)")
-    s.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8_0"], help="f32: exact (default); f16: "
-                   "half the size; q8_0: about a quarter, slightly less exact")
+    s = sub.add_parser("export", help="export a GGUF file or a Hugging Face folder", description="Export a model "
+                       "to GGUF for llama.cpp, Ollama and LM Studio, or (--format hf) to a Hugging Face "
+                       "transformers folder for training at scale (docs/scale-out.md).")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
+                   f"(default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--format", default="gguf", choices=["gguf", "hf"], help="gguf: one .gguf file (default); hf: "
+                   "a transformers LlamaForCausalLM folder (config.json, model.safetensors, tokenizer)")
+    s.add_argument("--out", required=True, help="the .gguf file to write (or a folder to write it into); with "
+                   "--format hf, the folder to write")
+    s.add_argument("--dtype", default=None, choices=["f32", "f16", "q8_0"], help="GGUF only. f32: exact (default); "
+                   "f16: half the size; q8_0: about a quarter, slightly less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
     s.set_defaults(func=cmd_export)
     return p

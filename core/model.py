@@ -13,6 +13,7 @@ Computes exactly what llama.cpp's ``llama`` architecture computes (src/models/ll
         h = rmsnorm(x) * ffn_norm
         x = x + (silu(h @ Wgate.T) * (h @ Wup.T)) @ Wdown.T  # SwiGLU (Shazeer 2020)
     logits = (rmsnorm(x) * output_norm) @ Wout.T             # (N, vocab_size)
+                                               # Wout = token_embd when config.tie_embeddings
 
 All tensors stay on the device; the host reads back only the scalars it reports.
 """
@@ -58,6 +59,15 @@ def param_layout(dev: Device, config: ModelConfig) -> Layout:
     """The flat layout of the model's parameters (matrices first, norm weights last)."""
     first_norm = "blk.0.attn_norm.weight"
     return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm)
+
+
+def output_name(config: ModelConfig) -> str:
+    """The tensor of the logits projection: ``output.weight``, or ``token_embd.weight`` when tied.
+
+    Tied embeddings (issue 13, minimal): forward uses it for the logits; backward accumulates the
+    logits' gradient into ``token_embd``'s before the embedding backward adds the lookup's part.
+    """
+    return "token_embd.weight" if config.tie_embeddings else "output.weight"
 
 
 def init_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -241,7 +251,7 @@ class Model:
             o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
             o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
         o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
-        o.matmul(a.logits, a.final, p["output.weight"], n, c.vocab_size, d, trans_b=True)
+        o.matmul(a.logits, a.final, p[output_name(c)], n, c.vocab_size, d, trans_b=True)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
@@ -250,8 +260,9 @@ class Model:
         n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
         mm = o.matmul
         # output projection and final norm
-        mm(g["output.weight"], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
-        mm(a.d_norm, a.d_logits, p["output.weight"], n, d, c.vocab_size)
+        # tied embeddings: this accumulates into token_embd's gradient, the embedding backward adds the rest
+        mm(g[output_name(c)], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
+        mm(a.d_norm, a.d_logits, p[output_name(c)], n, d, c.vocab_size)
         o.rmsnorm.backward(a.dx, g["output_norm.weight"], a.d_norm, a.x[c.n_layers],
                            p["output_norm.weight"], a.final_rstd, n, d)
         # a.dx now holds dL/dx for the residual stream; walk the layers backwards

@@ -126,7 +126,7 @@ class AnswerDone:
 
 @dataclass(frozen=True)
 class Exported:
-    """A GGUF file (and maybe an Ollama Modelfile) was written."""
+    """A GGUF file (and maybe an Ollama Modelfile) or a Hugging Face folder was written."""
 
     path: str
     size_bytes: int

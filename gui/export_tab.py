@@ -1,4 +1,5 @@
-"""Export tab: write the model as a GGUF file (F32, F16 or Q8_0), optionally with an Ollama Modelfile."""
+"""Export tab: write the model as a GGUF file (F32, F16 or Q8_0), optionally with an Ollama Modelfile, or as
+a Hugging Face folder (transformers, multi-GPU training: docs/scale-out.md)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,8 @@ from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
           ("Q8_0", "q8_0", "8-bit quantized, about a quarter of F32")]
+FORMATS = [("GGUF file — llama.cpp, Ollama, LM Studio", "gguf"),
+           ("Hugging Face folder — transformers, training on many GPUs", "hf")]
 
 
 class ExportTab(QWidget):
@@ -33,11 +36,15 @@ class ExportTab(QWidget):
         self._confirmed: str | None = None  # an existing file the user agreed to replace
         self.last_result: Exported | None = None
 
-        box = QGroupBox("Export to GGUF (llama.cpp, Ollama, LM Studio)")
+        box = QGroupBox("Export (GGUF for llama.cpp, Ollama, LM Studio; or a Hugging Face folder)")
         form = QFormLayout(box)
         self.source_label = QLabel("No trained model yet.")
         self.source_label.setWordWrap(True)
         form.addRow("Model:", self.source_label)
+        self.format = QComboBox()
+        for name, key in FORMATS:
+            self.format.addItem(name, key)
+        form.addRow("Format:", self.format)
         prow = QHBoxLayout()
         self.path = QLineEdit()
         self.path.setPlaceholderText("model.gguf")
@@ -47,6 +54,7 @@ class ExportTab(QWidget):
         browse.clicked.connect(self._browse)
         prow.addWidget(browse)
         form.addRow("File:", prow)
+        self._path_label = form.labelForField(prow)
         self.dtype = QComboBox()
         for name, key, tip in DTYPES:
             self.dtype.addItem(f"{name} — {tip}", key)
@@ -73,6 +81,7 @@ class ExportTab(QWidget):
         self.hint.setWordWrap(True)
         self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.modelfile.toggled.connect(self._update_hint)
+        self.format.currentIndexChanged.connect(self._format_changed)
         lay = QVBoxLayout(self)
         lay.addWidget(box)
         lay.addWidget(self.hint)
@@ -83,18 +92,50 @@ class ExportTab(QWidget):
         state.model_saved.connect(self.refresh)
         state.busy_changed.connect(self.refresh)
 
+    def is_hf(self) -> bool:
+        """True when the chosen format is a Hugging Face folder."""
+        return self.format.currentData() == "hf"
+
+    def set_format(self, key: str) -> None:
+        i = self.format.findData(key)
+        if i >= 0:
+            self.format.setCurrentIndex(i)
+
+    def _format_changed(self) -> None:
+        hf = self.is_hf()
+        self.dtype.setEnabled(not hf)  # a Hugging Face folder is float32
+        self.modelfile.setEnabled(not hf)
+        self.path.setPlaceholderText("hf-model" if hf else "model.gguf")
+        if self._path_label is not None:
+            self._path_label.setText("Folder:" if hf else "File:")
+        text = self.path.text().strip()
+        if hf and text.lower().endswith(".gguf"):
+            self.path.setText(text[:-5])
+        elif not hf and text and not text.lower().endswith(".gguf"):
+            self.path.setText(text + ".gguf")
+        self._confirmed = None
+        self._update_hint()
+
     def _update_hint(self) -> None:
         """How to use the file, with the real file names (the Modelfile is ``<stem>.Modelfile``)."""
         import shlex
         from html import escape
 
+        def code(*words: str) -> str:
+            return "<code>" + escape(" ".join(shlex.quote(w) for w in words), quote=False) + "</code>"
+
+        if self.is_hf():
+            folder = self.path.text().strip() or "hf-model"
+            self.hint.setText(
+                "With transformers: <code>" + escape(f"AutoModelForCausalLM.from_pretrained({folder!r})", quote=False)
+                + "</code>. "
+                f"To train it on many GPUs: {code('accelerate', 'launch', 'examples/train_accelerate.py', '--model', folder, '--data', 'dataset.json', '--out', folder + '-tuned')} "
+                f"(docs/scale-out.md); {code('opencl-llm', 'chat', '--model', folder + '-tuned')} brings it back.")
+            return
         out = Path(self.path.text().strip() or "model.gguf")
         gguf = out.name if out.name.lower().endswith(".gguf") else out.name + ".gguf"
         stem = Path(gguf).stem
         name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
-
-        def code(*words: str) -> str:
-            return "<code>" + escape(" ".join(shlex.quote(w) for w in words), quote=False) + "</code>"
 
         ollama = (f"With Ollama, in that folder: {code('ollama', 'create', name, '-f', stem + '.Modelfile')}, then "
                   f"{code('ollama', 'run', name)} (tick “Also write an Ollama Modelfile”). ")
@@ -136,6 +177,11 @@ class ExportTab(QWidget):
         return self._active
 
     def _browse(self) -> None:
+        if self.is_hf():
+            path, _ = QFileDialog.getSaveFileName(self, "Export Hugging Face folder", self.path.text() or "hf-model", "")
+            if path:
+                self.path.setText(path)
+            return
         path, _ = QFileDialog.getSaveFileName(self, "Export GGUF", self.path.text() or "model.gguf",
                                               "GGUF models (*.gguf)")
         if path:
@@ -153,6 +199,8 @@ class ExportTab(QWidget):
         if not out:
             self.status.setText("Choose a file name first.")
             return False
+        if self.is_hf():
+            return self._export_hf(src, out)
         if not out.lower().endswith(".gguf"):
             out += ".gguf"
             self.path.setText(out)
@@ -168,7 +216,28 @@ class ExportTab(QWidget):
         except OSError as e:
             self.status.setText(f"Export failed: {e}")
             return False
-        w = ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked())
+        self._start(ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked()))
+        return True
+
+    def _export_hf(self, src: str, out: str) -> bool:
+        p = Path(out)
+        if p.exists() and not p.is_dir():
+            self.status.setText(f"{out} is a file: choose a folder name.")
+            return False
+        if p.is_dir() and any(p.iterdir()) and out != self._confirmed:
+            if not dialogs.ask(self, "Replace the folder?", f"{out} already holds an export. Replace it?",
+                               yes="Replace"):
+                return False
+        self._confirmed = out
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self.status.setText(f"Export failed: {e}")
+            return False
+        self._start(ExportWorker(src, out, "f32", False, fmt="hf"))
+        return True
+
+    def _start(self, w: ExportWorker) -> None:
         w.connect_slots(progress=self.status.setText, exported=self._on_exported, failed=self._on_failed,
                         finished=self._on_finished)
         self._worker = w
@@ -179,7 +248,6 @@ class ExportTab(QWidget):
         self.progress.setRange(0, 0)
         self.export_button.setEnabled(False)
         w.start()
-        return True
 
     def stop(self) -> None:
         if self._worker is not None:

@@ -403,14 +403,16 @@ class ChatWorker(Worker):
 # ------------------------------------------------------------------------------------- export
 
 class ExportWorker(Worker):
-    """Writes a GGUF file (and optionally an Ollama Modelfile) from a checkpoint or GGUF."""
+    """Writes a GGUF file (and optionally an Ollama Modelfile), or with ``fmt="hf"`` a Hugging Face
+    folder, from a checkpoint, GGUF or Hugging Face folder."""
 
     progress = Signal(str)  # what is happening
     exported = Signal(object)  # (gui.events.Exported)
 
-    def __init__(self, model_path: str, out_path: str, dtype: str, modelfile: bool) -> None:
+    def __init__(self, model_path: str, out_path: str, dtype: str, modelfile: bool, fmt: str = "gguf") -> None:
         super().__init__()
         self.model_path, self.out_path, self.dtype, self.modelfile = model_path, out_path, dtype, modelfile
+        self.fmt = fmt
 
     def work(self) -> None:
         from core.checkpoint import load_model
@@ -421,6 +423,13 @@ class ExportWorker(Worker):
         if self.stop_requested():
             return
         self.progress.emit(f"writing {self.out_path}")
+        if self.fmt == "hf":
+            from core.hf_io import export_hf
+
+            folder = export_hf(loaded, self.out_path)
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            self.exported.emit(Exported(str(folder), int(size), "", ()))
+            return
         res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile)
         self.exported.emit(Exported(str(res.path), int(res.size_bytes), str(res.modelfile) if res.modelfile else "",
                                     tuple(str(n) for n in res.notes)))

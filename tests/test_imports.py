@@ -17,6 +17,7 @@ KNOWN_CYCLES = {
     # core.checkpoint.load_model -> core.gguf_io.import_gguf, which builds core.checkpoint.LoadedModel:
     # reworked on the checkpoints branch (issue 12, crash-safe checkpoints).
     frozenset({"core.checkpoint", "core.gguf_io"}),
+    frozenset({"core.checkpoint", "core.hf_io"}),  # the same pattern (load_model dispatches to it)
 }
 
 

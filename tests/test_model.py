@@ -79,6 +79,32 @@ def test_every_gradient_matches_finite_differences(device):
     assert stats.grad_norm == pytest.approx(total, rel=1e-4)
 
 
+def test_tied_embeddings_forward_and_gradient(device):
+    """tie_embeddings: logits use token_embd, whose gradient sums the logits' and the lookup's parts."""
+    c = dataclasses.replace(TINY, tie_embeddings=True)
+    assert "output.weight" not in dict(c.param_shapes())
+    w = random_weights(c, 9)
+    model = Model(device, c, batch_size=2, weights=w)
+    tokens, targets, mask = batch(c, 2, 9, 10)
+    np.testing.assert_allclose(model.logits(tokens), ref.llama_forward(w, c, tokens), atol=2e-4, rtol=1e-4)
+    stats = model.forward_backward(tokens, targets, mask)
+    assert stats.loss == pytest.approx(ref.llama_loss(w, c, tokens, targets, mask), rel=1e-4)
+    g = model.grads.to_numpy()["token_embd.weight"].reshape(-1)
+    w64 = {k: v.astype(np.float64) for k, v in w.items()}
+    flat = w64["token_embd.weight"].reshape(-1)
+    unused = sorted(set(range(c.vocab_size)) - set(tokens.ravel().tolist()))[0]  # only the logits' part
+    for i in [int(tokens[0, 0]) * c.d_model + 2, int(tokens[1, 3]) * c.d_model + 5, unused * c.d_model + 1]:
+        old = flat[i]
+        flat[i] = old + 1e-5
+        hi = ref.llama_loss(w64, c, tokens, targets, mask)
+        flat[i] = old - 1e-5
+        lo = ref.llama_loss(w64, c, tokens, targets, mask)
+        flat[i] = old
+        fd = (hi - lo) / 2e-5
+        assert abs(g[i] - fd) <= 2e-4 + 2e-3 * abs(fd), f"token_embd[{i}]: backward {g[i]:.6g} vs finite diff {fd:.6g}"
+        assert abs(fd) > 1e-4
+
+
 def test_kv_cache_generation_matches_full_forward(device):
     w = random_weights(TINY, 6)
     model = Model(device, TINY, batch_size=1, weights=w, training=False)
