@@ -28,12 +28,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.atomic import atomic_write
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -167,34 +167,14 @@ def dataset_hash(dataset: Dataset) -> str:
 
 # ---- atomic writing ---------------------------------------------------------------------------
 
-def atomic_write_text(path: str | PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` via a temp file in the same folder + ``os.replace``.
-
-    Either the whole new file is there afterwards or the old one is untouched. Raises OSError.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        except FileNotFoundError:
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a new data file should be readable as usual
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+atomic_write_text = atomic_write
+"""Old name of :func:`core.atomic.atomic_write` (``atomic_write_text(path, text)``), kept for callers."""
 
 
-def save_dataset(dataset: Dataset, path: str | PathLike) -> None:
-    """Write ``dataset`` in the app's JSON format, atomically. Raises OSError."""
-    atomic_write_text(path, json.dumps(dataset.to_dict(), ensure_ascii=False, indent=1) + "\n")
+def save_dataset(dataset: Dataset, path: str | PathLike, sync_folder: bool = True) -> None:
+    """Write ``dataset`` in the app's JSON format, atomically (:func:`core.atomic.atomic_write`;
+    ``sync_folder`` as there). Raises OSError."""
+    atomic_write(path, json.dumps(dataset.to_dict(), ensure_ascii=False, indent=1) + "\n", sync_folder=sync_folder)
 
 
 def _one_line(text: str) -> str:
@@ -251,12 +231,24 @@ def export_jsonl(dataset: Dataset, path: str | PathLike) -> None:
 
 # ---- reading ----------------------------------------------------------------------------------
 
+MAX_DATASET_BYTES = 1 << 30
+"""Largest dataset file read (1 GiB): a bigger one, or an endless one such as /dev/zero, is refused."""
+
+
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
+    try:
+        with open(path, "rb") as fh:
+            if not os.path.isfile(path):
+                raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
+            data = fh.read(MAX_DATASET_BYTES + 1)
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a folder; give a dataset file (.json, .jsonl or .txt)") from None
+    if len(data) > MAX_DATASET_BYTES:
+        raise DatasetError(f"{path}: larger than {MAX_DATASET_BYTES >> 30} GiB; split it or use a smaller file")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = len(_LINE_BREAK.findall(data[:e.start].decode("latin-1"))) + 1
         raise DatasetError(f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[e.start]:02x}); "
                            "save it as UTF-8 and load it again") from e
     return "\n".join(_LINE_BREAK.split(text))
@@ -306,7 +298,7 @@ def default_dataset() -> Dataset:
 def _is_json_document(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -316,7 +308,7 @@ def _looks_like_jsonl_line(line: str) -> bool:
         return False
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and ("messages" in obj or "text" in obj)
 
@@ -325,7 +317,9 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from e
+        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: JSON nested too deeply to be a dataset") from None
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write
         return _parse_records(doc, path, lambda i: None)
     if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):
@@ -385,6 +379,8 @@ def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             lines.append(n)
         except json.JSONDecodeError as e:
             problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
+        except RecursionError:
+            problems.append(Problem(path, n, "JSON nested too deeply, skipped"))
     ds, more = _parse_records(records, path, lambda i: lines[i])
     return ds, problems + more
 
