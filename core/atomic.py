@@ -18,7 +18,8 @@ left.
 Crash tests: every file operation passes :func:`file_op`, which counts it. With the environment variable
 ``OPENCL_LLM_CRASH_AT=N`` the process kills itself (SIGKILL, like ``kill -9``) just before operation N
 (1-based, counted from the start of the process); ``OPENCL_LLM_CRASH_AT=enospc:N`` makes operation N
-fail with ``OSError(ENOSPC)`` instead (a full disk). ``OPENCL_LLM_CRASH_LOG=PATH`` appends one line per
+fail with ``OSError(ENOSPC)`` instead (a full disk), and ``sigint2:N`` sends the process two SIGINTs there
+(a double Ctrl-C). ``OPENCL_LLM_CRASH_LOG=PATH`` appends one line per
 operation (its number and name) to PATH, so a test can count the operations of a save.
 """
 from __future__ import annotations
@@ -59,6 +60,10 @@ def file_op(name: str) -> None:
         return
     if kind == "enospc":
         raise OSError(errno.ENOSPC, f"No space left on device (injected before file operation {n}: {name})")
+    if kind == "sigint2":  # a double Ctrl-C at this moment
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -132,7 +137,10 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_fol
             pass
         raise
     if sync_folder:
-        fsync_folder(path.parent)
+        try:
+            fsync_folder(path.parent)
+        except OSError:
+            pass  # the new file is in place; only the durability of its name is in doubt
     return path
 
 
@@ -295,10 +303,13 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_folder(folder.parent)
-    if bak.exists():
-        file_op(f"rmtree {bak.name}")
-        shutil.rmtree(bak, ignore_errors=True)
+    try:  # the new folder is in place: what follows only tidies up, and may fail without harm
+        fsync_folder(folder.parent)
+        if bak.exists():
+            file_op(f"rmtree {bak.name}")
+            shutil.rmtree(bak, ignore_errors=True)
+    except OSError:
+        pass  # a leftover .bak is removed by the next recover_folder
     return folder
 
 
