@@ -110,6 +110,7 @@ class _CtrlC:
 
     def __init__(self, trainer):
         self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
+        self.saved = False  # a checkpoint was saved by this run
 
     def __call__(self, *_):
         self.count += 1
@@ -126,6 +127,7 @@ class _CtrlC:
         self.saving = True
         try:
             save_trainer(trainer, out)
+            self.saved = True
         finally:
             self.saving = False
         if self.pending:
@@ -210,7 +212,6 @@ def _train(args, out: Path) -> int:
     tasks = {}
     ctrl_c = _CtrlC(trainer)
     previous = signal.signal(signal.SIGINT, ctrl_c)
-    saved_stage = False
     try:
         with Progress(*columns, disable=args.quiet) as progress:
             for ev in trainer.run():
@@ -223,7 +224,6 @@ def _train(args, out: Path) -> int:
                     progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
                 elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
                     ctrl_c.save(trainer, out)
-                    saved_stage = True
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
@@ -233,7 +233,7 @@ def _train(args, out: Path) -> int:
                           f"{out} (continue with: opencl-llm train --resume {out})")
                     return 130
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
-        what = "the checkpoint of the last completed stage" if saved_stage else "its previous checkpoint (if any)"
+        what = "the checkpoint of the last completed stage" if ctrl_c.saved else "its previous checkpoint (if any)"
         print(f"interrupted; {out} keeps {what}")
         return 130
     except TrainingDiverged as e:

@@ -344,10 +344,10 @@ class Trainer:
                 elif not finite:
                     yield LogEvent("WARNING", f"{name} step {self.stage_step}: loss {stats.loss} / grad norm "
                                               f"{stats.grad_norm} not finite; step skipped, weights kept")
-                    if bad_in_a_row >= 25:
-                        raise TrainingDiverged(
-                            f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {lr:g}; "
-                            "lower the learning rate (the weights of the last good step are kept)")
+                if not finite and bad_in_a_row >= 25:
+                    raise TrainingDiverged(
+                        f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {lr:g}; "
+                        "lower the learning rate (the weights of the last good step are kept)")
             report = StageReport(name, self.stage_step, stopped=False)
             self.stage_index += 1
             self.stage_step = 0
@@ -454,8 +454,9 @@ def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None =
 
 class _UpdateGuard:
     """Undo an AdamW update that made a weight non-finite: device copies of weights and moments are
-    taken before the update, and one device sum over all weights (NaN or inf if any weight is, or if
-    they are so large that the sum overflows float32) tells whether to put them back."""
+    taken before the update, and one device sum of squares over all weights (NaN or inf if any weight
+    is, or is so large, above about 1.8e19, that its square overflows float32: no model survives such
+    weights either) tells whether to put them back."""
 
     def __init__(self, model: Model):
         from core.params import TensorStore
@@ -478,7 +479,7 @@ class _UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.reduce.sum(self._sum, 0, m.params.flat, m.layout.total)
+        m.ops.reduce.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:
