@@ -309,3 +309,15 @@ def test_chat_drops_old_turns_to_keep_room_for_the_answer():
         assert len(ids) + room <= loaded.config.context_length
         lengths.append(len(ids))
     assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]  # more room, fewer old turns
+
+
+def test_leftovers_of_old_and_new_saves_are_removed_on_load(ck, tmp_path):
+    from core.atomic import _host, backup_path
+
+    (ck / ".optimizer.npz.k2j3h1.tmp").write_bytes(b"x" * 1000)  # what today's main left on a kill
+    dead = tmp_path / f".ck.tmp-{_host()}-999999999-abc"  # an unfinished save of a process that is gone
+    dead.mkdir()
+    load_checkpoint(ck)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"] and not any(p.name.endswith(".tmp") for p in ck.iterdir())
+    ck.rename(backup_path(ck))  # cut between the two renames of a swap: the backup is the checkpoint
+    assert load_checkpoint(ck).checkpoint.adam_step == 6 and ck.is_dir() and not backup_path(ck).exists()
