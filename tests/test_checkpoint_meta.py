@@ -321,3 +321,33 @@ def test_leftovers_of_old_and_new_saves_are_removed_on_load(ck, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"] and not any(p.name.endswith(".tmp") for p in ck.iterdir())
     ck.rename(backup_path(ck))  # cut between the two renames of a swap: the backup is the checkpoint
     assert load_checkpoint(ck).checkpoint.adam_step == 6 and ck.is_dir() and not backup_path(ck).exists()
+
+
+def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, device, capsys, monkeypatch):
+    """A real SIGINT arriving in the end-of-stage recall check: the check stops at its next prompt, the
+    finished stage was saved before it, the CLI exits 130 and the run resumes at the next stage."""
+    import os
+    import signal
+
+    from core import trainer as trainer_mod
+
+    real = trainer_mod.recall_table
+    prompts = []
+
+    def recall_with_ctrl_c(gen, tok, dataset, max_tokens=None, should_stop=None):
+        os.kill(os.getpid(), signal.SIGINT)
+
+        def stop():
+            prompts.append(1)
+            return should_stop()
+        return real(gen, tok, dataset, max_tokens, stop)
+
+    monkeypatch.setattr(trainer_mod, "recall_table", recall_with_ctrl_c)
+    out = tmp_path / "ck"
+    tiny = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
+            "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
+    assert main(["train", *tiny, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out)]) == 130
+    assert "stopped during the recall check" in capsys.readouterr().out
+    assert len(prompts) == 1  # honoured before the first prompt was generated
+    m = CheckpointMeta.read(out)
+    assert (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 2)
