@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import os
 import tempfile
 import time
