@@ -194,7 +194,7 @@ def test_two_writers_on_one_folder_and_a_stale_lock(tmp_path):
 
     project = tmp_path / "proj"
     out = project / "checkpoint"
-    a = cli("train", *TINY, "--pretrain-steps", "400", "--tune-steps", "0", "--out", str(out))
+    a = cli("train", *TINY, "--pretrain-steps", "20000", "--tune-steps", "0", "--out", str(out))
     try:
         deadline = time.time() + 60
         while not lock_path(out).exists() and time.time() < deadline:
