@@ -3,15 +3,16 @@ disabled, showing a project's saved state. Runs the Tiny preset on the PoCL (CPU
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from core.dataset import Dataset
 from tests.test_gui_e2e import configure_tiny, wait_idle
 
 
-def _meta(folder: Path) -> dict:
-    return json.loads((folder / "config.json").read_text("utf-8"))
+def _meta(folder: Path):
+    from core.checkpoint import CheckpointMeta
+
+    return CheckpointMeta.read(folder)
 
 
 def _run_and_stop(qtbot, t) -> None:
@@ -28,7 +29,7 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     wait_idle(qtbot, t)
     assert not dialogs.asked  # nothing to replace yet
     ckpt = w.project.checkpoint_dir
-    assert _meta(ckpt)["stage_index"] == 2
+    assert _meta(ckpt).stage_index == 2
     weights = (ckpt / "weights.npz").read_bytes()
 
     dialogs.answer = False
@@ -38,7 +39,7 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     configure_tiny(w, pretrain=300, tune=2, batch=2)
     dialogs.answer = True
     _run_and_stop(qtbot, t)
-    assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt)["stage_index"] == 2
+    assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt).stage_index == 2
     assert w.trained_model_path() == ckpt and w.project.has_pending()
     assert t.stage_label.text().startswith("Stopped at stage 1") and "kept" in t.stage_label.text()
     assert t.resume_button.isEnabled()
@@ -49,7 +50,7 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     assert t.resume(), t.banner_text.text()
     wait_idle(qtbot, t)
     assert len(dialogs.asked) == n_asked
-    assert not w.project.has_pending() and _meta(ckpt)["stage_index"] == 2
+    assert not w.project.has_pending() and _meta(ckpt).stage_index == 2
     assert (ckpt / "weights.npz").read_bytes() != weights
     assert "finished" in t.stage_label.text()
 
@@ -80,7 +81,7 @@ def test_resume_says_what_it_does_not_use_and_applies_training_settings(main_win
     t.stop()
     wait_idle(qtbot, t, timeout=60_000)
     meta = _meta(ckpt)
-    assert meta["model"]["d_model"] == 64 and meta["train"]["pretrain"]["steps"] == 300
+    assert meta.model.d_model == 64 and meta.train.pretrain.steps == 300
     assert "since resuming" in t.speed_label.text()
 
 
@@ -101,7 +102,7 @@ def test_a_stopped_run_shows_its_position_after_a_restart(main_window, studio_en
 
     configure_tiny(main_window, pretrain=200, tune=0, batch=2)
     _run_and_stop(qtbot, main_window.training_tab)
-    step = _meta(main_window.project.checkpoint_dir)["stage_step"]
+    step = _meta(main_window.project.checkpoint_dir).stage_step
     main_window.close()
     again = MainWindow()
     qtbot.addWidget(again)
