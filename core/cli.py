@@ -128,6 +128,9 @@ class _CtrlC:
         try:
             save_trainer(trainer, out)
             self.saved = True
+        except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
+            raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
+                          "its previous checkpoint (if any)") from None
         finally:
             self.saving = False
         if self.pending:
@@ -381,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, ContextFullError, ValueError, OSError, FloatingPointError) as e:
         if args.verbose:
             raise
+        if isinstance(e, OSError) and e.filename is None and e.strerror and len(e.args) == 2:
+            return _fail(e.strerror)  # our own message, without the "[Errno 28]" prefix
         return _fail(str(e))
     except Exception as e:
         import pyopencl as cl
