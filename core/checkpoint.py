@@ -432,14 +432,41 @@ def _prepare(directory: str | os.PathLike) -> Path:
     return readable_folder(d)
 
 
+def _folder_id(d: Path) -> tuple[int, int] | None:
+    try:
+        st = d.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     """Read a checkpoint folder's model (not the optimizer).
+
+    A save that swaps the folder while it is read (another process training into it) is noticed —
+    the folder under the name is another one afterwards — and the read is repeated, so the files
+    returned are all of one save.
 
     Raises:
         CheckpointError: not a checkpoint, incomplete, unreadable, damaged, non-finite, or its files do
             not belong together (tokenizer of another model); one line naming the file and field.
     """
-    d = _prepare(directory)
+    for _attempt in range(5):
+        d = _prepare(directory)
+        before = _folder_id(d)
+        try:
+            loaded = _load_folder(d, Path(directory))
+        except CheckpointError:
+            if before is not None and _folder_id(d) != before:
+                continue  # swapped (and maybe deleted) while being read
+            raise
+        if _folder_id(d) == before:
+            return loaded
+    raise CheckpointError(f"{directory}: replaced again and again while being read (a training run saving "
+                          "into it?); try again")
+
+
+def _load_folder(d: Path, directory: Path) -> LoadedModel:
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{d}: not a checkpoint folder (a file; a .gguf file needs the .gguf extension)"
                               if not _is_gguf(d) else f"{d}: a GGUF file without the .gguf extension; rename "
@@ -463,7 +490,7 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     weights = _read_arrays(d / "weights.npz")
     _check_tensors(d / "weights.npz", weights, meta.model)
     _check_loaded_finite(d / "weights.npz", weights)
-    return LoadedModel(meta.model, tok, weights, {}, Path(directory), meta)
+    return LoadedModel(meta.model, tok, weights, {}, directory, meta)
 
 
 def _is_gguf(p: Path) -> bool:

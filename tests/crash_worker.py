@@ -56,7 +56,7 @@ def _leftovers(folder: Path) -> list[str]:
     return out
 
 
-def check(folder: Path, states: dict, allow_none: bool) -> str:
+def check(folder: Path, states: dict, allow_none: bool, writer_alive: bool = False) -> str:
     """Which version ``folder`` holds ("old", "new", or "none" when no checkpoint was ever complete);
     raises AssertionError for a mix, a traceback-worthy error or a leftover."""
     from core.atomic import readable_folder
@@ -79,13 +79,15 @@ def check(folder: Path, states: dict, allow_none: bool) -> str:
     for k, w in weights.items():
         assert np.array_equal(loaded.weights[k], np.asarray(w, np.float32)), f"{tag}: weights {k} from the other version"
         assert np.all(np.isfinite(loaded.weights[k]))
+    assert (meta.stage_index, meta.stage_step) == (smeta.stage_index, smeta.stage_step), f"{tag}: stage mixed"
+    if writer_alive:  # a live writer's files are its own business; what was read must be one save
+        return tag
     d = readable_folder(folder)
     with np.load(d / "optimizer.npz") as z:
         for k, a in opt["m"].items():
             assert np.array_equal(z[f"m.{k}"], np.asarray(a, np.float32)), f"{tag}: moment {k} from the other version"
     got, _ = load_dataset(d / "dataset.json")
     assert dataset_hash(got) == meta.dataset_hash == dataset_hash(ds), f"{tag}: dataset.json of the other version"
-    assert (meta.stage_index, meta.stage_step) == (smeta.stage_index, smeta.stage_step), f"{tag}: stage mixed"
     assert not _leftovers(folder), f"left behind after load: {_leftovers(folder)}"
     return tag
 
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("root")
     ap.add_argument("--random", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--readers", type=int, default=0, help="loads while another process saves in a loop")
     args = ap.parse_args(argv)
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,7 @@ def main(argv=None) -> int:
     ops = {fresh: count_ops(root, states, fresh) for fresh in (False, True)}
     n_ops = ops[False]
     counts = {"file_ops_per_save": ops[False], "file_ops_first_save": ops[True], "kill_at_op_overwrite": 0, "kill_at_op_fresh": 0, "enospc_at_op": 0,
-              "kill_during_recovery": 0, "random_kill": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
+              "kill_during_recovery": 0, "random_kill": 0, "reads_during_saves": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
     folder = root / "ck"
     try:
         for fresh in (False, True):
@@ -211,6 +214,27 @@ def main(argv=None) -> int:
             got = check(folder, states, allow_none=False)
             counts["random_kill"] += 1
             counts["outcomes"][got] += 1
+        if args.readers:  # a reader (chat, export) while a writer holding the folder's lock saves in a loop
+            shutil.rmtree(folder, ignore_errors=True)
+            _save(folder, states["old"])
+            pid = os.fork()
+            if pid == 0:
+                from core.folder_lock import FolderLock
+
+                FolderLock(folder, "crash_worker writer").acquire()
+                i = 0
+                while True:
+                    _save(folder, states["new" if i % 2 else "old"])
+                    i += 1
+            try:
+                for _ in range(args.readers):
+                    got = check(folder, states, allow_none=False, writer_alive=True)
+                    counts["reads_during_saves"] += 1
+                    counts["outcomes"][got] += 1
+            finally:
+                os.kill(pid, signal.SIGKILL)
+                _wait(pid)
+            check(folder, states, allow_none=False)  # and the dead writer's leftovers are recovered
     except AssertionError as e:
         print(f"FAIL: {e}", file=sys.stderr)
         print(json.dumps(counts))

@@ -77,9 +77,9 @@ def report(name: str, counts: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------ every file operation
-def _injection_points(tmp_path, n_random):
-    p = subprocess.run([sys.executable, "-m", "tests.crash_worker", str(tmp_path / "w"), "--random", str(n_random)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+def _injection_points(tmp_path, n_random, n_readers):
+    p = subprocess.run([sys.executable, "-m", "tests.crash_worker", str(tmp_path / "w"), "--random", str(n_random),
+                        "--readers", str(n_readers)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr + p.stdout
     counts = json.loads(p.stdout.strip().splitlines()[-1])
     report("save injection points", counts)
@@ -87,16 +87,18 @@ def _injection_points(tmp_path, n_random):
     assert counts["kill_at_op_fresh"] == counts["file_ops_first_save"] >= 20
     assert counts["enospc_at_op"] == counts["file_ops_per_save"]
     assert counts["outcomes"]["old"] > 0 and counts["outcomes"]["new"] > 0
+    assert counts["random_kill"] == n_random and counts["reads_during_saves"] == n_readers
     return counts
 
 
 def test_kill_and_full_disk_at_every_file_operation_of_a_save(tmp_path):
-    _injection_points(tmp_path, 12)
+    """Also: loads while another process (holding the lock) saves in a loop always get one save's files."""
+    _injection_points(tmp_path, 12, 30)
 
 
 @pytest.mark.slow
 def test_kill_at_random_moments_of_saves_many(tmp_path):
-    assert _injection_points(tmp_path, 200)["random_kill"] == 200
+    _injection_points(tmp_path, 200, 500)
 
 
 # ------------------------------------------------------------------------------------ real training runs
