@@ -25,6 +25,7 @@ types, alignment, bytes, and dequantized values) and every key before it renames
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
@@ -256,6 +257,11 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     name = name or out.stem
     facts = _training_facts(loaded, training_meta)
 
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):  # what a killed export of this file left
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     try:
         fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as e:
