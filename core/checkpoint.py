@@ -296,10 +296,10 @@ def _missing(name: str):
 
 
 def _read_bytes(path: Path, limit: int) -> bytes:
+    if path.exists() and not path.is_file():  # a device, a pipe: never read endlessly
+        raise CheckpointError(f"{path}: not a regular file")
     try:
         with open(path, "rb") as fh:
-            if not os.path.isfile(path):
-                raise CheckpointError(f"{path}: not a regular file")
             data = fh.read(limit + 1)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None

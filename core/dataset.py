@@ -236,10 +236,10 @@ MAX_DATASET_BYTES = 1 << 30
 
 
 def _read_text(path: Path) -> str:
+    if path.exists() and not path.is_dir() and not path.is_file():  # a device, a pipe: never read endlessly
+        raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
     try:
         with open(path, "rb") as fh:
-            if not os.path.isfile(path):
-                raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
             data = fh.read(MAX_DATASET_BYTES + 1)
     except IsADirectoryError:
         raise DatasetError(f"{path}: is a folder; give a dataset file (.json, .jsonl or .txt)") from None

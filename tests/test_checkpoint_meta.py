@@ -3,6 +3,7 @@ damaged-file case of issue 11 as a one-line error (never a traceback)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -165,6 +166,10 @@ def test_deep_jsonl_and_dev_zero_and_folders(tmp_path, capsys):
     assert "nested too deeply" in one_line_error(capsys, main(["train", "--data", str(deep_json), "--out",
                                                               str(tmp_path / "o"), "-q"]))
     assert "not a regular file" in one_line_error(capsys, main(["train", "--data", "/dev/zero", "--out",
+                                                               str(tmp_path / "o"), "-q"]))
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    assert "not a regular file" in one_line_error(capsys, main(["train", "--data", str(fifo), "--out",
                                                                str(tmp_path / "o"), "-q"]))
 
 
