@@ -276,7 +276,7 @@ class Trainer:
         return bool(self.facts) if stage == 0 else bool(self.dialogues)
 
     # ------------------------------------------------------------------ the loop
-    def run(self, recall: bool = True) -> Iterator[StepReport | StageReport | LogEvent]:
+    def run(self, recall: bool = True) -> Iterator[StepReport | StageFinished | StageReport | LogEvent]:
         """Run (or continue) training; yields a StepReport per step, a StageReport per stage end.
 
         Yields :class:`StageFinished` when a stage's steps are done (save then), then runs the
