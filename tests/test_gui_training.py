@@ -45,7 +45,8 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     assert t.resume_button.isEnabled()
 
     # Resume continues the new run; its first stage end makes it the trained model
-    w.hyper_tab.widgets["pretrain.steps"].setValue(t._last["step"] + 2)  # training-only: no question
+    # training-only: no question; +5 so the resumed run cannot repeat the first model step for step
+    w.hyper_tab.widgets["pretrain.steps"].setValue(t._last["step"] + 5)
     n_asked = len(dialogs.asked)
     assert t.resume(), t.banner_text.text()
     wait_idle(qtbot, t)
