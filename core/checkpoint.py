@@ -423,11 +423,12 @@ class LoadedModel:
 
 
 def _prepare(directory: str | os.PathLike) -> Path:
-    """Recover an interrupted save (when no other process is writing) and return the folder to read."""
+    """Recover an interrupted save (only when no process, this one included, holds the folder: a holder
+    may be saving right now, and recovers by itself before it saves) and return the folder to read."""
     from core.folder_lock import live_holder
 
     d = Path(directory)
-    if live_holder(d) is None:
+    if live_holder(d, include_self=True) is None:
         recover_folder(d)
     return readable_folder(d)
 

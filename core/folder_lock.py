@@ -85,9 +85,10 @@ def _is_live(h: LockHolder) -> bool:
     return not (h.proc_start and now and now != h.proc_start)
 
 
-def live_holder(folder: str | os.PathLike) -> LockHolder | None:
-    """The live process (not this one) that holds ``folder``, a folder above it, or a folder directly
-    inside it; None when it is free. Stale locks are ignored (and left for :class:`FolderLock`)."""
+def live_holder(folder: str | os.PathLike, include_self: bool = False) -> LockHolder | None:
+    """The live process (not this one, unless ``include_self``) that holds ``folder``, a folder above
+    it, or a folder directly inside it; None when it is free. Stale locks are ignored (and left for
+    :class:`FolderLock`)."""
     folder = Path(os.path.abspath(folder))
     candidates = [lock_path(a) for a in [folder, *folder.parents] if a.name]
     if folder.is_dir():
@@ -109,6 +110,8 @@ def live_holder(folder: str | os.PathLike) -> LockHolder | None:
                 pass
             continue
         if h.pid == os.getpid() and h.host == socket.gethostname():
+            if include_self:
+                return h
             continue
         if _is_live(h):
             return h

@@ -153,6 +153,12 @@ def test_cli_killed_between_the_renames_and_in_the_middle_of_a_save(tmp_path):
         assert rc == -signal.SIGKILL, err
         if name == "kill_between_renames":
             assert not out.exists() and (tmp_path / ".ck.bak").is_dir()  # cut exactly between the renames
+            # resuming straight from this state continues the previous checkpoint
+            rc, _, err = run("train", "--resume", str(out), "--tune-steps", "4", "-q")
+            assert rc == 0, err
+            m = assert_whole(out)
+            assert m.adam_step == before.adam_step + 4 and m.done  # 4 tune steps after the saved run
+            before = m
         assert assert_whole(out).saved == before.saved  # the previous checkpoint, whole
         counts[name] += 1
     # a double Ctrl-C in the middle of the save: the save finishes first, then exit 130
