@@ -1,47 +1,317 @@
-"""Replacing a file all at once: write a temp file beside it, flush it to disk, ``os.replace`` it.
+"""Crash-safe writes: one file (temp file + fsync + rename) or one whole folder (SQLite-style swap).
 
-The lowest layer of ``core``: it imports nothing from the project, so any module may use it.
+This module imports nothing of the project, so every other module may use it.
+
+A file: :func:`atomic_write` writes ``.NAME.<random>.tmp`` beside ``NAME``, fsyncs it, renames it over
+``NAME`` and fsyncs the folder. Afterwards the new file is there, or (after a crash, a full disk, an
+exception) the old file is untouched; a crash may leave the ``.tmp`` file, which
+:func:`remove_stale_temp_files` deletes on the next start.
+
+A folder (a checkpoint, after SQLite's atomic commit): :func:`replace_folder` writes every file into
+``.NAME.tmp-<host>-<pid>-<random>`` beside ``NAME``, fsyncs the files and the folder, renames the old
+``NAME`` to ``.NAME.bak``, renames the new folder to ``NAME``, fsyncs the parent and only then deletes
+``.NAME.bak``. A reader sees the old or the new folder, never a mix: :func:`readable_folder` returns
+``.NAME.bak`` in the one moment between the two renames, and :func:`recover_folder` (run by the next
+writer, or by a reader when no writer holds the folder) finishes or discards what an interrupted swap
+left.
+
+Crash tests: every file operation passes :func:`file_op`, which counts it. With the environment variable
+``OPENCL_LLM_CRASH_AT=N`` the process kills itself (SIGKILL, like ``kill -9``) just before operation N
+(1-based, counted from the start of the process); ``OPENCL_LLM_CRASH_AT=enospc:N`` makes operation N
+fail with ``OSError(ENOSPC)`` instead (a full disk), and ``sigint2:N`` sends the process two SIGINTs there
+(a double Ctrl-C). ``OPENCL_LLM_CRASH_LOG=PATH`` appends one line per
+operation (its number and name) to PATH, so a test can count the operations of a save.
 """
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
-from os import PathLike
+import secrets
+import shutil
+import signal
+import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+
+CRASH_ENV = "OPENCL_LLM_CRASH_AT"
+CRASH_LOG_ENV = "OPENCL_LLM_CRASH_LOG"
+
+_op_count = 0
 
 
-def atomic_write(path: str | PathLike, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write(f)`` on a temp file in ``path``'s folder, fsync it, then rename it to ``path``.
-
-    Either the whole new file is there afterwards or the old one is untouched (no temp file is left
-    behind). A replaced file keeps its permission bits; a new one gets 0644 (mkstemp's 0600 would
-    hide a data file from other users of the machine).
+def file_op(name: str) -> None:
+    """Count one file operation (crash-test hook; see the module docstring).
 
     Raises:
-        OSError: the folder is not writable, the disk is full, ...; whatever ``write`` raises.
+        OSError: ENOSPC when ``OPENCL_LLM_CRASH_AT=enospc:N`` names this operation. Kills the process
+            (SIGKILL) when ``OPENCL_LLM_CRASH_AT=N`` does.
+    """
+    global _op_count
+    _op_count += 1
+    log = os.environ.get(CRASH_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"{_op_count} {name}\n")
+    spec = os.environ.get(CRASH_ENV, "")
+    if not spec:
+        return
+    kind, _, n = spec.rpartition(":")
+    if not n.isdigit() or int(n) != _op_count:
+        return
+    if kind == "enospc":
+        raise OSError(errno.ENOSPC, f"No space left on device (injected before file operation {n}: {name})")
+    if kind == "sigint2":  # a double Ctrl-C at this moment
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reset_op_count() -> None:
+    """Restart the operation count at 0 (for tests that fork one child per injection point)."""
+    global _op_count
+    _op_count = 0
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (new, renamed, removed files) to disk; a no-op where folders cannot be
+    opened (Windows)."""
+    file_op(f"fsync {folder}")
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_folder: bool = True) -> Path:
+    """Replace ``path`` with new content in one step: the whole new file or the old one, never a part.
+
+    Args:
+        path: the file to write; its folder must exist.
+        data: bytes, a str (written as UTF-8), or a function ``write(binary_file)`` that writes it.
+        sync_folder: also fsync the folder so the rename itself survives a power cut.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        OSError: the folder is not writable, the disk is full, ...; the old file is untouched and the
+            temporary file removed.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        file_op(f"create {tmp.name}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask() if os.name != "nt" else 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            file_op(f"write {tmp.name}")
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            file_op(f"fsync {tmp.name}")
+            os.fsync(fh.fileno())
         try:
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.chmod(tmp, path.stat().st_mode & 0o7777)  # keep the permissions of the file it replaces
         except FileNotFoundError:
-            os.chmod(tmp, 0o644)
+            pass
+        file_op(f"rename {tmp.name} -> {path.name}")
         os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
         raise
+    if sync_folder:
+        try:
+            fsync_folder(path.parent)
+        except OSError:
+            pass  # the new file is in place; only the durability of its name is in doubt
+    return path
 
 
-def atomic_write_text(path: str | PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write`). Raises OSError."""
-    data = text.encode("utf-8")
-    atomic_write(path, lambda f: f.write(data))
+def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the ``.NAME.<random>.tmp`` files an interrupted :func:`atomic_write` left in ``folder``.
+
+    Returns:
+        The files removed. Never raises for a file that cannot be removed.
+    """
+    out = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return out
+    for p in entries:
+        if p.name.startswith(".") and p.name.endswith(".tmp") and p.is_file():
+            try:
+                p.unlink()
+                out.append(p)
+            except OSError:
+                pass
+    return out
+
+
+# ------------------------------------------------------------------------------------ folders
+def backup_path(folder: str | os.PathLike) -> Path:
+    """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way."""
+    folder = Path(folder)
+    return folder.with_name(f".{folder.name}.bak")
+
+
+def _temp_prefix(folder: Path) -> str:
+    return f".{folder.name}.tmp-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _temp_owner_dead(name: str, prefix: str) -> bool:
+    """Whether the process that made temp folder ``name`` (``<prefix><host>-<pid>-<rand>``) is gone."""
+    parts = name[len(prefix):].rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return True
+    host, pid = parts[0], int(parts[1])
+    if host != _host():
+        return False  # another machine's (a shared folder): not ours to judge
+    return pid != os.getpid() and not _pid_alive(pid)
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
+
+
+def readable_folder(folder: str | os.PathLike) -> Path:
+    """The folder a reader should read: ``folder`` itself, or its ``.bak`` when a swap was cut
+    between its two renames (the old, complete folder). Changes nothing on disk."""
+    folder = Path(folder)
+    if not folder.exists() and backup_path(folder).is_dir():
+        return backup_path(folder)
+    return folder
+
+
+def recover_folder(folder: str | os.PathLike) -> list[str]:
+    """Finish or discard what an interrupted :func:`replace_folder` left beside ``folder``.
+
+    - ``.NAME.bak`` and no ``NAME``: the swap was cut between its renames; the old folder is renamed back.
+    - ``.NAME.bak`` and ``NAME``: the swap finished; the backup is deleted.
+    - ``.NAME.tmp-...`` folders of processes that are gone: deleted (never a live writer's).
+    - ``.X.<random>.tmp`` files inside ``NAME`` (an interrupted file write): deleted.
+
+    Call it only while no other process writes the folder (hold its :class:`core.folder_lock.FolderLock`,
+    or check that nobody does).
+
+    Returns:
+        One line per thing done (for the log). Never raises for what it cannot remove.
+    """
+    folder = Path(folder)
+    done = []
+    bak = backup_path(folder)
+    if bak.is_dir():
+        if not folder.exists():
+            try:
+                file_op(f"rename {bak.name} -> {folder.name}")
+                os.rename(bak, folder)
+                fsync_folder(folder.parent)
+                done.append(f"restored {folder} from the backup of an interrupted save")
+            except OSError:
+                pass
+        else:
+            file_op(f"rmtree {bak.name}")
+            shutil.rmtree(bak, ignore_errors=True)
+            done.append(f"removed {bak} (left by a save that had finished)")
+    prefix = _temp_prefix(folder)
+    try:
+        siblings = list(folder.parent.iterdir())
+    except OSError:
+        siblings = []
+    for p in siblings:
+        if p.name.startswith(prefix) and p.is_dir() and _temp_owner_dead(p.name, prefix):
+            file_op(f"rmtree {p.name}")
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed {p} (an unfinished save)")
+    for p in remove_stale_temp_files(folder) if folder.is_dir() else []:
+        done.append(f"removed {p} (an unfinished file write)")
+    return done
+
+
+def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Create or replace ``folder`` as one unit: ``write(temp_folder)`` fills a fresh sibling folder,
+    which is then swapped in (see the module docstring).
+
+    Args:
+        folder: the folder to create or replace; its parent is created if needed.
+        write: writes every file into the temp folder it is given (use :func:`atomic_write` with
+            ``sync_folder=False`` or plain writes; each file is fsynced here afterwards).
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        OSError: anything the writes or renames raise (the old folder is then still in place, or
+            restorable by :func:`recover_folder`); whatever ``write`` raises.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise OSError(errno.ENOTDIR, f"{folder}: exists and is not a folder")
+    recover_folder(folder)
+    tmp = folder.with_name(f"{_temp_prefix(folder)}{_host()}-{os.getpid()}-{secrets.token_hex(3)}")
+    bak = backup_path(folder)
+    try:
+        file_op(f"mkdir {tmp.name}")
+        tmp.mkdir()
+        write(tmp)
+        for p in sorted(tmp.iterdir()):
+            if p.is_file():
+                file_op(f"fsync {tmp.name}/{p.name}")
+                with open(p, "rb") as fh:
+                    os.fsync(fh.fileno())
+        fsync_folder(tmp)
+        if folder.exists():
+            file_op(f"rename {folder.name} -> {bak.name}")
+            os.rename(folder, bak)
+        try:
+            file_op(f"rename {tmp.name} -> {folder.name}")
+            os.rename(tmp, folder)
+        except BaseException:
+            if bak.is_dir() and not folder.exists():
+                os.rename(bak, folder)  # put the old one back
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:  # the new folder is in place: what follows only tidies up, and may fail without harm
+        fsync_folder(folder.parent)
+        if bak.exists():
+            file_op(f"rmtree {bak.name}")
+            shutil.rmtree(bak, ignore_errors=True)
+    except OSError:
+        pass  # a leftover .bak is removed by the next recover_folder
+    return folder
+
+
+__all__ = ["atomic_write", "replace_folder", "recover_folder", "readable_folder", "backup_path",
+           "remove_stale_temp_files", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]

@@ -61,12 +61,15 @@ class ChatSession:
         """Forget the conversation."""
         self.history.clear()
 
-    def _prompt(self, message: str) -> list[int]:
+    def _prompt(self, message: str, answer_room: int = 1) -> list[int]:
+        """Prompt ids for ``message``: the oldest whole turns are dropped until the prompt leaves
+        ``answer_room`` tokens (the answer's max_tokens) free in the context, or no turn is left."""
         limit = self.gen.config.context_length - 1
+        room = max(1, min(int(answer_room), limit))
         history = list(self.history)
         while True:
             ids = chat_format.prompt_ids(self.tok, history, message, system=self.system)
-            if len(ids) < limit or not history:
+            if len(ids) + room <= self.gen.config.context_length or not history:
                 break
             history = history[1:]  # sliding window over whole turns
         if len(ids) >= limit:
@@ -89,7 +92,7 @@ class ChatSession:
         message = message.strip()
         if not message:
             raise ValueError("the message is empty")
-        ids = self._prompt(message)
+        ids = self._prompt(message, settings.max_tokens)
         decoder = StreamDecoder(self.tok)
         stops = [s for s in chat_format.STOP_STRINGS if s != chat_format.EOS_TOKEN]
         pending: list[ChatPiece] = []  # generated, not yet released

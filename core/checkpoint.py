@@ -1,144 +1,527 @@
 """Checkpoints: a folder with everything needed to chat with a model or resume its training exactly.
 
-    DIR/config.json      format marker, model and training config, stage/step, adam step,
-                         dataset hash, last loss, app version  (written last: it marks completeness)
+    DIR/config.json      :class:`CheckpointMeta`: format and version, model and training config,
+                         stage/step, adam step, tokenizer and dataset hashes, last loss, app version
     DIR/weights.npz      every weight under its GGUF tensor name, float32
     DIR/optimizer.npz    AdamW moments m.<name>, v.<name>
     DIR/tokenizer.json   the `tokenizers` BPE
     DIR/dataset.json     the dataset the model was trained on
 
-Every file is written to a temporary name in DIR and renamed, so an interrupted save never leaves
-a half-written file under a real name.
+A checkpoint is one unit, like an SQLite commit (:func:`core.atomic.replace_folder`): it is written
+completely into a temporary sibling folder, fsynced, and swapped in by rename, keeping the previous
+checkpoint as ``.DIR.bak`` until the swap is done. A reader sees the old or the new checkpoint, never a
+mix; what an interrupted save left is finished or removed by the next save or load.
+
+:class:`CheckpointMeta` is the one reader and writer of ``config.json``: everything else uses its typed
+fields. It validates what it reads into a one-line :class:`CheckpointError` naming the file and field.
+Format version 1 (written before the atomic swap, without a tokenizer hash) still loads.
+
+Nothing non-finite is saved: :func:`save_checkpoint` refuses NaN or infinite weights or moments.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import math
 import os
-import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from core import __version__
-from core.config import ModelConfig, TrainConfig
-from core.dataset import Dataset, load_dataset, save_dataset
+from core.atomic import atomic_write, readable_folder, recover_folder, replace_folder
+from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.tokenizer import Tokenizer
 
 FORMAT = "opencl-llm-studio-checkpoint"
+FORMAT_VERSION = 2
+"""1: files replaced one by one, no tokenizer hash; 2: the folder is swapped as a whole, tokenizer hash."""
+STAGE_NAMES = ("pretrain", "tune")
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_ARRAYS_BYTES = 8 << 30
 
 
 class CheckpointError(ValueError):
-    """A checkpoint folder is missing, incomplete or of another format."""
+    """A checkpoint folder is missing, incomplete, damaged or of another format (one line, naming the
+    file and, where it applies, the field)."""
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+class NonFiniteError(CheckpointError):
+    """Weights or optimizer moments contain NaN or infinite values; such a model is never saved."""
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """sha256 hex digest of the tokenizer's JSON text (ties a tokenizer.json to its weights)."""
+    return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
-def save_checkpoint(trainer, directory: str | os.PathLike) -> Path:
-    """Save a :class:`core.trainer.Trainer`'s full state into ``directory`` (created if needed).
+# ------------------------------------------------------------------------------------ config.json
+class _FieldError(Exception):
+    def __init__(self, name: str, message: str):
+        super().__init__(f"field {name!r} {message}")
 
-    Returns:
-        The checkpoint folder.
-    """
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    m = trainer.model
-    weights = m.weights()
-    opt = m.optimizer_state()
-    _atomic_write(d / "weights.npz", lambda fh: np.savez(fh, **weights))
-    arrays = {f"m.{k}": v for k, v in opt["m"].items()} | {f"v.{k}": v for k, v in opt["v"].items()}
-    _atomic_write(d / "optimizer.npz", lambda fh: np.savez(fh, **arrays))
-    _atomic_write(d / "tokenizer.json", lambda fh: fh.write(trainer.tokenizer.to_json().encode("utf-8")))
-    save_dataset(trainer.dataset, d / "dataset.json")
-    meta = {
-        "format": FORMAT, "version": 1, "app_version": __version__,
-        "model": trainer.model_config.to_dict(), "train": trainer.train_config.to_dict(),
-        "stage_index": trainer.stage_index, "stage_step": trainer.stage_step, "adam_step": opt["step"],
-        "dataset_hash": trainer.dataset_hash, "last_loss": trainer.last_loss,
-        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    _atomic_write(d / "config.json", lambda fh: fh.write(json.dumps(meta, indent=2).encode("utf-8")))
+
+def _obj(d, name: str) -> dict:
+    if not isinstance(d, dict):
+        raise _FieldError(name, f"must be an object, got {_kind(d)}")
     return d
 
 
+def _kind(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _int(d: dict, key: str, prefix: str = "", default=..., minimum: int = 0, maximum: int | None = None) -> int:
+    name = prefix + key
+    if key not in d:
+        if default is ...:
+            raise _FieldError(name, "is missing")
+        return default
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _FieldError(name, f"must be an integer, got {_kind(v)}")
+    if v < minimum or (maximum is not None and v > maximum):
+        raise _FieldError(name, f"must be within {minimum}..{maximum if maximum is not None else ''}, got {v}")
+    return v
+
+
+def _str(d: dict, key: str, default=...) -> str:
+    if key not in d:
+        if default is ...:
+            raise _FieldError(key, "is missing")
+        return default
+    if not isinstance(d[key], str):
+        raise _FieldError(key, f"must be a string, got {_kind(d[key])}")
+    return d[key]
+
+
+def _stage(d: dict, name: str) -> StageConfig:
+    _obj(d, name)
+    kw = {}
+    for f in fields(StageConfig):
+        if f.name in d:
+            kw[f.name] = d[f.name]
+    try:
+        st = StageConfig(**kw)
+        st.validate(name)
+    except ConfigError as e:
+        raise _FieldError(e.field if "." in e.field else f"{name}.{e.field}", str(e).split(": ", 1)[-1]) from None
+    except TypeError as e:
+        raise _FieldError(name, f"is not a stage config ({e})") from None
+    return st
+
+
+# ModelConfig fields every checkpoint has (format version 1); fields added since have defaults that
+# describe the older checkpoints (e.g. tie_embeddings = False), so they may be absent.
+_V1_MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "context_length",
+                    "rope_theta", "norm_eps")
+
+
+def _model_config(d) -> ModelConfig:
+    _obj(d, "model")
+    for f in fields(ModelConfig):
+        if f.name not in d and f.name in _V1_MODEL_FIELDS:
+            raise _FieldError(f"model.{f.name}", "is missing")
+    try:
+        return ModelConfig.from_dict(d)
+    except ConfigError as e:
+        raise _FieldError(f"model.{e.field}", str(e).split(": ", 1)[-1]) from None
+    except TypeError as e:
+        raise _FieldError("model", f"is not a model config ({e})") from None
+
+
+def _train_config(d) -> TrainConfig:
+    _obj(d, "train")
+    for stage in STAGE_NAMES:
+        if stage not in d:
+            raise _FieldError(f"train.{stage}", "is missing")
+    kw = {stage: _stage(d[stage], f"train.{stage}") for stage in STAGE_NAMES}
+    names = {f.name for f in fields(TrainConfig)} - set(STAGE_NAMES)
+    for k in names & d.keys():
+        v = d[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise _FieldError(f"train.{k}", f"must be a number, got {_kind(v)}")
+        kw[k] = v
+    try:
+        return TrainConfig(**kw)
+    except ConfigError as e:
+        raise _FieldError(e.field if e.field.startswith("train.") else f"train.{e.field}",
+                          str(e).split(": ", 1)[-1]) from None
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What ``config.json`` holds; the one reader (:meth:`read`) and writer (:meth:`to_json`) of it.
+
+    Attributes:
+        model: the architecture (vocab_size is the tokenizer's).
+        train: the training settings of the run (both stages).
+        stage_index: the next stage to run: 0 pretrain, 1 tune, 2 both done.
+        stage_step: steps done in that stage.
+        adam_step: AdamW updates so far (bias-correction counter).
+        tokenizer_hash: sha256 of tokenizer.json's text ("" in version-1 checkpoints).
+        dataset_hash: sha256 of the canonical dataset JSON (core.dataset.dataset_hash).
+        previous_dataset_hashes: earlier datasets of this run (resumed with ``allow_new_data``).
+        last_loss: loss of the last good step in nats/token (NaN before the first one).
+        saved: local time of the save, ISO 8601.
+        app_version: the app that wrote it.
+        version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
+    """
+
+    model: ModelConfig
+    train: TrainConfig
+    stage_index: int = 0
+    stage_step: int = 0
+    adam_step: int = 0
+    tokenizer_hash: str = ""
+    dataset_hash: str = ""
+    previous_dataset_hashes: tuple[str, ...] = ()
+    last_loss: float = float("nan")
+    saved: str = ""
+    app_version: str = __version__
+    version: int = FORMAT_VERSION
+
+    # ---- derived
+    @property
+    def done(self) -> bool:
+        """Both stages have run all their steps."""
+        return self.stage_index >= len(STAGE_NAMES)
+
+    def stage_steps_done(self) -> tuple[int, int]:
+        """(pretrain steps done, tune steps done)."""
+        pre, tune = self.train.pretrain.steps, self.train.tune.steps
+        if self.stage_index == 0:
+            return self.stage_step, 0
+        if self.stage_index == 1:
+            return pre, self.stage_step
+        return pre, tune
+
+    def training_summary(self) -> dict:
+        """What a GGUF export records of the training (keys without the ``opencl_llm_studio.`` prefix);
+        entries without a value (a NaN loss, no date) are left out."""
+        pre, tune = self.stage_steps_done()
+        values = {
+            "training.app_version": self.app_version, "training.date": self.saved or None,
+            "training.steps": self.adam_step, "training.pretrain_steps": pre, "training.tune_steps": tune,
+            "training.final_loss": self.last_loss if math.isfinite(self.last_loss) else None,
+            "training.dataset_sha256": self.dataset_hash or None,
+            "training.config": json.dumps(self.train.to_dict(), sort_keys=True),
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    # ---- writing
+    def to_dict(self) -> dict:
+        """The JSON object written to config.json (always the current format version)."""
+        return {"format": FORMAT, "version": FORMAT_VERSION, "app_version": self.app_version,
+                "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "stage_index": self.stage_index, "stage_step": self.stage_step, "adam_step": self.adam_step,
+                "tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash,
+                "previous_dataset_hashes": list(self.previous_dataset_hashes),
+                "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
+                "saved": self.saved}
+
+    def to_json(self) -> str:
+        """config.json's text (indented JSON, no NaN literals)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    # ---- reading
+    @classmethod
+    def from_dict(cls, d, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
+        """Validate a parsed config.json.
+
+        Raises:
+            CheckpointError: ``"<path>: field 'train.tune' must be an object"`` and the like; another
+                format; a newer version.
+        """
+        try:
+            d = _obj(d, "(top level)")
+            fmt = d.get("format")
+            if fmt != FORMAT:
+                raise _FieldError("format", f"is {fmt!r}, expected {FORMAT!r} (not a checkpoint of this app)")
+            version = _int(d, "version", minimum=1)
+            if version > FORMAT_VERSION:
+                raise _FieldError("version", f"is {version}: written by a newer app version (this one reads "
+                                  f"up to {FORMAT_VERSION})")
+            model = _model_config(d.get("model")) if "model" in d else _missing("model")
+            train = _train_config(d.get("train")) if "train" in d else _missing("train")
+            stage_index = _int(d, "stage_index", maximum=len(STAGE_NAMES))
+            stage_step = _int(d, "stage_step")
+            if stage_index == len(STAGE_NAMES) and stage_step:
+                raise _FieldError("stage_step", f"must be 0 when both stages are done, got {stage_step}")
+            adam_step = _int(d, "adam_step")
+            loss = d.get("last_loss")
+            if loss is None:
+                loss = float("nan")
+            elif not isinstance(loss, (int, float)) or isinstance(loss, bool):
+                raise _FieldError("last_loss", f"must be a number or null, got {_kind(loss)}")
+            prev = d.get("previous_dataset_hashes", [])
+            if not isinstance(prev, list) or not all(isinstance(h, str) for h in prev):
+                raise _FieldError("previous_dataset_hashes", "must be a list of strings")
+            return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
+                       adam_step=adam_step, tokenizer_hash=_str(d, "tokenizer_hash", ""),
+                       dataset_hash=_str(d, "dataset_hash", ""), previous_dataset_hashes=tuple(prev),
+                       last_loss=float(loss), saved=_str(d, "saved", ""), app_version=_str(d, "app_version", ""),
+                       version=version)
+        except _FieldError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
+        """Parse and validate config.json's text. Raises CheckpointError (one line)."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
+        except RecursionError:
+            raise CheckpointError(f"{path}: nested too deeply to be a checkpoint config") from None
+        return cls.from_dict(d, path)
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> "CheckpointMeta":
+        """Read ``folder/config.json`` (at most 1 MiB).
+
+        Raises:
+            CheckpointError: no config.json (``not a checkpoint folder``), unreadable or invalid.
+        """
+        cfg = Path(folder) / "config.json"
+        if not cfg.is_file():
+            raise CheckpointError(f"{folder}: not a checkpoint folder (no config.json)")
+        return cls.from_json(_read_text(cfg, MAX_CONFIG_BYTES), cfg)
+
+
+def _missing(name: str):
+    raise _FieldError(name, "is missing")
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    if path.exists() and not path.is_file():  # a device, a pipe: never read endlessly
+        raise CheckpointError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{path}: larger than {limit >> 20} MiB; not a file of a checkpoint")
+    return data
+
+
+def _read_text(path: Path, limit: int) -> str:
+    try:
+        return _read_bytes(path, limit).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+# ------------------------------------------------------------------------------------ saving
+def _check_finite(what: str, arrays: dict[str, np.ndarray]) -> None:
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if not np.all(np.isfinite(a)):
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise NonFiniteError(f"{what} {name!r} has {bad} NaN or infinite values; not saved (the training "
+                                 "diverged: lower the learning rate)")
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
+def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray], optimizer: dict | None,
+                    meta: CheckpointMeta, tokenizer: Tokenizer, dataset: Dataset) -> Path:
+    """Write a checkpoint folder as one unit (see the module docstring); plain data, no trainer.
+
+    Args:
+        directory: the checkpoint folder, created or replaced as a whole.
+        weights: ``{gguf tensor name: float32 array}`` matching ``meta.model``.
+        optimizer: ``{"m": {name: array}, "v": {name: array}, "step": int}`` or None (a model only:
+            it can be chatted with and exported, not resumed).
+        meta: the config.json content; its tokenizer and dataset hashes are filled in from
+            ``tokenizer`` and ``dataset``, its date now.
+        tokenizer, dataset: what the model was trained with.
+
+    Returns:
+        The checkpoint folder.
+
+    Raises:
+        NonFiniteError: a weight or moment is NaN or infinite (nothing is written).
+        CheckpointError: a tensor is missing or has the wrong shape.
+        OSError: the disk is full, the folder is not writable... (the previous checkpoint stays).
+    """
+    d = Path(directory)
+    weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    shapes = dict(meta.model.param_shapes())
+    for name, shape in shapes.items():
+        if name not in weights or weights[name].shape != shape:
+            raise CheckpointError(f"weights: tensor {name!r} is missing or has the wrong shape (needs {shape})")
+    _check_finite("weight", weights)
+    files: dict[str, bytes] = {"weights.npz": _npz_bytes(weights)}
+    if optimizer is not None:
+        arrays = {f"m.{k}": v for k, v in optimizer["m"].items()} | {f"v.{k}": v for k, v in optimizer["v"].items()}
+        _check_finite("optimizer moment", arrays)
+        files["optimizer.npz"] = _npz_bytes(arrays)
+        meta = _replace(meta, adam_step=int(optimizer["step"]))
+    tok_json = tokenizer.to_json()
+    files["tokenizer.json"] = tok_json.encode("utf-8")
+    meta = _replace(meta, tokenizer_hash=hashlib.sha256(files["tokenizer.json"]).hexdigest(),
+                    dataset_hash=dataset_hash(dataset), saved=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    app_version=__version__, version=FORMAT_VERSION)
+    config_text = meta.to_json()
+
+    def write(tmp: Path) -> None:
+        for name, data in files.items():
+            atomic_write(tmp / name, data, sync_folder=False)
+        save_dataset(dataset, tmp / "dataset.json", sync_folder=False)
+        atomic_write(tmp / "config.json", config_text, sync_folder=False)
+
+    return replace_folder(d, write)
+
+
+def _replace(meta: CheckpointMeta, **kw) -> CheckpointMeta:
+    from dataclasses import replace
+
+    return replace(meta, **kw)
+
+
+def trainer_meta(trainer) -> CheckpointMeta:
+    """The :class:`CheckpointMeta` of a :class:`core.trainer.Trainer`'s current state."""
+    return CheckpointMeta(model=trainer.model_config, train=trainer.train_config, stage_index=trainer.stage_index,
+                          stage_step=trainer.stage_step, adam_step=trainer.model.adam_step,
+                          dataset_hash=trainer.dataset_hash,
+                          previous_dataset_hashes=tuple(getattr(trainer, "previous_dataset_hashes", ())),
+                          last_loss=float(trainer.last_loss))
+
+
+def save_trainer(trainer, directory: str | os.PathLike) -> Path:
+    """Convenience: :func:`save_checkpoint` of a Trainer's weights, moments, state, tokenizer and dataset."""
+    m = trainer.model
+    return save_checkpoint(directory, m.weights(), m.optimizer_state(), trainer_meta(trainer),
+                           trainer.tokenizer, trainer.dataset)
+
+
+# ------------------------------------------------------------------------------------ loading
 @dataclass
 class LoadedModel:
-    """A model read from disk: config, tokenizer, weights, and whatever metadata came with it."""
+    """A model read from disk: config, tokenizer, weights, and whatever metadata came with it.
+
+    Attributes:
+        meta: for a GGUF file, what :func:`core.gguf_io.import_gguf` read (``format`` "gguf", ...);
+            empty for a checkpoint.
+        checkpoint: a checkpoint folder's :class:`CheckpointMeta` (None for a GGUF).
+    """
 
     config: ModelConfig
     tokenizer: Tokenizer
     weights: dict[str, np.ndarray]
     meta: dict
     path: Path
+    checkpoint: CheckpointMeta | None = field(default=None)
 
 
-def _read_meta(d: Path) -> dict:
-    cfg = d / "config.json"
-    if not cfg.is_file():
-        raise CheckpointError(f"{d}: not a checkpoint folder (no config.json)")
+def _prepare(directory: str | os.PathLike) -> Path:
+    """Recover an interrupted save (only when no process, this one included, holds the folder: a holder
+    may be saving right now, and recovers by itself before it saves) and return the folder to read."""
+    from core.folder_lock import live_holder
+
+    d = Path(directory)
+    if live_holder(d, include_self=True) is None:
+        recover_folder(d)
+    return readable_folder(d)
+
+
+def _folder_id(d: Path) -> tuple[int, int] | None:
     try:
-        meta = json.loads(cfg.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg}: unreadable ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{cfg}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    for f in ("weights.npz", "tokenizer.json"):
-        if not (d / f).is_file():
-            raise CheckpointError(f"{d}: incomplete checkpoint, {f} is missing")
-    return meta
+        st = d.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     """Read a checkpoint folder's model (not the optimizer).
 
+    A save that swaps the folder while it is read (another process training into it) is noticed —
+    the folder under the name is another one afterwards — and the read is repeated, so the files
+    returned are all of one save.
+
     Raises:
-        CheckpointError: not a checkpoint, incomplete, unreadable, or its tensors do not match its
-            config; the message names the file.
+        CheckpointError: not a checkpoint, incomplete, unreadable, damaged, non-finite, or its files do
+            not belong together (tokenizer of another model); one line naming the file and field.
     """
-    d = Path(directory)
-    meta = _read_meta(d)
+    for _attempt in range(5):
+        d = _prepare(directory)
+        before = _folder_id(d)
+        try:
+            loaded = _load_folder(d, Path(directory))
+        except CheckpointError:
+            if before is not None and _folder_id(d) != before:
+                continue  # swapped (and maybe deleted) while being read
+            raise
+        if _folder_id(d) == before:
+            return loaded
+    raise CheckpointError(f"{directory}: replaced again and again while being read (a training run saving "
+                          "into it?); try again")
+
+
+def _load_folder(d: Path, directory: Path) -> LoadedModel:
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"{d}: not a checkpoint folder (a file; a .gguf file needs the .gguf extension)"
+                              if not _is_gguf(d) else f"{d}: a GGUF file without the .gguf extension; rename "
+                              "it to end in .gguf")
+    meta = CheckpointMeta.read(d)
+    for f in ("weights.npz", "tokenizer.json"):
+        if not (d / f).is_file():
+            raise CheckpointError(f"{d}: incomplete checkpoint, {f} is missing")
+    tok_path = d / "tokenizer.json"
+    text = _read_text(tok_path, MAX_TOKENIZER_BYTES)
+    if meta.tokenizer_hash and hashlib.sha256(text.encode("utf-8")).hexdigest() != meta.tokenizer_hash:
+        raise CheckpointError(f"{tok_path}: does not belong to this checkpoint (its hash differs from "
+                              "config.json's tokenizer_hash)")
     try:
-        config = ModelConfig.from_dict(meta["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{d / 'config.json'}: bad or missing model config ({e})") from None
-    try:
-        tok = Tokenizer.from_json((d / "tokenizer.json").read_text("utf-8"))
+        tok = Tokenizer.from_json(text)
     except Exception as e:  # the tokenizers library raises its own exception types
-        raise CheckpointError(f"{d / 'tokenizer.json'}: unreadable ({e})") from None
+        raise CheckpointError(f"{tok_path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if tok.vocab_size != meta.model.vocab_size:
+        raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
+                              f"{meta.model.vocab_size} (a tokenizer of another model?)")
     weights = _read_arrays(d / "weights.npz")
-    _check_tensors(d / "weights.npz", weights, config)
-    return LoadedModel(config, tok, weights, meta, d)
+    _check_tensors(d / "weights.npz", weights, meta.model)
+    _check_loaded_finite(d / "weights.npz", weights)
+    return LoadedModel(meta.model, tok, weights, {}, directory, meta)
+
+
+def _is_gguf(p: Path) -> bool:
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _check_loaded_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    for name, a in arrays.items():
+        if not np.all(np.isfinite(a)):
+            raise CheckpointError(f"{path}: tensor {name!r} contains NaN or infinite values; the model is broken")
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
+        if path.stat().st_size > MAX_ARRAYS_BYTES:
+            raise CheckpointError(f"{path}: larger than {MAX_ARRAYS_BYTES >> 30} GiB")
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k].astype(np.float32) for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CheckpointError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
 def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfig) -> None:
@@ -158,9 +541,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         FileNotFoundError: the path does not exist.
     """
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not readable_folder(p).exists():
         raise FileNotFoundError(f"{p}: no such file or folder")
-    if p.is_file() and p.suffix.lower() == ".gguf":
+    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
         from core.gguf_io import import_gguf
 
         return import_gguf(p)
@@ -171,43 +554,87 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     return load_checkpoint(p)
 
 
-def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConfig | None = None):
+def resume_position(meta: CheckpointMeta, train_config: TrainConfig) -> tuple[int, int]:
+    """Where a run saved as ``meta`` continues under ``train_config`` (maybe with more steps).
+
+    A finished run (or a finished stage) whose stage gets more steps continues that stage; a finished
+    pretrain stage with more pretrain steps continues pretraining if tuning has not begun.
+
+    Returns:
+        (stage_index, stage_step).
+
+    Raises:
+        CheckpointError: more pretrain steps are asked for after tuning has begun.
+    """
+    si, ss = meta.stage_index, meta.stage_step
+    pre_done, tune_done = meta.stage_steps_done()
+    new_pre, new_tune = train_config.pretrain.steps, train_config.tune.steps
+    if si >= 1 and new_pre > pre_done and meta.train.pretrain.steps < new_pre:
+        if si == 1 and ss == 0:
+            return 0, pre_done
+        raise CheckpointError(f"--pretrain-steps {new_pre}: the run has already begun tuning after "
+                              f"{pre_done} pretrain steps; it can get more tune steps, or start a new run")
+    if si == 2 and new_tune > tune_done:
+        return 1, tune_done
+    return si, ss
+
+
+def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConfig | None = None,
+                   dataset: Dataset | None = None, allow_new_data: bool = False):
     """Rebuild a :class:`core.trainer.Trainer` from a checkpoint, at the exact step it was saved.
 
     Args:
         directory: checkpoint folder.
         device: the OpenCL device to continue on.
-        train_config: optional new settings (e.g. more steps); defaults to the saved ones.
+        train_config: optional new settings (e.g. more steps); defaults to the saved ones. A finished
+            stage given more steps continues (:func:`resume_position`).
+        dataset: train on this dataset instead of the saved dataset.json; must have the saved hash
+            unless ``allow_new_data`` (then the old hash is recorded in ``previous_dataset_hashes``).
+        allow_new_data: accept a dataset (given, or a dataset.json edited since the save) whose hash
+            differs from config.json's dataset_hash.
 
     Raises:
-        CheckpointError: missing or unreadable optimizer state, dataset or training state.
+        CheckpointError: missing or unreadable optimizer state, dataset or training state; a dataset
+            that is not the one the run was trained on (without ``allow_new_data``).
     """
     from core.trainer import Trainer
 
-    d = Path(directory)
-    loaded = load_checkpoint(d)
+    loaded = load_checkpoint(directory)
+    meta = loaded.checkpoint
+    d = readable_folder(directory)
     if not (d / "optimizer.npz").is_file() or not (d / "dataset.json").is_file():
         raise CheckpointError(f"{d}: cannot resume training, optimizer.npz or dataset.json is missing")
-    dataset, problems = load_dataset(d / "dataset.json")
-    if problems:
-        raise CheckpointError(f"{d / 'dataset.json'}: {problems[0]}")
-    try:
-        tc = train_config or TrainConfig.from_dict(loaded.meta["train"])
-        stage_index, stage_step = int(loaded.meta["stage_index"]), int(loaded.meta["stage_step"])
-        adam_step = int(loaded.meta["adam_step"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{d / 'config.json'}: cannot resume, training state missing or bad ({e})") from None
+    if dataset is None:
+        try:
+            dataset, problems = load_dataset(d / "dataset.json")
+        except (DatasetError, OSError) as e:
+            raise CheckpointError(str(e)) from None
+        if problems:
+            raise CheckpointError(str(problems[0]))
+    new_hash = dataset_hash(dataset)
+    previous = meta.previous_dataset_hashes
+    if meta.dataset_hash and new_hash != meta.dataset_hash:
+        if not allow_new_data:
+            raise CheckpointError(f"{d / 'dataset.json'}: not the dataset this run was trained on (its hash "
+                                  f"{new_hash[:12]} differs from config.json's dataset_hash "
+                                  f"{meta.dataset_hash[:12]}); resume with --allow-new-data to continue on it")
+        previous = previous + (meta.dataset_hash,)
+    tc = train_config or meta.train
+    stage_index, stage_step = resume_position(meta, tc)
     arrays = _read_arrays(d / "optimizer.npz")
     moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
     moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
     _check_tensors(d / "optimizer.npz", moment1, loaded.config)
     _check_tensors(d / "optimizer.npz", moment2, loaded.config)
+    _check_loaded_finite(d / "optimizer.npz", arrays)
     trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=loaded.weights)
-    trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": adam_step})
+    trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": meta.adam_step})
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
-    trainer.last_loss = float(loaded.meta.get("last_loss", float("nan")))
+    trainer.last_loss = meta.last_loss
+    trainer.previous_dataset_hashes = previous
     return trainer
 
 
-__all__ = ["save_checkpoint", "load_checkpoint", "load_model", "resume_trainer", "LoadedModel",
-           "CheckpointError", "Dataset"]
+__all__ = ["save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",
+           "resume_position", "tokenizer_hash", "LoadedModel", "CheckpointMeta", "CheckpointError",
+           "NonFiniteError", "Dataset", "FORMAT", "FORMAT_VERSION"]

@@ -62,13 +62,18 @@ _MODEL_OPTIONS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "co
                   "vocab_size", "seed")
 
 
-def _writable_folder(path: Path) -> Path:
-    """Create ``path`` if needed and check a file can be written there (before any training)."""
+def _check_out_folder(path: Path) -> Path:
+    """Check ``--out`` can take a checkpoint (before any training): a new folder, an empty one or a
+    checkpoint, in a folder where files can be written (the new checkpoint is written beside it)."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {path}: exists and is not a folder")
-    path.mkdir(parents=True, exist_ok=True)
-    probe = path / ".write-test"
-    probe.write_bytes(b"")
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        raise ValueError(f"--out {path}: is a folder with other files, not a checkpoint; give a new or empty folder")
+    parent = path.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    from core.atomic import atomic_write
+
+    probe = atomic_write(parent / f".{path.name}.write-test", b"", sync_folder=False)
     probe.unlink()
     return path
 
@@ -78,10 +83,12 @@ def _resume_config(args, saved):
     from core.config import replace
 
     fixed = [f"--{n.replace('_', '-')}" for n in _MODEL_OPTIONS if getattr(args, n) is not None]
-    if args.data or args.preset or fixed:
-        what = ", ".join(fixed + (["--data"] if args.data else []) + (["--preset"] if args.preset else []))
+    if (args.data and not args.allow_new_data) or args.preset or fixed:
+        what = ", ".join(fixed + (["--data"] if args.data and not args.allow_new_data else [])
+                         + (["--preset"] if args.preset else []))
         raise ValueError(f"{what}: cannot change when resuming (the checkpoint fixes the model, dataset and "
-                         "tokenizer); only steps, lr, batch size, clipping, weight decay and replay share can")
+                         "tokenizer); only steps, lr, batch size, clipping, weight decay and replay share can "
+                         "(and the dataset, with --allow-new-data)")
     pre, tune = saved.pretrain, saved.tune
     for stage, prefix in ((0, "pretrain"), (1, "tune")):
         st = pre if stage == 0 else tune
@@ -96,60 +103,118 @@ def _resume_config(args, saved):
     return replace(saved, pretrain=pre, tune=tune, **extra)
 
 
-def cmd_train(args) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+class _CtrlC:
+    """SIGINT during training: the first asks the trainer to stop between two steps (or recall
+    prompts), so the checkpoint resumes exactly; a second one interrupts at once, except during a save,
+    which is finished first (a checkpoint is never left half replaced, and a finished stage never lost)."""
 
-    from core.checkpoint import load_checkpoint, resume_trainer, save_checkpoint
-    from core.config import ConfigError, TrainConfig
-    from core.dataset import default_dataset, load_dataset
-    from core.device import open_device
-    from core.trainer import LogEvent, StageReport, StepReport, Trainer, TrainingDiverged
+    def __init__(self, trainer):
+        self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
+        self.saved = False  # a checkpoint was saved by this run
+
+    def __call__(self, *_):
+        self.count += 1
+        self.trainer.request_stop()
+        if self.count >= 2:
+            if self.saving:
+                self.pending = True
+            else:
+                raise KeyboardInterrupt
+
+    def save(self, trainer, out: Path) -> None:
+        from core.checkpoint import save_trainer
+
+        self.saving = True
+        try:
+            save_trainer(trainer, out)
+            self.saved = True
+        except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
+            raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
+                          "its previous checkpoint (if any)") from None
+        finally:
+            self.saving = False
+        if self.pending:
+            raise KeyboardInterrupt
+
+
+def _load_data(path: str):
+    from core.dataset import load_dataset
+
+    dataset, problems = load_dataset(path)
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    if not dataset.facts and not dataset.dialogues:
+        raise ValueError(f"{path}: no facts or dialogues could be read")
+    return dataset
+
+
+def cmd_train(args) -> int:
+    from core.folder_lock import FolderBusyError, FolderLock
 
     out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
+    locks = []
+    try:
+        for folder in dict.fromkeys([out.resolve()] + ([Path(args.resume).resolve()] if args.resume else [])):
+            locks.append(FolderLock(folder, "opencl-llm train").acquire())
+    except FolderBusyError as e:
+        for lk in locks:
+            lk.release()
+        return _fail(str(e))
+    try:
+        return _train(args, out)
+    finally:
+        for lk in locks:
+            lk.release()
+
+
+def _train(args, out: Path) -> int:
+    import signal
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from core.checkpoint import load_checkpoint, resume_trainer
+    from core.config import ConfigError
+    from core.dataset import default_dataset
+    from core.device import open_device
+    from core.trainer import LogEvent, StageFinished, StageReport, StepReport, Trainer, TrainingDiverged
+
     try:
         if args.resume:
-            saved = TrainConfig.from_dict(load_checkpoint(args.resume).meta["train"])
-            tc = _resume_config(args, saved)
+            saved = load_checkpoint(args.resume).checkpoint
+            tc = _resume_config(args, saved.train)
         else:
             mc, tc = _configs(args)
     except ConfigError as e:
         return _fail(f"invalid setting {e}")
-    _writable_folder(out)
+    _check_out_folder(out)
+    new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
     if args.resume:
-        trainer = resume_trainer(args.resume, dev, train_config=tc)
-        print(f"resuming {args.resume} at stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}")
+        trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
+                                 allow_new_data=args.allow_new_data)
+        if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
+            print(f"continuing on a new dataset ({len(trainer.dataset.facts)} facts, "
+                  f"{len(trainer.dataset.dialogues)} dialogues); the checkpoint records it")
+        where = "both stages complete" if trainer.done else \
+            f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
+        print(f"resuming {args.resume} at {where}")
     else:
-        if args.data:
-            dataset, problems = load_dataset(args.data)
-            for p in problems:
-                print(f"warning: {p}", file=sys.stderr)
-            if not dataset.facts and not dataset.dialogues:
-                return _fail(f"{args.data}: no facts or dialogues could be read")
-        else:
-            dataset = default_dataset()
+        dataset = new_data or default_dataset()
         print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
         trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
           f"vocab {c.vocab_size}, context {c.context_length})")
     if trainer.done:
-        print(f"nothing left to train in {args.resume}: both stages are complete (give more --pretrain-steps or "
-              "--tune-steps to continue)")
+        print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
+              "than it has done to continue)")
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                TimeElapsedColumn(), TimeRemainingColumn()]
     tasks = {}
-    # The first Ctrl-C asks the trainer to stop between two steps (so the checkpoint resumes
-    # exactly); a second one interrupts at once.
-    import signal
-
-    def stop_between_steps(*_):
-        trainer.request_stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    previous = signal.signal(signal.SIGINT, stop_between_steps)
+    ctrl_c = _CtrlC(trainer)
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         with Progress(*columns, disable=args.quiet) as progress:
             for ev in trainer.run():
@@ -160,21 +225,26 @@ def cmd_train(args) -> int:
                                     tps=f"{ev.tokens_per_s:,.0f}")
                 elif isinstance(ev, LogEvent):
                     progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
+                elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
+                    ctrl_c.save(trainer, out)
                 elif isinstance(ev, StageReport) and ev.stopped:
-                    save_checkpoint(trainer, out)
+                    ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
                     return 130
-                elif isinstance(ev, StageReport):
-                    save_checkpoint(trainer, out)
-    except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing is saved
-        print(f"interrupted; {out} keeps the checkpoint of the last completed stage (if any)")
+                elif isinstance(ev, StageReport) and ev.recall_stopped:
+                    print(f"stopped during the recall check; checkpoint of the finished {ev.stage} stage saved to "
+                          f"{out} (continue with: opencl-llm train --resume {out})")
+                    return 130
+    except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
+        what = "the checkpoint of the last completed stage" if ctrl_c.saved else "its previous checkpoint (if any)"
+        print(f"interrupted; {out} keeps {what}")
         return 130
     except TrainingDiverged as e:
-        save_checkpoint(trainer, out)
-        return _fail(str(e))
+        ctrl_c.save(trainer, out)
+        return _fail(f"{e}; checkpoint saved to {out}")
     finally:
         signal.signal(signal.SIGINT, previous)
-    save_checkpoint(trainer, out)
+    ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     return 0
 
@@ -264,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", metavar="DIR", help="continue training a checkpoint folder exactly where it stopped; "
                    "steps, lr, batch size, clipping, weight decay and replay share may be changed, the model and "
                    "dataset may not")
+    s.add_argument("--allow-new-data", action="store_true", help="with --resume: continue on a dataset other than "
+                   "the one the run was trained on (--data, or an edited dataset.json); the checkpoint records it")
     s.add_argument("--preset", choices=["Tiny", "Small", "Larger"], help="model and training preset (default: Small)")
     for name, typ in (("d-model", int), ("n-layers", int), ("n-heads", int), ("n-kv-heads", int), ("ffn-dim", int),
                       ("context-length", int), ("rope-theta", float), ("pretrain-steps", int), ("tune-steps", int),
@@ -327,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, ContextFullError, ValueError, OSError, FloatingPointError) as e:
         if args.verbose:
             raise
+        if isinstance(e, OSError) and e.filename is None and e.strerror and len(e.args) == 2:
+            return _fail(e.strerror)  # our own message, without the "[Errno 28]" prefix
         return _fail(str(e))
     except Exception as e:
         import pyopencl as cl

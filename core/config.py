@@ -27,6 +27,10 @@ def _positive_float(name: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(name, f"must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
 
 
+MAX_LR = 1.0
+"""Largest learning rate accepted: an AdamW step moves each weight by about lr."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of the llama-architecture transformer.
@@ -61,6 +65,8 @@ class ModelConfig:
             _positive_int(name, getattr(self, name))
         _positive_int("context_length", self.context_length, 2)
         _positive_float("rope_theta", self.rope_theta)
+        if self.rope_theta < 1:
+            raise ConfigError("rope_theta", f"must be >= 1 (the RoPE base; 10000 is usual), got {self.rope_theta!r}")
         _positive_float("norm_eps", self.norm_eps)
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError("tie_embeddings", f"must be true or false, got {self.tie_embeddings!r}")
@@ -145,6 +151,9 @@ class StageConfig:
         """
         _positive_int(f"{prefix}.steps", self.steps, 0)
         _positive_float(f"{prefix}.lr", self.lr)
+        if self.lr > MAX_LR:
+            raise ConfigError(f"{prefix}.lr", f"must be <= {MAX_LR:g} (AdamW steps of a larger size destroy the "
+                              f"weights; 1e-3 is usual), got {self.lr!r}")
         _positive_int(f"{prefix}.batch_size", self.batch_size)
         _positive_int(f"{prefix}.warmup_steps", self.warmup_steps, 0)
         if not (0 <= self.min_lr_ratio <= 1):

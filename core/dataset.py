@@ -20,7 +20,7 @@ JSONL contents are trimmed of surrounding whitespace. A malformed entry becomes 
 :class:`DatasetError`.
 
 Writers (:func:`save_dataset`, :func:`export_text`, :func:`export_jsonl`) replace the file atomically
-(:func:`core.atomic.atomic_write_text`).
+(:func:`core.atomic.atomic_write`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.atomic import atomic_write_text
+from core.atomic import atomic_write
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -165,9 +165,10 @@ def dataset_hash(dataset: Dataset) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def save_dataset(dataset: Dataset, path: str | PathLike) -> None:
-    """Write ``dataset`` in the app's JSON format, atomically. Raises OSError."""
-    atomic_write_text(path, json.dumps(dataset.to_dict(), ensure_ascii=False, indent=1) + "\n")
+def save_dataset(dataset: Dataset, path: str | PathLike, sync_folder: bool = True) -> None:
+    """Write ``dataset`` in the app's JSON format, atomically (:func:`core.atomic.atomic_write`;
+    ``sync_folder`` as there). Raises OSError."""
+    atomic_write(path, json.dumps(dataset.to_dict(), ensure_ascii=False, indent=1) + "\n", sync_folder=sync_folder)
 
 
 def _one_line(text: str) -> str:
@@ -207,7 +208,7 @@ def export_text(dataset: Dataset, path: str | PathLike) -> list[EntryProblem]:
             lines.append(f"System: {_one_line(d.system)}")
         for user, answer in d.turns:
             lines += [f"User: {_one_line(user)}", f"Assistant: {_one_line(answer)}"]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    atomic_write(path, "".join(line + "\n" for line in lines))
     return lossy
 
 
@@ -219,17 +220,29 @@ def export_jsonl(dataset: Dataset, path: str | PathLike) -> None:
         for user, answer in d.turns:
             msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         rows.append({"messages": msgs})
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # ---- reading ----------------------------------------------------------------------------------
 
+MAX_DATASET_BYTES = 1 << 30
+"""Largest dataset file read (1 GiB): a bigger one, or an endless one such as /dev/zero, is refused."""
+
+
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
+    if path.exists() and not path.is_dir() and not path.is_file():  # a device, a pipe: never read endlessly
+        raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_DATASET_BYTES + 1)
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a folder; give a dataset file (.json, .jsonl or .txt)") from None
+    if len(data) > MAX_DATASET_BYTES:
+        raise DatasetError(f"{path}: larger than {MAX_DATASET_BYTES >> 30} GiB; split it or use a smaller file")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = len(_LINE_BREAK.findall(data[:e.start].decode("latin-1"))) + 1
         raise DatasetError(f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[e.start]:02x}); "
                            "save it as UTF-8 and load it again") from e
     return "\n".join(_LINE_BREAK.split(text))
@@ -279,7 +292,7 @@ def default_dataset() -> Dataset:
 def _is_json_document(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -289,7 +302,7 @@ def _looks_like_jsonl_line(line: str) -> bool:
         return False
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and ("messages" in obj or "text" in obj)
 
@@ -298,7 +311,9 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from e
+        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: JSON nested too deeply to be a dataset") from None
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write
         return _parse_records(doc, path, lambda i: None)
     if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):
@@ -358,6 +373,8 @@ def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             lines.append(n)
         except json.JSONDecodeError as e:
             problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
+        except RecursionError:
+            problems.append(Problem(path, n, "JSON nested too deeply, skipped"))
     ds, more = _parse_records(records, path, lambda i: lines[i])
     return ds, problems + more
 

@@ -24,9 +24,10 @@ types, alignment, bytes, and dequantized values) and every key before it renames
 """
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from core import __version__, chat_format
+from core.atomic import file_op, fsync_folder
 from core.config import ConfigError, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -163,25 +165,8 @@ def _training_facts(loaded, training_meta: dict | None) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     if isinstance(meta.get("gguf_studio_keys"), dict):  # a GGUF read back by import_gguf
         facts.update(meta["gguf_studio_keys"])
-    else:  # a checkpoint (core.checkpoint)
-        train = meta.get("train") or {}
-        si, ss = int(meta.get("stage_index", 0) or 0), int(meta.get("stage_step", 0) or 0)
-        pre = (train.get("pretrain") or {}).get("steps", 0)
-        tune = (train.get("tune") or {}).get("steps", 0)
-        values = {
-            "training.app_version": meta.get("app_version"),
-            "training.date": meta.get("saved"),
-            "training.steps": meta.get("adam_step"),
-            "training.pretrain_steps": ss if si == 0 else pre,
-            "training.tune_steps": 0 if si == 0 else (ss if si == 1 else tune),
-            "training.final_loss": meta.get("last_loss"),
-            "training.dataset_sha256": meta.get("dataset_hash"),
-            "training.config": json.dumps(train, sort_keys=True) if train else None,
-        }
-        for k, v in values.items():
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                continue
-            facts[META_PREFIX + k] = v
+    elif getattr(loaded, "checkpoint", None) is not None:  # a checkpoint: its CheckpointMeta
+        facts.update({META_PREFIX + k: v for k, v in loaded.checkpoint.training_summary().items()})
     for k, v in (training_meta or {}).items():
         if v is None:
             continue
@@ -272,6 +257,11 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     name = name or out.stem
     facts = _training_facts(loaded, training_meta)
 
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):  # what a killed export of this file left
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     try:
         fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as e:
@@ -327,14 +317,22 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             os.fsync(fh.fileno())
         _verify(tmp, plan, expected_kv)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file should be readable as usual
+        file_op(f"rename {tmp.name} -> {out.name}")
         os.replace(tmp, out)
-    except BaseException:
+        fsync_folder(out.parent)
+    except BaseException as e:
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError:
+                pass
         try:
             tmp.unlink()
         except OSError:
             pass
+        # numpy's tofile reports a full disk as "4096 requested and 3016 written" (no errno)
+        if isinstance(e, OSError) and (e.errno == errno.ENOSPC or " requested and " in str(e)):
+            raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
         raise
 
     mf = _write_modelfile(out, c) if modelfile else None
@@ -400,7 +398,7 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
 
 def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
     """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically)."""
-    from core.dataset import atomic_write_text
+    from core.atomic import atomic_write
 
     template = chat_format.OLLAMA_TEMPLATE
     if '"""' in template:  # pragma: no cover - a constant; guards a future edit
@@ -416,7 +414,7 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
         f"PARAMETER num_ctx {config.context_length}",
     ]
     path = gguf_path.with_name(gguf_path.stem + ".Modelfile")
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -490,6 +488,9 @@ def import_gguf(path: str | os.PathLike):
             raise GGUFError(f"{p}: {key} = {kv[key][0]} differs from head_dim {config.head_dim}; not supported")
 
     tokens = get("tokenizer.ggml.tokens", kind=list)
+    if "tokenizer.ggml.merges" not in kv:  # a gpt2 BPE without merges would split every word into bytes
+        raise GGUFError(f"{p}: key tokenizer.ggml.merges is missing; a '{TOKENIZER_MODEL}' BPE vocabulary "
+                        "cannot be used without its merges")
     merges = get("tokenizer.ggml.merges", [], kind=list)
     try:
         tok = Tokenizer.from_vocab(tokens, merges)

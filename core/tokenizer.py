@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from core.atomic import atomic_write_text
+from core.atomic import atomic_write
 from core.chat_format import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
@@ -143,7 +143,7 @@ class Tokenizer:
 
     def save(self, path: str | PathLike) -> None:
         """Write :meth:`to_json` to ``path`` atomically (temp file + ``os.replace``). Raises OSError."""
-        atomic_write_text(path, self.to_json())
+        atomic_write(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | PathLike) -> "Tokenizer":

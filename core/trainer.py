@@ -83,13 +83,27 @@ class RecallItem:
 
 
 @dataclass
+class StageFinished:
+    """Reported the moment a stage has run all its steps, before its recall check: save now, so a stop
+    (or a crash) during the recall check cannot lose the stage."""
+
+    stage: str
+    steps_done: int
+
+
+@dataclass
 class StageReport:
-    """Reported when a stage ends: its recall table over every fact and every dialogue turn."""
+    """Reported when a stage ends: its recall table over every fact and every dialogue turn.
+
+    ``recall_stopped`` is True when a stop request cut the recall check short (the table is partial;
+    the stage itself is complete and was announced by :class:`StageFinished`).
+    """
 
     stage: str
     steps_done: int
     stopped: bool
     recall: list[RecallItem] = field(default_factory=list)
+    recall_stopped: bool = False
 
     @property
     def facts_recalled(self) -> tuple[int, int]:
@@ -220,12 +234,15 @@ class Trainer:
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
+        self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
+        self._guard = _UpdateGuard(self.model)
         self._stop = False
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
-        """Ask the run to stop; honoured before the next step starts (thread-safe flag)."""
+        """Ask the run to stop; honoured before the next step starts and before the next recall prompt
+        (thread-safe flag)."""
         self._stop = True
 
     @property
@@ -258,12 +275,17 @@ class Trainer:
         return bool(self.facts) if stage == 0 else bool(self.dialogues)
 
     # ------------------------------------------------------------------ the loop
-    def run(self, recall: bool = True) -> Iterator[StepReport | StageReport | LogEvent]:
+    def run(self, recall: bool = True) -> Iterator[StepReport | StageFinished | StageReport | LogEvent]:
         """Run (or continue) training; yields a StepReport per step, a StageReport per stage end.
 
+        Yields :class:`StageFinished` when a stage's steps are done (save then), then runs the
+        recall check and yields the :class:`StageReport`.
+
         Stops early, with a StageReport whose ``stopped`` is True, when :meth:`request_stop` was
-        called. Raises TrainingDiverged after 25 consecutive non-finite steps (weights are kept from
-        the last good step).
+        called (between two steps; during a recall check the check is cut short and the run stops
+        after its StageReport). A step whose loss or gradient is not finite is skipped, and one whose
+        AdamW update makes any weight non-finite is undone (weights and moments restored). Raises
+        TrainingDiverged after 25 such steps in a row (weights are kept from the last good step).
         """
         self._stop = False
         t_start = time.perf_counter()
@@ -292,15 +314,20 @@ class Trainer:
                 stats = self.model.forward_backward(tokens, targets, mask)
                 lr = lr_at(cfg, step)
                 finite = math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
-                clipped = False
+                clipped = undone = False
                 if finite:
                     scale = 1.0
                     if tc.grad_clip > 0 and stats.grad_norm > tc.grad_clip:
                         scale, clipped = tc.grad_clip / (stats.grad_norm + 1e-6), True
+                    self._guard.save()
                     self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale)
-                    self.last_loss = stats.loss
-                    bad_in_a_row = 0
-                else:
+                    if self._guard.finite():
+                        self.last_loss = stats.loss
+                        bad_in_a_row = 0
+                    else:  # the update itself overflowed: undo it, like a non-finite gradient step
+                        self._guard.restore()
+                        finite, undone = False, True
+                if not finite:
                     bad_in_a_row += 1
                 self.stage_step += 1  # the step is taken: count it before anything can interrupt
                 self.dev.finish()
@@ -309,22 +336,32 @@ class Trainer:
                                  stats.layer_grad_norms, lr, clipped, not finite,
                                  stats.tokens / max(dt, 1e-9), time.perf_counter() - t_start)
                 yield rep
-                if not finite:
+                if undone:
+                    yield LogEvent("WARNING", f"{name} step {self.stage_step}: the update at lr {lr:g} made "
+                                              "weights non-finite; step undone, weights kept")
+                elif not finite:
                     yield LogEvent("WARNING", f"{name} step {self.stage_step}: loss {stats.loss} / grad norm "
                                               f"{stats.grad_norm} not finite; step skipped, weights kept")
-                    if bad_in_a_row >= 25:
-                        raise TrainingDiverged(
-                            f"{bad_in_a_row} steps in a row had a non-finite loss or gradient at lr {lr:g}; "
-                            "lower the learning rate (the weights of the last good step are kept)")
+                if not finite and bad_in_a_row >= 25:
+                    raise TrainingDiverged(
+                        f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {lr:g}; "
+                        "lower the learning rate (the weights of the last good step are kept)")
             report = StageReport(name, self.stage_step, stopped=False)
             self.stage_index += 1
             self.stage_step = 0
-            if recall:
+            yield StageFinished(name, report.steps_done)
+            if recall and not self._stop:
                 report.recall = self.recall()
+                report.recall_stopped = self._stop
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
-                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}")
+                cut = " (check stopped early)" if report.recall_stopped else ""
+                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{cut}")
+            else:
+                report.recall_stopped = recall
             yield report
+            if self._stop:
+                return
 
     def warnings(self) -> list[str]:
         """What the user should know before training: dataset problems (special-token text,
@@ -343,8 +380,9 @@ class Trainer:
         return Generator(self.dev, self.model_config, self.model.params)
 
     def recall(self) -> list[RecallItem]:
-        """Greedy recall of every fact (its second half from its first words) and every dialogue turn."""
-        return recall_table(self.generator(), self.tokenizer, self.dataset)
+        """Greedy recall of every fact (its second half from its first words) and every dialogue turn;
+        cut short (a partial table) when :meth:`request_stop` is called."""
+        return recall_table(self.generator(), self.tokenizer, self.dataset, should_stop=lambda: self._stop)
 
     def validation_loss(self) -> dict[str, float]:
         """Mean loss (nats/token) over all fact examples and all dialogue examples, no gradients."""
@@ -369,18 +407,23 @@ def fact_split(text: str) -> tuple[str, str]:
     return prompt, text[len(prompt):]
 
 
-def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None) -> list[RecallItem]:
+def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
+                 should_stop=None) -> list[RecallItem]:
     """Check, with greedy decoding, which facts and dialogue answers the model reproduces.
 
     Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer
-    exactly (surrounding whitespace ignored).
+    exactly (surrounding whitespace ignored). ``should_stop()``, checked before each prompt, ends the
+    check early (the items so far are returned).
     """
+    stop = should_stop or (lambda: False)
     from core.generate import SamplingSettings
 
     items = []
     limit = max_tokens or gen.config.context_length
     for i, fact in enumerate(dataset.facts):
+        if stop():
+            return items
         prompt, expected = fact_split(fact)
         if not expected:
             continue
@@ -394,6 +437,8 @@ def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None =
     for i, dlg in enumerate(dataset.dialogues):
         history = []
         for user, answer in dlg.turns:
+            if stop():
+                return items
             ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
             history.append((user, answer))
             if len(ids) >= gen.config.context_length:
@@ -403,3 +448,40 @@ def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None =
             got = tok.decode([t for t in out if t != tok.eos_id])
             items.append(RecallItem("dialogue", i, user, answer, got.strip(), got.strip() == answer.strip()))
     return items
+
+
+class _UpdateGuard:
+    """Undo an AdamW update that made a weight non-finite: device copies of weights and moments are
+    taken before the update, and one device sum of squares over all weights (NaN or inf if any weight
+    is, or is so large, above about 1.8e19, that its square overflows float32: no model survives such
+    weights either) tells whether to put them back."""
+
+    def __init__(self, model: Model):
+        from core.params import TensorStore
+
+        self.model = model
+        self.copies = [TensorStore(model.dev, model.layout) for _ in range(3)]
+        self._sum = model.dev.zeros(1)
+        self._adam_step = 0
+
+    def _stores(self):
+        m = self.model
+        return (m.params, m.m, m.v)
+
+    def save(self) -> None:
+        """Copy weights and moments (device to device) before an update."""
+        for dst, src in zip(self.copies, self._stores()):
+            dst.copy_from(src)
+        self._adam_step = self.model.adam_step
+
+    def finite(self) -> bool:
+        """Whether every weight is finite (one reduction and one float downloaded)."""
+        m = self.model
+        m.ops.reduce.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
+        return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
+
+    def restore(self) -> None:
+        """Put back what :meth:`save` copied (weights, moments, step counter)."""
+        for src, dst in zip(self.copies, self._stores()):
+            dst.copy_from(src)
+        self.model.adam_step = self._adam_step

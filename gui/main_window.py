@@ -19,7 +19,7 @@ from gui.export_tab import ExportTab
 from gui.hyper_tab import HyperTab
 from gui.paths import inside, untitled_dir
 from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
-                         new_project, project_files_in, remove_project_files, save_project)
+                         lock_project, new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
 from gui.workers import stop_all
 
@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, project_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
+        self._project_lock = None  # core.folder_lock.FolderLock of the open project
         self._closing = False
 
         self.state = AppState(self)
@@ -200,8 +201,11 @@ class MainWindow(QMainWindow):
                 self._warn_soon("Open project", f"{project_dir} is not a project folder but holds "
                                 f"{', '.join(project_files_in(project_dir))}; it is left as it is.")
             else:  # a folder that is not a project yet: start one there
-                self._set_project(new_project(project_dir))
-                return
+                try:
+                    self._set_project(new_project(project_dir))
+                    return
+                except ProjectError as e:
+                    self._warn_soon("Open project", f"Could not open the project:\n{e}")
         else:
             last = QSettings().value("project/last", "", type=str)
             if last and is_project(last) and not inside(Path(last), u) and self._try_open_initial(last):
@@ -216,7 +220,10 @@ class MainWindow(QMainWindow):
                 raise SystemExit(f"{u}: unreadable project, and it cannot be moved aside ({e})") from None
             self._warn_soon("Untitled project", f"The untitled project could not be opened, so it was moved to "
                             f"{aside} (nothing was deleted) and a new untitled project was started.")
-        self._set_project(new_project(u))
+        try:
+            self._set_project(new_project(u))
+        except ProjectError as e:  # another window of the app holds the untitled project
+            raise SystemExit(f"opencl-llm-studio: {e}") from None
 
     @property
     def project(self) -> Project | None:
@@ -225,6 +232,10 @@ class MainWindow(QMainWindow):
 
     def _set_project(self, project: Project, warnings: list[str] | None = None) -> None:
         """Open ``project`` in the state: each tab loads its part (dataset, form, sampling, export)."""
+        lock = lock_project(project.folder)  # one writer per folder: refuses a project in use elsewhere
+        if self._project_lock is not None and self._project_lock.folder != lock.folder:
+            self._project_lock.release()
+        self._project_lock = lock
         self.state.set_project(project)
         self.save()
         self._remember(project.folder)
@@ -253,6 +264,8 @@ class MainWindow(QMainWindow):
         """
         if self._busy():
             raise RuntimeError("stop training or export before opening another project")
+        if self._project_lock is None or self._project_lock.folder != Path(os.path.abspath(folder)):
+            lock_project(folder).release()  # refuse a project another process holds before reading it
         project, warnings = load_project(folder)
         if self.project is not None:
             self.save()
@@ -387,6 +400,8 @@ class MainWindow(QMainWindow):
         self.dataset_tab.stop()
         stop_all()
         self.save()
+        if self._project_lock is not None:
+            self._project_lock.release()
         settings = QSettings()
         settings.setValue("window/geometry", self.saveGeometry())
         settings.setValue("window/state", self.saveState())

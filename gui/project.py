@@ -19,7 +19,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.dataset import Dataset, atomic_write_text, default_dataset, load_dataset, save_dataset
+from core.atomic import atomic_write
+from core.checkpoint import CheckpointError, CheckpointMeta
+from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
+from core.folder_lock import FolderBusyError, FolderLock
 
 FORMAT = "opencl-llm-studio-project"
 VERSION = 1
@@ -32,15 +35,60 @@ class ProjectError(ValueError):
     """A folder that is not a readable project, or cannot become one."""
 
 
-def checkpoint_meta(folder: str | Path) -> dict | None:
-    """The parsed config.json of a checkpoint folder (stage, step, configs), or None when unreadable."""
+def checkpoint_meta(folder: str | Path) -> CheckpointMeta | None:
+    """The :class:`core.checkpoint.CheckpointMeta` of a checkpoint folder, or None when it has none or
+    it is unreadable (see :func:`checkpoint_problem` for why)."""
     try:
-        meta = json.loads((Path(folder) / "config.json").read_text("utf-8"))
-    except (OSError, ValueError):
+        return CheckpointMeta.read(folder)
+    except CheckpointError:
         return None
-    if not isinstance(meta, dict) or not isinstance(meta.get("stage_index"), int):
-        return None
-    return meta
+
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """Why a checkpoint folder's config.json cannot be used (one line), or None when it can."""
+    try:
+        CheckpointMeta.read(folder)
+    except CheckpointError as e:
+        return str(e)
+    return None
+
+
+def lock_project(folder: str | Path) -> FolderLock:
+    """Hold a project folder for this app (one writer per folder, see core.folder_lock).
+
+    Raises:
+        ProjectError: another process (another window of the app, ``opencl-llm train`` into one of its
+            folders) holds it; the message names the holder.
+    """
+    try:
+        lock = FolderLock(folder, "OpenCL LLM Studio").acquire()
+    except FolderBusyError as e:
+        raise ProjectError(str(e)) from None
+    except OSError as e:
+        raise ProjectError(f"{folder}: cannot write its lock file ({e.strerror or e})") from None
+    recover_project(folder)
+    return lock
+
+
+def recover_project(folder: str | Path) -> None:
+    """Finish what an interrupted save or :func:`promote_pending` left in a project folder (call it
+    while holding the project's lock): each checkpoint folder's own leftovers (core.atomic), and a
+    ``checkpoint.old`` without ``checkpoint`` (the pending run, if complete, else the old model, becomes
+    ``checkpoint``)."""
+    from core.atomic import recover_folder
+
+    folder = Path(folder)
+    for name in PROJECT_DIRS:
+        recover_folder(folder / name)
+    checkpoint, pending = folder / CHECKPOINT, folder / PENDING
+    old = checkpoint.with_name(checkpoint.name + ".old")
+    if old.is_dir() and not checkpoint.exists():
+        try:
+            os.replace(pending if (pending / "config.json").is_file() else old, checkpoint)
+        except OSError:
+            return
+    if old.is_dir() and checkpoint.exists():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass
@@ -82,7 +130,7 @@ class Project:
         for d in (self.pending_dir, self.checkpoint_dir):
             meta = checkpoint_meta(d)
             if meta is not None:
-                return d if meta["stage_index"] < 2 else None
+                return d if not meta.done else None
         return None
 
 
@@ -138,7 +186,7 @@ def save_project(project: Project) -> None:
     project.folder.mkdir(parents=True, exist_ok=True)
     save_dataset(project.dataset, project.folder / "dataset.json")
     meta = {"format": FORMAT, "version": VERSION, "settings": project.settings}
-    atomic_write_text(project.folder / "project.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    atomic_write(project.folder / "project.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -213,6 +261,8 @@ def promote_pending(pending: str | Path, checkpoint: str | Path) -> None:
     The old model is renamed aside first and deleted last, so an interruption leaves one complete
     model under one of the two names.
     """
+    from core.atomic import fsync_folder
+
     pending, checkpoint = Path(pending), Path(checkpoint)
     old = checkpoint.with_name(checkpoint.name + ".old")
     if old.exists():
@@ -220,4 +270,5 @@ def promote_pending(pending: str | Path, checkpoint: str | Path) -> None:
     if checkpoint.exists():
         os.replace(checkpoint, old)
     os.replace(pending, checkpoint)
+    fsync_folder(checkpoint.parent)
     shutil.rmtree(old, ignore_errors=True)

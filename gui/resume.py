@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.checkpoint import CheckpointMeta
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
 from core.dataset import Dataset, dataset_hash
 
@@ -32,14 +33,10 @@ class ResumePlan:
     ignored: list[str] = field(default_factory=list)
 
 
-def resume_plan(meta: dict, form_model: ModelConfig, form_train: TrainConfig, dataset: Dataset) -> ResumePlan:
-    """Compare the form with a checkpoint's config.json ``meta`` (core.checkpoint's format).
-
-    Raises:
-        KeyError, TypeError, core.config.ConfigError: ``meta`` is not a readable checkpoint config.
-    """
-    saved_model = ModelConfig.from_dict(meta["model"])
-    saved = TrainConfig.from_dict(meta["train"])
+def resume_plan(meta: CheckpointMeta, form_model: ModelConfig, form_train: TrainConfig,
+                dataset: Dataset) -> ResumePlan:
+    """Compare the form with a checkpoint's :class:`core.checkpoint.CheckpointMeta`."""
+    saved_model, saved = meta.model, meta.train
     plan = ResumePlan(saved)
     for key in MODEL_KEYS:
         a, b = getattr(saved_model, key), getattr(form_model, key)
@@ -49,7 +46,7 @@ def resume_plan(meta: dict, form_model: ModelConfig, form_train: TrainConfig, da
         a, b = getattr(saved, key), getattr(form_train, key)
         if a != b:
             plan.ignored.append(f"{key}: {_fmt(a)} in the saved run, {_fmt(b)} in the form")
-    if meta.get("dataset_hash") != dataset_hash(dataset):
+    if meta.dataset_hash != dataset_hash(dataset):
         plan.ignored.append("the dataset: edited since the run started")
 
     stages = {}

@@ -81,11 +81,11 @@ def run_self_test(stream=None, device: str | int | None = None) -> int:
             "Where is Brindlewick?", SamplingSettings(max_tokens=12))
         record("generation", True, f"answer {answer!r}")
 
-        from core.checkpoint import load_model, save_checkpoint
+        from core.checkpoint import load_model, save_trainer
         from core.gguf_io import export_gguf, import_gguf
 
         with tempfile.TemporaryDirectory(prefix="opencl-llm-selftest-") as tmp:
-            ckpt = save_checkpoint(trainer, Path(tmp) / "checkpoint")
+            ckpt = save_trainer(trainer, Path(tmp) / "checkpoint")
             res = export_gguf(load_model(ckpt), Path(tmp) / "selftest.gguf", dtype="f16")
             back = import_gguf(res.path)
             same = back.config.n_params() == trainer.model_config.n_params()

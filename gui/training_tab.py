@@ -39,13 +39,11 @@ def validation_interval(train_config) -> int:
     return max(10, (train_config.pretrain.steps + train_config.tune.steps) // 15)
 
 
-def _saved_position(meta: dict) -> tuple[int, int, list[int]] | None:
-    """(stage_index, stage_step, [pretrain steps, tune steps]) of a checkpoint's config.json."""
-    try:
-        return (int(meta["stage_index"]), int(meta["stage_step"]),
-                [int(meta["train"]["pretrain"]["steps"]), int(meta["train"]["tune"]["steps"])])
-    except (KeyError, TypeError, ValueError):
+def _saved_position(meta) -> tuple[int, int, list[int]] | None:
+    """(stage_index, stage_step, [pretrain steps, tune steps]) of a checkpoint's CheckpointMeta (None: none)."""
+    if meta is None:
         return None
+    return meta.stage_index, meta.stage_step, [meta.train.pretrain.steps, meta.train.tune.steps]
 
 
 class TrainingTab(QWidget):
@@ -197,7 +195,7 @@ class TrainingTab(QWidget):
         resume_dir = self.app_state.resume_dir()
         trained = self.app_state.trained_model_path()
         folder = resume_dir or trained
-        pos = _saved_position(checkpoint_meta(folder) or {}) if folder is not None else None
+        pos = _saved_position(checkpoint_meta(folder)) if folder is not None else None
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         if pos is None:
@@ -250,14 +248,14 @@ class TrainingTab(QWidget):
 
     def _plan_resume(self, folder, mc, tc):
         """The gui.resume.ResumePlan for ``folder``, or None (with a message) when it cannot resume."""
-        from core.config import ConfigError
+        from gui.project import checkpoint_problem
         from gui.resume import resume_plan
 
-        try:
-            plan = resume_plan(checkpoint_meta(folder) or {}, mc, tc, self.app_state.dataset_copy())
-        except (KeyError, TypeError, ConfigError) as e:
-            self._show_banner(f"Cannot resume: {folder}/config.json is incomplete ({e}).", False)
+        meta = checkpoint_meta(folder)
+        if meta is None:
+            self._show_banner(f"Cannot resume: {checkpoint_problem(folder)}.", False)
             return None
+        plan = resume_plan(meta, mc, tc, self.app_state.dataset_copy())
         if plan.ignored:
             text = ("Resume continues the saved model and dataset; to use the new settings, Start a new run.\n\n"
                     "Not used by Resume:\n" + "\n".join(f"• {x}" for x in plan.ignored))

@@ -193,10 +193,10 @@ class TrainWorker(Worker):
         return self.run_dir.resolve() == self.checkpoint_dir.resolve()
 
     def _save(self, trainer, stage_end: bool) -> str:
-        from core.checkpoint import save_checkpoint
+        from core.checkpoint import save_trainer
         from gui.project import promote_pending
 
-        path = save_checkpoint(trainer, self.run_dir)
+        path = save_trainer(trainer, self.run_dir)
         if not self._replaced() and stage_end:
             promote_pending(self.run_dir, self.checkpoint_dir)
             self.run_dir = path = self.checkpoint_dir
@@ -220,7 +220,7 @@ class TrainWorker(Worker):
     def work(self) -> None:
         from core.checkpoint import resume_trainer
         from core.device import open_device
-        from core.trainer import LogEvent, StageReport, StepReport, Trainer, TrainingDiverged
+        from core.trainer import LogEvent, StageFinished, StageReport, StepReport, Trainer, TrainingDiverged
 
         dev = open_device(self.device_info)
         self.log_line.emit("INFO", f"device: {dev.info.label}")
@@ -258,8 +258,8 @@ class TrainWorker(Worker):
                         offset = 0 if ev.stage == "pretrain" else steps[0]
                         self._validate(trainer, ev.stage, offset + ev.steps_done)
                     self.stage_done.emit(StageDone.from_report(ev))
-                    if not ev.stopped:
-                        saved = self._save(trainer, stage_end=True)
+                elif isinstance(ev, StageFinished):  # saved before the recall check, so a stop cannot lose it
+                    saved = self._save(trainer, stage_end=True)
                 elif isinstance(ev, LogEvent):
                     self.log_line.emit(ev.level, ev.message)
                 if self.stop_requested():

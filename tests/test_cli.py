@@ -16,8 +16,10 @@ def train(tmp_path, *extra):
 
 
 def stage_state(folder):
-    meta = json.loads((folder / "config.json").read_text())
-    return meta["stage_index"], meta["stage_step"], meta["train"]["tune"]["steps"]
+    from core.checkpoint import CheckpointMeta
+
+    meta = CheckpointMeta.read(folder)
+    return meta.stage_index, meta.stage_step, meta.train.tune.steps
 
 
 def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):
@@ -102,7 +104,7 @@ def test_ctrl_c_stops_between_steps_and_resume_is_exact(tmp_path, capsys):
     assert "--resume" in capsys.readouterr().out
     assert main(["train", "--resume", str(part), "-q"]) == 0
     a, b = load_checkpoint(full), load_checkpoint(part)
-    assert a.meta["adam_step"] == b.meta["adam_step"] == 10
+    assert a.checkpoint.adam_step == b.checkpoint.adam_step == 10
     assert all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
 
 

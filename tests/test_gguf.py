@@ -100,7 +100,7 @@ def get_trained(device, tmp_path_factory) -> Trained:
     """
     key = id(device)
     if key not in _TRAINED:
-        from core.checkpoint import load_checkpoint, save_checkpoint
+        from core.checkpoint import load_checkpoint, save_trainer
         from core.trainer import StepReport, Trainer
 
         ds = default_dataset()
@@ -110,7 +110,7 @@ def get_trained(device, tmp_path_factory) -> Trained:
         steps = [e for e in trainer.run(recall=False) if isinstance(e, StepReport)]
         assert len(steps) == 120 and not any(s.skipped for s in steps)
         root = tmp_path_factory.mktemp("trained")
-        ckpt = save_checkpoint(trainer, root / "ckpt")
+        ckpt = save_trainer(trainer, root / "ckpt")
         loaded = load_checkpoint(ckpt)
         files = {dt: export_gguf(loaded, root / f"tiny-{dt}.gguf", dtype=dt).path for dt in ("f32", "f16", "q8_0")}
         _TRAINED[key] = Trained(ds, ckpt, loaded, files)
@@ -339,13 +339,13 @@ def test_export_import_export_is_identical(trained, tmp_path, dtype):
     for k in DATE_KEYS[:1]:
         assert kv1.pop(k)[0] and kv2.pop(k)[0]
     assert kv1 == kv2
-    meta = trained.loaded.meta
-    assert kv1[META_PREFIX + "training.steps"][0] == meta["adam_step"] == 120
+    meta = trained.loaded.checkpoint
+    assert kv1[META_PREFIX + "training.steps"][0] == meta.adam_step == 120
     assert kv1[META_PREFIX + "training.pretrain_steps"][0] == 60 and kv1[META_PREFIX + "training.tune_steps"][0] == 60
-    assert kv1[META_PREFIX + "training.dataset_sha256"][0] == meta["dataset_hash"]
-    assert kv1[META_PREFIX + "training.final_loss"][0] == pytest.approx(meta["last_loss"])
+    assert kv1[META_PREFIX + "training.dataset_sha256"][0] == meta.dataset_hash
+    assert kv1[META_PREFIX + "training.final_loss"][0] == pytest.approx(meta.last_loss)
     assert json.loads(kv1[META_PREFIX + "training.config"][0])["tune"]["steps"] == 60
-    assert back.meta["dataset_hash"] == meta["dataset_hash"] and back.meta["name"] == first.stem
+    assert back.meta["dataset_hash"] == meta.dataset_hash and back.meta["name"] == first.stem
     if dtype == "f32":
         for n, w in trained.loaded.weights.items():
             assert np.array_equal(back.weights[n], w)

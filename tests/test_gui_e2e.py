@@ -34,7 +34,7 @@ def configure_tiny(window, pretrain: int = 30, tune: int = 20, batch: int = 4) -
 
 def save_tiny_checkpoint(folder: Path) -> None:
     """A one-step Tiny model saved as a checkpoint (core only, no recall)."""
-    from core.checkpoint import save_checkpoint
+    from core.checkpoint import save_trainer
     from core.config import PRESETS, replace
     from core.dataset import default_dataset
     from core.device import open_device
@@ -45,7 +45,7 @@ def save_tiny_checkpoint(folder: Path) -> None:
     trainer = Trainer(default_dataset(), mc, tc, open_device())
     for _ in trainer.run(recall=False):
         pass
-    save_checkpoint(trainer, folder)
+    save_trainer(trainer, folder)
 
 
 def wait_idle(qtbot, tab, timeout=TRAIN_TIMEOUT_MS) -> None:

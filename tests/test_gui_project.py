@@ -186,3 +186,30 @@ def test_export_asks_before_replacing_a_typed_file_and_names_the_modelfile(main_
     qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
     assert e.last_result is not None and target.stat().st_size > 100
     assert QSettings().value("export/folder") == str(tmp_path)
+
+
+def test_a_project_held_by_another_process_is_refused(main_window, tmp_path):
+    """One writer per folder: `opencl-llm train --out PROJECT/checkpoint` running elsewhere keeps the app
+    from opening the project (the message names the process); once it has exited, the project opens."""
+    import subprocess
+    import sys
+
+    from gui.project import ProjectError
+
+    other = tmp_path / "other"
+    main_window.save_project_as(other)
+    main_window.new_project()
+    root = Path(__file__).resolve().parent.parent
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from core.folder_lock import FolderLock; "
+                               f"FolderLock({str(other / 'checkpoint')!r}, 'opencl-llm train').acquire(); "
+                               "print('held', flush=True); time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ProjectError, match=f"process {holder.pid} .*opencl-llm train"):
+            main_window.open_project(other)
+        assert main_window.is_untitled()
+    finally:
+        holder.kill()
+        holder.communicate()
+    main_window.open_project(other)  # the dead holder's lock is stale
+    assert main_window.project.folder == other

@@ -3,7 +3,6 @@ disabled, showing a project's saved state. Runs the Tiny preset on the PoCL (CPU
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from core.dataset import Dataset
@@ -11,8 +10,10 @@ from gui.events import TrainingStep
 from tests.test_gui_e2e import configure_tiny, wait_idle
 
 
-def _meta(folder: Path) -> dict:
-    return json.loads((folder / "config.json").read_text("utf-8"))
+def _meta(folder: Path):
+    from core.checkpoint import CheckpointMeta
+
+    return CheckpointMeta.read(folder)
 
 
 def _run_and_stop(qtbot, t) -> None:
@@ -29,7 +30,7 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     wait_idle(qtbot, t)
     assert not dialogs.asked  # nothing to replace yet
     ckpt = w.project.checkpoint_dir
-    assert _meta(ckpt)["stage_index"] == 2
+    assert _meta(ckpt).stage_index == 2
     weights = (ckpt / "weights.npz").read_bytes()
 
     dialogs.answer = False
@@ -39,20 +40,19 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     configure_tiny(w, pretrain=300, tune=2, batch=2)
     dialogs.answer = True
     _run_and_stop(qtbot, t)
-    assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt)["stage_index"] == 2
+    assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt).stage_index == 2
     assert w.trained_model_path() == ckpt and w.project.has_pending()
     assert t.stage_label.text().startswith("Stopped at stage 1") and "kept" in t.stage_label.text()
     assert t.resume_button.isEnabled()
 
     # Resume continues the new run; its first stage end makes it the trained model
-    # training-only: no question. At least 5 steps: stopped at step 2, a 4-step resume would repeat the
-    # first run's schedule exactly (same seed, warmup 3) and write the same weights.
-    w.hyper_tab.widgets["pretrain.steps"].setValue(max(t._last.step + 2, 5))
+    # training-only: no question; +5 so the resumed run cannot repeat the first model step for step
+    w.hyper_tab.widgets["pretrain.steps"].setValue(t._last.step + 5)
     n_asked = len(dialogs.asked)
     assert t.resume(), t.banner_text.text()
     wait_idle(qtbot, t)
     assert len(dialogs.asked) == n_asked
-    assert not w.project.has_pending() and _meta(ckpt)["stage_index"] == 2
+    assert not w.project.has_pending() and _meta(ckpt).stage_index == 2
     assert (ckpt / "weights.npz").read_bytes() != weights
     assert "finished" in t.stage_label.text()
 
@@ -83,7 +83,7 @@ def test_resume_says_what_it_does_not_use_and_applies_training_settings(main_win
     t.stop()
     wait_idle(qtbot, t, timeout=60_000)
     meta = _meta(ckpt)
-    assert meta["model"]["d_model"] == 64 and meta["train"]["pretrain"]["steps"] == 300
+    assert meta.model.d_model == 64 and meta.train.pretrain.steps == 300
     assert "since resuming" in t.speed_label.text()
 
 
@@ -104,7 +104,7 @@ def test_a_stopped_run_shows_its_position_after_a_restart(main_window, studio_en
 
     configure_tiny(main_window, pretrain=200, tune=0, batch=2)
     _run_and_stop(qtbot, main_window.training_tab)
-    step = _meta(main_window.project.checkpoint_dir)["stage_step"]
+    step = _meta(main_window.project.checkpoint_dir).stage_step
     main_window.close()
     again = MainWindow()
     qtbot.addWidget(again)

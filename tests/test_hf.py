@@ -23,7 +23,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from core import chat_format
-from core.checkpoint import LoadedModel, load_model, save_checkpoint
+from core.checkpoint import LoadedModel, load_model, save_trainer
 from core.cli import main
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dialogue, default_dataset, save_dataset
@@ -176,7 +176,7 @@ def ckpt(tok, device, tmp_path_factory):
     tc = TrainConfig(pretrain=StageConfig(steps=1, batch_size=2, warmup_steps=0),
                      tune=StageConfig(steps=1, batch_size=2, warmup_steps=0))
     trainer = Trainer(default_dataset(), m.config, tc, device, tokenizer=tok, weights=m.weights)
-    return save_checkpoint(trainer, tmp_path_factory.mktemp("ckpt") / "model"), m
+    return save_trainer(trainer, tmp_path_factory.mktemp("ckpt") / "model"), m
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "tied"])

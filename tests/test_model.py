@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from core.checkpoint import resume_trainer, save_checkpoint
+from core.checkpoint import resume_trainer, save_trainer
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, Dialogue, default_dataset
 from core.generate import Generator, SamplingSettings
@@ -162,7 +162,7 @@ def test_checkpoint_resume_is_exact(device, tmp_path):
             part.request_stop()
         steps += isinstance(ev, StepReport)
     assert steps == 9
-    save_checkpoint(part, tmp_path / "ckpt")
+    save_trainer(part, tmp_path / "ckpt")
     resumed = resume_trainer(tmp_path / "ckpt", device)
     assert (resumed.stage_index, resumed.stage_step) == (1, 3)
     rest = run_all(resumed)

@@ -1,0 +1,209 @@
+"""One writer per folder: a lock file beside the folder naming its holder (pid, host, start time).
+
+The lock of ``DIR`` is the file ``.DIR.lock`` in DIR's parent (beside it, not in it, because a
+checkpoint folder is replaced as a whole by :func:`core.atomic.replace_folder`). It holds one JSON line
+``{"pid": ..., "host": ..., "started": ..., "proc_start": ..., "what": ...}`` and is created in one
+step (written to a temp file, then hard-linked to its name, which fails if it exists), so it is never
+seen half written.
+
+A lock whose holder is gone (same host, pid no longer running, or running but started at another time
+— a reused pid) is stale and taken over. A folder is also busy when a folder above it or one directly
+inside it is locked by another live process, so the app holding a project and ``opencl-llm train
+--out PROJECT/checkpoint`` exclude each other. The same process may lock a folder again (re-entrant).
+
+This module imports nothing of the project but :mod:`core.atomic`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.atomic import _pid_alive
+
+
+class FolderBusyError(RuntimeError):
+    """Another live process holds the folder (or a folder above or inside it)."""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock: process id, host name, start time (Unix seconds) and what it does."""
+
+    pid: int
+    host: str
+    started: float
+    proc_start: str
+    what: str
+    path: Path
+
+    def describe(self) -> str:
+        """One line, e.g. ``process 1234 on host 'box' ('opencl-llm train', since 2026-12-01 19:40:02)``."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
+        return f"process {self.pid} on host {self.host!r} ({self.what or 'unknown program'}, since {when})"
+
+
+def lock_path(folder: str | os.PathLike) -> Path:
+    """``.NAME.lock`` beside ``folder``."""
+    folder = Path(os.path.abspath(folder))
+    return folder.with_name(f".{folder.name}.lock")
+
+
+def _proc_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (Linux /proc; '' elsewhere): tells a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def read_holder(path: Path) -> LockHolder | None:
+    """The holder recorded in lock file ``path``, or None when there is none or it is unreadable."""
+    try:
+        if path.stat().st_size > 4096:
+            return None
+        d = json.loads(path.read_text("utf-8"))
+        return LockHolder(int(d["pid"]), str(d["host"]), float(d.get("started", 0)), str(d.get("proc_start", "")),
+                          str(d.get("what", "")), path)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def _is_live(h: LockHolder) -> bool:
+    if h.host != socket.gethostname():
+        return True  # another machine's lock on a shared folder: cannot check, so respect it
+    if h.pid == os.getpid():
+        return True
+    if not _pid_alive(h.pid):
+        return False
+    now = _proc_start(h.pid)
+    return not (h.proc_start and now and now != h.proc_start)
+
+
+def live_holder(folder: str | os.PathLike, include_self: bool = False) -> LockHolder | None:
+    """The live process (not this one, unless ``include_self``) that holds ``folder``, a folder above
+    it, or a folder directly inside it; None when it is free. Stale locks are ignored (and left for
+    :class:`FolderLock`)."""
+    folder = Path(os.path.abspath(folder))
+    candidates = [lock_path(a) for a in [folder, *folder.parents] if a.name]
+    if folder.is_dir():
+        try:
+            candidates += [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".lock")]
+        except OSError:
+            pass
+    for p in candidates:
+        if not p.is_file():
+            continue
+        h = read_holder(p)
+        if h is None:
+            # Unreadable: being created right now (it is written before it is linked, so that is not
+            # possible) or damaged; damaged locks older than a minute are stale.
+            try:
+                if time.time() - p.stat().st_mtime < 60:
+                    return LockHolder(0, "?", p.stat().st_mtime, "", "unreadable lock file", p)
+            except OSError:
+                pass
+            continue
+        if h.pid == os.getpid() and h.host == socket.gethostname():
+            if include_self:
+                return h
+            continue
+        if _is_live(h):
+            return h
+    return None
+
+
+class FolderLock:
+    """Hold ``folder`` for writing, as a context manager or with :meth:`acquire` / :meth:`release`.
+
+    Args:
+        folder: the folder to hold (it need not exist yet; its parent is created).
+        what: what the holder does, shown to whoever is refused (e.g. ``"opencl-llm train"``).
+
+    Raises (from acquire):
+        FolderBusyError: another live process holds it; the message names the holder and the lock file.
+        OSError: the lock file cannot be written.
+    """
+
+    def __init__(self, folder: str | os.PathLike, what: str = ""):
+        self.folder = Path(os.path.abspath(folder))
+        self.path = lock_path(self.folder)
+        self.what = what
+        self._held = False
+        self._reentrant = False
+
+    def acquire(self) -> "FolderLock":
+        """Take the lock (see the class); returns self."""
+        holder = live_holder(self.folder)
+        if holder is not None:
+            raise FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop "
+                                  f"it (lock file {holder.path})")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mine = read_holder(self.path)
+        if mine is not None and mine.pid == os.getpid() and mine.host == socket.gethostname():
+            self._held, self._reentrant = True, True
+            return self
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                             "proc_start": _proc_start(os.getpid()), "what": self.what})
+        tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_text(record + "\n", "utf-8")
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    self._held = True
+                    return self
+                except FileExistsError:
+                    old = read_holder(self.path)
+                    if old is not None and _is_live(old) and not (old.pid == os.getpid()):
+                        raise FolderBusyError(f"{self.folder}: in use by {old.describe()}; wait for it to finish "
+                                              f"or stop it (lock file {self.path})") from None
+                    try:  # stale: a dead holder's lock; take it over
+                        os.unlink(self.path)
+                    except FileNotFoundError:
+                        pass
+                except OSError:  # a file system without hard links: exclusive create instead
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                        fh.write(record + "\n")
+                    self._held = True
+                    return self
+            raise FolderBusyError(f"{self.folder}: another process keeps taking the lock {self.path}")
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def release(self) -> None:
+        """Give the lock back (only if this process holds it)."""
+        if not self._held:
+            return
+        self._held = False
+        if self._reentrant:
+            return
+        h = read_holder(self.path)
+        if h is not None and h.pid == os.getpid() and h.host == socket.gethostname():
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._held
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+__all__ = ["FolderLock", "FolderBusyError", "LockHolder", "live_holder", "lock_path", "read_holder"]
