@@ -198,7 +198,7 @@ def _field_value(f) -> Any:
     main = f.types[0]
     if main == T.ARRAY:
         if f.types[-1] == T.STRING:
-            return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
         return [v for i in f.data for v in f.parts[i].tolist()]
     if main == T.STRING:
         return bytes(f.parts[-1]).decode("utf-8")
@@ -213,6 +213,22 @@ def _f32_to_float(v: float) -> float:
 def _fields(reader) -> dict[str, tuple[Any, int]]:
     """{key: (value, main GGUFValueType)} of every key/value field (not the GGUF.* header pseudo-fields)."""
     return {k: (_field_value(f), int(f.types[0])) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def read_fields(path: str | os.PathLike) -> dict[str, Any]:
+    """``{key: value}`` of every key/value field of a GGUF file (arrays as lists).
+
+    Raises:
+        GGUFError: the file is missing or not a readable GGUF file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFError(f"{p}: no such file")
+    try:
+        reader = _gguf().GGUFReader(p)
+        return {k: v for k, (v, _t) in _fields(reader).items()}
+    except Exception as e:
+        raise GGUFError(f"{p}: not a readable GGUF file ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------- export
