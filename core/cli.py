@@ -237,6 +237,37 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- tokenize
+def cmd_tokenize(args) -> int:
+    """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
+    BOS/EOS rule applies and special-token text is parsed)."""
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            return _fail(f"{args.file}: not UTF-8 text ({e})")
+    elif args.text is not None:
+        text = args.text
+    else:
+        return _fail("give the TEXT to tokenize or --file FILE")
+    model = Path(args.model)
+    if model.is_file() and model.suffix.lower() == ".gguf":
+        from core.gguf_tokenizer import GGUFTokenizer
+
+        tok = GGUFTokenizer.from_file(model)
+        ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
+    else:
+        from core.checkpoint import load_model
+
+        tok = load_model(model).tokenizer
+        if hasattr(tok, "add_bos"):  # a checkpoint fine-tuned from a GGUF keeps that file's tokenizer
+            ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
+        else:  # our own models: texts start with BOS (the GGUF export says add_bos_token true)
+            ids = ([] if args.no_bos else [tok.bos_id]) + tok.encode(text, parse_special=not args.no_parse_special)
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opencl-llm", description="Train, chat with and export small llama-style "
@@ -289,6 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "half the size; q8_0: about a quarter, slightly less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("tokenize", help="print the token ids of a text", description="Print the token ids of a "
+                       "text, one per line, as llama.cpp tokenizes it for the model (BOS/EOS as the model says, "
+                       "special-token text parsed).")
+    s.add_argument("text", nargs="?", help="the text (or use --file)")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder or .gguf (default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--file", help="read the text from this UTF-8 file")
+    s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the model asks for them")
+    s.add_argument("--no-parse-special", action="store_true", help="tokenize special-token text as plain text")
+    s.set_defaults(func=cmd_tokenize)
     return p
 
 

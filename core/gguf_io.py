@@ -215,20 +215,77 @@ def _fields(reader) -> dict[str, tuple[Any, int]]:
     return {k: (_field_value(f), int(f.types[0])) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
+_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
 def read_fields(path: str | os.PathLike) -> dict[str, Any]:
-    """``{key: value}`` of every key/value field of a GGUF file (arrays as lists).
+    """``{key: value}`` of every key/value field of a GGUF file (arrays as lists, bools as bool).
+
+    Reads only the header and the key/value section, with ``struct`` and ``numpy.frombuffer``: much
+    faster than ``GGUFReader`` for vocabularies of 100k+ strings (format: ggml's docs/gguf.md, v2/v3).
 
     Raises:
-        GGUFError: the file is missing or not a readable GGUF file.
+        GGUFError: the file is missing, not GGUF, or its key/value section is truncated.
     """
+    import struct
+
     p = Path(path)
     if not p.is_file():
         raise GGUFError(f"{p}: no such file")
+    with open(p, "rb") as fh:
+        import mmap
+
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:
+            raise GGUFError(f"{p}: not a readable GGUF file (empty)") from None
     try:
-        reader = _gguf().GGUFReader(p)
-        return {k: v for k, (v, _t) in _fields(reader).items()}
-    except Exception as e:
-        raise GGUFError(f"{p}: not a readable GGUF file ({e})") from None
+        if buf[:4] != b"GGUF":
+            raise GGUFError(f"{p}: not a GGUF file (no GGUF magic)")
+        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise GGUFError(f"{p}: GGUF version {version} is not supported (2 or 3)")
+        off = 24
+
+        def string(o: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, o)
+            o += 8
+            return buf[o:o + n].decode("utf-8", "replace"), o + n
+
+        def value(vtype: int, o: int) -> tuple[Any, int]:
+            if vtype == 8:
+                return string(o)
+            if vtype == 9:
+                etype, n = struct.unpack_from("<IQ", buf, o)
+                o += 12
+                if etype == 8:
+                    out = []
+                    for _ in range(n):
+                        s_, o = string(o)
+                        out.append(s_)
+                    return out, o
+                if etype not in _SCALAR:
+                    raise GGUFError(f"{p}: array of type {etype} is not supported")
+                dt = np.dtype(_SCALAR[etype])
+                arr = np.frombuffer(buf, dt, n, o)
+                vals = arr.astype(bool).tolist() if etype == 7 else arr.tolist()
+                return vals, o + n * dt.itemsize
+            if vtype not in _SCALAR:
+                raise GGUFError(f"{p}: value type {vtype} is not supported")
+            dt = np.dtype(_SCALAR[vtype])
+            v = np.frombuffer(buf, dt, 1, o)[0].item()
+            return (bool(v) if vtype == 7 else v), o + dt.itemsize
+
+        out: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key, off = string(off)
+            (vtype,) = struct.unpack_from("<I", buf, off)
+            out[key], off = value(vtype, off + 4)
+        return out
+    except (struct.error, ValueError, IndexError) as e:
+        raise GGUFError(f"{p}: truncated or damaged GGUF key/value section ({e})") from None
+    finally:
+        buf.close()
 
 
 # ---------------------------------------------------------------------------------------- export
