@@ -41,6 +41,8 @@ class ModelConfig:
         context_length: longest sequence in tokens.
         rope_theta: RoPE base frequency (GGUF ``rope.freq_base``).
         norm_eps: RMSNorm epsilon (GGUF ``attention.layer_norm_rms_epsilon``).
+        tie_embeddings: the output projection is ``token_embd.weight`` itself (no ``output.weight``),
+            as in SmolLM2 and other small models; its gradient adds into the embedding's.
     """
 
     vocab_size: int = 1024
@@ -52,6 +54,7 @@ class ModelConfig:
     context_length: int = 128
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    tie_embeddings: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
@@ -59,6 +62,8 @@ class ModelConfig:
         _positive_int("context_length", self.context_length, 2)
         _positive_float("rope_theta", self.rope_theta)
         _positive_float("norm_eps", self.norm_eps)
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError("tie_embeddings", f"must be true or false, got {self.tie_embeddings!r}")
         if self.d_model % self.n_heads:
             raise ConfigError("n_heads", f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if (self.d_model // self.n_heads) % 2:
@@ -78,11 +83,17 @@ class ModelConfig:
         """Width of the K and V projections: n_kv_heads * head_dim."""
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def output_weight(self) -> str:
+        """Name of the tensor used as the output projection (``token_embd.weight`` when tied)."""
+        return "token_embd.weight" if self.tie_embeddings else "output.weight"
+
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Parameter names (llama.cpp's GGUF tensor names) and numpy shapes, in storage order.
 
         Matrices come first and the RMSNorm weights last, so weight decay applies to one
-        contiguous range. Linear weights are (out_features, in_features).
+        contiguous range. Linear weights are (out_features, in_features). With
+        ``tie_embeddings`` there is no ``output.weight``.
         """
         d, f, kv = self.d_model, self.ffn_dim, self.kv_dim
         mats = [("token_embd.weight", (self.vocab_size, d))]
@@ -92,7 +103,8 @@ class ModelConfig:
                      (p + "attn_v.weight", (kv, d)), (p + "attn_output.weight", (d, d)),
                      (p + "ffn_gate.weight", (f, d)), (p + "ffn_up.weight", (f, d)),
                      (p + "ffn_down.weight", (d, f))]
-        mats.append(("output.weight", (self.vocab_size, d)))
+        if not self.tie_embeddings:
+            mats.append(("output.weight", (self.vocab_size, d)))
         norms = [(f"blk.{i}.{n}.weight", (d,)) for i in range(self.n_layers) for n in ("attn_norm", "ffn_norm")]
         norms.append(("output_norm.weight", (d,)))
         return mats + norms

@@ -90,7 +90,7 @@ def _tensor_order(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(config.n_layers):
         names += [f"blk.{i}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                                                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-    names += ["output_norm.weight", "output.weight"]
+    names += ["output_norm.weight"] + ([] if config.tie_embeddings else ["output.weight"])
     assert set(names) == set(shapes), "tensor table out of sync with ModelConfig.param_shapes"
     return [(n, shapes[n]) for n in names]
 

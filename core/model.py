@@ -253,7 +253,7 @@ class Model:
             o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
             o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
         o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
-        o.matmul(a.logits, a.final, p["output.weight"], n, c.vocab_size, d, trans_b=True)
+        o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)  # tied: token_embd
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
@@ -261,9 +261,10 @@ class Model:
         c, o, a, p, g = self.config, self.ops, self.act, self.params.views, self.grads.views
         n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
         mm = o.matmul
-        # output projection and final norm
-        mm(g["output.weight"], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
-        mm(a.d_norm, a.d_logits, p["output.weight"], n, d, c.vocab_size)
+        # output projection and final norm (tied embeddings: this gradient and the embedding's below
+        # both accumulate into token_embd.weight)
+        mm(g[c.output_weight], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
+        mm(a.d_norm, a.d_logits, p[c.output_weight], n, d, c.vocab_size)
         o.rmsnorm.backward(a.dx, g["output_norm.weight"], a.d_norm, a.x[c.n_layers],
                            p["output_norm.weight"], a.final_rstd, n, d)
         # a.dx now holds dL/dx for the residual stream; walk the layers backwards

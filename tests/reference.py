@@ -250,7 +250,7 @@ def llama_forward(weights, config, tokens):
         h = norm(x, p("ffn_norm"))
         g, u = h @ p("ffn_gate").T, h @ p("ffn_up").T
         x = x + (g / (1 + np.exp(-g)) * u) @ p("ffn_down").T
-    return norm(x, w["output_norm.weight"]) @ w["output.weight"].T
+    return norm(x, w["output_norm.weight"]) @ w[c.output_weight].T  # tied: token_embd.weight
 
 
 def llama_loss(weights, config, tokens, targets, mask):

@@ -47,13 +47,17 @@ def test_forward_matches_numpy_llama(device, b, t):
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
 
 
-def test_every_gradient_matches_finite_differences(device):
-    """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss."""
-    w = random_weights(TINY, 3)
-    model = Model(device, TINY, batch_size=2, weights=w)
-    tokens, targets, mask = batch(TINY, 2, 11, 4)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_every_gradient_matches_finite_differences(device, tied):
+    """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss.
+    Tied embeddings: token_embd.weight is also the output projection; both gradients add up in it."""
+    TINY_ = dataclasses.replace(TINY, tie_embeddings=tied)
+    w = random_weights(TINY_, 3)
+    assert ("output.weight" in w) != tied
+    model = Model(device, TINY_, batch_size=2, weights=w)
+    tokens, targets, mask = batch(TINY_, 2, 11, 4)
     stats = model.forward_backward(tokens, targets, mask)
-    want_loss = ref.llama_loss(w, TINY, tokens, targets, mask)
+    want_loss = ref.llama_loss(w, TINY_, tokens, targets, mask)
     assert stats.loss == pytest.approx(want_loss, rel=1e-4)
     grads = model.grads.to_numpy()
     w64 = {k: v.astype(np.float64) for k, v in w.items()}
@@ -64,13 +68,13 @@ def test_every_gradient_matches_finite_differences(device):
         picks = rng.choice(flat.size, size=min(6, flat.size), replace=False)
         if name == "token_embd.weight":  # rows of tokens in the batch carry the gradient
             rows = np.unique(tokens)[:3]
-            picks = np.concatenate([picks, rows * TINY.d_model + 1])
+            picks = np.concatenate([picks, rows * TINY_.d_model + 1])
         for i in picks:
             old = flat[i]
             flat[i] = old + eps
-            hi = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            hi = ref.llama_loss(w64, TINY_, tokens, targets, mask)
             flat[i] = old - eps
-            lo = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            lo = ref.llama_loss(w64, TINY_, tokens, targets, mask)
             flat[i] = old
             fd = (hi - lo) / (2 * eps)
             got = g.reshape(-1)[i]
