@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from core import __version__, chat_format
-from core.config import ConfigError, ModelConfig
+from core.config import ModelConfig
+from core.gguf_import import GGUFError, import_gguf, read_fields  # noqa: F401  (the import side, re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,6 @@ DATE_KEYS = (META_PREFIX + "export_date", META_PREFIX + "training.date")
 DTYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = 32
 F16_MAX = 65504.0
-
-
-class GGUFError(ValueError):
-    """A model cannot be exported to GGUF, or a GGUF file cannot be loaded (with the reason)."""
 
 
 @dataclass(frozen=True)
@@ -205,87 +202,9 @@ def _field_value(f) -> Any:
     return f.parts[-1].tolist()[0]
 
 
-def _f32_to_float(v: float) -> float:
-    """The shortest decimal that rounds to the same float32 (1e-5 read back as 1e-05, not 9.99999974e-06)."""
-    return float(str(np.float32(v)))
-
-
 def _fields(reader) -> dict[str, tuple[Any, int]]:
     """{key: (value, main GGUFValueType)} of every key/value field (not the GGUF.* header pseudo-fields)."""
     return {k: (_field_value(f), int(f.types[0])) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-
-
-_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-
-def read_fields(path: str | os.PathLike) -> dict[str, Any]:
-    """``{key: value}`` of every key/value field of a GGUF file (arrays as lists, bools as bool).
-
-    Reads only the header and the key/value section, with ``struct`` and ``numpy.frombuffer``: much
-    faster than ``GGUFReader`` for vocabularies of 100k+ strings (format: ggml's docs/gguf.md, v2/v3).
-
-    Raises:
-        GGUFError: the file is missing, not GGUF, or its key/value section is truncated.
-    """
-    import struct
-
-    p = Path(path)
-    if not p.is_file():
-        raise GGUFError(f"{p}: no such file")
-    with open(p, "rb") as fh:
-        import mmap
-
-        try:
-            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:
-            raise GGUFError(f"{p}: not a readable GGUF file (empty)") from None
-    try:
-        if buf[:4] != b"GGUF":
-            raise GGUFError(f"{p}: not a GGUF file (no GGUF magic)")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise GGUFError(f"{p}: GGUF version {version} is not supported (2 or 3)")
-        off = 24
-
-        def string(o: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, o)
-            o += 8
-            return buf[o:o + n].decode("utf-8", "replace"), o + n
-
-        def value(vtype: int, o: int) -> tuple[Any, int]:
-            if vtype == 8:
-                return string(o)
-            if vtype == 9:
-                etype, n = struct.unpack_from("<IQ", buf, o)
-                o += 12
-                if etype == 8:
-                    out = []
-                    for _ in range(n):
-                        s_, o = string(o)
-                        out.append(s_)
-                    return out, o
-                if etype not in _SCALAR:
-                    raise GGUFError(f"{p}: array of type {etype} is not supported")
-                dt = np.dtype(_SCALAR[etype])
-                arr = np.frombuffer(buf, dt, n, o)
-                vals = arr.astype(bool).tolist() if etype == 7 else arr.tolist()
-                return vals, o + n * dt.itemsize
-            if vtype not in _SCALAR:
-                raise GGUFError(f"{p}: value type {vtype} is not supported")
-            dt = np.dtype(_SCALAR[vtype])
-            v = np.frombuffer(buf, dt, 1, o)[0].item()
-            return (bool(v) if vtype == 7 else v), o + dt.itemsize
-
-        out: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key, off = string(off)
-            (vtype,) = struct.unpack_from("<I", buf, off)
-            out[key], off = value(vtype, off + 4)
-        return out
-    except (struct.error, ValueError, IndexError) as e:
-        raise GGUFError(f"{p}: truncated or damaged GGUF key/value section ({e})") from None
-    finally:
-        buf.close()
 
 
 # ---------------------------------------------------------------------------------------- export
@@ -322,12 +241,16 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     _check_model(loaded)
     c, tok = loaded.config, loaded.tokenizer
 
+    foreign = getattr(tok, "vocab", None)  # a core.gguf_tokenizer.GGUFTokenizer: the imported file's vocabulary
     tokens, merges = tok.tokens(), tok.merges()
-    if not merges:
+    if not merges and foreign is None:
         raise GGUFError("the tokenizer has no merges (its vocabulary is only bytes); llama.cpp cannot load a "
                         "BPE vocabulary without merges — train on more text or with a larger vocabulary")
-    specials = set(tok.special_ids())
-    types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    if foreign is not None:
+        types = list(foreign.types)
+    else:
+        specials = set(tok.special_ids())
+        types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
 
     notes: list[str] = []
     plan = []  # (name, numpy shape, array written, ggml type, original float32)
@@ -358,7 +281,8 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         hp = [("general.name", name, writer.add_name),
               ("general.file_type", int(file_type), writer.add_file_type),
               (f"{ARCH}.vocab_size", c.vocab_size, writer.add_vocab_size),
-              (f"{ARCH}.context_length", c.context_length, writer.add_context_length),
+              (f"{ARCH}.context_length", int((loaded.meta or {}).get("gguf_context_length") or c.context_length),
+               writer.add_context_length),
               (f"{ARCH}.embedding_length", c.d_model, writer.add_embedding_length),
               (f"{ARCH}.block_count", c.n_layers, writer.add_block_count),
               (f"{ARCH}.feed_forward_length", c.ffn_dim, writer.add_feed_forward_length),
@@ -372,18 +296,25 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         for key, value, add in hp:
             log.info("gguf: %s = %r", key, value)
             add(value)
-        log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens), len(merges))
-        writer.add_tokenizer_model(TOKENIZER_MODEL)
-        writer.add_tokenizer_pre(TOKENIZER_PRE)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        writer.add_bos_token_id(tok.bos_id)
-        writer.add_eos_token_id(tok.eos_id)
-        writer.add_pad_token_id(tok.pad_id)
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(chat_format.CHAT_TEMPLATE)
+        for key, value in ((meta_general := (loaded.meta or {}).get("gguf_general")) or {}).items():
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY if isinstance(value, list)
+                                 else gguf.GGUFValueType.STRING, sub_type=gguf.GGUFValueType.STRING
+                                 if isinstance(value, list) else None)
+        if foreign is not None:  # the imported file's own tokenizer, written back as it came
+            _write_vocab(writer, foreign)
+        else:
+            log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens), len(merges))
+            writer.add_tokenizer_model(TOKENIZER_MODEL)
+            writer.add_tokenizer_pre(TOKENIZER_PRE)
+            writer.add_token_list(tokens)
+            writer.add_token_types(types)
+            writer.add_token_merges(merges)
+            writer.add_bos_token_id(tok.bos_id)
+            writer.add_eos_token_id(tok.eos_id)
+            writer.add_pad_token_id(tok.pad_id)
+            writer.add_add_bos_token(True)
+            writer.add_add_eos_token(False)
+            writer.add_chat_template(chat_format.CHAT_TEMPLATE)
         for key, value in facts.items():
             v, vt = _meta_value(value)
             log.info("gguf: %s = %r", key, v)
@@ -410,10 +341,34 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             pass
         raise
 
-    mf = _write_modelfile(out, c) if modelfile else None
+    mf = _write_modelfile(out, c, ours=foreign is None) if modelfile else None
     size = out.stat().st_size
     log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
     return ExportResult(out, size, mf, tuple(notes))
+
+
+def _write_vocab(writer, v) -> None:
+    """Write a :class:`core.gguf_tokenizer.GGUFVocab` (an imported file's tokenizer keys)."""
+    log.info("gguf: tokenizer %s/%s, %d tokens, %d merges (from the imported file)", v.model, v.pre,
+             len(v.tokens), len(v.merges))
+    writer.add_tokenizer_model(v.model)
+    if v.pre:
+        writer.add_tokenizer_pre(v.pre)
+    writer.add_token_list(list(v.tokens))
+    writer.add_token_types(list(v.types))
+    if v.scores:
+        writer.add_token_scores(list(v.scores))
+    if v.merges:
+        writer.add_token_merges(list(v.merges))
+    for value, add in ((v.bos_id, writer.add_bos_token_id), (v.eos_id, writer.add_eos_token_id),
+                       (v.unk_id, writer.add_unk_token_id), (v.pad_id, writer.add_pad_token_id)):
+        if value is not None:
+            add(value)
+    writer.add_add_bos_token(v.add_bos)
+    writer.add_add_eos_token(v.add_eos)
+    writer.add_add_space_prefix(v.add_space_prefix)
+    if v.chat_template:
+        writer.add_chat_template(v.chat_template)
 
 
 def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
@@ -435,7 +390,8 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
             if vtype == int(gguf.GGUFValueType.FLOAT32):
                 same = np.float32(gv) == np.float32(value)
             elif isinstance(value, (list, tuple)):
-                same = [int(x) if not isinstance(x, str) else x for x in value] == list(gv)
+                same = [x if isinstance(x, str) else float(np.float32(x)) if isinstance(x, float) else int(x)
+                        for x in value] == list(gv)
             else:
                 same = gv == value
             if not same:
@@ -471,8 +427,11 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
         del reader  # release the memory map before the file is renamed
 
 
-def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
-    """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically)."""
+def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) -> Path:
+    """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically).
+
+    ``ours=False`` (an imported model with its own chat template): no TEMPLATE or stop lines, Ollama
+    reads the template from the GGUF file."""
     from core.dataset import atomic_write_text
 
     template = chat_format.OLLAMA_TEMPLATE
@@ -482,8 +441,8 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
         "# Ollama Modelfile written by OpenCL LLM Studio",
         f"# ollama create my-model -f {gguf_path.stem}.Modelfile && ollama run my-model",
         f"FROM ./{gguf_path.name}",
-        f'TEMPLATE """{template}"""',
-        *[f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")],
+        *([f'TEMPLATE """{template}"""'] if ours else []),
+        *([f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")] if ours else []),
         "PARAMETER temperature 0",
         "PARAMETER repeat_penalty 1",
         f"PARAMETER num_ctx {config.context_length}",
@@ -493,127 +452,4 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------- import
-def import_gguf(path: str | os.PathLike):
-    """Load a GGUF file written by this app (``llama`` architecture, ``gpt2``/``gpt-2`` BPE vocabulary).
-
-    Returns:
-        :class:`core.checkpoint.LoadedModel` with float32 weights (dequantized from F16/Q8_0) and
-        ``meta``: ``format`` "gguf", ``name``, ``file_type``, ``tensor_types``, ``chat_template``,
-        ``gguf_studio_keys`` (our ``opencl_llm_studio.*`` keys), and ``dataset_hash`` / ``last_loss`` /
-        ``app_version`` when the file has them.
-
-    Raises:
-        GGUFError: not a GGUF file, another architecture, a tokenizer or tensor type we do not
-            support, missing keys or tensors, inconsistent shapes.
-    """
-    gguf = _gguf()
-    from core.checkpoint import LoadedModel
-    from core.tokenizer import Tokenizer
-
-    p = Path(path)
-    if not p.is_file():
-        raise GGUFError(f"{p}: no such file")
-    try:
-        reader = gguf.GGUFReader(p)
-        kv = _fields(reader)
-    except Exception as e:
-        raise GGUFError(f"{p}: not a readable GGUF file ({e})") from None
-
-    def get(key: str, default: Any = ..., kind: type | tuple = (int, float)) -> Any:
-        if key not in kv:
-            if default is ...:
-                raise GGUFError(f"{p}: required key {key} is missing")
-            return default
-        v = kv[key][0]
-        if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
-            raise GGUFError(f"{p}: key {key} has an unsupported value {str(v)[:60]!r}")
-        return v
-
-    arch = get("general.architecture", kind=str)
-    if arch != ARCH:
-        raise GGUFError(f"{p}: architecture {arch!r} is not supported; this app runs only '{ARCH}' models "
-                        "(GGUF files it exported itself)")
-    tok_model = get("tokenizer.ggml.model", kind=str)
-    tok_pre = get("tokenizer.ggml.pre", "", kind=str)
-    # Another pre-tokenizer (or none, which llama.cpp treats as "default") splits text differently.
-    if tok_model != TOKENIZER_MODEL or tok_pre != TOKENIZER_PRE:
-        raise GGUFError(f"{p}: tokenizer {tok_model!r}/{tok_pre!r} is not supported; this app reads only "
-                        f"byte-level BPE with the GPT-2 pre-tokenizer ('{TOKENIZER_MODEL}'/'{TOKENIZER_PRE}')")
-    for key in (f"{ARCH}.rope.scaling.type",):
-        if key in kv and kv[key][0] not in ("none", ""):
-            raise GGUFError(f"{p}: {key} = {kv[key][0]!r} is not supported")
-    n_heads = get(f"{ARCH}.attention.head_count", kind=int)
-    try:
-        config = ModelConfig(
-            vocab_size=len(get("tokenizer.ggml.tokens", kind=list)),
-            d_model=get(f"{ARCH}.embedding_length", kind=int),
-            n_layers=get(f"{ARCH}.block_count", kind=int),
-            n_heads=n_heads,
-            n_kv_heads=get(f"{ARCH}.attention.head_count_kv", n_heads, kind=int),
-            ffn_dim=get(f"{ARCH}.feed_forward_length", kind=int),
-            context_length=get(f"{ARCH}.context_length", kind=int),
-            rope_theta=_f32_to_float(get(f"{ARCH}.rope.freq_base", 10000.0)),
-            norm_eps=_f32_to_float(get(f"{ARCH}.attention.layer_norm_rms_epsilon")),
-        )
-    except ConfigError as e:
-        raise GGUFError(f"{p}: unsupported hyperparameters ({e})") from None
-    for key in (f"{ARCH}.rope.dimension_count", f"{ARCH}.attention.key_length", f"{ARCH}.attention.value_length"):
-        if key in kv and get(key, kind=int) != config.head_dim:
-            raise GGUFError(f"{p}: {key} = {kv[key][0]} differs from head_dim {config.head_dim}; not supported")
-
-    tokens = get("tokenizer.ggml.tokens", kind=list)
-    merges = get("tokenizer.ggml.merges", [], kind=list)
-    try:
-        tok = Tokenizer.from_vocab(tokens, merges)
-    except ValueError as e:
-        raise GGUFError(f"{p}: its vocabulary cannot be used ({e}); only GGUF files exported by OpenCL LLM "
-                        f"Studio (with {', '.join(chat_format.SPECIAL_TOKENS)}) can be loaded") from None
-    for key, ours in (("tokenizer.ggml.bos_token_id", tok.bos_id), ("tokenizer.ggml.eos_token_id", tok.eos_id)):
-        if key in kv and get(key, kind=int) != ours:
-            raise GGUFError(f"{p}: {key} = {kv[key][0]} is not the id of the app's special token ({ours})")
-
-    shapes = dict(config.param_shapes())
-    weights: dict[str, np.ndarray] = {}
-    tensor_types: dict[str, str] = {}
-    for t in reader.tensors:
-        if t.name not in shapes:
-            raise GGUFError(f"{p}: tensor {t.name!r} is not part of this app's llama model; not supported")
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if shape != shapes[t.name]:
-            raise GGUFError(f"{p}: tensor {t.name} has shape {shape}, expected {shapes[t.name]}")
-        try:
-            w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        except (NotImplementedError, KeyError, ValueError) as e:
-            raise GGUFError(f"{p}: tensor {t.name} has type {t.tensor_type.name}, which cannot be read ({e})") from None
-        weights[t.name] = np.array(w, dtype=np.float32).reshape(shape)  # a copy, detached from the memory map
-        tensor_types[t.name] = t.tensor_type.name
-    if "output.weight" not in weights and "token_embd.weight" in weights:
-        weights["output.weight"] = weights["token_embd.weight"].copy()  # tied embeddings, as llama.cpp does
-        tensor_types["output.weight"] = "tied to token_embd.weight"
-    missing = [n for n in shapes if n not in weights]
-    if missing:
-        raise GGUFError(f"{p}: tensors {missing[:4]} are missing")
-    for n, w in weights.items():
-        if not np.all(np.isfinite(w)):
-            raise GGUFError(f"{p}: tensor {n} contains NaN or infinite values")
-    del reader
-
-    studio = {k: v for k, (v, _t) in kv.items() if k.startswith(META_PREFIX)}
-    meta = {
-        "format": "gguf",
-        "name": kv.get("general.name", (p.stem, 0))[0],
-        "file_type": kv.get("general.file_type", (None, 0))[0],
-        "tensor_types": tensor_types,
-        "chat_template": kv.get("tokenizer.chat_template", (None, 0))[0],
-        "gguf_studio_keys": studio,
-    }
-    for ours, key in (("dataset_hash", "training.dataset_sha256"), ("last_loss", "training.final_loss"),
-                      ("app_version", "training.app_version"), ("adam_step", "training.steps"),
-                      ("saved", "training.date")):
-        if META_PREFIX + key in studio:
-            meta[ours] = studio[META_PREFIX + key]
-    return LoadedModel(config, tok, weights, meta, p)
-
-
-__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "META_PREFIX", "DATE_KEYS"]
+__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX", "DATE_KEYS"]
