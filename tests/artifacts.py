@@ -85,3 +85,40 @@ def read_vocab_tests(gguf_path: Path) -> list[tuple[str, list[int]]]:
     texts = raw.split("\n__ggml_vocab_test__\n")
     assert len(outs) >= len(texts), f"{gguf_path}.out has fewer lines than tests"
     return [(t, [int(x) for x in outs[i].split()]) for i, t in enumerate(texts)]
+
+
+def open_llama(path, n_ctx: int = 64, **kw):
+    """``llama_cpp.Llama`` on ``path`` with every position's logits, 2 threads, F32 KV cache (as our
+    attention), and without llama.cpp's extra CPU buffer types (``use_extra_bufts=False``): their
+    AMX/repacked Q4/Q8 kernels crash on some virtual machines that advertise AMX."""
+    import llama_cpp
+    import llama_cpp.llama as _llama_mod
+
+    orig = _llama_mod.llama_cpp.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+
+    _llama_mod.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
+                               n_threads=2, n_threads_batch=2, seed=0, verbose=False,
+                               type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, **kw)
+    finally:
+        _llama_mod.llama_cpp.llama_model_default_params = orig
+
+
+def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
+    """``n`` greedy (argmax) tokens after ``ids`` from a :func:`open_llama` model."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(ids)
+    out = []
+    for _ in range(n):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(nxt)
+        llm.eval([nxt])
+    return out
