@@ -89,6 +89,10 @@ _CONTROL_LOOKING = frozenset([
     "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
 ])
 
+# llama.cpp's end-of-generation tokens by text (special_eog_ids), besides EOS.
+_EOG = frozenset(["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                  "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>", "<eos>"])
+
 SPM_MODEL = "llama"
 BPE_MODEL = "gpt2"
 
@@ -484,6 +488,15 @@ class GGUFTokenizer:
     def add_eos(self) -> bool:
         """Whether a text ends with EOS (``tokenizer.ggml.add_eos_token``)."""
         return self.vocab.add_eos
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Ids that end an answer (llama.cpp's end-of-generation set): EOS and control tokens such as
+        ``<|im_end|>``, ``<|eot_id|>``, ``<|endoftext|>``."""
+        ids = {i for i in self._control_ids if self.vocab.tokens[i] in _EOG}
+        if self.vocab.eos_id is not None:
+            ids.add(self.vocab.eos_id)
+        return frozenset(ids)
 
     @property
     def chat_template(self) -> str | None:

@@ -100,8 +100,9 @@ def test_every_tensor_type_dequantizes_like_gguf_py_and_runs(tmp_path, tok, devi
     assert set(TYPES) <= seen
     model = Model(device, m.config, batch_size=1, weights=m.weights, training=False)
     tokens = np.array([tok.encode("Brindlewick is a small town")])
-    np.testing.assert_allclose(model.logits(tokens), ref.llama_forward(m.weights, m.config, tokens),
-                               atol=2e-3, rtol=1e-3)
+    with np.errstate(over="ignore"):  # random K-quant bytes make large activations
+        want = ref.llama_forward(m.weights, m.config, tokens)
+    np.testing.assert_allclose(model.logits(tokens), want, atol=2e-3, rtol=1e-3)
 
 
 def test_tied_f32_file_matches_llama_cpp_and_exports_tied(tmp_path, tok, device):
@@ -154,8 +155,8 @@ PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return import_gguf(smollm2_path())
+def smollm2(smollm2_import):
+    return smollm2_import
 
 
 def test_smollm2_imports_as_issue_10_describes(smollm2):
@@ -166,7 +167,7 @@ def test_smollm2_imports_as_issue_10_describes(smollm2):
     assert smollm2.tokenizer.vocab.pre == "smollm" and not smollm2.tokenizer.add_bos
 
 
-def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, device, tmp_path):
+def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, smollm2_f32, device):
     """Every position of a prompt. On the Q4_1 file llama.cpp's CPU matmuls quantize the activations
     to 8 bits (Q8_1/Q8_0 dot products), so only the top tokens agree there; on an F32 export of the
     imported weights the logits agree to float32 rounding."""
@@ -183,8 +184,7 @@ def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, device, tmp_p
     assert np.array_equal(ours.argmax(-1), theirs_q4.argmax(-1))
     assert np.abs(ours - theirs_q4).max() < 2.5  # activation quantization only (logits span ~+-35)
 
-    f32 = export_gguf(smollm2, tmp_path / "smollm2-f32.gguf", dtype="f32").path
-    llm = open_llama(f32, n_ctx=48)
+    llm = open_llama(smollm2_f32, n_ctx=48)
     llm.eval(ids)
     theirs = np.array(llm.scores[:len(ids)])
     diff = float(np.abs(ours - theirs).max())
