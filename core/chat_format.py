@@ -166,6 +166,13 @@ def encode_fact(tokenizer: TokenizerLike, text: str) -> list[int]:
     return [tokenizer.bos_id, *tokenizer.encode(text, parse_special=False), tokenizer.eos_id]
 
 
+def fact_prompt_ids(tokenizer: TokenizerLike, prefix: str) -> list[int]:
+    """Ids that start a fact (``[BOS] + encode(prefix)``, or as the imported file says), for recall."""
+    if hasattr(tokenizer, "add_bos"):
+        return ([tokenizer.bos_id] if tokenizer.add_bos else []) + tokenizer.encode(prefix, parse_special=False)
+    return [tokenizer.bos_id, *tokenizer.encode(prefix, parse_special=False)]
+
+
 def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], user_message: str,
                system: str | None = None) -> list[int]:
     """Ids of the prompt for answering ``user_message`` after ``history``; ends with ``Assistant:``.

@@ -28,6 +28,9 @@ from core.dataset import Dataset, load_dataset, save_dataset
 from core.tokenizer import Tokenizer
 
 FORMAT = "opencl-llm-studio-checkpoint"
+BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
+"""Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
+writes back (general.* keys, the file's context length, its name)."""
 
 
 class CheckpointError(ValueError):
@@ -79,6 +82,7 @@ def save_checkpoint(trainer, directory: str | os.PathLike) -> Path:
         "stage_index": trainer.stage_index, "stage_step": trainer.stage_step, "adam_step": opt["step"],
         "dataset_hash": trainer.dataset_hash, "last_loss": trainer.last_loss,
         "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **getattr(trainer, "base_meta", {}),  # a fine-tuned GGUF import: its file's keys for the export
     }
     _atomic_write(d / "config.json", lambda fh: fh.write(json.dumps(meta, indent=2).encode("utf-8")))
     return d
@@ -125,7 +129,9 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{d / 'config.json'}: bad or missing model config ({e})") from None
     try:
-        tok = Tokenizer.from_json((d / "tokenizer.json").read_text("utf-8"))
+        from core.gguf_tokenizer import tokenizer_from_json  # ours, or an imported GGUF file's vocabulary
+
+        tok = tokenizer_from_json((d / "tokenizer.json").read_text("utf-8"))
     except Exception as e:  # the tokenizers library raises its own exception types
         raise CheckpointError(f"{d / 'tokenizer.json'}: unreadable ({e})") from None
     weights = _read_arrays(d / "weights.npz")
@@ -201,6 +207,7 @@ def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConf
     trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": adam_step})
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
     trainer.last_loss = float(loaded.meta.get("last_loss", float("nan")))
+    trainer.base_meta = {k: v for k, v in loaded.meta.items() if k in BASE_META_KEYS}
     return trainer
 
 

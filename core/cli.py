@@ -42,6 +42,8 @@ def _configs(args):
                "rope_theta": args.rope_theta}
     mc = replace(mc, **{k: v for k, v in mfields.items() if v is not None})
     pre, tune = tc.pretrain, tc.tune
+    if getattr(args, "steps", None) is not None:
+        pre, tune = replace(pre, steps=args.steps), replace(tune, steps=args.steps)
     if args.pretrain_steps is not None:
         pre = replace(pre, steps=args.pretrain_steps)
     if args.tune_steps is not None:
@@ -53,7 +55,9 @@ def _configs(args):
     if args.batch_size is not None:
         pre, tune = replace(pre, batch_size=args.batch_size), replace(tune, batch_size=args.batch_size)
     tfields = {"seed": args.seed, "replay_share": args.replay_share, "grad_clip": args.grad_clip,
-               "weight_decay": args.weight_decay, "vocab_size": args.vocab_size}
+               "weight_decay": args.weight_decay, "vocab_size": args.vocab_size,
+               "grad_accum": getattr(args, "grad_accum", None),
+               "freeze_embeddings": True if getattr(args, "freeze_embeddings", False) else None}
     tc = replace(tc, pretrain=pre, tune=tune, **{k: v for k, v in tfields.items() if v is not None})
     return mc, tc
 
@@ -96,9 +100,60 @@ def _resume_config(args, saved):
     return replace(saved, pretrain=pre, tune=tune, **extra)
 
 
+BASE_DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256}
+"""Fine-tuning defaults for ``train --base`` (full-parameter AdamW on an already trained model: a
+small learning rate, short context)."""
+
+
+def _base_setup(args):
+    """Model, tokenizer, weights and TrainConfig of ``train --base FILE``; the memory estimate."""
+    from core.checkpoint import load_model
+    from core.config import StageConfig, TrainConfig, replace
+
+    shape = [f"--{n.replace('_', '-')}" for n in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
+                                                  "rope_theta", "vocab_size") if getattr(args, n) is not None]
+    if shape or args.preset:
+        raise ValueError(f"{', '.join(shape + (['--preset'] if args.preset else []))}: the --base model fixes "
+                         "the architecture and vocabulary")
+    base = load_model(args.base)
+    ctx = min(base.config.context_length, args.context_length or BASE_DEFAULTS["context_length"])
+    mc = replace(base.config, context_length=ctx)
+    b = args.batch_size or BASE_DEFAULTS["batch_size"]
+    stage = lambda steps, lr: StageConfig(  # noqa: E731
+        steps=steps if steps is not None else (args.steps if args.steps is not None else BASE_DEFAULTS["steps"]),
+        lr=lr if lr is not None else BASE_DEFAULTS["lr"], batch_size=b, warmup_steps=BASE_DEFAULTS["warmup_steps"])
+    tc = TrainConfig(pretrain=stage(args.pretrain_steps, args.pretrain_lr), tune=stage(args.tune_steps, args.tune_lr),
+                     weight_decay=0.0 if args.weight_decay is None else args.weight_decay,
+                     grad_accum=args.grad_accum or 1, freeze_embeddings=bool(args.freeze_embeddings),
+                     **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip") if getattr(args, k) is not None})
+    meta = base.meta or {}
+    base_meta = {"base_model": str(Path(args.base).resolve()), "name": meta.get("name")}
+    for k in ("gguf_general", "gguf_context_length"):
+        if meta.get(k) is not None:
+            base_meta[k] = meta[k]
+    return base, mc, tc, base_meta
+
+
+def _print_memory(dev, mc, tc) -> None:
+    from core.estimates import training_memory_bytes
+
+    b = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
+    have = dev.global_mem_size
+    print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
+          f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
+          f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
+    if need > 0.9 * have:
+        lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
+        raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
+                         f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
+                         "(or lower --context-length / --batch-size)")
+
+
 def cmd_train(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer, save_checkpoint
     from core.config import ConfigError, TrainConfig
     from core.dataset import default_dataset, load_dataset
@@ -106,8 +161,13 @@ def cmd_train(args) -> int:
     from core.trainer import LogEvent, StageReport, StepReport, Trainer, TrainingDiverged
 
     out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
+    base = None
     try:
-        if args.resume:
+        if args.base and args.resume:
+            raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
+        if args.base:
+            base, mc, tc, base_meta = _base_setup(args)
+        elif args.resume:
             saved = TrainConfig.from_dict(load_checkpoint(args.resume).meta["train"])
             tc = _resume_config(args, saved)
         else:
@@ -117,6 +177,8 @@ def cmd_train(args) -> int:
     _writable_folder(out)
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
+    if base is not None or not args.resume:
+        _print_memory(dev, mc, tc)
     if args.resume:
         trainer = resume_trainer(args.resume, dev, train_config=tc)
         print(f"resuming {args.resume} at stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}")
@@ -130,7 +192,13 @@ def cmd_train(args) -> int:
         else:
             dataset = default_dataset()
         print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
-        trainer = Trainer(dataset, mc, tc, dev)
+        if base is not None:
+            print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
+                  f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
+            trainer = Trainer(dataset, mc, tc, dev, tokenizer=base.tokenizer, weights=base.weights)
+            trainer.base_meta = base_meta
+        else:
+            trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
           f"vocab {c.vocab_size}, context {c.context_length})")
@@ -292,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
                       ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),
                       ("replay-share", float), ("grad-clip", float), ("weight-decay", float), ("vocab-size", int)):
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
+    s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
+                   "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
+                   f"chat template; defaults: {BASE_DEFAULTS['steps']} steps per stage, lr {BASE_DEFAULTS['lr']:g}, "
+                   f"batch {BASE_DEFAULTS['batch_size']}, context {BASE_DEFAULTS['context_length']}")
+    s.add_argument("--steps", type=int, help="steps of each stage (--pretrain-steps / --tune-steps override)")
+    s.add_argument("--grad-accum", type=int, help="split each batch into N micro-batches (less memory, same step)")
+    s.add_argument("--freeze-embeddings", action="store_true", help="do not train the token embeddings "
+                   "(saves three copies of them: for large vocabularies on small devices)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_train)
 

@@ -169,6 +169,10 @@ class TrainConfig:
         beta1, beta2, adam_eps: AdamW moments.
         seed: seeds initialisation and batch sampling.
         vocab_size: target size of the BPE vocabulary trained on the dataset.
+        grad_accum: micro-batches per optimizer step (each of ``batch_size / grad_accum``
+            sequences): the same step with less device memory.
+        freeze_embeddings: do not train ``token_embd.weight`` (no gradient, no AdamW moments: less
+            memory; for fine-tuning a large-vocabulary model on a small device).
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -181,6 +185,8 @@ class TrainConfig:
     adam_eps: float = 1e-8
     seed: int = 0
     vocab_size: int = 1024
+    grad_accum: int = 1
+    freeze_embeddings: bool = False
 
     def __post_init__(self):
         self.pretrain.validate("pretrain")
@@ -196,6 +202,13 @@ class TrainConfig:
         _positive_float("adam_eps", self.adam_eps)
         _positive_int("seed", self.seed, 0)
         _positive_int("vocab_size", self.vocab_size, 260)
+        _positive_int("grad_accum", self.grad_accum)
+        for st, prefix in ((self.pretrain, "pretrain"), (self.tune, "tune")):
+            if self.grad_accum > st.batch_size:
+                raise ConfigError("grad_accum", f"{self.grad_accum} micro-batches do not fit a {prefix} batch of "
+                                                f"{st.batch_size} sequences")
+        if not isinstance(self.freeze_embeddings, bool):
+            raise ConfigError("freeze_embeddings", f"must be true or false, got {self.freeze_embeddings!r}")
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""
