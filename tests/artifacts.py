@@ -9,6 +9,7 @@ The cache is ``$OPENCL_LLM_TEST_CACHE`` or ``~/.cache/opencl-llm-studio-tests``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -87,11 +88,10 @@ def read_vocab_tests(gguf_path: Path) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in outs[i].split()]) for i, t in enumerate(texts)]
 
 
-def open_llama(path, n_ctx: int = 64, **kw):
-    """``llama_cpp.Llama`` on ``path`` with every position's logits, 2 threads, F32 KV cache (as our
-    attention), and without llama.cpp's extra CPU buffer types (``use_extra_bufts=False``): their
-    AMX/repacked Q4/Q8 kernels crash on some virtual machines that advertise AMX."""
-    import llama_cpp
+@contextlib.contextmanager
+def no_extra_buffer_types():
+    """While active, ``llama_cpp.Llama`` loads models with ``use_extra_bufts=False``: llama.cpp's extra
+    CPU buffer types (AMX, repacked Q4/Q8 kernels) crash on virtual machines that advertise AMX."""
     import llama_cpp.llama as _llama_mod
 
     orig = _llama_mod.llama_cpp.llama_model_default_params
@@ -103,11 +103,20 @@ def open_llama(path, n_ctx: int = 64, **kw):
 
     _llama_mod.llama_cpp.llama_model_default_params = params
     try:
+        yield
+    finally:
+        _llama_mod.llama_cpp.llama_model_default_params = orig
+
+
+def open_llama(path, n_ctx: int = 64, **kw):
+    """``llama_cpp.Llama`` on ``path`` with every position's logits, 2 threads, an F32 KV cache (as our
+    attention), without extra buffer types (:func:`no_extra_buffer_types`)."""
+    import llama_cpp
+
+    with no_extra_buffer_types():
         return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
                                n_threads=2, n_threads_batch=2, seed=0, verbose=False,
                                type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, **kw)
-    finally:
-        _llama_mod.llama_cpp.llama_model_default_params = orig
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> list[int]:

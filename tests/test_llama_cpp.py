@@ -19,6 +19,7 @@ from core.checkpoint import load_model
 from core.dataset import Dialogue
 from core.generate import Generator, SamplingSettings
 from core.model import Model
+from tests.artifacts import no_extra_buffer_types
 from tests.test_gguf import get_trained
 
 N_CTX = 64  # = the model's context_length
@@ -32,8 +33,9 @@ def trained(device, tmp_path_factory):
 def open_llama(path, kv_f32: bool = True) -> llama_cpp.Llama:
     # An F32 KV cache keeps llama.cpp's attention in float32 like ours (its default stores K/V as F16).
     kv = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32) if kv_f32 else {}
-    return llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
-                           n_threads=2, n_threads_batch=2, seed=0, verbose=False, **kv)
+    with no_extra_buffer_types():  # their AMX/repacked Q8_0 kernels crash on VMs that advertise AMX
+        return llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                               n_threads=2, n_threads_batch=2, seed=0, verbose=False, **kv)
 
 
 @pytest.fixture(scope="module")
