@@ -100,38 +100,31 @@ def _resume_config(args, saved):
     return replace(saved, pretrain=pre, tune=tune, **extra)
 
 
-BASE_DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256}
-"""Fine-tuning defaults for ``train --base`` (full-parameter AdamW on an already trained model: a
-small learning rate, short context)."""
-
-
 def _base_setup(args):
-    """Model, tokenizer, weights and TrainConfig of ``train --base FILE``; the memory estimate."""
-    from core.checkpoint import load_model
-    from core.config import StageConfig, TrainConfig, replace
+    """Base model, its config, TrainConfig and kept keys for ``train --base FILE`` (core.finetune)."""
+    from core.finetune import default_train_config, load_base
 
     shape = [f"--{n.replace('_', '-')}" for n in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
                                                   "rope_theta", "vocab_size") if getattr(args, n) is not None]
     if shape or args.preset:
         raise ValueError(f"{', '.join(shape + (['--preset'] if args.preset else []))}: the --base model fixes "
                          "the architecture and vocabulary")
-    base = load_model(args.base)
-    ctx = min(base.config.context_length, args.context_length or BASE_DEFAULTS["context_length"])
-    mc = replace(base.config, context_length=ctx)
-    b = args.batch_size or BASE_DEFAULTS["batch_size"]
-    stage = lambda steps, lr: StageConfig(  # noqa: E731
-        steps=steps if steps is not None else (args.steps if args.steps is not None else BASE_DEFAULTS["steps"]),
-        lr=lr if lr is not None else BASE_DEFAULTS["lr"], batch_size=b, warmup_steps=BASE_DEFAULTS["warmup_steps"])
-    tc = TrainConfig(pretrain=stage(args.pretrain_steps, args.pretrain_lr), tune=stage(args.tune_steps, args.tune_lr),
-                     weight_decay=0.0 if args.weight_decay is None else args.weight_decay,
-                     grad_accum=args.grad_accum or 1, freeze_embeddings=bool(args.freeze_embeddings),
-                     **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip") if getattr(args, k) is not None})
-    meta = base.meta or {}
-    base_meta = {"base_model": str(Path(args.base).resolve()), "name": meta.get("name")}
-    for k in ("gguf_general", "gguf_context_length"):
-        if meta.get(k) is not None:
-            base_meta[k] = meta[k]
-    return base, mc, tc, base_meta
+    base, mc, base_meta = load_base(args.base, args.context_length)
+    tc = default_train_config(args.steps, None, args.batch_size, grad_accum=args.grad_accum or 1,
+                              freeze_embeddings=bool(args.freeze_embeddings),
+                              **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip", "weight_decay")
+                                 if getattr(args, k) is not None})
+    from core.config import replace
+
+    pre, tune = tc.pretrain, tc.tune
+    for name, field, value in (("pre", "steps", args.pretrain_steps), ("tune", "steps", args.tune_steps),
+                               ("pre", "lr", args.pretrain_lr), ("tune", "lr", args.tune_lr)):
+        if value is not None:
+            if name == "pre":
+                pre = replace(pre, **{field: value})
+            else:
+                tune = replace(tune, **{field: value})
+    return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
 
 
 def _print_memory(dev, mc, tc) -> None:
@@ -195,8 +188,9 @@ def cmd_train(args) -> int:
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
-            trainer = Trainer(dataset, mc, tc, dev, tokenizer=base.tokenizer, weights=base.weights)
-            trainer.base_meta = base_meta
+            from core.finetune import base_trainer
+
+            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
@@ -338,6 +332,8 @@ def cmd_tokenize(args) -> int:
 
 # ----------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    from core.finetune import DEFAULTS as FT
+
     p = argparse.ArgumentParser(prog="opencl-llm", description="Train, chat with and export small llama-style "
                                 "language models on any OpenCL device.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -362,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
     s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
                    "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
-                   f"chat template; defaults: {BASE_DEFAULTS['steps']} steps per stage, lr {BASE_DEFAULTS['lr']:g}, "
-                   f"batch {BASE_DEFAULTS['batch_size']}, context {BASE_DEFAULTS['context_length']}")
+                   f"chat template; defaults: {FT['steps']} steps per stage, lr {FT['lr']:g}, "
+                   f"batch {FT['batch_size']}, context {FT['context_length']}")
     s.add_argument("--steps", type=int, help="steps of each stage (--pretrain-steps / --tune-steps override)")
     s.add_argument("--grad-accum", type=int, help="split each batch into N micro-batches (less memory, same step)")
     s.add_argument("--freeze-embeddings", action="store_true", help="do not train the token embeddings "
