@@ -268,6 +268,20 @@ def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelC
     return config, notes
 
 
+def read_config(path: str | os.PathLike) -> tuple[ModelConfig, list[str], dict[str, Any]]:
+    """``(config, notes, key/values)`` of a llama GGUF file from its header only (no tensor data is
+    read): for showing a file's architecture before it is loaded. ``tie_embeddings`` is set when the
+    file has no ``output.weight``.
+
+    Raises:
+        GGUFError: as :func:`model_config` (the file cannot be used; the key is named).
+    """
+    kv, _types, infos = read_gguf(path)
+    config, notes = model_config(kv, str(path), len(kv.get("tokenizer.ggml.tokens") or []))
+    tied = "output.weight" not in {t.name for t in infos}
+    return ModelConfig(**{**config.to_dict(), "tie_embeddings": tied}), notes, kv
+
+
 def _f32_to_float(v: float) -> float:
     """The shortest decimal that rounds to the same float32 (1e-5 read back as 1e-05, not 9.99999974e-06)."""
     return float(str(np.float32(v)))
@@ -389,4 +403,5 @@ def import_gguf(path: str | os.PathLike):
     return LoadedModel(config, tok, weights, meta, p)
 
 
-__all__ = ["GGUFError", "TensorInfo", "read_gguf", "read_fields", "dequantize", "model_config", "import_gguf"]
+__all__ = ["GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_config", "dequantize", "model_config",
+           "import_gguf"]

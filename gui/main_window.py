@@ -441,6 +441,10 @@ class MainWindow(QMainWindow):
     def configs(self):
         return self.hyper_tab.build()
 
+    def base_model(self) -> str | None:
+        """The GGUF file a new run starts from (Hyperparameters ▸ Start from), or None."""
+        return self.hyper_tab.base_path()
+
     def train_blocker(self) -> str | None:
         """Why training cannot start now (for the button's tooltip), or None."""
         if self.device_info() is None:

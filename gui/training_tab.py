@@ -306,7 +306,8 @@ class TrainingTab(QWidget):
                 self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
                 return False
             run_dir = self.studio.new_run_dir()
-            kw = dict(dataset=dataset, model_config=mc, train_config=tc)
+            kw = dict(dataset=dataset, model_config=mc, train_config=tc,
+                      base=getattr(self.studio, "base_model", lambda: None)())
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
             self.recall.setRowCount(0)

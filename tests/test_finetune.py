@@ -30,12 +30,15 @@ DATA = {"facts": ["Brindlewick is a small town built beside a slow green river."
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory):
+    return write_tiny_smol(tmp_path_factory.mktemp("base") / "tiny-smol.gguf")
+
+
+def write_tiny_smol(path):
     """A random tied llama (2 layers, d_model 64) with SmolLM2's tokenizer keys, F32 and Q8_0 tensors."""
     vocab = read_vocab(smollm2_path())
     c = ModelConfig(vocab_size=len(vocab.tokens), d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
                     context_length=2048, rope_theta=100000.0, tie_embeddings=True)
     rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("base") / "tiny-smol.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny smol")
     w.add_context_length(c.context_length)
