@@ -299,6 +299,36 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- compare
+def cmd_compare(args) -> int:
+    """Greedy answers of a base model and a model fine-tuned from it, side by side."""
+    from core.checkpoint import load_model
+    from core.device import open_device
+    from core.finetune import before_after
+
+    tuned = load_model(args.model)
+    base_path = args.base or (tuned.meta or {}).get("base_model")
+    if not base_path:
+        return _fail(f"{args.model}: not fine-tuned from a base model; give --base")
+    base = load_model(base_path)
+    if base.config.param_shapes() != tuned.config.param_shapes():
+        return _fail(f"{base_path} and {args.model} have different architectures")
+    from core.dataset import Dataset, load_dataset
+
+    dataset = Dataset()
+    if args.data:
+        dataset, _ = load_dataset(args.data)
+    elif (Path(args.model) / "dataset.json").is_file():
+        dataset, _ = load_dataset(Path(args.model) / "dataset.json")
+    dev = open_device(args.device)
+    for kind, q, want, before, after in before_after(dev, base.weights, tuned.weights, tuned.config,
+                                                     tuned.tokenizer, dataset, max_tokens=args.max_tokens):
+        print(f"[{kind}] {q}" + (f"  (taught: {want})" if want else ""))
+        print(f"  before: {before}")
+        print(f"  after:  {after}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- tokenize
 def cmd_tokenize(args) -> int:
     """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
@@ -392,6 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "half the size; q8_0: about a quarter, slightly less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("compare", help="base vs fine-tuned answers", description="Greedy answers of the base "
+                       "model and the fine-tuned one to every dataset question and a few general ones.")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help="the fine-tuned checkpoint folder or .gguf")
+    s.add_argument("--base", help="the base model (default: the one the checkpoint was fine-tuned from)")
+    s.add_argument("--data", help="dataset whose questions to ask (default: the checkpoint's)")
+    s.add_argument("--device", help="device index or name")
+    s.add_argument("--max-tokens", type=int, default=48, help="longest answer in tokens")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("tokenize", help="print the token ids of a text", description="Print the token ids of a "
                        "text, one per line, as llama.cpp tokenizes it for the model (BOS/EOS as the model says, "

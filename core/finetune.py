@@ -66,4 +66,42 @@ def base_trainer(loaded, model_config: ModelConfig, base_meta: dict, dataset, tr
     return trainer
 
 
-__all__ = ["DEFAULTS", "default_train_config", "load_base", "base_trainer"]
+
+
+GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
+                     "What is 12 plus 30?")
+"""General questions asked before and after fine-tuning, to show what the model may have forgotten."""
+
+
+def before_after(device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig, tokenizer,
+                 dataset, general: tuple[str, ...] = GENERAL_QUESTIONS, max_tokens: int = 48):
+    """Greedy answers of the base and the tuned model, side by side.
+
+    Args:
+        device: the OpenCL device.
+        base_weights, tuned_weights: ``{tensor name: float32 array}`` of the two models (same config).
+        model_config: their architecture (the context bounds prompt + answer).
+        tokenizer: their tokenizer; dataset: its dialogues' first questions are asked.
+        general: extra questions the dataset does not teach.
+
+    Returns:
+        ``[(kind, question, expected or None, base answer, tuned answer)]``, kind "dataset" or "general".
+    """
+    from core.chat import ChatSession
+    from core.generate import Generator, SamplingSettings
+
+    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1]]
+    questions += [("general", q, None) for q in general]
+    settings = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
+    answers = []
+    for weights in (base_weights, tuned_weights):
+        session = ChatSession(Generator(device, model_config, weights), tokenizer)
+        row = []
+        for _kind, q, _a in questions:
+            session.clear()
+            row.append(session.answer(q, settings))
+        answers.append(row)
+    return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
+
+
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after"]

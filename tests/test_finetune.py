@@ -154,3 +154,15 @@ def test_smollm2_learns_a_fact_it_cannot_know(tmp_path, capsys):
     settings = SamplingSettings(temperature=0.0, max_tokens=24)
     answer = ChatSession(Generator(dev, ck.config, ck.weights), ck.tokenizer).answer("Where is Brindlewick?", settings)
     assert "river" in answer.lower()
+
+
+def test_compare_shows_base_and_tuned_answers(tiny_base, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "cmp"
+    assert train_base(tiny_base, out, data, "--steps", "2") == 0
+    capsys.readouterr()
+    assert main(["compare", "--model", str(out), "--max-tokens", "4"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("  before: ") == text.count("  after:  ") == 2 + 3  # 2 dataset questions, 3 general
+    assert "[dataset] Where is Brindlewick?  (taught: Brindlewick is beside a slow green river.)" in text
