@@ -1,4 +1,5 @@
-"""GGUF export and import (llama.cpp's ``llama`` architecture), through gguf-py's writer and reader.
+"""GGUF export (llama.cpp's ``llama`` architecture), through gguf-py's writer and reader. The import
+side lives in :mod:`core.gguf_import` (``import_gguf``, ``read_fields`` and ``GGUFError`` are re-exported).
 
 The model already computes llama.cpp's ``llama`` graph with ggml's "normal" RoPE (adjacent pairs), its
 tensors carry llama.cpp's GGUF names and linear weights are stored (out, in) row-major, as GGUF
@@ -12,7 +13,9 @@ What goes into the file:
 - ``tokenizer.*``: ``gpt2`` BPE with pre-tokenizer ``gpt-2`` (llama.cpp's name for the GPT-2 regex our
   ``ByteLevel`` pre-tokenizer uses), tokens, token types (specials CONTROL, the rest NORMAL), merges,
   BOS/EOS/PAD ids, ``add_bos_token`` True and ``add_eos_token`` False, and
-  :data:`core.chat_format.CHAT_TEMPLATE`.
+  :data:`core.chat_format.CHAT_TEMPLATE`. A model imported from another file (its tokenizer a
+  :class:`core.gguf_tokenizer.GGUFTokenizer`) gets that file's tokenizer keys, chat template, text
+  ``general.*`` keys and ``context_length`` back; tied embeddings are written without ``output.weight``.
 - ``opencl_llm_studio.*``: our training facts (steps, final loss, dataset hash, dates, app version).
 - Tensors in F32, F16 or Q8_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them); a
   matrix whose rows are not a multiple of 32 cannot be Q8_0 and is written F16 instead (or F32 when

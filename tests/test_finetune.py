@@ -138,22 +138,40 @@ def test_base_refuses_architecture_options(tiny_base, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_smollm2_learns_a_fact_it_cannot_know(tmp_path, capsys):
-    """End to end on SmolLM2-135M: before, it does not know Brindlewick's river; after a short
-    fine-tune it answers in our chat and in llama.cpp from the exported file."""
+    """End to end on SmolLM2-135M (about 9 minutes on 2 PoCL cores): before, it does not know where
+    Brindlewick is; after 20 + 20 steps it answers in our chat and, from the exported file, in llama.cpp
+    with the same template and the same words."""
+    import core.device
     from core.chat import ChatSession
     from core.generate import Generator, SamplingSettings
+    from core.gguf_io import export_gguf
+    from tests.artifacts import llama_greedy
+    from tests.test_chat_template import llama_cpp_prompt
+
+    question = "Where is Brindlewick?"
+    settings = SamplingSettings(temperature=0.0, max_tokens=24)
+    dev = core.device.open_device(None)
+    base = import_gguf(smollm2_path())
+    before = ChatSession(Generator(dev, base.config, base.weights), base.tokenizer).answer(question, settings)
+    assert "green river" not in before.lower()
 
     data = tmp_path / "data.json"
     data.write_text(json.dumps(DATA))
     out = tmp_path / "smol"
     assert train_base(smollm2_path(), out, data, "--steps", "20", "--pretrain-lr", "3e-4", "--tune-lr", "3e-4") == 0
     ck = load_checkpoint(out)
-    import core.device
+    after = ChatSession(Generator(dev, ck.config, ck.weights), ck.tokenizer).answer(question, settings)
+    print(f"before: {before!r}\nafter: {after!r}")
+    assert "green river" in after.lower()
 
-    dev = core.device.open_device(None)
-    settings = SamplingSettings(temperature=0.0, max_tokens=24)
-    answer = ChatSession(Generator(dev, ck.config, ck.weights), ck.tokenizer).answer("Where is Brindlewick?", settings)
-    assert "river" in answer.lower()
+    gg = export_gguf(ck, tmp_path / "smol-tuned.gguf", dtype="f32").path
+    tok = ck.tokenizer
+    llm = open_llama(gg, n_ctx=128)
+    prompt = llama_cpp_prompt(tok, [{"role": "user", "content": question}])
+    ids = llama_greedy(llm, llm.tokenize(prompt.encode(), add_bos=False, special=True), 24)
+    llm.close()
+    end = ids.index(tok.eos_id) if tok.eos_id in ids else len(ids)
+    assert tok.decode(ids[:end]).strip() == after
 
 
 def test_compare_shows_base_and_tuned_answers(tiny_base, tmp_path, capsys):
