@@ -129,6 +129,35 @@ class DeviceTestWorker(Worker):
         self.result.emit(out)
 
 
+# ------------------------------------------------------------------------------------- before / after
+class CompareWorker(Worker):
+    """Greedy answers of the base model and of the model fine-tuned from it (core.finetune.before_after)."""
+
+    result = Signal(list)  # [{"kind": "dataset"|"general", "question", "taught" (str or None), "before", "after"}]
+
+    def __init__(self, device_info, checkpoint_dir: str | Path) -> None:
+        super().__init__()
+        self.device_info = device_info
+        self.checkpoint_dir = Path(checkpoint_dir)
+
+    def work(self) -> None:
+        from core.checkpoint import load_checkpoint, load_model
+        from core.dataset import load_dataset
+        from core.device import open_device
+        from core.finetune import before_after
+
+        tuned = load_checkpoint(self.checkpoint_dir)
+        base_path = (tuned.meta or {}).get("base_model")
+        if not base_path:
+            raise ValueError(f"{self.checkpoint_dir}: this model was not fine-tuned from a base model")
+        self.log_line.emit("INFO", f"comparing with the base model {base_path}")
+        base = load_model(base_path)
+        dataset, _ = load_dataset(self.checkpoint_dir / "dataset.json")
+        dev = open_device(self.device_info)
+        rows = before_after(dev, base.weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
+        self.result.emit([{"kind": k, "question": q, "taught": a, "before": b, "after": t} for k, q, a, b, t in rows])
+
+
 # ------------------------------------------------------------------------------------- training
 
 class TrainWorker(Worker):

@@ -63,3 +63,9 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     ck = load_checkpoint(w.project.checkpoint_dir)
     assert isinstance(ck.tokenizer, GGUFTokenizer) and ck.config.tie_embeddings and ck.meta["stage_index"] == 2
     assert ck.meta["base_model"] == str(tiny_base.resolve())
+
+    # before / after: the base model's and the tuned model's answers side by side
+    assert not t.compare_button.isHidden() and t.compare_with_base()
+    qtbot.waitUntil(lambda: not t.comparing(), timeout=120_000)
+    assert not t.compare.isHidden() and t.compare.rowCount() >= 3  # the default dataset's questions + general ones
+    assert t.compare.item(0, 2).text() is not None and t.compare.horizontalHeaderItem(3).text() == "Tuned model"
