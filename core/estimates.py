@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from core.config import ModelConfig
 
 # Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
-GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0}
+GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.0 / 32.0}
 
 
 def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int = 1,
@@ -44,7 +44,7 @@ def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
         count = math.prod(shape)
         if len(shape) == 1:
             size += count * 4.0
-        elif dtype.lower() == "q8_0" and shape[-1] % 32:
+        elif dtype.lower() in ("q8_0", "q4_0") and shape[-1] % 32:
             size += count * GGUF_BYTES_PER_VALUE["f16"]
         else:
             size += count * per

@@ -7,7 +7,8 @@ stores them. So export writes the arrays as they are: no Q/K permutation, no tra
 
 What goes into the file:
 
-- ``general.*``: architecture ``llama``, name, file type (ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q8_0 = 7).
+- ``general.*``: architecture ``llama``, name, file type (ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2,
+  MOSTLY_Q8_0 = 7).
 - ``llama.*``: every hyperparameter llama.cpp reads for ``llama`` (context, widths, heads, RoPE base
   and dimension count, RMSNorm epsilon, vocab size).
 - ``tokenizer.*``: ``gpt2`` BPE with pre-tokenizer ``gpt-2`` (llama.cpp's name for the GPT-2 regex our
@@ -17,8 +18,8 @@ What goes into the file:
   :class:`core.gguf_tokenizer.GGUFTokenizer`) gets that file's tokenizer keys, chat template, text
   ``general.*`` keys and ``context_length`` back; tied embeddings are written without ``output.weight``.
 - ``opencl_llm_studio.*``: our training facts (steps, final loss, dataset hash, dates, app version).
-- Tensors in F32, F16 or Q8_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them); a
-  matrix whose rows are not a multiple of 32 cannot be Q8_0 and is written F16 instead (or F32 when
+- Tensors in F32, F16, Q8_0 or Q4_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them);
+  a matrix whose rows are not a multiple of 32 cannot be Q8_0/Q4_0 and is written F16 instead (or F32 when
   F16 would overflow); :attr:`ExportResult.notes` says which.
 
 Export refuses non-finite weights and inconsistent shapes (:class:`GGUFError`), writes to a temporary
@@ -52,7 +53,7 @@ META_PREFIX = "opencl_llm_studio."
 DATE_KEYS = (META_PREFIX + "export_date", META_PREFIX + "training.date")
 """Keys whose values are dates: they differ between two exports of the same model."""
 
-DTYPES = ("f32", "f16", "q8_0")
+DTYPES = ("f32", "f16", "q8_0", "q4_0")
 Q8_0_BLOCK = 32
 F16_MAX = 65504.0
 
@@ -127,14 +128,15 @@ def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]):
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or dtype == "f32":
         return w, T.F32
-    if dtype == "q8_0":
-        if w.shape[-1] % Q8_0_BLOCK == 0:
-            return gguf.quants.quantize(w, T.Q8_0), T.Q8_0
+    if dtype in ("q8_0", "q4_0"):
+        qt = T.Q8_0 if dtype == "q8_0" else T.Q4_0
+        if w.shape[-1] % Q8_0_BLOCK == 0:  # Q4_0 has blocks of 32 too
+            return gguf.quants.quantize(w, qt), qt
         why = f"rows of {w.shape[-1]} values are not a multiple of {Q8_0_BLOCK}"
         if np.abs(w).max(initial=0.0) <= F16_MAX:
-            notes.append(f"{name}: written as F16, not Q8_0 ({why})")
+            notes.append(f"{name}: written as F16, not {qt.name} ({why})")
             return w.astype(np.float16), T.F16
-        notes.append(f"{name}: written as F32, not Q8_0 ({why}, and values exceed the F16 range)")
+        notes.append(f"{name}: written as F32, not {qt.name} ({why}, and values exceed the F16 range)")
         return w, T.F32
     # f16
     if np.abs(w).max(initial=0.0) > F16_MAX:
@@ -218,7 +220,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     Args:
         loaded: a :class:`core.checkpoint.LoadedModel` (from a checkpoint or a GGUF).
         out_path: the ``.gguf`` file to write (replaced atomically if it exists).
-        dtype: ``"f32"``, ``"f16"`` or ``"q8_0"`` for the matrices (norm weights stay F32).
+        dtype: ``"f32"``, ``"f16"``, ``"q8_0"`` or ``"q4_0"`` for the matrices (norm weights stay F32).
         modelfile: also write an Ollama Modelfile ``<stem>.Modelfile`` next to the file.
         name: ``general.name``; default: the GGUF's own name when ``loaded`` came from one, else the
             file name without extension.
@@ -265,7 +267,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         log.warning("%s", n)
 
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[dtype]
     if name is None:
         name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
     name = name or out.stem
@@ -294,7 +296,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
               (f"{ARCH}.rope.dimension_count", c.head_dim, writer.add_rope_dimension_count),
               (f"{ARCH}.rope.freq_base", float(c.rope_theta), writer.add_rope_freq_base),
               (f"{ARCH}.attention.layer_norm_rms_epsilon", float(c.norm_eps), writer.add_layer_norm_rms_eps)]
-        if dtype == "q8_0":
+        if dtype in ("q8_0", "q4_0"):
             hp.append(("general.quantization_version", gguf.GGML_QUANT_VERSION, writer.add_quantization_version))
         for key, value, add in hp:
             log.info("gguf: %s = %r", key, value)
@@ -323,7 +325,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             log.info("gguf: %s = %r", key, v)
             writer.add_key_value(key, v, vt)
         for tname, _shape, data, qtype, _w in plan:
-            writer.add_tensor(tname, data, raw_dtype=qtype if qtype == T.Q8_0 else None)
+            writer.add_tensor(tname, data, raw_dtype=qtype if qtype in (T.Q8_0, T.Q4_0) else None)
         expected_kv = {k: (v.value, int(v.type)) for k, v in writer.kv_data[0].items()}
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()
@@ -420,10 +422,12 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
                 ok = np.array_equal(back, w)
             elif qtype == T.F16:
                 ok = np.allclose(back, w, rtol=1e-3, atol=1e-7)
-            else:  # Q8_0: error at most half a step (amax / 127 / 2) per block of 32, plus the fp16 scale
+            else:  # Q8_0: at most half a step (amax / 127 / 2) per block of 32, plus the fp16 scale;
+                # Q4_0 (ggml's quantize_row_q4_0: scale amax / 8, 16 levels): at most one step amax / 8
                 amax = np.abs(w.reshape(-1, Q8_0_BLOCK)).max(axis=1, keepdims=True)
                 err = np.abs(back.reshape(-1, Q8_0_BLOCK) - w.reshape(-1, Q8_0_BLOCK))
-                ok = bool(np.all(err <= amax / 127.0 * 0.51 + 1e-3 * amax + 1e-8))
+                step = amax / 127.0 * 0.51 if qtype == T.Q8_0 else amax / 8.0 * 1.01
+                ok = bool(np.all(err <= step + 1e-3 * amax + 1e-8))
             if not ok:
                 raise GGUFError(f"verification failed: {name} does not dequantize to the model's weights")
     finally:

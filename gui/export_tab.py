@@ -1,4 +1,4 @@
-"""Export tab: write the model as a GGUF file (F32, F16 or Q8_0), optionally with an Ollama Modelfile."""
+"""Export tab: write the model as a GGUF file (F32, F16, Q8_0 or Q4_0), optionally with an Ollama Modelfile."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,8 @@ from gui import dialogs
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
-          ("Q8_0", "q8_0", "8-bit quantized, about a quarter of F32")]
+          ("Q8_0", "q8_0", "8-bit quantized, about a quarter of F32"),
+          ("Q4_0", "q4_0", "4-bit quantized, about an eighth of F32, noticeably less exact")]
 
 
 class ExportTab(QWidget):

@@ -217,7 +217,7 @@ def test_refuses_vocab_mismatch(tok, tmp_path):
     with pytest.raises(GGUFError, match="vocabulary size mismatch"):
         export_gguf(LoadedModel(cfg, tok, w, {}, Path("x")), tmp_path / "m.gguf")
     with pytest.raises(GGUFError, match="unknown dtype"):
-        export_gguf(m, tmp_path / "m.gguf", dtype="q4_0")
+        export_gguf(m, tmp_path / "m.gguf", dtype="q2_k")
     assert list(tmp_path.iterdir()) == []
 
 

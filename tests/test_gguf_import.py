@@ -197,3 +197,18 @@ def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, smollm2_f32, 
     llm.close()
     assert got == want
     assert "Paris" in tok.decode(got)
+
+
+def test_q4_0_export_reads_back_and_loads_in_llama_cpp(tmp_path, tok, device):
+    f32 = {name: T.F32 for name, _ in CFG.param_shapes()}
+    m = import_gguf(write_llama(tmp_path / "src.gguf", tok, types=f32, seed=2))
+    out = export_gguf(m, tmp_path / "q4.gguf", dtype="q4_0").path
+    back = import_gguf(out)
+    assert back.meta["tensor_types"]["blk.0.attn_q.weight"] == "Q4_0" and back.meta["file_type"] == 2
+    ids = [tok.bos_id, *tok.encode("The mayor keeps bees")]
+    ours = Model(device, back.config, batch_size=1, weights=back.weights, training=False).logits(np.array([ids]))[0]
+    llm = open_llama(out, n_ctx=32)
+    llm.eval(ids)
+    theirs = np.array(llm.scores[:len(ids)])
+    llm.close()
+    assert np.abs(ours - theirs).max() < 0.05 * np.abs(theirs).max() + 0.05  # llama.cpp: 8-bit activations
