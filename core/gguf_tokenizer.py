@@ -151,7 +151,7 @@ class GGUFVocab:
 
     @classmethod
     def from_fields(cls, kv: dict[str, Any], source: str = "GGUF") -> "GGUFVocab":
-        """Build from ``{key: value}`` of a GGUF file (see ``core.gguf_io.read_fields``).
+        """Build from ``{key: value}`` of a GGUF file (see ``core.gguf_import.read_fields``).
 
         Raises:
             UnsupportedTokenizer: a tokenizer model or pre-tokenizer we do not tokenize (named).
@@ -233,7 +233,7 @@ def read_vocab(path: str | PathLike) -> GGUFVocab:
     Raises:
         UnsupportedTokenizer, ValueError: see :meth:`GGUFVocab.from_fields`; OSError if unreadable.
     """
-    from core.gguf_io import read_fields
+    from core.gguf_import import read_fields
 
     return GGUFVocab.from_fields(read_fields(path), str(path))
 
