@@ -6,7 +6,7 @@ next to llama.cpp (llama-cpp-python) decoding the same weights as F32. Not a tes
 
 Prints: import seconds; fine-tune seconds per step, tokens/s (all positions) and learned tokens/s,
 the memory estimate and the process's peak resident memory (host memory: the device memory on
-PoCL); decode tokens/s of our Generator and of llama.cpp on the F32 export (2 threads). Shared
+PoCL); decode tokens/s of our Generator and of llama.cpp on the F32 export (1 and 2 threads). Shared
 machines are noisy: compare figures measured in the same run.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     from core.finetune import base_trainer, default_train_config
     from core.generate import Generator, SamplingSettings
     from core.gguf_import import import_gguf
-    from tests.artifacts import open_llama, smollm2_path
+    from tests.artifacts import smollm2_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-threads", default="1,2", help="llama.cpp thread counts to time (on a loaded "
+                    "machine 2 threads can be far slower than 1: its threads spin-wait for each other)")
     a = ap.parse_args()
     path = a.model or str(smollm2_path())
 
@@ -62,8 +64,10 @@ def main() -> None:
                 break
     times = [b[0] - a_[0] for a_, b in zip(reports, reports[1:])]
     step_s = float(np.median(times)) if times else float("nan")
-    print(f"fine-tune: {step_s:.2f} s/step (median of {len(times)}), {a.batch * a.context / step_s:,.0f} tokens/s "
-          f"(batch {a.batch} x context {a.context}), learned tokens/s {np.median([r.tokens_per_s for _, r in reports]):,.0f}")
+    positions = float(np.median([tr._batch(0, k)[0].size for k in range(len(reports))]))  # padded batch B x T
+    print(f"fine-tune: {step_s:.2f} s/step (median of {len(times)}), {positions / step_s:,.0f} tokens/s "
+          f"({positions:.0f} positions per step, batch {a.batch}), learned tokens/s "
+          f"{np.median([r.tokens_per_s for _, r in reports]):,.0f}")
     print(f"peak resident memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     del tr
 
@@ -83,14 +87,21 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         f32 = export_gguf(m, os.path.join(d, "f32.gguf"), dtype="f32").path
-        llm = open_llama(f32, n_ctx=len(ids) + a.decode + 8)
-        llm.eval(ids)
-        t = time.perf_counter()
-        for _ in range(a.decode):
-            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-        theirs = a.decode / (time.perf_counter() - t)
-        llm.close()
-    print(f"decode (llama.cpp, F32, 2 threads): {theirs:.1f} tokens/s")
+        import llama_cpp
+
+        from tests.artifacts import no_extra_buffer_types
+
+        for threads in (int(x) for x in a.llama_threads.split(",")):
+            with no_extra_buffer_types():
+                llm = llama_cpp.Llama(model_path=str(f32), n_ctx=len(ids) + a.decode + 8, n_threads=threads,
+                                      n_threads_batch=threads, verbose=False)
+            llm.eval(ids)
+            t = time.perf_counter()
+            for _ in range(a.decode):
+                llm.eval([int(np.argmax(llm._scores[-1]))])
+            theirs = a.decode / (time.perf_counter() - t)
+            llm.close()
+            print(f"decode (llama.cpp, F32, {threads} thread{'s' if threads > 1 else ''}): {theirs:.1f} tokens/s")
 
 
 if __name__ == "__main__":
