@@ -94,12 +94,13 @@ class ChatSession:
             raise ValueError("the message is empty")
         ids = self._prompt(message, settings.max_tokens)
         decoder = StreamDecoder(self.tok)
-        stops = [s for s in chat_format.STOP_STRINGS if s != chat_format.EOS_TOKEN]
+        stops = chat_format.stop_strings(self.tok)
+        end_ids = chat_format.stop_ids(self.tok)
         pending: list[ChatPiece] = []  # generated, not yet released
         text, released = "", 0  # all decoded text; characters of it already released
         cut = -1
-        for tok_id, probs in self.gen.generate(ids, settings, stop_ids={self.tok.eos_id}):
-            if tok_id == self.tok.eos_id:
+        for tok_id, probs in self.gen.generate(ids, settings, stop_ids=end_ids):
+            if tok_id in end_ids:
                 break
             top = np.argsort(-probs)[:5]
             piece = ChatPiece(decoder.feed(tok_id), tok_id, float(probs[tok_id]),

@@ -148,12 +148,29 @@ def encode_dialogue(tokenizer: TokenizerLike, dialogue) -> tuple[list[int], list
         ``(ids, loss_mask)``, equal lengths; the mask is 1 on answer tokens and the EOS after each answer.
         Special-token text inside the contents is tokenized as plain text, never as special ids.
     """
+    if uses_file_template(tokenizer):
+        from core.chat_template import dialogue_messages, encode_messages
+
+        return encode_messages(tokenizer, dialogue_messages(dialogue.turns, getattr(dialogue, "system", None)))
     return _encode_segments(tokenizer, render_segments(dialogue.turns, getattr(dialogue, "system", None)))
 
 
 def encode_fact(tokenizer: TokenizerLike, text: str) -> list[int]:
-    """``[BOS] + encode(text) + [EOS]`` for a pretraining fact (special-token text stays plain text)."""
+    """``[BOS] + encode(text) + [EOS]`` for a pretraining fact (special-token text stays plain text).
+
+    A model imported from a GGUF file (``tokenizer.add_bos`` exists) gets BOS / EOS as its file's
+    ``add_bos_token`` / ``add_eos_token`` say, as llama.cpp tokenizes plain text.
+    """
+    if hasattr(tokenizer, "add_bos"):
+        return tokenizer.encode(text, parse_special=False, add_special=True)
     return [tokenizer.bos_id, *tokenizer.encode(text, parse_special=False), tokenizer.eos_id]
+
+
+def fact_prompt_ids(tokenizer: TokenizerLike, prefix: str) -> list[int]:
+    """Ids that start a fact (``[BOS] + encode(prefix)``, or as the imported file says), for recall."""
+    if hasattr(tokenizer, "add_bos"):
+        return ([tokenizer.bos_id] if tokenizer.add_bos else []) + tokenizer.encode(prefix, parse_special=False)
+    return [tokenizer.bos_id, *tokenizer.encode(prefix, parse_special=False)]
 
 
 def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], user_message: str,
@@ -165,9 +182,32 @@ def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], use
         user_message: the new user message.
         system: optional system message.
     """
+    if uses_file_template(tokenizer):
+        from core.chat_template import dialogue_messages, encode_messages
+
+        return encode_messages(tokenizer, dialogue_messages(history, system, user_message), True)[0]
     segs = render_segments(history, system, add_generation_prompt_for=user_message)
     ids, _ = _encode_segments(tokenizer, segs)
     return ids
+
+
+def uses_file_template(tokenizer) -> bool:
+    """True for a model imported from a GGUF file that has its own ``tokenizer.chat_template``: its
+    dialogues are rendered with that template (core.chat_template), not with this module's format."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def stop_ids(tokenizer) -> set[int]:
+    """Token ids that end an answer: EOS, and for an imported model every end-of-generation token."""
+    return set(getattr(tokenizer, "eog_ids", ())) | {tokenizer.eos_id}
+
+
+def stop_strings(tokenizer) -> list[str]:
+    """Texts that end an answer besides the stop ids (this format's next ``User:`` turn; none for a
+    model with its own template, whose turns end with a token)."""
+    if uses_file_template(tokenizer):
+        return []
+    return [s for s in STOP_STRINGS if s != EOS_TOKEN]
 
 
 # HF / llama.cpp chat template (Jinja2). Renders exactly what render_text() renders for

@@ -36,6 +36,7 @@ from core import __version__
 from core.atomic import atomic_write, readable_folder, recover_folder, replace_folder
 from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
+from core.loaded import LoadedModel
 from core.tokenizer import Tokenizer
 
 FORMAT = "opencl-llm-studio-checkpoint"
@@ -46,6 +47,9 @@ STAGE_NAMES = ("pretrain", "tune")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 MAX_ARRAYS_BYTES = 8 << 30
+BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
+"""Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
+writes back (general.* keys, the file's context length, its name)."""
 
 
 class CheckpointError(ValueError):
@@ -144,10 +148,14 @@ def _train_config(d) -> TrainConfig:
         if stage not in d:
             raise _FieldError(f"train.{stage}", "is missing")
     kw = {stage: _stage(d[stage], f"train.{stage}") for stage in STAGE_NAMES}
+    flags = {f.name for f in fields(TrainConfig) if isinstance(f.default, bool)}  # e.g. freeze_embeddings
     names = {f.name for f in fields(TrainConfig)} - set(STAGE_NAMES)
     for k in names & d.keys():
         v = d[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if k in flags:
+            if not isinstance(v, bool):
+                raise _FieldError(f"train.{k}", f"must be true or false, got {_kind(v)}")
+        elif not isinstance(v, (int, float)) or isinstance(v, bool):
             raise _FieldError(f"train.{k}", f"must be a number, got {_kind(v)}")
         kw[k] = v
     try:
@@ -172,6 +180,9 @@ class CheckpointMeta:
         previous_dataset_hashes: earlier datasets of this run (resumed with ``allow_new_data``).
         last_loss: loss of the last good step in nats/token (NaN before the first one).
         saved: local time of the save, ISO 8601.
+        base: for a model fine-tuned from a GGUF file, what its export writes back (keys
+            :data:`BASE_META_KEYS`: the base file's path, ``general.*`` keys, context length, name);
+            empty for a model trained from scratch.
         app_version: the app that wrote it.
         version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
     """
@@ -186,6 +197,7 @@ class CheckpointMeta:
     previous_dataset_hashes: tuple[str, ...] = ()
     last_loss: float = float("nan")
     saved: str = ""
+    base: dict = field(default_factory=dict)
     app_version: str = __version__
     version: int = FORMAT_VERSION
 
@@ -226,7 +238,7 @@ class CheckpointMeta:
                 "tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash,
                 "previous_dataset_hashes": list(self.previous_dataset_hashes),
                 "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
-                "saved": self.saved}
+                "saved": self.saved, "base": dict(self.base)}
 
     def to_json(self) -> str:
         """config.json's text (indented JSON, no NaN literals)."""
@@ -265,10 +277,14 @@ class CheckpointMeta:
             prev = d.get("previous_dataset_hashes", [])
             if not isinstance(prev, list) or not all(isinstance(h, str) for h in prev):
                 raise _FieldError("previous_dataset_hashes", "must be a list of strings")
+            base = d.get("base", {})
+            if not isinstance(base, dict):
+                raise _FieldError("base", f"must be an object, got {_kind(base)}")
+            base = {k: v for k, v in base.items() if k in BASE_META_KEYS}
             return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
                        adam_step=adam_step, tokenizer_hash=_str(d, "tokenizer_hash", ""),
                        dataset_hash=_str(d, "dataset_hash", ""), previous_dataset_hashes=tuple(prev),
-                       last_loss=float(loss), saved=_str(d, "saved", ""), app_version=_str(d, "app_version", ""),
+                       last_loss=float(loss), saved=_str(d, "saved", ""), base=base, app_version=_str(d, "app_version", ""),
                        version=version)
         except _FieldError as e:
             raise CheckpointError(f"{path}: {e}") from None
@@ -399,7 +415,7 @@ def trainer_meta(trainer) -> CheckpointMeta:
                           stage_step=trainer.stage_step, adam_step=trainer.model.adam_step,
                           dataset_hash=trainer.dataset_hash,
                           previous_dataset_hashes=tuple(getattr(trainer, "previous_dataset_hashes", ())),
-                          last_loss=float(trainer.last_loss))
+                          last_loss=float(trainer.last_loss), base=dict(getattr(trainer, "base_meta", {})))
 
 
 def save_trainer(trainer, directory: str | os.PathLike) -> Path:
@@ -410,24 +426,6 @@ def save_trainer(trainer, directory: str | os.PathLike) -> Path:
 
 
 # ------------------------------------------------------------------------------------ loading
-@dataclass
-class LoadedModel:
-    """A model read from disk: config, tokenizer, weights, and whatever metadata came with it.
-
-    Attributes:
-        meta: for a GGUF file, what :func:`core.gguf_io.import_gguf` read (``format`` "gguf", ...);
-            empty for a checkpoint.
-        checkpoint: a checkpoint folder's :class:`CheckpointMeta` (None for a GGUF).
-    """
-
-    config: ModelConfig
-    tokenizer: Tokenizer
-    weights: dict[str, np.ndarray]
-    meta: dict
-    path: Path
-    checkpoint: CheckpointMeta | None = field(default=None)
-
-
 def _prepare(directory: str | os.PathLike) -> Path:
     """Recover an interrupted save (only when no process, this one included, holds the folder: a holder
     may be saving right now, and recovers by itself before it saves) and return the folder to read."""
@@ -488,7 +486,9 @@ def _load_folder(d: Path, directory: Path) -> LoadedModel:
         raise CheckpointError(f"{tok_path}: does not belong to this checkpoint (its hash differs from "
                               "config.json's tokenizer_hash)")
     try:
-        tok = Tokenizer.from_json(text)
+        from core.gguf_tokenizer import tokenizer_from_json  # ours, or an imported GGUF file's vocabulary
+
+        tok = tokenizer_from_json(text)
     except Exception as e:  # the tokenizers library raises its own exception types
         raise CheckpointError(f"{tok_path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if tok.vocab_size != meta.model.vocab_size:
@@ -497,7 +497,7 @@ def _load_folder(d: Path, directory: Path) -> LoadedModel:
     weights = _read_arrays(d / "weights.npz")
     _check_tensors(d / "weights.npz", weights, meta.model)
     _check_loaded_finite(d / "weights.npz", weights)
-    return LoadedModel(meta.model, tok, weights, {}, directory, meta)
+    return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
 
 
 def _is_gguf(p: Path) -> bool:
@@ -632,6 +632,7 @@ def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConf
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
     trainer.last_loss = meta.last_loss
     trainer.previous_dataset_hashes = previous
+    trainer.base_meta = dict(meta.base)
     return trainer
 
 

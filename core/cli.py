@@ -42,6 +42,8 @@ def _configs(args):
                "rope_theta": args.rope_theta}
     mc = replace(mc, **{k: v for k, v in mfields.items() if v is not None})
     pre, tune = tc.pretrain, tc.tune
+    if getattr(args, "steps", None) is not None:
+        pre, tune = replace(pre, steps=args.steps), replace(tune, steps=args.steps)
     if args.pretrain_steps is not None:
         pre = replace(pre, steps=args.pretrain_steps)
     if args.tune_steps is not None:
@@ -53,7 +55,9 @@ def _configs(args):
     if args.batch_size is not None:
         pre, tune = replace(pre, batch_size=args.batch_size), replace(tune, batch_size=args.batch_size)
     tfields = {"seed": args.seed, "replay_share": args.replay_share, "grad_clip": args.grad_clip,
-               "weight_decay": args.weight_decay, "vocab_size": args.vocab_size}
+               "weight_decay": args.weight_decay, "vocab_size": args.vocab_size,
+               "grad_accum": getattr(args, "grad_accum", None),
+               "freeze_embeddings": True if getattr(args, "freeze_embeddings", False) else None}
     tc = replace(tc, pretrain=pre, tune=tune, **{k: v for k, v in tfields.items() if v is not None})
     return mc, tc
 
@@ -148,6 +152,49 @@ def _load_data(path: str):
     return dataset
 
 
+def _base_setup(args):
+    """Base model, its config, TrainConfig and kept keys for ``train --base FILE`` (core.finetune)."""
+    from core.finetune import default_train_config, load_base
+
+    shape = [f"--{n.replace('_', '-')}" for n in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
+                                                  "rope_theta", "vocab_size") if getattr(args, n) is not None]
+    if shape or args.preset:
+        raise ValueError(f"{', '.join(shape + (['--preset'] if args.preset else []))}: the --base model fixes "
+                         "the architecture and vocabulary")
+    base, mc, base_meta = load_base(args.base, args.context_length)
+    tc = default_train_config(args.steps, None, args.batch_size, grad_accum=args.grad_accum or 1,
+                              freeze_embeddings=bool(args.freeze_embeddings),
+                              **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip", "weight_decay")
+                                 if getattr(args, k) is not None})
+    from core.config import replace
+
+    pre, tune = tc.pretrain, tc.tune
+    for name, field, value in (("pre", "steps", args.pretrain_steps), ("tune", "steps", args.tune_steps),
+                               ("pre", "lr", args.pretrain_lr), ("tune", "lr", args.tune_lr)):
+        if value is not None:
+            if name == "pre":
+                pre = replace(pre, **{field: value})
+            else:
+                tune = replace(tune, **{field: value})
+    return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
+
+
+def _print_memory(dev, mc, tc) -> None:
+    from core.estimates import training_memory_bytes
+
+    b = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
+    have = dev.global_mem_size
+    print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
+          f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
+          f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
+    if need > 0.9 * have:
+        lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
+        raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
+                         f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
+                         "(or lower --context-length / --batch-size)")
+
+
 def cmd_train(args) -> int:
     from core.folder_lock import FolderBusyError, FolderLock
 
@@ -172,14 +219,20 @@ def _train(args, out: Path) -> int:
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
     from core.config import ConfigError
     from core.dataset import default_dataset
     from core.device import open_device
     from core.trainer import LogEvent, StageFinished, StageReport, StepReport, Trainer, TrainingDiverged
 
+    base = None
     try:
-        if args.resume:
+        if args.base and args.resume:
+            raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
+        if args.base:
+            base, mc, tc, base_meta = _base_setup(args)
+        elif args.resume:
             saved = load_checkpoint(args.resume).checkpoint
             tc = _resume_config(args, saved.train)
         else:
@@ -190,6 +243,8 @@ def _train(args, out: Path) -> int:
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
+    if base is not None or not args.resume:
+        _print_memory(dev, mc, tc)
     if args.resume:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
@@ -202,7 +257,14 @@ def _train(args, out: Path) -> int:
     else:
         dataset = new_data or default_dataset()
         print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
-        trainer = Trainer(dataset, mc, tc, dev)
+        if base is not None:
+            print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
+                  f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
+            from core.finetune import base_trainer
+
+            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev)
+        else:
+            trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
           f"vocab {c.vocab_size}, context {c.context_length})")
@@ -299,7 +361,7 @@ def cmd_export(args) -> int:
 
         if args.dtype not in (None, "f32") or args.modelfile:
             return _fail("--format hf writes float32 weights only; --dtype and --modelfile are for GGUF")
-        folder = export_hf(args.model, args.out)
+        folder = export_hf(load_model(args.model), args.out)
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
     args.dtype = args.dtype or "f32"
@@ -316,8 +378,72 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- compare
+def cmd_compare(args) -> int:
+    """Greedy answers of a base model and a model fine-tuned from it, side by side."""
+    from core.checkpoint import load_model
+    from core.device import open_device
+    from core.finetune import before_after
+
+    tuned = load_model(args.model)
+    base_path = args.base or (tuned.meta or {}).get("base_model")
+    if not base_path:
+        return _fail(f"{args.model}: not fine-tuned from a base model; give --base")
+    base = load_model(base_path)
+    if base.config.param_shapes() != tuned.config.param_shapes():
+        return _fail(f"{base_path} and {args.model} have different architectures")
+    from core.dataset import Dataset, load_dataset
+
+    dataset = Dataset()
+    if args.data:
+        dataset, _ = load_dataset(args.data)
+    elif (Path(args.model) / "dataset.json").is_file():
+        dataset, _ = load_dataset(Path(args.model) / "dataset.json")
+    dev = open_device(args.device)
+    for kind, q, want, before, after in before_after(dev, base.weights, tuned.weights, tuned.config,
+                                                     tuned.tokenizer, dataset, max_tokens=args.max_tokens):
+        print(f"[{kind}] {q}" + (f"  (taught: {want})" if want else ""))
+        print(f"  before: {before}")
+        print(f"  after:  {after}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- tokenize
+def cmd_tokenize(args) -> int:
+    """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
+    BOS/EOS rule applies and special-token text is parsed)."""
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            return _fail(f"{args.file}: not UTF-8 text ({e})")
+    elif args.text is not None:
+        text = args.text
+    else:
+        return _fail("give the TEXT to tokenize or --file FILE")
+    model = Path(args.model)
+    if model.is_file() and model.suffix.lower() == ".gguf":
+        from core.gguf_import import read_vocab
+        from core.gguf_tokenizer import GGUFTokenizer
+
+        tok = GGUFTokenizer(read_vocab(model))
+        ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
+    else:
+        from core.checkpoint import load_model
+
+        tok = load_model(model).tokenizer
+        if hasattr(tok, "add_bos"):  # a checkpoint fine-tuned from a GGUF keeps that file's tokenizer
+            ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
+        else:  # our own models: texts start with BOS (the GGUF export says add_bos_token true)
+            ids = ([] if args.no_bos else [tok.bos_id]) + tok.encode(text, parse_special=not args.no_parse_special)
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    from core.finetune import DEFAULTS as FT
+
     p = argparse.ArgumentParser(prog="opencl-llm", description="Train, chat with and export small llama-style "
                                 "language models on any OpenCL device.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -342,6 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
                       ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),
                       ("replay-share", float), ("grad-clip", float), ("weight-decay", float), ("vocab-size", int)):
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
+    s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
+                   "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
+                   f"chat template; defaults: {FT['steps']} steps per stage, lr {FT['lr']:g}, "
+                   f"batch {FT['batch_size']}, context {FT['context_length']}")
+    s.add_argument("--steps", type=int, help="steps of each stage (--pretrain-steps / --tune-steps override)")
+    s.add_argument("--grad-accum", type=int, help="split each batch into N micro-batches (less memory, same step)")
+    s.add_argument("--freeze-embeddings", action="store_true", help="do not train the token embeddings "
+                   "(saves three copies of them: for large vocabularies on small devices)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_train)
 
@@ -372,10 +506,30 @@ def build_parser() -> argparse.ArgumentParser:
                    "a transformers LlamaForCausalLM folder (config.json, model.safetensors, tokenizer)")
     s.add_argument("--out", required=True, help="the .gguf file to write (or a folder to write it into); with "
                    "--format hf, the folder to write")
-    s.add_argument("--dtype", default=None, choices=["f32", "f16", "q8_0"], help="GGUF only. f32: exact (default); "
-                   "f16: half the size; q8_0: about a quarter, slightly less exact")
+    s.add_argument("--dtype", default=None, choices=["f32", "f16", "q8_0", "q4_0"], help="GGUF only. f32: exact "
+                   "(default); f16: half the size; q8_0: about a quarter, slightly less exact; q4_0: about an "
+                   "eighth, noticeably less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("compare", help="base vs fine-tuned answers", description="Greedy answers of the base "
+                       "model and the fine-tuned one to every dataset question and a few general ones.")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help="the fine-tuned checkpoint folder or .gguf")
+    s.add_argument("--base", help="the base model (default: the one the checkpoint was fine-tuned from)")
+    s.add_argument("--data", help="dataset whose questions to ask (default: the checkpoint's)")
+    s.add_argument("--device", help="device index or name")
+    s.add_argument("--max-tokens", type=int, default=48, help="longest answer in tokens")
+    s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("tokenize", help="print the token ids of a text", description="Print the token ids of a "
+                       "text, one per line, as llama.cpp tokenizes it for the model (BOS/EOS as the model says, "
+                       "special-token text parsed).")
+    s.add_argument("text", nargs="?", help="the text (or use --file)")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder or .gguf (default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--file", help="read the text from this UTF-8 file")
+    s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the model asks for them")
+    s.add_argument("--no-parse-special", action="store_true", help="tokenize special-token text as plain text")
+    s.set_defaults(func=cmd_tokenize)
     return p
 
 

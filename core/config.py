@@ -45,8 +45,8 @@ class ModelConfig:
         context_length: longest sequence in tokens.
         rope_theta: RoPE base frequency (GGUF ``rope.freq_base``).
         norm_eps: RMSNorm epsilon (GGUF ``attention.layer_norm_rms_epsilon``).
-        tie_embeddings: the output projection is ``token_embd.weight`` (no ``output.weight``), as in
-            HF ``tie_word_embeddings``; llama.cpp reads a GGUF without ``output.weight`` the same way.
+        tie_embeddings: the output projection is ``token_embd.weight`` itself (no ``output.weight``),
+            as in SmolLM2 and other small models; its gradient adds into the embedding's.
     """
 
     vocab_size: int = 1024
@@ -89,12 +89,17 @@ class ModelConfig:
         """Width of the K and V projections: n_kv_heads * head_dim."""
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def output_weight(self) -> str:
+        """Name of the tensor used as the output projection (``token_embd.weight`` when tied)."""
+        return "token_embd.weight" if self.tie_embeddings else "output.weight"
+
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Parameter names (llama.cpp's GGUF tensor names) and numpy shapes, in storage order.
 
         Matrices come first and the RMSNorm weights last, so weight decay applies to one
-        contiguous range. Linear weights are (out_features, in_features). With ``tie_embeddings``
-        there is no ``output.weight``: the logits use ``token_embd.weight``.
+        contiguous range. Linear weights are (out_features, in_features). With
+        ``tie_embeddings`` there is no ``output.weight``.
         """
         d, f, kv = self.d_model, self.ffn_dim, self.kv_dim
         mats = [("token_embd.weight", (self.vocab_size, d))]
@@ -173,6 +178,10 @@ class TrainConfig:
         beta1, beta2, adam_eps: AdamW moments.
         seed: seeds initialisation and batch sampling.
         vocab_size: target size of the BPE vocabulary trained on the dataset.
+        grad_accum: micro-batches per optimizer step (each of ``batch_size / grad_accum``
+            sequences): the same step with less device memory.
+        freeze_embeddings: do not train ``token_embd.weight`` (no gradient, no AdamW moments: less
+            memory; for fine-tuning a large-vocabulary model on a small device).
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -185,6 +194,8 @@ class TrainConfig:
     adam_eps: float = 1e-8
     seed: int = 0
     vocab_size: int = 1024
+    grad_accum: int = 1
+    freeze_embeddings: bool = False
 
     def __post_init__(self):
         self.pretrain.validate("pretrain")
@@ -200,6 +211,13 @@ class TrainConfig:
         _positive_float("adam_eps", self.adam_eps)
         _positive_int("seed", self.seed, 0)
         _positive_int("vocab_size", self.vocab_size, 260)
+        _positive_int("grad_accum", self.grad_accum)
+        for st, prefix in ((self.pretrain, "pretrain"), (self.tune, "tune")):
+            if self.grad_accum > st.batch_size:
+                raise ConfigError("grad_accum", f"{self.grad_accum} micro-batches do not fit a {prefix} batch of "
+                                                f"{st.batch_size} sequences")
+        if not isinstance(self.freeze_embeddings, bool):
+            raise ConfigError("freeze_embeddings", f"must be true or false, got {self.freeze_embeddings!r}")
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""

@@ -13,20 +13,23 @@ from dataclasses import dataclass
 from core.config import ModelConfig
 
 # Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
-GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0}
+GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.0 / 32.0}
 
 
-def training_memory_bytes(config: ModelConfig, batch_size: int) -> int:
+def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int = 1,
+                          freeze_embeddings: bool = False) -> int:
     """Device memory of a training run in bytes (4-byte elements everywhere).
 
-    Weights, gradients and AdamW m and v (16 bytes per parameter) plus every activation buffer
-    :class:`core.model.Model` allocates for ``batch_size x context_length`` tokens
-    (:func:`core.model.activation_sizes`).
+    Weights, gradients and AdamW m and v (16 bytes per parameter; 4 for a frozen embedding) plus
+    every activation buffer :class:`core.model.Model` allocates for one micro-batch of
+    ``ceil(batch_size / grad_accum) x context_length`` tokens (:func:`core.model.activation_sizes`).
     """
     from core.model import activation_sizes
 
-    acts = activation_sizes(config, batch_size, config.context_length, training=True)
-    return 4 * (4 * config.n_params() + sum(sum(v) for v in acts.values()))
+    micro = -(-batch_size // max(1, grad_accum))
+    acts = activation_sizes(config, micro, config.context_length, training=True)
+    frozen = config.vocab_size * config.d_model if freeze_embeddings else 0
+    return 4 * (4 * config.n_params() - 3 * frozen + sum(sum(v) for v in acts.values()))
 
 
 def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
@@ -41,7 +44,7 @@ def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
         count = math.prod(shape)
         if len(shape) == 1:
             size += count * 4.0
-        elif dtype.lower() == "q8_0" and shape[-1] % 32:
+        elif dtype.lower() in ("q8_0", "q4_0") and shape[-1] % 32:
             size += count * GGUF_BYTES_PER_VALUE["f16"]
         else:
             size += count * per

@@ -14,7 +14,7 @@ import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, output_name, param_layout
+from core.model import Ops, param_layout
 from core.params import TensorStore
 
 
@@ -187,7 +187,7 @@ class Generator:
             o.matmul(self.tmp, self.h, w("ffn_down"), t, d, f, trans_b=True)
             o.residual.forward(self.x, self.x_mid, self.tmp, t * d)
         o.rmsnorm.forward(self.h_norm, self.rstd, self.x, p["output_norm.weight"], t, d, c.norm_eps)
-        o.matmul(self.logits, self.h_norm, p[output_name(c)], 1, c.vocab_size, d, trans_b=True,
+        o.matmul(self.logits, self.h_norm, p[c.output_weight], 1, c.vocab_size, d, trans_b=True,
                  a_offset=(t - 1) * d)
         self.n_past += t
         return self.dev.download(self.logits, (c.vocab_size,))

@@ -1,4 +1,5 @@
-"""GGUF export and import (llama.cpp's ``llama`` architecture), through gguf-py's writer and reader.
+"""GGUF export (llama.cpp's ``llama`` architecture), through gguf-py's writer and reader. The import
+side lives in :mod:`core.gguf_import` (``import_gguf``, ``read_fields`` and ``GGUFError`` are re-exported).
 
 The model already computes llama.cpp's ``llama`` graph with ggml's "normal" RoPE (adjacent pairs), its
 tensors carry llama.cpp's GGUF names and linear weights are stored (out, in) row-major, as GGUF
@@ -6,16 +7,19 @@ stores them. So export writes the arrays as they are: no Q/K permutation, no tra
 
 What goes into the file:
 
-- ``general.*``: architecture ``llama``, name, file type (ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q8_0 = 7).
+- ``general.*``: architecture ``llama``, name, file type (ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q4_0 = 2,
+  MOSTLY_Q8_0 = 7).
 - ``llama.*``: every hyperparameter llama.cpp reads for ``llama`` (context, widths, heads, RoPE base
   and dimension count, RMSNorm epsilon, vocab size).
 - ``tokenizer.*``: ``gpt2`` BPE with pre-tokenizer ``gpt-2`` (llama.cpp's name for the GPT-2 regex our
   ``ByteLevel`` pre-tokenizer uses), tokens, token types (specials CONTROL, the rest NORMAL), merges,
   BOS/EOS/PAD ids, ``add_bos_token`` True and ``add_eos_token`` False, and
-  :data:`core.chat_format.CHAT_TEMPLATE`.
+  :data:`core.chat_format.CHAT_TEMPLATE`. A model imported from another file (its tokenizer a
+  :class:`core.gguf_tokenizer.GGUFTokenizer`) gets that file's tokenizer keys, chat template, text
+  ``general.*`` keys and ``context_length`` back; tied embeddings are written without ``output.weight``.
 - ``opencl_llm_studio.*``: our training facts (steps, final loss, dataset hash, dates, app version).
-- Tensors in F32, F16 or Q8_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them); a
-  matrix whose rows are not a multiple of 32 cannot be Q8_0 and is written F16 instead (or F32 when
+- Tensors in F32, F16, Q8_0 or Q4_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them);
+  a matrix whose rows are not a multiple of 32 cannot be Q8_0/Q4_0 and is written F16 instead (or F32 when
   F16 would overflow); :attr:`ExportResult.notes` says which.
 
 Export refuses non-finite weights and inconsistent shapes (:class:`GGUFError`), writes to a temporary
@@ -39,7 +43,8 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.atomic import file_op, fsync_folder
-from core.config import ConfigError, ModelConfig
+from core.config import ModelConfig
+from core.gguf_import import GGUFError, import_gguf, read_fields  # noqa: F401  (the import side, re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +55,9 @@ META_PREFIX = "opencl_llm_studio."
 DATE_KEYS = (META_PREFIX + "export_date", META_PREFIX + "training.date")
 """Keys whose values are dates: they differ between two exports of the same model."""
 
-DTYPES = ("f32", "f16", "q8_0")
+DTYPES = ("f32", "f16", "q8_0", "q4_0")
 Q8_0_BLOCK = 32
 F16_MAX = 65504.0
-
-
-class GGUFError(ValueError):
-    """A model cannot be exported to GGUF, or a GGUF file cannot be loaded (with the reason)."""
 
 
 @dataclass(frozen=True)
@@ -129,14 +130,15 @@ def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]):
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or dtype == "f32":
         return w, T.F32
-    if dtype == "q8_0":
-        if w.shape[-1] % Q8_0_BLOCK == 0:
-            return gguf.quants.quantize(w, T.Q8_0), T.Q8_0
+    if dtype in ("q8_0", "q4_0"):
+        qt = T.Q8_0 if dtype == "q8_0" else T.Q4_0
+        if w.shape[-1] % Q8_0_BLOCK == 0:  # Q4_0 has blocks of 32 too
+            return gguf.quants.quantize(w, qt), qt
         why = f"rows of {w.shape[-1]} values are not a multiple of {Q8_0_BLOCK}"
         if np.abs(w).max(initial=0.0) <= F16_MAX:
-            notes.append(f"{name}: written as F16, not Q8_0 ({why})")
+            notes.append(f"{name}: written as F16, not {qt.name} ({why})")
             return w.astype(np.float16), T.F16
-        notes.append(f"{name}: written as F32, not Q8_0 ({why}, and values exceed the F16 range)")
+        notes.append(f"{name}: written as F32, not {qt.name} ({why}, and values exceed the F16 range)")
         return w, T.F32
     # f16
     if np.abs(w).max(initial=0.0) > F16_MAX:
@@ -183,16 +185,11 @@ def _field_value(f) -> Any:
     main = f.types[0]
     if main == T.ARRAY:
         if f.types[-1] == T.STRING:
-            return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
         return [v for i in f.data for v in f.parts[i].tolist()]
     if main == T.STRING:
         return bytes(f.parts[-1]).decode("utf-8")
     return f.parts[-1].tolist()[0]
-
-
-def _f32_to_float(v: float) -> float:
-    """The shortest decimal that rounds to the same float32 (1e-5 read back as 1e-05, not 9.99999974e-06)."""
-    return float(str(np.float32(v)))
 
 
 def _fields(reader) -> dict[str, tuple[Any, int]]:
@@ -206,9 +203,9 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     """Write a model as a GGUF file for llama.cpp, Ollama and LM Studio.
 
     Args:
-        loaded: a :class:`core.checkpoint.LoadedModel` (from a checkpoint or a GGUF).
+        loaded: a :class:`core.loaded.LoadedModel` (from a checkpoint or a GGUF).
         out_path: the ``.gguf`` file to write (replaced atomically if it exists).
-        dtype: ``"f32"``, ``"f16"`` or ``"q8_0"`` for the matrices (norm weights stay F32).
+        dtype: ``"f32"``, ``"f16"``, ``"q8_0"`` or ``"q4_0"`` for the matrices (norm weights stay F32).
         modelfile: also write an Ollama Modelfile ``<stem>.Modelfile`` next to the file.
         name: ``general.name``; default: the GGUF's own name when ``loaded`` came from one, else the
             file name without extension.
@@ -234,12 +231,16 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
     _check_model(loaded)
     c, tok = loaded.config, loaded.tokenizer
 
+    foreign = getattr(tok, "vocab", None)  # a core.gguf_tokenizer.GGUFTokenizer: the imported file's vocabulary
     tokens, merges = tok.tokens(), tok.merges()
-    if not merges:
+    if not merges and foreign is None:
         raise GGUFError("the tokenizer has no merges (its vocabulary is only bytes); llama.cpp cannot load a "
                         "BPE vocabulary without merges — train on more text or with a larger vocabulary")
-    specials = set(tok.special_ids())
-    types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    if foreign is not None:
+        types = list(foreign.types)
+    else:
+        specials = set(tok.special_ids())
+        types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
 
     notes: list[str] = []
     plan = []  # (name, numpy shape, array written, ggml type, original float32)
@@ -251,7 +252,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         log.warning("%s", n)
 
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[dtype]
     if name is None:
         name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
     name = name or out.stem
@@ -275,7 +276,8 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         hp = [("general.name", name, writer.add_name),
               ("general.file_type", int(file_type), writer.add_file_type),
               (f"{ARCH}.vocab_size", c.vocab_size, writer.add_vocab_size),
-              (f"{ARCH}.context_length", c.context_length, writer.add_context_length),
+              (f"{ARCH}.context_length", int((loaded.meta or {}).get("gguf_context_length") or c.context_length),
+               writer.add_context_length),
               (f"{ARCH}.embedding_length", c.d_model, writer.add_embedding_length),
               (f"{ARCH}.block_count", c.n_layers, writer.add_block_count),
               (f"{ARCH}.feed_forward_length", c.ffn_dim, writer.add_feed_forward_length),
@@ -284,29 +286,36 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
               (f"{ARCH}.rope.dimension_count", c.head_dim, writer.add_rope_dimension_count),
               (f"{ARCH}.rope.freq_base", float(c.rope_theta), writer.add_rope_freq_base),
               (f"{ARCH}.attention.layer_norm_rms_epsilon", float(c.norm_eps), writer.add_layer_norm_rms_eps)]
-        if dtype == "q8_0":
+        if dtype in ("q8_0", "q4_0"):
             hp.append(("general.quantization_version", gguf.GGML_QUANT_VERSION, writer.add_quantization_version))
         for key, value, add in hp:
             log.info("gguf: %s = %r", key, value)
             add(value)
-        log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens), len(merges))
-        writer.add_tokenizer_model(TOKENIZER_MODEL)
-        writer.add_tokenizer_pre(TOKENIZER_PRE)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        writer.add_bos_token_id(tok.bos_id)
-        writer.add_eos_token_id(tok.eos_id)
-        writer.add_pad_token_id(tok.pad_id)
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(chat_format.CHAT_TEMPLATE)
+        for key, value in ((meta_general := (loaded.meta or {}).get("gguf_general")) or {}).items():
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY if isinstance(value, list)
+                                 else gguf.GGUFValueType.STRING, sub_type=gguf.GGUFValueType.STRING
+                                 if isinstance(value, list) else None)
+        if foreign is not None:  # the imported file's own tokenizer, written back as it came
+            _write_vocab(writer, foreign)
+        else:
+            log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens), len(merges))
+            writer.add_tokenizer_model(TOKENIZER_MODEL)
+            writer.add_tokenizer_pre(TOKENIZER_PRE)
+            writer.add_token_list(tokens)
+            writer.add_token_types(types)
+            writer.add_token_merges(merges)
+            writer.add_bos_token_id(tok.bos_id)
+            writer.add_eos_token_id(tok.eos_id)
+            writer.add_pad_token_id(tok.pad_id)
+            writer.add_add_bos_token(True)
+            writer.add_add_eos_token(False)
+            writer.add_chat_template(chat_format.CHAT_TEMPLATE)
         for key, value in facts.items():
             v, vt = _meta_value(value)
             log.info("gguf: %s = %r", key, v)
             writer.add_key_value(key, v, vt)
         for tname, _shape, data, qtype, _w in plan:
-            writer.add_tensor(tname, data, raw_dtype=qtype if qtype == T.Q8_0 else None)
+            writer.add_tensor(tname, data, raw_dtype=qtype if qtype in (T.Q8_0, T.Q4_0) else None)
         expected_kv = {k: (v.value, int(v.type)) for k, v in writer.kv_data[0].items()}
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()
@@ -335,10 +344,34 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
         raise
 
-    mf = _write_modelfile(out, c) if modelfile else None
+    mf = _write_modelfile(out, c, ours=foreign is None) if modelfile else None
     size = out.stat().st_size
     log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
     return ExportResult(out, size, mf, tuple(notes))
+
+
+def _write_vocab(writer, v) -> None:
+    """Write a :class:`core.gguf_tokenizer.GGUFVocab` (an imported file's tokenizer keys)."""
+    log.info("gguf: tokenizer %s/%s, %d tokens, %d merges (from the imported file)", v.model, v.pre,
+             len(v.tokens), len(v.merges))
+    writer.add_tokenizer_model(v.model)
+    if v.pre:
+        writer.add_tokenizer_pre(v.pre)
+    writer.add_token_list(list(v.tokens))
+    writer.add_token_types(list(v.types))
+    if v.scores:
+        writer.add_token_scores(list(v.scores))
+    if v.merges:
+        writer.add_token_merges(list(v.merges))
+    for value, add in ((v.bos_id, writer.add_bos_token_id), (v.eos_id, writer.add_eos_token_id),
+                       (v.unk_id, writer.add_unk_token_id), (v.pad_id, writer.add_pad_token_id)):
+        if value is not None:
+            add(value)
+    writer.add_add_bos_token(v.add_bos)
+    writer.add_add_eos_token(v.add_eos)
+    writer.add_add_space_prefix(v.add_space_prefix)
+    if v.chat_template:
+        writer.add_chat_template(v.chat_template)
 
 
 def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
@@ -360,7 +393,8 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
             if vtype == int(gguf.GGUFValueType.FLOAT32):
                 same = np.float32(gv) == np.float32(value)
             elif isinstance(value, (list, tuple)):
-                same = [int(x) if not isinstance(x, str) else x for x in value] == list(gv)
+                same = [x if isinstance(x, str) else float(np.float32(x)) if isinstance(x, float) else int(x)
+                        for x in value] == list(gv)
             else:
                 same = gv == value
             if not same:
@@ -386,18 +420,23 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
                 ok = np.array_equal(back, w)
             elif qtype == T.F16:
                 ok = np.allclose(back, w, rtol=1e-3, atol=1e-7)
-            else:  # Q8_0: error at most half a step (amax / 127 / 2) per block of 32, plus the fp16 scale
+            else:  # Q8_0: at most half a step (amax / 127 / 2) per block of 32, plus the fp16 scale;
+                # Q4_0 (ggml's quantize_row_q4_0: scale amax / 8, 16 levels): at most one step amax / 8
                 amax = np.abs(w.reshape(-1, Q8_0_BLOCK)).max(axis=1, keepdims=True)
                 err = np.abs(back.reshape(-1, Q8_0_BLOCK) - w.reshape(-1, Q8_0_BLOCK))
-                ok = bool(np.all(err <= amax / 127.0 * 0.51 + 1e-3 * amax + 1e-8))
+                step = amax / 127.0 * 0.51 if qtype == T.Q8_0 else amax / 8.0 * 1.01
+                ok = bool(np.all(err <= step + 1e-3 * amax + 1e-8))
             if not ok:
                 raise GGUFError(f"verification failed: {name} does not dequantize to the model's weights")
     finally:
         del reader  # release the memory map before the file is renamed
 
 
-def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
-    """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically)."""
+def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) -> Path:
+    """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically).
+
+    ``ours=False`` (an imported model with its own chat template): no TEMPLATE or stop lines, Ollama
+    reads the template from the GGUF file."""
     from core.atomic import atomic_write
 
     template = chat_format.OLLAMA_TEMPLATE
@@ -407,8 +446,8 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
         "# Ollama Modelfile written by OpenCL LLM Studio",
         f"# ollama create my-model -f {gguf_path.stem}.Modelfile && ollama run my-model",
         f"FROM ./{gguf_path.name}",
-        f'TEMPLATE """{template}"""',
-        *[f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")],
+        *([f'TEMPLATE """{template}"""'] if ours else []),
+        *([f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")] if ours else []),
         "PARAMETER temperature 0",
         "PARAMETER repeat_penalty 1",
         f"PARAMETER num_ctx {config.context_length}",
@@ -418,130 +457,4 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------- import
-def import_gguf(path: str | os.PathLike):
-    """Load a GGUF file written by this app (``llama`` architecture, ``gpt2``/``gpt-2`` BPE vocabulary).
-
-    Returns:
-        :class:`core.checkpoint.LoadedModel` with float32 weights (dequantized from F16/Q8_0) and
-        ``meta``: ``format`` "gguf", ``name``, ``file_type``, ``tensor_types``, ``chat_template``,
-        ``gguf_studio_keys`` (our ``opencl_llm_studio.*`` keys), and ``dataset_hash`` / ``last_loss`` /
-        ``app_version`` when the file has them.
-
-    Raises:
-        GGUFError: not a GGUF file, another architecture, a tokenizer or tensor type we do not
-            support, missing keys or tensors, inconsistent shapes.
-    """
-    gguf = _gguf()
-    from core.checkpoint import LoadedModel
-    from core.tokenizer import Tokenizer
-
-    p = Path(path)
-    if not p.is_file():
-        raise GGUFError(f"{p}: no such file")
-    try:
-        reader = gguf.GGUFReader(p)
-        kv = _fields(reader)
-    except Exception as e:
-        raise GGUFError(f"{p}: not a readable GGUF file ({e})") from None
-
-    def get(key: str, default: Any = ..., kind: type | tuple = (int, float)) -> Any:
-        if key not in kv:
-            if default is ...:
-                raise GGUFError(f"{p}: required key {key} is missing")
-            return default
-        v = kv[key][0]
-        if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
-            raise GGUFError(f"{p}: key {key} has an unsupported value {str(v)[:60]!r}")
-        return v
-
-    arch = get("general.architecture", kind=str)
-    if arch != ARCH:
-        raise GGUFError(f"{p}: architecture {arch!r} is not supported; this app runs only '{ARCH}' models "
-                        "(GGUF files it exported itself)")
-    tok_model = get("tokenizer.ggml.model", kind=str)
-    tok_pre = get("tokenizer.ggml.pre", "", kind=str)
-    # Another pre-tokenizer (or none, which llama.cpp treats as "default") splits text differently.
-    if tok_model != TOKENIZER_MODEL or tok_pre != TOKENIZER_PRE:
-        raise GGUFError(f"{p}: tokenizer {tok_model!r}/{tok_pre!r} is not supported; this app reads only "
-                        f"byte-level BPE with the GPT-2 pre-tokenizer ('{TOKENIZER_MODEL}'/'{TOKENIZER_PRE}')")
-    for key in (f"{ARCH}.rope.scaling.type",):
-        if key in kv and kv[key][0] not in ("none", ""):
-            raise GGUFError(f"{p}: {key} = {kv[key][0]!r} is not supported")
-    n_heads = get(f"{ARCH}.attention.head_count", kind=int)
-    try:
-        config = ModelConfig(
-            vocab_size=len(get("tokenizer.ggml.tokens", kind=list)),
-            d_model=get(f"{ARCH}.embedding_length", kind=int),
-            n_layers=get(f"{ARCH}.block_count", kind=int),
-            n_heads=n_heads,
-            n_kv_heads=get(f"{ARCH}.attention.head_count_kv", n_heads, kind=int),
-            ffn_dim=get(f"{ARCH}.feed_forward_length", kind=int),
-            context_length=get(f"{ARCH}.context_length", kind=int),
-            rope_theta=_f32_to_float(get(f"{ARCH}.rope.freq_base", 10000.0)),
-            norm_eps=_f32_to_float(get(f"{ARCH}.attention.layer_norm_rms_epsilon")),
-        )
-    except ConfigError as e:
-        raise GGUFError(f"{p}: unsupported hyperparameters ({e})") from None
-    for key in (f"{ARCH}.rope.dimension_count", f"{ARCH}.attention.key_length", f"{ARCH}.attention.value_length"):
-        if key in kv and get(key, kind=int) != config.head_dim:
-            raise GGUFError(f"{p}: {key} = {kv[key][0]} differs from head_dim {config.head_dim}; not supported")
-
-    tokens = get("tokenizer.ggml.tokens", kind=list)
-    if "tokenizer.ggml.merges" not in kv:  # a gpt2 BPE without merges would split every word into bytes
-        raise GGUFError(f"{p}: key tokenizer.ggml.merges is missing; a '{TOKENIZER_MODEL}' BPE vocabulary "
-                        "cannot be used without its merges")
-    merges = get("tokenizer.ggml.merges", [], kind=list)
-    try:
-        tok = Tokenizer.from_vocab(tokens, merges)
-    except ValueError as e:
-        raise GGUFError(f"{p}: its vocabulary cannot be used ({e}); only GGUF files exported by OpenCL LLM "
-                        f"Studio (with {', '.join(chat_format.SPECIAL_TOKENS)}) can be loaded") from None
-    for key, ours in (("tokenizer.ggml.bos_token_id", tok.bos_id), ("tokenizer.ggml.eos_token_id", tok.eos_id)):
-        if key in kv and get(key, kind=int) != ours:
-            raise GGUFError(f"{p}: {key} = {kv[key][0]} is not the id of the app's special token ({ours})")
-
-    shapes = dict(config.param_shapes())
-    weights: dict[str, np.ndarray] = {}
-    tensor_types: dict[str, str] = {}
-    for t in reader.tensors:
-        if t.name not in shapes:
-            raise GGUFError(f"{p}: tensor {t.name!r} is not part of this app's llama model; not supported")
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if shape != shapes[t.name]:
-            raise GGUFError(f"{p}: tensor {t.name} has shape {shape}, expected {shapes[t.name]}")
-        try:
-            w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        except (NotImplementedError, KeyError, ValueError) as e:
-            raise GGUFError(f"{p}: tensor {t.name} has type {t.tensor_type.name}, which cannot be read ({e})") from None
-        weights[t.name] = np.array(w, dtype=np.float32).reshape(shape)  # a copy, detached from the memory map
-        tensor_types[t.name] = t.tensor_type.name
-    if "output.weight" not in weights and "token_embd.weight" in weights:
-        weights["output.weight"] = weights["token_embd.weight"].copy()  # tied embeddings, as llama.cpp does
-        tensor_types["output.weight"] = "tied to token_embd.weight"
-    missing = [n for n in shapes if n not in weights]
-    if missing:
-        raise GGUFError(f"{p}: tensors {missing[:4]} are missing")
-    for n, w in weights.items():
-        if not np.all(np.isfinite(w)):
-            raise GGUFError(f"{p}: tensor {n} contains NaN or infinite values")
-    del reader
-
-    studio = {k: v for k, (v, _t) in kv.items() if k.startswith(META_PREFIX)}
-    meta = {
-        "format": "gguf",
-        "name": kv.get("general.name", (p.stem, 0))[0],
-        "file_type": kv.get("general.file_type", (None, 0))[0],
-        "tensor_types": tensor_types,
-        "chat_template": kv.get("tokenizer.chat_template", (None, 0))[0],
-        "gguf_studio_keys": studio,
-    }
-    for ours, key in (("dataset_hash", "training.dataset_sha256"), ("last_loss", "training.final_loss"),
-                      ("app_version", "training.app_version"), ("adam_step", "training.steps"),
-                      ("saved", "training.date")):
-        if META_PREFIX + key in studio:
-            meta[ours] = studio[META_PREFIX + key]
-    return LoadedModel(config, tok, weights, meta, p)
-
-
-__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "META_PREFIX", "DATE_KEYS"]
+__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX", "DATE_KEYS"]

@@ -34,6 +34,7 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.config import ConfigError, ModelConfig
+from core.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,12 @@ def _prepare_target(out: Path) -> None:
         raise HFError(f"{out.parent}: folder does not exist")
 
 
-def export_hf(model, out_folder: str | os.PathLike) -> Path:
+def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     """Write a model as a Hugging Face ``LlamaForCausalLM`` folder (see the module docstring).
 
     Args:
-        model: a checkpoint folder, ``.gguf`` file or HF folder path (read with
-            :func:`core.checkpoint.load_model`), or a :class:`core.checkpoint.LoadedModel`.
+        model: what :func:`core.checkpoint.load_model` read (a checkpoint folder, ``.gguf`` file or
+            HF folder).
         out_folder: the folder to write; it must not exist, be empty, or hold only an earlier export
             (which is then replaced).
 
@@ -169,10 +170,9 @@ def export_hf(model, out_folder: str | os.PathLike) -> Path:
     """
     from safetensors.numpy import save_file
 
-    from core.checkpoint import load_model
     from core.gguf_io import GGUFError, _check_model
 
-    loaded = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+    loaded = model
     try:
         _check_model(loaded)  # the same checks as the GGUF export: names, shapes, vocabulary, finite values
     except GGUFError as e:
@@ -420,12 +420,11 @@ def load_hf(folder: str | os.PathLike):
 
 
 def load_hf_model(folder: str | os.PathLike):
-    """:func:`load_hf` as a :class:`core.checkpoint.LoadedModel` (for chat and export).
+    """:func:`load_hf` as a :class:`core.loaded.LoadedModel` (for chat and export).
 
     ``meta``: ``format`` "hf", ``name`` (the folder name), ``chat_template`` (the folder's, or None).
     Raises HFError as :func:`load_hf` does.
     """
-    from core.checkpoint import LoadedModel
 
     d = Path(folder)
     config, weights, tok = load_hf(d)

@@ -58,16 +58,12 @@ class Ops:
 def param_layout(dev: Device, config: ModelConfig) -> Layout:
     """The flat layout of the model's parameters (matrices first, norm weights last)."""
     first_norm = "blk.0.attn_norm.weight"
-    return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm)
+    return Layout(config.param_shapes(), layout_align(dev), split_at=first_norm)
 
 
-def output_name(config: ModelConfig) -> str:
-    """The tensor of the logits projection: ``output.weight``, or ``token_embd.weight`` when tied.
-
-    Tied embeddings (issue 13, minimal): forward uses it for the logits; backward accumulates the
-    logits' gradient into ``token_embd``'s before the embedding backward adds the lookup's part.
-    """
-    return "token_embd.weight" if config.tie_embeddings else "output.weight"
+def layout_align(dev: Device) -> int:
+    """Alignment of every tensor in the flat buffers, in float32 elements (the device's base alignment)."""
+    return max(1, dev.base_align_bytes // 4)
 
 
 def init_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -126,15 +122,18 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     return sizes
 
 
-def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True) -> None:
-    """Refuse, before allocating, a model whose buffers the device cannot hold.
+def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
+               frozen: tuple[str, ...] = ()) -> None:
+    """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
+    have no gradient and no AdamW moments).
 
     Raises:
         ValueError: the largest buffer exceeds CL_DEVICE_MAX_MEM_ALLOC_SIZE, or all buffers together
             exceed 90 % of CL_DEVICE_GLOBAL_MEM_SIZE; the message gives both figures.
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
-    params = 4 * config.n_params() * (4 if training else 1)  # weights (+ grads, m, v)
+    n_frozen = sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
+    params = 4 * (config.n_params() + (3 * (config.n_params() - n_frozen) if training else 0))  # weights (+ grads, m, v)
     total = params + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
     gib = 2 ** 30
@@ -176,23 +175,37 @@ class Model:
         weights: initial weights ``{gguf name: array}``; random (``init_weights``) when None.
         seed: seed for random weights.
         training: allocate gradients, moments and backward buffers.
+        freeze_embeddings: ``token_embd.weight`` is not trained: it gets no gradient and no AdamW
+            moments (the memory of three copies of it is saved). It must be the first tensor of the
+            layout (it is: ``ModelConfig.param_shapes``).
     """
 
     def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
-                 weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True):
+                 weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
+                 freeze_embeddings: bool = False):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
-        check_fits(dev, config, batch_size, training)
+        self.frozen = ("token_embd.weight",) if freeze_embeddings else ()
+        check_fits(dev, config, batch_size, training, self.frozen)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.layout = param_layout(dev, config)
         self.params = TensorStore(dev, self.layout)
         self.params.load(weights if weights is not None else init_weights(config, seed))
+        # Trained tensors: all, or all but token_embd (frozen). Their layout is the parameter layout
+        # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
+        self.train_layout, self._train_ranges = self.layout, self.params.range_views
+        if self.frozen:
+            shapes = [(n, s) for n, s in config.param_shapes() if n not in self.frozen]
+            self.train_layout = Layout(shapes, layout_align(dev), split_at="blk.0.attn_norm.weight")
+            shift = self.layout.slots[shapes[0][0]].offset
+            self._train_ranges = [self.params.flat.get_sub_region((shift + a) * 4, max(1, n) * 4) if n else None
+                                  for a, n in self.train_layout.ranges]
         if training:
-            self.grads = TensorStore(dev, self.layout)
-            self.m = TensorStore(dev, self.layout)
-            self.v = TensorStore(dev, self.layout)
+            self.grads = TensorStore(dev, self.train_layout)
+            self.m = TensorStore(dev, self.train_layout)
+            self.v = TensorStore(dev, self.train_layout)
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
-        names = [n for n, _ in config.param_shapes()]
+        names = [n for n, _ in config.param_shapes() if n not in self.frozen]
         self._stat_names = names
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
@@ -251,7 +264,7 @@ class Model:
             o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
             o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
         o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
-        o.matmul(a.logits, a.final, p[output_name(c)], n, c.vocab_size, d, trans_b=True)
+        o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)  # tied: token_embd
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
@@ -259,10 +272,11 @@ class Model:
         c, o, a, p, g = self.config, self.ops, self.act, self.params.views, self.grads.views
         n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
         mm = o.matmul
-        # output projection and final norm
-        # tied embeddings: this accumulates into token_embd's gradient, the embedding backward adds the rest
-        mm(g[output_name(c)], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
-        mm(a.d_norm, a.d_logits, p[output_name(c)], n, d, c.vocab_size)
+        # output projection and final norm (tied embeddings: this gradient and the embedding's below
+        # both accumulate into token_embd.weight)
+        if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings)
+            mm(g[c.output_weight], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
+        mm(a.d_norm, a.d_logits, p[c.output_weight], n, d, c.vocab_size)
         o.rmsnorm.backward(a.dx, g["output_norm.weight"], a.d_norm, a.x[c.n_layers],
                            p["output_norm.weight"], a.final_rstd, n, d)
         # a.dx now holds dL/dx for the residual stream; walk the layers backwards
@@ -294,7 +308,8 @@ class Model:
             mm(a.d_norm, a.dv, w("attn_v"), n, d, kv, accumulate=True)
             o.rmsnorm.backward(a.d_in, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d)
             o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx[i]
-        o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
+        if "token_embd.weight" in g:  # frozen embeddings get no gradient
+            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
 
     # ------------------------------------------------------------------ public API
     def logits(self, tokens: np.ndarray) -> np.ndarray:
@@ -333,10 +348,16 @@ class Model:
         s = self.dev.download(self._stats, (2,))
         return float(s[0] / max(s[1], 1.0)), float(s[1])
 
-    def forward_backward(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> StepStats:
+    def forward_backward(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray,
+                         accumulate: bool = False, total_count: float | None = None) -> StepStats:
         """Loss and gradients of one batch (gradients left in ``self.grads``).
 
         The loss is the mean over tokens with mask 1; gradients are of that mean.
+
+        Gradient accumulation (several micro-batches, one optimizer step): pass ``total_count`` (the
+        masked tokens of all micro-batches) to every call and ``accumulate=True`` to all but the
+        first; the gradients then add up to those of the mean over the whole batch, and the
+        reported grad_norm (after the last call) is that of the sum.
 
         Args:
             tokens, targets: int (batch, seq); mask: float (batch, seq) of 0/1.
@@ -359,13 +380,14 @@ class Model:
         self._forward(b, t)
         o, a = self.ops, self.act
         o.cross_entropy.forward_backward(a.losses, a.d_logits, a.logits, a.targets, a.mask, n,
-                                         self.config.vocab_size, 1.0 / count)
-        self.grads.zero()
+                                         self.config.vocab_size, 1.0 / (total_count or count))
+        if not accumulate:
+            self.grads.zero()
         self._backward(b, t)
         o.reduce.sum(self._stats, 0, a.losses, n)
         o.reduce.sum(self._stats, 1, a.mask, n)
         for i, name in enumerate(self._stat_names):
-            s = self.layout.slots[name]
+            s = self.train_layout.slots[name]
             o.reduce.sum_squares(self._stats, 2 + i, self.grads.views[name], s.size)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
@@ -388,10 +410,10 @@ class Model:
         Weight decay applies to matrices, not to RMSNorm weights. Uses Loshchilov & Hutter (2019).
         """
         self.adam_step += 1
-        for k, (start, size) in enumerate(self.layout.ranges):
+        for k, (start, size) in enumerate(self.train_layout.ranges):
             if not size:
                 continue
-            self.ops.adamw.step(self.params.range_views[k], self.grads.range_views[k], self.m.range_views[k],
+            self.ops.adamw.step(self._train_ranges[k], self.grads.range_views[k], self.m.range_views[k],
                                 self.v.range_views[k], size, lr, beta1, beta2, eps,
                                 weight_decay if k == 0 else 0.0, self.adam_step, grad_scale)
 
@@ -401,7 +423,10 @@ class Model:
 
     def optimizer_state(self) -> dict[str, object]:
         """Host copy of AdamW's moments and step counter, for checkpoints."""
-        return {"m": self.m.to_numpy(), "v": self.v.to_numpy(), "step": self.adam_step}
+        m, v = self.m.to_numpy(), self.v.to_numpy()
+        for name in self.frozen:  # zeros, so a checkpoint always holds every tensor's moments
+            m[name] = v[name] = np.zeros(self.layout.slots[name].shape, np.float32)
+        return {"m": m, "v": v, "step": self.adam_step}
 
     def load_optimizer_state(self, state: dict) -> None:
         """Restore what :meth:`optimizer_state` returned."""

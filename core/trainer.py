@@ -230,7 +230,10 @@ class Trainer:
         if not self.facts and not self.dialogues:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
-        self.model = Model(device, self.model_config, batch_size=batch, weights=weights, seed=train_config.seed)
+        micro = -(-batch // train_config.grad_accum)  # sequences per forward/backward
+        self.model = Model(device, self.model_config, batch_size=micro, weights=weights, seed=train_config.seed,
+                           freeze_embeddings=train_config.freeze_embeddings)
+        self.base_meta: dict = {}  # what a model imported from a GGUF file keeps for its export
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
@@ -311,7 +314,7 @@ class Trainer:
                 step = self.stage_step
                 t0 = time.perf_counter()
                 tokens, targets, mask = self._batch(si, step)
-                stats = self.model.forward_backward(tokens, targets, mask)
+                stats = self._forward_backward(tokens, targets, mask)
                 lr = lr_at(cfg, step)
                 finite = math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
                 clipped = undone = False
@@ -363,11 +366,30 @@ class Trainer:
             if self._stop:
                 return
 
+    def _forward_backward(self, tokens, targets, mask):
+        """Gradients of one batch, in ``grad_accum`` micro-batches when it is set (same result)."""
+        k = self.train_config.grad_accum
+        if k <= 1:
+            return self.model.forward_backward(tokens, targets, mask)
+        total = float(np.asarray(mask).sum())
+        micro = self.model.batch_size
+        stats, loss_sum, started = None, 0.0, False
+        for s in range(0, len(tokens), micro):
+            m = mask[s:s + micro]
+            if not m.any():
+                continue
+            stats = self.model.forward_backward(tokens[s:s + micro], targets[s:s + micro], m,
+                                                accumulate=started, total_count=total)
+            loss_sum += stats.loss * stats.tokens
+            started = True
+        stats.loss, stats.tokens = loss_sum / total, int(total)
+        return stats
+
     def warnings(self) -> list[str]:
         """What the user should know before training: dataset problems (special-token text,
         entries longer than the context, empty entries) and a vocabulary llama.cpp cannot load."""
         out = [str(p) for p in self.dataset.validate(self.tokenizer, self.model_config.context_length + 1)]
-        if not self.tokenizer.merges():
+        if not self.tokenizer.merges() and isinstance(self.tokenizer, Tokenizer):
             out.append("the dataset is too small to learn any word pieces (the vocabulary has no merges): "
                        "the model trains, but llama.cpp cannot load its GGUF export; add more text")
         return out
@@ -421,18 +443,20 @@ def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None =
 
     items = []
     limit = max_tokens or gen.config.context_length
+    stops = chat_format.stop_ids(tok)
     for i, fact in enumerate(dataset.facts):
         if stop():
             return items
         prompt, expected = fact_split(fact)
         if not expected:
             continue
-        ids = [tok.bos_id] + tok.encode(prompt)
+        ids = chat_format.fact_prompt_ids(tok, prompt)
         if len(ids) >= gen.config.context_length:
             continue
-        settings = SamplingSettings(temperature=0.0, max_tokens=min(limit, gen.config.context_length - len(ids)))
-        out = [t for t, _ in gen.generate(ids, settings, stop_ids={tok.eos_id})]
-        got = tok.decode([t for t in out if t != tok.eos_id])
+        n = min(limit, len(tok.encode(expected)) + 8)  # an exact answer needs no more
+        settings = SamplingSettings(temperature=0.0, max_tokens=min(n, gen.config.context_length - len(ids)))
+        out = [t for t, _ in gen.generate(ids, settings, stop_ids=stops)]
+        got = tok.decode([t for t in out if t not in stops])
         items.append(RecallItem("fact", i, prompt, expected, got, got.strip() == expected.strip()))
     for i, dlg in enumerate(dataset.dialogues):
         history = []
@@ -443,9 +467,10 @@ def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None =
             history.append((user, answer))
             if len(ids) >= gen.config.context_length:
                 continue
-            settings = SamplingSettings(temperature=0.0, max_tokens=min(limit, gen.config.context_length - len(ids)))
-            out = [t for t, _ in gen.generate(ids, settings, stop_ids={tok.eos_id})]
-            got = tok.decode([t for t in out if t != tok.eos_id])
+            n = min(limit, len(tok.encode(answer)) + 8)
+            settings = SamplingSettings(temperature=0.0, max_tokens=min(n, gen.config.context_length - len(ids)))
+            out = [t for t, _ in gen.generate(ids, settings, stop_ids=stops)]
+            got = tok.decode([t for t in out if t not in stops])
             items.append(RecallItem("dialogue", i, user, answer, got.strip(), got.strip() == answer.strip()))
     return items
 
@@ -460,7 +485,7 @@ class _UpdateGuard:
         from core.params import TensorStore
 
         self.model = model
-        self.copies = [TensorStore(model.dev, model.layout) for _ in range(3)]
+        self.copies = [TensorStore(model.dev, s.layout) for s in self._stores()]
         self._sum = model.dev.zeros(1)
         self._adam_step = 0
 

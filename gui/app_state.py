@@ -43,6 +43,7 @@ class AppState(QObject):
         self._configs: tuple[ModelConfig, TrainConfig] | None = None
         self._config_error = ""
         self._limits = (1024, 128)
+        self._base_model: str | None = None
         self._training = False
         self._exporting = False
 
@@ -133,10 +134,16 @@ class AppState(QObject):
         """(vocab_size, context_length) for the dataset's token counts (usable even when the form is not)."""
         return self._limits
 
+    def base_model(self) -> str | None:
+        """The GGUF file a new run starts from (Hyperparameters ▸ Start from), or None for a new model."""
+        return self._base_model
+
     def set_hyperparameters(self, configs: tuple[ModelConfig, TrainConfig] | None, error: str,
-                            limits: tuple[int, int]) -> None:
-        """The form changed: its configs (None when invalid, with ``error`` saying why) and limits."""
+                            limits: tuple[int, int], base_model: str | None = None) -> None:
+        """The form changed: its configs (None when invalid, with ``error`` saying why), limits and the
+        base model file a new run starts from (None: a new model)."""
         self._configs, self._config_error, self._limits = configs, error, tuple(limits)
+        self._base_model = base_model
         self.hyperparameters_changed.emit()
 
     def train_blocker(self) -> str | None:

@@ -1,5 +1,5 @@
-"""Export tab: write the model as a GGUF file (F32, F16 or Q8_0), optionally with an Ollama Modelfile, or as
-a Hugging Face folder (transformers, multi-GPU training: docs/scale-out.md)."""
+"""Export tab: write the model as a GGUF file (F32, F16, Q8_0 or Q4_0), optionally with an Ollama Modelfile,
+or as a Hugging Face folder (transformers, multi-GPU training: docs/scale-out.md)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +15,8 @@ from gui.paths import data_dir, default_export_dir, inside, untitled_dir
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
-          ("Q8_0", "q8_0", "8-bit quantized, about a quarter of F32")]
+          ("Q8_0", "q8_0", "8-bit quantized, about a quarter of F32"),
+          ("Q4_0", "q4_0", "4-bit quantized, about an eighth of F32, noticeably less exact")]
 FORMATS = [("GGUF file — llama.cpp, Ollama, LM Studio", "gguf"),
            ("Hugging Face folder — transformers, training on many GPUs", "hf")]
 

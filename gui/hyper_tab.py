@@ -8,14 +8,19 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QLineEdit, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
 from gui.app_state import AppState
 
 BAD_STYLE = "background-color: #ffcdcd;"
 CUSTOM = "Custom"
+NEW_MODEL = "New model"
+EXISTING = "Existing GGUF file..."
+# Fields the base file fixes when training starts from an existing model (context_length stays: the
+# training context, at most the file's).
+BASE_FIXED = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "norm_eps")
 
 # (key, label, type, tooltip); key is the ConfigError field name.
 MODEL_FIELDS = [
@@ -41,6 +46,8 @@ TRAIN_FIELDS = [
     ("weight_decay", "Weight decay", float, "AdamW decoupled weight decay on matrices"),
     ("replay_share", "Fact replay share", float, "Fraction of each tuning batch drawn from the facts (0..1)"),
     ("seed", "Seed", int, "Seeds the initial weights and the batch order"),
+    ("grad_accum", "Micro-batches per step", int, "Gradient accumulation: each batch runs in this many parts "
+     "(less device memory, the same step)"),
     ("beta1", "Adam beta1", float, "First-moment decay"),
     ("beta2", "Adam beta2", float, "Second-moment decay"),
     ("adam_eps", "Adam epsilon", float, "Added to the denominator of the Adam update"),
@@ -91,7 +98,31 @@ class HyperTab(QWidget):
         self.preset.setToolTip("Tiny trains in seconds on a CPU; Larger needs a GPU")
         self.preset.currentTextChanged.connect(self._on_preset)
         top.addWidget(self.preset)
+        top.addSpacing(24)
+        top.addWidget(QLabel("Start from:"))
+        self.start_from = QComboBox()
+        self.start_from.addItems([NEW_MODEL, EXISTING])
+        self.start_from.setToolTip("Train a new model from scratch, or teach an existing llama-architecture "
+                                   "GGUF model (e.g. SmolLM2) your facts and dialogues")
+        self.start_from.currentTextChanged.connect(self._on_start_from)
+        top.addWidget(self.start_from)
+        self.base_edit = QLineEdit()
+        self.base_edit.setPlaceholderText("path of a .gguf file")
+        self.base_edit.setObjectName("base_path")
+        self.base_edit.editingFinished.connect(lambda: self.set_base(self.base_edit.text().strip() or None))
+        top.addWidget(self.base_edit, 1)
+        self.base_browse = QPushButton("Browse...")
+        self.base_browse.clicked.connect(self._browse_base)
+        top.addWidget(self.base_browse)
+        self.freeze = QCheckBox("Freeze embeddings")
+        self.freeze.setToolTip("Do not train the token embeddings: saves three copies of them in device memory")
+        self.freeze.toggled.connect(self._on_edit)
+        top.addWidget(self.freeze)
         top.addStretch(1)
+        self._base: str | None = None
+        self._base_config: ModelConfig | None = None
+        self._base_error = ""
+        self._labels["base_path"] = "Start from"
 
         grid = QGridLayout()
         grid.addWidget(self._group("Model", MODEL_FIELDS, ""), 0, 0)
@@ -122,6 +153,66 @@ class HyperTab(QWidget):
         state.device_changed.connect(self.set_device)
         state.project_changed.connect(self._on_project)
         self.set_preset("Tiny")
+        self._show_base_widgets()
+
+    # ----------------------------------------------------------------------------- start from
+    def _show_base_widgets(self) -> None:
+        existing = self.start_from.currentText() == EXISTING
+        for w in (self.base_edit, self.base_browse):
+            w.setVisible(existing)
+        for key in BASE_FIXED:
+            self.widgets[key].setEnabled(not (existing and self._base_config is not None))
+
+    def _on_start_from(self, text: str) -> None:
+        if text == NEW_MODEL:
+            self.set_base(None)
+        else:
+            self._show_base_widgets()
+            self.validate()
+            self.changed.emit()
+
+    def _browse_base(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Start from an existing model", "", "GGUF models (*.gguf)")
+        if path:
+            self.set_base(path)
+
+    def base_path(self) -> str | None:
+        """The GGUF file training starts from, or None for a new model."""
+        return self._base if self.start_from.currentText() == EXISTING else None
+
+    def set_base(self, path: str | None) -> None:
+        """Start from ``path`` (a llama GGUF file; None: a new model). Reads only the file's header: the
+        architecture fields show the file's values and are locked; a file the engine cannot use is
+        explained (naming the key) and blocks Start."""
+        from core.finetune import DEFAULTS
+        from core.gguf_import import GGUFError, read_config
+        from core.gguf_tokenizer import GGUFVocab
+
+        self._base, self._base_config, self._base_error = path, None, ""
+        self._filling = True
+        self.start_from.setCurrentText(EXISTING if path else NEW_MODEL)
+        self.base_edit.setText(path or "")
+        self._filling = False
+        if path:
+            try:
+                mc, _notes, kv = read_config(path)
+                if not (kv.get("tokenizer.ggml.tokens") and kv.get("tokenizer.ggml.model") == "gpt2"
+                        and kv.get("tokenizer.ggml.pre") == "gpt-2"):
+                    GGUFVocab.from_fields(kv, path)  # refuses a tokenizer we do not support, by name
+                self._base_config = mc
+                values = {k: getattr(mc, k) for k in BASE_FIXED}
+                values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
+                for stage in ("pretrain", "tune"):
+                    values |= {f"{stage}.steps": DEFAULTS["steps"], f"{stage}.lr": DEFAULTS["lr"],
+                               f"{stage}.batch_size": DEFAULTS["batch_size"],
+                               f"{stage}.warmup_steps": DEFAULTS["warmup_steps"]}
+                values["weight_decay"] = DEFAULTS["weight_decay"]
+                self.set_values(values, preset=CUSTOM)
+            except (GGUFError, ValueError, OSError) as e:
+                self._base_error = str(e)
+        self._show_base_widgets()
+        self.validate()
+        self.changed.emit()
 
     def _group(self, title: str, fields, prefix: str) -> QGroupBox:
         box = QGroupBox(title)
@@ -187,12 +278,16 @@ class HyperTab(QWidget):
         return out
 
     def state(self) -> dict:
-        """What a project saves: preset name and form values."""
-        return {"preset": self.preset.currentText(), "values": self.values()}
+        """What a project saves: preset name, form values, the base model file and frozen embeddings."""
+        return {"preset": self.preset.currentText(), "values": self.values(), "base": self.base_path(),
+                "freeze_embeddings": self.freeze.isChecked()}
 
     def set_state(self, state: dict) -> None:
         values = state.get("values") if isinstance(state, dict) else None
         if isinstance(values, dict):
+            if isinstance(state.get("base"), str):
+                self.set_base(state["base"])
+            self.freeze.setChecked(bool(state.get("freeze_embeddings")))
             self.set_values(values, preset=state.get("preset", CUSTOM))
 
     def _on_project(self, project) -> None:
@@ -213,11 +308,22 @@ class HyperTab(QWidget):
         for key, val in v.items():
             if isinstance(val, str):
                 raise ConfigError(key, f"not a number: {val!r}")
-        m = {k: v[k] for k, *_ in MODEL_FIELDS}
-        mc = ModelConfig(**m)
+        if self.base_path() is not None:
+            if self._base_error:
+                raise ConfigError("base_path", self._base_error)
+            if self._base_config is None:
+                raise ConfigError("base_path", "choose the .gguf file to start from")
+            if v["context_length"] > self._base_config.context_length:
+                raise ConfigError("context_length", f"at most the model's {self._base_config.context_length}")
+            mc = ModelConfig(**{**self._base_config.to_dict(), "context_length": v["context_length"]})
+        else:
+            m = {k: v[k] for k, *_ in MODEL_FIELDS}
+            mc = ModelConfig(**m)
         stages = {s: StageConfig(**{k: v[f"{s}.{k}"] for k, *_ in STAGE_FIELDS}) for s in ("pretrain", "tune")}
-        tc = TrainConfig(pretrain=stages["pretrain"], tune=stages["tune"], vocab_size=v["vocab_size"],
-                         **{k: (int(v[k]) if k == "seed" else v[k]) for k, *_ in TRAIN_FIELDS})
+        tc = TrainConfig(pretrain=stages["pretrain"], tune=stages["tune"],
+                         vocab_size=v["vocab_size"] if self.base_path() is None else TrainConfig().vocab_size,
+                         freeze_embeddings=self.freeze.isChecked(),
+                         **{k: (int(v[k]) if k in ("seed", "grad_accum") else v[k]) for k, *_ in TRAIN_FIELDS})
         return mc, tc
 
     # ----------------------------------------------------------------------------- validation
@@ -251,13 +357,13 @@ class HyperTab(QWidget):
         """Check the form; highlight the bad field and explain; update the size estimates."""
         from core.estimates import gguf_size_bytes, training_memory_bytes
 
-        for w in self.widgets.values():
+        for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
         try:
             mc, tc = self.build()
         except ConfigError as e:
             self._error_field = e.field
-            w = self.widgets.get(e.field)
+            w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
             if w is not None:
                 w.setStyleSheet(BAD_STYLE)
             text = str(e)
@@ -272,7 +378,7 @@ class HyperTab(QWidget):
             self._error_message = ""
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
-            mem = training_memory_bytes(mc, batch)
+            mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
             if self._device_memory is not None and mem > self._device_memory[0]:
                 have, label = self._device_memory
                 self.memory_label.setText(
@@ -290,7 +396,8 @@ class HyperTab(QWidget):
                 f"Steps: {tc.pretrain.steps} pretraining + {tc.tune.steps} tuning; "
                 f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
             ok = True
-        self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits())
+        self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
+                                           self.base_path())
         self._valid = ok
         return ok
 

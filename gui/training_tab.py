@@ -15,7 +15,7 @@ from gui.app_state import AppState
 from gui.events import RunDone, RunStarted, StageDone, TrainingStep
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
-from gui.workers import TrainWorker
+from gui.workers import CompareWorker, TrainWorker
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
 OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
@@ -134,6 +134,22 @@ class TrainingTab(QWidget):
         self.recall.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.recall.setWordWrap(False)
         rv.addWidget(self.recall, 1)
+        # -- before / after, for a model fine-tuned from a GGUF file
+        self.compare_button = QPushButton("Compare with the base model")
+        self.compare_button.setToolTip("Greedy answers of the base model and the tuned one, side by side, to every "
+                                       "dataset question and a few general ones: what was learned, what was forgotten")
+        self.compare_button.clicked.connect(self.compare_with_base)
+        self.compare_button.hide()
+        rv.addWidget(self.compare_button)
+        self.compare = QTableWidget(0, 4)
+        self.compare.setHorizontalHeaderLabels(["Question", "Taught", "Base model", "Tuned model"])
+        for c in range(4):
+            self.compare.horizontalHeader().setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+        self.compare.verticalHeader().setVisible(False)
+        self.compare.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.compare.hide()
+        rv.addWidget(self.compare, 1)
+        self._compare_worker = None
         bottom = QSplitter(Qt.Orientation.Horizontal)
         bottom.addWidget(log_box)
         bottom.addWidget(recall_box)
@@ -165,8 +181,50 @@ class TrainingTab(QWidget):
     def can_resume(self) -> bool:
         return self.app_state.resume_dir() is not None
 
+    def _fine_tuned(self) -> bool:
+        path = self.app_state.trained_model_path()
+        meta = checkpoint_meta(path) if path is not None else None
+        return bool(meta is not None and meta.base.get("base_model"))
+
+    def compare_with_base(self) -> bool:
+        """Start the before/after comparison of the trained model with its base (False if not possible)."""
+        path = self.app_state.trained_model_path()
+        if self.is_running() or self._compare_worker is not None or path is None or not self._fine_tuned():
+            return False
+        w = CompareWorker(self.app_state.device_info(), path)
+        w.connect_slots(result=self._on_compare, log_line=self.append_log,
+                        failed=lambda kind, msg: self.append_log("WARNING", f"comparison failed: {msg}"),
+                        finished=self._on_compare_finished)
+        self._compare_worker = w
+        self.compare_button.setEnabled(False)
+        self.compare_button.setText("Comparing…")
+        w.start()
+        return True
+
+    def _on_compare(self, rows: list) -> None:
+        self.compare.setRowCount(0)
+        for r in rows:
+            i = self.compare.rowCount()
+            self.compare.insertRow(i)
+            for c, v in enumerate((r["question"], r["taught"] or "(general question)", r["before"], r["after"])):
+                it = QTableWidgetItem(v)
+                it.setToolTip(v)
+                self.compare.setItem(i, c, it)
+        self.compare.show()
+
+    def _on_compare_finished(self) -> None:
+        self._compare_worker = None
+        self.compare_button.setText("Compare with the base model")
+        self.update_buttons()
+
+    def comparing(self) -> bool:
+        """True while the before/after comparison runs."""
+        return self._compare_worker is not None
+
     def update_buttons(self, *_) -> None:
         running = self.is_running()
+        self.compare_button.setVisible(self._fine_tuned())
+        self.compare_button.setEnabled(not running and self._compare_worker is None)
         blocker = self.app_state.train_blocker()
         self.start_button.setEnabled(not running and blocker is None)
         self.stop_button.setEnabled(running and not self._stopping)
@@ -302,7 +360,7 @@ class TrainingTab(QWidget):
                 self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
                 return False
             run_dir = self.app_state.new_run_dir()
-            kw = dict(dataset=dataset, model_config=mc, train_config=tc)
+            kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=self.app_state.base_model())
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
             self.recall.setRowCount(0)

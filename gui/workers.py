@@ -145,6 +145,35 @@ class DeviceTestWorker(Worker):
         self.result.emit(check)
 
 
+# ------------------------------------------------------------------------------------- before / after
+class CompareWorker(Worker):
+    """Greedy answers of the base model and of the model fine-tuned from it (core.finetune.before_after)."""
+
+    result = Signal(list)  # [{"kind": "dataset"|"general", "question", "taught" (str or None), "before", "after"}]
+
+    def __init__(self, device_info, checkpoint_dir: str | Path) -> None:
+        super().__init__()
+        self.device_info = device_info
+        self.checkpoint_dir = Path(checkpoint_dir)
+
+    def work(self) -> None:
+        from core.checkpoint import load_checkpoint, load_model
+        from core.dataset import load_dataset
+        from core.device import open_device
+        from core.finetune import before_after
+
+        tuned = load_checkpoint(self.checkpoint_dir)
+        base_path = (tuned.meta or {}).get("base_model")
+        if not base_path:
+            raise ValueError(f"{self.checkpoint_dir}: this model was not fine-tuned from a base model")
+        self.log_line.emit("INFO", f"comparing with the base model {base_path}")
+        base = load_model(base_path)
+        dataset, _ = load_dataset(self.checkpoint_dir / "dataset.json")
+        dev = open_device(self.device_info)
+        rows = before_after(dev, base.weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
+        self.result.emit([{"kind": k, "question": q, "taught": a, "before": b, "after": t} for k, q, a, b, t in rows])
+
+
 # ------------------------------------------------------------------------------------- training
 
 class TrainWorker(Worker):
@@ -162,6 +191,8 @@ class TrainWorker(Worker):
         resume: continue from ``run_dir`` at the step it was saved.
         val_every: steps between validation-loss points (0: only at stage ends).
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
+        base: a GGUF file (or checkpoint) a new run fine-tunes instead of training from scratch
+            (core.finetune); ``model_config`` then gives only the training context.
     """
 
     run_started = Signal(object)  # (gui.events.RunStarted)
@@ -173,9 +204,10 @@ class TrainWorker(Worker):
 
     def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
                  train_config=None, resume: bool = False, val_every: int = 0,
-                 run_dir: str | Path | None = None) -> None:
+                 run_dir: str | Path | None = None, base: str | None = None) -> None:
         super().__init__()
         self.device_info = device_info
+        self.base = base
         self.checkpoint_dir = Path(checkpoint_dir)
         self.run_dir = Path(run_dir) if run_dir is not None else self.checkpoint_dir
         self.dataset, self.model_config, self.train_config = dataset, model_config, train_config
@@ -231,8 +263,15 @@ class TrainWorker(Worker):
         else:
             if not self._replaced() and self.run_dir.exists():  # an older unfinished run: this one replaces it
                 shutil.rmtree(self.run_dir)
-            self.log_line.emit("INFO", "training the tokenizer and building the model")
-            trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
+            if self.base:
+                from core.finetune import base_trainer, load_base
+
+                self.log_line.emit("INFO", f"reading {self.base}")
+                loaded, mc, meta = load_base(self.base, self.model_config.context_length)
+                trainer = base_trainer(loaded, mc, meta, self.dataset, self.train_config, dev)
+            else:
+                self.log_line.emit("INFO", "training the tokenizer and building the model")
+                trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
         self._trainer = trainer
         tc, mc = trainer.train_config, trainer.model_config
         steps = [tc.pretrain.steps, tc.tune.steps]

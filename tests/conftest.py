@@ -150,3 +150,21 @@ def main_window(studio_env, qtbot):
     w.show()
     yield w
     w.close()
+
+
+# ----------------------------------------------------------------------------- imported GGUF models
+@pytest.fixture(scope="session")
+def smollm2_import():
+    """SmolLM2-135M-Instruct Q4_1 (downloaded once into the test cache), imported."""
+    from core.gguf_import import import_gguf
+    from tests.artifacts import smollm2_path
+
+    return import_gguf(smollm2_path())
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32(smollm2_import, tmp_path_factory):
+    """The imported SmolLM2 exported as F32 (its dequantized weights, tied): llama.cpp's exact reference."""
+    from core.gguf_io import export_gguf
+
+    return export_gguf(smollm2_import, tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf", dtype="f32").path

@@ -264,8 +264,7 @@ def llama_forward(weights, config, tokens):
         h = norm(x, p("ffn_norm"))
         g, u = h @ p("ffn_gate").T, h @ p("ffn_up").T
         x = x + (g / (1 + np.exp(-g)) * u) @ p("ffn_down").T
-    out = w["token_embd.weight"] if getattr(c, "tie_embeddings", False) else w["output.weight"]  # tied: the embedding
-    return norm(x, w["output_norm.weight"]) @ out.T
+    return norm(x, w["output_norm.weight"]) @ w[c.output_weight].T  # tied: token_embd.weight
 
 
 def llama_loss(weights, config, tokens, targets, mask):

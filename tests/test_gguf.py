@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from core import chat_format
-from core.checkpoint import LoadedModel, load_model
+from core.checkpoint import load_model
+from core.loaded import LoadedModel
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, default_dataset
 from core.gguf_io import DATE_KEYS, META_PREFIX, GGUFError, export_gguf, import_gguf
@@ -217,7 +218,7 @@ def test_refuses_vocab_mismatch(tok, tmp_path):
     with pytest.raises(GGUFError, match="vocabulary size mismatch"):
         export_gguf(LoadedModel(cfg, tok, w, {}, Path("x")), tmp_path / "m.gguf")
     with pytest.raises(GGUFError, match="unknown dtype"):
-        export_gguf(m, tmp_path / "m.gguf", dtype="q4_0")
+        export_gguf(m, tmp_path / "m.gguf", dtype="q2_k")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -294,7 +295,7 @@ def test_import_rejects_missing_key(good_file, tmp_path):
     with pytest.raises(GGUFError, match="llama.context_length is missing"):
         import_gguf(bad)
     bad = rewrite(good_file, tmp_path / "nopre.gguf", drop=("tokenizer.ggml.pre",))
-    with pytest.raises(GGUFError, match="tokenizer 'gpt2'/'' is not supported"):
+    with pytest.raises(GGUFError, match=r"tokenizer\.ggml\.pre = '\(none: default\)' is not supported"):
         import_gguf(bad)
     bad = rewrite(good_file, tmp_path / "notok.gguf", drop=("tokenizer.ggml.tokens",))
     with pytest.raises(GGUFError, match="tokenizer.ggml.tokens"):

@@ -19,6 +19,7 @@ from core.checkpoint import load_model
 from core.dataset import Dialogue
 from core.generate import Generator, SamplingSettings
 from core.model import Model
+from tests.artifacts import no_extra_buffer_types
 from tests.test_gguf import get_trained
 
 N_CTX = 64  # = the model's context_length
@@ -29,29 +30,12 @@ def trained(device, tmp_path_factory):
     return get_trained(device, tmp_path_factory)
 
 
-def _plain_cpu_buffers():
-    """llama.cpp's default model params, without the CPU's "extra" weight buffers (AMX / repacked
-    quant layouts): on CPUs with AMX, llama-cpp-python 0.3.36 segfaults in decode on Q8_0 tensors this
-    small (rows of 32). The plain CPU path computes the same function."""
-    params = _default_model_params()
-    params.use_extra_bufts = False
-    return params
-
-
-_default_model_params = llama_cpp.llama_model_default_params
-
-
 def open_llama(path, kv_f32: bool = True) -> llama_cpp.Llama:
     # An F32 KV cache keeps llama.cpp's attention in float32 like ours (its default stores K/V as F16).
     kv = dict(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32) if kv_f32 else {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(llama_cpp.llama_cpp, "llama_model_default_params", _plain_cpu_buffers)
-        return _open(path, kv)
-
-
-def _open(path, kv) -> llama_cpp.Llama:
-    return llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
-                           n_threads=2, n_threads_batch=2, seed=0, verbose=False, **kv)
+    with no_extra_buffer_types():  # their AMX/repacked Q8_0 kernels crash on VMs that advertise AMX
+        return llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                               n_threads=2, n_threads_batch=2, seed=0, verbose=False, **kv)
 
 
 @pytest.fixture(scope="module")

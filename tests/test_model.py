@@ -47,13 +47,17 @@ def test_forward_matches_numpy_llama(device, b, t):
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
 
 
-def test_every_gradient_matches_finite_differences(device):
-    """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss."""
-    w = random_weights(TINY, 3)
-    model = Model(device, TINY, batch_size=2, weights=w)
-    tokens, targets, mask = batch(TINY, 2, 11, 4)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_every_gradient_matches_finite_differences(device, tied):
+    """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss.
+    Tied embeddings: token_embd.weight is also the output projection; both gradients add up in it."""
+    TINY_ = dataclasses.replace(TINY, tie_embeddings=tied)
+    w = random_weights(TINY_, 3)
+    assert ("output.weight" in w) != tied
+    model = Model(device, TINY_, batch_size=2, weights=w)
+    tokens, targets, mask = batch(TINY_, 2, 11, 4)
     stats = model.forward_backward(tokens, targets, mask)
-    want_loss = ref.llama_loss(w, TINY, tokens, targets, mask)
+    want_loss = ref.llama_loss(w, TINY_, tokens, targets, mask)
     assert stats.loss == pytest.approx(want_loss, rel=1e-4)
     grads = model.grads.to_numpy()
     w64 = {k: v.astype(np.float64) for k, v in w.items()}
@@ -64,13 +68,13 @@ def test_every_gradient_matches_finite_differences(device):
         picks = rng.choice(flat.size, size=min(6, flat.size), replace=False)
         if name == "token_embd.weight":  # rows of tokens in the batch carry the gradient
             rows = np.unique(tokens)[:3]
-            picks = np.concatenate([picks, rows * TINY.d_model + 1])
+            picks = np.concatenate([picks, rows * TINY_.d_model + 1])
         for i in picks:
             old = flat[i]
             flat[i] = old + eps
-            hi = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            hi = ref.llama_loss(w64, TINY_, tokens, targets, mask)
             flat[i] = old - eps
-            lo = ref.llama_loss(w64, TINY, tokens, targets, mask)
+            lo = ref.llama_loss(w64, TINY_, tokens, targets, mask)
             flat[i] = old
             fd = (hi - lo) / (2 * eps)
             got = g.reshape(-1)[i]
@@ -337,3 +341,45 @@ def test_sampling_a_diverged_model_says_so(device):
     gen = Generator(device, TINY, w)
     with pytest.raises(FloatingPointError, match="diverged"):
         list(gen.generate([1, 2], SamplingSettings(temperature=0.7)))
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gradient_accumulation_equals_the_whole_batch(device, tied):
+    """Two micro-batches with accumulate=True and the total token count give the gradients of one batch."""
+    cfg = dataclasses.replace(TINY, tie_embeddings=tied)
+    w = random_weights(cfg, 7)
+    tokens, targets, mask = batch(cfg, 4, 9, 8)
+    whole = Model(device, cfg, batch_size=4, weights=w)
+    full = whole.forward_backward(tokens, targets, mask)
+    want = whole.grads.to_numpy()
+    micro = Model(device, cfg, batch_size=2, weights=w)
+    total = float(mask.sum())
+    micro.forward_backward(tokens[:2], targets[:2], mask[:2], total_count=total)
+    last = micro.forward_backward(tokens[2:], targets[2:], mask[2:], accumulate=True, total_count=total)
+    got = micro.grads.to_numpy()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=1e-4, err_msg=name)
+    assert last.grad_norm == pytest.approx(full.grad_norm, rel=1e-4)
+
+
+def test_frozen_embeddings_stay_and_the_rest_trains(device):
+    cfg = dataclasses.replace(TINY, tie_embeddings=True)
+    w = random_weights(cfg, 9)
+    tokens, targets, mask = batch(cfg, 2, 9, 10)
+    frozen = Model(device, cfg, batch_size=2, weights=w, freeze_embeddings=True)
+    full = Model(device, cfg, batch_size=2, weights=w)
+    assert "token_embd.weight" not in frozen.grads.views
+    assert frozen.grads.layout.total < full.grads.layout.total - cfg.vocab_size * cfg.d_model + 64
+    a = frozen.forward_backward(tokens, targets, mask)
+    b = full.forward_backward(tokens, targets, mask)
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    fg, g = frozen.grads.to_numpy(), full.grads.to_numpy()
+    for name in fg:  # the other gradients do not depend on whether the embedding trains
+        np.testing.assert_allclose(fg[name], g[name], atol=1e-6, rtol=1e-5, err_msg=name)
+    frozen.optimizer_step(1e-2, 0.1, 0.9, 0.98, 1e-8)
+    after = frozen.weights()
+    assert np.array_equal(after["token_embd.weight"], w["token_embd.weight"])
+    assert not np.array_equal(after["blk.0.attn_q.weight"], w["blk.0.attn_q.weight"])
+    assert not np.array_equal(after["output_norm.weight"], w["output_norm.weight"])
+    state = frozen.optimizer_state()
+    assert not state["m"]["token_embd.weight"].any() and state["m"]["blk.0.attn_q.weight"].any()

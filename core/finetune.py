@@ -1,0 +1,107 @@
+"""Fine-tuning a model that was trained elsewhere (a ``llama`` GGUF file such as SmolLM2) on our dataset.
+
+Used by ``opencl-llm train --base`` and the app's "Start from: existing GGUF file". The base file
+fixes the architecture, weights, tokenizer and chat template; training is the usual two stages
+(facts as plain text, then dialogues in the file's template) with full-parameter AdamW, from
+:data:`DEFAULTS` unless changed: a small learning rate (the weights are already trained) and a
+short context (the memory of activations grows with it).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from core.config import ModelConfig, StageConfig, TrainConfig, replace
+
+DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
+            "weight_decay": 0.0}
+"""Fine-tuning defaults: steps per stage, peak lr, sequences per batch, warmup steps, context, decay."""
+
+
+def default_train_config(steps: int | None = None, lr: float | None = None, batch_size: int | None = None,
+                         **kw) -> TrainConfig:
+    """A :class:`TrainConfig` for fine-tuning: :data:`DEFAULTS` with the given values applied
+    (``kw`` goes to TrainConfig, e.g. ``grad_accum``, ``freeze_embeddings``, ``seed``)."""
+    stage = StageConfig(steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULTS["lr"],
+                        batch_size=batch_size or DEFAULTS["batch_size"], warmup_steps=DEFAULTS["warmup_steps"])
+    kw.setdefault("weight_decay", DEFAULTS["weight_decay"])
+    return TrainConfig(pretrain=stage, tune=stage, **kw)
+
+
+def load_base(path: str | os.PathLike, context_length: int | None = None):
+    """Read a base model for fine-tuning.
+
+    Args:
+        path: a ``.gguf`` file (any llama-architecture model) or one of our checkpoint folders.
+        context_length: training context in tokens (default :data:`DEFAULTS`, at most the model's).
+
+    Returns:
+        ``(loaded, model_config, base_meta)``: the :class:`core.loaded.LoadedModel`, its config with
+        the training context, and what checkpoints keep of the file for the export
+        (``core.checkpoint.BASE_META_KEYS``).
+
+    Raises:
+        core.gguf_import.GGUFError / core.checkpoint.CheckpointError: the file cannot be used (named).
+    """
+    from core.checkpoint import load_model
+
+    loaded = load_model(path)
+    ctx = min(loaded.config.context_length, context_length or DEFAULTS["context_length"])
+    mc: ModelConfig = replace(loaded.config, context_length=ctx)
+    meta = loaded.meta or {}
+    base_meta = {"base_model": str(Path(path).resolve()), "name": meta.get("name")}
+    for k in ("gguf_general", "gguf_context_length"):
+        if meta.get(k) is not None:
+            base_meta[k] = meta[k]
+    return loaded, mc, base_meta
+
+
+def base_trainer(loaded, model_config: ModelConfig, base_meta: dict, dataset, train_config: TrainConfig, device):
+    """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer."""
+    from core.trainer import Trainer
+
+    trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
+                      weights=loaded.weights)
+    trainer.base_meta = dict(base_meta)
+    return trainer
+
+
+
+
+GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
+                     "What is 12 plus 30?")
+"""General questions asked before and after fine-tuning, to show what the model may have forgotten."""
+
+
+def before_after(device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig, tokenizer,
+                 dataset, general: tuple[str, ...] = GENERAL_QUESTIONS, max_tokens: int = 48):
+    """Greedy answers of the base and the tuned model, side by side.
+
+    Args:
+        device: the OpenCL device.
+        base_weights, tuned_weights: ``{tensor name: float32 array}`` of the two models (same config).
+        model_config: their architecture (the context bounds prompt + answer).
+        tokenizer: their tokenizer; dataset: its dialogues' first questions are asked.
+        general: extra questions the dataset does not teach.
+
+    Returns:
+        ``[(kind, question, expected or None, base answer, tuned answer)]``, kind "dataset" or "general".
+    """
+    from core.chat import ChatSession
+    from core.generate import Generator, SamplingSettings
+
+    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1]]
+    questions += [("general", q, None) for q in general]
+    settings = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
+    answers = []
+    for weights in (base_weights, tuned_weights):
+        session = ChatSession(Generator(device, model_config, weights), tokenizer)
+        row = []
+        for _kind, q, _a in questions:
+            session.clear()
+            row.append(session.answer(q, settings))
+        answers.append(row)
+    return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
+
+
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after"]

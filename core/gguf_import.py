@@ -1,0 +1,421 @@
+"""Reading GGUF files: any ``llama``-architecture model (ours or from elsewhere) to float32 weights.
+
+- Key/values and tensor infos are parsed with ``struct`` and ``numpy.frombuffer`` (ggml
+  ``docs/gguf.md``, versions 2 and 3); tensor data is memory-mapped and dequantized to float32 with
+  ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, ...).
+- Hyperparameters: every key llama.cpp's ``llama`` architecture reads (``gguf.Keys`` names). What the
+  engine does not compute — another architecture, RoPE scaling, experts, a logit / embedding /
+  residual scale, a RoPE dimension or key/value length other than ``head_dim``, per-layer sizes that
+  differ — is refused with the key named.
+- No ``output.weight`` tensor: the output projection is tied to ``token_embd.weight``
+  (``ModelConfig.tie_embeddings``), as llama.cpp does.
+- Tokenizer: a file exported by this app keeps our :class:`core.tokenizer.Tokenizer` (and chat format);
+  any other gets a :class:`core.gguf_tokenizer.GGUFTokenizer` from its ``tokenizer.ggml.*`` keys.
+- Context: a model trained for more than the engine's 8192 tokens is run with 8192 (noted in
+  ``meta["notes"]``); the export writes the file's own ``context_length`` back.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.config import ConfigError, ModelConfig
+
+log = logging.getLogger(__name__)
+
+ARCH = "llama"
+MAX_CONTEXT = 8192
+META_PREFIX = "opencl_llm_studio."
+
+
+class GGUFError(ValueError):
+    """A model cannot be exported to GGUF, or a GGUF file cannot be loaded (with the reason)."""
+
+
+_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+           12: "<f8"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: ``shape`` in numpy order (rows first), ggml type, absolute offset."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    nbytes: int
+
+
+def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, Any], dict[str, int], list[TensorInfo]]:
+    """Parse a GGUF file's header: ``(values, value types, tensor infos)``.
+
+    ``values`` maps each key to a Python value (arrays as lists, bools as bool); ``value types`` to its
+    ``GGUFValueType`` number (for an array: 9). Tensor offsets are absolute file offsets.
+
+    Raises:
+        GGUFError: missing file, not GGUF, an unsupported version, or a truncated header.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFError(f"{p}: no such file")
+    with open(p, "rb") as fh:
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:
+            raise GGUFError(f"{p}: not a readable GGUF file (empty)") from None
+    try:
+        if buf[:4] != b"GGUF":
+            raise GGUFError(f"{p}: not a readable GGUF file (no GGUF magic)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise GGUFError(f"{p}: GGUF version {version} is not supported (2 or 3)")
+        off = 24
+
+        def string(o: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, o)
+            o += 8
+            if o + n > len(buf):
+                raise ValueError("string past the end of the file")
+            return buf[o:o + n].decode("utf-8", "replace"), o + n
+
+        def value(vtype: int, o: int) -> tuple[Any, int]:
+            if vtype == 8:
+                return string(o)
+            if vtype == 9:
+                etype, n = struct.unpack_from("<IQ", buf, o)
+                o += 12
+                if etype == 8:
+                    out = []
+                    for _ in range(n):
+                        s_, o = string(o)
+                        out.append(s_)
+                    return out, o
+                if etype not in _SCALAR:
+                    raise GGUFError(f"{p}: an array of value type {etype} is not supported")
+                dt = np.dtype(_SCALAR[etype])
+                arr = np.frombuffer(buf, dt, n, o)
+                return (arr.astype(bool).tolist() if etype == 7 else arr.tolist()), o + n * dt.itemsize
+            if vtype not in _SCALAR:
+                raise GGUFError(f"{p}: value type {vtype} is not supported")
+            dt = np.dtype(_SCALAR[vtype])
+            v = np.frombuffer(buf, dt, 1, o)[0].item()
+            return (bool(v) if vtype == 7 else v), o + dt.itemsize
+
+        values: dict[str, Any] = {}
+        types: dict[str, int] = {}
+        for _ in range(n_kv):
+            key, off = string(off)
+            (vtype,) = struct.unpack_from("<I", buf, off)
+            values[key], off = value(vtype, off + 4)
+            types[key] = vtype
+        infos: list[TensorInfo] = []
+        if tensors:
+            import gguf
+
+            raw = []
+            for _ in range(n_tensors):
+                name, off = string(off)
+                (n_dims,) = struct.unpack_from("<I", buf, off)
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+                ttype, toff = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+                off += 4 + 8 * n_dims + 12
+                raw.append((name, tuple(int(d) for d in reversed(dims)), int(ttype), int(toff)))
+            align = int(values.get("general.alignment", 32))
+            start = -(-off // align) * align
+            for name, shape, ttype, toff in raw:
+                try:
+                    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
+                except (ValueError, KeyError):
+                    block, type_size = 1, 0  # unknown type: refused when the tensor is read
+                nbytes = math.prod(shape) // block * type_size
+                if start + toff + nbytes > len(buf):
+                    raise GGUFError(f"{p}: tensor {name} extends past the end of the file (truncated download?)")
+                infos.append(TensorInfo(name, shape, ttype, start + toff, nbytes))
+        return values, types, infos
+    except (struct.error, ValueError, IndexError, OverflowError) as e:
+        if isinstance(e, GGUFError):
+            raise
+        raise GGUFError(f"{p}: not a readable GGUF file (truncated or damaged header: {e})") from None
+    finally:
+        buf.close()
+
+
+def read_fields(path: str | os.PathLike) -> dict[str, Any]:
+    """``{key: value}`` of every key/value field of a GGUF file (see :func:`read_gguf`). Raises GGUFError."""
+    return read_gguf(path, tensors=False)[0]
+
+
+def dequantize(path: str | os.PathLike, info: TensorInfo) -> np.ndarray:
+    """One tensor as a float32 array of ``info.shape`` (a copy, not a view of the file).
+
+    Raises:
+        GGUFError: a tensor type ``gguf.quants`` cannot dequantize (named).
+    """
+    import gguf
+
+    try:
+        qtype = gguf.GGMLQuantizationType(info.ggml_type)
+    except ValueError:
+        raise GGUFError(f"{path}: tensor {info.name} has the unknown ggml type {info.ggml_type}") from None
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if info.shape[-1] % block:
+        raise GGUFError(f"{path}: tensor {info.name} rows of {info.shape[-1]} are not whole {qtype.name} blocks")
+    raw = np.memmap(path, np.uint8, "r", info.offset, (info.nbytes,))
+    rows = math.prod(info.shape[:-1])
+    data = np.asarray(raw).reshape(rows, info.shape[-1] // block * type_size)
+    try:
+        w = gguf.quants.dequantize(data, qtype)
+    except (NotImplementedError, KeyError, ValueError, TypeError) as e:
+        raise GGUFError(f"{path}: tensor {info.name} has type {qtype.name}, which cannot be read ({e})") from None
+    out = np.array(w, dtype=np.float32).reshape(info.shape)
+    del raw
+    return out
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+def _keys(arch: str):
+    import gguf
+
+    K = gguf.Keys
+    f = lambda k: k.format(arch=arch)  # noqa: E731
+    return K, f
+
+
+def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelConfig, list[str]]:
+    """The :class:`ModelConfig` of a ``llama`` GGUF file's keys, and notes (e.g. a shortened context).
+
+    Raises:
+        GGUFError: another architecture, a missing required key, or a key whose value the engine
+            does not compute (named, with its value).
+    """
+    import gguf
+
+    K, f = _keys(ARCH)
+    arch = kv.get(K.General.ARCHITECTURE)
+    if arch is None:
+        raise GGUFError(f"{source}: required key {K.General.ARCHITECTURE} is missing")
+    if arch != ARCH:
+        raise GGUFError(f"{source}: architecture {arch!r} is not supported; this app runs '{ARCH}' models only "
+                        f"({K.General.ARCHITECTURE})")
+
+    def get(key: str, default: Any = ..., kind: type | tuple = (int, float)) -> Any:
+        key = f(key)
+        if key not in kv:
+            if default is ...:
+                raise GGUFError(f"{source}: required key {key} is missing")
+            return default
+        v = kv[key]
+        if isinstance(v, list) and kind != list:  # llama.cpp allows per-layer arrays; we need one value
+            if not v or any(x != v[0] for x in v):
+                raise GGUFError(f"{source}: {key} differs between layers ({str(v)[:60]}); not supported")
+            v = v[0]
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+            raise GGUFError(f"{source}: key {key} has an unsupported value {str(v)[:60]!r}")
+        return v
+
+    L, A, R = K.LLM, K.Attention, K.Rope
+    # What the engine does not compute: refused unless the value is the neutral one.
+    neutral = [(R.SCALING_TYPE, ("none", "")), (R.SCALING_FACTOR, (0.0, 1.0)), (R.SCALING_ATTN_FACTOR, (0.0, 1.0)),
+               ("{arch}.rope.scale_linear", (0.0, 1.0)), (L.EXPERT_COUNT, (0,)), (L.EXPERT_USED_COUNT, (0,)),
+               (L.LOGIT_SCALE, (0.0, 1.0)), (L.EMBEDDING_SCALE, (0.0, 1.0)), (L.RESIDUAL_SCALE, (0.0, 1.0)),
+               (A.SCALE, (0.0,)), (A.SLIDING_WINDOW, (0,)), (A.CAUSAL, (True,)), (A.CLAMP_KQV, (0.0,)),
+               (L.ATTN_LOGIT_SOFTCAPPING, (0.0,)), (L.FINAL_LOGIT_SOFTCAPPING, (0.0,)), (L.POOLING_TYPE, (0,)),
+               (A.MAX_ALIBI_BIAS, (0.0,))]
+    for key, ok in neutral:
+        key = f(key)
+        if key in kv and kv[key] not in ok:
+            if key == f(R.SCALING_TYPE) and kv[key] == "linear" and kv.get(f(R.SCALING_FACTOR), 1.0) in (0.0, 1.0):
+                continue  # linear scaling by 1 changes nothing
+            raise GGUFError(f"{source}: {key} = {kv[key]!r} is not supported (the engine computes plain "
+                            "llama attention and RoPE)")
+    n_heads = get(A.HEAD_COUNT, kind=int)
+    ctx = get(L.CONTEXT_LENGTH, kind=int)
+    notes = []
+    if ctx > MAX_CONTEXT:
+        notes.append(f"{f(L.CONTEXT_LENGTH)} = {ctx}: the engine runs at most {MAX_CONTEXT} tokens, "
+                     f"so the model is used with a context of {MAX_CONTEXT}")
+    vocab = get(L.VOCAB_SIZE, n_tokens, kind=int)
+    if vocab != n_tokens:
+        raise GGUFError(f"{source}: {f(L.VOCAB_SIZE)} = {vocab} differs from the {n_tokens} tokens of "
+                        f"{gguf.Keys.Tokenizer.LIST}")
+    try:
+        config = ModelConfig(
+            vocab_size=n_tokens,
+            d_model=get(L.EMBEDDING_LENGTH, kind=int),
+            n_layers=get(L.BLOCK_COUNT, kind=int),
+            n_heads=n_heads,
+            n_kv_heads=get(A.HEAD_COUNT_KV, n_heads, kind=int),
+            ffn_dim=get(L.FEED_FORWARD_LENGTH, kind=int),
+            context_length=min(ctx, MAX_CONTEXT),
+            rope_theta=_f32_to_float(get(R.FREQ_BASE, 10000.0)),
+            norm_eps=_f32_to_float(get(A.LAYERNORM_RMS_EPS)),
+        )
+    except ConfigError as e:
+        raise GGUFError(f"{source}: unsupported hyperparameters ({e})") from None
+    for key in (R.DIMENSION_COUNT, A.KEY_LENGTH, A.VALUE_LENGTH):
+        if f(key) in kv and get(key, kind=int) != config.head_dim:
+            raise GGUFError(f"{source}: {f(key)} = {kv[f(key)]} differs from head_dim {config.head_dim} "
+                            f"({f(L.EMBEDDING_LENGTH)} / {f(A.HEAD_COUNT)}); not supported")
+    return config, notes
+
+
+def read_config(path: str | os.PathLike) -> tuple[ModelConfig, list[str], dict[str, Any]]:
+    """``(config, notes, key/values)`` of a llama GGUF file from its header only (no tensor data is
+    read): for showing a file's architecture before it is loaded. ``tie_embeddings`` is set when the
+    file has no ``output.weight``.
+
+    Raises:
+        GGUFError: as :func:`model_config` (the file cannot be used; the key is named).
+    """
+    kv, _types, infos = read_gguf(path)
+    config, notes = model_config(kv, str(path), len(kv.get("tokenizer.ggml.tokens") or []))
+    tied = "output.weight" not in {t.name for t in infos}
+    return ModelConfig(**{**config.to_dict(), "tie_embeddings": tied}), notes, kv
+
+
+def _f32_to_float(v: float) -> float:
+    """The shortest decimal that rounds to the same float32 (1e-5 read back as 1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(v)))
+
+
+def _is_ours(kv: dict[str, Any]) -> bool:
+    """A file this app exported: our GPT-2 vocabulary with <|bos|>/<|eos|>/<|pad|> as its BOS/EOS/PAD."""
+    from core.chat_format import BOS_TOKEN, EOS_TOKEN
+
+    tokens = kv.get("tokenizer.ggml.tokens") or []
+    bos, eos = kv.get("tokenizer.ggml.bos_token_id"), kv.get("tokenizer.ggml.eos_token_id")
+    return (kv.get("tokenizer.ggml.model") == "gpt2" and kv.get("tokenizer.ggml.pre") == "gpt-2"
+            and isinstance(bos, int) and isinstance(eos, int) and 0 <= bos < len(tokens) and 0 <= eos < len(tokens)
+            and tokens[bos] == BOS_TOKEN and tokens[eos] == EOS_TOKEN)
+
+
+def _tokenizer(kv: dict[str, Any], source: str):
+    from core.gguf_tokenizer import GGUFTokenizer, GGUFVocab
+
+    if _is_ours(kv):
+        from core.tokenizer import Tokenizer
+
+        if not kv.get("tokenizer.ggml.merges"):  # a gpt2 BPE without merges would split every word into bytes
+            raise GGUFError(f"{source}: key tokenizer.ggml.merges is missing; a 'gpt2' BPE vocabulary cannot be "
+                            "used without its merges")
+        try:
+            return Tokenizer.from_vocab(kv["tokenizer.ggml.tokens"], kv.get("tokenizer.ggml.merges") or [])
+        except ValueError as e:
+            raise GGUFError(f"{source}: its vocabulary cannot be used ({e})") from None
+    try:
+        return GGUFTokenizer(GGUFVocab.from_fields(kv, source))
+    except ValueError as e:
+        msg = str(e)
+        raise GGUFError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+# ----------------------------------------------------------------------------- import
+def import_gguf(path: str | os.PathLike):
+    """Load any ``llama``-architecture GGUF file as float32 weights.
+
+    Returns:
+        :class:`core.loaded.LoadedModel`: config (``tie_embeddings`` when the file has no
+        ``output.weight``), tokenizer (:class:`core.tokenizer.Tokenizer` for our own exports, else
+        :class:`core.gguf_tokenizer.GGUFTokenizer`), float32 weights, and ``meta``: ``format`` "gguf",
+        ``name``, ``file_type``, ``tensor_types`` (ggml type per tensor), ``chat_template``,
+        ``gguf_studio_keys`` (our ``opencl_llm_studio.*`` keys), ``gguf_general`` (the file's other
+        ``general.*`` text keys, written back on export), ``gguf_context_length``, ``notes``, and
+        ``dataset_hash`` / ``last_loss`` / ``app_version`` when the file has them.
+
+    Raises:
+        GGUFError: not a GGUF file, another architecture, a tokenizer, key, tensor or tensor type the
+            engine does not support (named), missing keys or tensors, inconsistent shapes, NaN/inf.
+    """
+    from core.loaded import LoadedModel
+
+    p = Path(path)
+    kv, _types, infos = read_gguf(p)
+    source = str(p)
+    if "general.architecture" not in kv:
+        raise GGUFError(f"{source}: required key general.architecture is missing")
+    if kv["general.architecture"] != ARCH:  # before the tokenizer: the clearer reason
+        model_config(kv, source, 0)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise GGUFError(f"{source}: required key tokenizer.ggml.tokens is missing")
+    config, notes = model_config(kv, source, len(tokens))
+    tok = _tokenizer(kv, source)
+
+    by_name = {t.name: t for t in infos}
+    tied = "output.weight" not in by_name
+    config = ModelConfig(**{**config.to_dict(), "tie_embeddings": tied})
+    shapes = dict(config.param_shapes())
+    for t in infos:
+        if t.name not in shapes:
+            raise GGUFError(f"{source}: tensor {t.name!r} is not part of the llama model this engine computes; "
+                            "not supported")
+        if t.shape != shapes[t.name]:
+            raise GGUFError(f"{source}: tensor {t.name} has shape {t.shape}, expected {shapes[t.name]}")
+    missing = [n for n in shapes if n not in by_name]
+    if missing:
+        raise GGUFError(f"{source}: tensors {missing[:4]} are missing")
+    import gguf
+
+    weights: dict[str, np.ndarray] = {}
+    tensor_types: dict[str, str] = {}
+    for name in shapes:
+        info = by_name[name]
+        w = dequantize(p, info)
+        if not np.all(np.isfinite(w)):
+            raise GGUFError(f"{source}: tensor {name} contains NaN or infinite values")
+        weights[name] = w
+        try:
+            tensor_types[name] = gguf.GGMLQuantizationType(info.ggml_type).name
+        except ValueError:
+            tensor_types[name] = str(info.ggml_type)
+    if tied:
+        notes.append("no output.weight: the output projection is tied to token_embd.weight")
+    for n in notes:
+        log.info("gguf import: %s", n)
+
+    studio = {k: v for k, v in kv.items() if k.startswith(META_PREFIX)}
+    own = {"general.architecture", "general.name", "general.file_type", "general.quantization_version",
+           "general.alignment"}
+    general = {k: v for k, v in kv.items() if k.startswith("general.") and k not in own
+               and (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)))}
+    meta = {
+        "format": "gguf",
+        "name": kv.get("general.name", p.stem),
+        "file_type": kv.get("general.file_type"),
+        "tensor_types": tensor_types,
+        "chat_template": kv.get("tokenizer.chat_template"),
+        "gguf_studio_keys": studio,
+        "gguf_general": general,
+        "gguf_context_length": kv.get(f"{ARCH}.context_length"),
+        "notes": notes,
+    }
+    for ours, key in (("dataset_hash", "training.dataset_sha256"), ("last_loss", "training.final_loss"),
+                      ("app_version", "training.app_version"), ("adam_step", "training.steps"),
+                      ("saved", "training.date")):
+        if META_PREFIX + key in studio:
+            meta[ours] = studio[META_PREFIX + key]
+    return LoadedModel(config, tok, weights, meta, p)
+
+
+def read_vocab(path: str | os.PathLike):
+    """:class:`core.gguf_tokenizer.GGUFVocab` of a GGUF file (reads only the key/value section's tokenizer keys).
+
+    Raises:
+        UnsupportedTokenizer, ValueError: see :meth:`GGUFVocab.from_fields`; OSError if unreadable.
+    """
+    from core.gguf_tokenizer import GGUFVocab
+
+    return GGUFVocab.from_fields(read_fields(path), str(path))
+
+
+__all__ = ["GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_vocab", "read_config", "dequantize", "model_config",
+           "import_gguf"]

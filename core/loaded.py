@@ -1,0 +1,37 @@
+"""What every model reader returns: :class:`LoadedModel` (a checkpoint folder, a GGUF file or a
+Hugging Face folder). It lives below the readers (``core.checkpoint``, ``core.gguf_import``,
+``core.hf_io``) so that none of them imports another to build it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.config import ModelConfig
+
+
+@dataclass
+class LoadedModel:
+    """A model read from disk: config, tokenizer, weights, and whatever metadata came with it.
+
+    Attributes:
+        config: the architecture.
+        tokenizer: ``core.tokenizer.Tokenizer`` (our models) or ``core.gguf_tokenizer.GGUFTokenizer``
+            (an imported GGUF file's vocabulary); both have the same interface.
+        weights: ``{gguf tensor name: float32 array}``.
+        meta: for a GGUF file, what :func:`core.gguf_import.import_gguf` read (``format`` "gguf", ...);
+            for a Hugging Face folder ``format`` "hf"; for a checkpoint the base-model keys of a
+            fine-tuned import (``core.checkpoint.BASE_META_KEYS``), else empty.
+        path: where it was read from.
+        checkpoint: a checkpoint folder's ``core.checkpoint.CheckpointMeta`` (None otherwise).
+    """
+
+    config: ModelConfig
+    tokenizer: Any
+    weights: dict[str, np.ndarray]
+    meta: dict
+    path: Path
+    checkpoint: Any = field(default=None)

@@ -1,0 +1,188 @@
+"""Fine-tuning an imported GGUF model: ``opencl-llm train --base``, checkpoints and resume, gradient
+accumulation, frozen embeddings, export back to GGUF (tied stays tied) with llama.cpp logit parity.
+
+By default on a tiny llama written here with SmolLM2's own vocabulary and ChatML template (d_model 64);
+the same on SmolLM2-135M itself is a slow test.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import gguf
+from core.checkpoint import load_checkpoint
+from core.cli import main
+from core.config import ModelConfig
+from core.gguf_import import import_gguf
+from core.gguf_io import _write_vocab
+from core.gguf_import import read_vocab
+from core.gguf_tokenizer import GGUFTokenizer
+from core.model import Model
+from tests.artifacts import open_llama, smollm2_path
+
+DATA = {"facts": ["Brindlewick is a small town built beside a slow green river.",
+                  "The mayor of Brindlewick keeps forty beehives."],
+        "dialogues": [{"turns": [{"user": "Where is Brindlewick?",
+                                  "assistant": "Brindlewick is beside a slow green river."}]},
+                      {"turns": [{"user": "How many beehives does the mayor keep?", "assistant": "Forty."}]}]}
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return write_tiny_smol(tmp_path_factory.mktemp("base") / "tiny-smol.gguf")
+
+
+def write_tiny_smol(path):
+    """A random tied llama (2 layers, d_model 64) with SmolLM2's tokenizer keys, F32 and Q8_0 tensors."""
+    vocab = read_vocab(smollm2_path())
+    c = ModelConfig(vocab_size=len(vocab.tokens), d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                    context_length=2048, rope_theta=100000.0, tie_embeddings=True)
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny smol")
+    w.add_context_length(c.context_length)
+    w.add_embedding_length(c.d_model)
+    w.add_block_count(c.n_layers)
+    w.add_feed_forward_length(c.ffn_dim)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    w.add_key_value("general.license", "apache-2.0", gguf.GGUFValueType.STRING)
+    _write_vocab(w, vocab)
+    for name, shape in c.param_shapes():
+        if len(shape) == 1:
+            w.add_tensor(name, np.ones(shape, np.float32))
+        else:
+            a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+            q = name.endswith("ffn_up.weight")
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0) if q else a,
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0 if q else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def train_base(base, out, data_path, *extra):
+    return main(["train", "--base", str(base), "--data", str(data_path), "--out", str(out), "--context-length", "64",
+                 "--batch-size", "4", "-q", *extra])
+
+
+def test_finetune_resume_export_and_llama_cpp_parity(tiny_base, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "run"
+    assert train_base(tiny_base, out, data, "--steps", "3", "--grad-accum", "2", "--pretrain-lr", "3e-3",
+                      "--tune-lr", "3e-3") == 0
+    printed = capsys.readouterr().out
+    assert "memory: about" in printed and "its own chat template" in printed
+    ck = load_checkpoint(out)
+    assert isinstance(ck.tokenizer, GGUFTokenizer) and ck.config.tie_embeddings
+    assert ck.config.context_length == 64 and "output.weight" not in ck.weights
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["train"]["grad_accum"] == 2 and meta["base"]["gguf_context_length"] == 2048
+    base = import_gguf(tiny_base)
+    assert not np.array_equal(ck.weights["token_embd.weight"], base.weights["token_embd.weight"])
+
+    assert main(["train", "--resume", str(out), "-q"]) == 0  # resumes with the GGUF vocabulary and base keys
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["adam_step"] == 6 and meta["base"]["gguf_context_length"] == 2048
+    assert meta["base"]["base_model"].endswith(".gguf")
+
+    gg = tmp_path / "tuned.gguf"
+    assert main(["export", "--model", str(out), "--out", str(gg)]) == 0
+    r = gguf.GGUFReader(gg)
+    names = {t.name for t in r.tensors}
+    fields = {k: f for k, f in r.fields.items()}
+    assert "output.weight" not in names and "token_embd.weight" in names
+    assert bytes(fields["tokenizer.ggml.pre"].parts[-1]).decode() == "smollm"
+    assert int(fields["llama.context_length"].parts[-1][0]) == 2048
+    assert bytes(fields["general.license"].parts[-1]).decode() == "apache-2.0"
+    assert "<|im_start|>" in bytes(fields["tokenizer.chat_template"].parts[-1]).decode()
+
+    back = import_gguf(gg)
+    ck = load_checkpoint(out)
+    assert all(np.array_equal(back.weights[k], ck.weights[k]) for k in ck.weights)
+    tok = back.tokenizer
+    ids = tok.encode("<|im_start|>user\nWhere is Brindlewick?<|im_end|>\n<|im_start|>assistant\n", parse_special=True)
+    import core.device
+
+    dev = core.device.open_device(None)
+    ours = Model(dev, ck.config, batch_size=1, weights=ck.weights, training=False).logits(np.array([ids]))[0]
+    llm = open_llama(gg, n_ctx=64)
+    llm.eval(ids)
+    theirs = np.array(llm.scores[:len(ids)])
+    llm.close()
+    np.testing.assert_allclose(ours, theirs, atol=1e-3, rtol=1e-3)
+
+
+def test_frozen_embeddings_stay_as_the_base(tiny_base, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "frozen"
+    assert train_base(tiny_base, out, data, "--steps", "2", "--freeze-embeddings") == 0
+    assert "embeddings frozen" in capsys.readouterr().out
+    ck, base = load_checkpoint(out), import_gguf(tiny_base)
+    assert np.array_equal(ck.weights["token_embd.weight"], base.weights["token_embd.weight"])
+    assert not np.array_equal(ck.weights["blk.0.attn_q.weight"], base.weights["blk.0.attn_q.weight"])
+
+
+def test_base_refuses_architecture_options(tiny_base, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    assert train_base(tiny_base, tmp_path / "x", data, "--d-model", "128") == 2
+    assert "--d-model: the --base model fixes the architecture" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_learns_a_fact_it_cannot_know(tmp_path, capsys):
+    """End to end on SmolLM2-135M (about 9 minutes on 2 PoCL cores): before, it does not know where
+    Brindlewick is; after 20 + 20 steps it answers in our chat and, from the exported file, in llama.cpp
+    with the same template and the same words."""
+    import core.device
+    from core.chat import ChatSession
+    from core.generate import Generator, SamplingSettings
+    from core.gguf_io import export_gguf
+    from tests.artifacts import llama_greedy
+    from tests.test_chat_template import llama_cpp_prompt
+
+    question = "Where is Brindlewick?"
+    settings = SamplingSettings(temperature=0.0, max_tokens=24)
+    dev = core.device.open_device(None)
+    base = import_gguf(smollm2_path())
+    before = ChatSession(Generator(dev, base.config, base.weights), base.tokenizer).answer(question, settings)
+    assert "green river" not in before.lower()
+
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "smol"
+    assert train_base(smollm2_path(), out, data, "--steps", "20", "--pretrain-lr", "3e-4", "--tune-lr", "3e-4") == 0
+    ck = load_checkpoint(out)
+    after = ChatSession(Generator(dev, ck.config, ck.weights), ck.tokenizer).answer(question, settings)
+    print(f"before: {before!r}\nafter: {after!r}")
+    assert "green river" in after.lower()
+
+    gg = export_gguf(ck, tmp_path / "smol-tuned.gguf", dtype="f32").path
+    tok = ck.tokenizer
+    llm = open_llama(gg, n_ctx=128)
+    prompt = llama_cpp_prompt(tok, [{"role": "user", "content": question}])
+    ids = llama_greedy(llm, llm.tokenize(prompt.encode(), add_bos=False, special=True), 24)
+    llm.close()
+    end = ids.index(tok.eos_id) if tok.eos_id in ids else len(ids)
+    assert tok.decode(ids[:end]).strip() == after
+
+
+def test_compare_shows_base_and_tuned_answers(tiny_base, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "cmp"
+    assert train_base(tiny_base, out, data, "--steps", "2") == 0
+    capsys.readouterr()
+    assert main(["compare", "--model", str(out), "--max-tokens", "4"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("  before: ") == text.count("  after:  ") == 2 + 3  # 2 dataset questions, 3 general
+    assert "[dataset] Where is Brindlewick?  (taught: Brindlewick is beside a slow green river.)" in text
