@@ -261,20 +261,37 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
     floatV acc[MR][NB];
     UNROLL for (int i = 0; i < MR; i++)
         UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] = (floatV)(0.0f);
+    // pointers walk along k (no index arithmetic in the loop): element (i, k) of op(A) is
+    // ak[a_row[i]] after k steps of a_step
 #ifdef PACK_A
-    __global const float* A = a + (size_t)q * K * MR;
-#define A_ELEM(i, k) A[(k) * MR + (i)]
+    __global const float* ak = a + (size_t)q * K * MR;
+    const int a_step = MR;
+#define A_ROW(i) (i)
 #else
     a += a_offset;
-    int row[MR];  // rows past M read row M - 1 (and are not stored)
-    UNROLL for (int i = 0; i < MR; i++) row[i] = m0 + i < M ? m0 + i : M - 1;
-#define A_ELEM(i, k) A_AT(row[i], k)
+    __global const float* ak = a;
+    long a_row[MR];  // rows past M read row M - 1 (and are not stored)
+    UNROLL for (int i = 0; i < MR; i++) {
+        const long r = m0 + i < M ? m0 + i : M - 1;
+#ifdef TRANS_A
+        a_row[i] = r;
+#else
+        a_row[i] = r * K;
 #endif
-    for (int k = 0; k < K; k++) {
+    }
+#ifdef TRANS_A
+    const int a_step = M;
+#else
+    const int a_step = 1;
+#endif
+#define A_ROW(i) a_row[i]
+#endif
+    __global const floatV* bk = B;
+    for (int k = 0; k < K; k++, ak += a_step, bk += NB) {
         floatV bv[NB];
-        UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = B[k * NB + jb];
+        UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = bk[jb];
         UNROLL for (int i = 0; i < MR; i++) {
-            const float av = A_ELEM(i, k);
+            const float av = ak[A_ROW(i)];
             UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] += av * bv[jb];
         }
     }

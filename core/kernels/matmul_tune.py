@@ -12,7 +12,8 @@ winner, or tunes now (reporting through ``progress``) when there is none. The en
 defaults; the test suite sets this), ``1`` (default) = use the cache, tune on first use.
 
 Grid (see :func:`candidates`): on CPUs, packed micro-kernels of several register-block shapes
-(rows x vectors of the device's vector width), work-group sizes and super-row heights; on GPUs,
+(rows x vectors of the device's vector width) and work-group sizes, timed once for all transpose
+cases (:func:`tuned_variants`); on GPUs, per transpose case,
 CLBlast-style local-memory tiles (64x64 and 128x128 C tiles, 4x4 to 8x8 per work-item, float4,
 padding, double buffering). GEMV: work-group sizes and outputs per work-group. Each candidate is
 checked against numpy before it is timed; a wrong or failing one is skipped. The score is the
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
 TUNER_VERSION = 1  # bump when the grid or the scoring changes
-TUNED = ((False, False), (False, True), (True, False))  # the variants the model uses; TT takes TN's
+MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
 Progress = Callable[[float, str], None]
 _lock = threading.Lock()
 
@@ -85,6 +86,14 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
 
+def tuned_variants(dev: Device) -> tuple[tuple[bool, bool], ...]:
+    """The transpose variants timed separately. GPUs: the three the model uses (the tile loads
+    differ). CPUs: only NT; with both operands packed the micro-kernel is the same code for every
+    variant (the transposes live in the packing kernels), so its winner serves all four and the
+    first-run cost stays low (PoCL compiles each candidate, a few seconds each on 2 cores)."""
+    return MODEL_VARIANTS if uses_local_tiles(dev) else ((False, True),)
+
+
 def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
     """Matrix-matrix configurations to time for ``variant`` on ``dev`` (the default first)."""
     default, _ = default_configs(dev)
@@ -96,11 +105,9 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
                 TiledConfig(128, 128, 16, 8, 8, 2, 2, 1), TiledConfig(32, 32, 16, 2, 2, 2, 2, 0)]
     else:
         vw = cpu_vector_width(dev)
-        shapes_ = [(8, 2), (6, 2), (12, 1), (4, 3)] if vw == 16 else [(6, 2), (4, 3), (8, 1), (4, 2)]
-        pack_a = variant[0]  # a stored (K,M) reads with a large stride unless packed
-        grid = [PackedConfig(mr, nb, vw, 1, 16, pack_a) for mr, nb in shapes_]
-        grid += [PackedConfig(shapes_[0][0], shapes_[0][1], vw, 4, 64, pack_a),
-                 PackedConfig(shapes_[0][0], shapes_[0][1], vw, 1, 16, not pack_a)]
+        blocks = [(8, 2), (6, 2), (12, 1), (4, 3)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
+        grid = [PackedConfig(mr, nb, vw, 1, 16, True) for mr, nb in blocks]
+        grid += [PackedConfig(*blocks[0], vw, 4, 64, True)]
     out = [default]
     for c in grid:
         if c not in out and fits(dev, c):
@@ -115,7 +122,7 @@ def gemv_candidates(dev: Device) -> list[GemvConfig]:
         grid = [GemvConfig(wg, rows, 4) for wg in (32, 64, 128, 256) for rows in (1, 2, 4)]
     else:
         vw = cpu_vector_width(dev)
-        grid = [GemvConfig(1, rows, vw) for rows in (1, 2, 4, 8)] + [GemvConfig(4, 4, vw), GemvConfig(1, 4, 8)]
+        grid = [GemvConfig(1, rows, vw) for rows in (2, 4, 8)] + [GemvConfig(4, 4, vw)]
     out = [default]
     for g in grid:
         if g not in out and fits(dev, g):
@@ -193,11 +200,11 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
 
     Returns:
         ``{variant: config, ..., "gemv": GemvConfig, "gflops": {name: GFLOP/s}, "seconds": s}``
-        with variant keys for all four transpose cases (TT takes TN's winner).
+        with variant keys for all four transpose cases (untimed ones: see :func:`tuned_variants`).
     """
     progress = progress or (lambda f, m: None)
     shape_table = shape_table or shapes(dev)
-    grid = grid or {v: candidates(dev, v) for v in TUNED}
+    grid = grid or {v: candidates(dev, v) for v in tuned_variants(dev)}
     gemv_grid = gemv_grid or gemv_candidates(dev)
     gemv_shapes = gemv_shapes or GEMV_SHAPES
     min_s = min_s if min_s is not None else (0.01 if uses_local_tiles(dev) else 0.02)
@@ -230,8 +237,10 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
         name = "nt" if variant == (False, True) else "".join("t" if t else "n" for t in variant)
         operands = [_Operands(dev, s, variant, rng) for s in shape_table[variant]]
         result[variant] = pick(name, configs, lambda c, v=variant: GemmKernel(dev, c, *v), operands)
-    for variant in ((False, False), (False, True), (True, False)):
-        result.setdefault(variant, default_configs(dev)[0])
+    # untimed variants: TT takes TN's winner, the rest the NT winner (CPUs) or the default
+    fallback = result.get((False, True), default_configs(dev)[0])
+    for variant in MODEL_VARIANTS:
+        result.setdefault(variant, fallback)
     result[(True, True)] = result[(True, False)]
     gemv_ops = [_Operands(dev, s, (False, True), rng) for s in gemv_shapes if s[0] <= GEMV_MAX_M]
     result["gemv"] = pick("gemv", gemv_grid, lambda g: GemvKernel(dev, g), gemv_ops)
