@@ -83,6 +83,16 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
             (True, False): [(384, 128, 512), (1536, 512, 512)]}
 
 
+# (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 128x128 and 64x64 C tiles with 8x8 / 4x4 per
+# work-item (16x16 and 8x8 work-groups), K tiles of 8-32, float4 or float2, padded, single or
+# double-buffered (CLBlast's xgemm search space, pruned to the settings its database keeps for
+# NVIDIA/AMD GPUs).
+GPU_GRID = tuple(TiledConfig(*p) for p in (
+    (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
+    (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
+    (64, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 8, 8, 4, 4, 1), (64, 64, 32, 4, 4, 4, 0, 0),
+    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0)))
+
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
 
@@ -98,11 +108,7 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
     """Matrix-matrix configurations to time for ``variant`` on ``dev`` (the default first)."""
     default, _ = default_configs(dev)
     if uses_local_tiles(dev):
-        grid = [TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(128, 128, 16, 8, 8, 4, 4, 0),
-                TiledConfig(128, 128, 8, 8, 8, 4, 4, 1), TiledConfig(128, 64, 16, 8, 4, 4, 4, 1),
-                TiledConfig(64, 128, 16, 4, 8, 4, 4, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
-                TiledConfig(64, 64, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64, 32, 4, 4, 4, 0, 0),
-                TiledConfig(128, 128, 16, 8, 8, 2, 2, 1), TiledConfig(32, 32, 16, 2, 2, 2, 2, 0)]
+        grid = list(GPU_GRID)
     else:
         vw = cpu_vector_width(dev)
         blocks = [(8, 2), (6, 2), (12, 1), (4, 3)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
