@@ -205,10 +205,12 @@ def test_matmul_uses_gemv_for_few_rows_only(device, rng):
 
 @pytest.mark.parametrize("variant", matmul_tune.MODEL_VARIANTS)
 def test_every_tuner_candidate_is_correct(device, rng, variant):
-    """Every configuration the tuner may pick on this device (and the GPU grid, also run here so
-    CI on PoCL checks it) on a tiny ragged shape, for each transpose case it serves."""
+    """Every configuration the tuner may pick on this device on a tiny ragged shape, for each
+    transpose case it serves. On a CPU the GPU grid runs too (for NT, the linear layers' forward;
+    the other transposes of the tiled kernel run in test_matmul_overwrite_then_accumulate), so CI
+    on PoCL checks what a GPU may pick; its big register tiles are slow to compile there."""
     cands = matmul_tune.candidates(device, variant)
-    if not matmul_tune.uses_local_tiles(device):  # on CPUs also check the GPU grid, where it fits
+    if not matmul_tune.uses_local_tiles(device) and variant == NT:
         cands += [c for c in matmul_tune.GPU_GRID if matmul_tune.fits(device, c)]
     for cfg in cands:
         for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
