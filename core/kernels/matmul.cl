@@ -241,12 +241,15 @@ __kernel void matmul_pack_a(__global float* ap, __global const float* a, const i
     UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
 }
 
-// bp (packed op(B)), a or ap (packed op(A) when PACK_A) -> c (M,N), overwritten, or accumulated
-// into when accumulate != 0. One MR x NR block of C per work-item, 1-D launch over
+// bp (packed op(B)), a or ap (packed op(A) when PACK_A) -> c (M,N) = the product over k in
+// [k0, k0 + kc), overwritten, or accumulated into when accumulate != 0 (the launcher splits K into
+// chunks of KC so that a chunk of a B panel stays in L1 across the row blocks that reuse it, and
+// accumulates the later chunks). One MR x NR block of C per work-item, 1-D launch over
 // ceil(M/MR) * ceil(N/NR) blocks (rounded up to the work-group size).
 __kernel void matmul_packed(__global float* c, __global const float* a,
                             __global const floatV* bp, const int M, const int N, const int K,
-                            const int accumulate, const int a_offset, const int c_offset) {
+                            const int accumulate, const int a_offset, const int c_offset,
+                            const int k0, const int kc) {
     const int nq = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
     const int idx = get_global_id(0);
     if (idx >= nq * np) return;  // no barriers here, so an early return is allowed
@@ -255,7 +258,7 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
     const int rows = min(SUPER, nq - sr * SUPER);
     const int p = r / rows, q = sr * SUPER + r % rows;
     const int m0 = q * MR, n0 = p * NR;
-    __global const floatV* B = bp + (size_t)p * K * NB;
+    __global const floatV* B = bp + ((size_t)p * K + k0) * NB;  // rows k0 .. k0 + kc - 1 of the panel
     c += c_offset;
 
     floatV acc[MR][NB];
@@ -264,7 +267,7 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
     // pointers walk along k (no index arithmetic in the loop): element (i, k) of op(A) is
     // ak[a_row[i]] after k steps of a_step
 #ifdef PACK_A
-    __global const float* ak = a + (size_t)q * K * MR;
+    __global const float* ak = a + ((size_t)q * K + k0) * MR;
     const int a_step = MR;
 #define A_ROW(i) (i)
 #else
@@ -284,10 +287,11 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
 #else
     const int a_step = 1;
 #endif
+    ak += (size_t)k0 * a_step;
 #define A_ROW(i) a_row[i]
 #endif
     __global const floatV* bk = B;
-    for (int k = 0; k < K; k++, ak += a_step, bk += NB) {
+    for (int k = 0; k < kc; k++, ak += a_step, bk += NB) {
         floatV bv[NB];
         UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = bk[jb];
         UNROLL for (int i = 0; i < MR; i++) {

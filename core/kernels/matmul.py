@@ -101,6 +101,7 @@ class PackedConfig:
         wg: work-items per work-group (consecutive row blocks of one B panel).
         super_rows: row blocks per super-row (the A rows a B panel is reused across).
         pack_a: also pack op(A) into MR-row panels (else read from ``a`` in place).
+        kc: K chunk per launch (0 = all of K in one launch); later chunks accumulate into C.
     """
 
     mr: int = 6
@@ -109,11 +110,13 @@ class PackedConfig:
     wg: int = 1
     super_rows: int = 32
     pack_a: bool = False
+    kc: int = 0
 
     kernel = "matmul_packed"
 
     def __post_init__(self):
-        _check(min(self.mr, self.nb, self.wg, self.super_rows) >= 1, self, "sizes must be >= 1")
+        _check(min(self.mr, self.nb, self.wg, self.super_rows) >= 1 and self.kc >= 0, self,
+               "sizes must be >= 1 (kc >= 0)")
         _check(self.vw in _VECTOR_WIDTHS, self, "vw must be 1, 2, 4, 8 or 16")
 
     @property
@@ -326,9 +329,12 @@ class GemmKernel:
             if K > 0:
                 self._pack_a(q, (K, n_blocks), None, ap, a, i32(M), i32(K), i32(a_offset))
             a, a_offset = ap, 0
-        items = n_panels * n_blocks
-        self._main(q, (-(-items // cfg.wg) * cfg.wg,), (cfg.wg,), c, a, bp, i32(M), i32(N), i32(K),
-                   acc, i32(a_offset), i32(c_offset))
+        global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
+        kc = cfg.kc if 0 < cfg.kc < K else max(K, 1)
+        for k0 in range(0, max(K, 1), kc):
+            self._main(q, global_size, (cfg.wg,), c, a, bp, i32(M), i32(N), i32(K),
+                       acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0),
+                       i32(min(kc, K - k0)))
 
 
 class GemvKernel:

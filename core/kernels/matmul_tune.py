@@ -44,6 +44,7 @@ ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
 TUNER_VERSION = 1  # bump when the grid or the scoring changes
 MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
+RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
 Progress = Callable[[float, str], None]
 _lock = threading.Lock()
 
@@ -113,7 +114,7 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
         vw = cpu_vector_width(dev)
         blocks = [(8, 2), (6, 2), (12, 1), (4, 3)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
         grid = [PackedConfig(mr, nb, vw, 1, 16, True) for mr, nb in blocks]
-        grid += [PackedConfig(*blocks[0], vw, 4, 64, True)]
+        grid += [PackedConfig(*blocks[0], vw, 4, 64, True), PackedConfig(*blocks[0], vw, 1, 16, True, kc=256)]
     out = [default]
     for c in grid:
         if c not in out and fits(dev, c):
@@ -177,9 +178,9 @@ class _Operands:
         return bool(np.all(np.abs(got - self.want) <= 1e-4 * np.sqrt(self.shape[2]) + 1e-5))
 
 
-def _score(dev: Device, kernel, operands: list[_Operands], min_s: float) -> float:
-    """Geometric-mean GFLOP/s of ``kernel`` over ``operands``; 0.0 when it is wrong."""
-    if not operands[0].correct(kernel):
+def _score(dev: Device, kernel, operands: list[_Operands], min_s: float, check: bool = True) -> float:
+    """Geometric-mean GFLOP/s of ``kernel`` over ``operands``; 0.0 when it is wrong (``check``)."""
+    if check and not operands[0].correct(kernel):
         return 0.0
     logs = []
     for op in operands:
@@ -221,22 +222,29 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
 
     def pick(name, configs, make, operands):
         nonlocal done
-        best, best_score = None, -1.0
+        scores, kernels = {}, {}
         for cfg in configs:
-            over = time.perf_counter() - t_start > budget_s and best is not None
-            score = -1.0
+            over = time.perf_counter() - t_start > budget_s and scores
             if not over:
                 try:
-                    score = _score(dev, make(cfg), operands, min_s)
+                    kernels[cfg] = make(cfg)
+                    scores[cfg] = _score(dev, kernels[cfg], operands, min_s)
                 except (ValueError, KernelBuildError, dev.cl.Error) as e:
                     log.info("matmul tuning %s: %s failed: %s", name, cfg, str(e).splitlines()[0])
             done += 1
-            if score > best_score:
-                best, best_score = cfg, score
-            progress(done / total, f"matmul tuning {name}: {done}/{total}, best {best_score:.1f} GFLOP/s"
+            best_now = max(scores.values(), default=0.0)
+            progress(done / total, f"matmul tuning {name}: {done}/{total}, best {best_now:.1f} GFLOP/s"
                      + (" (time budget spent)" if over else ""))
-        log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, best_score)
-        result["gflops"][name] = round(best_score, 2)
+        # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best
+        leaders = [c for c in sorted(scores, key=scores.get, reverse=True)[:RETIME] if scores[c] > 0]
+        for _ in range(2 if len(leaders) > 1 else 0):
+            for cfg in leaders:
+                scores[cfg] = max(scores[cfg], _score(dev, kernels[cfg], operands, min_s, check=False))
+        if not scores:  # nothing built (cannot happen with the defaults in the grid)
+            raise RuntimeError(f"no matmul configuration for {name} works on {dev.info.name}")
+        best = max(scores, key=scores.get)
+        log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, scores[best])
+        result["gflops"][name] = round(scores[best], 2)
         return best
 
     for variant, configs in grid.items():
