@@ -230,15 +230,19 @@ __kernel void matmul_pack_b(__global float* bp, __global const float* b, const i
 }
 
 // op(A) (M,K) -> ap: panel q (rows q*MR ..) is K columns of MR contiguous floats, 0.0f past M.
-// Work-item (k, q); a stored as above, from a_offset.
+// One work-item per panel, walking k (measured 10-35 % faster on PoCL than one per (k, q)).
 __kernel void matmul_pack_a(__global float* ap, __global const float* a, const int M, const int K,
                             const int a_offset) {
-    const int k = get_global_id(0), q = get_global_id(1);
-    if (k >= K) return;
+    const int q = get_global_id(0);
     a += a_offset;
-    __global float* out = ap + ((size_t)q * K + k) * MR;
+    __global float* out = ap + (size_t)q * K * MR;
     const int m0 = q * MR;
-    UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
+    if (m0 + MR <= M) {
+        for (int k = 0; k < K; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
+    } else {
+        for (int k = 0; k < K; k++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
+    }
 }
 
 // bp (packed op(B)), a or ap (packed op(A) when PACK_A) -> c (M,N) = the product over k in

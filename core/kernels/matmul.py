@@ -327,7 +327,7 @@ class GemmKernel:
         if self._pack_a is not None:
             ap = self.scratch.get("a", n_blocks * cfg.mr * max(K, 1))
             if K > 0:
-                self._pack_a(q, (K, n_blocks), None, ap, a, i32(M), i32(K), i32(a_offset))
+                self._pack_a(q, (n_blocks,), None, ap, a, i32(M), i32(K), i32(a_offset))
             a, a_offset = ap, 0
         global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
         kc = cfg.kc if 0 < cfg.kc < K else max(K, 1)
