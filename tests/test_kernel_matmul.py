@@ -24,6 +24,7 @@ CONFIGS = {
     "packed-8x2x16": PackedConfig(8, 2, 16, 1, 16, True),
     "packed-5x3x4-wg3-unpacked-a": PackedConfig(5, 3, 4, 3, 2, False),
     "packed-3x1x8-wg2": PackedConfig(3, 1, 8, 2, 1, True),
+    "packed-6x4x16-k-chunks-of-16": PackedConfig(6, 4, 16, 2, 3, True, kc=16),  # K in several launches
 }
 SHAPES = [(1, 1, 1), (9, 7, 33), (7, 1, 257), (33, 257, 7), (257, 33, 65), (64, 64, 64), (70, 130, 9)]
 _ops: dict = {}
@@ -67,7 +68,7 @@ def test_matmul_overwrite_then_accumulate(device, rng, config, trans_a, trans_b,
 
 
 @pytest.mark.parametrize("config", ["default", "tiled-16x32-k8-vw2", "packed-5x3x4-wg3-unpacked-a",
-                                    "packed-8x2x16"])
+                                    "packed-6x4x16-k-chunks-of-16"])
 @pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
 def test_matmul_offsets(device, rng, config, trans_a, trans_b):
     op = _op(device, config)

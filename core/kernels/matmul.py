@@ -240,10 +240,10 @@ def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConf
 
     GPUs: 128x128 tiles of 8x8 per work-item (16x16 work-items), K tiles of 16, float4, padded,
     double-buffered (CLBlast's best NVIDIA class of setting), or the largest smaller tile that fits
-    the work-group and local memory limits. CPUs: packed panels of 6 rows x 2 vectors of the
-    device's vector width (12 accumulators, Goto's Haswell shape; 8x2 = 16 on AVX-512), both
-    operands packed (measured best on PoCL, 2-core Xeon with AVX-512); GEMV one work-item per 4
-    outputs with full-width vectors.
+    the work-group and local memory limits. CPUs: blocks of 6 rows x 2 vectors of the device's
+    vector width (12 accumulators, Goto's Haswell shape), or 6 x 4 vectors (24 of the 32
+    registers) on AVX-512, both operands packed (measured best on PoCL, 2-core Xeon with
+    AVX-512); GEMV one work-item per 4 outputs with full-width vectors.
     """
     if uses_local_tiles(dev):
         for cfg in (TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
@@ -256,7 +256,7 @@ def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConf
                     if fits(dev, g, max_items))
         return cfg, gemv
     vw = cpu_vector_width(dev)
-    cfg = PackedConfig(mr=8 if vw == 16 else 6, nb=2, vw=vw, wg=1, super_rows=16, pack_a=True)
+    cfg = PackedConfig(mr=6, nb=4 if vw == 16 else 2, vw=vw, wg=1, super_rows=16, pack_a=True)
     return cfg, GemvConfig(1, 4, vw)
 
 

@@ -112,7 +112,8 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
         grid = list(GPU_GRID)
     else:
         vw = cpu_vector_width(dev)
-        blocks = [(8, 2), (6, 2), (12, 1), (4, 3)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
+        # (rows, vectors): 16-28 of AVX-512's 32 registers, or 12 of AVX2's 16
+        blocks = [(6, 4), (8, 3), (8, 2), (12, 1)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
         grid = [PackedConfig(mr, nb, vw, 1, 16, True) for mr, nb in blocks]
         grid += [PackedConfig(*blocks[0], vw, 4, 64, True), PackedConfig(*blocks[0], vw, 1, 16, True, kc=256)]
     out = [default]
