@@ -139,6 +139,21 @@ def test_matmul_scratch_grows_and_shrinking_calls_stay_right(device, rng):
         _check_overwrite_then_accumulate(device, rng, op, M, N, K, True, False, f"{M}x{N}x{K}")
 
 
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_matmul_packs_large_operands_in_k_chunks(device, rng, monkeypatch, trans_a, trans_b):
+    """Scratch bounded: with a tiny SCRATCH_FLOATS the packed kernel packs and multiplies K in
+    several rounds (accumulating), and stays exact."""
+    from core.kernels import matmul as matmul_module
+
+    monkeypatch.setattr(matmul_module, "SCRATCH_FLOATS", 600)
+    cfg = CONFIGS["packed-3x1x8-wg2"]
+    kernel = GemmKernel(device, cfg, trans_a, trans_b)
+    M, N, K = 50, 30, 77
+    assert 1 < kernel.chunk(M, N, K) < K
+    mm = lambda c, a, b, M, N, K, trans_a, trans_b, accumulate=False: kernel(c, a, b, M, N, K, accumulate, 0, 0, 0)  # noqa: E731
+    _check_overwrite_then_accumulate(device, rng, mm, M, N, K, trans_a, trans_b, "in K chunks")
+
+
 def test_matmul_empty_is_a_no_op(device):
     op = Matmul(device)
     C = device.upload(np.full(4, 3.0, np.float32))

@@ -210,14 +210,15 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
 #ifdef MR
 #define NR (VW * NB)  // columns of a B panel
 
-// op(B) (K,N) -> bp: panel p (columns p*NR ..) is K rows of NR contiguous floats, 0.0f past N.
-// Work-item (k, p); b stored as above, from b_offset.
+// Rows k0 .. k0 + kc - 1 of op(B) (K,N) -> bp: panel p (columns p*NR ..) is kc rows of NR
+// contiguous floats, 0.0f past N. Work-item (k, p); b stored as above, from b_offset.
 __kernel void matmul_pack_b(__global float* bp, __global const float* b, const int N, const int K,
-                            const int b_offset) {
-    const int k = get_global_id(0), p = get_global_id(1);
-    if (k >= K) return;
+                            const int b_offset, const int k0, const int kc) {
+    const int kk = get_global_id(0), p = get_global_id(1);
+    if (kk >= kc) return;
+    const int k = k0 + kk;
     b += b_offset;
-    __global float* out = bp + ((size_t)p * K + k) * NR;
+    __global float* out = bp + ((size_t)p * kc + kk) * NR;
     const int n0 = p * NR;
 #ifndef TRANS_B
     if (n0 + NR <= N) {  // a contiguous run of b: vector copy
@@ -229,27 +230,28 @@ __kernel void matmul_pack_b(__global float* bp, __global const float* b, const i
     UNROLL for (int j = 0; j < NR; j++) out[j] = n0 + j < N ? B_AT(k, n0 + j) : 0.0f;
 }
 
-// op(A) (M,K) -> ap: panel q (rows q*MR ..) is K columns of MR contiguous floats, 0.0f past M.
-// One work-item per panel, walking k (measured 10-35 % faster on PoCL than one per (k, q)).
+// Columns k0 .. k0 + kc - 1 of op(A) (M,K) -> ap: panel q (rows q*MR ..) is kc columns of MR
+// contiguous floats, 0.0f past M. One work-item per panel, walking k (measured 10-35 % faster on
+// PoCL than one per (k, q)).
 __kernel void matmul_pack_a(__global float* ap, __global const float* a, const int M, const int K,
-                            const int a_offset) {
+                            const int a_offset, const int k0, const int kc) {
     const int q = get_global_id(0);
     a += a_offset;
-    __global float* out = ap + (size_t)q * K * MR;
+    __global float* out = ap + (size_t)q * kc * MR;
     const int m0 = q * MR;
     if (m0 + MR <= M) {
-        for (int k = 0; k < K; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
+        for (int k = k0; k < k0 + kc; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
     } else {
-        for (int k = 0; k < K; k++, out += MR)
+        for (int k = k0; k < k0 + kc; k++, out += MR)
             UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
     }
 }
 
-// bp (packed op(B)), a or ap (packed op(A) when PACK_A) -> c (M,N) = the product over k in
-// [k0, k0 + kc), overwritten, or accumulated into when accumulate != 0 (the launcher splits K into
-// chunks of KC so that a chunk of a B panel stays in L1 across the row blocks that reuse it, and
-// accumulates the later chunks). One MR x NR block of C per work-item, 1-D launch over
-// ceil(M/MR) * ceil(N/NR) blocks (rounded up to the work-group size).
+// bp (op(B) rows k0 .. k0 + kc - 1, packed), a (or ap: its columns k0 .. packed, when PACK_A) ->
+// c (M,N) = the product over that K chunk, overwritten, or accumulated into when accumulate != 0.
+// The launcher packs and multiplies K in chunks (so the panels stay cache-sized and the scratch
+// bounded) and accumulates every chunk after the first. One MR x NR block of C per work-item,
+// 1-D launch over ceil(M/MR) * ceil(N/NR) blocks (rounded up to the work-group size).
 __kernel void matmul_packed(__global float* c, __global const float* a,
                             __global const floatV* bp, const int M, const int N, const int K,
                             const int accumulate, const int a_offset, const int c_offset,
@@ -262,7 +264,7 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
     const int rows = min(SUPER, nq - sr * SUPER);
     const int p = r / rows, q = sr * SUPER + r % rows;
     const int m0 = q * MR, n0 = p * NR;
-    __global const floatV* B = bp + ((size_t)p * K + k0) * NB;  // rows k0 .. k0 + kc - 1 of the panel
+    __global const floatV* B = bp + (size_t)p * kc * NB;
     c += c_offset;
 
     floatV acc[MR][NB];
@@ -271,7 +273,7 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
     // pointers walk along k (no index arithmetic in the loop): element (i, k) of op(A) is
     // ak[a_row[i]] after k steps of a_step
 #ifdef PACK_A
-    __global const float* ak = a + ((size_t)q * K + k0) * MR;
+    __global const float* ak = a + (size_t)q * kc * MR;
     const int a_step = MR;
 #define A_ROW(i) (i)
 #else

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
+SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -321,20 +322,27 @@ class GemmKernel:
                        i32(K), acc, i32(a_offset), i32(b_offset), i32(c_offset))
             return
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
-        bp = self.scratch.get("b", n_panels * cfg.nr * max(K, 1))
-        if K > 0:
-            self._pack_b(q, (K, n_panels), None, bp, b, i32(N), i32(K), i32(b_offset))
-        if self._pack_a is not None:
-            ap = self.scratch.get("a", n_blocks * cfg.mr * max(K, 1))
-            if K > 0:
-                self._pack_a(q, (n_blocks,), None, ap, a, i32(M), i32(K), i32(a_offset))
-            a, a_offset = ap, 0
+        kc = self.chunk(M, N, K)
+        bp = self.scratch.get("b", n_panels * cfg.nr * kc)
+        ap = self.scratch.get("a", n_blocks * cfg.mr * kc) if self._pack_a is not None else a
         global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
+        for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
+            n = i32(min(kc, K - k0))
+            if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
+                self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
+                if self._pack_a is not None:
+                    self._pack_a(q, (n_blocks,), None, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
+            self._main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
+                       acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
+
+    def chunk(self, M: int, N: int, K: int) -> int:
+        """K rows per packing round: the configuration's ``kc``, shrunk so that the packed panels
+        of one round stay within ``SCRATCH_FLOATS`` (and the device's largest buffer)."""
+        cfg = self.cfg
+        limit = min(SCRATCH_FLOATS, self.dev.max_alloc_bytes // 4)
+        width = max(-(-N // cfg.nr) * cfg.nr, -(-M // cfg.mr) * cfg.mr)
         kc = cfg.kc if 0 < cfg.kc < K else max(K, 1)
-        for k0 in range(0, max(K, 1), kc):
-            self._main(q, global_size, (cfg.wg,), c, a, bp, i32(M), i32(N), i32(K),
-                       acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0),
-                       i32(min(kc, K - k0)))
+        return max(1, min(kc, limit // width))
 
 
 class GemvKernel:
