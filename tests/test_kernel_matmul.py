@@ -48,6 +48,13 @@ def _atol(K):
     return 2e-5 * np.sqrt(K) + 1e-6  # float32 rounding of a K-term sum of O(1) products
 
 
+def _launcher(kernel):
+    """A GemmKernel/GemvKernel called like Matmul (the transposes are built into the kernel)."""
+    def call(c, a, b, M, N, K, trans_a=False, trans_b=False, accumulate=False):
+        kernel(c, a, b, M, N, K, accumulate, 0, 0, 0)
+    return call
+
+
 def _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, what):
     a, b = _inputs(rng, M, N, K, trans_a, trans_b)
     A, B, C = to_device(device, a, b, np.full((M, N), np.nan, np.float32))  # NaN: must be overwritten
@@ -150,8 +157,7 @@ def test_matmul_packs_large_operands_in_k_chunks(device, rng, monkeypatch, trans
     kernel = GemmKernel(device, cfg, trans_a, trans_b)
     M, N, K = 50, 30, 77
     assert 1 < kernel.chunk(M, N, K) < K
-    mm = lambda c, a, b, M, N, K, trans_a, trans_b, accumulate=False: kernel(c, a, b, M, N, K, accumulate, 0, 0, 0)  # noqa: E731
-    _check_overwrite_then_accumulate(device, rng, mm, M, N, K, trans_a, trans_b, "in K chunks")
+    _check_overwrite_then_accumulate(device, rng, _launcher(kernel), M, N, K, trans_a, trans_b, "in K chunks")
 
 
 def test_matmul_empty_is_a_no_op(device):
@@ -230,16 +236,12 @@ def test_every_tuner_candidate_is_correct(device, rng, variant):
         cands += [c for c in matmul_tune.GPU_GRID if matmul_tune.fits(device, c)]
     for cfg in cands:
         for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
-            k = GemmKernel(device, cfg, *v)
-            mm = lambda c, a, b, M, N, K, trans_a, trans_b, accumulate=False: k(c, a, b, M, N, K, accumulate, 0, 0, 0)  # noqa: E731
-            _check_overwrite_then_accumulate(device, rng, mm, 19, 37, 23, *v, cfg)
+            _check_overwrite_then_accumulate(device, rng, _launcher(GemmKernel(device, cfg, *v)), 19, 37, 23, *v, cfg)
 
 
 def test_every_gemv_candidate_is_correct(device, rng):
     for cfg in matmul_tune.gemv_candidates(device):
-        k = GemvKernel(device, cfg)
-        mm = lambda c, a, b, M, N, K, trans_a, trans_b, accumulate=False: k(c, a, b, M, N, K, accumulate, 0, 0, 0)  # noqa: E731
-        _check_overwrite_then_accumulate(device, rng, mm, 2, 37, 45, False, True, cfg)
+        _check_overwrite_then_accumulate(device, rng, _launcher(GemvKernel(device, cfg)), 2, 37, 45, False, True, cfg)
 
 
 def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):

@@ -66,7 +66,8 @@ def device_key(dev: Device) -> str:
         driver = str(dev.cl_device.driver_version).strip()
     except dev.cl.Error:
         driver = "?"
-    return f"{dev.info.platform.strip()} | {dev.info.name.strip()} | driver {driver} | matmul.cl {src} | v{TUNER_VERSION}"
+    return (f"{dev.info.platform.strip()} | {dev.info.name.strip()} | driver {driver} | "
+            f"matmul.cl {src} | v{TUNER_VERSION}")
 
 
 def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
