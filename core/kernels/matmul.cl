@@ -231,20 +231,40 @@ __kernel void matmul_pack_b(__global float* bp, __global const float* b, const i
 }
 
 // Columns k0 .. k0 + kc - 1 of op(A) (M,K) -> ap: panel q (rows q*MR ..) is kc columns of MR
-// contiguous floats, 0.0f past M. One work-item per panel, walking k (measured 10-35 % faster on
-// PoCL than one per (k, q)).
+// contiguous floats, 0.0f past M. a stored (M,K): one work-item per panel walking k along its MR
+// rows (measured 10-35 % faster on PoCL than one per (k, q)). a stored (K,M): work-item (q, kb)
+// copies PACK_KB columns of one panel, so that neighbouring work-items (q + 1) read the rest of
+// the same cache lines right away: a panel walking all of k alone would touch one line per k,
+// 4 KiB apart when M is a power of two, which thrashes the cache sets.
+#ifndef PACK_KB
+#define PACK_KB 16  // the launcher passes its own (matmul.py PACK_KB)
+#endif
 __kernel void matmul_pack_a(__global float* ap, __global const float* a, const int M, const int K,
                             const int a_offset, const int k0, const int kc) {
     const int q = get_global_id(0);
+    if (q * MR >= M) return;  // the launch rounds the panels up to whole work-groups
     a += a_offset;
-    __global float* out = ap + (size_t)q * kc * MR;
     const int m0 = q * MR;
+#ifdef TRANS_A
+    const int kb = get_global_id(1) * PACK_KB;
+    const int k_end = min(kc, kb + PACK_KB);
+    __global float* out = ap + ((size_t)q * kc + kb) * MR;
+    if (m0 + MR <= M) {
+        for (int kk = kb; kk < k_end; kk++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k0 + kk);
+    } else {
+        for (int kk = kb; kk < k_end; kk++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k0 + kk) : 0.0f;
+    }
+#else
+    __global float* out = ap + (size_t)q * kc * MR;
     if (m0 + MR <= M) {
         for (int k = k0; k < k0 + kc; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
     } else {
         for (int k = k0; k < k0 + kc; k++, out += MR)
             UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
     }
+#endif
 }
 
 // bp (op(B) rows k0 .. k0 + kc - 1, packed), a (or ap: its columns k0 .. packed, when PACK_A) ->

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
+PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
@@ -143,6 +144,7 @@ class PackedConfig:
     def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
         """Build options for this configuration and transpose variant."""
         return (f"-DMR={self.mr}", f"-DNB={self.nb}", f"-DVW={self.vw}", f"-DSUPER={self.super_rows}",
+                f"-DPACK_KB={PACK_KB}",
                 *(("-DPACK_A",) if self.pack_a else ()), *_trans_options(trans_a, trans_b))
 
 
@@ -298,6 +300,7 @@ class GemmKernel:
         if not fits(dev, cfg, max_items):
             raise ValueError(f"{cfg} does not fit {dev.info.name} (work-group or local memory)")
         self.dev, self.cfg, self.scratch = dev, cfg, scratch or _Scratch(dev)
+        self._trans_a = trans_a
         opts = cfg.options(trans_a, trans_b)
         if isinstance(cfg, TiledConfig):
             self._main = dev.kernel("matmul", "matmul_tiled", opts)
@@ -330,8 +333,12 @@ class GemmKernel:
             n = i32(min(kc, K - k0))
             if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
                 self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
-                if self._pack_a is not None:
-                    self._pack_a(q, (n_blocks,), None, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
+                if self._pack_a is not None:  # a (K,M): 16 panels side by side per work-group
+                    if self._trans_a:
+                        grid, local = (-(-n_blocks // 16) * 16, -(-int(n) // PACK_KB)), (16, 1)
+                    else:
+                        grid, local = (n_blocks,), None
+                    self._pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
             self._main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                        acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
 
