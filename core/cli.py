@@ -32,6 +32,21 @@ def cmd_devices(args) -> int:
     return 0
 
 
+def _tune_matmul(dev) -> None:
+    """First use of a device: time the matmul kernels once (cached), with a progress line."""
+    from core.kernels import matmul_tune
+
+    shown = []
+
+    def line(fraction: float, message: str) -> None:
+        shown.append(message)
+        print(f"\r{message:<72s}", end="" if fraction < 1.0 else "\n", file=sys.stderr, flush=True)
+
+    result = matmul_tune.tuned_configs(dev, progress=line)
+    if shown and "seconds" in result:
+        print(f"matmul tuned in {result['seconds']:.1f} s (cached for this device and driver)", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------- train
 def _configs(args):
     from core.config import PRESETS, replace
@@ -245,6 +260,7 @@ def _train(args, out: Path) -> int:
     print(f"device: {dev.info.label}")
     if base is not None or not args.resume:
         _print_memory(dev, mc, tc)
+    _tune_matmul(dev)
     if args.resume:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
@@ -320,6 +336,7 @@ def cmd_chat(args) -> int:
 
     loaded = load_model(args.model)
     dev = open_device(args.device)
+    _tune_matmul(dev)
     gen = Generator(dev, loaded.config, loaded.weights)
     session = ChatSession(gen, loaded.tokenizer, system=args.system)
     settings = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

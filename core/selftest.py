@@ -189,7 +189,10 @@ def check_device(dev: Device, progress: Callable[[float, str], None] | None = No
         progress(0.8 * i / n, f"building {module}.cl ({i + 1}/{n})")
         try:
             launcher = getattr(importlib.import_module(f"core.kernels.{module}"), cls)
-            ops[module] = launcher(dev)
+            if module == "matmul":  # its first use on a device tunes it (cached): show that
+                ops[module] = launcher(dev, progress=lambda f, m, i=i: progress(0.8 * (i + f) / n, m))
+            else:
+                ops[module] = launcher(dev)
         except Exception as e:  # a missing module or a build log: report it per kernel
             log.warning("kernel %s unusable on %s: %s", module, dev.info.label, e)
             result.build_errors[module] = f"{type(e).__name__}: {e}"

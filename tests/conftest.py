@@ -10,6 +10,9 @@ import sys
 
 # GUI tests (tests/test_gui_*.py) need no display; set before anything imports Qt.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Tests must not depend on (or wait for) the first-use matmul tuner: untuned defaults everywhere;
+# tests/test_kernel_matmul.py switches it on for its tuner test.
+os.environ.setdefault("OPENCL_LLM_MATMUL_TUNE", "0")
 
 import numpy as np
 import pytest

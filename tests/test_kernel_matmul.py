@@ -1,27 +1,32 @@
-"""Matmul against the float64 numpy reference: every kernel, all transposes, ragged sizes, accumulate
-and offsets."""
+"""Matmul against the float64 numpy reference: every kernel family, all transposes, ragged sizes,
+accumulate, offsets, the GEMV path, every tuner candidate, and the tuner's cache."""
+import json
+
 import numpy as np
 import pytest
 
-from core.kernels.matmul import Matmul, MatmulTiles
+from core.kernels import matmul_tune
+from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
+                                 TiledConfig, config_from_dict, config_to_dict)
 from tests import reference as ref
 from tests.opcheck import assert_close, from_device, to_device
 
-TILED, DIRECT, DIRECT_NT = "matmul_tiled", "matmul_direct", "matmul_direct_nt"
 NT = (False, True)  # (trans_a, trans_b) of a linear layer's forward
-# name -> tiles override (None: the device's own choice). Both kernel families run on every
-# device, so CI (PoCL) also covers the GPU kernel and a GPU run covers the CPU ones.
+VARIANTS = [(False, False), (False, True), (True, False), (True, True)]
+# name -> configs override (None: the device's own choice). Both kernel families run on every
+# device, so CI (PoCL) also covers the GPU kernel and a GPU run covers the CPU one.
 CONFIGS = {
     "default": None,
-    "tiled-64x64": MatmulTiles(TILED, 64, 64, 4, 4, tsk=16),
-    "tiled-16x32-k8": MatmulTiles(TILED, 16, 32, 2, 8, tsk=8),
-    "tiled-1x1": MatmulTiles(TILED, 1, 1, 1, 1, tsk=1),
-    "direct-8x8": MatmulTiles(DIRECT, 8, 8, 8, 8),
-    "direct-6x16-wg2x4": {v: MatmulTiles(DIRECT, 6, 16, 3, 4) for v in [(0, 0), (1, 0), (1, 1)]}
-    | {NT: MatmulTiles(DIRECT_NT, 8, 6, 4, 3)},
-    "direct-nt-4x2": {NT: MatmulTiles(DIRECT_NT, 4, 2, 4, 2)},
+    "tiled-64x64-dbuf": TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
+    "tiled-16x32-k8-vw2": TiledConfig(16, 32, 8, 2, 8, 2, 2, 1),
+    "tiled-8x8-single": TiledConfig(8, 8, 4, 4, 4, 4, 0, 0),
+    "tiled-1x1": TiledConfig(1, 1, 1, 1, 1, 1, 0, 0),
+    "packed-8x2x16": PackedConfig(8, 2, 16, 1, 16, True),
+    "packed-5x3x4-wg3-unpacked-a": PackedConfig(5, 3, 4, 3, 2, False),
+    "packed-3x1x8-wg2": PackedConfig(3, 1, 8, 2, 1, True),
+    "packed-6x4x16-k-chunks-of-16": PackedConfig(6, 4, 16, 2, 3, True, kc=16),  # K in several launches
 }
-SHAPES = [(1, 1, 1), (1, 7, 33), (7, 1, 257), (33, 257, 7), (257, 33, 65), (64, 64, 64), (70, 130, 9)]
+SHAPES = [(1, 1, 1), (9, 7, 33), (7, 1, 257), (33, 257, 7), (257, 33, 65), (64, 64, 64), (70, 130, 9)]
 _ops: dict = {}
 
 
@@ -29,10 +34,7 @@ def _op(device, name):
     """One Matmul per (device, config) for the whole run: each builds four programs."""
     key = (device.info.index, name)
     if key not in _ops:
-        tiles = CONFIGS[name]
-        if isinstance(tiles, dict):
-            tiles = {(bool(a), bool(b)): t for (a, b), t in tiles.items()}
-        _ops[key] = Matmul(device, tiles=tiles)
+        _ops[key] = Matmul(device, configs=CONFIGS[name], gemv=False)
     return _ops[key]
 
 
@@ -46,23 +48,35 @@ def _atol(K):
     return 2e-5 * np.sqrt(K) + 1e-6  # float32 rounding of a K-term sum of O(1) products
 
 
-@pytest.mark.parametrize("M,N,K", SHAPES)
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_matmul_overwrite_then_accumulate(device, rng, config, trans_a, trans_b, M, N, K):
-    op = _op(device, config)
+def _launcher(kernel):
+    """A GemmKernel/GemvKernel called like Matmul (the transposes are built into the kernel)."""
+    def call(c, a, b, M, N, K, trans_a=False, trans_b=False, accumulate=False):
+        kernel(c, a, b, M, N, K, accumulate, 0, 0, 0)
+    return call
+
+
+def _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, what):
     a, b = _inputs(rng, M, N, K, trans_a, trans_b)
     A, B, C = to_device(device, a, b, np.full((M, N), np.nan, np.float32))  # NaN: must be overwritten
     op(C, A, B, M, N, K, trans_a=trans_a, trans_b=trans_b)
     want = ref.matmul_forward(a, b, trans_a, trans_b)
-    assert_close(from_device(device, C, want), want, atol=_atol(K), what=f"C {op.tiles(trans_a, trans_b)}")
+    assert_close(from_device(device, C, want), want, atol=_atol(K), what=f"C {what}")
     op(C, A, B, M, N, K, trans_a=trans_a, trans_b=trans_b, accumulate=True)
     assert_close(from_device(device, C, want), ref.matmul_forward(a, b, trans_a, trans_b, c=want),
-                 atol=2 * _atol(K), what="C += A @ B")
+                 atol=2 * _atol(K), what=f"C += A @ B {what}")
 
 
-@pytest.mark.parametrize("config", ["default", "tiled-16x32-k8", "direct-6x16-wg2x4"])
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_matmul_overwrite_then_accumulate(device, rng, config, trans_a, trans_b, M, N, K):
+    op = _op(device, config)
+    _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, op.config(trans_a, trans_b))
+
+
+@pytest.mark.parametrize("config", ["default", "tiled-16x32-k8-vw2", "packed-5x3x4-wg3-unpacked-a",
+                                    "packed-6x4x16-k-chunks-of-16"])
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
 def test_matmul_offsets(device, rng, config, trans_a, trans_b):
     op = _op(device, config)
     M, N, K = 13, 21, 34
@@ -79,12 +93,25 @@ def test_matmul_offsets(device, rng, config, trans_a, trans_b):
                  atol=2 * _atol(K), what="C with offsets")
 
 
+def test_matmul_k_zero_gives_zeros_or_keeps_c(device, rng):
+    for name in ("default", "tiled-8x8-single", "packed-8x2x16"):
+        op = _op(device, name)
+        c0 = rng.standard_normal((5, 6)).astype(np.float32)
+        C = device.upload(np.full((5, 6), np.nan, np.float32))
+        op(C, C, C, 5, 6, 0)
+        assert np.all(from_device(device, C, c0) == 0.0), name
+        device.upload(c0, C)
+        op(C, C, C, 5, 6, 0, trans_b=True, accumulate=True)
+        assert np.all(from_device(device, C, c0) == c0), name
+
+
 @pytest.mark.parametrize("local", [1, 4, 16, 64])
 def test_matmul_local_size_caps_work_group(device, rng, local):
     op = Matmul(device, local_size=local)
     M, N, K = 45, 67, 89
+    assert op.gemv_config.items <= local
     for trans_a, trans_b in [(False, False), NT, (True, False)]:
-        assert op.tiles(trans_a, trans_b).items <= local
+        assert op.config(trans_a, trans_b).items <= local
         a, b = _inputs(rng, M, N, K, trans_a, trans_b)
         A, B, C = to_device(device, a, b, np.zeros((M, N), np.float32))
         op(C, A, B, M, N, K, trans_a=trans_a, trans_b=trans_b)
@@ -94,7 +121,7 @@ def test_matmul_local_size_caps_work_group(device, rng, local):
 
 def test_matmul_linear_layer_and_its_backward(device, rng):
     """The three products of a linear layer y = x @ W.T as the model calls them (architecture.md)."""
-    op = _op(device, "default")
+    op = Matmul(device)
     n, d_in, d_out = 96, 200, 72
     x = rng.standard_normal((n, d_in)).astype(np.float32)
     w = (rng.standard_normal((d_out, d_in)) / np.sqrt(d_in)).astype(np.float32)
@@ -111,18 +138,154 @@ def test_matmul_linear_layer_and_its_backward(device, rng):
     assert_close(from_device(device, DW, w), dw0 + dy64.T @ x64, atol=5e-4, what="dW")
 
 
+def test_matmul_scratch_grows_and_shrinking_calls_stay_right(device, rng):
+    """The packed path keeps its scratch panels between calls: a large call after a small one
+    (buffer regrown) and a small one after it (stale data beyond) must both be exact."""
+    op = _op(device, "packed-3x1x8-wg2")
+    for M, N, K in [(5, 9, 4), (40, 70, 90), (6, 5, 3)]:
+        _check_overwrite_then_accumulate(device, rng, op, M, N, K, True, False, f"{M}x{N}x{K}")
+
+
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_matmul_packs_large_operands_in_k_chunks(device, rng, monkeypatch, trans_a, trans_b):
+    """Scratch bounded: with a tiny SCRATCH_FLOATS the packed kernel packs and multiplies K in
+    several rounds (accumulating), and stays exact."""
+    from core.kernels import matmul as matmul_module
+
+    monkeypatch.setattr(matmul_module, "SCRATCH_FLOATS", 600)
+    cfg = CONFIGS["packed-3x1x8-wg2"]
+    kernel = GemmKernel(device, cfg, trans_a, trans_b)
+    M, N, K = 50, 30, 77
+    assert 1 < kernel.chunk(M, N, K) < K
+    _check_overwrite_then_accumulate(device, rng, _launcher(kernel), M, N, K, trans_a, trans_b, "in K chunks")
+
+
 def test_matmul_empty_is_a_no_op(device):
-    op = _op(device, "default")
+    op = Matmul(device)
     C = device.upload(np.full(4, 3.0, np.float32))
     op(C, C, C, 0, 4, 4)
     op(C, C, C, 4, 0, 4)
+    op(C, C, C, 0, 4, 4, trans_b=True)
     assert np.all(from_device(device, C, np.zeros(4, np.float32)) == 3.0)
 
 
-def test_matmul_tiles_are_validated(device):
+def test_matmul_configs_are_validated(device):
     with pytest.raises(ValueError):
-        MatmulTiles(TILED, 64, 64, 3, 4)  # 64 not a multiple of 3
+        TiledConfig(64, 64, 16, 3, 4, 1)  # 64 not a multiple of 3
     with pytest.raises(ValueError):
-        MatmulTiles(DIRECT, 8, 6, 2, 3)  # vector width 3 only for the dot-product kernel
+        TiledConfig(64, 64, 16, 4, 4, 4, pad=2)  # padding must keep vector alignment
     with pytest.raises(ValueError):
-        Matmul(device, tiles=MatmulTiles(DIRECT_NT, 4, 4, 4, 4))  # NT kernel for every variant
+        PackedConfig(4, 1, vw=3)
+    with pytest.raises(ValueError):
+        GemvConfig(wg=3)
+    with pytest.raises(ValueError):  # more work-items than any device allows
+        Matmul(device, configs=TiledConfig(256, 256, 16, 1, 1, 1), gemv=False)
+    with pytest.raises(ValueError):
+        config_from_dict({"kernel": "matmul_nonsense"})
+    for cfg in (TiledConfig(), PackedConfig(), GemvConfig()):
+        assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+
+
+# ----------------------------------------------------------------------------- GEMV (decode)
+
+GEMV_CONFIGS = [GemvConfig(1, 1, 4), GemvConfig(1, 4, 16), GemvConfig(4, 3, 8), GemvConfig(64, 1, 4),
+                GemvConfig(16, 2, 1)]
+
+
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=lambda g: f"wg{g.wg}-rows{g.rows}-vw{g.vw}")
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 37, 129), (3, 130, 64), (8, 5, 1000), (2, 64, 3)])
+def test_gemv_against_numpy(device, rng, cfg, M, N, K):
+    """matmul_gemv for x (M,K) @ W.T, W (N,K): overwrite, accumulate and offsets."""
+    op = GemvKernel(device, cfg)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    X, W, C = to_device(device, np.concatenate([np.zeros(3, np.float32), x.ravel()]),
+                        np.concatenate([np.zeros(5, np.float32), w.ravel()]), np.full((M, N), np.nan, np.float32))
+    op(C, X, W, M, N, K, False, 3, 5, 0)
+    want = ref.matmul_forward(x, w, False, True)
+    assert_close(from_device(device, C, want), want, atol=_atol(K), what=f"gemv {cfg}")
+    device.upload(c0, C)
+    op(C, X, W, M, N, K, True, 3, 5, 0)
+    assert_close(from_device(device, C, want), ref.matmul_forward(x, w, False, True, c=c0),
+                 atol=2 * _atol(K), what=f"gemv += {cfg}")
+
+
+def test_matmul_uses_gemv_for_few_rows_only(device, rng):
+    """The launcher routes M <= GEMV_MAX_M with b transposed to the GEMV kernel, and is right on
+    both sides of the threshold (the GEMV kernel is made distinguishable by its configuration)."""
+    op = Matmul(device, configs=PackedConfig(4, 1, 4, 1, 4, True), gemv=GemvConfig(4, 2, 4))
+    assert op.gemv_config == GemvConfig(4, 2, 4)
+    for M in (1, GEMV_MAX_M, GEMV_MAX_M + 1):
+        _check_overwrite_then_accumulate(device, rng, op, M, 77, 50, False, True, f"M={M}")
+    assert sorted(op._gemv._kernels) == [1, GEMV_MAX_M]  # built for the two small M, not for 9
+    _check_overwrite_then_accumulate(device, rng, op, 2, 7, 5, False, False, "NN, small M: no GEMV")
+    assert 2 not in op._gemv._kernels
+
+
+# ----------------------------------------------------------------------------- tuner
+
+@pytest.mark.parametrize("variant", matmul_tune.MODEL_VARIANTS)
+def test_every_tuner_candidate_is_correct(device, rng, variant):
+    """Every configuration the tuner may pick on this device on a tiny ragged shape, for each
+    transpose case it serves. On a CPU the GPU grid runs too (for NT, the linear layers' forward;
+    the other transposes of the tiled kernel run in test_matmul_overwrite_then_accumulate), so CI
+    on PoCL checks what a GPU may pick; its big register tiles are slow to compile there."""
+    cands = matmul_tune.candidates(device, variant)
+    if not matmul_tune.uses_local_tiles(device) and variant == NT:
+        cands += [c for c in matmul_tune.GPU_GRID if matmul_tune.fits(device, c)]
+    for cfg in cands:
+        for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
+            _check_overwrite_then_accumulate(device, rng, _launcher(GemmKernel(device, cfg, *v)), 19, 37, 23, *v, cfg)
+
+
+def test_every_gemv_candidate_is_correct(device, rng):
+    for cfg in matmul_tune.gemv_candidates(device):
+        _check_overwrite_then_accumulate(device, rng, _launcher(GemvKernel(device, cfg)), 2, 37, 45, False, True, cfg)
+
+
+def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
+    """A tiny grid: an impossible candidate is skipped, the winner is a correct configuration, it
+    is written to the cache file under this device's key, reloaded by a fresh process's lookup,
+    and used by Matmul; OPENCL_LLM_MATMUL_TUNE=0 ignores it."""
+    monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(matmul_tune.ENV_VAR, "1")
+    monkeypatch.setattr(matmul_tune, "_memo", {})
+    impossible = TiledConfig(256, 256, 16, 1, 1, 1)  # 65536 work-items: never fits
+    good = [PackedConfig(4, 1, 4, 1, 4, True), TiledConfig(8, 8, 4, 2, 2, 2, 0, 1)]
+    grid = {NT: [impossible, *good], (True, False): [good[1], impossible]}
+    shape_table = {NT: [(9, 10, 11), (20, 30, 40)], (True, False): [(9, 10, 11)]}
+    seen = []
+    kwargs = dict(grid=grid, shape_table=shape_table, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(2, 1, 4)],
+                  gemv_shapes=[(1, 10, 20)], min_s=0.001)
+    result = matmul_tune.tuned_configs(device, progress=lambda f, m: seen.append((f, m)), **kwargs)
+    assert result[NT] in good and result[(True, False)] == good[1] and result[(True, True)] == good[1]
+    assert result["gemv"] in kwargs["gemv_grid"] and result["gflops"]["nt"] > 0
+    assert seen[-1][0] == 1.0 and all("matmul" in m for _, m in seen)
+    assert [f for f, _ in seen] == sorted(f for f, _ in seen)
+
+    data = json.loads((tmp_path / matmul_tune.CACHE_FILE).read_text())
+    assert list(data) == [matmul_tune.device_key(device)]
+    monkeypatch.setattr(matmul_tune, "_memo", {})  # as a new process would: read the file
+    reloaded = matmul_tune.tuned_configs(device, progress=lambda f, m: pytest.fail("tuned again"))
+    assert {k: v for k, v in reloaded.items() if k not in ("gflops", "seconds")} == \
+        {k: v for k, v in result.items() if k not in ("gflops", "seconds")}
+    op = Matmul(device)
+    assert op.config(*NT) == result[NT] and op.gemv_config == result["gemv"]
+    _check_overwrite_then_accumulate(device, rng, op, 21, 13, 17, False, True, "tuned NT")
+
+    monkeypatch.setenv(matmul_tune.ENV_VAR, "0")
+    assert matmul_tune.tuned_configs(device) == {}
+    assert Matmul(device).config(*NT) == matmul_tune.default_configs(device)[0]
+
+
+def test_tuner_survives_a_damaged_cache(device, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(matmul_tune, "_memo", {})
+    (tmp_path / matmul_tune.CACHE_FILE).write_text("{not json")
+    assert matmul_tune.load_cached(device) is None
+    (tmp_path / matmul_tune.CACHE_FILE).write_text(json.dumps({matmul_tune.device_key(device): {"nn": 3}}))
+    assert matmul_tune.load_cached(device) is None
+    result = {v: PackedConfig() for v in VARIANTS} | {"gemv": GemvConfig(), "seconds": 1.0, "gflops": {}}
+    matmul_tune.save(device, result)
+    assert matmul_tune.load_cached(device)[NT] == PackedConfig()

@@ -4,45 +4,35 @@
 // a: (M,K) row-major, or (K,M) when TRANS_A is defined
 // b: (K,N) row-major, or (N,K) when TRANS_B is defined
 // c: (M,N) row-major
-// Offsets (in elements) are applied to a, b and c before indexing. Any M, N, K >= 1.
+// Offsets (in elements) are applied to a, b and c before indexing. Any M, N, K >= 1 (K = 0 gives
+// zeros). Every size and layout is a -D build option chosen by matmul.py (tuned by matmul_tune.py),
+// after CLBlast's xgemm (Nugteren 2018, "CLBlast: A Tuned OpenCL BLAS Library"):
 //
-// Three kernels, one per kind of device; the launcher (matmul.py) picks one and its sizes:
-//   matmul_tiled      GPUs (on-chip local memory): A and B tiles staged in local memory, 2-D
-//                     register tile per work-item.
-//   matmul_direct     CPUs (local memory is ordinary cached RAM): no local memory, no barriers;
-//                     each work-item streams its rows of op(A) and columns of op(B) from global
-//                     memory and the caches do the tiling. PoCL keeps anything that lives across
-//                     a barrier in memory, so on a CPU the tiled kernel cannot keep its
-//                     accumulators in registers.
-//   matmul_direct_nt  the CPU kernel for b stored (N,K) and a stored (M,K) (linear layers'
-//                     forward): both operands are contiguous along k, so it vectorises along k.
-// Build options:
-//   TSM, TSN    rows / columns of C per work-group; WPTM, WPTN rows / columns per work-item.
-//               Work-group = (TSN/WPTN, TSM/WPTM) work-items, dimension 0 along N.
-//   TSK         depth of the local-memory tiles (matmul_tiled only).
-// Work-item (tn, tm) owns the WPTM x WPTN block of C at rows m + i, columns n + j, where
-// m = group_row * TSM + tm * WPTM and n likewise. Rows/columns past M/N are read clamped (or as
-// 0.0f in the tiles) and never stored. Register tiling after CNugteren's "myGEMM" tutorial.
-// PoCL does not inline builtins (vloadN, min), so the CPU kernels build vectors from scalar loads
-// (LLVM merges contiguous ones into one vector load) and clamp with ternaries.
-
-#ifndef TSM
-#define TSM 64
-#endif
-#ifndef TSN
-#define TSN 64
-#endif
-#ifndef TSK
-#define TSK 16
-#endif
-#ifndef WPTM
-#define WPTM 4
-#endif
-#ifndef WPTN
-#define WPTN 4
-#endif
-#define RTSM (TSM / WPTM)  // work-items along M
-#define RTSN (TSN / WPTN)  // work-items along N
+//   matmul_tiled    devices with on-chip local memory (GPUs). A TSM x TSN tile of C per work-group
+//                   of (TSN/WPTN, TSM/WPTM) work-items, WPTM x WPTN outputs per work-item held in
+//                   registers. TSK-deep tiles of op(A) and op(B) are staged in local memory with
+//                   VW-wide coalesced global loads, optionally double-buffered (DBUF=1: one barrier
+//                   per K tile, the next tile loads while this one is used) and padded by PAD floats
+//                   per row against bank conflicts. Work-item (tn, tm) owns VW-wide groups of columns
+//                   strided by RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
+//   matmul_packed   CPUs (local memory is cached RAM; PoCL keeps anything live across a barrier in
+//                   memory, so a barrier-free kernel is the only way to keep accumulators in
+//                   registers). op(B) is first packed by matmul_pack_b into zero-padded panels of NR
+//                   = VW*NB columns, each panel K rows of NR contiguous floats; op(A) optionally
+//                   (PACK_A) into panels of MR rows, K columns of MR contiguous floats. Each work-item
+//                   then computes one MR x NR block of C with MR*NB vector accumulators, streaming
+//                   both panels with unit stride (the BLAS "micro-kernel" of Goto & van de Geijn,
+//                   2008). Consecutive work-items take consecutive row blocks of one column panel,
+//                   in super-rows of SUPER blocks, so a B panel is reused from L1 and the A rows of a
+//                   super-row stay in L2. Packing also removes the power-of-two strides that alias
+//                   in the L1 cache and turns all four transpose cases into one kernel.
+//   matmul_gemv     M <= 8 rows with b stored (N,K) (decode: x @ W.T): a work-group of GEMV_WG
+//                   work-items computes GEMV_ROWS outputs, each work-item a strided share of K in
+//                   GEMV_VW-wide chunks, combined by a local-memory tree reduction.
+//
+// PoCL does not inline builtins (vloadN, min), so vectors are built from scalar loads (LLVM merges
+// contiguous ones into one vector load) and fixed loops carry unroll pragmas: without them the
+// accumulators stay in memory and the kernel runs 5x slower.
 
 // Element (row, k) of op(A) and (k, col) of op(B) in global memory.
 #ifdef TRANS_A
@@ -56,166 +46,363 @@
 #define B_AT(k, col) b[(k) * N + (col)]
 #endif
 
-// floatW: the WPTN columns of a work-item as one vector; VECW(F) = (floatW)(F(0), .., F(WPTN-1)).
-#if WPTN == 1
-#define floatW float
-#define VECW(F) (F(0))
-#elif WPTN == 2
-#define floatW float2
-#define VECW(F) ((float2)(F(0), F(1)))
-#elif WPTN == 4
-#define floatW float4
-#define VECW(F) ((float4)(F(0), F(1), F(2), F(3)))
-#elif WPTN == 8
-#define floatW float8
-#define VECW(F) ((float8)(F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7)))
-#elif WPTN == 16
-#define floatW float16
-#define VECW(F) ((float16)(F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7), \
-                           F(8), F(9), F(10), F(11), F(12), F(13), F(14), F(15)))
+#define UNROLL _Pragma("unroll")
+
+// floatV: a vector of VW floats; LOADV(p) reads p[0 .. VW-1] (any alignment of p); EXTRACT(v, q)
+// its component q (q a compile-time constant after unrolling).
+#ifndef VW
+#define VW 4
 #endif
+#if VW == 1
+#define floatV float
+#define LOADV(p) ((p)[0])
+#elif VW == 2
+#define floatV float2
+#define LOADV(p) ((float2)((p)[0], (p)[1]))
+#elif VW == 4
+#define floatV float4
+#define LOADV(p) ((float4)((p)[0], (p)[1], (p)[2], (p)[3]))
+#elif VW == 8
+#define floatV float8
+#define LOADV(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
+#elif VW == 16
+#define floatV float16
+#define LOADV(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
+                            (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#endif
+typedef union { floatV v; float s[VW]; } vec_parts;
 
-// One step k of a register tile: acc[i] += op(A)[row i][k] * (op(B)[k][col j] for every j).
-#define MAC_STEP(A_OF_I, B_OF_J)                                                   \
-    {                                                                              \
-        const floatW bv = VECW(B_OF_J);                                            \
-        _Pragma("unroll") for (int i = 0; i < WPTM; i++) acc[i] += (A_OF_I(i)) * bv; \
+// c[idx] = value, or c[idx] += value when accumulating
+#define STORE_C(idx, value) c[idx] = accumulate ? c[idx] + (value) : (value)
+
+// =============================================================================== matmul_tiled
+#ifdef TSM
+#define RTSM (TSM / WPTM)  // work-items along M
+#define RTSN (TSN / WPTN)  // work-items along N
+#define THREADS (RTSM * RTSN)
+#ifndef PAD
+#define PAD 0
+#endif
+#ifndef DBUF
+#define DBUF 0
+#endif
+#define NBUF (DBUF + 1)
+#define LDA ((TSM + PAD) / VW)  // row length of the local tiles, in vectors
+#define LDB ((TSN + PAD) / VW)
+
+// Stage the K tile starting at k0 of op(A) (TSM x TSK) into As[k][r] and of op(B) (TSK x TSN)
+// into Bs[k][s], 0.0f outside the matrices. Consecutive work-items take consecutive vectors along
+// the stored layout's contiguous axis, so global reads coalesce.
+inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const float* a,
+                       __global const float* b, const int M, const int N, const int K,
+                       const int m0, const int n0, const int k0, const int tid) {
+    __local float* as = (__local float*)As;
+    __local float* bs = (__local float*)Bs;
+    const bool full_a = m0 + TSM <= M && k0 + TSK <= K;
+    const bool full_b = n0 + TSN <= N && k0 + TSK <= K;
+#ifdef TRANS_A  // a stored (K,M): vectors along m, copied as they are
+    for (int e = tid; e < TSK * (TSM / VW); e += THREADS) {
+        const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
+        if (full_a) {
+            As[k * LDA + r / VW] = LOADV(&A_AT(m0 + r, k0 + k));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                as[k * LDA * VW + r + q] = (m0 + r + q < M && k0 + k < K) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
+        }
     }
-
-// Write the register tile acc[i] (row m + i, columns n .. n + WPTN - 1), skipping the edges.
-#define STORE_TILE()                                                               \
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) {                             \
-        if (m + i < M) {                                                           \
-            union { floatW v; float s[WPTN]; } out = {acc[i]};                     \
-            _Pragma("unroll") for (int j = 0; j < WPTN; j++) {                     \
-                const int idx = (m + i) * N + n + j;                               \
-                if (n + j < N) c[idx] = accumulate ? c[idx] + out.s[j] : out.s[j]; \
-            }                                                                      \
-        }                                                                          \
+#else  // a stored (M,K): vectors along k, written transposed
+    for (int e = tid; e < TSM * (TSK / VW); e += THREADS) {
+        const int r = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+        if (full_a) {
+            vec_parts v = {LOADV(&A_AT(m0 + r, k0 + k))};
+            UNROLL for (int q = 0; q < VW; q++) as[(k + q) * LDA * VW + r] = v.s[q];
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                as[(k + q) * LDA * VW + r] = (m0 + r < M && k0 + k + q < K) ? A_AT(m0 + r, k0 + k + q) : 0.0f;
+        }
     }
+#endif
+#ifdef TRANS_B  // b stored (N,K): vectors along k, written transposed
+    for (int e = tid; e < TSN * (TSK / VW); e += THREADS) {
+        const int s = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+        if (full_b) {
+            vec_parts v = {LOADV(&B_AT(k0 + k, n0 + s))};
+            UNROLL for (int q = 0; q < VW; q++) bs[(k + q) * LDB * VW + s] = v.s[q];
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                bs[(k + q) * LDB * VW + s] = (n0 + s < N && k0 + k + q < K) ? B_AT(k0 + k + q, n0 + s) : 0.0f;
+        }
+    }
+#else  // b stored (K,N): vectors along n, copied as they are
+    for (int e = tid; e < TSK * (TSN / VW); e += THREADS) {
+        const int k = e / (TSN / VW), s = (e % (TSN / VW)) * VW;
+        if (full_b) {
+            Bs[k * LDB + s / VW] = LOADV(&B_AT(k0 + k, n0 + s));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                bs[k * LDB * VW + s + q] = (n0 + s + q < N && k0 + k < K) ? B_AT(k0 + k, n0 + s + q) : 0.0f;
+        }
+    }
+#endif
+}
 
-#ifdef floatW  // the two kernels below need WPTN to be a vector width (not so for 4x3 NT tiles)
-
-// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0
+// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0.
+// Work-item (tn, tm) owns rows m0 + (i / VW) * RTSM * VW + tm * VW + i % VW (i < WPTM) and the
+// columns likewise; rows/columns past M/N are computed on zeros and never stored.
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void matmul_tiled(__global float* c, __global const float* a, __global const float* b,
                   const int M, const int N, const int K, const int accumulate,
                   const int a_offset, const int b_offset, const int c_offset) {
     const int tn = get_local_id(0), tm = get_local_id(1);
-    const int m0 = get_group_id(1) * TSM, n0 = get_group_id(0) * TSN;  // the tile's corner
-    const int m = m0 + tm * WPTM, n = n0 + tn * WPTN;                  // this work-item's
     const int tid = tm * RTSN + tn;
+    const int m0 = get_group_id(1) * TSM, n0 = get_group_id(0) * TSN;  // the tile's corner
     a += a_offset;
     b += b_offset;
     c += c_offset;
-    __local float Asub[TSK][TSM];  // Asub[k][r] = op(A)[m0 + r][k0 + k], 0.0f outside
-    __local float Bsub[TSK][TSN];  // Bsub[k][s] = op(B)[k0 + k][n0 + s], 0.0f outside
+    __local floatV As[NBUF][TSK * LDA];  // As[buf][k * LDA + r / VW] = op(A)[m0 + r][k0 + k]
+    __local floatV Bs[NBUF][TSK * LDB];  // Bs[buf][k * LDB + s / VW] = op(B)[k0 + k][n0 + s]
 
-    floatW acc[WPTM];
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) acc[i] = (floatW)(0.0f);
+    float acc[WPTM][WPTN];
+    UNROLL for (int i = 0; i < WPTM; i++)
+        UNROLL for (int j = 0; j < WPTN; j++) acc[i][j] = 0.0f;
 
+    load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, 0, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int buf = 0;
     for (int k0 = 0; k0 < K; k0 += TSK) {
-        // Stage the tiles: consecutive work-items take consecutive elements along the stored
-        // layout's contiguous axis, so global reads coalesce.
-        for (int e = tid; e < TSM * TSK; e += RTSM * RTSN) {
-#ifdef TRANS_A  // a stored (K,M): contiguous along m
-            const int r = e % TSM, k = e / TSM;
-#else           // a stored (M,K): contiguous along k
-            const int k = e % TSK, r = e / TSK;
+#if DBUF  // fill the other buffer now; everyone finished reading it before the last barrier
+        if (k0 + TSK < K) load_tiles(As[buf ^ 1], Bs[buf ^ 1], a, b, M, N, K, m0, n0, k0 + TSK, tid);
 #endif
-            Asub[k][r] = (m0 + r < M && k0 + k < K) ? A_AT(m0 + r, k0 + k) : 0.0f;
-        }
-        for (int e = tid; e < TSN * TSK; e += RTSM * RTSN) {
-#ifdef TRANS_B  // b stored (N,K): contiguous along k
-            const int k = e % TSK, s = e / TSK;
-#else           // b stored (K,N): contiguous along n
-            const int s = e % TSN, k = e / TSN;
-#endif
-            Bsub[k][s] = (n0 + s < N && k0 + k < K) ? B_AT(k0 + k, n0 + s) : 0.0f;
+        __local const floatV* as = As[buf];
+        __local const floatV* bs = Bs[buf];
+        UNROLL for (int k = 0; k < TSK; k++) {
+            vec_parts av[WPTM / VW], bv[WPTN / VW];
+            UNROLL for (int i = 0; i < WPTM / VW; i++) av[i].v = as[k * LDA + i * RTSM + tm];
+            UNROLL for (int j = 0; j < WPTN / VW; j++) bv[j].v = bs[k * LDB + j * RTSN + tn];
+            UNROLL for (int i = 0; i < WPTM; i++)
+                UNROLL for (int j = 0; j < WPTN; j++)
+                    acc[i][j] += av[i / VW].s[i % VW] * bv[j / VW].s[j % VW];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-#define A_TILE(i) Asub[k][tm * WPTM + (i)]
-#define B_TILE(j) Bsub[k][tn * WPTN + (j)]
-        for (int k = 0; k < TSK; k++) MAC_STEP(A_TILE, B_TILE)
-        barrier(CLK_LOCAL_MEM_FENCE);  // all work-items are done with the tiles before reloading
+#if DBUF
+        buf ^= 1;
+#else
+        if (k0 + TSK < K) {
+            load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, k0 + TSK, tid);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+#endif
     }
-    STORE_TILE()
-}
 
-// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0
-__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
-void matmul_direct(__global float* c, __global const float* a, __global const float* b,
-                   const int M, const int N, const int K, const int accumulate,
-                   const int a_offset, const int b_offset, const int c_offset) {
-    const int m = get_group_id(1) * TSM + get_local_id(1) * WPTM;
-    const int n = get_group_id(0) * TSN + get_local_id(0) * WPTN;
-    if (m >= M || n >= N) return;  // a block wholly outside C (no barriers here, so allowed)
-    a += a_offset;
-    b += b_offset;
-    c += c_offset;
-
-    floatW acc[WPTM];
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) acc[i] = (floatW)(0.0f);
-
-    int row[WPTM];  // rows past M read row M - 1 (and are not stored)
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) row[i] = m + i < M ? m + i : M - 1;
-#define A_ROW(i) A_AT(row[i], k)
-#define B_COL(j) B_AT(k, n + (j))
-#define B_COL_CLAMPED(j) B_AT(k, n + (j) < N ? n + (j) : N - 1)
-    if (n + WPTN <= N) {  // full block: contiguous columns, so a row of B is one vector load
-        for (int k = 0; k < K; k++) MAC_STEP(A_ROW, B_COL)
-    } else {
-        for (int k = 0; k < K; k++) MAC_STEP(A_ROW, B_COL_CLAMPED)
-    }
-    STORE_TILE()
-}
-
-#endif  // floatW
-
-#if defined(TRANS_B) && !defined(TRANS_A)
-
-#define VEC8(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
-
-// a (M,K), b (N,K) -> c (M,N) = a @ b^T, overwritten, or accumulated into when accumulate != 0.
-// Dot-product form: acc[i][j] holds 8 partial sums of row m+i of a times row n+j of b over k.
-__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
-void matmul_direct_nt(__global float* c, __global const float* a, __global const float* b,
-                      const int M, const int N, const int K, const int accumulate,
-                      const int a_offset, const int b_offset, const int c_offset) {
-    const int m = get_group_id(1) * TSM + get_local_id(1) * WPTM;
-    const int n = get_group_id(0) * TSN + get_local_id(0) * WPTN;
-    if (m >= M || n >= N) return;  // a block wholly outside C (no barriers here, so allowed)
-    a += a_offset;
-    b += b_offset;
-    c += c_offset;
-
-    __global const float* arow[WPTM];  // rows past M / N read the last row (and are not stored)
-    __global const float* brow[WPTN];
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) arow[i] = a + (m + i < M ? m + i : M - 1) * K;
-    _Pragma("unroll") for (int j = 0; j < WPTN; j++) brow[j] = b + (n + j < N ? n + j : N - 1) * K;
-
-    float8 acc[WPTM][WPTN];
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++)
-        _Pragma("unroll") for (int j = 0; j < WPTN; j++) acc[i][j] = (float8)(0.0f);
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        float8 av[WPTM], bv[WPTN];
-        _Pragma("unroll") for (int i = 0; i < WPTM; i++) av[i] = VEC8(arow[i] + k);
-        _Pragma("unroll") for (int j = 0; j < WPTN; j++) bv[j] = VEC8(brow[j] + k);
-        _Pragma("unroll") for (int i = 0; i < WPTM; i++)
-            _Pragma("unroll") for (int j = 0; j < WPTN; j++) acc[i][j] += av[i] * bv[j];
-    }
-    _Pragma("unroll") for (int i = 0; i < WPTM; i++) {
-        _Pragma("unroll") for (int j = 0; j < WPTN; j++) {
-            const float8 v = acc[i][j];
-            const float4 v4 = v.lo + v.hi;
-            const float2 v2 = v4.lo + v4.hi;
-            float sum = v2.x + v2.y;
-            for (int kk = k; kk < K; kk++) sum += arow[i][kk] * brow[j][kk];  // K % 8 tail
-            const int idx = (m + i) * N + n + j;
-            if (m + i < M && n + j < N) c[idx] = accumulate ? c[idx] + sum : sum;
+    UNROLL for (int i = 0; i < WPTM; i++) {
+        const int row = m0 + (i / VW) * RTSM * VW + tm * VW + i % VW;
+        if (row < M) {
+            UNROLL for (int j = 0; j < WPTN; j++) {
+                const int col = n0 + (j / VW) * RTSN * VW + tn * VW + j % VW;
+                if (col < N) STORE_C(row * N + col, acc[i][j]);
+            }
         }
     }
 }
+#endif  // TSM
 
-#endif  // TRANS_B && !TRANS_A
+// ============================================================================== matmul_packed
+#ifdef MR
+#define NR (VW * NB)  // columns of a B panel
+
+// Rows k0 .. k0 + kc - 1 of op(B) (K,N) -> bp: panel p (columns p*NR ..) is kc rows of NR
+// contiguous floats, 0.0f past N. Work-item (k, p); b stored as above, from b_offset.
+__kernel void matmul_pack_b(__global float* bp, __global const float* b, const int N, const int K,
+                            const int b_offset, const int k0, const int kc) {
+    const int kk = get_global_id(0), p = get_global_id(1);
+    if (kk >= kc) return;
+    const int k = k0 + kk;
+    b += b_offset;
+    __global float* out = bp + ((size_t)p * kc + kk) * NR;
+    const int n0 = p * NR;
+#ifndef TRANS_B
+    if (n0 + NR <= N) {  // a contiguous run of b: vector copy
+        UNROLL for (int jb = 0; jb < NB; jb++)  // out is VW-aligned: bp is a fresh buffer
+            *(__global floatV*)(out + jb * VW) = LOADV(&B_AT(k, n0 + jb * VW));
+        return;
+    }
+#endif
+    UNROLL for (int j = 0; j < NR; j++) out[j] = n0 + j < N ? B_AT(k, n0 + j) : 0.0f;
+}
+
+// Columns k0 .. k0 + kc - 1 of op(A) (M,K) -> ap: panel q (rows q*MR ..) is kc columns of MR
+// contiguous floats, 0.0f past M. a stored (M,K): one work-item per panel walking k along its MR
+// rows (measured 10-35 % faster on PoCL than one per (k, q)). a stored (K,M): work-item (q, kb)
+// copies PACK_KB columns of one panel, so that neighbouring work-items (q + 1) read the rest of
+// the same cache lines right away: a panel walking all of k alone would touch one line per k,
+// 4 KiB apart when M is a power of two, which thrashes the cache sets.
+#ifndef PACK_KB
+#define PACK_KB 16  // the launcher passes its own (matmul.py PACK_KB)
+#endif
+__kernel void matmul_pack_a(__global float* ap, __global const float* a, const int M, const int K,
+                            const int a_offset, const int k0, const int kc) {
+    const int q = get_global_id(0);
+    if (q * MR >= M) return;  // the launch rounds the panels up to whole work-groups
+    a += a_offset;
+    const int m0 = q * MR;
+#ifdef TRANS_A
+    const int kb = get_global_id(1) * PACK_KB;
+    const int k_end = min(kc, kb + PACK_KB);
+    __global float* out = ap + ((size_t)q * kc + kb) * MR;
+    if (m0 + MR <= M) {
+        for (int kk = kb; kk < k_end; kk++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k0 + kk);
+    } else {
+        for (int kk = kb; kk < k_end; kk++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k0 + kk) : 0.0f;
+    }
+#else
+    __global float* out = ap + (size_t)q * kc * MR;
+    if (m0 + MR <= M) {
+        for (int k = k0; k < k0 + kc; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
+    } else {
+        for (int k = k0; k < k0 + kc; k++, out += MR)
+            UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
+    }
+#endif
+}
+
+// bp (op(B) rows k0 .. k0 + kc - 1, packed), a (or ap: its columns k0 .. packed, when PACK_A) ->
+// c (M,N) = the product over that K chunk, overwritten, or accumulated into when accumulate != 0.
+// The launcher packs and multiplies K in chunks (so the panels stay cache-sized and the scratch
+// bounded) and accumulates every chunk after the first. One MR x NR block of C per work-item,
+// 1-D launch over ceil(M/MR) * ceil(N/NR) blocks (rounded up to the work-group size).
+__kernel void matmul_packed(__global float* c, __global const float* a,
+                            __global const floatV* bp, const int M, const int N, const int K,
+                            const int accumulate, const int a_offset, const int c_offset,
+                            const int k0, const int kc) {
+    const int nq = (M + MR - 1) / MR, np = (N + NR - 1) / NR;
+    const int idx = get_global_id(0);
+    if (idx >= nq * np) return;  // no barriers here, so an early return is allowed
+    // super-rows of SUPER row blocks; inside one, consecutive work-items walk down a B panel
+    const int sr = idx / (SUPER * np), r = idx % (SUPER * np);
+    const int rows = min(SUPER, nq - sr * SUPER);
+    const int p = r / rows, q = sr * SUPER + r % rows;
+    const int m0 = q * MR, n0 = p * NR;
+    __global const floatV* B = bp + (size_t)p * kc * NB;
+    c += c_offset;
+
+    floatV acc[MR][NB];
+    UNROLL for (int i = 0; i < MR; i++)
+        UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] = (floatV)(0.0f);
+    // pointers walk along k (no index arithmetic in the loop): element (i, k) of op(A) is
+    // ak[a_row[i]] after k steps of a_step
+#ifdef PACK_A
+    __global const float* ak = a + (size_t)q * kc * MR;
+    const int a_step = MR;
+#define A_ROW(i) (i)
+#else
+    a += a_offset;
+    __global const float* ak = a;
+    long a_row[MR];  // rows past M read row M - 1 (and are not stored)
+    UNROLL for (int i = 0; i < MR; i++) {
+        const long r = m0 + i < M ? m0 + i : M - 1;
+#ifdef TRANS_A
+        a_row[i] = r;
+#else
+        a_row[i] = r * K;
+#endif
+    }
+#ifdef TRANS_A
+    const int a_step = M;
+#else
+    const int a_step = 1;
+#endif
+    ak += (size_t)k0 * a_step;
+#define A_ROW(i) a_row[i]
+#endif
+    __global const floatV* bk = B;
+    for (int k = 0; k < kc; k++, ak += a_step, bk += NB) {
+        floatV bv[NB];
+        UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = bk[jb];
+        UNROLL for (int i = 0; i < MR; i++) {
+            const float av = ak[A_ROW(i)];
+            UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] += av * bv[jb];
+        }
+    }
+
+    UNROLL for (int i = 0; i < MR; i++) {
+        if (m0 + i < M) {
+            UNROLL for (int jb = 0; jb < NB; jb++) {
+                vec_parts out = {acc[i][jb]};
+                UNROLL for (int j = 0; j < VW; j++) {
+                    const int col = n0 + jb * VW + j;
+                    if (col < N) STORE_C((m0 + i) * N + col, out.s[j]);
+                }
+            }
+        }
+    }
+}
+#endif  // MR
+
+// ================================================================================ matmul_gemv
+#ifdef GEMV_M
+#if defined(TRANS_A) || !defined(TRANS_B)
+#error "matmul_gemv serves a (M,K) @ b(N,K).T only"
+#endif
+
+// a (M,K) with M == GEMV_M, b (N,K) -> c (M,N) = a @ b^T, overwritten, or accumulated into when
+// accumulate != 0. Work-group g computes columns g*GEMV_ROWS ..; work-item l sums the chunks
+// k = (l + t*GEMV_WG) * VW of K, then the work-group adds its GEMV_WG partial sums in a tree.
+__kernel __attribute__((reqd_work_group_size(GEMV_WG, 1, 1)))
+void matmul_gemv(__global float* c, __global const float* a, __global const float* b,
+                 const int M, const int N, const int K, const int accumulate,
+                 const int a_offset, const int b_offset, const int c_offset) {
+    const int l = get_local_id(0);
+    const int n0 = get_group_id(0) * GEMV_ROWS;
+    a += a_offset;
+    b += b_offset;
+    c += c_offset;
+    __global const float* brow[GEMV_ROWS];  // columns past N read column N - 1 (not stored)
+    UNROLL for (int j = 0; j < GEMV_ROWS; j++) brow[j] = b + (n0 + j < N ? n0 + j : N - 1) * K;
+
+    floatV acc[GEMV_M][GEMV_ROWS];
+    UNROLL for (int i = 0; i < GEMV_M; i++)
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] = (floatV)(0.0f);
+    const int k_vec = (K / VW) * VW;
+    for (int k = l * VW; k < k_vec; k += GEMV_WG * VW) {
+        floatV w[GEMV_ROWS];
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) w[j] = LOADV(brow[j] + k);
+        UNROLL for (int i = 0; i < GEMV_M; i++) {
+            const floatV x = LOADV(a + i * K + k);
+            UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] += x * w[j];
+        }
+    }
+    float sum[GEMV_M][GEMV_ROWS];
+    UNROLL for (int i = 0; i < GEMV_M; i++) {
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+            vec_parts v = {acc[i][j]};
+            float s = 0.0f;
+            UNROLL for (int q = 0; q < VW; q++) s += v.s[q];
+            for (int k = k_vec + l; k < K; k += GEMV_WG) s += a[i * K + k] * brow[j][k];  // K % VW tail
+            sum[i][j] = s;
+        }
+    }
+#if GEMV_WG > 1
+    __local float part[GEMV_M * GEMV_ROWS][GEMV_WG];
+    UNROLL for (int i = 0; i < GEMV_M; i++)
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) part[i * GEMV_ROWS + j][l] = sum[i][j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int step = GEMV_WG / 2; step > 0; step /= 2) {  // GEMV_WG is a power of two
+        if (l < step) {
+            UNROLL for (int e = 0; e < GEMV_M * GEMV_ROWS; e++) part[e][l] += part[e][l + step];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (l == 0) {
+        UNROLL for (int i = 0; i < GEMV_M; i++)
+            UNROLL for (int j = 0; j < GEMV_ROWS; j++) sum[i][j] = part[i * GEMV_ROWS + j][0];
+    }
+#endif
+    if (l == 0) {
+        UNROLL for (int i = 0; i < GEMV_M; i++)
+            UNROLL for (int j = 0; j < GEMV_ROWS; j++)
+                if (n0 + j < N) STORE_C(i * N + n0 + j, sum[i][j]);
+    }
+}
+#endif  // GEMV_M

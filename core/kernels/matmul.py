@@ -1,18 +1,23 @@
 """Launcher for ``matmul.cl``: C(M,N) = op(A) @ op(B), optionally accumulated, with offsets.
 
-Tile sizes are compile-time (``-D`` build options) and chosen here from the device's limits:
+Every size is a compile-time ``-D`` option described by one of three configuration classes:
 
-* devices with on-chip local memory (GPUs): ``matmul_tiled`` with 64x64 C tiles, 4x4 outputs per
-  work-item and K tiles of 16 (smaller tiles when the work-group size or local memory is short);
-* CPUs, whose "local" memory is cached RAM: ``matmul_direct`` (6x16 outputs per work-item, read
-  straight from global memory), or ``matmul_direct_nt`` for ``trans_b`` without ``trans_a``.
+* :class:`TiledConfig` — ``matmul_tiled``, local-memory tiles with a register tile per work-item
+  (devices with on-chip local memory: GPUs);
+* :class:`PackedConfig` — ``matmul_pack_b`` (+ ``matmul_pack_a``) then ``matmul_packed``, a
+  barrier-free register-blocked micro-kernel over packed panels (CPUs);
+* :class:`GemvConfig` — ``matmul_gemv`` for ``M <= GEMV_MAX_M`` rows times ``b`` stored (N,K)
+  (decode), chosen automatically when M is small.
 
-See the header of ``matmul.cl`` for why the CPU kernels do not stage tiles in local memory.
+Which configuration a device gets: the winner of :mod:`core.kernels.matmul_tune` (timed once per
+device, driver and kernel source, cached in the user cache folder), else :func:`default_configs`.
+See the header of ``matmul.cl`` for the kernels themselves.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Callable, Union
 
 import numpy as np
 
@@ -20,40 +25,53 @@ from core.device import Device
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("matmul_tiled", "matmul_direct", "matmul_direct_nt")
+VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
+GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
+PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
+SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
+_VECTOR_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def _check(cond: bool, cfg, why: str) -> None:
+    if not cond:
+        raise ValueError(f"{type(cfg).__name__}: {why}: {cfg}")
 
 
 @dataclass(frozen=True)
-class MatmulTiles:
-    """Compile-time tiling of one matmul kernel.
+class TiledConfig:
+    """``matmul_tiled``: a ``tsm`` x ``tsn`` tile of C per work-group staged through local memory.
 
     Attributes:
-        kernel: one of ``KERNELS``; ``matmul_direct_nt`` only serves ``trans_b and not trans_a``.
-        tsm, tsn: rows / columns of C computed by one work-group.
-        wptm, wptn: rows / columns of C computed by one work-item (``wptn`` in 1, 2, 4, 8, 16 except
-            for ``matmul_direct_nt``, which takes any).
-        tsk: depth of the local-memory tiles (``matmul_tiled`` only).
+        tsm, tsn: rows / columns of C per work-group.
+        tsk: depth of the local-memory K tiles.
+        wptm, wptn: rows / columns of C per work-item (register tile); work-group shape
+            ``(tsn // wptn, tsm // wptm)``, dimension 0 along N.
+        vw: vector width (1, 2, 4, 8, 16) of global loads and local reads; divides every size above.
+        pad: floats of padding per local tile row (against bank conflicts), a multiple of ``vw``.
+        dbuf: 1 = double-buffered local tiles (one barrier per K tile), 0 = single.
     """
 
-    kernel: str
-    tsm: int
-    tsn: int
-    wptm: int
-    wptn: int
+    tsm: int = 64
+    tsn: int = 64
     tsk: int = 16
+    wptm: int = 4
+    wptn: int = 4
+    vw: int = 4
+    pad: int = 0
+    dbuf: int = 0
+
+    kernel = "matmul_tiled"
 
     def __post_init__(self):
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if min(self.tsm, self.tsn, self.wptm, self.wptn, self.tsk) < 1:
-            raise ValueError(f"tile sizes must be >= 1: {self}")
-        if self.tsm % self.wptm or self.tsn % self.wptn:
-            raise ValueError(f"tsm/tsn must be multiples of wptm/wptn: {self}")
-        if self.kernel != "matmul_direct_nt" and self.wptn not in (1, 2, 4, 8, 16):
-            raise ValueError(f"wptn must be 1, 2, 4, 8 or 16 for {self.kernel}: {self}")
+        _check(min(self.tsm, self.tsn, self.tsk, self.wptm, self.wptn) >= 1, self, "sizes must be >= 1")
+        _check(self.vw in _VECTOR_WIDTHS, self, "vw must be 1, 2, 4, 8 or 16")
+        _check(self.tsm % self.wptm == 0 and self.tsn % self.wptn == 0, self, "tsm/tsn must be multiples of wptm/wptn")
+        _check(all(v % self.vw == 0 for v in (self.tsm, self.tsn, self.tsk, self.wptm, self.wptn, self.pad)),
+               self, "vw must divide tsm, tsn, tsk, wptm, wptn and pad")
+        _check(self.dbuf in (0, 1) and self.pad >= 0, self, "dbuf must be 0 or 1, pad >= 0")
 
     @property
-    def local(self) -> tuple[int, int]:
+    def local(self) -> tuple[int, ...]:
         """Work-group shape (along N, along M)."""
         return self.tsn // self.wptn, self.tsm // self.wptm
 
@@ -64,22 +82,139 @@ class MatmulTiles:
 
     @property
     def local_mem_bytes(self) -> int:
-        """Local memory the kernel declares (the two tiles of ``matmul_tiled``)."""
-        return (self.tsm + self.tsn) * self.tsk * 4 if self.kernel == "matmul_tiled" else 0
+        """Local memory the kernel declares (the A and B tiles, twice when double-buffered)."""
+        return (self.dbuf + 1) * self.tsk * (self.tsm + self.tsn + 2 * self.pad) * 4
 
     def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
-        """Build options for this tiling and transpose variant."""
-        opts = [f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}",
-                f"-DWPTM={self.wptm}", f"-DWPTN={self.wptn}"]
-        if trans_a:
-            opts.append("-DTRANS_A")
-        if trans_b:
-            opts.append("-DTRANS_B")
-        return tuple(opts)
+        """Build options for this configuration and transpose variant."""
+        return (f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}", f"-DWPTM={self.wptm}",
+                f"-DWPTN={self.wptn}", f"-DVW={self.vw}", f"-DPAD={self.pad}", f"-DDBUF={self.dbuf}",
+                *_trans_options(trans_a, trans_b))
 
 
-def _uses_local_tiles(dev: Device) -> bool:
-    """True when local memory is on-chip (CL_LOCAL): staging tiles there pays off (GPUs)."""
+@dataclass(frozen=True)
+class PackedConfig:
+    """``matmul_packed``: an ``mr`` x ``vw * nb`` block of C per work-item over packed panels.
+
+    Attributes:
+        mr: rows of C per work-item (and of a packed A panel).
+        nb: vectors of ``vw`` columns per work-item (a B panel is ``vw * nb`` columns wide).
+        vw: vector width of the accumulators (16 = one AVX-512 register, 8 = one AVX2 register).
+        wg: work-items per work-group (consecutive row blocks of one B panel).
+        super_rows: row blocks per super-row (the A rows a B panel is reused across).
+        pack_a: also pack op(A) into MR-row panels (else read from ``a`` in place).
+        kc: K chunk per launch (0 = all of K in one launch); later chunks accumulate into C.
+    """
+
+    mr: int = 6
+    nb: int = 1
+    vw: int = 16
+    wg: int = 1
+    super_rows: int = 32
+    pack_a: bool = False
+    kc: int = 0
+
+    kernel = "matmul_packed"
+
+    def __post_init__(self):
+        _check(min(self.mr, self.nb, self.wg, self.super_rows) >= 1 and self.kc >= 0, self,
+               "sizes must be >= 1 (kc >= 0)")
+        _check(self.vw in _VECTOR_WIDTHS, self, "vw must be 1, 2, 4, 8 or 16")
+
+    @property
+    def nr(self) -> int:
+        """Columns of C per work-item (width of a packed B panel)."""
+        return self.vw * self.nb
+
+    @property
+    def local(self) -> tuple[int, ...]:
+        """Work-group shape (1-D)."""
+        return (self.wg,)
+
+    @property
+    def items(self) -> int:
+        """Work-items per work-group."""
+        return self.wg
+
+    @property
+    def local_mem_bytes(self) -> int:
+        """Local memory the kernel declares (none)."""
+        return 0
+
+    def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
+        """Build options for this configuration and transpose variant."""
+        return (f"-DMR={self.mr}", f"-DNB={self.nb}", f"-DVW={self.vw}", f"-DSUPER={self.super_rows}",
+                f"-DPACK_KB={PACK_KB}",
+                *(("-DPACK_A",) if self.pack_a else ()), *_trans_options(trans_a, trans_b))
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """``matmul_gemv``: ``rows`` outputs per work-group of ``wg`` work-items splitting K.
+
+    Attributes:
+        wg: work-items per work-group (a power of two; 1 = no local reduction).
+        rows: output columns per work-group.
+        vw: vector width of the loads along K.
+    """
+
+    wg: int = 64
+    rows: int = 1
+    vw: int = 4
+
+    kernel = "matmul_gemv"
+
+    def __post_init__(self):
+        _check(self.wg >= 1 and self.wg & (self.wg - 1) == 0, self, "wg must be a power of two")
+        _check(self.rows >= 1 and self.vw in _VECTOR_WIDTHS, self, "rows >= 1, vw in 1, 2, 4, 8, 16")
+
+    @property
+    def items(self) -> int:
+        """Work-items per work-group."""
+        return self.wg
+
+    @property
+    def local_mem_bytes(self) -> int:
+        """Local memory of the reduction for GEMV_MAX_M rows."""
+        return GEMV_MAX_M * self.rows * self.wg * 4 if self.wg > 1 else 0
+
+    def options(self, m: int) -> tuple[str, ...]:
+        """Build options for ``m`` rows of A (b transposed)."""
+        return (f"-DGEMV_M={m}", f"-DGEMV_WG={self.wg}", f"-DGEMV_ROWS={self.rows}", f"-DVW={self.vw}",
+                "-DTRANS_B")
+
+
+GemmConfig = Union[TiledConfig, PackedConfig]
+_CLASSES = {c.kernel: c for c in (TiledConfig, PackedConfig, GemvConfig)}
+
+
+def config_to_dict(cfg: GemmConfig | GemvConfig) -> dict:
+    """JSON-ready form of a configuration: its fields plus ``"kernel"``."""
+    return {"kernel": cfg.kernel, **asdict(cfg)}
+
+
+def config_from_dict(d: dict) -> GemmConfig | GemvConfig:
+    """Inverse of :func:`config_to_dict`.
+
+    Raises:
+        ValueError: unknown kernel name or invalid fields.
+    """
+    d = dict(d)
+    cls = _CLASSES.get(d.pop("kernel", None))
+    if cls is None:
+        raise ValueError(f"unknown matmul kernel in {d}")
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ValueError(f"bad matmul configuration {d}: {e}") from None
+
+
+def _trans_options(trans_a: bool, trans_b: bool) -> tuple[str, ...]:
+    return (*(("-DTRANS_A",) if trans_a else ()), *(("-DTRANS_B",) if trans_b else ()))
+
+
+def uses_local_tiles(dev: Device) -> bool:
+    """True when local memory is on-chip (CL_LOCAL) and the device is no CPU: tiles pay (GPUs)."""
     cl = dev.cl
     try:
         on_chip = int(dev.cl_device.local_mem_type) == cl.device_local_mem_type.LOCAL
@@ -88,30 +223,161 @@ def _uses_local_tiles(dev: Device) -> bool:
     return on_chip and not int(dev.cl_device.type) & cl.device_type.CPU
 
 
-def candidate_tiles(dev: Device, trans_a: bool, trans_b: bool,
-                    max_items: int | None = None) -> list[MatmulTiles]:
-    """Tilings for this device and transpose variant, best first.
+def cpu_vector_width(dev: Device) -> int:
+    """Preferred float vector width of the device (16 on AVX-512 CPUs, 8 on AVX2), 4 if unknown."""
+    try:
+        w = int(dev.cl_device.preferred_vector_width_float)
+    except dev.cl.Error:
+        w = 4
+    return w if w in (4, 8, 16) else 4
 
-    GPUs: the tiled kernel, 4x4 outputs per work-item, the largest square C tile whose work-group
-    (``(tile/4)**2`` items) fits ``max_items`` (default: the device maximum) and whose two tiles
-    fit local memory. CPUs: the direct kernels with the sizes measured best on PoCL (2-core AMD
-    EPYC, AVX2): 6x16 outputs per work-item (12 AVX2 accumulators), one work-item per group; for
-    ``trans_b`` alone, 4x3 dot products per work-item, 4 work-items per group along M.
+
+def fits(dev: Device, cfg, max_items: int | None = None) -> bool:
+    """Whether ``cfg``'s work-group and local memory fit the device (and ``max_items``)."""
+    limit = min(dev.max_work_group_size, max_items or dev.max_work_group_size)
+    return cfg.items <= limit and cfg.local_mem_bytes <= dev.local_mem_size
+
+
+def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConfig, GemvConfig]:
+    """Untuned defaults: (matrix-matrix configuration, GEMV configuration) for this device.
+
+    GPUs: 128x128 tiles of 8x8 per work-item (16x16 work-items), K tiles of 16, float4, padded,
+    double-buffered (CLBlast's best NVIDIA class of setting), or the largest smaller tile that fits
+    the work-group and local memory limits. CPUs: blocks of 6 rows x 2 vectors of the device's
+    vector width (12 accumulators, Goto's Haswell shape), or 6 x 4 vectors (24 of the 32
+    registers) on AVX-512, both operands packed (measured best on PoCL, 2-core Xeon with
+    AVX-512); GEMV one work-item per 4 outputs with full-width vectors.
     """
-    max_items = max_items or dev.max_work_group_size
-    if _uses_local_tiles(dev):
-        out = []
-        for tile, wpt in ((64, 4), (32, 4), (16, 4), (8, 4), (4, 4), (2, 2), (1, 1)):
-            t = MatmulTiles("matmul_tiled", tile, tile, wpt, wpt, tsk=16)
-            if t.items <= max_items and t.local_mem_bytes <= dev.local_mem_size:
-                out.append(t)
-        return out
-    if trans_b and not trans_a:
-        cpu = [MatmulTiles("matmul_direct_nt", 16, 3, 4, 3), MatmulTiles("matmul_direct_nt", 4, 3, 4, 3)]
-    else:
-        cpu = [MatmulTiles("matmul_direct", 6, 16, 6, 16)]
-    cpu.append(MatmulTiles(cpu[0].kernel, 1, 1, 1, 1))
-    return [t for t in cpu if t.items <= max_items]
+    if uses_local_tiles(dev):
+        for cfg in (TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
+                    TiledConfig(32, 32, 16, 4, 4, 4, 4, 0), TiledConfig(16, 16, 16, 4, 4, 4, 0, 0),
+                    TiledConfig(8, 8, 8, 4, 4, 4, 0, 0), TiledConfig(4, 4, 4, 4, 4, 4, 0, 0),
+                    TiledConfig(1, 1, 1, 1, 1, 1, 0, 0)):
+            if fits(dev, cfg, max_items):
+                break
+        gemv = next(g for g in (GemvConfig(128, 1, 4), GemvConfig(32, 1, 4), GemvConfig(1, 1, 4))
+                    if fits(dev, g, max_items))
+        return cfg, gemv
+    vw = cpu_vector_width(dev)
+    cfg = PackedConfig(mr=6, nb=4 if vw == 16 else 2, vw=vw, wg=1, super_rows=16, pack_a=True)
+    return cfg, GemvConfig(1, 4, vw)
+
+
+class _Scratch:
+    """Scratch buffers (packed panels) by name, grown on demand and kept for the next call."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self._buffers: dict[str, tuple[object, int]] = {}
+
+    def get(self, name: str, n_floats: int):
+        buf, size = self._buffers.get(name, (None, 0))
+        if size < n_floats:
+            size = max(n_floats, int(size * 1.25))
+            buf = self.dev.alloc(size)  # the old one is freed once queued kernels are done with it
+            self._buffers[name] = (buf, size)
+        return buf
+
+
+class GemmKernel:
+    """One matrix-matrix configuration built for one transpose variant (used by :class:`Matmul`
+    and the tuner).
+
+    Args:
+        dev: the device.
+        cfg: a :class:`TiledConfig` or :class:`PackedConfig`.
+        trans_a, trans_b: the variant.
+        max_items: work-group cap (default the device maximum).
+        scratch: scratch-buffer pool to share (packed kernels); default a new one.
+
+    Raises:
+        ValueError: ``cfg`` does not fit the device, ``max_items`` or the built kernel's limit.
+        KernelBuildError: the kernel failed to build.
+    """
+
+    def __init__(self, dev: Device, cfg: GemmConfig, trans_a: bool, trans_b: bool,
+                 max_items: int | None = None, scratch: _Scratch | None = None):
+        if not fits(dev, cfg, max_items):
+            raise ValueError(f"{cfg} does not fit {dev.info.name} (work-group or local memory)")
+        self.dev, self.cfg, self.scratch = dev, cfg, scratch or _Scratch(dev)
+        self._trans_a = trans_a
+        opts = cfg.options(trans_a, trans_b)
+        if isinstance(cfg, TiledConfig):
+            self._main = dev.kernel("matmul", "matmul_tiled", opts)
+        else:
+            self._main = dev.kernel("matmul", "matmul_packed", opts)
+            self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
+            self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if cfg.pack_a else None
+        # a kernel can allow fewer work-items than the device (registers)
+        allowed = int(self._main.get_work_group_info(dev.cl.kernel_work_group_info.WORK_GROUP_SIZE,
+                                                     dev.cl_device))
+        if allowed < cfg.items:
+            raise ValueError(f"{cfg} needs {cfg.items} work-items; the kernel allows {allowed}")
+
+    def __call__(self, c, a, b, M: int, N: int, K: int, accumulate: bool, a_offset: int,
+                 b_offset: int, c_offset: int) -> None:
+        """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1."""
+        cfg, q, i32 = self.cfg, self.dev.queue, np.int32
+        acc = i32(1 if accumulate else 0)
+        if isinstance(cfg, TiledConfig):
+            lx, ly = cfg.local
+            self._main(q, (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly), (lx, ly), c, a, b, i32(M), i32(N),
+                       i32(K), acc, i32(a_offset), i32(b_offset), i32(c_offset))
+            return
+        n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
+        kc = self.chunk(M, N, K)
+        bp = self.scratch.get("b", n_panels * cfg.nr * kc)
+        ap = self.scratch.get("a", n_blocks * cfg.mr * kc) if self._pack_a is not None else a
+        global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
+        for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
+            n = i32(min(kc, K - k0))
+            if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
+                self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
+                if self._pack_a is not None:  # a (K,M): 16 panels side by side per work-group
+                    if self._trans_a:
+                        grid, local = (-(-n_blocks // 16) * 16, -(-int(n) // PACK_KB)), (16, 1)
+                    else:
+                        grid, local = (n_blocks,), None
+                    self._pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
+            self._main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
+                       acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
+
+    def chunk(self, M: int, N: int, K: int) -> int:
+        """K rows per packing round: the configuration's ``kc``, shrunk so that the packed panels
+        of one round stay within ``SCRATCH_FLOATS`` (and the device's largest buffer)."""
+        cfg = self.cfg
+        limit = min(SCRATCH_FLOATS, self.dev.max_alloc_bytes // 4)
+        width = max(-(-N // cfg.nr) * cfg.nr, -(-M // cfg.mr) * cfg.mr)
+        kc = cfg.kc if 0 < cfg.kc < K else max(K, 1)
+        return max(1, min(kc, limit // width))
+
+
+class GemvKernel:
+    """The GEMV configuration, built lazily for each row count M <= ``GEMV_MAX_M``.
+
+    Raises:
+        ValueError: ``cfg`` does not fit the device or ``max_items``.
+    """
+
+    def __init__(self, dev: Device, cfg: GemvConfig, max_items: int | None = None):
+        if not fits(dev, cfg, max_items):
+            raise ValueError(f"{cfg} does not fit {dev.info.name} (work-group or local memory)")
+        self.dev, self.cfg = dev, cfg
+        self._kernels: dict[int, object] = {}
+
+    def __call__(self, c, a, b, M: int, N: int, K: int, accumulate: bool, a_offset: int,
+                 b_offset: int, c_offset: int) -> None:
+        """Enqueue C (M,N) = (or +=) a (M,K) @ b (N,K).T; 1 <= M <= GEMV_MAX_M, N >= 1."""
+        g, i32 = self.cfg, np.int32
+        knl = self._kernels.get(M)
+        if knl is None:
+            knl = self._kernels[M] = self.dev.kernel("matmul", "matmul_gemv", g.options(M))
+            allowed = int(knl.get_work_group_info(self.dev.cl.kernel_work_group_info.WORK_GROUP_SIZE,
+                                                  self.dev.cl_device))
+            if allowed < g.wg:
+                raise ValueError(f"{g} needs {g.wg} work-items; the kernel allows {allowed}")
+        knl(self.dev.queue, (-(-N // g.rows) * g.wg,), (g.wg,), c, a, b, i32(M), i32(N), i32(K),
+            i32(1 if accumulate else 0), i32(a_offset), i32(b_offset), i32(c_offset))
 
 
 class Matmul:
@@ -121,44 +387,61 @@ class Matmul:
     when ``trans_b``; ``c`` is (M,N). A linear layer ``y = x @ W.T`` (W stored (out, in) as in
     llama.cpp/GGUF) is ``matmul(y, x, W, M=B*T, N=out, K=in, trans_b=True)``; its backward is
     ``matmul(dx, dy, W, M, in, out)`` and ``matmul(dW, dy, x, out, in, M, trans_a=True,
-    accumulate=True)``.
-
-    The four transpose variants are built once here, each with its own tiling (see
-    :func:`candidate_tiles`).
+    accumulate=True)``. With ``trans_b`` alone and M <= ``GEMV_MAX_M`` (decode) the GEMV kernel runs.
 
     Args:
         dev: the device.
-        local_size: largest work-group (in work-items) to use; default the device's maximum.
-        tiles: override the tiling: one :class:`MatmulTiles` for every variant, or a dict
-            ``{(trans_a, trans_b): MatmulTiles}`` for some (tests use this).
+        local_size: largest work-group (in work-items) to use; default the device's maximum
+            (a cap also skips the tuned configurations, which assume the full limit).
+        configs: override the matrix-matrix configuration: one for every transpose variant, or a
+            dict ``{(trans_a, trans_b): config}`` for some (tests use this). Default: the tuned
+            configuration of this device (see :mod:`core.kernels.matmul_tune`), else
+            :func:`default_configs`.
+        gemv: override the GEMV configuration; ``False`` disables the GEMV path.
+        progress: ``progress(fraction, message)`` for a first-run tuning (GUI / CLI).
+
+    Raises:
+        ValueError: a given configuration does not fit the device or this kernel's limits.
+        KernelBuildError: a kernel failed to build.
     """
 
     def __init__(self, dev: Device, local_size: int | None = None,
-                 tiles: MatmulTiles | dict[tuple[bool, bool], MatmulTiles] | None = None):
+                 configs: GemmConfig | dict[tuple[bool, bool], GemmConfig] | None = None,
+                 gemv: GemvConfig | bool | None = None,
+                 progress: Callable[[float, str], None] | None = None):
         self.dev = dev
-        self._variants: dict[tuple[bool, bool], tuple[object, MatmulTiles]] = {}
-        for ta in (False, True):
-            for tb in (False, True):
-                forced = tiles.get((ta, tb)) if isinstance(tiles, dict) else tiles
-                self._variants[(ta, tb)] = self._build(ta, tb, forced, local_size)
+        tuned: dict = {}
+        if local_size is None and (not isinstance(configs, GemmConfig.__args__) or gemv is None):
+            from core.kernels import matmul_tune  # imported here: the tuner builds kernels of this module
 
-    def _build(self, ta: bool, tb: bool, forced: MatmulTiles | None, local_size: int | None):
-        options = [forced] if forced is not None else candidate_tiles(self.dev, ta, tb, local_size)
-        for t in options:
-            if t.kernel == "matmul_direct_nt" and not (tb and not ta):
-                raise ValueError("matmul_direct_nt only serves trans_b=True, trans_a=False")
-            knl = self.dev.kernel("matmul", t.kernel, t.options(ta, tb))
-            # a kernel can allow fewer work-items than the device (registers); then go smaller
-            if self.dev.work_group_size(knl) >= t.items:
-                log.debug("matmul trans_a=%s trans_b=%s: %s", ta, tb, t)
-                return knl, t
-            if forced is not None:
-                raise ValueError(f"{t} needs {t.items} work-items; the kernel allows fewer")
-        raise RuntimeError(f"no matmul tiling fits {self.dev.info.name}")
+            tuned = matmul_tune.tuned_configs(dev, progress=progress)
+        default_gemm, default_gemv = default_configs(dev, local_size)
+        scratch = _Scratch(dev)
+        self._variants: dict[tuple[bool, bool], GemmKernel] = {}
+        for v in VARIANTS:
+            forced = configs.get(v) if isinstance(configs, dict) else configs
+            cfg = forced or tuned.get(v) or default_gemm
+            try:
+                self._variants[v] = GemmKernel(dev, cfg, *v, max_items=local_size, scratch=scratch)
+            except ValueError as e:
+                if forced is not None or cfg == default_gemm:
+                    raise
+                log.warning("matmul: %s; using %s", e, default_gemm)
+                self._variants[v] = GemmKernel(dev, default_gemm, *v, max_items=local_size, scratch=scratch)
+            log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
+        self._gemv = None
+        if gemv is not False:
+            g = gemv if isinstance(gemv, GemvConfig) else tuned.get("gemv") or default_gemv
+            self._gemv = GemvKernel(dev, g, local_size)
 
-    def tiles(self, trans_a: bool = False, trans_b: bool = False) -> MatmulTiles:
-        """The tiling used for this transpose variant."""
-        return self._variants[(bool(trans_a), bool(trans_b))][1]
+    def config(self, trans_a: bool = False, trans_b: bool = False) -> GemmConfig:
+        """The matrix-matrix configuration used for this transpose variant."""
+        return self._variants[(bool(trans_a), bool(trans_b))].cfg
+
+    @property
+    def gemv_config(self) -> GemvConfig | None:
+        """The GEMV configuration (None when the GEMV path is off)."""
+        return self._gemv.cfg if self._gemv is not None else None
 
     def __call__(self, c, a, b, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, accumulate: bool = False, a_offset: int = 0,
@@ -174,9 +457,8 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
-        knl, t = self._variants[(bool(trans_a), bool(trans_b))]
-        lx, ly = t.local
-        global_size = (-(-N // t.tsn) * lx, -(-M // t.tsm) * ly)
-        knl(self.dev.queue, global_size, (lx, ly), c, a, b, np.int32(M), np.int32(N),
-            np.int32(K), np.int32(1 if accumulate else 0), np.int32(a_offset),
-            np.int32(b_offset), np.int32(c_offset))
+        if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
+            kernel = self._gemv
+        else:
+            kernel = self._variants[(bool(trans_a), bool(trans_b))]
+        kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)

@@ -1,0 +1,342 @@
+"""Matmul auto-tuner: time a compact grid of kernel configurations on the user's device, once.
+
+After CLBlast's tuners (Nugteren 2018): every kernel size is a ``-D`` build option, a small grid of
+them is timed at representative shapes on the device itself, and the winner is stored in a
+database keyed by the device. Here the database is one JSON file in the user cache folder
+(:func:`core.device.user_cache_dir`), keyed by platform, device name, driver version and a hash
+of ``matmul.cl``, so a new driver or a changed kernel re-tunes.
+
+:func:`tuned_configs` is what :class:`core.kernels.matmul.Matmul` calls: it returns the cached
+winner, or tunes now (reporting through ``progress``) when there is none. The environment variable
+``OPENCL_LLM_MATMUL_TUNE`` controls it: ``0`` = never tune and ignore the cache (untuned
+defaults; the test suite sets this), ``1`` (default) = use the cache, tune on first use.
+
+Grid (see :func:`candidates`): on CPUs, packed micro-kernels of several register-block shapes
+(rows x vectors of the device's vector width) and work-group sizes, timed once for all transpose
+cases (:func:`tuned_variants`); on GPUs, per transpose case,
+CLBlast-style local-memory tiles (64x64 and 128x128 C tiles, 4x4 to 8x8 per work-item, float4,
+padding, double buffering). GEMV: work-group sizes and outputs per work-group. Each candidate is
+checked against numpy before it is timed; a wrong or failing one is skipped. The score is the
+geometric mean of GFLOP/s over a small-model shape and a large one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from core.device import Device, KernelBuildError, kernel_source, user_cache_dir
+from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
+                                 TiledConfig, config_from_dict, config_to_dict, cpu_vector_width,
+                                 default_configs, fits, uses_local_tiles)
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
+CACHE_FILE = "matmul-tuning.json"
+TUNER_VERSION = 1  # bump when the grid or the scoring changes
+MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
+RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
+Progress = Callable[[float, str], None]
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    """False when ``OPENCL_LLM_MATMUL_TUNE`` is 0/off/false/no (tests, reproducible runs)."""
+    return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cache_path() -> Path:
+    """The JSON file holding every device's tuning result."""
+    return user_cache_dir() / CACHE_FILE
+
+
+def device_key(dev: Device) -> str:
+    """Platform, device name, driver version and ``matmul.cl`` hash: one tuning result per key."""
+    src = hashlib.sha256(kernel_source("matmul").encode()).hexdigest()[:16]
+    try:
+        driver = str(dev.cl_device.driver_version).strip()
+    except dev.cl.Error:
+        driver = "?"
+    return (f"{dev.info.platform.strip()} | {dev.info.name.strip()} | driver {driver} | "
+            f"matmul.cl {src} | v{TUNER_VERSION}")
+
+
+def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
+    """Representative (M, N, K) per tuned variant: a small-model shape and a large one.
+
+    CPUs get shapes of a d_model 128 / ffn 384 model and a d_model 512 / ffn 1536 one at 512 token
+    rows (bounded tuning time); GPUs get 2048-row small-model shapes and 2048^3.
+    """
+    if uses_local_tiles(dev):
+        big = (2048, 2048, 2048)
+        return {(False, True): [(2048, 384, 128), big], (False, False): [(2048, 128, 384), big],
+                (True, False): [(384, 128, 2048), big]}
+    return {(False, True): [(512, 384, 128), (512, 1536, 512)],
+            (False, False): [(512, 128, 384), (512, 512, 1536)],
+            (True, False): [(384, 128, 512), (1536, 512, 512)]}
+
+
+# (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 128x128 and 64x64 C tiles with 8x8 / 4x4 per
+# work-item (16x16 and 8x8 work-groups), K tiles of 8-32, float4 or float2, padded, single or
+# double-buffered (CLBlast's xgemm search space, pruned to the settings its database keeps for
+# NVIDIA/AMD GPUs).
+GPU_GRID = tuple(TiledConfig(*p) for p in (
+    (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
+    (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
+    (64, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 8, 8, 4, 4, 1), (64, 64, 32, 4, 4, 4, 0, 0),
+    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0)))
+
+GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
+
+
+def tuned_variants(dev: Device) -> tuple[tuple[bool, bool], ...]:
+    """The transpose variants timed separately. GPUs: the three the model uses (the tile loads
+    differ). CPUs: only NT; with both operands packed the micro-kernel is the same code for every
+    variant (the transposes live in the packing kernels), so its winner serves all four and the
+    first-run cost stays low (PoCL compiles each candidate, a few seconds each on 2 cores)."""
+    return MODEL_VARIANTS if uses_local_tiles(dev) else ((False, True),)
+
+
+def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
+    """Matrix-matrix configurations to time for ``variant`` on ``dev`` (the default first)."""
+    default, _ = default_configs(dev)
+    if uses_local_tiles(dev):
+        grid = list(GPU_GRID)
+    else:
+        vw = cpu_vector_width(dev)
+        # (rows, vectors): 16-28 of AVX-512's 32 registers, or 12 of AVX2's 16
+        blocks = [(6, 4), (8, 3), (8, 2), (12, 1)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
+        grid = [PackedConfig(mr, nb, vw, 1, 16, True) for mr, nb in blocks]
+        grid += [PackedConfig(*blocks[0], vw, 4, 64, True), PackedConfig(*blocks[0], vw, 1, 16, True, kc=256)]
+    out = [default]
+    for c in grid:
+        if c not in out and fits(dev, c):
+            out.append(c)
+    return out
+
+
+def gemv_candidates(dev: Device) -> list[GemvConfig]:
+    """GEMV configurations to time on ``dev`` (the default first)."""
+    _, default = default_configs(dev)
+    if uses_local_tiles(dev):
+        grid = [GemvConfig(wg, rows, 4) for wg in (32, 64, 128, 256) for rows in (1, 2, 4)]
+    else:
+        vw = cpu_vector_width(dev)
+        grid = [GemvConfig(1, rows, vw) for rows in (2, 4, 8)] + [GemvConfig(4, 4, vw)]
+    out = [default]
+    for g in grid:
+        if g not in out and fits(dev, g):
+            out.append(g)
+    return out
+
+
+def _seconds(dev: Device, launch: Callable[[], None], min_s: float, rounds: int = 3) -> float:
+    """Best time of one ``launch`` over ``rounds`` rounds of at least ``min_s`` each."""
+    launch()
+    dev.finish()
+    t0 = time.perf_counter()
+    launch()
+    dev.finish()
+    reps = max(1, min(50, int(min_s / max(time.perf_counter() - t0, 1e-6))))
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            launch()
+        dev.finish()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+class _Operands:
+    """Random device operands for one shape and variant, with the float64 numpy result."""
+
+    def __init__(self, dev: Device, shape: tuple[int, int, int], variant: tuple[bool, bool], rng):
+        m, n, k = shape
+        ta, tb = variant
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        self.shape, self.dev, self._host = shape, dev, (a.T if ta else a, b.T if tb else b)
+        self.a, self.b, self.c = dev.upload(a), dev.upload(b), dev.alloc(m * n)
+
+    def run(self, kernel) -> None:
+        m, n, k = self.shape
+        kernel(self.c, self.a, self.b, m, n, k, False, 0, 0, 0)
+
+    def correct(self, kernel) -> bool:
+        """Whether ``kernel`` matches the float64 product (computed on first use: the large
+        timing shapes are never checked, only the small one)."""
+        if not hasattr(self, "want"):
+            a_op, b_op = self._host
+            self.want = a_op.astype(np.float64) @ b_op.astype(np.float64)
+        self.dev.upload(np.full(self.want.shape, np.nan, np.float32), self.c)
+        self.run(kernel)
+        got = self.dev.download(self.c, self.want.shape)
+        return bool(np.all(np.abs(got - self.want) <= 1e-4 * np.sqrt(self.shape[2]) + 1e-5))
+
+
+def _score(dev: Device, kernel, operands: list[_Operands], min_s: float, check: bool = True) -> float:
+    """Geometric-mean GFLOP/s of ``kernel`` over ``operands``; 0.0 when it is wrong (``check``)."""
+    if check and not operands[0].correct(kernel):
+        return 0.0
+    logs = []
+    for op in operands:
+        m, n, k = op.shape
+        logs.append(math.log(2.0 * m * n * k / _seconds(dev, lambda: op.run(kernel), min_s) / 1e9))
+    return math.exp(sum(logs) / len(logs))
+
+
+def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
+         grid: dict | None = None, shape_table: dict | None = None,
+         gemv_grid: list[GemvConfig] | None = None, gemv_shapes: list | None = None,
+         min_s: float | None = None) -> dict:
+    """Time the candidate grid on ``dev`` and return the winners (does not touch the cache).
+
+    Args:
+        dev: the device.
+        progress: ``progress(fraction 0..1, message)`` after each candidate.
+        budget_s: soft time limit; once spent, the remaining candidates are skipped (the default
+            configuration is always timed first, so a result always exists).
+        grid, shape_table: ``{variant: [configs]}`` / ``{variant: [(M, N, K), ...]}`` overrides
+            (tests use a tiny grid); default :func:`candidates` / :func:`shapes`.
+        gemv_grid, gemv_shapes: the same for the GEMV kernel (shapes with M <= GEMV_MAX_M).
+        min_s: seconds per timing round (default 0.02 on CPUs, 0.01 on GPUs).
+
+    Returns:
+        ``{variant: config, ..., "gemv": GemvConfig, "gflops": {name: GFLOP/s}, "seconds": s}``
+        with variant keys for all four transpose cases (untimed ones: see :func:`tuned_variants`).
+    """
+    progress = progress or (lambda f, m: None)
+    shape_table = shape_table or shapes(dev)
+    grid = grid or {v: candidates(dev, v) for v in tuned_variants(dev)}
+    gemv_grid = gemv_grid or gemv_candidates(dev)
+    gemv_shapes = gemv_shapes or GEMV_SHAPES
+    min_s = min_s if min_s is not None else (0.01 if uses_local_tiles(dev) else 0.02)
+    rng = np.random.default_rng(0)
+    total = sum(len(g) for g in grid.values()) + len(gemv_grid)
+    done, t_start = 0, time.perf_counter()
+    result: dict = {"gflops": {}}
+
+    def pick(name, configs, make, operands):
+        nonlocal done
+        scores, kernels = {}, {}
+        for cfg in configs:
+            over = time.perf_counter() - t_start > budget_s and scores
+            if not over:
+                try:
+                    kernels[cfg] = make(cfg)
+                    scores[cfg] = _score(dev, kernels[cfg], operands, min_s)
+                except (ValueError, KernelBuildError, dev.cl.Error) as e:
+                    log.info("matmul tuning %s: %s failed: %s", name, cfg, str(e).splitlines()[0])
+            done += 1
+            best_now = max(scores.values(), default=0.0)
+            progress(done / total, f"matmul tuning {name}: {done}/{total}, best {best_now:.1f} GFLOP/s"
+                     + (" (time budget spent)" if over else ""))
+        # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best
+        leaders = [c for c in sorted(scores, key=scores.get, reverse=True)[:RETIME] if scores[c] > 0]
+        for _ in range(2 if len(leaders) > 1 else 0):
+            for cfg in leaders:
+                scores[cfg] = max(scores[cfg], _score(dev, kernels[cfg], operands, min_s, check=False))
+        if not scores:  # nothing built (cannot happen with the defaults in the grid)
+            raise RuntimeError(f"no matmul configuration for {name} works on {dev.info.name}")
+        best = max(scores, key=scores.get)
+        log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, scores[best])
+        result["gflops"][name] = round(scores[best], 2)
+        return best
+
+    for variant, configs in grid.items():
+        name = "nt" if variant == (False, True) else "".join("t" if t else "n" for t in variant)
+        operands = [_Operands(dev, s, variant, rng) for s in shape_table[variant]]
+        result[variant] = pick(name, configs, lambda c, v=variant: GemmKernel(dev, c, *v), operands)
+    # untimed variants: TT takes TN's winner, the rest the NT winner (CPUs) or the default
+    fallback = result.get((False, True), default_configs(dev)[0])
+    for variant in MODEL_VARIANTS:
+        result.setdefault(variant, fallback)
+    result[(True, True)] = result[(True, False)]
+    gemv_ops = [_Operands(dev, s, (False, True), rng) for s in gemv_shapes if s[0] <= GEMV_MAX_M]
+    result["gemv"] = pick("gemv", gemv_grid, lambda g: GemvKernel(dev, g), gemv_ops)
+    result["seconds"] = round(time.perf_counter() - t_start, 2)
+    return result
+
+
+def _encode(result: dict) -> dict:
+    out = {"seconds": result.get("seconds"), "gflops": result.get("gflops", {})}
+    for key, value in result.items():
+        if isinstance(key, tuple):
+            out["".join("t" if t else "n" for t in key)] = config_to_dict(value)
+    out["gemv"] = config_to_dict(result["gemv"])
+    return out
+
+
+def _decode(entry: dict) -> dict:
+    out: dict = {}
+    for name in ("nn", "nt", "tn", "tt"):
+        out[(name[0] == "t", name[1] == "t")] = config_from_dict(entry[name])
+    out["gemv"] = config_from_dict(entry["gemv"])
+    return out
+
+
+def load_cached(dev: Device) -> dict | None:
+    """This device's cached tuning result (as :func:`tune` returns it, without timings), or None
+    when there is none or the cache file is unreadable."""
+    try:
+        data = json.loads(cache_path().read_text("utf-8"))
+        entry = data.get(device_key(dev))
+        return _decode(entry) if entry else None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("ignoring the matmul tuning cache %s: %s", cache_path(), e)
+        return None
+
+
+def save(dev: Device, result: dict) -> Path:
+    """Store ``result`` for this device in the cache file (atomic replace; other devices kept)."""
+    path = cache_path()
+    try:
+        data = json.loads(path.read_text("utf-8"))
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[device_key(dev)] = _encode(result)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), "utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args) -> dict:
+    """The tuned configurations of ``dev``: cached, or measured now and cached (first use).
+
+    Returns ``{}`` when tuning is disabled (``OPENCL_LLM_MATMUL_TUNE=0``), else the dict of
+    :func:`tune` (variant keys and ``"gemv"``). Thread-safe: concurrent callers wait for one run.
+    A cache that cannot be written is logged and the result used for this process only.
+    """
+    if not enabled():
+        return {}
+    with _lock:
+        cached = _memo.get(device_key(dev)) or load_cached(dev)
+        if cached is None:
+            log.info("tuning matmul for %s (once per device and driver)", dev.info.name)
+            if progress:
+                progress(0.0, f"tuning matmul kernels for {dev.info.name} (first use only)")
+            cached = tune(dev, progress=progress, **tune_args)
+            try:
+                log.info("matmul tuning took %.1f s; saved to %s", cached["seconds"], save(dev, cached))
+            except OSError as e:
+                log.warning("could not save the matmul tuning result: %s", e)
+        _memo[device_key(dev)] = cached
+        return cached
+
+
+_memo: dict[str, dict] = {}  # per process: the cache file is read once per device
