@@ -298,6 +298,34 @@ class Device:
         self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)
         self._programs: dict[tuple[str, tuple[str, ...]], object] = {}
         self._lock = threading.Lock()
+        self.profiling = False
+        self._events: list[tuple[str, object]] = []
+
+    # -- profiling ------------------------------------------------------------------------
+    def start_profiling(self) -> None:
+        """Record the device time of every kernel launch from now on (for benchmarks/compare.py).
+
+        Finishes the queue and replaces it with one created with CL_QUEUE_PROFILING_ENABLE.
+        Only kernels fetched with :meth:`kernel` *after* this call are recorded (create the
+        launchers, e.g. a ``Model``, afterwards); kernels fetched before keep working unrecorded.
+        Off by default, and then :meth:`kernel` returns plain ``cl.Kernel`` objects: no overhead.
+        """
+        self.queue.finish()
+        self.queue = self.cl.CommandQueue(
+            self.context, properties=self.cl.command_queue_properties.PROFILING_ENABLE)
+        self._events = []
+        self.profiling = True
+
+    def stop_profiling(self) -> list[tuple[str, float]]:
+        """Stop recording; return ``[(kernel name, device seconds)]`` of every recorded launch, in
+        launch order (from the events' CL_PROFILING_COMMAND_START/END). The queue becomes a plain
+        one again."""
+        self.queue.finish()
+        out = [(name, (evt.profile.end - evt.profile.start) * 1e-9) for name, evt in self._events]
+        self._events = []
+        self.profiling = False
+        self.queue = self.cl.CommandQueue(self.context)
+        return out
 
     # -- programs -------------------------------------------------------------------------
     def program(self, name: str, options: tuple[str, ...] = ()):
@@ -340,9 +368,12 @@ class Device:
     def kernel(self, program: str, kernel_name: str, options: tuple[str, ...] = ()):
         """A new ``cl.Kernel`` object for ``kernel_name`` in ``core/kernels/<program>.cl``.
 
-        Call once per launcher and keep the result; never fetch a kernel per launch.
+        Call once per launcher and keep the result; never fetch a kernel per launch. While
+        profiling (:meth:`start_profiling`) the kernel comes wrapped so that each launch records
+        ``(kernel_name, event)``.
         """
-        return self.cl.Kernel(self.program(program, options), kernel_name)
+        knl = self.cl.Kernel(self.program(program, options), kernel_name)
+        return _ProfiledKernel(self, knl, kernel_name) if self.profiling else knl
 
     def work_group_size(self, kernel, wanted: int | None = None) -> int:
         """Largest power of two <= ``wanted`` that this kernel may use on this device.
@@ -400,6 +431,22 @@ class Device:
     def finish(self) -> None:
         """Block until every queued command has completed."""
         self.queue.finish()
+
+
+class _ProfiledKernel:
+    """A ``cl.Kernel`` whose launches record ``(name, event)`` in its Device (profiling mode only)."""
+
+    def __init__(self, dev: Device, kernel, name: str):
+        self._dev, self._kernel, self._name = dev, kernel, name
+
+    def __call__(self, queue, *args, **kwargs):
+        evt = self._kernel(queue, *args, **kwargs)
+        if self._dev.profiling:
+            self._dev._events.append((self._name, evt))
+        return evt
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
 
 
 _open_devices: dict[tuple[int, int], Device] = {}
