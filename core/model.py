@@ -196,6 +196,7 @@ class Model:
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
         names = [n for n, _ in config.param_shapes()]
         self._stat_names = names
+        self._stat_segments = [(self.layout.slots[n].offset, self.layout.slots[n].size) for n in names]
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
@@ -365,9 +366,7 @@ class Model:
         self._backward(b, t)
         o.reduce.sum(self._stats, 0, a.losses, n)
         o.reduce.sum(self._stats, 1, a.mask, n)
-        for i, name in enumerate(self._stat_names):
-            s = self.layout.slots[name]
-            o.reduce.sum_squares(self._stats, 2 + i, self.grads.views[name], s.size)
+        o.reduce.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
         per_layer = [0.0] * (self.config.n_layers + 2)
@@ -389,12 +388,10 @@ class Model:
         Weight decay applies to matrices, not to RMSNorm weights. Uses Loshchilov & Hutter (2019).
         """
         self.adam_step += 1
-        for k, (start, size) in enumerate(self.layout.ranges):
-            if not size:
-                continue
-            self.ops.adamw.step(self.params.range_views[k], self.grads.range_views[k], self.m.range_views[k],
-                                self.v.range_views[k], size, lr, beta1, beta2, eps,
-                                weight_decay if k == 0 else 0.0, self.adam_step, grad_scale)
+        # one launch over the flat buffers; the matrices come first, up to layout.split
+        self.ops.adamw.step(self.params.flat, self.grads.flat, self.m.flat, self.v.flat, self.layout.total,
+                            lr, beta1, beta2, eps, weight_decay, self.adam_step, grad_scale,
+                            n_decay=self.layout.split)
 
     def weights(self) -> dict[str, np.ndarray]:
         """Host copy of every weight, ``{gguf tensor name: float32 array}``."""

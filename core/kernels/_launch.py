@@ -6,3 +6,11 @@ def round_up(n: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``n`` (and >= ``multiple``)."""
     n = max(int(n), 1)
     return ((n + multiple - 1) // multiple) * multiple
+
+
+def grid_stride_size(dev, n_items: int, local: int, groups_per_unit: int = 8) -> int:
+    """Global size for a grid-stride loop over ``n_items`` work units: enough work-groups of
+    ``local`` items to fill the device (``groups_per_unit`` per compute unit), never more than
+    the work needs. A multiple of ``local``."""
+    cap = max(1, dev.info.compute_units * groups_per_unit) * local
+    return min(round_up(n_items, local), cap)
