@@ -64,3 +64,36 @@ def test_rope_rejects_odd_head_dim(device):
     op = RoPE(device)
     with pytest.raises(ValueError, match="even head_dim"):
         op.forward(device.alloc(3), 1, 1, 1, 3, 0, 10000.0)
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 4, 2, 8, 0), (1, 5, 6, 3, 64, 4000), (2, 1, 1, 1, 2, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("local", [1, 64, 256])
+def test_rope_qk_one_launch_in_a_fused_row(device, rng, shape, local):
+    """Q and K rotated in one launch inside a fused [q|k|v] row (strides, k offset), V untouched;
+    equals the separate reference rotations, forward and backward (GQA: fewer kv heads)."""
+    batch, seq_len, n_heads, n_kv, head_dim, pos_start = shape
+    n, theta = batch * seq_len, 10000.0
+    qd, kd = n_heads * head_dim, n_kv * head_dim
+    width = qd + 2 * kd
+    op = RoPE(device, local_size=local)
+    for sign, fn, want_fn in ((1, op.forward_qk, ref.rope_forward), (-1, op.backward_qk, ref.rope_backward)):
+        fused = rng.standard_normal((n, width)).astype(np.float32)
+        (F,) = to_device(device, fused)
+        fn(F, F, n, seq_len, n_heads, n_kv, head_dim, pos_start, theta, q_stride=width, k_stride=width, k_offset=qd)
+        got = from_device(device, F, fused)
+        q, k = fused[:, :qd].reshape(n, n_heads, head_dim), fused[:, qd:qd + kd].reshape(n, n_kv, head_dim)
+        assert_close(got[:, :qd].reshape(q.shape), want_fn(q, seq_len, pos_start, theta), atol=2e-6, rtol=1e-5,
+                     what=f"q (sign {sign})")
+        assert_close(got[:, qd:qd + kd].reshape(k.shape), want_fn(k, seq_len, pos_start, theta), atol=2e-6,
+                     rtol=1e-5, what=f"k (sign {sign})")
+        assert np.array_equal(got[:, qd + kd:], fused[:, qd + kd:]), "v untouched"
+    # separate buffers with default strides give bitwise the same as the single-tensor launches
+    q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv, head_dim)).astype(np.float32)
+    Q, K, Q1, K1 = to_device(device, q, k, q, k)
+    op.forward_qk(Q, K, n, seq_len, n_heads, n_kv, head_dim, pos_start, theta)
+    op.forward(Q1, n, seq_len, n_heads, head_dim, pos_start, theta)
+    op.forward(K1, n, seq_len, n_kv, head_dim, pos_start, theta)
+    assert np.array_equal(from_device(device, Q, q), from_device(device, Q1, q))
+    assert np.array_equal(from_device(device, K, k), from_device(device, K1, k))

@@ -14,3 +14,9 @@ def grid_stride_size(dev, n_items: int, local: int, groups_per_unit: int = 8) ->
     the work needs. A multiple of ``local``."""
     cap = max(1, dev.info.compute_units * groups_per_unit) * local
     return min(round_up(n_items, local), cap)
+
+
+def prefers_row_per_item(dev) -> bool:
+    """True on CPU devices: row kernels then give each work-item whole rows (no barriers), which
+    PoCL runs in one pass; GPUs keep one work-group per row with a local-memory reduction."""
+    return bool(int(dev.cl_device.type) & dev.cl.device_type.CPU)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import grid_stride_size
 
 
 class Residual:
@@ -16,10 +16,13 @@ class Residual:
         self._bwd = dev.kernel("residual", "residual_backward")
         self.local = dev.work_group_size(self._fwd, local_size or 256)
 
+    def _size(self, n: int) -> int:
+        return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
+
     def forward(self, out, a, b, n: int) -> None:
         """out (n) = a (n) + b (n)."""
-        self._fwd(self.dev.queue, (round_up(n, self.local),), (self.local,), out, a, b, np.int32(n))
+        self._fwd(self.dev.queue, (self._size(n),), (self.local,), out, a, b, np.int32(n))
 
     def backward(self, d_in, d_out, n: int) -> None:
         """d_in (n) += d_out (n). Call once per input of the forward add."""
-        self._bwd(self.dev.queue, (round_up(n, self.local),), (self.local,), d_in, d_out, np.int32(n))
+        self._bwd(self.dev.queue, (self._size(n),), (self.local,), d_in, d_out, np.int32(n))

@@ -16,43 +16,40 @@
 // |a_lo| is at most about half an ulp of a_hi (1.2e-4 for angles below 4096, 2e-3 below 65536), so
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
-// x (n_tokens, n_heads, head_dim) rotated in place; inv_freq (2, head_dim/2) = [hi; lo].
+// q rows (n_tokens, q_stride) holding n_q_heads heads of head_dim from element 0, and k rows
+// (n_tokens, k_stride) from element k_offset holding n_k_heads heads, rotated in place (q and k may
+// be the same buffer, e.g. a fused [q|k|v] row); inv_freq (2, head_dim/2) = [hi; lo].
 // Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
-// One work-item per pair: g = (r * n_heads + head) * (head_dim/2) + i, and the pair sits at x[2g].
-inline void rope_rotate(__global float* x, __global const float* inv_freq, const int n_tokens,
-                        const int seq_len, const int n_heads, const int head_dim,
-                        const int pos_start, const float sign) {
+// One work-item per (row r, pair i), grid-stride: the angle (sincos) is computed once and applied
+// to pair i of every q and k head of that row.
+__kernel void rope_qk(__global float* q, __global float* k, __global const float* inv_freq,
+                      const int n_tokens, const int seq_len, const int n_q_heads,
+                      const int n_k_heads, const int head_dim, const int q_stride,
+                      const int k_stride, const int k_offset, const int pos_start,
+                      const float sign) {
     const int n_freq = head_dim / 2;
-    const int g = get_global_id(0);
-    if (g >= n_tokens * n_heads * n_freq) return;
-    const int i = g % n_freq;
-    const int r = g / (n_freq * n_heads);
-    const float pos = (float)(pos_start + r % seq_len);
-    const float f_hi = inv_freq[i];
-    const float f_lo = inv_freq[n_freq + i];
-    const float a_hi = pos * f_hi;
-    const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
-    float c_hi;
-    const float s_hi = sincos(a_hi, &c_hi);
-    const float c = c_hi - s_hi * a_lo;
-    const float s = sign * (s_hi + c_hi * a_lo);
-    __global float* p = x + 2 * (size_t)g;
-    const float x0 = p[0];
-    const float x1 = p[1];
-    p[0] = x0 * c - x1 * s;
-    p[1] = x0 * s + x1 * c;
-}
-
-// x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> x rotated by +angle, in place
-__kernel void rope_forward(__global float* x, __global const float* inv_freq, const int n_tokens,
-                           const int seq_len, const int n_heads, const int head_dim,
-                           const int pos_start) {
-    rope_rotate(x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, 1.0f);
-}
-
-// d_x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> d_x rotated by -angle, in place
-__kernel void rope_backward(__global float* d_x, __global const float* inv_freq, const int n_tokens,
-                            const int seq_len, const int n_heads, const int head_dim,
-                            const int pos_start) {
-    rope_rotate(d_x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, -1.0f);
+    const int total = n_tokens * n_freq;
+    for (int g = get_global_id(0); g < total; g += get_global_size(0)) {
+        const int i = g % n_freq;
+        const int r = g / n_freq;
+        const float pos = (float)(pos_start + r % seq_len);
+        const float f_hi = inv_freq[i];
+        const float f_lo = inv_freq[n_freq + i];
+        const float a_hi = pos * f_hi;
+        const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
+        float c_hi;
+        const float s_hi = sincos(a_hi, &c_hi);
+        const float c = c_hi - s_hi * a_lo;
+        const float s = sign * (s_hi + c_hi * a_lo);
+        __global float* qp = q + (size_t)r * q_stride + 2 * i;
+        for (int h = 0; h < n_q_heads; h++) {
+            const float2 x = vload2(0, qp + h * head_dim);
+            vstore2((float2)(x.x * c - x.y * s, x.x * s + x.y * c), 0, qp + h * head_dim);
+        }
+        __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
+        for (int h = 0; h < n_k_heads; h++) {
+            const float2 x = vload2(0, kp + h * head_dim);
+            vstore2((float2)(x.x * c - x.y * s, x.x * s + x.y * c), 0, kp + h * head_dim);
+        }
+    }
 }

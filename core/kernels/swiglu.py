@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import grid_stride_size
 
 
 class SwiGLU:
@@ -21,11 +21,14 @@ class SwiGLU:
         self.local = min(dev.work_group_size(self._fwd, local_size or 256),
                          dev.work_group_size(self._bwd, local_size or 256))
 
+    def _size(self, n: int) -> int:
+        return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
+
     def forward(self, out, gate, up, n: int) -> None:
         """out (n) = silu(gate (n)) * up (n), overwritten."""
         if n <= 0:
             return
-        self._fwd(self.dev.queue, (round_up(n, self.local),), (self.local,), out, gate, up, np.int32(n))
+        self._fwd(self.dev.queue, (self._size(n),), (self.local,), out, gate, up, np.int32(n))
 
     def backward(self, d_gate, d_up, d_out, gate, up, n: int) -> None:
         """d_gate (n) and d_up (n), both overwritten, from d_out, gate, up (n).
@@ -35,5 +38,5 @@ class SwiGLU:
         """
         if n <= 0:
             return
-        self._bwd(self.dev.queue, (round_up(n, self.local),), (self.local,), d_gate, d_up, d_out,
+        self._bwd(self.dev.queue, (self._size(n),), (self.local,), d_gate, d_up, d_out,
                   gate, up, np.int32(n))
