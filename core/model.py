@@ -150,6 +150,69 @@ def check_context(ops: Ops, config: ModelConfig) -> None:
                                             f"{ops.attention.dev.info.name}; at most {longest} on this device")
 
 
+def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, pos: int) -> None:
+    """Layer ``i`` of the forward pass; the one code path of training and generation.
+
+    Reads ``a.x[i]`` and ``a.attn_in[i] = rmsnorm(a.x[i]) * attn_norm`` (made by the previous step,
+    see :func:`forward`); writes ``a.x[i + 1]`` and the norm that follows it, fused into the last
+    residual add: ``a.attn_in[i + 1]`` (next layer's attn_norm) or ``a.final`` (output_norm).
+
+    Args:
+        o: launchers; c: architecture; p: ``{gguf name: cl.Buffer}`` weight views.
+        a: activation buffers named as in :func:`activation_sizes`; for generation the per-layer
+            lists may all hold one buffer each (nothing is kept for backward), and ``a.k[i]``,
+            ``a.v[i]`` are the layer's KV cache.
+        i: layer index.
+        b, t: batch and new tokens per sequence (``n = b * t`` rows).
+        pos: tokens already in the KV cache: the new rows' K/V are written at rows
+            ``pos .. pos + t - 1`` of ``a.k[i]`` / ``a.v[i]`` and rotated for those positions;
+            attention sees keys ``0 .. pos + t - 1``. Training: ``pos = 0`` (K/V of this batch only).
+            ``pos > 0`` needs ``b == 1``.
+    """
+    n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
+    w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+    # attention block: x_mid = x + attention(attn_in) @ Wo.T
+    o.matmul(a.q[i], a.attn_in[i], w("attn_q"), n, d, d, trans_b=True)                    # (n, d)
+    o.matmul(a.k[i], a.attn_in[i], w("attn_k"), n, kv, d, trans_b=True, c_offset=pos * kv)  # (n, kv)
+    o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True, c_offset=pos * kv)  # (n, kv)
+    o.rope.forward_qk(a.q[i], a.k[i], n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos, c.rope_theta,
+                      k_offset=pos * kv)
+    o.attention.forward(a.attn_out[i], a.probs[i], a.q[i], a.k[i], a.v[i],
+                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
+    o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
+    # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
+    o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w("ffn_norm"), n, d,
+                               c.norm_eps)
+    # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T (SwiGLU, Shazeer 2020)
+    o.matmul(a.gate[i], a.ffn_in[i], w("ffn_gate"), n, f, d, trans_b=True)                 # (n, f)
+    o.matmul(a.up[i], a.ffn_in[i], w("ffn_up"), n, f, d, trans_b=True)                     # (n, f)
+    o.swiglu.forward(a.h[i], a.gate[i], a.up[i], n * f)
+    o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)                          # (n, d)
+    # x[i+1] = x_mid + tmp, fused with the norm that reads it next
+    if i + 1 < c.n_layers:
+        out, rstd, norm = a.attn_in[i + 1], a.attn_rstd[i + 1], p[f"blk.{i + 1}.attn_norm.weight"]
+    else:
+        out, rstd, norm = a.final, a.final_rstd, p["output_norm.weight"]
+    o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
+
+
+def forward(o: Ops, c: ModelConfig, p: dict, a, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
+    """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
+    ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
+    floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
+    """
+    n, d = b * t, c.d_model
+    o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)     # (n, d)
+    o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p["blk.0.attn_norm.weight"], n, d, c.norm_eps)
+    for i in range(c.n_layers):
+        layer_forward(o, c, p, a, i, b, t, pos)
+    # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
+    if last_row_only:
+        o.matmul(a.logits, a.final, p["output.weight"], 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
+    else:
+        o.matmul(a.logits, a.final, p["output.weight"], n, c.vocab_size, d, trans_b=True)   # (n, vocab)
+
+
 class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
@@ -230,31 +293,7 @@ class Model:
 
     def _forward(self, b: int, t: int) -> None:
         """Forward pass in layer order; activations are kept for backward."""
-        c, o, a, p = self.config, self.ops, self.act, self.params.views
-        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
-        o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)
-        for i in range(c.n_layers):
-            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
-            # attention block
-            o.rmsnorm.forward(a.attn_in[i], a.attn_rstd[i], a.x[i], w("attn_norm"), n, d, c.norm_eps)
-            o.matmul(a.q[i], a.attn_in[i], w("attn_q"), n, d, d, trans_b=True)
-            o.matmul(a.k[i], a.attn_in[i], w("attn_k"), n, kv, d, trans_b=True)
-            o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True)
-            o.rope.forward(a.q[i], n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
-            o.rope.forward(a.k[i], n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            o.attention.forward(a.attn_out[i], a.probs[i], a.q[i], a.k[i], a.v[i],
-                                b, t, t, 0, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
-            o.residual.forward(a.x_mid[i], a.x[i], a.tmp, n * d)
-            # feed-forward block
-            o.rmsnorm.forward(a.ffn_in[i], a.ffn_rstd[i], a.x_mid[i], w("ffn_norm"), n, d, c.norm_eps)
-            o.matmul(a.gate[i], a.ffn_in[i], w("ffn_gate"), n, f, d, trans_b=True)
-            o.matmul(a.up[i], a.ffn_in[i], w("ffn_up"), n, f, d, trans_b=True)
-            o.swiglu.forward(a.h[i], a.gate[i], a.up[i], n * f)
-            o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
-            o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
-        o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
-        o.matmul(a.logits, a.final, p["output.weight"], n, c.vocab_size, d, trans_b=True)
+        forward(self.ops, self.config, self.params.views, self.act, b, t)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
@@ -286,8 +325,7 @@ class Model:
             mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
             o.attention.backward(a.dq, a.dk, a.dv, a.d_scores, a.d_attn, a.q[i], a.k[i], a.v[i], a.probs[i],
                                  b, t, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.rope.backward(a.dq, n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
-            o.rope.backward(a.dk, n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+            o.rope.backward_qk(a.dq, a.dk, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
             mm(gw("attn_q"), a.dq, a.attn_in[i], d, d, n, trans_a=True, accumulate=True)
             mm(gw("attn_k"), a.dk, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
             mm(gw("attn_v"), a.dv, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
