@@ -136,7 +136,7 @@ class Generator:
             tokens=dev.zeros(T, np.int32), x=[x] * (L + 1), attn_in=[h_norm] * L, attn_rstd=[rstd] * L,
             q=one(T * d), k=[a(T * kv) for _ in range(L)], v=[a(T * kv) for _ in range(L)],
             probs=one(c.n_heads * T * T), attn_out=one(T * d), x_mid=one(T * d), ffn_in=[h_norm] * L,
-            ffn_rstd=[rstd] * L, gate=one(T * f), up=one(T * f), h=one(T * f), tmp=a(T * d), final=h_norm,
+            ffn_rstd=[rstd] * L, gate_up=one(2 * T * f), h=one(T * f), tmp=a(T * d), final=h_norm,
             final_rstd=rstd, logits=a(c.vocab_size))
         self.n_past = 0
 

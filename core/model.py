@@ -55,9 +55,12 @@ class Ops:
 
 
 def param_layout(dev: Device, config: ModelConfig) -> Layout:
-    """The flat layout of the model's parameters (matrices first, norm weights last)."""
+    """The flat layout of the model's parameters (matrices first, norm weights last); each layer's
+    ffn_gate and ffn_up are stored back to back as the group ``blk.{i}.ffn_gate_up`` (one matmul)."""
     first_norm = "blk.0.attn_norm.weight"
-    return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm)
+    groups = {f"blk.{i}.ffn_gate_up": [f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"]
+              for i in range(config.n_layers)}
+    return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm, groups=groups)
 
 
 def init_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -103,15 +106,15 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
     att = batch * c.n_heads * seq * seq
     per_layer = {"attn_in": n * d, "attn_rstd": n, "q": n * d, "k": n * kv, "v": n * kv, "probs": att,
-                 "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate": n * f,
-                 "up": n * f, "h": n * f}
+                 "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate_up": 2 * n * f,
+                 "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "final": n * d, "final_rstd": n,
               "logits": n * v, "losses": n}
     if training:
         single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
-                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate": n * f, "d_up": n * f}
+                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f}
     sizes |= {name: [size] for name, size in single.items()}
     return sizes
 
@@ -184,9 +187,9 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, po
     o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w("ffn_norm"), n, d,
                                c.norm_eps)
     # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T (SwiGLU, Shazeer 2020)
-    o.matmul(a.gate[i], a.ffn_in[i], w("ffn_gate"), n, f, d, trans_b=True)                 # (n, f)
-    o.matmul(a.up[i], a.ffn_in[i], w("ffn_up"), n, f, d, trans_b=True)                     # (n, f)
-    o.swiglu.forward(a.h[i], a.gate[i], a.up[i], n * f)
+    # one matmul for gate and up: rows [gate | up] = ffn_in @ [Wgate; Wup].T (the weights are one group)
+    o.matmul(a.gate_up[i], a.ffn_in[i], p[f"blk.{i}.ffn_gate_up"], n, 2 * f, d, trans_b=True)  # (n, 2f)
+    o.swiglu.forward_fused(a.h[i], a.gate_up[i], n, f)                                      # (n, f)
     o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)                          # (n, d)
     # x[i+1] = x_mid + tmp, fused with the norm that reads it next
     if i + 1 < c.n_layers:
@@ -218,7 +221,7 @@ class _Activations:
 
     _INT32 = ("tokens", "targets")
     _SINGLE = ("tokens", "targets", "mask", "tmp", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
-               "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate", "d_up")
+               "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
         for name, sizes in activation_sizes(c, batch, seq, training).items():
@@ -313,11 +316,10 @@ class Model:
             # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
             mm(gw("ffn_down"), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
             mm(a.dh, a.dx, w("ffn_down"), n, f, d)
-            o.swiglu.backward(a.d_gate, a.d_up, a.dh, a.gate[i], a.up[i], n * f)
-            mm(gw("ffn_gate"), a.d_gate, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
-            mm(gw("ffn_up"), a.d_up, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.d_gate, w("ffn_gate"), n, d, f)
-            mm(a.d_norm, a.d_up, w("ffn_up"), n, d, f, accumulate=True)
+            o.swiglu.backward_fused(a.d_gate_up, a.dh, a.gate_up[i], n, f)  # rows [d_gate | d_up] (n, 2f)
+            gu = f"blk.{i}.ffn_gate_up"  # [Wgate; Wup] (2f, d), one matmul each way
+            mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.d_gate_up, p[gu], n, d, 2 * f)
             o.rmsnorm.backward(a.d_in, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d)
             o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx_mid
             # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T

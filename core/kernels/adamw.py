@@ -48,7 +48,7 @@ class AdamW:
             raise ValueError(f"AdamW over {n} elements exceeds the int32 index range")
         n_decay = n if n_decay is None else max(0, min(int(n_decay), n))
         size = grid_stride_size(self.dev, -(-n // 4), self.local)
-        self._step(self.dev.queue, (size,), (self.local,), params, m, v, grads,
+        self.dev.launch(self._step, (size,), (self.local,), params, m, v, grads,
                    np.int32(n), np.int32(n_decay), np.float32(lr), np.float32(beta1), np.float32(beta2),
                    np.float32(eps), np.float32(weight_decay), np.float32(bc1), np.float32(bc2),
                    np.float32(grad_scale))

@@ -41,10 +41,10 @@ class CrossEntropy:
             return
         L = self.local_fwd
         if self.rows_per_item:
-            self._fwd(self.dev.queue, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, logits, targets,
+            self.dev.launch(self._fwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, logits, targets,
                       mask, np.int32(n_rows), np.int32(vocab_size))
             return
-        self._fwd(self.dev.queue, (n_rows * L,), (L,), losses, logits, targets, mask,
+        self.dev.launch(self._fwd, (n_rows * L,), (L,), losses, logits, targets, mask,
                   np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
 
     def forward_backward(self, losses, d_logits, logits, targets, mask, n_rows: int,
@@ -61,8 +61,8 @@ class CrossEntropy:
             return
         L = self.local_bwd
         if self.rows_per_item:
-            self._bwd(self.dev.queue, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, d_logits, logits,
+            self.dev.launch(self._bwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, d_logits, logits,
                       targets, mask, np.int32(n_rows), np.int32(vocab_size), np.float32(grad_scale))
             return
-        self._bwd(self.dev.queue, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
+        self.dev.launch(self._bwd, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
                   np.int32(vocab_size), np.float32(grad_scale), self.dev.cl.LocalMemory(4 * L))

@@ -67,7 +67,7 @@ class Reduce:
         lm = self.dev.cl.LocalMemory
         kernel(self.dev.queue, (n_groups * L,), (L,), self._partials, x, np.int32(n), lm(4 * L))
         Lf = self.local_final
-        self._final(self.dev.queue, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
+        self.dev.launch(self._final, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
                     np.int32(n_groups), lm(4 * Lf))
 
     def sum_squares(self, out, out_index: int, x, n: int) -> None:
@@ -105,9 +105,9 @@ class Reduce:
         lm = self.dev.cl.LocalMemory
         if n_chunks:
             L = self.local_chunks
-            self._chunks(self.dev.queue, (n_chunks * L,), (L,), partials, x, chunk_buf, lm(4 * L))
+            self.dev.launch(self._chunks, (n_chunks * L,), (L,), partials, x, chunk_buf, lm(4 * L))
         Ls = self.local_segments
-        self._segments(self.dev.queue, (len(segments) * Ls,), (Ls,), out, np.int32(out_start), partials,
+        self.dev.launch(self._segments, (len(segments) * Ls,), (Ls,), out, np.int32(out_start), partials,
                        first_buf, lm(4 * Ls))
 
     def scale(self, x, n: int, factor: float) -> None:
@@ -116,4 +116,4 @@ class Reduce:
         if n == 0:
             return
         L = self.local_scale
-        self._scale(self.dev.queue, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))
+        self.dev.launch(self._scale, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))

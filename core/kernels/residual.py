@@ -21,8 +21,8 @@ class Residual:
 
     def forward(self, out, a, b, n: int) -> None:
         """out (n) = a (n) + b (n)."""
-        self._fwd(self.dev.queue, (self._size(n),), (self.local,), out, a, b, np.int32(n))
+        self.dev.launch(self._fwd, (self._size(n),), (self.local,), out, a, b, np.int32(n))
 
     def backward(self, d_in, d_out, n: int) -> None:
         """d_in (n) += d_out (n). Call once per input of the forward add."""
-        self._bwd(self.dev.queue, (self._size(n),), (self.local,), d_in, d_out, np.int32(n))
+        self.dev.launch(self._bwd, (self._size(n),), (self.local,), d_in, d_out, np.int32(n))

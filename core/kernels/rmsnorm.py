@@ -52,7 +52,7 @@ class RMSNorm:
         """
         if n_rows <= 0:
             return
-        self._fwd(self.dev.queue, (self._grid(n_rows),), (self.local,), out, rstd, x, weight,
+        self.dev.launch(self._fwd, (self._grid(n_rows),), (self.local,), out, rstd, x, weight,
                   np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
     def forward_residual(self, x_sum, out, rstd, a, b, weight, n_rows: int, dim: int, eps: float) -> None:
@@ -61,7 +61,7 @@ class RMSNorm:
         ``x_sum`` is the residual stream the backward needs."""
         if n_rows <= 0:
             return
-        self._fwd_res(self.dev.queue, (self._grid(n_rows),), (self.local,), x_sum, out, rstd, a, b, weight,
+        self.dev.launch(self._fwd_res, (self._grid(n_rows),), (self.local,), x_sum, out, rstd, a, b, weight,
                       np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
     def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int) -> None:
@@ -73,7 +73,7 @@ class RMSNorm:
         """
         if n_rows <= 0:
             return
-        self._bwd_w(self.dev.queue, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+        self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
                     d_out, x, rstd, np.int32(n_rows), np.int32(dim))
-        self._bwd_x(self.dev.queue, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
+        self.dev.launch(self._bwd_x, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
                     rstd, np.int32(n_rows), np.int32(dim), *self._extra())

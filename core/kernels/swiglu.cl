@@ -50,3 +50,50 @@ __kernel void swiglu_backward(__global float* d_gate, __global float* d_up,
         d_up[i] = d * g * s;
     }
 }
+
+// ---- on the output of the fused gate|up matmul: row r of gu (n_rows, 2 f) is [gate_r | up_r].
+// float4 groups of each row first (f / 4 per row), then the last f % 4 elements of every row.
+
+// gu (n_rows, 2 f) -> out (n_rows, f)
+__kernel void swiglu_fused_forward(__global float* out, __global const float* gu, const int n_rows,
+                                   const int f) {
+    const int stride = get_global_size(0);
+    const int f4 = f / 4, tail = f - 4 * (f / 4);
+    for (int g = get_global_id(0); g < n_rows * f4; g += stride) {
+        const int r = g / f4, c = g - r * f4;
+        __global const float* row = gu + (size_t)r * 2 * f;
+        const float4 x = vload4(c, row);
+        vstore4(x * stable_sigmoid4(x) * vload4(c, row + f), c, out + (size_t)r * f);
+    }
+    for (int g = get_global_id(0); g < n_rows * tail; g += stride) {
+        const int r = g / tail, j = 4 * f4 + (g - r * tail);
+        __global const float* row = gu + (size_t)r * 2 * f;
+        const float x = row[j];
+        out[(size_t)r * f + j] = x * stable_sigmoid(x) * row[f + j];
+    }
+}
+
+// d_out (n_rows, f), gu (n_rows, 2 f) -> d_gu (n_rows, 2 f) = [d_gate | d_up] per row, overwritten
+__kernel void swiglu_fused_backward(__global float* d_gu, __global const float* d_out,
+                                    __global const float* gu, const int n_rows, const int f) {
+    const int stride = get_global_size(0);
+    const int f4 = f / 4, tail = f - 4 * (f / 4);
+    for (int g = get_global_id(0); g < n_rows * f4; g += stride) {
+        const int r = g / f4, c = g - r * f4;
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        const float4 x = vload4(c, row), u = vload4(c, row + f), d = vload4(c, d_out + (size_t)r * f);
+        const float4 s = stable_sigmoid4(x);
+        vstore4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
+        vstore4(d * x * s, c, drow + f);
+    }
+    for (int g = get_global_id(0); g < n_rows * tail; g += stride) {
+        const int r = g / tail, j = 4 * f4 + (g - r * tail);
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        const float x = row[j], u = row[f + j], d = d_out[(size_t)r * f + j];
+        const float s = stable_sigmoid(x);
+        drow[j] = d * u * s * (1.0f + x * (1.0f - s));
+        drow[f + j] = d * x * s;
+    }
+}
