@@ -249,6 +249,10 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
 
 # ----------------------------------------------------------------------------- device
 
+# OpenCL C scalar type names -> numpy types, for Device._declare_scalar_types
+_SCALAR_TYPES = {"int": np.int32, "uint": np.uint32, "float": np.float32, "long": np.int64, "ulong": np.uint64,
+                 "short": np.int16, "ushort": np.uint16, "char": np.int8, "uchar": np.uint8}
+
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.]+)"[ \t]*$', re.MULTILINE)
 
 
@@ -357,7 +361,7 @@ class Device:
         Raises:
             KernelBuildError: the message names ``label`` and the device and holds the build log.
         """
-        opts = ["-cl-std=CL1.2", *options]
+        opts = ["-cl-std=CL1.2", "-cl-kernel-arg-info", *options]
         try:
             prg = self.cl.Program(self.context, source).build(options=opts, cache_dir=self.cache_dir)
         except self.cl.RuntimeError as e:
@@ -373,7 +377,27 @@ class Device:
         ``(kernel_name, event)``.
         """
         knl = self.cl.Kernel(self.program(program, options), kernel_name)
+        self._declare_scalar_types(knl)
         return _ProfiledKernel(self, knl, kernel_name) if self.profiling else knl
+
+    def _declare_scalar_types(self, knl) -> None:
+        """Tell pyopencl the kernel's scalar argument types (from the kernel argument info), so
+        that each launch packs them directly instead of probing every argument's type: about 20 us
+        less per launch on PoCL. Kernels whose argument info the driver cannot give keep the generic
+        path (np.int32 / np.float32 arguments work either way)."""
+        cl = self.cl
+        try:
+            types = []
+            for i in range(int(knl.get_info(cl.kernel_info.NUM_ARGS))):
+                qualifier = knl.get_arg_info(i, cl.kernel_arg_info.ADDRESS_QUALIFIER)
+                if qualifier != cl.kernel_arg_address_qualifier.PRIVATE:
+                    types.append(None)  # a buffer or local memory
+                    continue
+                name = knl.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME).rstrip("\x00").strip()
+                types.append(_SCALAR_TYPES[name])
+            knl.set_scalar_arg_dtypes(types)
+        except (cl.Error, KeyError, ValueError, TypeError) as e:
+            log.debug("no scalar argument types for %s: %s", knl.function_name, e)
 
     def launch(self, kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None, *args):
         """Enqueue ``kernel`` (from :meth:`kernel`) on this device's queue with ``args``.

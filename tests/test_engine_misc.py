@@ -213,7 +213,7 @@ def test_kernel_profiling_records_every_launch(device):
         res.forward(out, a, a, 10)
         sw.forward(out, a, a, 10)
         before.forward(out, a, a, 10)
-        res._fwd(device.queue, (16,), (16,), out, a, a, np.int32(10))  # the pyopencl call path
+        res._fwd(device.queue, (16,), (16,), out, a, a, np.int32(10), np.int32(1))  # the pyopencl call path
     finally:
         records = device.stop_profiling()
     assert [n for n, _ in records] == ["residual_forward", "swiglu_forward", "residual_forward"]

@@ -45,10 +45,11 @@ def test_adamw_rejects_step_zero(device):
 
 @pytest.mark.parametrize("n, n_decay", [(5, 3), (1030, 517), (40_003, 40_000), (9, 0)])
 @pytest.mark.parametrize("local", [1, 32, 256])
-def test_adamw_one_launch_decay_mask(device, rng, n, n_decay, local):
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_adamw_one_launch_decay_mask(device, rng, n, n_decay, local, contiguous):
     """One launch over a flat buffer: decay on the first n_decay elements only (matrices), none on the
     rest (norm weights); odd sizes exercise the float4 loop's scalar tail."""
-    op = AdamW(device, local_size=local)
+    op = AdamW(device, local_size=local, contiguous=contiguous)
     p = rng.standard_normal(n).astype(np.float32)
     zeros = np.zeros(n, np.float32)
     P, M, V, G = to_device(device, p, zeros, zeros, zeros)

@@ -8,6 +8,9 @@ from tests import reference as ref
 from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
 EPS = 1e-5
+# work layouts: one group per row; rows per item in blocks (CPU default) or interleaved (GPU order)
+PER_ITEM = pytest.mark.parametrize("per_item", [False, True, "interleaved"],
+                                   ids=["group-per-row", "rows-per-item", "rows-interleaved"])
 
 
 def _run(device, op, x, w, d_out, dw0):
@@ -22,9 +25,10 @@ def _run(device, op, x, w, d_out, dw0):
 
 @pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (3, 33), (2, 257), (4, 1000)])
 @pytest.mark.parametrize("local", [1, 2, 32, 256, "max"])
-@pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
+@PER_ITEM
 def test_rmsnorm_forward_backward(device, rng, rows, dim, local, per_item):
-    op = RMSNorm(device, local_size=device.max_work_group_size if local == "max" else local, rows_per_item=per_item)
+    op = RMSNorm(device, local_size=device.max_work_group_size if local == "max" else local,
+                 rows_per_item=bool(per_item), contiguous=per_item is True)
     x = rng.standard_normal((rows, dim)).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     d_out = rng.standard_normal((rows, dim)).astype(np.float32)
@@ -45,7 +49,7 @@ def test_rmsnorm_backward_in_place(device, rng, per_item):
     x = rng.standard_normal((rows, dim)).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     d_out = rng.standard_normal((rows, dim)).astype(np.float32)
-    op = RMSNorm(device, local_size=16, rows_per_item=per_item)
+    op = RMSNorm(device, local_size=16, rows_per_item=bool(per_item), contiguous=per_item is True)
     X, W, G, O, R, DW = to_device(device, x, w, d_out, np.zeros_like(x), np.zeros(rows, np.float32),
                                   np.zeros(dim, np.float32))
     op.forward(O, R, X, W, rows, dim, EPS)
@@ -84,10 +88,10 @@ def test_rmsnorm_kernel_backward_matches_its_own_finite_differences(device, rng)
 
 @pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (3, 33), (37, 128), (4, 1001)])
 @pytest.mark.parametrize("local", [1, 4, 64, 256])
-@pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
+@PER_ITEM
 def test_rmsnorm_fused_residual(device, rng, rows, dim, local, per_item):
     """x_sum = a + b and RMSNorm(x_sum) in one launch: the same as the residual add then forward."""
-    op = RMSNorm(device, local_size=local, rows_per_item=per_item)
+    op = RMSNorm(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
     a, b = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(2))
     w = rng.standard_normal(dim).astype(np.float32)
     A, B, W, S, O, R = to_device(device, a, b, w, np.full_like(a, np.nan), np.full_like(a, np.nan),

@@ -69,14 +69,15 @@ def test_rope_rejects_odd_head_dim(device):
 @pytest.mark.parametrize("shape", [(3, 7, 4, 2, 8, 0), (1, 5, 6, 3, 64, 4000), (2, 1, 1, 1, 2, 7)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("local", [1, 64, 256])
-def test_rope_qk_one_launch_in_a_fused_row(device, rng, shape, local):
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_rope_qk_one_launch_in_a_fused_row(device, rng, shape, local, contiguous):
     """Q and K rotated in one launch inside a fused [q|k|v] row (strides, k offset), V untouched;
     equals the separate reference rotations, forward and backward (GQA: fewer kv heads)."""
     batch, seq_len, n_heads, n_kv, head_dim, pos_start = shape
     n, theta = batch * seq_len, 10000.0
     qd, kd = n_heads * head_dim, n_kv * head_dim
     width = qd + 2 * kd
-    op = RoPE(device, local_size=local)
+    op = RoPE(device, local_size=local, contiguous=contiguous)
     for sign, fn, want_fn in ((1, op.forward_qk, ref.rope_forward), (-1, op.backward_qk, ref.rope_backward)):
         fused = rng.standard_normal((n, width)).astype(np.float32)
         (F,) = to_device(device, fused)

@@ -18,8 +18,9 @@ def _run(device, op, gate, up, d_out):
 
 @pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
 @pytest.mark.parametrize("local", [1, 32, None])
-def test_swiglu_forward_backward(device, rng, n, local):
-    op = SwiGLU(device, local_size=local)
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_swiglu_forward_backward(device, rng, n, local, contiguous):
+    op = SwiGLU(device, local_size=local, contiguous=contiguous)
     gate = (rng.standard_normal(n) * 4).astype(np.float32)
     up, d_out = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     out, d_gate, d_up = _run(device, op, gate, up, d_out)
@@ -68,10 +69,11 @@ def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
 
 @pytest.mark.parametrize("rows,ffn_dim", [(1, 1), (3, 7), (5, 33), (2, 384), (7, 1030)])
 @pytest.mark.parametrize("local", [1, 32, None])
-def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local):
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous):
     """SwiGLU on [gate | up] rows (the fused matmul's output): equals the reference on the halves,
     and the gradient lands in the matching halves."""
-    op = SwiGLU(device, local_size=local)
+    op = SwiGLU(device, local_size=local, contiguous=contiguous)
     gu = (rng.standard_normal((rows, 2 * ffn_dim)) * 4).astype(np.float32)
     d_out = rng.standard_normal((rows, ffn_dim)).astype(np.float32)
     GU, D, O, DGU = to_device(device, gu, d_out, np.full((rows, ffn_dim), np.nan, np.float32),

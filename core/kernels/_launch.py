@@ -20,3 +20,9 @@ def prefers_row_per_item(dev) -> bool:
     """True on CPU devices: row kernels then give each work-item whole rows (no barriers), which
     PoCL runs in one pass; GPUs keep one work-group per row with a local-memory reduction."""
     return bool(int(dev.cl_device.type) & dev.cl.device_type.CPU)
+
+
+def contiguous_units(dev) -> bool:
+    """True on CPU devices: element-wise kernels give each work-item a block of consecutive units
+    (see grid.h); GPUs interleave them across work-items (coalesced access)."""
+    return prefers_row_per_item(dev)

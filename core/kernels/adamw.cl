@@ -6,19 +6,21 @@
 //   p -= lr * ((m / bias_correction1) / (sqrt(v / bias_correction2) + eps) + wd_i * p)
 // with bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t computed on the host, and
 // wd_i = weight_decay for elements i < n_decay (the matrices, stored first), 0 after (norm weights).
-// One launch covers the whole flat parameter buffer: a grid-stride loop over float4 groups
-// (vload4/vstore4 need only float alignment), then the last n % 4 elements one by one. Every
+// One launch covers the whole flat parameter buffer: float4 groups (vload4/vstore4 need only float
+// alignment) shared out as grid.h says, then the last n % 4 elements one by one. Every
 // element's arithmetic is the same whatever the work size: the result does not depend on it.
+
+#include "grid.h"
 
 // grads (n) -> params (n), m (n), v (n) updated in place
 __kernel void adamw_step(__global float* params, __global float* m, __global float* v,
                          __global const float* grads, const int n, const int n_decay,
                          const float lr, const float beta1, const float beta2, const float eps,
                          const float weight_decay, const float bias_correction1,
-                         const float bias_correction2, const float grad_scale) {
+                         const float bias_correction2, const float grad_scale,
+                         const int contiguous) {
     const int n4 = n / 4;
-    const int stride = get_global_size(0);
-    for (int i = get_global_id(0); i < n4; i += stride) {
+    for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
         const float4 g = vload4(i, grads) * grad_scale;
         const float4 mi = beta1 * vload4(i, m) + (1.0f - beta1) * g;
         const float4 vi = beta2 * vload4(i, v) + (1.0f - beta2) * g * g;
@@ -30,7 +32,8 @@ __kernel void adamw_step(__global float* params, __global float* m, __global flo
         const float4 update = (mi / bias_correction1) / (sqrt(vi / bias_correction2) + eps);
         vstore4(p - lr * (update + wd * p), i, params);
     }
-    for (int i = 4 * n4 + get_global_id(0); i < n; i += stride) {
+    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
+        const int i = 4 * n4 + t;
         const float g = grads[i] * grad_scale;
         const float mi = beta1 * m[i] + (1.0f - beta1) * g;
         const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;

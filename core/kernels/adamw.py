@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import grid_stride_size
+from core.kernels._launch import contiguous_units, grid_stride_size
 
 
 class AdamW:
@@ -14,8 +14,11 @@ class AdamW:
     decay on the first ``n_decay`` elements (the matrices) and none on the rest (norm weights).
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self._step = dev.kernel("adamw", "adamw_step")
         self.local = dev.work_group_size(self._step, local_size or 256)
 
@@ -51,4 +54,4 @@ class AdamW:
         self.dev.launch(self._step, (size,), (self.local,), params, m, v, grads,
                    np.int32(n), np.int32(n_decay), np.float32(lr), np.float32(beta1), np.float32(beta2),
                    np.float32(eps), np.float32(weight_decay), np.float32(bc1), np.float32(bc2),
-                   np.float32(grad_scale))
+                   np.float32(grad_scale), self.contiguous)

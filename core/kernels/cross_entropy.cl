@@ -77,7 +77,9 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
 }
 
 // ---- whole rows per work-item (CPUs): no local memory, no barriers, float4 loads with a scalar
-// tail; grid-stride over rows. Same formulas as above.
+// tail; rows shared out as grid.h says. Same formulas as above.
+
+#include "grid.h"
 inline float2 row_softmax_stats_item(__global const float* row, const int vocab_size) {
     const int v4 = vocab_size / 4;
     float4 m4 = (float4)(-INFINITY);
@@ -94,8 +96,9 @@ inline float2 row_softmax_stats_item(__global const float* row, const int vocab_
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows) -> losses (n_rows)
 __kernel void cross_entropy_forward_rows(__global float* losses, __global const float* logits,
                                          __global const int* targets, __global const float* mask,
-                                         const int n_rows, const int vocab_size) {
-    for (int r = get_global_id(0); r < n_rows; r += get_global_size(0)) {
+                                         const int n_rows, const int vocab_size,
+                                         const int contiguous) {
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
         const float mk = mask[r];
         __global const float* row = logits + (size_t)r * vocab_size;
         losses[r] = mk == 0.0f ? 0.0f
@@ -108,9 +111,10 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
 __kernel void cross_entropy_backward_rows(__global float* losses, __global float* d_logits,
                                           __global const float* logits, __global const int* targets,
                                           __global const float* mask, const int n_rows,
-                                          const int vocab_size, const float grad_scale) {
+                                          const int vocab_size, const float grad_scale,
+                                          const int contiguous) {
     const int v4 = vocab_size / 4;
-    for (int r = get_global_id(0); r < n_rows; r += get_global_size(0)) {
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
         const float mk = mask[r];
         __global const float* row = logits + (size_t)r * vocab_size;
         __global float* drow = d_logits + (size_t)r * vocab_size;

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import grid_stride_size, prefers_row_per_item
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
 
 
 class CrossEntropy:
@@ -18,8 +18,11 @@ class CrossEntropy:
     overrides).
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
         suffix = "_rows" if self.rows_per_item else ""
         self._fwd = dev.kernel("cross_entropy", "cross_entropy_forward" + suffix)
@@ -42,7 +45,7 @@ class CrossEntropy:
         L = self.local_fwd
         if self.rows_per_item:
             self.dev.launch(self._fwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, logits, targets,
-                      mask, np.int32(n_rows), np.int32(vocab_size))
+                      mask, np.int32(n_rows), np.int32(vocab_size), self.contiguous)
             return
         self.dev.launch(self._fwd, (n_rows * L,), (L,), losses, logits, targets, mask,
                   np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
@@ -62,7 +65,8 @@ class CrossEntropy:
         L = self.local_bwd
         if self.rows_per_item:
             self.dev.launch(self._bwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, d_logits, logits,
-                      targets, mask, np.int32(n_rows), np.int32(vocab_size), np.float32(grad_scale))
+                      targets, mask, np.int32(n_rows), np.int32(vocab_size), np.float32(grad_scale),
+                            self.contiguous)
             return
         self.dev.launch(self._bwd, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
                   np.int32(vocab_size), np.float32(grad_scale), self.dev.cl.LocalMemory(4 * L))

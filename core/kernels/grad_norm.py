@@ -34,7 +34,7 @@ class Reduce:
         self.local_final = dev.work_group_size(self._final, wanted)
         self.local_scale = dev.work_group_size(self._scale, wanted)
         self.local_chunks = dev.work_group_size(self._chunks, wanted)
-        self.local_segments = dev.work_group_size(self._segments, wanted)
+        self.local_segments = dev.work_group_size(self._segments, min(wanted, 32))  # few partials per tensor
         self._partials = None
         self._partials_len = 0
         self._tables: dict[tuple, tuple] = {}  # segments -> (chunks, first, n_chunks, partials)

@@ -56,7 +56,10 @@ __kernel void rmsnorm_backward_weight(__global float* d_weight, __global const f
 
 // ---- one work-item per row (CPUs): no local memory, no barriers; float4 loads with a scalar tail.
 // PoCL runs each barrier region of a work-group as a loop over its items, so the tree reductions
-// above cost several passes per row; a whole row per item is one pass. Grid-stride over rows.
+// above cost several passes per row; a whole row per item is one pass. Rows shared out as grid.h
+// says.
+
+#include "grid.h"
 
 inline float row_sum_squares(__global const float* xr, const int dim) {
     float4 acc = (float4)(0.0f);
@@ -80,8 +83,9 @@ inline void row_scale(__global float* outr, __global const float* xr, __global c
 // x (n_rows, dim), weight (dim) -> out (n_rows, dim), rstd (n_rows)
 __kernel void rmsnorm_forward_rows(__global float* out, __global float* rstd,
                                    __global const float* x, __global const float* weight,
-                                   const int n_rows, const int dim, const float eps) {
-    for (int row = get_global_id(0); row < n_rows; row += get_global_size(0)) {
+                                   const int n_rows, const int dim, const float eps,
+                                   const int contiguous) {
+    for (int row = unit_first(n_rows, contiguous); row < unit_end(n_rows, contiguous); row += unit_step(contiguous)) {
         __global const float* xr = x + (size_t)row * dim;
         const float r = 1.0f / sqrt(row_sum_squares(xr, dim) / (float)dim + eps);
         rstd[row] = r;
@@ -94,9 +98,10 @@ __kernel void rmsnorm_forward_rows(__global float* out, __global float* rstd,
 __kernel void rmsnorm_residual_forward_rows(__global float* x_sum, __global float* out,
                                             __global float* rstd, __global const float* a,
                                             __global const float* b, __global const float* weight,
-                                            const int n_rows, const int dim, const float eps) {
+                                            const int n_rows, const int dim, const float eps,
+                                            const int contiguous) {
     const int d4 = dim / 4;
-    for (int row = get_global_id(0); row < n_rows; row += get_global_size(0)) {
+    for (int row = unit_first(n_rows, contiguous); row < unit_end(n_rows, contiguous); row += unit_step(contiguous)) {
         const size_t o = (size_t)row * dim;
         __global float* xr = x_sum + o;
         for (int j = 0; j < d4; j++) vstore4(vload4(j, a + o) + vload4(j, b + o), j, xr);
@@ -111,9 +116,9 @@ __kernel void rmsnorm_residual_forward_rows(__global float* x_sum, __global floa
 __kernel void rmsnorm_backward_input_rows(__global float* d_x, __global const float* d_out,
                                           __global const float* x, __global const float* weight,
                                           __global const float* rstd, const int n_rows,
-                                          const int dim) {
+                                          const int dim, const int contiguous) {
     const int d4 = dim / 4;
-    for (int row = get_global_id(0); row < n_rows; row += get_global_size(0)) {
+    for (int row = unit_first(n_rows, contiguous); row < unit_end(n_rows, contiguous); row += unit_step(contiguous)) {
         const size_t o = (size_t)row * dim;
         __global const float* xr = x + o;
         __global const float* gr = d_out + o;

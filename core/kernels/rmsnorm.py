@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import grid_stride_size, prefers_row_per_item, round_up
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item, round_up
 
 
 class RMSNorm:
@@ -19,8 +19,11 @@ class RMSNorm:
     ``d_weight += sum_rows(d_out * x * rstd)``.
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
         if self.rows_per_item:
             self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward_rows")
@@ -43,7 +46,7 @@ class RMSNorm:
         return n_rows * self.local
 
     def _extra(self) -> tuple:
-        return () if self.rows_per_item else (self._scratch,)
+        return (self.contiguous,) if self.rows_per_item else (self._scratch,)
 
     def forward(self, out, rstd, x, weight, n_rows: int, dim: int, eps: float) -> None:
         """out (n_rows, dim) and rstd (n_rows), both overwritten, from x (n_rows, dim), weight (dim).

@@ -20,16 +20,18 @@
 // (n_tokens, k_stride) from element k_offset holding n_k_heads heads, rotated in place (q and k may
 // be the same buffer, e.g. a fused [q|k|v] row); inv_freq (2, head_dim/2) = [hi; lo].
 // Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
-// One work-item per (row r, pair i), grid-stride: the angle (sincos) is computed once and applied
+// Work units (row r, pair i), shared out as grid.h says: the angle (sincos) is computed once and applied
 // to pair i of every q and k head of that row.
+#include "grid.h"
+
 __kernel void rope_qk(__global float* q, __global float* k, __global const float* inv_freq,
                       const int n_tokens, const int seq_len, const int n_q_heads,
                       const int n_k_heads, const int head_dim, const int q_stride,
                       const int k_stride, const int k_offset, const int pos_start,
-                      const float sign) {
+                      const float sign, const int contiguous) {
     const int n_freq = head_dim / 2;
     const int total = n_tokens * n_freq;
-    for (int g = get_global_id(0); g < total; g += get_global_size(0)) {
+    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
         const int i = g % n_freq;
         const int r = g / n_freq;
         const float pos = (float)(pos_start + r % seq_len);

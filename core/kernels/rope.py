@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import grid_stride_size
+from core.kernels._launch import contiguous_units, grid_stride_size
 
 
 class RoPE:
@@ -20,8 +20,11 @@ class RoPE:
     hi + lo pair, so the kernel's angle stays accurate at positions of many thousands.
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self._qk = dev.kernel("rope", "rope_qk")
         self.local = dev.work_group_size(self._qk, local_size or 64)
         self._tables: dict[tuple[int, float], object] = {}
@@ -56,7 +59,8 @@ class RoPE:
         self.dev.launch(self._qk, (grid_stride_size(self.dev, items, self.local),), (self.local,), q,
                  q if k is None else k, self._inv_freq(head_dim, theta), np.int32(n_tokens), np.int32(seq_len),
                  np.int32(n_heads), np.int32(n_kv_heads if k is not None else 0), np.int32(head_dim),
-                 np.int32(q_stride), np.int32(k_stride), np.int32(k_offset), np.int32(pos_start), np.float32(sign))
+                 np.int32(q_stride), np.int32(k_stride), np.int32(k_offset), np.int32(pos_start), np.float32(sign),
+                        self.contiguous)
 
     def forward(self, x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                 pos_start: int, theta: float) -> None:
