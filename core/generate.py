@@ -137,7 +137,7 @@ class Generator:
             q=one(T * d), k=[a(T * kv) for _ in range(L)], v=[a(T * kv) for _ in range(L)],
             probs=one(c.n_heads * T * T), attn_out=one(T * d), x_mid=one(T * d), ffn_in=[h_norm] * L,
             ffn_rstd=[rstd] * L, gate_up=one(2 * T * f), h=one(T * f), tmp=a(T * d), final=h_norm,
-            final_rstd=rstd, logits=a(c.vocab_size))
+            final_rstd=rstd, logits=a(c.vocab_size), qkv=a(T * (d + 2 * kv)))
         self.n_past = 0
 
     def reset(self) -> None:

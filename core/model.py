@@ -56,10 +56,14 @@ class Ops:
 
 def param_layout(dev: Device, config: ModelConfig) -> Layout:
     """The flat layout of the model's parameters (matrices first, norm weights last); each layer's
-    ffn_gate and ffn_up are stored back to back as the group ``blk.{i}.ffn_gate_up`` (one matmul)."""
+    attn_q, attn_k, attn_v and its ffn_gate, ffn_up are stored back to back as the groups
+    ``blk.{i}.attn_qkv`` and ``blk.{i}.ffn_gate_up`` (one matmul each)."""
     first_norm = "blk.0.attn_norm.weight"
-    groups = {f"blk.{i}.ffn_gate_up": [f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"]
-              for i in range(config.n_layers)}
+    groups = {}
+    for i in range(config.n_layers):
+        b = f"blk.{i}."
+        groups[b + "attn_qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
+        groups[b + "ffn_gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
     return Layout(config.param_shapes(), max(1, dev.base_align_bytes // 4), split_at=first_norm, groups=groups)
 
 
@@ -110,11 +114,12 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
                  "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
-    single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "final": n * d, "final_rstd": n,
+    single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
               "logits": n * v, "losses": n}
     if training:
         single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
-                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f}
+                   "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
+                   "d_qkv": n * (d + 2 * kv)}
     sizes |= {name: [size] for name, size in single.items()}
     return sizes
 
@@ -175,11 +180,11 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, po
     n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
     w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
     # attention block: x_mid = x + attention(attn_in) @ Wo.T
-    o.matmul(a.q[i], a.attn_in[i], w("attn_q"), n, d, d, trans_b=True)                    # (n, d)
-    o.matmul(a.k[i], a.attn_in[i], w("attn_k"), n, kv, d, trans_b=True, c_offset=pos * kv)  # (n, kv)
-    o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True, c_offset=pos * kv)  # (n, kv)
-    o.rope.forward_qk(a.q[i], a.k[i], n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos, c.rope_theta,
-                      k_offset=pos * kv)
+    # one matmul: rows [q | k | v] = attn_in @ [Wq; Wk; Wv].T (the weights are one group), then RoPE
+    # on q and k while splitting the rows into q (n, d) and rows pos.. of k, v (n, kv)
+    o.matmul(a.qkv, a.attn_in[i], p[f"blk.{i}.attn_qkv"], n, d + 2 * kv, d, trans_b=True)  # (n, d+2kv)
+    o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
+                     c.rope_theta, kv_row0=pos)
     o.attention.forward(a.attn_out[i], a.probs[i], a.q[i], a.k[i], a.v[i],
                         b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
     o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
@@ -220,7 +225,7 @@ class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
     _INT32 = ("tokens", "targets")
-    _SINGLE = ("tokens", "targets", "mask", "tmp", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
+    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
                "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
@@ -327,13 +332,11 @@ class Model:
             mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
             o.attention.backward(a.dq, a.dk, a.dv, a.d_scores, a.d_attn, a.q[i], a.k[i], a.v[i], a.probs[i],
                                  b, t, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.rope.backward_qk(a.dq, a.dk, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            mm(gw("attn_q"), a.dq, a.attn_in[i], d, d, n, trans_a=True, accumulate=True)
-            mm(gw("attn_k"), a.dk, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
-            mm(gw("attn_v"), a.dv, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.dq, w("attn_q"), n, d, d)
-            mm(a.d_norm, a.dk, w("attn_k"), n, d, kv, accumulate=True)
-            mm(a.d_norm, a.dv, w("attn_v"), n, d, kv, accumulate=True)
+            # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
+            o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+            qkv = f"blk.{i}.attn_qkv"
+            mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.d_qkv, p[qkv], n, d, d + 2 * kv)
             o.rmsnorm.backward(a.d_in, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d)
             o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx[i]
         o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)

@@ -26,7 +26,9 @@ class RoPE:
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
         self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self._qk = dev.kernel("rope", "rope_qk")
-        self.local = dev.work_group_size(self._qk, local_size or 64)
+        self._split = dev.kernel("rope", "rope_split_qkv")
+        self._join = dev.kernel("rope", "rope_join_qkv")
+        self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._qk, self._split, self._join))
         self._tables: dict[tuple[int, float], object] = {}
         self._lock = threading.Lock()
 
@@ -102,3 +104,40 @@ class RoPE:
         """Gradient of :meth:`forward_qk`: the inverse rotation of ``d_q`` and ``d_k`` in place."""
         self._launch(-1.0, d_q, d_k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
                      q_stride, k_stride, k_offset)
+
+    def _check(self, n_tokens, seq_len, width, head_dim, pos_start) -> int:
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        if seq_len < 1 or pos_start < 0:
+            raise ValueError(f"RoPE needs seq_len >= 1 and pos_start >= 0, got {seq_len}, {pos_start}")
+        if (n_tokens + pos_start) * width >= 2**31:
+            raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
+        return grid_stride_size(self.dev, max(1, n_tokens * (head_dim // 2)), self.local)
+
+    def split_qkv(self, q, k, v, qkv, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
+                  head_dim: int, pos_start: int, theta: float, kv_row0: int = 0) -> None:
+        """Split the rows ``[q | k | v]`` of one QKV matmul, ``qkv (n_tokens, (n_heads + 2 n_kv_heads)
+        head_dim)``, into ``q (n_tokens, n_heads, head_dim)`` and rows ``kv_row0 ..`` of ``k``, ``v``
+        ``(rows, n_kv_heads, head_dim)`` (the KV cache in generation), with RoPE on q and k;
+        positions as :meth:`forward`. All overwritten.
+
+        Raises:
+            ValueError: as :meth:`forward`, or sizes past the int32 index range.
+        """
+        if n_tokens <= 0:
+            return
+        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        self.dev.launch(self._split, (size,), (self.local,), q, k, v, qkv, self._inv_freq(head_dim, theta),
+                        np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
+                        np.int32(head_dim), np.int32(pos_start), np.int32(kv_row0), self.contiguous)
+
+    def join_qkv(self, d_qkv, d_q, d_k, d_v, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
+                 head_dim: int, pos_start: int, theta: float) -> None:
+        """Gradient of :meth:`split_qkv` (``kv_row0 = 0``): ``d_qkv`` rows ``[d_q | d_k | d_v]`` with
+        the inverse rotation on d_q and d_k; overwritten."""
+        if n_tokens <= 0:
+            return
+        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        self.dev.launch(self._join, (size,), (self.local,), d_qkv, d_q, d_k, d_v, self._inv_freq(head_dim, theta),
+                        np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
+                        np.int32(head_dim), np.int32(pos_start), self.contiguous)
