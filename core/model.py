@@ -117,7 +117,7 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
               "logits": n * v, "losses": n}
     if training:
-        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
+        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_scores": att, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
                    "d_qkv": n * (d + 2 * kv)}
     sizes |= {name: [size] for name, size in single.items()}
@@ -226,7 +226,7 @@ class _Activations:
 
     _INT32 = ("tokens", "targets")
     _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
-               "d_norm", "d_in", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate_up")
+               "d_norm", "dq", "dk", "dv", "d_scores", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
         for name, sizes in activation_sizes(c, batch, seq, training).items():
@@ -325,8 +325,9 @@ class Model:
             gu = f"blk.{i}.ffn_gate_up"  # [Wgate; Wup] (2f, d), one matmul each way
             mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
             mm(a.d_norm, a.d_gate_up, p[gu], n, d, 2 * f)
-            o.rmsnorm.backward(a.d_in, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d)
-            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx_mid
+            # dx += the norm's input gradient: dx = dL/dx_mid
+            o.rmsnorm.backward(a.dx, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d,
+                               accumulate=True)
             # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
             mm(gw("attn_output"), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
             mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
@@ -337,8 +338,9 @@ class Model:
             qkv = f"blk.{i}.attn_qkv"
             mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
             mm(a.d_norm, a.d_qkv, p[qkv], n, d, d + 2 * kv)
-            o.rmsnorm.backward(a.d_in, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d)
-            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx[i]
+            # dx += the norm's input gradient: dx = dL/dx[i]
+            o.rmsnorm.backward(a.dx, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d,
+                               accumulate=True)
         o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
 
     # ------------------------------------------------------------------ public API

@@ -102,3 +102,19 @@ def test_rmsnorm_fused_residual(device, rng, rows, dim, local, per_item):
     assert np.array_equal(from_device(device, S, a), x), "x_sum is the float32 sum"
     assert_close(from_device(device, O, a), want_y, what="y")
     assert_close(from_device(device, R, (rows, np.float32)), want_rstd, what="rstd")
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (37, 128)])
+@pytest.mark.parametrize("local", [1, 32])
+@PER_ITEM
+def test_rmsnorm_backward_accumulates_into_d_x(device, rng, rows, dim, local, per_item):
+    """accumulate=True adds the input gradient to d_x (the residual stream's gradient)."""
+    op = RMSNorm(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
+    x, d_out, dx0 = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(3))
+    w = rng.standard_normal(dim).astype(np.float32)
+    X, W, G, O, R, DX, DW = to_device(device, x, w, d_out, np.zeros_like(x), np.zeros(rows, np.float32), dx0,
+                                      np.zeros(dim, np.float32))
+    op.forward(O, R, X, W, rows, dim, EPS)
+    op.backward(DX, DW, G, X, W, R, rows, dim, accumulate=True)
+    want_dx, _ = ref.rmsnorm_backward(d_out, x, w, EPS)
+    assert_close(from_device(device, DX, x), dx0 + want_dx, atol=1e-4, what="d_x accumulated")

@@ -24,12 +24,13 @@ __kernel void rmsnorm_forward(__global float* out, __global float* rstd,
     for (int i = lid; i < dim; i += L) out[row * dim + i] = xr[i] * r * weight[i];
 }
 
-// d_out, x (n_rows, dim), weight (dim), rstd (n_rows) -> d_x (n_rows, dim), overwritten
+// d_out, x (n_rows, dim), weight (dim), rstd (n_rows) -> d_x (n_rows, dim), overwritten (+= when accumulate)
 // global (n_rows * L), local (L): work-group r handles row r.
 __kernel void rmsnorm_backward_input(__global float* d_x, __global const float* d_out,
                                      __global const float* x, __global const float* weight,
                                      __global const float* rstd, const int n_rows,
-                                     const int dim, __local float* scratch) {
+                                     const int dim, const int accumulate,
+                                     __local float* scratch) {
     const int row = get_group_id(0);
     const int lid = get_local_id(0), L = get_local_size(0);
     __global const float* xr = x + row * dim;
@@ -39,7 +40,10 @@ __kernel void rmsnorm_backward_input(__global float* d_x, __global const float* 
     dot = group_sum(scratch, dot);
     const float r = rstd[row];
     const float coef = r * r * dot / (float)dim;
-    for (int i = lid; i < dim; i += L) d_x[row * dim + i] = r * (gr[i] * weight[i] - xr[i] * coef);
+    for (int i = lid; i < dim; i += L) {
+        const float v = r * (gr[i] * weight[i] - xr[i] * coef);
+        d_x[row * dim + i] = accumulate ? d_x[row * dim + i] + v : v;
+    }
 }
 
 // d_out, x (n_rows, dim), rstd (n_rows) -> d_weight (dim), accumulated
@@ -112,11 +116,12 @@ __kernel void rmsnorm_residual_forward_rows(__global float* x_sum, __global floa
     }
 }
 
-// d_out, x (n_rows, dim), weight (dim), rstd (n_rows) -> d_x (n_rows, dim), overwritten
+// d_out, x (n_rows, dim), weight (dim), rstd (n_rows) -> d_x (n_rows, dim), overwritten (+= when accumulate)
 __kernel void rmsnorm_backward_input_rows(__global float* d_x, __global const float* d_out,
                                           __global const float* x, __global const float* weight,
                                           __global const float* rstd, const int n_rows,
-                                          const int dim, const int contiguous) {
+                                          const int dim, const int accumulate,
+                                          const int contiguous) {
     const int d4 = dim / 4;
     for (int row = unit_first(n_rows, contiguous); row < unit_end(n_rows, contiguous); row += unit_step(contiguous)) {
         const size_t o = (size_t)row * dim;
@@ -129,9 +134,14 @@ __kernel void rmsnorm_backward_input_rows(__global float* d_x, __global const fl
         const float r = rstd[row];
         const float coef = r * r * dot / (float)dim;
         __global float* dr = d_x + o;
-        for (int j = 0; j < d4; j++)
-            vstore4(r * (vload4(j, gr) * vload4(j, weight) - vload4(j, xr) * coef), j, dr);
-        for (int j = 4 * d4; j < dim; j++) dr[j] = r * (gr[j] * weight[j] - xr[j] * coef);
+        for (int j = 0; j < d4; j++) {
+            const float4 val = r * (vload4(j, gr) * vload4(j, weight) - vload4(j, xr) * coef);
+            vstore4(accumulate ? vload4(j, dr) + val : val, j, dr);
+        }
+        for (int j = 4 * d4; j < dim; j++) {
+            const float val = r * (gr[j] * weight[j] - xr[j] * coef);
+            dr[j] = accumulate ? dr[j] + val : val;
+        }
     }
 }
 

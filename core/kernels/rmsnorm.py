@@ -67,16 +67,20 @@ class RMSNorm:
         self.dev.launch(self._fwd_res, (self._grid(n_rows),), (self.local,), x_sum, out, rstd, a, b, weight,
                       np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
-    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int) -> None:
-        """d_x (n_rows, dim) overwritten; d_weight (dim) accumulated (+=).
+    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int,
+                 accumulate: bool = False) -> None:
+        """d_x (n_rows, dim) overwritten, or added to when ``accumulate`` (the residual stream's
+        gradient, which takes the norm's input gradient: saves a separate residual add);
+        d_weight (dim) accumulated (+=).
 
         Inputs: d_out, x (n_rows, dim), weight (dim), rstd (n_rows) from :meth:`forward`.
         d_weight sums over rows in a fixed order (one work-item per column): deterministic.
-        d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out``.
+        d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out`` (not with
+        ``accumulate``).
         """
         if n_rows <= 0:
             return
         self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
-                    d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+                        d_out, x, rstd, np.int32(n_rows), np.int32(dim))
         self.dev.launch(self._bwd_x, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
-                    rstd, np.int32(n_rows), np.int32(dim), *self._extra())
+                        rstd, np.int32(n_rows), np.int32(dim), np.int32(bool(accumulate)), *self._extra())
