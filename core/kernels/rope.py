@@ -59,10 +59,10 @@ class RoPE:
         if items == 0:
             return
         self.dev.launch(self._qk, (grid_stride_size(self.dev, items, self.local),), (self.local,), q,
-                 q if k is None else k, self._inv_freq(head_dim, theta), np.int32(n_tokens), np.int32(seq_len),
-                 np.int32(n_heads), np.int32(n_kv_heads if k is not None else 0), np.int32(head_dim),
-                 np.int32(q_stride), np.int32(k_stride), np.int32(k_offset), np.int32(pos_start), np.float32(sign),
-                        self.contiguous)
+                        q if k is None else k, self._inv_freq(head_dim, theta), np.int32(n_tokens),
+                        np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads if k is not None else 0),
+                        np.int32(head_dim), np.int32(q_stride), np.int32(k_stride), np.int32(k_offset),
+                        np.int32(pos_start), np.float32(sign), self.contiguous)
 
     def forward(self, x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                 pos_start: int, theta: float) -> None:
