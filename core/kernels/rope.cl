@@ -16,6 +16,24 @@
 // |a_lo| is at most about half an ulp of a_hi (1.2e-4 for angles below 4096, 2e-3 below 65536), so
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
+// The angle of pair i at position pos as a cos/sin pair (sign -1: the inverse rotation), with the
+// hi + lo frequency of the header; and the rotation of one pair.
+inline void rope_angle(__global const float* inv_freq, const int n_freq, const int i, const float pos,
+                       const float sign, float* c, float* s) {
+    const float f_hi = inv_freq[i];
+    const float f_lo = inv_freq[n_freq + i];
+    const float a_hi = pos * f_hi;
+    const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
+    float c_hi;
+    const float s_hi = sincos(a_hi, &c_hi);
+    *c = c_hi - s_hi * a_lo;
+    *s = sign * (s_hi + c_hi * a_lo);
+}
+
+inline float2 rotate2(const float2 x, const float c, const float s) {
+    return (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
+}
+
 // q rows (n_tokens, q_stride) holding n_q_heads heads of head_dim from element 0, and k rows
 // (n_tokens, k_stride) from element k_offset holding n_k_heads heads, rotated in place (q and k may
 // be the same buffer, e.g. a fused [q|k|v] row); inv_freq (2, head_dim/2) = [hi; lo].
@@ -34,25 +52,12 @@ __kernel void rope_qk(__global float* q, __global float* k, __global const float
     for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
         const int i = g % n_freq;
         const int r = g / n_freq;
-        const float pos = (float)(pos_start + r % seq_len);
-        const float f_hi = inv_freq[i];
-        const float f_lo = inv_freq[n_freq + i];
-        const float a_hi = pos * f_hi;
-        const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
-        float c_hi;
-        const float s_hi = sincos(a_hi, &c_hi);
-        const float c = c_hi - s_hi * a_lo;
-        const float s = sign * (s_hi + c_hi * a_lo);
+        float c, s;
+        rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), sign, &c, &s);
         __global float* qp = q + (size_t)r * q_stride + 2 * i;
-        for (int h = 0; h < n_q_heads; h++) {
-            const float2 x = vload2(0, qp + h * head_dim);
-            vstore2((float2)(x.x * c - x.y * s, x.x * s + x.y * c), 0, qp + h * head_dim);
-        }
+        for (int h = 0; h < n_q_heads; h++) vstore2(rotate2(vload2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
         __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
-        for (int h = 0; h < n_k_heads; h++) {
-            const float2 x = vload2(0, kp + h * head_dim);
-            vstore2((float2)(x.x * c - x.y * s, x.x * s + x.y * c), 0, kp + h * head_dim);
-        }
+        for (int h = 0; h < n_k_heads; h++) vstore2(rotate2(vload2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
     }
 }
 
@@ -61,22 +66,6 @@ __kernel void rope_qk(__global float* q, __global float* k, __global const float
 // qkv (n_tokens, n_heads*head_dim + 2*n_kv_heads*head_dim); q (n_tokens, n_heads*head_dim);
 // k, v: rows kv_row0 .. kv_row0 + n_tokens - 1 of (rows, n_kv_heads*head_dim) (the KV cache in
 // generation, kv_row0 = 0 in training). Positions as rope_qk. Work units (row r, pair i) as grid.h.
-inline void rope_angle(__global const float* inv_freq, const int n_freq, const int i, const float pos,
-                       const float sign, float* c, float* s) {
-    const float f_hi = inv_freq[i];
-    const float f_lo = inv_freq[n_freq + i];
-    const float a_hi = pos * f_hi;
-    const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
-    float c_hi;
-    const float s_hi = sincos(a_hi, &c_hi);
-    *c = c_hi - s_hi * a_lo;
-    *s = sign * (s_hi + c_hi * a_lo);
-}
-
-inline float2 rotate2(const float2 x, const float c, const float s) {
-    return (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
-}
-
 // qkv -> q, k, v (q and k rotated by +angle)
 __kernel void rope_split_qkv(__global float* q, __global float* k, __global float* v,
                              __global const float* qkv, __global const float* inv_freq,
