@@ -16,6 +16,8 @@
 // |a_lo| is at most about half an ulp of a_hi (1.2e-4 for angles below 4096, 2e-3 below 65536), so
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
+#include "grid.h"
+
 // The angle of pair i at position pos as a cos/sin pair (sign -1: the inverse rotation), with the
 // hi + lo frequency of the header; and the rotation of one pair.
 inline void rope_angle(__global const float* inv_freq, const int n_freq, const int i, const float pos,
@@ -40,8 +42,6 @@ inline float2 rotate2(const float2 x, const float c, const float s) {
 // Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
 // Work units (row r, pair i), shared out as grid.h says: the angle (sincos) is computed once and applied
 // to pair i of every q and k head of that row.
-#include "grid.h"
-
 __kernel void rope_qk(__global float* q, __global float* k, __global const float* inv_freq,
                       const int n_tokens, const int seq_len, const int n_q_heads,
                       const int n_k_heads, const int head_dim, const int q_stride,
