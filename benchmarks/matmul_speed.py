@@ -121,7 +121,7 @@ def main() -> None:
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
     t0 = time.perf_counter()
-    mm = Matmul(dev, progress=lambda f, msg: print(f"\r  {msg}", end="", flush=True))
+    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, msg: print(f"\r  {msg}", end="", flush=True)))
     print(f"\rconfigurations ({'untuned' if args.untuned else 'tuned'}; set up in {time.perf_counter() - t0:.1f} s):")
     for name in ("nn", "nt", "tn"):
         print(f"  {name}: {mm.config(*VARIANTS[name])}")

@@ -2,6 +2,7 @@
 
 The prompt is run once (prefill) and its keys/values kept per layer in a cache of
 ``context_length`` rows; each new token then costs one single-row forward that attends to the cache.
+The forward pass is ``core.model.forward``, the same code path as training's.
 Only the last position's logits are read back to the host, where the sampler picks the next token.
 """
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, param_layout
+from core.model import Ops, forward, param_layout
 from core.params import TensorStore
 
 
@@ -125,16 +127,17 @@ class Generator:
         else:
             self.params.load(weights)
         c, a = config, dev.alloc
-        T, d, kv, f = c.context_length, c.d_model, c.kv_dim, c.ffn_dim
-        self.k_cache = [a(T * kv) for _ in range(c.n_layers)]
-        self.v_cache = [a(T * kv) for _ in range(c.n_layers)]
-        self.tokens = dev.zeros(T, np.int32)
-        self.x, self.x_mid, self.h_norm, self.q = a(T * d), a(T * d), a(T * d), a(T * d)
-        self.k_new, self.v_new, self.attn_out, self.tmp = a(T * kv), a(T * kv), a(T * d), a(T * d)
-        self.gate, self.up, self.h = a(T * f), a(T * f), a(T * f)
-        self.rstd = a(T)
-        self.lse = a(c.n_heads * T)  # attention's per-row log-sum-exp (only training reads it)
-        self.logits = a(c.vocab_size)
+        T, d, kv, f, L = c.context_length, c.d_model, c.kv_dim, c.ffn_dim, c.n_layers
+        # the buffers core.model.forward reads and writes: one per kind, shared by all layers (nothing
+        # is kept for a backward), except the KV cache (a.k[i], a.v[i]: context_length rows per layer)
+        one = lambda size: [a(size)] * L  # noqa: E731
+        x, h_norm, rstd = a(T * d), a(T * d), a(T)
+        self.act = SimpleNamespace(
+            tokens=dev.zeros(T, np.int32), x=[x] * (L + 1), attn_in=[h_norm] * L, attn_rstd=[rstd] * L,
+            q=one(T * d), k=[a(T * kv) for _ in range(L)], v=[a(T * kv) for _ in range(L)],
+            lse=one(c.n_heads * T), attn_out=one(T * d), x_mid=one(T * d), ffn_in=[h_norm] * L,
+            ffn_rstd=[rstd] * L, gate_up=one(2 * T * f), h=one(T * f), tmp=a(T * d), final=h_norm,
+            final_rstd=rstd, logits=a(c.vocab_size), qkv=a(T * (d + 2 * kv)))
         self.n_past = 0
 
     def reset(self) -> None:
@@ -154,7 +157,7 @@ class Generator:
             ContextFullError: the context would exceed ``context_length``.
             ValueError: empty ``ids`` or an id outside the vocabulary.
         """
-        c, o, p = self.config, self.ops, self.params.views
+        c = self.config
         t = len(ids)
         if t == 0:
             raise ValueError("feed() needs at least one token")
@@ -163,34 +166,10 @@ class Generator:
         arr = np.asarray(ids, np.int32)
         if arr.min() < 0 or arr.max() >= c.vocab_size:
             raise ValueError(f"token id outside vocab_size {c.vocab_size}")
-        self.dev.upload(arr, self.tokens)
-        d, kv, f, pos = c.d_model, c.kv_dim, c.ffn_dim, self.n_past
-        o.embedding.forward(self.x, self.tokens, p["token_embd.weight"], t, d, c.vocab_size)
-        for i in range(c.n_layers):
-            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
-            o.rmsnorm.forward(self.h_norm, self.rstd, self.x, w("attn_norm"), t, d, c.norm_eps)
-            o.matmul(self.q, self.h_norm, w("attn_q"), t, d, d, trans_b=True)
-            o.matmul(self.k_new, self.h_norm, w("attn_k"), t, kv, d, trans_b=True)
-            o.matmul(self.v_new, self.h_norm, w("attn_v"), t, kv, d, trans_b=True)
-            o.rope.forward(self.q, t, t, c.n_heads, c.head_dim, pos, c.rope_theta)
-            o.rope.forward(self.k_new, t, t, c.n_kv_heads, c.head_dim, pos, c.rope_theta)
-            self.dev.copy(self.k_cache[i], self.k_new, t * kv, dst_offset=pos * kv)
-            self.dev.copy(self.v_cache[i], self.v_new, t * kv, dst_offset=pos * kv)
-            o.attention.forward(self.attn_out, self.lse, self.q, self.k_cache[i], self.v_cache[i],
-                                1, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.matmul(self.tmp, self.attn_out, w("attn_output"), t, d, d, trans_b=True)
-            o.residual.forward(self.x_mid, self.x, self.tmp, t * d)
-            o.rmsnorm.forward(self.h_norm, self.rstd, self.x_mid, w("ffn_norm"), t, d, c.norm_eps)
-            o.matmul(self.gate, self.h_norm, w("ffn_gate"), t, f, d, trans_b=True)
-            o.matmul(self.up, self.h_norm, w("ffn_up"), t, f, d, trans_b=True)
-            o.swiglu.forward(self.h, self.gate, self.up, t * f)
-            o.matmul(self.tmp, self.h, w("ffn_down"), t, d, f, trans_b=True)
-            o.residual.forward(self.x, self.x_mid, self.tmp, t * d)
-        o.rmsnorm.forward(self.h_norm, self.rstd, self.x, p["output_norm.weight"], t, d, c.norm_eps)
-        o.matmul(self.logits, self.h_norm, p[c.output_weight], 1, c.vocab_size, d, trans_b=True,
-                 a_offset=(t - 1) * d)
+        self.dev.upload(arr, self.act.tokens)
+        forward(self.ops, c, self.params.views, self.act, 1, t, pos=self.n_past, last_row_only=True)
         self.n_past += t
-        return self.dev.download(self.logits, (c.vocab_size,))
+        return self.dev.download(self.act.logits, (c.vocab_size,))
 
     def generate(self, prompt_ids: list[int], settings: SamplingSettings, stop_ids: set[int] | None = None,
                  ) -> Iterator[tuple[int, np.ndarray]]:

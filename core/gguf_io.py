@@ -291,7 +291,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         for key, value, add in hp:
             log.info("gguf: %s = %r", key, value)
             add(value)
-        for key, value in ((meta_general := (loaded.meta or {}).get("gguf_general")) or {}).items():
+        for key, value in ((loaded.meta or {}).get("gguf_general") or {}).items():
             writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY if isinstance(value, list)
                                  else gguf.GGUFValueType.STRING, sub_type=gguf.GGUFValueType.STRING
                                  if isinstance(value, list) else None)

@@ -24,14 +24,12 @@ Anything else (``bert``, ``t5``, ``rwkv``, an unknown pre-tokenizer) is refused 
 """
 from __future__ import annotations
 
-import codecs
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from os import PathLike
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer

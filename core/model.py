@@ -31,6 +31,7 @@ from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.embedding import Embedding
 from core.kernels.grad_norm import Reduce
+from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul
 from core.kernels.residual import Residual
 from core.kernels.rmsnorm import RMSNorm
@@ -45,7 +46,7 @@ class Ops:
     def __init__(self, dev: Device):
         self.embedding = Embedding(dev)
         self.rmsnorm = RMSNorm(dev)
-        self.matmul = Matmul(dev)
+        self.matmul = Matmul(dev, tuned=matmul_tune.tuned_configs(dev))  # tuned once per device (cached)
         self.rope = RoPE(dev)
         self.attention = Attention(dev)
         self.swiglu = SwiGLU(dev)
@@ -56,9 +57,22 @@ class Ops:
 
 
 def param_layout(dev: Device, config: ModelConfig) -> Layout:
-    """The flat layout of the model's parameters (matrices first, norm weights last)."""
+    """The flat layout of the model's parameters (matrices first, norm weights last); each layer's
+    attn_q, attn_k, attn_v and its ffn_gate, ffn_up are stored back to back as the groups
+    ``blk.{i}.attn_qkv`` and ``blk.{i}.ffn_gate_up`` (one matmul each)."""
     first_norm = "blk.0.attn_norm.weight"
-    return Layout(config.param_shapes(), layout_align(dev), split_at=first_norm)
+    return Layout(config.param_shapes(), layout_align(dev), split_at=first_norm, groups=param_groups(config))
+
+
+def param_groups(config: ModelConfig) -> dict[str, list[str]]:
+    """The tensors stored back to back so one matmul computes them: per layer ``attn_qkv`` =
+    [attn_q, attn_k, attn_v] and ``ffn_gate_up`` = [ffn_gate, ffn_up]."""
+    groups = {}
+    for i in range(config.n_layers):
+        b = f"blk.{i}."
+        groups[b + "attn_qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
+        groups[b + "ffn_gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+    return groups
 
 
 def layout_align(dev: Device) -> int:
@@ -109,15 +123,16 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
     rows = batch * c.n_heads * seq  # one float per query row and head (attention's lse, d_sum)
     per_layer = {"attn_in": n * d, "attn_rstd": n, "q": n * d, "k": n * kv, "v": n * kv, "lse": rows,
-                 "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate": n * f,
-                 "up": n * f, "h": n * f}
+                 "attn_out": n * d, "x_mid": n * d, "ffn_in": n * d, "ffn_rstd": n, "gate_up": 2 * n * f,
+                 "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
-    single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "final": n * d, "final_rstd": n,
+    single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
               "logits": n * v, "losses": n}
     if training:
-        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "d_in": n * d, "dq": n * d, "dk": n * kv,
-                   "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate": n * f, "d_up": n * f}
+        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
+                   "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
+                   "d_qkv": n * (d + 2 * kv)}
     sizes |= {name: [size] for name, size in single.items()}
     return sizes
 
@@ -147,12 +162,75 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
                          "ffn_dim or n_layers")
 
 
+def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, pos: int) -> None:
+    """Layer ``i`` of the forward pass; the one code path of training and generation.
+
+    Reads ``a.x[i]`` and ``a.attn_in[i] = rmsnorm(a.x[i]) * attn_norm`` (made by the previous step,
+    see :func:`forward`); writes ``a.x[i + 1]`` and the norm that follows it, fused into the last
+    residual add: ``a.attn_in[i + 1]`` (next layer's attn_norm) or ``a.final`` (output_norm).
+
+    Args:
+        o: launchers; c: architecture; p: ``{gguf name: cl.Buffer}`` weight views.
+        a: activation buffers named as in :func:`activation_sizes`; for generation the per-layer
+            lists may all hold one buffer each (nothing is kept for backward), and ``a.k[i]``,
+            ``a.v[i]`` are the layer's KV cache.
+        i: layer index.
+        b, t: batch and new tokens per sequence (``n = b * t`` rows).
+        pos: tokens already in the KV cache: the new rows' K/V are written at rows
+            ``pos .. pos + t - 1`` of ``a.k[i]`` / ``a.v[i]`` and rotated for those positions;
+            attention sees keys ``0 .. pos + t - 1``. Training: ``pos = 0`` (K/V of this batch only).
+            ``pos > 0`` needs ``b == 1``.
+    """
+    n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
+    w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+    # attention block: x_mid = x + attention(attn_in) @ Wo.T
+    # one matmul: rows [q | k | v] = attn_in @ [Wq; Wk; Wv].T (the weights are one group), then RoPE
+    # on q and k while splitting the rows into q (n, d) and rows pos.. of k, v (n, kv)
+    o.matmul(a.qkv, a.attn_in[i], p[f"blk.{i}.attn_qkv"], n, d + 2 * kv, d, trans_b=True)  # (n, d+2kv)
+    o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
+                     c.rope_theta, kv_row0=pos)
+    o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
+                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
+    o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
+    # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
+    o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w("ffn_norm"), n, d,
+                               c.norm_eps)
+    # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T (SwiGLU, Shazeer 2020)
+    # one matmul for gate and up: rows [gate | up] = ffn_in @ [Wgate; Wup].T (the weights are one group)
+    o.matmul(a.gate_up[i], a.ffn_in[i], p[f"blk.{i}.ffn_gate_up"], n, 2 * f, d, trans_b=True)  # (n, 2f)
+    o.swiglu.forward_fused(a.h[i], a.gate_up[i], n, f)                                      # (n, f)
+    o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)                          # (n, d)
+    # x[i+1] = x_mid + tmp, fused with the norm that reads it next
+    if i + 1 < c.n_layers:
+        out, rstd, norm = a.attn_in[i + 1], a.attn_rstd[i + 1], p[f"blk.{i + 1}.attn_norm.weight"]
+    else:
+        out, rstd, norm = a.final, a.final_rstd, p["output_norm.weight"]
+    o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
+
+
+def forward(o: Ops, c: ModelConfig, p: dict, a, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
+    """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
+    ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
+    floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
+    """
+    n, d = b * t, c.d_model
+    o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)     # (n, d)
+    o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p["blk.0.attn_norm.weight"], n, d, c.norm_eps)
+    for i in range(c.n_layers):
+        layer_forward(o, c, p, a, i, b, t, pos)
+    # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
+    if last_row_only:
+        o.matmul(a.logits, a.final, p[c.output_weight], 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
+    else:
+        o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)   # (n, vocab); tied: token_embd
+
+
 class _Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
 
     _INT32 = ("tokens", "targets")
-    _SINGLE = ("tokens", "targets", "mask", "tmp", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
-               "d_norm", "d_in", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate", "d_up")
+    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
+               "d_norm", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
         for name, sizes in activation_sizes(c, batch, seq, training).items():
@@ -193,13 +271,13 @@ class Model:
         self.params.load(weights if weights is not None else init_weights(config, seed))
         # Trained tensors: all, or all but token_embd (frozen). Their layout is the parameter layout
         # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
-        self.train_layout, self._train_ranges = self.layout, self.params.range_views
+        self.train_layout, self._trained = self.layout, self.params.flat
         if self.frozen:
             shapes = [(n, s) for n, s in config.param_shapes() if n not in self.frozen]
-            self.train_layout = Layout(shapes, layout_align(dev), split_at="blk.0.attn_norm.weight")
+            self.train_layout = Layout(shapes, layout_align(dev), split_at="blk.0.attn_norm.weight",
+                                       groups=param_groups(config))
             shift = self.layout.slots[shapes[0][0]].offset
-            self._train_ranges = [self.params.flat.get_sub_region((shift + a) * 4, max(1, n) * 4) if n else None
-                                  for a, n in self.train_layout.ranges]
+            self._trained = self.params.flat.get_sub_region(shift * 4, self.train_layout.total * 4)
         if training:
             self.grads = TensorStore(dev, self.train_layout)
             self.m = TensorStore(dev, self.train_layout)
@@ -207,6 +285,7 @@ class Model:
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
         names = [n for n, _ in config.param_shapes() if n not in self.frozen]
         self._stat_names = names
+        self._stat_segments = [(self.train_layout.slots[n].offset, self.train_layout.slots[n].size) for n in names]
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
@@ -240,31 +319,7 @@ class Model:
 
     def _forward(self, b: int, t: int) -> None:
         """Forward pass in layer order; activations are kept for backward."""
-        c, o, a, p = self.config, self.ops, self.act, self.params.views
-        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
-        o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)
-        for i in range(c.n_layers):
-            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
-            # attention block
-            o.rmsnorm.forward(a.attn_in[i], a.attn_rstd[i], a.x[i], w("attn_norm"), n, d, c.norm_eps)
-            o.matmul(a.q[i], a.attn_in[i], w("attn_q"), n, d, d, trans_b=True)
-            o.matmul(a.k[i], a.attn_in[i], w("attn_k"), n, kv, d, trans_b=True)
-            o.matmul(a.v[i], a.attn_in[i], w("attn_v"), n, kv, d, trans_b=True)
-            o.rope.forward(a.q[i], n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
-            o.rope.forward(a.k[i], n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
-                                b, t, t, 0, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
-            o.residual.forward(a.x_mid[i], a.x[i], a.tmp, n * d)
-            # feed-forward block
-            o.rmsnorm.forward(a.ffn_in[i], a.ffn_rstd[i], a.x_mid[i], w("ffn_norm"), n, d, c.norm_eps)
-            o.matmul(a.gate[i], a.ffn_in[i], w("ffn_gate"), n, f, d, trans_b=True)
-            o.matmul(a.up[i], a.ffn_in[i], w("ffn_up"), n, f, d, trans_b=True)
-            o.swiglu.forward(a.h[i], a.gate[i], a.up[i], n * f)
-            o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)
-            o.residual.forward(a.x[i + 1], a.x_mid[i], a.tmp, n * d)
-        o.rmsnorm.forward(a.final, a.final_rstd, a.x[c.n_layers], p["output_norm.weight"], n, d, c.norm_eps)
-        o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)  # tied: token_embd
+        forward(self.ops, self.config, self.params.views, self.act, b, t)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
@@ -286,28 +341,26 @@ class Model:
             # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
             mm(gw("ffn_down"), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
             mm(a.dh, a.dx, w("ffn_down"), n, f, d)
-            o.swiglu.backward(a.d_gate, a.d_up, a.dh, a.gate[i], a.up[i], n * f)
-            mm(gw("ffn_gate"), a.d_gate, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
-            mm(gw("ffn_up"), a.d_up, a.ffn_in[i], f, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.d_gate, w("ffn_gate"), n, d, f)
-            mm(a.d_norm, a.d_up, w("ffn_up"), n, d, f, accumulate=True)
-            o.rmsnorm.backward(a.d_in, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d)
-            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx_mid
+            o.swiglu.backward_fused(a.d_gate_up, a.dh, a.gate_up[i], n, f)  # rows [d_gate | d_up] (n, 2f)
+            gu = f"blk.{i}.ffn_gate_up"  # [Wgate; Wup] (2f, d), one matmul each way
+            mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.d_gate_up, p[gu], n, d, 2 * f)
+            # dx += the norm's input gradient: dx = dL/dx_mid
+            o.rmsnorm.backward(a.dx, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d,
+                               accumulate=True)
             # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
             mm(gw("attn_output"), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
             mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
             o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
                                  a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
-            o.rope.backward(a.dq, n, t, c.n_heads, c.head_dim, 0, c.rope_theta)
-            o.rope.backward(a.dk, n, t, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            mm(gw("attn_q"), a.dq, a.attn_in[i], d, d, n, trans_a=True, accumulate=True)
-            mm(gw("attn_k"), a.dk, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
-            mm(gw("attn_v"), a.dv, a.attn_in[i], kv, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.dq, w("attn_q"), n, d, d)
-            mm(a.d_norm, a.dk, w("attn_k"), n, d, kv, accumulate=True)
-            mm(a.d_norm, a.dv, w("attn_v"), n, d, kv, accumulate=True)
-            o.rmsnorm.backward(a.d_in, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d)
-            o.residual.backward(a.dx, a.d_in, n * d)  # dx = dL/dx[i]
+            # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
+            o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+            qkv = f"blk.{i}.attn_qkv"
+            mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
+            mm(a.d_norm, a.d_qkv, p[qkv], n, d, d + 2 * kv)
+            # dx += the norm's input gradient: dx = dL/dx[i]
+            o.rmsnorm.backward(a.dx, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d,
+                               accumulate=True)
         if "token_embd.weight" in g:  # frozen embeddings get no gradient
             o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
 
@@ -386,9 +439,7 @@ class Model:
         self._backward(b, t)
         o.reduce.sum(self._stats, 0, a.losses, n)
         o.reduce.sum(self._stats, 1, a.mask, n)
-        for i, name in enumerate(self._stat_names):
-            s = self.train_layout.slots[name]
-            o.reduce.sum_squares(self._stats, 2 + i, self.grads.views[name], s.size)
+        o.reduce.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
         per_layer = [0.0] * (self.config.n_layers + 2)
@@ -410,12 +461,10 @@ class Model:
         Weight decay applies to matrices, not to RMSNorm weights. Uses Loshchilov & Hutter (2019).
         """
         self.adam_step += 1
-        for k, (start, size) in enumerate(self.train_layout.ranges):
-            if not size:
-                continue
-            self.ops.adamw.step(self._train_ranges[k], self.grads.range_views[k], self.m.range_views[k],
-                                self.v.range_views[k], size, lr, beta1, beta2, eps,
-                                weight_decay if k == 0 else 0.0, self.adam_step, grad_scale)
+        # one launch over the flat buffers; the matrices come first, up to layout.split
+        self.ops.adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat, self.train_layout.total,
+                            lr, beta1, beta2, eps, weight_decay, self.adam_step, grad_scale,
+                            n_decay=self.train_layout.split)
 
     def weights(self) -> dict[str, np.ndarray]:
         """Host copy of every weight, ``{gguf tensor name: float32 array}``."""

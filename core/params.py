@@ -2,7 +2,10 @@
 
 After llm.c: one buffer, a table of named offsets and shapes, and a sub-buffer per tensor so that
 kernels see each tensor as its own ``cl.Buffer``. Each tensor starts on the device's base-address
-alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN); the padding between tensors stays zero.
+alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN); the padding between tensors stays zero. A *group*
+(e.g. a layer's ffn_gate and ffn_up) is stored back to back without padding, so that one matmul
+can use the group as one matrix; a member that then starts off the alignment has no view of its
+own (use the group's view, or its offset in the flat buffer).
 """
 from __future__ import annotations
 
@@ -31,14 +34,24 @@ class Layout:
         shapes: ``[(name, shape), ...]`` in storage order.
         align_elems: every tensor's offset is a multiple of this many float32 elements.
         split_at: name of the first tensor of the second range (``ranges`` gives both), or None.
+        groups: ``{group name: [member names]}``; the members must follow each other in ``shapes``
+            and are stored back to back (no padding); ``group_slots`` gives each group's extent.
+
+    Raises:
+        ValueError: a group's members are not consecutive in ``shapes``.
     """
 
-    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], align_elems: int, split_at: str | None = None):
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], align_elems: int, split_at: str | None = None,
+                 groups: dict[str, list[str]] | None = None):
         self.slots: dict[str, Slot] = {}
+        self.align_elems = align_elems
+        groups = groups or {}
+        follows = {m: g for g, members in groups.items() for m in members[1:]}  # packed right after the previous
         off = 0
         self.split = None
         for name, shape in shapes:
-            off = -(-off // align_elems) * align_elems
+            if name not in follows:
+                off = -(-off // align_elems) * align_elems
             if name == split_at:
                 self.split = off
             size = math.prod(shape)
@@ -47,6 +60,12 @@ class Layout:
         self.total = -(-off // align_elems) * align_elems
         if self.split is None:
             self.split = self.total
+        self.group_slots: dict[str, Slot] = {}
+        for g, members in groups.items():
+            s = [self.slots[m] for m in members]
+            if any(b.offset != a.offset + a.size for a, b in zip(s, s[1:])):
+                raise ValueError(f"group {g!r}: members {members} are not consecutive tensors")
+            self.group_slots[g] = Slot(g, (sum(x.size for x in s),), s[0].offset, sum(x.size for x in s))
 
     @property
     def ranges(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -59,7 +78,8 @@ class TensorStore:
 
     Attributes:
         flat: the whole ``cl.Buffer`` (``layout.total`` floats).
-        views: ``{name: cl.Buffer}`` sub-buffers, one per tensor.
+        views: ``{name: cl.Buffer}`` sub-buffers, one per tensor that starts on the alignment, and
+            one per group of ``layout.group_slots`` (under the group's name).
         range_views: sub-buffers of the two ranges of ``layout.ranges`` (empty ranges are None).
     """
 
@@ -67,7 +87,8 @@ class TensorStore:
         self.dev = dev
         self.layout = layout
         self.flat = dev.zeros(layout.total)
-        self.views = {n: self._sub(s.offset, s.size) for n, s in layout.slots.items()}
+        slots = [*layout.slots.values(), *layout.group_slots.values()]
+        self.views = {s.name: self._sub(s.offset, s.size) for s in slots if s.offset % layout.align_elems == 0}
         self.range_views = [self._sub(a, n) if n else None for a, n in layout.ranges]
 
     def _sub(self, offset: int, size: int):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import json
 
 
 from core.cli import main

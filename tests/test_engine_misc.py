@@ -194,3 +194,31 @@ def test_pocl_without_a_linker_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(device_mod.shutil, "which", lambda name: None)
     with pytest.raises(device_mod.OpenCLUnavailableError, match="binutils"):
         device_mod.Device(pocl[0])
+
+
+def test_kernel_profiling_records_every_launch(device):
+    """Device.start_profiling: launches through Device.launch and through the kernel object are
+    recorded with their names and device time; stop_profiling returns to a plain queue."""
+    import numpy as np
+
+    from core.kernels.residual import Residual
+    from core.kernels.swiglu import SwiGLU
+
+    before = Residual(device)  # fetched before profiling: works, not recorded
+    device.start_profiling()
+    try:
+        res, sw = Residual(device), SwiGLU(device)
+        a = device.upload(np.arange(10, dtype=np.float32))
+        out = device.alloc(10)
+        res.forward(out, a, a, 10)
+        sw.forward(out, a, a, 10)
+        before.forward(out, a, a, 10)
+        res._fwd(device.queue, (16,), (16,), out, a, a, np.int32(10), np.int32(1))  # the pyopencl call path
+    finally:
+        records = device.stop_profiling()
+    assert [n for n, _ in records] == ["residual_forward", "swiglu_forward", "residual_forward"]
+    assert all(t >= 0 for _, t in records)
+    assert not device.profiling and device.stop_profiling() == []
+    res2 = Residual(device)
+    res2.forward(out, a, a, 10)
+    assert np.array_equal(device.download(out, (10,)), 2 * np.arange(10, dtype=np.float32))

@@ -41,3 +41,34 @@ def test_adamw_rejects_step_zero(device):
     buf = device.alloc(1)
     with pytest.raises(ValueError, match="1-based"):
         op.step(buf, buf, buf, buf, 1, step=0, **HP)
+
+
+@pytest.mark.parametrize("n, n_decay", [(5, 3), (1030, 517), (40_003, 40_000), (9, 0)])
+@pytest.mark.parametrize("local", [1, 32, 256])
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_adamw_one_launch_decay_mask(device, rng, n, n_decay, local, contiguous):
+    """One launch over a flat buffer: decay on the first n_decay elements only (matrices), none on the
+    rest (norm weights); odd sizes exercise the float4 loop's scalar tail."""
+    op = AdamW(device, local_size=local, contiguous=contiguous)
+    p = rng.standard_normal(n).astype(np.float32)
+    zeros = np.zeros(n, np.float32)
+    P, M, V, G = to_device(device, p, zeros, zeros, zeros)
+    p_ref, m_ref, v_ref = p.astype(np.float64), np.zeros(n), np.zeros(n)
+    for step in range(1, 4):
+        g = rng.standard_normal(n).astype(np.float32)
+        device.upload(g, G)
+        op.step(P, G, M, V, n, step=step, grad_scale=0.5, n_decay=n_decay, **HP)
+        hp_no_decay = HP | {"weight_decay": 0.0}
+        a = ref.adamw_step(p_ref[:n_decay], g[:n_decay], m_ref[:n_decay], v_ref[:n_decay], step=step,
+                           grad_scale=0.5, **HP)
+        b = ref.adamw_step(p_ref[n_decay:], g[n_decay:], m_ref[n_decay:], v_ref[n_decay:], step=step,
+                           grad_scale=0.5, **hp_no_decay)
+        p_ref, m_ref, v_ref = (np.concatenate([x, y]) for x, y in zip(a, b))
+        assert_close(from_device(device, M, p), m_ref, atol=1e-7, rtol=1e-5, what=f"m step {step}")
+        assert_close(from_device(device, V, p), v_ref, atol=1e-9, rtol=1e-5, what=f"v step {step}")
+        assert_close(from_device(device, P, p), p_ref, atol=1e-6, rtol=1e-5, what=f"p step {step}")
+    # the mask matters: without decay the decayed part would differ by about lr * wd * p per step
+    undecayed = ref.adamw_step(p.astype(np.float64), g, np.zeros(n), np.zeros(n), step=1,
+                               **(HP | {"weight_decay": 0.0}))[0]
+    if n_decay:
+        assert not np.allclose(p_ref[:n_decay], undecayed[:n_decay], rtol=0, atol=1e-7)

@@ -21,9 +21,10 @@ def _inputs(rng, n_rows, vocab):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("local", [1, 32, 256])
-def test_cross_entropy_forward_backward(device, rng, shape, local):
+@pytest.mark.parametrize("per_item", [False, True, "interleaved"], ids=["group-per-row", "rows-per-item", "rows-interleaved"])
+def test_cross_entropy_forward_backward(device, rng, shape, local, per_item):
     n_rows, vocab = shape
-    op = CrossEntropy(device, local_size=local)
+    op = CrossEntropy(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
     logits, targets, mask = _inputs(rng, n_rows, vocab)
     grad_scale = 1.0 / max(float(mask.sum()), 1.0)
     X, T, M = to_device(device, logits, targets, mask)
@@ -41,8 +42,9 @@ def test_cross_entropy_forward_backward(device, rng, shape, local):
     assert_close(from_device(device, dX, logits), d_ref, atol=1e-7, rtol=1e-4, what="d_logits")
 
 
-def test_cross_entropy_bad_target_on_unmasked_row_is_nan(device):
-    op = CrossEntropy(device, local_size=4)
+@pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
+def test_cross_entropy_bad_target_on_unmasked_row_is_nan(device, per_item):
+    op = CrossEntropy(device, local_size=4, rows_per_item=bool(per_item), contiguous=per_item is True)
     X, T, M, L = to_device(device, np.zeros((1, 3), np.float32), np.array([3], np.int32),
                            np.ones(1, np.float32), np.zeros(1, np.float32))
     op.forward(L, X, T, M, 1, 3)

@@ -79,3 +79,28 @@ def test_scale_odd_sizes(device, rng):
         want = x.copy()
         want[:n] *= 0.25
         assert_close(from_device(device, X, x), want, atol=0, rtol=0, what="scale (tail untouched)")
+
+
+@pytest.mark.parametrize("local", [1, 32, 256])
+def test_sum_squares_segments_one_launch(device, rng, local):
+    """Per-tensor sums of squares of a flat buffer in one pass: odd sizes, an empty segment, segments
+    longer than one chunk (CHUNK) and not ending on a chunk boundary, gaps (padding) skipped."""
+    from core.kernels.grad_norm import CHUNK
+
+    op = Reduce(device, local_size=local)
+    sizes = [7, 0, 1, CHUNK, 2 * CHUNK + 5, 300]
+    segments, off = [], 3
+    for s in sizes:
+        segments.append((off, s))
+        off += s + 11  # padding between tensors must not be counted
+    flat = (rng.standard_normal(off) * 2.0).astype(np.float32)
+    (X,) = to_device(device, flat)
+    out = device.upload(np.full(len(sizes) + 3, -1.0, np.float32))
+    op.sum_squares_segments(out, 2, X, segments)
+    got = from_device(device, out, ((len(sizes) + 3,), np.float32))
+    want = [ref.sum_squares(flat[o:o + s]) for o, s in segments]
+    assert_close(got[[0, 1, -1]], [-1.0, -1.0, -1.0], what="untouched slots")
+    assert got[3] == 0.0, "empty segment"
+    assert_close(got[2:2 + len(sizes)], want, atol=1e-6, rtol=1e-5, what="segment sums of squares")
+    op.sum_squares_segments(out, 2, X, segments)  # deterministic: bitwise the same again
+    assert np.array_equal(from_device(device, out, ((len(sizes) + 3,), np.float32)), got)

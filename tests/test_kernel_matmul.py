@@ -270,13 +270,14 @@ def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
     reloaded = matmul_tune.tuned_configs(device, progress=lambda f, m: pytest.fail("tuned again"))
     assert {k: v for k, v in reloaded.items() if k not in ("gflops", "seconds")} == \
         {k: v for k, v in result.items() if k not in ("gflops", "seconds")}
-    op = Matmul(device)
+    op = Matmul(device, tuned=reloaded)
     assert op.config(*NT) == result[NT] and op.gemv_config == result["gemv"]
     _check_overwrite_then_accumulate(device, rng, op, 21, 13, 17, False, True, "tuned NT")
 
     monkeypatch.setenv(matmul_tune.ENV_VAR, "0")
     assert matmul_tune.tuned_configs(device) == {}
-    assert Matmul(device).config(*NT) == matmul_tune.default_configs(device)[0]
+    assert Matmul(device, tuned=matmul_tune.tuned_configs(device)).config(*NT) == \
+        matmul_tune.default_configs(device)[0]
 
 
 def test_tuner_survives_a_damaged_cache(device, tmp_path, monkeypatch):

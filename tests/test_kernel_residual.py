@@ -8,8 +8,9 @@ from tests.opcheck import assert_close, from_device, to_device
 
 @pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
 @pytest.mark.parametrize("local", [1, 32, 256])
-def test_residual_forward_backward(device, rng, n, local):
-    op = Residual(device, local_size=local)
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_residual_forward_backward(device, rng, n, local, contiguous):
+    op = Residual(device, local_size=local, contiguous=contiguous)
     a, b, g = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     A, B, O, G = to_device(device, a, b, np.zeros(n, np.float32), g)
     op.forward(O, A, B, n)

@@ -8,6 +8,9 @@ from tests import reference as ref
 from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
 EPS = 1e-5
+# work layouts: one group per row; rows per item in blocks (CPU default) or interleaved (GPU order)
+PER_ITEM = pytest.mark.parametrize("per_item", [False, True, "interleaved"],
+                                   ids=["group-per-row", "rows-per-item", "rows-interleaved"])
 
 
 def _run(device, op, x, w, d_out, dw0):
@@ -22,8 +25,10 @@ def _run(device, op, x, w, d_out, dw0):
 
 @pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (3, 33), (2, 257), (4, 1000)])
 @pytest.mark.parametrize("local", [1, 2, 32, 256, "max"])
-def test_rmsnorm_forward_backward(device, rng, rows, dim, local):
-    op = RMSNorm(device, local_size=device.max_work_group_size if local == "max" else local)
+@PER_ITEM
+def test_rmsnorm_forward_backward(device, rng, rows, dim, local, per_item):
+    op = RMSNorm(device, local_size=device.max_work_group_size if local == "max" else local,
+                 rows_per_item=bool(per_item), contiguous=per_item is True)
     x = rng.standard_normal((rows, dim)).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     d_out = rng.standard_normal((rows, dim)).astype(np.float32)
@@ -37,13 +42,14 @@ def test_rmsnorm_forward_backward(device, rng, rows, dim, local):
     assert_close(dw, dw0 + want_dw, atol=1e-4, what="d_weight (accumulated)")
 
 
-def test_rmsnorm_backward_in_place(device, rng):
+@pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
+def test_rmsnorm_backward_in_place(device, rng, per_item):
     """d_x may be the d_out buffer (d_weight is computed first)."""
     rows, dim = 6, 40
     x = rng.standard_normal((rows, dim)).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     d_out = rng.standard_normal((rows, dim)).astype(np.float32)
-    op = RMSNorm(device, local_size=16)
+    op = RMSNorm(device, local_size=16, rows_per_item=bool(per_item), contiguous=per_item is True)
     X, W, G, O, R, DW = to_device(device, x, w, d_out, np.zeros_like(x), np.zeros(rows, np.float32),
                                   np.zeros(dim, np.float32))
     op.forward(O, R, X, W, rows, dim, EPS)
@@ -78,3 +84,37 @@ def test_rmsnorm_kernel_backward_matches_its_own_finite_differences(device, rng)
     _, _, dx, dw = _run(device, op, x, w, g, np.zeros(dim, np.float32))
     np.testing.assert_allclose(dx, finite_differences(lambda a: loss(a, w), x.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
     np.testing.assert_allclose(dw, finite_differences(lambda b: loss(x, b), w.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (3, 33), (37, 128), (4, 1001)])
+@pytest.mark.parametrize("local", [1, 4, 64, 256])
+@PER_ITEM
+def test_rmsnorm_fused_residual(device, rng, rows, dim, local, per_item):
+    """x_sum = a + b and RMSNorm(x_sum) in one launch: the same as the residual add then forward."""
+    op = RMSNorm(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
+    a, b = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(dim).astype(np.float32)
+    A, B, W, S, O, R = to_device(device, a, b, w, np.full_like(a, np.nan), np.full_like(a, np.nan),
+                                 np.full(rows, np.nan, np.float32))
+    op.forward_residual(S, O, R, A, B, W, rows, dim, EPS)
+    x = a + b
+    want_y, want_rstd = ref.rmsnorm_forward(x, w, EPS)
+    assert np.array_equal(from_device(device, S, a), x), "x_sum is the float32 sum"
+    assert_close(from_device(device, O, a), want_y, what="y")
+    assert_close(from_device(device, R, (rows, np.float32)), want_rstd, what="rstd")
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1), (5, 7), (37, 128)])
+@pytest.mark.parametrize("local", [1, 32])
+@PER_ITEM
+def test_rmsnorm_backward_accumulates_into_d_x(device, rng, rows, dim, local, per_item):
+    """accumulate=True adds the input gradient to d_x (the residual stream's gradient)."""
+    op = RMSNorm(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
+    x, d_out, dx0 = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(3))
+    w = rng.standard_normal(dim).astype(np.float32)
+    X, W, G, O, R, DX, DW = to_device(device, x, w, d_out, np.zeros_like(x), np.zeros(rows, np.float32), dx0,
+                                      np.zeros(dim, np.float32))
+    op.forward(O, R, X, W, rows, dim, EPS)
+    op.backward(DX, DW, G, X, W, R, rows, dim, accumulate=True)
+    want_dx, _ = ref.rmsnorm_backward(d_out, x, w, EPS)
+    assert_close(from_device(device, DX, x), dx0 + want_dx, atol=1e-4, what="d_x accumulated")

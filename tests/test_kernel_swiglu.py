@@ -18,8 +18,9 @@ def _run(device, op, gate, up, d_out):
 
 @pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
 @pytest.mark.parametrize("local", [1, 32, None])
-def test_swiglu_forward_backward(device, rng, n, local):
-    op = SwiGLU(device, local_size=local)
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_swiglu_forward_backward(device, rng, n, local, contiguous):
+    op = SwiGLU(device, local_size=local, contiguous=contiguous)
     gate = (rng.standard_normal(n) * 4).astype(np.float32)
     up, d_out = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     out, d_gate, d_up = _run(device, op, gate, up, d_out)
@@ -64,3 +65,24 @@ def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
     _, dg, du = _run(device, op, gate, up, g)
     np.testing.assert_allclose(dg, finite_differences(lambda a: loss(a, up), gate.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
     np.testing.assert_allclose(du, finite_differences(lambda b: loss(gate, b), up.astype(np.float64), 1e-2), atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows,ffn_dim", [(1, 1), (3, 7), (5, 33), (2, 384), (7, 1030)])
+@pytest.mark.parametrize("local", [1, 32, None])
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
+def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous):
+    """SwiGLU on [gate | up] rows (the fused matmul's output): equals the reference on the halves,
+    and the gradient lands in the matching halves."""
+    op = SwiGLU(device, local_size=local, contiguous=contiguous)
+    gu = (rng.standard_normal((rows, 2 * ffn_dim)) * 4).astype(np.float32)
+    d_out = rng.standard_normal((rows, ffn_dim)).astype(np.float32)
+    GU, D, O, DGU = to_device(device, gu, d_out, np.full((rows, ffn_dim), np.nan, np.float32),
+                              np.full_like(gu, np.nan))
+    op.forward_fused(O, GU, rows, ffn_dim)
+    op.backward_fused(DGU, D, GU, rows, ffn_dim)
+    gate, up = gu[:, :ffn_dim], gu[:, ffn_dim:]
+    assert_close(from_device(device, O, d_out), ref.swiglu_forward(gate, up), what="out")
+    want_dg, want_du = ref.swiglu_backward(d_out, gate, up)
+    got = from_device(device, DGU, gu)
+    assert_close(got[:, :ffn_dim], want_dg, what="d_gate half")
+    assert_close(got[:, ffn_dim:], want_du, what="d_up half")

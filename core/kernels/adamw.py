@@ -4,27 +4,31 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import contiguous_units, grid_stride_size
 
 
 class AdamW:
     """AdamW with decoupled weight decay (Loshchilov & Hutter 2019; Adam: Kingma & Ba 2015).
 
-    Elementwise over flat float32 buffers, so one call can update all parameters at once, or a
-    sub-buffer at a time (e.g. ``weight_decay=0`` for norm weights).
+    Elementwise over flat float32 buffers: one call updates all parameters at once, with weight
+    decay on the first ``n_decay`` elements (the matrices) and none on the rest (norm weights).
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self._step = dev.kernel("adamw", "adamw_step")
         self.local = dev.work_group_size(self._step, local_size or 256)
 
     def step(self, params, grads, m, v, n: int, lr: float, beta1: float, beta2: float, eps: float,
-             weight_decay: float, step: int, grad_scale: float = 1.0) -> None:
+             weight_decay: float, step: int, grad_scale: float = 1.0, n_decay: int | None = None) -> None:
         """One AdamW update of ``n`` elements; ``params``, ``m`` and ``v`` are updated in place.
 
         With ``g = grads * grad_scale``: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
-        ``p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * p)``, ``t = step``.
+        ``p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd_i * p)``, ``t = step``, with
+        ``wd_i = weight_decay`` for ``i < n_decay`` and 0 after.
 
         Args:
             params, m, v: float32 ``(n,)``; ``m`` and ``v`` start at zero.
@@ -32,9 +36,10 @@ class AdamW:
             step: the 1-based step count ``t`` (bias corrections are computed here in float64
                 and passed as float32).
             grad_scale: multiplies the gradient first (the clipping factor).
+            n_decay: elements (from the start) that get weight decay; default all ``n``.
 
         Raises:
-            ValueError: ``step < 1``.
+            ValueError: ``step < 1``, or ``n`` past the int32 index range.
         """
         if step < 1:
             raise ValueError(f"AdamW step is 1-based, got {step}")
@@ -42,7 +47,11 @@ class AdamW:
             return
         bc1 = 1.0 - float(beta1) ** int(step)
         bc2 = 1.0 - float(beta2) ** int(step)
-        self._step(self.dev.queue, (round_up(n, self.local),), (self.local,), params, m, v, grads,
-                   np.int32(n), np.float32(lr), np.float32(beta1), np.float32(beta2),
+        if n >= 2**31:
+            raise ValueError(f"AdamW over {n} elements exceeds the int32 index range")
+        n_decay = n if n_decay is None else max(0, min(int(n_decay), n))
+        size = grid_stride_size(self.dev, -(-n // 4), self.local)
+        self.dev.launch(self._step, (size,), (self.local,), params, m, v, grads,
+                   np.int32(n), np.int32(n_decay), np.float32(lr), np.float32(beta1), np.float32(beta2),
                    np.float32(eps), np.float32(weight_decay), np.float32(bc1), np.float32(bc2),
-                   np.float32(grad_scale))
+                   np.float32(grad_scale), self.contiguous)

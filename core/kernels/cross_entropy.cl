@@ -75,3 +75,61 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
         drow[j] = (p - (j == t ? 1.0f : 0.0f)) * g;
     }
 }
+
+// ---- whole rows per work-item (CPUs): no local memory, no barriers, float4 loads with a scalar
+// tail; rows shared out as grid.h says. Same formulas as above.
+
+#include "grid.h"
+inline float2 row_softmax_stats_item(__global const float* row, const int vocab_size) {
+    const int v4 = vocab_size / 4;
+    float4 m4 = (float4)(-INFINITY);
+    for (int j = 0; j < v4; j++) m4 = fmax(m4, vload4(j, row));
+    float m = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
+    for (int j = 4 * v4; j < vocab_size; j++) m = fmax(m, row[j]);
+    float4 s4 = (float4)(0.0f);
+    for (int j = 0; j < v4; j++) s4 += exp(vload4(j, row) - m);
+    float s = (s4.x + s4.y) + (s4.z + s4.w);
+    for (int j = 4 * v4; j < vocab_size; j++) s += exp(row[j] - m);
+    return (float2)(m, s);
+}
+
+// logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows) -> losses (n_rows)
+__kernel void cross_entropy_forward_rows(__global float* losses, __global const float* logits,
+                                         __global const int* targets, __global const float* mask,
+                                         const int n_rows, const int vocab_size,
+                                         const int contiguous) {
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        const float mk = mask[r];
+        __global const float* row = logits + (size_t)r * vocab_size;
+        losses[r] = mk == 0.0f ? 0.0f
+                               : row_loss(row, targets[r], vocab_size, mk, row_softmax_stats_item(row, vocab_size));
+    }
+}
+
+// logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
+// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
+__kernel void cross_entropy_backward_rows(__global float* losses, __global float* d_logits,
+                                          __global const float* logits, __global const int* targets,
+                                          __global const float* mask, const int n_rows,
+                                          const int vocab_size, const float grad_scale,
+                                          const int contiguous) {
+    const int v4 = vocab_size / 4;
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        const float mk = mask[r];
+        __global const float* row = logits + (size_t)r * vocab_size;
+        __global float* drow = d_logits + (size_t)r * vocab_size;
+        if (mk == 0.0f) {
+            for (int j = 0; j < vocab_size; j++) drow[j] = 0.0f;
+            losses[r] = 0.0f;
+            continue;
+        }
+        const float2 st = row_softmax_stats_item(row, vocab_size);
+        const int t = targets[r];
+        losses[r] = row_loss(row, t, vocab_size, mk, st);
+        const float inv = 1.0f / st.y;
+        const float g = mk * grad_scale;
+        for (int j = 0; j < v4; j++) vstore4(exp(vload4(j, row) - st.x) * inv * g, j, drow);
+        for (int j = 4 * v4; j < vocab_size; j++) drow[j] = exp(row[j] - st.x) * inv * g;
+        if (t >= 0 && t < vocab_size) drow[t] = (exp(row[t] - st.x) * inv - 1.0f) * g;
+    }
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
 
 
 class CrossEntropy:
@@ -12,14 +13,21 @@ class CrossEntropy:
     ``losses[r] = mask[r] * -log softmax(logits[r])[targets[r]]`` with a stable log-sum-exp;
     ``d_logits[r] = (softmax(logits[r]) - onehot(targets[r])) * mask[r] * grad_scale``.
     A row with mask 0 gets loss 0 and gradient 0 (its target is not read). A row with mask != 0
-    and a target outside ``[0, vocab_size)`` gets loss NaN. One work-group per row.
+    and a target outside ``[0, vocab_size)`` gets loss NaN. One work-group per row (GPUs), or
+    whole rows per work-item without barriers (CPUs, the default there; ``rows_per_item``
+    overrides).
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
-        self._fwd = dev.kernel("cross_entropy", "cross_entropy_forward")
-        self._bwd = dev.kernel("cross_entropy", "cross_entropy_backward")
-        wanted = local_size or 256
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
+        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        suffix = "_rows" if self.rows_per_item else ""
+        self._fwd = dev.kernel("cross_entropy", "cross_entropy_forward" + suffix)
+        self._bwd = dev.kernel("cross_entropy", "cross_entropy_backward" + suffix)
+        wanted = local_size or (16 if self.rows_per_item else 256)
         self.local_fwd = dev.work_group_size(self._fwd, wanted)
         self.local_bwd = dev.work_group_size(self._bwd, wanted)
 
@@ -35,7 +43,11 @@ class CrossEntropy:
         if n_rows == 0:
             return
         L = self.local_fwd
-        self._fwd(self.dev.queue, (n_rows * L,), (L,), losses, logits, targets, mask,
+        if self.rows_per_item:
+            self.dev.launch(self._fwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, logits, targets,
+                      mask, np.int32(n_rows), np.int32(vocab_size), self.contiguous)
+            return
+        self.dev.launch(self._fwd, (n_rows * L,), (L,), losses, logits, targets, mask,
                   np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
 
     def forward_backward(self, losses, d_logits, logits, targets, mask, n_rows: int,
@@ -51,5 +63,10 @@ class CrossEntropy:
         if n_rows == 0:
             return
         L = self.local_bwd
-        self._bwd(self.dev.queue, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
+        if self.rows_per_item:
+            self.dev.launch(self._bwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, d_logits, logits,
+                      targets, mask, np.int32(n_rows), np.int32(vocab_size), np.float32(grad_scale),
+                            self.contiguous)
+            return
+        self.dev.launch(self._bwd, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
                   np.int32(vocab_size), np.float32(grad_scale), self.dev.cl.LocalMemory(4 * L))

@@ -33,7 +33,7 @@ class Embedding:
             return
         if vocab_size is None:
             vocab_size = weight.size // (4 * d_model)
-        self._fwd(self.dev.queue, (round_up(d_model, self.local_fwd), n_tokens), (self.local_fwd, 1),
+        self.dev.launch(self._fwd, (round_up(d_model, self.local_fwd), n_tokens), (self.local_fwd, 1),
                   out, tokens, weight, np.int32(n_tokens), np.int32(vocab_size), np.int32(d_model))
 
     def backward(self, d_weight, d_out, tokens, n_tokens: int, vocab_size: int, d_model: int) -> None:
@@ -44,5 +44,5 @@ class Embedding:
         """
         if n_tokens <= 0 or d_model <= 0:
             return
-        self._bwd(self.dev.queue, (round_up(d_model, self.local_bwd),), (self.local_bwd,),
+        self.dev.launch(self._bwd, (round_up(d_model, self.local_bwd),), (self.local_bwd,),
                   d_weight, d_out, tokens, np.int32(n_tokens), np.int32(vocab_size), np.int32(d_model))

@@ -34,6 +34,38 @@ __kernel void sum_final(__global float* out, const int out_index, __global const
     if (get_local_id(0) == 0) out[out_index] = acc;
 }
 
+// Sums of squares of many segments of one flat buffer (the per-tensor gradient norms) in two
+// launches for all segments. The host cuts every segment into chunks of at most a fixed length;
+// chunks (n_chunks, 2) int32 holds [start, end) of each chunk in x.
+// Pass 1: work-group c -> partials[c] = sum of x^2 over chunk c.
+__kernel void sum_squares_chunks(__global float* partials, __global const float* x,
+                                 __global const int* chunks, __local float* red) {
+    const int c = get_group_id(0);
+    const int end = chunks[2 * c + 1];
+    float acc0 = 0.0f, acc1 = 0.0f;
+    const int L = get_local_size(0);
+    int i = chunks[2 * c] + get_local_id(0);
+    for (; i + L < end; i += 2 * L) {  // two independent sums keep two loads in flight
+        const float a = x[i], b = x[i + L];
+        acc0 += a * a;
+        acc1 += b * b;
+    }
+    if (i < end) acc0 += x[i] * x[i];
+    const float acc = group_sum(red, acc0 + acc1);
+    if (get_local_id(0) == 0) partials[c] = acc;
+}
+
+// Pass 2: work-group s -> out[out_start + s] = sum of partials[first[s] .. first[s + 1]) (overwritten);
+// first (n_segments + 1) int32 is the first chunk of every segment.
+__kernel void sum_segments(__global float* out, const int out_start, __global const float* partials,
+                           __global const int* first, __local float* red) {
+    const int s = get_group_id(0);
+    float acc = 0.0f;
+    for (int i = first[s] + get_local_id(0); i < first[s + 1]; i += get_local_size(0)) acc += partials[i];
+    acc = group_sum(red, acc);
+    if (get_local_id(0) == 0) out[out_start + s] = acc;
+}
+
 // x (n) *= factor, in place (gradient clipping)
 __kernel void scale(__global float* x, const int n, const float factor) {
     const int i = get_global_id(0);

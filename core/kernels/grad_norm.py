@@ -8,6 +8,8 @@ from core.kernels._launch import round_up
 
 # Upper bound on pass-1 work-groups: enough to fill a GPU, few enough that pass 2 is one group.
 MAX_GROUPS = 256
+# Elements per work-group of the multi-segment sum of squares (sum_squares_segments).
+CHUNK = 16384
 
 
 class Reduce:
@@ -24,13 +26,35 @@ class Reduce:
         self._sum = dev.kernel("grad_norm", "sum_partial")
         self._final = dev.kernel("grad_norm", "sum_final")
         self._scale = dev.kernel("grad_norm", "scale")
+        self._chunks = dev.kernel("grad_norm", "sum_squares_chunks")
+        self._segments = dev.kernel("grad_norm", "sum_segments")
         wanted = local_size or 256
         self.local = min(dev.work_group_size(self._sq, wanted),
                          dev.work_group_size(self._sum, wanted))
         self.local_final = dev.work_group_size(self._final, wanted)
         self.local_scale = dev.work_group_size(self._scale, wanted)
+        self.local_chunks = dev.work_group_size(self._chunks, wanted)
+        self.local_segments = dev.work_group_size(self._segments, min(wanted, 32))  # few partials per tensor
         self._partials = None
         self._partials_len = 0
+        self._tables: dict[tuple, tuple] = {}  # segments -> (chunks, first, n_chunks, partials)
+
+    def _segment_tables(self, segments: tuple[tuple[int, int], ...]):
+        tables = self._tables.get(segments)
+        if tables is None:
+            chunks, first = [], [0]
+            for off, size in segments:
+                if off < 0 or size < 0 or off + size >= 2**31:
+                    raise ValueError(f"segment ({off}, {size}) outside the int32 index range")
+                for start in range(off, off + size, CHUNK):
+                    chunks.append((start, min(start + CHUNK, off + size)))
+                first.append(len(chunks))
+            n_chunks = len(chunks)
+            chunk_buf = self.dev.upload(np.asarray(chunks or [(0, 0)], np.int32).reshape(-1))
+            first_buf = self.dev.upload(np.asarray(first, np.int32))
+            tables = (chunk_buf, first_buf, n_chunks, self.dev.alloc(max(1, n_chunks)))
+            self._tables[segments] = tables
+        return tables
 
     def _reduce(self, kernel, out, out_index: int, x, n: int) -> None:
         if n >= 2**31:
@@ -43,7 +67,7 @@ class Reduce:
         lm = self.dev.cl.LocalMemory
         kernel(self.dev.queue, (n_groups * L,), (L,), self._partials, x, np.int32(n), lm(4 * L))
         Lf = self.local_final
-        self._final(self.dev.queue, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
+        self.dev.launch(self._final, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
                     np.int32(n_groups), lm(4 * Lf))
 
     def sum_squares(self, out, out_index: int, x, n: int) -> None:
@@ -57,10 +81,39 @@ class Reduce:
         """``out[out_index] = sum(x[:n])`` (overwritten), e.g. the loss sum over rows."""
         self._reduce(self._sum, out, out_index, x, n)
 
+    def sum_squares_segments(self, out, out_start: int, x, segments) -> None:
+        """``out[out_start + s] = sum(x[off_s : off_s + size_s] ** 2)`` for every segment ``s``, in two
+        launches for all segments together (overwritten).
+
+        Each segment is cut into chunks of at most ``CHUNK`` elements; one work-group sums a chunk
+        (pass 1), one work-group per segment adds its chunks' partials in order (pass 2):
+        deterministic for a given device and local size. Used for the per-tensor gradient norms
+        over the flat gradient buffer. The chunk tables are built once per ``segments``.
+
+        Args:
+            out: float32 buffer with at least ``out_start + len(segments)`` elements.
+            x: float32 buffer holding every segment.
+            segments: ``[(offset, size), ...]`` in elements; an empty segment gives 0.
+
+        Raises:
+            ValueError: a segment reaches past the int32 index range.
+        """
+        segments = tuple((int(o), int(n)) for o, n in segments)
+        if not segments:
+            return
+        chunk_buf, first_buf, n_chunks, partials = self._segment_tables(segments)
+        lm = self.dev.cl.LocalMemory
+        if n_chunks:
+            L = self.local_chunks
+            self.dev.launch(self._chunks, (n_chunks * L,), (L,), partials, x, chunk_buf, lm(4 * L))
+        Ls = self.local_segments
+        self.dev.launch(self._segments, (len(segments) * Ls,), (Ls,), out, np.int32(out_start), partials,
+                       first_buf, lm(4 * Ls))
+
     def scale(self, x, n: int, factor: float) -> None:
         """``x[:n] *= factor`` in place, e.g. gradient clipping with
         ``factor = min(1, max_norm / (norm + 1e-6))``."""
         if n == 0:
             return
         L = self.local_scale
-        self._scale(self.dev.queue, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))
+        self.dev.launch(self._scale, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))

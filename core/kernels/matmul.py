@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Callable, Union
+from typing import Union
 
 import numpy as np
 
@@ -395,10 +395,11 @@ class Matmul:
             (a cap also skips the tuned configurations, which assume the full limit).
         configs: override the matrix-matrix configuration: one for every transpose variant, or a
             dict ``{(trans_a, trans_b): config}`` for some (tests use this). Default: the tuned
-            configuration of this device (see :mod:`core.kernels.matmul_tune`), else
-            :func:`default_configs`.
+            ``tuned`` configuration, else :func:`default_configs`.
         gemv: override the GEMV configuration; ``False`` disables the GEMV path.
-        progress: ``progress(fraction, message)`` for a first-run tuning (GUI / CLI).
+        tuned: this device's tuning result (``core.kernels.matmul_tune.tuned_configs``, which the
+            caller runs: the tuner builds this module's kernels, so this module does not import it);
+            None: :func:`default_configs`.
 
     Raises:
         ValueError: a given configuration does not fit the device or this kernel's limits.
@@ -407,14 +408,9 @@ class Matmul:
 
     def __init__(self, dev: Device, local_size: int | None = None,
                  configs: GemmConfig | dict[tuple[bool, bool], GemmConfig] | None = None,
-                 gemv: GemvConfig | bool | None = None,
-                 progress: Callable[[float, str], None] | None = None):
+                 gemv: GemvConfig | bool | None = None, tuned: dict | None = None):
         self.dev = dev
-        tuned: dict = {}
-        if local_size is None and (not isinstance(configs, GemmConfig.__args__) or gemv is None):
-            from core.kernels import matmul_tune  # imported here: the tuner builds kernels of this module
-
-            tuned = matmul_tune.tuned_configs(dev, progress=progress)
+        tuned = tuned if tuned is not None and local_size is None else {}
         default_gemm, default_gemv = default_configs(dev, local_size)
         scratch = _Scratch(dev)
         self._variants: dict[tuple[bool, bool], GemmKernel] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item, round_up
 
 
 class RMSNorm:
@@ -12,20 +12,41 @@ class RMSNorm:
 
     RMSNorm (Zhang & Sennrich, 2019) as llama.cpp computes it: ``ggml_rms_norm`` followed by the
     multiply with the norm weight (the ``llama`` architecture's ``attn_norm`` / ``ffn_norm`` /
-    ``output_norm``). One work-group per row reduces in local memory; its size is a power of two
-    (``local_size`` overrides the default 256). Backward: with ``g = d_out * weight``,
-    ``d_x = rstd * (g - x * rstd**2 * mean(g * x))`` and ``d_weight += sum_rows(d_out * x * rstd)``.
+    ``output_norm``). Two layouts of the work: one work-group per row reducing in local memory
+    (GPUs; its size is a power of two, ``local_size`` overrides the default 256), or whole rows
+    per work-item, no barriers (CPUs, the default there; ``rows_per_item`` overrides).
+    Backward: with ``g = d_out * weight``, ``d_x = rstd * (g - x * rstd**2 * mean(g * x))`` and
+    ``d_weight += sum_rows(d_out * x * rstd)``.
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None, rows_per_item: bool | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
-        self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward")
-        self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
+        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        if self.rows_per_item:
+            self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward_rows")
+            self._fwd_res = dev.kernel("rmsnorm", "rmsnorm_residual_forward_rows")
+            self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input_rows")
+            wanted = local_size or 16
+        else:
+            self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward")
+            self._fwd_res = dev.kernel("rmsnorm", "rmsnorm_residual_forward")
+            self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
+            wanted = local_size or 256
         self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
-        self.local = min(dev.work_group_size(self._fwd, local_size or 256),
-                         dev.work_group_size(self._bwd_x, local_size or 256))
+        self.local = min(dev.work_group_size(k, wanted) for k in (self._fwd, self._fwd_res, self._bwd_x))
         self.local_w = dev.work_group_size(self._bwd_w, local_size or 64)
         self._scratch = dev.cl.LocalMemory(4 * self.local)
+
+    def _grid(self, n_rows: int) -> int:
+        if self.rows_per_item:
+            return grid_stride_size(self.dev, n_rows, self.local)
+        return n_rows * self.local
+
+    def _extra(self) -> tuple:
+        return (self.contiguous,) if self.rows_per_item else (self._scratch,)
 
     def forward(self, out, rstd, x, weight, n_rows: int, dim: int, eps: float) -> None:
         """out (n_rows, dim) and rstd (n_rows), both overwritten, from x (n_rows, dim), weight (dim).
@@ -34,19 +55,32 @@ class RMSNorm:
         """
         if n_rows <= 0:
             return
-        self._fwd(self.dev.queue, (n_rows * self.local,), (self.local,), out, rstd, x, weight,
-                  np.int32(n_rows), np.int32(dim), np.float32(eps), self._scratch)
+        self.dev.launch(self._fwd, (self._grid(n_rows),), (self.local,), out, rstd, x, weight,
+                  np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
-    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int) -> None:
-        """d_x (n_rows, dim) overwritten; d_weight (dim) accumulated (+=).
+    def forward_residual(self, x_sum, out, rstd, a, b, weight, n_rows: int, dim: int, eps: float) -> None:
+        """The residual add fused with the RMSNorm after it: ``x_sum = a + b`` and ``out``, ``rstd``
+        of :meth:`forward` applied to ``x_sum``; all overwritten, shapes as :meth:`forward`.
+        ``x_sum`` is the residual stream the backward needs."""
+        if n_rows <= 0:
+            return
+        self.dev.launch(self._fwd_res, (self._grid(n_rows),), (self.local,), x_sum, out, rstd, a, b, weight,
+                      np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
+
+    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int,
+                 accumulate: bool = False) -> None:
+        """d_x (n_rows, dim) overwritten, or added to when ``accumulate`` (the residual stream's
+        gradient, which takes the norm's input gradient: saves a separate residual add);
+        d_weight (dim) accumulated (+=).
 
         Inputs: d_out, x (n_rows, dim), weight (dim), rstd (n_rows) from :meth:`forward`.
         d_weight sums over rows in a fixed order (one work-item per column): deterministic.
-        d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out``.
+        d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out`` (not with
+        ``accumulate``).
         """
         if n_rows <= 0:
             return
-        self._bwd_w(self.dev.queue, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
-                    d_out, x, rstd, np.int32(n_rows), np.int32(dim))
-        self._bwd_x(self.dev.queue, (n_rows * self.local,), (self.local,), d_x, d_out, x, weight,
-                    rstd, np.int32(n_rows), np.int32(dim), self._scratch)
+        self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+                        d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+        self.dev.launch(self._bwd_x, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
+                        rstd, np.int32(n_rows), np.int32(dim), np.int32(bool(accumulate)), *self._extra())

@@ -16,43 +16,98 @@
 // |a_lo| is at most about half an ulp of a_hi (1.2e-4 for angles below 4096, 2e-3 below 65536), so
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
-// x (n_tokens, n_heads, head_dim) rotated in place; inv_freq (2, head_dim/2) = [hi; lo].
-// Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
-// One work-item per pair: g = (r * n_heads + head) * (head_dim/2) + i, and the pair sits at x[2g].
-inline void rope_rotate(__global float* x, __global const float* inv_freq, const int n_tokens,
-                        const int seq_len, const int n_heads, const int head_dim,
-                        const int pos_start, const float sign) {
-    const int n_freq = head_dim / 2;
-    const int g = get_global_id(0);
-    if (g >= n_tokens * n_heads * n_freq) return;
-    const int i = g % n_freq;
-    const int r = g / (n_freq * n_heads);
-    const float pos = (float)(pos_start + r % seq_len);
+#include "grid.h"
+
+// The angle of pair i at position pos as a cos/sin pair (sign -1: the inverse rotation), with the
+// hi + lo frequency of the header; and the rotation of one pair.
+inline void rope_angle(__global const float* inv_freq, const int n_freq, const int i, const float pos,
+                       const float sign, float* c, float* s) {
     const float f_hi = inv_freq[i];
     const float f_lo = inv_freq[n_freq + i];
     const float a_hi = pos * f_hi;
     const float a_lo = fma(pos, f_hi, -a_hi) + pos * f_lo;
     float c_hi;
     const float s_hi = sincos(a_hi, &c_hi);
-    const float c = c_hi - s_hi * a_lo;
-    const float s = sign * (s_hi + c_hi * a_lo);
-    __global float* p = x + 2 * (size_t)g;
-    const float x0 = p[0];
-    const float x1 = p[1];
-    p[0] = x0 * c - x1 * s;
-    p[1] = x0 * s + x1 * c;
+    *c = c_hi - s_hi * a_lo;
+    *s = sign * (s_hi + c_hi * a_lo);
 }
 
-// x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> x rotated by +angle, in place
-__kernel void rope_forward(__global float* x, __global const float* inv_freq, const int n_tokens,
-                           const int seq_len, const int n_heads, const int head_dim,
-                           const int pos_start) {
-    rope_rotate(x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, 1.0f);
+inline float2 rotate2(const float2 x, const float c, const float s) {
+    return (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
 }
 
-// d_x (n_tokens, n_heads, head_dim), inv_freq (2, head_dim/2) -> d_x rotated by -angle, in place
-__kernel void rope_backward(__global float* d_x, __global const float* inv_freq, const int n_tokens,
-                            const int seq_len, const int n_heads, const int head_dim,
-                            const int pos_start) {
-    rope_rotate(d_x, inv_freq, n_tokens, seq_len, n_heads, head_dim, pos_start, -1.0f);
+// q rows (n_tokens, q_stride) holding n_q_heads heads of head_dim from element 0, and k rows
+// (n_tokens, k_stride) from element k_offset holding n_k_heads heads, rotated in place (q and k may
+// be the same buffer, e.g. a fused [q|k|v] row); inv_freq (2, head_dim/2) = [hi; lo].
+// Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
+// Work units (row r, pair i), shared out as grid.h says: the angle (sincos) is computed once and applied
+// to pair i of every q and k head of that row.
+__kernel void rope_qk(__global float* q, __global float* k, __global const float* inv_freq,
+                      const int n_tokens, const int seq_len, const int n_q_heads,
+                      const int n_k_heads, const int head_dim, const int q_stride,
+                      const int k_stride, const int k_offset, const int pos_start,
+                      const float sign, const int contiguous) {
+    const int n_freq = head_dim / 2;
+    const int total = n_tokens * n_freq;
+    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
+        const int i = g % n_freq;
+        const int r = g / n_freq;
+        float c, s;
+        rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), sign, &c, &s);
+        __global float* qp = q + (size_t)r * q_stride + 2 * i;
+        for (int h = 0; h < n_q_heads; h++) vstore2(rotate2(vload2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
+        __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
+        for (int h = 0; h < n_k_heads; h++) vstore2(rotate2(vload2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
+    }
+}
+
+// The fused [q | k | v] rows of one QKV matmul, split into the q, k and v buffers with RoPE on
+// q and k (forward), and the way back for the gradients (backward, inverse rotation).
+// qkv (n_tokens, n_heads*head_dim + 2*n_kv_heads*head_dim); q (n_tokens, n_heads*head_dim);
+// k, v: rows kv_row0 .. kv_row0 + n_tokens - 1 of (rows, n_kv_heads*head_dim) (the KV cache in
+// generation, kv_row0 = 0 in training). Positions as rope_qk. Work units (row r, pair i) as grid.h.
+// qkv -> q, k, v (q and k rotated by +angle)
+__kernel void rope_split_qkv(__global float* q, __global float* k, __global float* v,
+                             __global const float* qkv, __global const float* inv_freq,
+                             const int n_tokens, const int seq_len, const int n_heads,
+                             const int n_kv_heads, const int head_dim, const int pos_start,
+                             const int kv_row0, const int contiguous) {
+    const int n_freq = head_dim / 2, qd = n_heads * head_dim, kd = n_kv_heads * head_dim;
+    const int total = n_tokens * n_freq;
+    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
+        const int i = g % n_freq, r = g / n_freq;
+        float c, s;
+        rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), 1.0f, &c, &s);
+        __global const float* src = qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
+        __global float* qr = q + (size_t)r * qd + 2 * i;
+        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, src + h * head_dim), c, s), 0, qr + h * head_dim);
+        const size_t kv_at = (size_t)(kv_row0 + r) * kd + 2 * i;
+        for (int h = 0; h < n_kv_heads; h++) {
+            vstore2(rotate2(vload2(0, src + qd + h * head_dim), c, s), 0, k + kv_at + h * head_dim);
+            vstore2(vload2(0, src + qd + kd + h * head_dim), 0, v + kv_at + h * head_dim);
+        }
+    }
+}
+
+// d_q, d_k, d_v (n_tokens rows each, kv_row0 = 0) -> d_qkv (d_q and d_k rotated by -angle)
+__kernel void rope_join_qkv(__global float* d_qkv, __global const float* d_q,
+                            __global const float* d_k, __global const float* d_v,
+                            __global const float* inv_freq, const int n_tokens, const int seq_len,
+                            const int n_heads, const int n_kv_heads, const int head_dim,
+                            const int pos_start, const int contiguous) {
+    const int n_freq = head_dim / 2, qd = n_heads * head_dim, kd = n_kv_heads * head_dim;
+    const int total = n_tokens * n_freq;
+    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
+        const int i = g % n_freq, r = g / n_freq;
+        float c, s;
+        rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), -1.0f, &c, &s);
+        __global float* dst = d_qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
+        __global const float* qr = d_q + (size_t)r * qd + 2 * i;
+        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, qr + h * head_dim), c, s), 0, dst + h * head_dim);
+        const size_t kv_at = (size_t)r * kd + 2 * i;
+        for (int h = 0; h < n_kv_heads; h++) {
+            vstore2(rotate2(vload2(0, d_k + kv_at + h * head_dim), c, s), 0, dst + qd + h * head_dim);
+            vstore2(vload2(0, d_v + kv_at + h * head_dim), 0, dst + qd + kd + h * head_dim);
+        }
+    }
 }

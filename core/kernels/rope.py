@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import contiguous_units, grid_stride_size
 
 
 class RoPE:
@@ -20,11 +20,15 @@ class RoPE:
     hi + lo pair, so the kernel's angle stays accurate at positions of many thousands.
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
-        self._fwd = dev.kernel("rope", "rope_forward")
-        self._bwd = dev.kernel("rope", "rope_backward")
-        self.local = dev.work_group_size(self._fwd, local_size or 256)
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
+        self._qk = dev.kernel("rope", "rope_qk")
+        self._split = dev.kernel("rope", "rope_split_qkv")
+        self._join = dev.kernel("rope", "rope_join_qkv")
+        self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._qk, self._split, self._join))
         self._tables: dict[tuple[int, float], object] = {}
         self._lock = threading.Lock()
 
@@ -41,19 +45,24 @@ class RoPE:
                 self._tables[key] = buf
         return buf
 
-    def _launch(self, kernel, x, n_tokens, seq_len, n_heads, head_dim, pos_start, theta) -> None:
+    def _launch(self, sign: float, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
+                q_stride, k_stride, k_offset) -> None:
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         if seq_len < 1 or pos_start < 0:
             raise ValueError(f"RoPE needs seq_len >= 1 and pos_start >= 0, got {seq_len}, {pos_start}")
-        n_pairs = n_tokens * n_heads * (head_dim // 2)
-        if n_pairs >= 2**31:
-            raise ValueError(f"RoPE on {n_pairs} pairs exceeds the int32 index range")
-        if n_pairs == 0:
+        q_stride = n_heads * head_dim if q_stride is None else q_stride
+        k_stride = n_kv_heads * head_dim if k_stride is None else k_stride
+        if max(n_tokens * q_stride, k_offset + n_tokens * k_stride) >= 2**31:
+            raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
+        items = n_tokens * (head_dim // 2)
+        if items == 0:
             return
-        kernel(self.dev.queue, (round_up(n_pairs, self.local),), (self.local,), x,
-               self._inv_freq(head_dim, theta), np.int32(n_tokens), np.int32(seq_len),
-               np.int32(n_heads), np.int32(head_dim), np.int32(pos_start))
+        self.dev.launch(self._qk, (grid_stride_size(self.dev, items, self.local),), (self.local,), q,
+                        q if k is None else k, self._inv_freq(head_dim, theta), np.int32(n_tokens),
+                        np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads if k is not None else 0),
+                        np.int32(head_dim), np.int32(q_stride), np.int32(k_stride), np.int32(k_offset),
+                        np.int32(pos_start), np.float32(sign), self.contiguous)
 
     def forward(self, x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                 pos_start: int, theta: float) -> None:
@@ -66,10 +75,69 @@ class RoPE:
         Raises:
             ValueError: odd ``head_dim``, ``seq_len < 1`` or ``pos_start < 0``.
         """
-        self._launch(self._fwd, x, n_tokens, seq_len, n_heads, head_dim, pos_start, theta)
+        self._launch(1.0, x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
 
     def backward(self, d_x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                  pos_start: int, theta: float) -> None:
         """Gradient of :meth:`forward`: rotate ``d_x (n_tokens, n_heads, head_dim)`` in place by
         the negated angle (the transpose of the rotation). Overwrites ``d_x``."""
-        self._launch(self._bwd, d_x, n_tokens, seq_len, n_heads, head_dim, pos_start, theta)
+        self._launch(-1.0, d_x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
+
+    def forward_qk(self, q, k, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                   pos_start: int, theta: float, q_stride: int | None = None, k_stride: int | None = None,
+                   k_offset: int = 0) -> None:
+        """Rotate Q and K in one launch, in place: ``q`` rows ``(n_tokens, q_stride)`` hold
+        ``n_heads`` heads from element 0, ``k`` rows ``(n_tokens, k_stride)`` hold ``n_kv_heads``
+        heads from element ``k_offset`` (``q`` and ``k`` may be one fused buffer). Strides default
+        to ``n_heads * head_dim`` and ``n_kv_heads * head_dim``. Positions as :meth:`forward`; the
+        angle of each (row, pair) is computed once for all heads.
+
+        Raises:
+            ValueError: as :meth:`forward`, or sizes past the int32 index range.
+        """
+        self._launch(1.0, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
+                     q_stride, k_stride, k_offset)
+
+    def backward_qk(self, d_q, d_k, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
+                    head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
+                    k_stride: int | None = None, k_offset: int = 0) -> None:
+        """Gradient of :meth:`forward_qk`: the inverse rotation of ``d_q`` and ``d_k`` in place."""
+        self._launch(-1.0, d_q, d_k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
+                     q_stride, k_stride, k_offset)
+
+    def _check(self, n_tokens, seq_len, width, head_dim, pos_start) -> int:
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        if seq_len < 1 or pos_start < 0:
+            raise ValueError(f"RoPE needs seq_len >= 1 and pos_start >= 0, got {seq_len}, {pos_start}")
+        if (n_tokens + pos_start) * width >= 2**31:
+            raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
+        return grid_stride_size(self.dev, max(1, n_tokens * (head_dim // 2)), self.local)
+
+    def split_qkv(self, q, k, v, qkv, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
+                  head_dim: int, pos_start: int, theta: float, kv_row0: int = 0) -> None:
+        """Split the rows ``[q | k | v]`` of one QKV matmul, ``qkv (n_tokens, (n_heads + 2 n_kv_heads)
+        head_dim)``, into ``q (n_tokens, n_heads, head_dim)`` and rows ``kv_row0 ..`` of ``k``, ``v``
+        ``(rows, n_kv_heads, head_dim)`` (the KV cache in generation), with RoPE on q and k;
+        positions as :meth:`forward`. All overwritten.
+
+        Raises:
+            ValueError: as :meth:`forward`, or sizes past the int32 index range.
+        """
+        if n_tokens <= 0:
+            return
+        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        self.dev.launch(self._split, (size,), (self.local,), q, k, v, qkv, self._inv_freq(head_dim, theta),
+                        np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
+                        np.int32(head_dim), np.int32(pos_start), np.int32(kv_row0), self.contiguous)
+
+    def join_qkv(self, d_qkv, d_q, d_k, d_v, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
+                 head_dim: int, pos_start: int, theta: float) -> None:
+        """Gradient of :meth:`split_qkv` (``kv_row0 = 0``): ``d_qkv`` rows ``[d_q | d_k | d_v]`` with
+        the inverse rotation on d_q and d_k; overwritten."""
+        if n_tokens <= 0:
+            return
+        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        self.dev.launch(self._join, (size,), (self.local,), d_qkv, d_q, d_k, d_v, self._inv_freq(head_dim, theta),
+                        np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
+                        np.int32(head_dim), np.int32(pos_start), self.contiguous)

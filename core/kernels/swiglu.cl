@@ -3,29 +3,98 @@
 //           d_gate = d_out * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))).
 // The sigmoid is computed from exp(-|x|), which never overflows, so x = +-100 (or +-1e30) gives
 // finite results.
+// Memory-bound: float4 groups (vload4/vstore4 need only float alignment, so any buffer offset
+// works) shared out as grid.h says, then the last n % 4 elements one by one.
 
-float stable_sigmoid(float x) {
-    const float e = exp(-fabs(x));  // in (0, 1]
+#include "grid.h"
+
+float4 stable_sigmoid4(const float4 x) {
+    const float4 e = exp(-fabs(x));  // in (0, 1]
+    return select(e, (float4)(1.0f), x >= 0.0f) / (1.0f + e);
+}
+
+float stable_sigmoid(const float x) {
+    const float e = exp(-fabs(x));
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
 // gate (n), up (n) -> out (n)
 __kernel void swiglu_forward(__global float* out, __global const float* gate,
-                             __global const float* up, const int n) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const float g = gate[i];
-    out[i] = g * stable_sigmoid(g) * up[i];
+                             __global const float* up, const int n, const int contiguous) {
+    const int n4 = n / 4;
+    for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
+        const float4 g = vload4(i, gate);
+        vstore4(g * stable_sigmoid4(g) * vload4(i, up), i, out);
+    }
+    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
+        const int i = 4 * n4 + t;
+        const float g = gate[i];
+        out[i] = g * stable_sigmoid(g) * up[i];
+    }
 }
 
 // d_out (n), gate (n), up (n) -> d_gate (n), d_up (n), both overwritten
 __kernel void swiglu_backward(__global float* d_gate, __global float* d_up,
                               __global const float* d_out, __global const float* gate,
-                              __global const float* up, const int n) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const float g = gate[i], u = up[i], d = d_out[i];
-    const float s = stable_sigmoid(g);
-    d_gate[i] = d * u * s * (1.0f + g * (1.0f - s));
-    d_up[i] = d * g * s;
+                              __global const float* up, const int n, const int contiguous) {
+    const int n4 = n / 4;
+    for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
+        const float4 g = vload4(i, gate), u = vload4(i, up), d = vload4(i, d_out);
+        const float4 s = stable_sigmoid4(g);
+        vstore4(d * u * s * (1.0f + g * (1.0f - s)), i, d_gate);
+        vstore4(d * g * s, i, d_up);
+    }
+    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
+        const int i = 4 * n4 + t;
+        const float g = gate[i], u = up[i], d = d_out[i];
+        const float s = stable_sigmoid(g);
+        d_gate[i] = d * u * s * (1.0f + g * (1.0f - s));
+        d_up[i] = d * g * s;
+    }
+}
+
+// ---- on the output of the fused gate|up matmul: row r of gu (n_rows, 2 f) is [gate_r | up_r].
+// float4 groups of each row first (f / 4 per row), then the last f % 4 elements of every row.
+
+// gu (n_rows, 2 f) -> out (n_rows, f)
+__kernel void swiglu_fused_forward(__global float* out, __global const float* gu, const int n_rows,
+                                   const int f, const int contiguous) {
+    const int f4 = f / 4, tail = f - 4 * (f / 4);
+    for (int g = unit_first(n_rows * f4, contiguous); g < unit_end(n_rows * f4, contiguous); g += unit_step(contiguous)) {
+        const int r = g / f4, c = g - r * f4;
+        __global const float* row = gu + (size_t)r * 2 * f;
+        const float4 x = vload4(c, row);
+        vstore4(x * stable_sigmoid4(x) * vload4(c, row + f), c, out + (size_t)r * f);
+    }
+    for (int g = unit_first(n_rows * tail, contiguous); g < unit_end(n_rows * tail, contiguous); g += unit_step(contiguous)) {
+        const int r = g / tail, j = 4 * f4 + (g - r * tail);
+        __global const float* row = gu + (size_t)r * 2 * f;
+        const float x = row[j];
+        out[(size_t)r * f + j] = x * stable_sigmoid(x) * row[f + j];
+    }
+}
+
+// d_out (n_rows, f), gu (n_rows, 2 f) -> d_gu (n_rows, 2 f) = [d_gate | d_up] per row, overwritten
+__kernel void swiglu_fused_backward(__global float* d_gu, __global const float* d_out,
+                                    __global const float* gu, const int n_rows, const int f,
+                                    const int contiguous) {
+    const int f4 = f / 4, tail = f - 4 * (f / 4);
+    for (int g = unit_first(n_rows * f4, contiguous); g < unit_end(n_rows * f4, contiguous); g += unit_step(contiguous)) {
+        const int r = g / f4, c = g - r * f4;
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        const float4 x = vload4(c, row), u = vload4(c, row + f), d = vload4(c, d_out + (size_t)r * f);
+        const float4 s = stable_sigmoid4(x);
+        vstore4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
+        vstore4(d * x * s, c, drow + f);
+    }
+    for (int g = unit_first(n_rows * tail, contiguous); g < unit_end(n_rows * tail, contiguous); g += unit_step(contiguous)) {
+        const int r = g / tail, j = 4 * f4 + (g - r * tail);
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        const float x = row[j], u = row[f + j], d = d_out[(size_t)r * f + j];
+        const float s = stable_sigmoid(x);
+        drow[j] = d * u * s * (1.0f + x * (1.0f - s));
+        drow[f + j] = d * x * s;
+    }
 }

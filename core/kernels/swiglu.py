@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+from core.kernels._launch import contiguous_units, grid_stride_size
 
 
 class SwiGLU:
@@ -14,18 +14,26 @@ class SwiGLU:
     Improve Transformer"; llama.cpp's ``ggml_swiglu``). Finite for any finite input.
     """
 
-    def __init__(self, dev: Device, local_size: int | None = None):
+    def __init__(self, dev: Device, local_size: int | None = None,
+                 contiguous: bool | None = None):
         self.dev = dev
+        # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
+        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         self._fwd = dev.kernel("swiglu", "swiglu_forward")
         self._bwd = dev.kernel("swiglu", "swiglu_backward")
-        self.local = min(dev.work_group_size(self._fwd, local_size or 256),
-                         dev.work_group_size(self._bwd, local_size or 256))
+        self._fused_fwd = dev.kernel("swiglu", "swiglu_fused_forward")
+        self._fused_bwd = dev.kernel("swiglu", "swiglu_fused_backward")
+        self.local = min(dev.work_group_size(k, local_size or 256)
+                         for k in (self._fwd, self._bwd, self._fused_fwd, self._fused_bwd))
+
+    def _size(self, n: int) -> int:
+        return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
 
     def forward(self, out, gate, up, n: int) -> None:
         """out (n) = silu(gate (n)) * up (n), overwritten."""
         if n <= 0:
             return
-        self._fwd(self.dev.queue, (round_up(n, self.local),), (self.local,), out, gate, up, np.int32(n))
+        self.dev.launch(self._fwd, (self._size(n),), (self.local,), out, gate, up, np.int32(n), self.contiguous)
 
     def backward(self, d_gate, d_up, d_out, gate, up, n: int) -> None:
         """d_gate (n) and d_up (n), both overwritten, from d_out, gate, up (n).
@@ -35,5 +43,24 @@ class SwiGLU:
         """
         if n <= 0:
             return
-        self._bwd(self.dev.queue, (round_up(n, self.local),), (self.local,), d_gate, d_up, d_out,
-                  gate, up, np.int32(n))
+        self.dev.launch(self._bwd, (self._size(n),), (self.local,), d_gate, d_up, d_out,
+                  gate, up, np.int32(n), self.contiguous)
+
+    def forward_fused(self, out, gate_up, n_rows: int, ffn_dim: int) -> None:
+        """``out (n_rows, ffn_dim) = silu(gate) * up`` where row ``r`` of ``gate_up (n_rows,
+        2 ffn_dim)`` is ``[gate_r | up_r]`` (the output of one matmul with ``[Wgate; Wup]``).
+        Overwrites ``out``."""
+        if n_rows <= 0 or ffn_dim <= 0:
+            return
+        size = grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local)
+        self.dev.launch(self._fused_fwd, (size,), (self.local,), out, gate_up, np.int32(n_rows), np.int32(ffn_dim),
+                        self.contiguous)
+
+    def backward_fused(self, d_gate_up, d_out, gate_up, n_rows: int, ffn_dim: int) -> None:
+        """Gradient of :meth:`forward_fused`: ``d_gate_up (n_rows, 2 ffn_dim)`` = ``[d_gate | d_up]``
+        per row (formulas of :meth:`backward`), overwritten, from ``d_out (n_rows, ffn_dim)``."""
+        if n_rows <= 0 or ffn_dim <= 0:
+            return
+        size = grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local)
+        self.dev.launch(self._fused_bwd, (size,), (self.local,), d_gate_up, d_out, gate_up, np.int32(n_rows),
+                        np.int32(ffn_dim), self.contiguous)
