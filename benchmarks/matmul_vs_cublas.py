@@ -1,0 +1,70 @@
+"""Our Matmul kernel next to cuBLAS SGEMM (torch, float32, TF32 off) on square products, in one run,
+alternating. Not a test; for a machine with an NVIDIA GPU and its OpenCL driver.
+
+    python benchmarks/matmul_vs_cublas.py [--device NVIDIA] [--sizes 1024,2048,4096] [--reps 5]
+
+Prints GFLOP/s of each (best of --reps rounds of 10 products) and the ratio ours / cuBLAS for the
+NT case (``x @ W.T``, the forward of a linear layer) and NN. The tuned configuration is used (tuned
+now if the device has none).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import numpy as np  # noqa: E402
+
+from core.device import open_device  # noqa: E402
+from core.kernels import matmul_tune  # noqa: E402
+from core.kernels.matmul import Matmul  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="NVIDIA")
+    ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = open_device(args.device)
+    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, m: print(f"  {m}", flush=True)))
+    print(f"device: {dev.info.label}; tiled config NT: {mm.config(False, True)}")
+    rng = np.random.default_rng(0)
+    for n in (int(s) for s in args.sizes.split(",")):
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        da, db, dc = dev.upload(a), dev.upload(b), dev.alloc(n * n)
+        ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        for name, tb_ in (("nt", True), ("nn", False)):
+            mm(dc, da, db, n, n, n, trans_b=tb_)
+            got = dev.download(dc, (n, n))
+            ref = (ta @ (tb.T if tb_ else tb)).cpu().numpy()
+            err = float(np.abs(got - ref).max() / np.abs(ref).max())
+            ours, theirs = [], []
+            for _ in range(args.reps):
+                dev.finish()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    mm(dc, da, db, n, n, n, trans_b=tb_)
+                dev.finish()
+                ours.append((time.perf_counter() - t0) / 10)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    (ta @ (tb.T if tb_ else tb))
+                torch.cuda.synchronize()
+                theirs.append((time.perf_counter() - t0) / 10)
+            flop = 2.0 * n ** 3
+            g1, g2 = flop / min(ours) / 1e9, flop / min(theirs) / 1e9
+            print(f"{name} {n}^3: ours {g1:8.0f} GFLOP/s  cuBLAS {g2:8.0f} GFLOP/s  ratio {g1 / g2:.2f}  "
+                  f"(rel. err {err:.1e})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
