@@ -97,7 +97,7 @@ def make_optimizer(model: TorchLlama, lr: float, weight_decay: float, beta1: flo
 def train_step(model: TorchLlama, opt: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor,
                grad_clip: float, forward=None) -> float:
     """One full step: forward, mean cross-entropy, backward, grad-norm clip, AdamW. Returns the loss."""
-    logits = (forward or model)(tokens)
+    logits = (forward if forward is not None else model)(tokens)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
