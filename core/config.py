@@ -173,6 +173,14 @@ class TrainConfig:
         beta1, beta2, adam_eps: AdamW moments.
         seed: seeds initialisation and batch sampling.
         vocab_size: target size of the BPE vocabulary trained on the dataset.
+        check_every: train until learned: every ``check_every`` steps a stage checks recall of what it
+            teaches (pretrain: facts, tune: dialogue answers) and ends early when ``recall_target`` of
+            them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
+        recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
+        patience: with ``check_every``, end a stage after this many checks in a row without a new best
+            count (0: never for that reason).
+        time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
+            the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -185,6 +193,10 @@ class TrainConfig:
     adam_eps: float = 1e-8
     seed: int = 0
     vocab_size: int = 1024
+    check_every: int = 0
+    recall_target: float = 1.0
+    patience: int = 3
+    time_budget_s: float = 0.0
 
     def __post_init__(self):
         self.pretrain.validate("pretrain")
@@ -200,6 +212,11 @@ class TrainConfig:
         _positive_float("adam_eps", self.adam_eps)
         _positive_int("seed", self.seed, 0)
         _positive_int("vocab_size", self.vocab_size, 260)
+        _positive_int("check_every", self.check_every, 0)
+        _positive_int("patience", self.patience, 0)
+        if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
+            raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
+        _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""
