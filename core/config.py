@@ -174,7 +174,7 @@ class TrainConfig:
         seed: seeds initialisation and batch sampling.
         vocab_size: target size of the BPE vocabulary trained on the dataset.
         check_every: train until learned: every ``check_every`` steps a stage checks recall of what it
-            teaches (pretrain: facts, tune: dialogue answers) and ends early when ``recall_target`` of
+            must reproduce (pretrain: facts, tune: dialogue answers and facts) and ends early when ``recall_target`` of
             them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
         recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
         patience: with ``check_every``, end a stage after this many checks in a row without a new best

@@ -36,8 +36,9 @@ from core.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 STAGES = ("pretrain", "tune")
-STAGE_KINDS = ("fact", "dialogue")
-"""What each stage teaches, and so what its checks during the stage look at."""
+STAGE_KINDS = (("fact",), ("fact", "dialogue"))
+"""What each stage must reproduce, and so what its checks during the stage look at (tuning replays the
+facts, so it must keep them as well as learn the answers)."""
 _NOUN = {"fact": "facts", "dialogue": "dialogue answers"}
 
 
@@ -363,14 +364,16 @@ class Trainer:
                         "lower the learning rate (the weights of the last good step are kept)")
                 if tc.check_every and self.stage_step % tc.check_every == 0 and self.stage_step < cfg.steps \
                         and not self._stop:
-                    kind = STAGE_KINDS[si]
-                    items = yield from self._check(name, (kind,), final=False)
+                    kinds = STAGE_KINDS[si]
+                    items = yield from self._check(name, kinds, final=False)
                     if self._stop:
                         continue  # the stop is reported at the top of the loop
-                    last_check = (self.stage_step, kind, items)
-                    ok, n = count(items, kind)
-                    yield LogEvent("INFO", f"{name} step {self.stage_step}: {ok} of {n} {_NOUN[kind]} reproduced")
-                    if n and ok >= math.ceil(tc.recall_target * n - 1e-9):
+                    last_check = (self.stage_step, kinds, items)
+                    counts = {k: count(items, k) for k in kinds}
+                    yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
+                        f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
+                    ok = sum(o for o, _ in counts.values())
+                    if all(o >= math.ceil(tc.recall_target * n - 1e-9) for o, n in counts.values()):
                         end_reason = "learned"
                         break
                     if ok > best:
@@ -388,7 +391,7 @@ class Trainer:
             if recall and not self._stop:
                 kinds, reuse = KINDS, []
                 if last_check is not None and last_check[0] == report.steps_done:  # checked at this very step
-                    kinds = tuple(k for k in KINDS if k != last_check[1])
+                    kinds = tuple(k for k in KINDS if k not in last_check[1])
                     reuse = last_check[2]
                 items = yield from self._check(name, kinds, final=True)
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))

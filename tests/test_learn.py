@@ -88,3 +88,54 @@ def test_time_budget_ends_the_run(device):
     reps = [e for e in tr.run(recall=False) if isinstance(e, StageReport)]
     assert [r.end_reason for r in reps] == ["time budget", "time budget"] and tr.done
     assert all(0 < r.steps_done < 100000 for r in reps)
+
+
+# ----------------------------------------------------------------------------- plan and verdict
+
+def test_verdict_says_what_was_learned_and_what_to_do():
+    from core.plan import verdict
+
+    v = verdict((1950, 2000), (178, 200), end_reason="time budget", preset="Small")
+    assert not v.learned and v.text == "Not fully learned: 178 of 200 answers, 1,950 of 2,000 facts"
+    assert "more time" in v.advice and "bigger model" in v.advice
+    assert "bigger model" in verdict((1, 2), (2, 2), end_reason="no progress").advice
+    assert "bigger" not in verdict((1, 2), (2, 2), end_reason="steps", preset="Larger").advice
+    ok = verdict((2000, 2000), (200, 200), end_reason="learned")
+    assert ok.learned and ok.advice == "" and ok.text.startswith("Learned: 200 of 200 answers, 2,000 of 2,000 facts")
+    assert verdict((1900, 2000), (190, 200), target=0.95).learned
+
+
+def test_plan_scales_with_the_data_and_fits_a_time_budget():
+    from core.estimates import DatasetStats
+    from core.plan import make_plan, passes
+
+    small = DatasetStats(600, 470, 400, 25, 13, 51, [])
+    big = DatasetStats(1024, 30000, 8000, 2000, 200, 60, [])
+    p1, p2 = make_plan(small, 1e-5), make_plan(big, 1e-5)
+    assert p1.preset == "Tiny" and p2.preset == "Small"
+    assert p2.planned_steps[0] == 2000 and round(p2.pretrain_passes) == 16 and round(p2.tune_passes) == 30
+    assert p2.train_config.pretrain.steps > p2.planned_steps[0] and p2.train_config.check_every > 0
+    assert p2.total_s > p1.total_s > 0
+    fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
+    assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
+    assert passes(10, 16, 40) == 4.0 and passes(10, 16, 0) == 0.0
+
+
+def test_speed_is_measured_once_and_cached(device, tmp_path, monkeypatch):
+    from core import plan
+
+    monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
+    mc = replace(SMALL, vocab_size=300)
+    v = plan.measure_speed(device, mc, 4, 16, steps=2)
+    assert v > 0 and plan.cached_speed(plan.speed_key(device.info.label, mc, 4)) == v
+    assert plan.measure_speed(device, mc, 4, 16) == v  # from the cache, not measured again
+
+
+def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsys, device):
+    from core.cli import main
+
+    out = tmp_path / "m"
+    assert main(["train", "--out", str(out), "--device", str(device.info.index), "-q", "--time-budget", "0.01"]) == 0
+    text = capsys.readouterr().out
+    assert "plan: Tiny model" in text and "passes over the facts" in text
+    assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
