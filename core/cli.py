@@ -48,10 +48,11 @@ def _tune_matmul(dev) -> None:
 
 
 # ----------------------------------------------------------------------------- train
-def _configs(args):
+def _configs(args, planned=None):
+    """Model and training configs: the preset's (or ``planned``, the Auto plan's) with the options given."""
     from core.config import PRESETS, replace
 
-    mc, tc = PRESETS[args.preset or "Small"]
+    mc, tc = planned if planned is not None else PRESETS[args.preset]
     mfields = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
                "n_kv_heads": args.n_kv_heads, "ffn_dim": args.ffn_dim, "context_length": args.context_length,
                "rope_theta": args.rope_theta}
@@ -74,6 +75,8 @@ def _configs(args):
                "grad_accum": getattr(args, "grad_accum", None),
                "freeze_embeddings": True if getattr(args, "freeze_embeddings", False) else None}
     tc = replace(tc, pretrain=pre, tune=tune, **{k: v for k, v in tfields.items() if v is not None})
+    if args.time_budget is not None:
+        tc = replace(tc, time_budget_s=60.0 * args.time_budget)
     return mc, tc
 
 
@@ -239,9 +242,11 @@ def _train(args, out: Path) -> int:
     from core.config import ConfigError
     from core.dataset import default_dataset
     from core.device import open_device
-    from core.trainer import LogEvent, StageFinished, StageReport, StepReport, Trainer, TrainingDiverged
+    from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
+                              TrainingDiverged)
 
     base = None
+    auto = not args.resume and not args.base and args.preset in (None, "Auto")
     try:
         if args.base and args.resume:
             raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
@@ -250,7 +255,7 @@ def _train(args, out: Path) -> int:
         elif args.resume:
             saved = load_checkpoint(args.resume).checkpoint
             tc = _resume_config(args, saved.train)
-        else:
+        elif not auto:
             mc, tc = _configs(args)
     except ConfigError as e:
         return _fail(f"invalid setting {e}")
@@ -258,9 +263,24 @@ def _train(args, out: Path) -> int:
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
+    _tune_matmul(dev)
+    plan = None
+    if auto:
+        from core.plan import plan_for
+
+        if not args.quiet:
+            print("planning: counting tokens and measuring this device's training speed…")
+        plan, _ = plan_for(new_data or default_dataset(), dev,
+                           60.0 * args.time_budget if args.time_budget else 0.0, args.vocab_size or 1024)
+        try:
+            mc, tc = _configs(args, (plan.model_config, plan.train_config))
+        except ConfigError as e:
+            return _fail(f"invalid setting {e}")
+        print(f"plan: {plan.summary()}")
+        for note in plan.notes:
+            print(f"note: {note}")
     if base is not None or not args.resume:
         _print_memory(dev, mc, tc)
-    _tune_matmul(dev)
     if args.resume:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
@@ -288,23 +308,49 @@ def _train(args, out: Path) -> int:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
               "than it has done to continue)")
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
+               TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
+               TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
     tasks = {}
+    from core.plan import passes, verdict
+
+    seqs = {"pretrain": (len(trainer.facts), 1.0),
+            "tune": (len(trainer.dialogues), 1.0 - trainer.train_config.replay_share if trainer.facts else 1.0)}
+    final = {}
+    check_task = None
     ctrl_c = _CtrlC(trainer)
     previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         with Progress(*columns, disable=args.quiet) as progress:
             for ev in trainer.run():
                 if isinstance(ev, StepReport):
+                    if check_task is not None:
+                        progress.remove_task(check_task)
+                        check_task = None
                     if ev.stage not in tasks:
-                        tasks[ev.stage] = progress.add_task(ev.stage, total=ev.total_steps, loss="-", tps="-")
+                        tasks[ev.stage] = progress.add_task(ev.stage, total=ev.total_steps, loss="-", tps="-",
+                                                            passes="")
+                    n, share = seqs[ev.stage]
+                    cfg = trainer.stage_config(0 if ev.stage == "pretrain" else 1)
                     progress.update(tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
-                                    tps=f"{ev.tokens_per_s:,.0f}")
+                                    tps=f"{ev.tokens_per_s:,.0f}",
+                                    passes=f"{passes(ev.step, cfg.batch_size, n, share):.1f} passes")
+                elif isinstance(ev, RecallProgress):
+                    if check_task is None:
+                        check_task = progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
+                                                       loss="-", tps="-", passes="")
+                    progress.update(check_task, completed=ev.done)
+                    if ev.final and ev.done == ev.total:
+                        progress.remove_task(check_task)
+                        check_task = None
                 elif isinstance(ev, LogEvent):
                     progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
                 elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
                     ctrl_c.save(trainer, out)
+                elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
+                    final = {"facts": ev.facts_recalled, "answers": ev.dialogues_recalled,
+                             "end_reason": ev.end_reason}
+                    if ev.end_reason != "steps":
+                        progress.console.print(f"{ev.stage}: ended after {ev.steps_done} steps ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
@@ -324,6 +370,12 @@ def _train(args, out: Path) -> int:
         signal.signal(signal.SIGINT, previous)
     ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
+    if final:
+        v = verdict(final["facts"], final["answers"], trainer.train_config.recall_target, final["end_reason"],
+                    plan.preset if plan is not None else args.preset)
+        print(v.text.replace(" — try the model on the Chat tab", ""))
+        if v.advice:
+            print(f"to learn the rest: {v.advice}")
     return 0
 
 
@@ -479,7 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "dataset may not")
     s.add_argument("--allow-new-data", action="store_true", help="with --resume: continue on a dataset other than "
                    "the one the run was trained on (--data, or an edited dataset.json); the checkpoint records it")
-    s.add_argument("--preset", choices=["Tiny", "Small", "Larger"], help="model and training preset (default: Small)")
+    s.add_argument("--preset", choices=["Auto", "Tiny", "Small", "Larger"], help="model and training preset (default: "
+                   "Auto: a model size and passes planned from the dataset and this device's measured speed, "
+                   "trained until every answer and fact is learned)")
+    s.add_argument("--time-budget", type=float, metavar="MIN", help="stop training after this many minutes "
+                   "(recall checks included); Auto plans the steps to fit")
     for name, typ in (("d-model", int), ("n-layers", int), ("n-heads", int), ("n-kv-heads", int), ("ffn-dim", int),
                       ("context-length", int), ("rope-theta", float), ("pretrain-steps", int), ("tune-steps", int),
                       ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),

@@ -182,6 +182,14 @@ class TrainConfig:
             sequences): the same step with less device memory.
         freeze_embeddings: do not train ``token_embd.weight`` (no gradient, no AdamW moments: less
             memory; for fine-tuning a large-vocabulary model on a small device).
+        check_every: train until learned: every ``check_every`` steps a stage checks recall of what it
+            must reproduce (pretrain: facts, tune: dialogue answers and facts) and ends early when ``recall_target`` of
+            them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
+        recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
+        patience: with ``check_every``, end a stage after this many checks in a row without a new best
+            count (0: never for that reason).
+        time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
+            the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -196,6 +204,10 @@ class TrainConfig:
     vocab_size: int = 1024
     grad_accum: int = 1
     freeze_embeddings: bool = False
+    check_every: int = 0
+    recall_target: float = 1.0
+    patience: int = 3
+    time_budget_s: float = 0.0
 
     def __post_init__(self):
         self.pretrain.validate("pretrain")
@@ -218,6 +230,11 @@ class TrainConfig:
                                                 f"{st.batch_size} sequences")
         if not isinstance(self.freeze_embeddings, bool):
             raise ConfigError("freeze_embeddings", f"must be true or false, got {self.freeze_embeddings!r}")
+        _positive_int("check_every", self.check_every, 0)
+        _positive_int("patience", self.patience, 0)
+        if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
+            raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
+        _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""

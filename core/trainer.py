@@ -30,11 +30,16 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
+from core.recall import KINDS, RecallItem, count, fact_split, recall_check
 from core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 STAGES = ("pretrain", "tune")
+STAGE_KINDS = (("fact",), ("fact", "dialogue"))
+"""What each stage must reproduce, and so what its checks during the stage look at (tuning replays the
+facts, so it must keep them as well as learn the answers)."""
+_NOUN = {"fact": "facts", "dialogue": "dialogue answers"}
 
 
 @dataclass
@@ -71,18 +76,6 @@ class StepReport:
 
 
 @dataclass
-class RecallItem:
-    """Whether the model reproduces one fact or one dialogue turn (greedy decoding)."""
-
-    kind: str  # "fact" or "dialogue"
-    index: int
-    prompt: str
-    expected: str
-    got: str
-    ok: bool
-
-
-@dataclass
 class StageFinished:
     """Reported the moment a stage has run all its steps, before its recall check: save now, so a stop
     (or a crash) during the recall check cannot lose the stage."""
@@ -104,18 +97,31 @@ class StageReport:
     stopped: bool
     recall: list[RecallItem] = field(default_factory=list)
     recall_stopped: bool = False
+    end_reason: str = "steps"  # "steps" (all run), "learned", "no progress", "time budget", "stopped"
 
     @property
     def facts_recalled(self) -> tuple[int, int]:
         """(facts reproduced, facts checked)."""
-        items = [r for r in self.recall if r.kind == "fact"]
-        return sum(r.ok for r in items), len(items)
+        return count(self.recall, "fact")
 
     @property
     def dialogues_recalled(self) -> tuple[int, int]:
         """(dialogue answers reproduced, answers checked)."""
-        items = [r for r in self.recall if r.kind == "dialogue"]
-        return sum(r.ok for r in items), len(items)
+        return count(self.recall, "dialogue")
+
+
+@dataclass
+class RecallProgress:
+    """Reported before and after every batch of a recall check ("checking recall…").
+
+    ``step`` is the stage step the check is for; ``final`` is True for the end-of-stage check
+    (False for a check during the stage, see ``TrainConfig.check_every``)."""
+
+    stage: str
+    step: int
+    done: int  # prompts decoded so far
+    total: int  # prompts in this check
+    final: bool
 
 
 @dataclass
@@ -240,6 +246,7 @@ class Trainer:
         self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
         self._guard = _UpdateGuard(self.model)
         self._stop = False
+        self._check_s = 0.0  # seconds the last recall check took
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ control
@@ -278,11 +285,14 @@ class Trainer:
         return bool(self.facts) if stage == 0 else bool(self.dialogues)
 
     # ------------------------------------------------------------------ the loop
-    def run(self, recall: bool = True) -> Iterator[StepReport | StageFinished | StageReport | LogEvent]:
+    def run(self, recall: bool = True) -> Iterator[StepReport | StageFinished | StageReport | RecallProgress | LogEvent]:
         """Run (or continue) training; yields a StepReport per step, a StageReport per stage end.
 
         Yields :class:`StageFinished` when a stage's steps are done (save then), then runs the
-        recall check and yields the :class:`StageReport`.
+        recall check (a :class:`RecallProgress` before and after each batch of prompts) and yields the
+        :class:`StageReport`. With ``check_every``, a stage also checks recall of what it teaches every
+        ``check_every`` steps and ends early when it is learned, when ``patience`` checks bring no
+        better count, or at its share of ``time_budget_s`` (``StageReport.end_reason`` says which).
 
         Stops early, with a StageReport whose ``stopped`` is True, when :meth:`request_stop` was
         called (between two steps; during a recall check the check is cut short and the run stops
@@ -307,10 +317,16 @@ class Trainer:
             if self.stage_step == 0:
                 yield LogEvent("INFO", f"{name}: {cfg.steps} steps, lr {cfg.lr:g}, batch {cfg.batch_size}")
             bad_in_a_row = 0
+            deadline = self._deadline(si, t_start)
+            end_reason, best, since_best, last_check = "steps", -1, 0, None
             while self.stage_step < cfg.steps:
                 if self._stop:
-                    yield StageReport(name, self.stage_step, stopped=True)
+                    yield StageReport(name, self.stage_step, stopped=True, end_reason="stopped")
                     return
+                if deadline is not None and time.perf_counter() + self._check_s >= deadline:
+                    end_reason = "time budget"
+                    yield LogEvent("INFO", f"{name}: time budget reached at step {self.stage_step}")
+                    break
                 step = self.stage_step
                 t0 = time.perf_counter()
                 tokens, targets, mask = self._batch(si, step)
@@ -349,12 +365,39 @@ class Trainer:
                     raise TrainingDiverged(
                         f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {lr:g}; "
                         "lower the learning rate (the weights of the last good step are kept)")
-            report = StageReport(name, self.stage_step, stopped=False)
+                if tc.check_every and self.stage_step % tc.check_every == 0 and self.stage_step < cfg.steps \
+                        and not self._stop:
+                    kinds = STAGE_KINDS[si]
+                    items = yield from self._check(name, kinds, final=False)
+                    if self._stop:
+                        continue  # the stop is reported at the top of the loop
+                    last_check = (self.stage_step, kinds, items)
+                    counts = {k: count(items, k) for k in kinds}
+                    yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
+                        f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
+                    ok = sum(o for o, _ in counts.values())
+                    if all(o >= math.ceil(tc.recall_target * n - 1e-9) for o, n in counts.values()):
+                        end_reason = "learned"
+                        break
+                    if ok > best:
+                        best, since_best = ok, 0
+                    else:
+                        since_best += 1
+                        if tc.patience and since_best >= tc.patience:
+                            end_reason = "no progress"
+                            yield LogEvent("INFO", f"{name}: no better recall in {since_best} checks; stage ends")
+                            break
+            report = StageReport(name, self.stage_step, stopped=False, end_reason=end_reason)
             self.stage_index += 1
             self.stage_step = 0
             yield StageFinished(name, report.steps_done)
             if recall and not self._stop:
-                report.recall = self.recall()
+                kinds, reuse = KINDS, []
+                if last_check is not None and last_check[0] == report.steps_done:  # checked at this very step
+                    kinds = tuple(k for k in KINDS if k not in last_check[1])
+                    reuse = last_check[2]
+                items = yield from self._check(name, kinds, final=True)
+                report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
@@ -401,10 +444,39 @@ class Trainer:
 
         return Generator(self.dev, self.model_config, self.model.params)
 
-    def recall(self) -> list[RecallItem]:
-        """Greedy recall of every fact (its second half from its first words) and every dialogue turn;
-        cut short (a partial table) when :meth:`request_stop` is called."""
-        return recall_table(self.generator(), self.tokenizer, self.dataset, should_stop=lambda: self._stop)
+    def recall(self, kinds: tuple[str, ...] = KINDS) -> list[RecallItem]:
+        """Greedy recall of every fact (its rest from its first words) and every dialogue turn, decoded
+        in batches on the device (core.recall); cut short (a partial table) when :meth:`request_stop`
+        is called."""
+        items = []
+        for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
+                                                 should_stop=lambda: self._stop):
+            pass
+        return items
+
+    def _check(self, stage: str, kinds: tuple[str, ...], final: bool):
+        """Recall check of ``kinds`` as a sub-generator: yields RecallProgress per batch, returns the items.
+        Its duration is kept (``_check_s``) so a time budget leaves room for the next check."""
+        t0 = time.perf_counter()
+        items: list[RecallItem] = []
+        for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
+                                               should_stop=lambda: self._stop):
+            yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
+        self._check_s = time.perf_counter() - t0
+        return items
+
+    def _deadline(self, stage: int, t_start: float) -> float | None:
+        """perf_counter time at which stage ``stage`` must end under ``time_budget_s`` (None: no budget).
+
+        Pretraining gets the share of the budget its steps have of both stages' steps; tuning gets the
+        rest of the budget (what pretraining did not use included)."""
+        tc = self.train_config
+        if not tc.time_budget_s:
+            return None
+        if stage == 1:
+            return t_start + tc.time_budget_s
+        steps = [tc.pretrain.steps if self.facts else 0, tc.tune.steps if self.dialogues else 0]
+        return t_start + tc.time_budget_s * steps[0] / max(1, sum(steps))
 
     def validation_loss(self) -> dict[str, float]:
         """Mean loss (nats/token) over all fact examples and all dialogue examples, no gradients."""
@@ -421,17 +493,11 @@ class Trainer:
         return out
 
 
-def fact_split(text: str) -> tuple[str, str]:
-    """Split a fact into (prompt, expected continuation) at a word boundary about 1/3 in."""
-    words = text.split(" ")
-    k = max(1, min(len(words) - 1, round(len(words) / 3)))
-    prompt = " ".join(words[:k])
-    return prompt, text[len(prompt):]
-
-
 def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
                  should_stop=None) -> list[RecallItem]:
-    """Check, with greedy decoding, which facts and dialogue answers the model reproduces.
+    """Check, with greedy decoding, which facts and dialogue answers the model reproduces, one prompt at a
+    time through a :class:`core.generate.Generator` (the chat's decoding path). Training uses the batched
+    :func:`core.recall.recall_check`; this is its reference.
 
     Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer

@@ -43,11 +43,23 @@ class TrainingStep:
     skipped: bool = False  # loss or gradient not finite: the weights were kept
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0  # since the run started
+    passes: float = 0.0  # passes (epochs) over the stage's data so far
 
     @classmethod
-    def from_report(cls, rep: StepReport, global_step: int) -> TrainingStep:
+    def from_report(cls, rep: StepReport, global_step: int, passes: float = 0.0) -> TrainingStep:
         return cls(rep.stage, rep.step, rep.total_steps, global_step, rep.loss, rep.grad_norm,
-                   tuple(rep.layer_grad_norms), rep.lr, rep.clipped, rep.skipped, rep.tokens_per_s, rep.elapsed_s)
+                   tuple(rep.layer_grad_norms), rep.lr, rep.clipped, rep.skipped, rep.tokens_per_s, rep.elapsed_s,
+                   passes)
+
+
+@dataclass(frozen=True)
+class RecallChecking:
+    """A recall check is running ("checking recall…"): sent before and after each batch of prompts."""
+
+    stage: str
+    done: int  # prompts decoded so far
+    total: int  # prompts in this check
+    final: bool  # the end-of-stage check (False: a check during the stage)
 
 
 @dataclass(frozen=True)
@@ -70,11 +82,12 @@ class StageDone:
     recall: tuple[RecallItem, ...]
     facts_recalled: tuple[int, int]  # (reproduced, checked)
     dialogues_recalled: tuple[int, int]  # (reproduced, checked)
+    end_reason: str = "steps"  # core.trainer.StageReport.end_reason
 
     @classmethod
     def from_report(cls, rep: StageReport) -> StageDone:
         return cls(rep.stage, rep.steps_done, rep.stopped, tuple(rep.recall), tuple(rep.facts_recalled),
-                   tuple(rep.dialogues_recalled))
+                   tuple(rep.dialogues_recalled), rep.end_reason)
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,9 @@ class RunDone:
     stage_index: int  # where the run ended
     stage_step: int
     replaced: bool  # the run's checkpoint is (now) the project's trained model
+    learned: bool = False  # the recall target was met (core.plan.verdict)
+    verdict: str = ""  # "Learned: …" / "Not fully learned: 178 of 200 answers, …" ("" when not checked)
+    advice: str = ""  # what to do when not learned
 
 
 # ------------------------------------------------------------------------------------- chat

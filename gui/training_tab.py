@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLab
 
 from gui import dialogs
 from gui.app_state import AppState
-from gui.events import RunDone, RunStarted, StageDone, TrainingStep
+from gui.events import RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
 from gui.workers import CompareWorker, TrainWorker
@@ -65,6 +65,9 @@ class TrainingTab(QWidget):
         self._resumed = False
         self._stopping = False
         self._active = False
+        self._checking: RecallChecking | None = None  # the recall check running now
+        self._check_s = 0.0  # seconds the last recall check took (for the ETA)
+        self._check_t0 = 0.0
 
         # -- controls
         row = QHBoxLayout()
@@ -369,6 +372,7 @@ class TrainingTab(QWidget):
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
         w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self.plots.add_validation,
                         stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
+                        recall_progress=self._on_recall_progress,
                         run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
                         finished=self._on_finished)
         self._worker = w
@@ -431,18 +435,37 @@ class TrainingTab(QWidget):
         total = sum(self._stage_steps)
         self.progress.setValue(d.global_step)
         stage_no = 1 if d.stage == "pretrain" else 2
-        if not self._stopping and self.is_running():
+        running = not self._stopping and self.is_running()
+        c = self._checking
+        if running and c is not None:
+            what = "after" if c.final else "at"
+            self.stage_label.setText(f"{STAGE_NAMES.get(c.stage, c.stage)} — checking recall… {c.done}/{c.total} "
+                                     f"prompts ({what} step {d.step}, stage {stage_no} of 2)")
+        elif running:
             self.stage_label.setText(f"{STAGE_NAMES.get(d.stage, d.stage)} — step {d.step}/"
-                                     f"{d.total_steps} (stage {stage_no} of 2)")
+                                     f"{d.total_steps} · {d.passes:.1f} passes (stage {stage_no} of 2)")
         eta = ""
-        if len(self._rates) >= 2:
+        if running and len(self._rates) >= 2:
             (t0, s0), (t1, s1) = self._rates[0], self._rates[-1]
             if s1 > s0 and t1 > t0:
-                eta = f" · ETA {_hms((total - d.global_step) * (t1 - t0) / (s1 - s0))}"
-        loss = d.loss
+                # at most: the remaining steps, plus one recall check per stage left (its last duration)
+                stages_left = 2 if d.stage == "pretrain" else 1
+                rest = (total - d.global_step) * (t1 - t0) / (s1 - s0) + stages_left * self._check_s
+                eta = f" · ETA {_hms(rest)} at most"
         since = " since resuming" if self._resumed else ""
-        self.speed_label.setText(f"step {d.global_step}/{total}{eta} · {d.tokens_per_s:,.0f} tokens/s · "
-                                 f"loss {loss:.3f} · {_hms(time.perf_counter() - self._t0)} elapsed{since}")
+        self.speed_label.setText(f"step {d.global_step}/{total} · {d.passes:.1f} passes{eta} · "
+                                 f"{d.tokens_per_s:,.0f} tokens/s · loss {d.loss:.3f} · "
+                                 f"{_hms(time.perf_counter() - self._t0)} elapsed{since}")
+
+    def _on_recall_progress(self, c: RecallChecking) -> None:
+        if c.done == 0:
+            self._check_t0 = time.perf_counter()
+        self._checking = c if c.done < c.total else None
+        if c.done >= c.total:
+            self._check_s = time.perf_counter() - self._check_t0
+            # the check's time is not step time: restart the rate window
+            self._rates.clear()
+        self._update_labels()
 
     def _on_stage_done(self, d: StageDone) -> None:
         self.plots.flush()
@@ -467,8 +490,12 @@ class TrainingTab(QWidget):
         self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
 
     def _on_run_done(self, d: RunDone) -> None:
-        if d.finished:
-            self.stage_label.setText("Training finished — try the model on the Chat tab")
+        self._checking = None
+        if d.finished and d.verdict:
+            self.stage_label.setText(d.verdict + ("" if d.learned else f" — to learn the rest: {d.advice}"))
+            self.append_log("INFO" if d.learned else "WARNING", self.stage_label.text())
+        elif d.finished:
+            self.stage_label.setText("Training finished (no recall check) — try the model on the Chat tab")
         elif d.stopped:
             text = "Stopped"
             if d.checkpoint:

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QThread, Signal
 
-from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RunDone, RunStarted, StageDone,
-                        TrainingStep, ValidationLoss)
+from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RecallChecking, RunDone, RunStarted,
+                        StageDone, TrainingStep, ValidationLoss)
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +199,7 @@ class TrainWorker(Worker):
     step = Signal(object)  # (gui.events.TrainingStep)
     validation = Signal(object)  # (gui.events.ValidationLoss)
     stage_done = Signal(object)  # (gui.events.StageDone)
+    recall_progress = Signal(object)  # (gui.events.RecallChecking)
     checkpoint_saved = Signal(str)  # (the trained model's folder, (re)written)
     run_done = Signal(object)  # (gui.events.RunDone)
 
@@ -213,6 +214,7 @@ class TrainWorker(Worker):
         self.dataset, self.model_config, self.train_config = dataset, model_config, train_config
         self.resume = resume
         self.val_every = val_every
+        self.preset: str | None = None  # the model preset's name, for the verdict's advice
         self._trainer = None
 
     def request_stop(self) -> None:
@@ -245,14 +247,23 @@ class TrainWorker(Worker):
         losses = trainer.validation_loss()
         self.validation.emit(ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues")))
 
-    def _done(self, trainer, stopped: bool, saved: str) -> None:
+    def _done(self, trainer, stopped: bool, saved: str, final=None) -> None:
+        from core.plan import verdict
+
+        v = None
+        if final is not None and final.recall and not final.recall_stopped:
+            v = verdict(final.facts_recalled, final.dialogues_recalled, trainer.train_config.recall_target,
+                        final.end_reason, self.preset)
         self.run_done.emit(RunDone(stopped, trainer.done, saved, trainer.stage_index, trainer.stage_step,
-                                   self._replaced()))
+                                   self._replaced(), v.learned if v else False, v.text if v else "",
+                                   v.advice if v else ""))
 
     def work(self) -> None:
         from core.checkpoint import resume_trainer
         from core.device import open_device
-        from core.trainer import LogEvent, StageFinished, StageReport, StepReport, Trainer, TrainingDiverged
+        from core.plan import passes
+        from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
+                                  TrainingDiverged)
 
         dev = open_device(self.device_info)
         self.log_line.emit("INFO", f"device: {dev.info.label}")
@@ -278,7 +289,9 @@ class TrainWorker(Worker):
         self.run_started.emit(RunStarted(dev.info.label, mc.n_params(), mc.vocab_size, (steps[0], steps[1]),
                                          trainer.stage_index, trainer.stage_step, self.resume))
         self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
-        saved, stopped, progressed = "", False, False
+        saved, stopped, progressed, final = "", False, False, None
+        seqs = {"pretrain": (len(trainer.facts), 1.0),
+                "tune": (len(trainer.dialogues), 1.0 - tc.replay_share if trainer.facts else 1.0)}
         if self.stop_requested():
             self._done(trainer, True, "")
             return
@@ -287,12 +300,17 @@ class TrainWorker(Worker):
                 if isinstance(ev, StepReport):
                     progressed = True
                     offset = 0 if ev.stage == "pretrain" else steps[0]
-                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step))
+                    n, share = seqs[ev.stage]
+                    batch = (tc.pretrain if ev.stage == "pretrain" else tc.tune).batch_size
+                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step, passes(ev.step, batch, n, share)))
                     if (self.val_every and ev.step % self.val_every == 0 and ev.step < ev.total_steps
                             and not self.stop_requested()):
                         self._validate(trainer, ev.stage, offset + ev.step)
+                elif isinstance(ev, RecallProgress):
+                    self.recall_progress.emit(RecallChecking(ev.stage, ev.done, ev.total, ev.final))
                 elif isinstance(ev, StageReport):
                     stopped = ev.stopped
+                    final = ev
                     if not ev.stopped:
                         offset = 0 if ev.stage == "pretrain" else steps[0]
                         self._validate(trainer, ev.stage, offset + ev.steps_done)
@@ -308,7 +326,7 @@ class TrainWorker(Worker):
             raise
         if stopped and progressed:
             saved = self._save(trainer, stage_end=False)
-        self._done(trainer, stopped, saved)
+        self._done(trainer, stopped, saved, final)
 
 
 # ------------------------------------------------------------------------------------- chat

@@ -336,23 +336,23 @@ def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, devic
 
     from core import trainer as trainer_mod
 
-    real = trainer_mod.recall_table
+    real = trainer_mod.recall_check
     prompts = []
 
-    def recall_with_ctrl_c(gen, tok, dataset, max_tokens=None, should_stop=None):
+    def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None):
         os.kill(os.getpid(), signal.SIGINT)
 
         def stop():
             prompts.append(1)
             return should_stop()
-        return real(gen, tok, dataset, max_tokens, stop)
+        return real(model, tok, dataset, kinds, stop)
 
-    monkeypatch.setattr(trainer_mod, "recall_table", recall_with_ctrl_c)
+    monkeypatch.setattr(trainer_mod, "recall_check", recall_with_ctrl_c)
     out = tmp_path / "ck"
     tiny = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
             "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
     assert main(["train", *tiny, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out)]) == 130
     assert "stopped during the recall check" in capsys.readouterr().out
-    assert len(prompts) == 1  # honoured before the first prompt was generated
+    assert len(prompts) == 1  # honoured before the first batch was decoded
     m = CheckpointMeta.read(out)
     assert (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 2)

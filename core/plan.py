@@ -1,0 +1,328 @@
+"""A plan before Start, and an honest verdict after the run.
+
+:func:`make_plan` proposes a model size, passes (epochs) over the facts and the dialogues, and the steps
+that make them, for a dataset's token counts (core.estimates.DatasetStats) and the device's measured
+training speed; it estimates the time of the whole run, recall checks included. :func:`verdict` says what
+a finished run learned and, when it is short of the target, what to do.
+
+The rules are rules of thumb measured on this project's data (not a law):
+- capacity: a model learns its facts when it has about ``PARAMS_PER_TOKEN`` parameters per token of
+  training text (Allen-Zhu & Li 2024, "Physics of Language Models: Part 3.3", find ~2 bits of knowledge
+  per parameter; our invented-town facts of ~15 tokens learned with the Small preset at ~19 parameters
+  per token and not with Tiny at ~7);
+- passes: ``PRETRAIN_PASSES`` over the facts and ``TUNE_PASSES`` over the dialogues learn them (the
+  2,000-fact, 200-dialogue dataset learned 200 of 200 answers with Small at 16 and 36 passes), with at
+  least ``MIN_STEPS`` per stage (an optimiser needs some steps whatever the data size);
+- a stage that has not learned by its planned steps may go on to ``MAX_STEPS_FACTOR`` times them
+  (train until learned: core.trainer checks recall every ``check_every`` steps and stops early).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.config import PRESETS, ModelConfig, TrainConfig, replace
+
+AUTO = "Auto (recommended)"
+"""Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
+
+PARAMS_PER_TOKEN = 15
+PRETRAIN_PASSES = 16
+TUNE_PASSES = 30
+MIN_STEPS = (100, 60)  # pretrain, tune
+MAX_STEPS_FACTOR = 3.0
+CHECKS_PER_STAGE = 8
+PATIENCE = 6
+"""Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
+FORWARD_SHARE = 1 / 3
+"""A forward pass costs about a third of a training step (forward + backward (2x) + update)."""
+
+
+def passes(steps: int, batch_size: int, sequences: int, share: float = 1.0) -> float:
+    """Passes (epochs) over ``sequences`` made by ``steps`` steps that take ``share`` of each batch of
+    ``batch_size`` from them (tuning takes ``1 - replay_share``). 0 when there are no sequences."""
+    if sequences <= 0:
+        return 0.0
+    return steps * batch_size * share / sequences
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an Auto run will do, and how long it should take.
+
+    Attributes:
+        preset: the model preset chosen ("Tiny", "Small", "Larger").
+        model_config, train_config: ready for core.trainer.Trainer (train until learned: steps are the
+            maxima, ``check_every`` set, ``time_budget_s`` as given).
+        planned_steps: (pretrain, tune) steps expected to learn the data (the estimate's basis).
+        pretrain_passes, tune_passes: passes over facts / dialogues of the planned steps.
+        train_s, check_s: estimated seconds of training steps and of recall checks; total_s their sum.
+        seconds_per_token: the training speed used (seconds per padded token of a step).
+        notes: what the user should know (budget too small, biggest model still small, ...).
+    """
+
+    preset: str
+    model_config: ModelConfig
+    train_config: TrainConfig
+    planned_steps: tuple[int, int]
+    pretrain_passes: float
+    tune_passes: float
+    train_s: float
+    check_s: float
+    seconds_per_token: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_s(self) -> float:
+        return self.train_s + self.check_s
+
+    def summary(self) -> str:
+        """One line for the CLI and the Hyperparameters tab."""
+        p, t = self.planned_steps
+        return (f"{self.preset} model ({self.model_config.n_params():,} parameters); pretrain {p} steps "
+                f"({self.pretrain_passes:.0f} passes over the facts), tune {t} steps ({self.tune_passes:.0f} "
+                f"passes over the dialogues); estimated {format_duration(self.total_s)} "
+                f"(checks {format_duration(self.check_s)})")
+
+
+def format_duration(seconds: float) -> str:
+    """``m:ss`` (or ``h:mm:ss``) of a duration in seconds."""
+    s = int(round(max(0.0, seconds)))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def padded_length(lengths: list[int], batch_size: int, seed: int = 0, draws: int = 64) -> float:
+    """Mean padded sequence length (tokens) of a random batch of ``batch_size`` of ``lengths`` (each
+    example's ids, input = length - 1): batches pad to their longest example."""
+    if not lengths:
+        return 0.0
+    arr = np.asarray(lengths) - 1
+    rng = np.random.default_rng(seed)
+    k = min(batch_size, len(arr))
+    return float(np.mean([arr[rng.choice(len(arr), k, replace=False)].max() for _ in range(draws)]))
+
+
+def choose_preset(stats) -> tuple[str, list[str]]:
+    """Smallest preset with ``PARAMS_PER_TOKEN`` parameters per training token (``Larger`` at most)."""
+    tokens = stats.fact_tokens + stats.dialogue_tokens
+    for name in ("Tiny", "Small", "Larger"):
+        mc = replace(PRESETS[name][0], vocab_size=stats.vocab_size)
+        if mc.n_params() >= PARAMS_PER_TOKEN * tokens:
+            return name, []
+    return "Larger", [f"the dataset ({tokens:,} tokens) is large for the biggest preset "
+                      f"({mc.n_params():,} parameters): it may not learn everything"]
+
+
+def make_plan(stats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
+              recall_prompts: tuple[int, int] = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
+              time_budget_s: float = 0.0, preset: str | None = None) -> Plan:
+    """Plan a run.
+
+    Args:
+        stats: core.estimates.DatasetStats of the dataset.
+        seconds_per_token: measured seconds per padded token of a training step of the chosen model
+            (see :func:`measure_speed`); with ``preset=None`` the speed of that preset is needed, so
+            call :func:`choose_preset` first.
+        lengths: token counts of the (fact, dialogue) training sequences (padding estimate); when None,
+            the mean from ``stats``.
+        recall_prompts: (fact prompts, dialogue turns) a recall check decodes.
+        answer_tokens: mean tokens decoded per (fact, dialogue) prompt.
+        time_budget_s: the user's limit for the whole run (0: none); the planned steps are cut to fit.
+        preset: force a preset (None: :func:`choose_preset`).
+
+    Returns:
+        A :class:`Plan`.
+
+    Raises:
+        ValueError: ``seconds_per_token`` is not a positive finite number.
+    """
+    if not (seconds_per_token > 0 and math.isfinite(seconds_per_token)):
+        raise ValueError(f"seconds_per_token must be > 0, got {seconds_per_token!r}")
+    notes: list[str] = []
+    if preset is None:
+        preset, notes = choose_preset(stats)
+    mc, tc = PRESETS[preset]
+    mc = replace(mc, vocab_size=stats.vocab_size)
+    b = tc.pretrain.batch_size
+    share = 1 - tc.replay_share
+    n_f, n_d = stats.fact_sequences, stats.dialogue_sequences
+    steps = [max(MIN_STEPS[0], math.ceil(PRETRAIN_PASSES * n_f / b)) if n_f else 0,
+             max(MIN_STEPS[1], math.ceil(TUNE_PASSES * n_d / (b * share))) if n_d else 0]
+    if lengths is None:
+        lengths = ([round(stats.fact_tokens / max(n_f, 1))] * n_f, [round(stats.dialogue_tokens / max(n_d, 1))] * n_d)
+    t_f = min(mc.context_length, padded_length(lengths[0], b))
+    t_d = min(mc.context_length, padded_length(lengths[1], b))
+    t_tune = max(t_d, t_f)  # tuning batches mix facts in
+    step_s = [b * t_f * seconds_per_token, b * t_tune * seconds_per_token]
+    # one recall check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq)
+    check_one = []
+    for k, t in ((0, t_f), (1, t_d)):
+        n = recall_prompts[k]
+        check_one.append(math.ceil(n / b) * answer_tokens[k] * b * t * seconds_per_token * FORWARD_SHARE if n else 0.0)
+
+    def cost(st):
+        every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
+        train = st[0] * step_s[0] + st[1] * step_s[1]
+        per_check = [check_one[0], check_one[0] + check_one[1]]  # tuning checks facts and answers
+        checks = sum((st[i] // every[i]) * per_check[i] for i in range(2) if every[i])
+        checks += 2 * (check_one[0] + check_one[1])  # the full table at the end of each stage
+        return train, checks, every
+
+    train_s, check_s, every = cost(steps)
+    if time_budget_s and train_s + check_s > time_budget_s:
+        scale = max(0.05, (time_budget_s - 2 * (check_one[0] + check_one[1])) / max(train_s + check_s, 1e-9))
+        steps = [max(1, int(s * scale)) if s else 0 for s in steps]
+        train_s, check_s, every = cost(steps)
+        notes.append(f"the time budget ({format_duration(time_budget_s)}) allows about {scale:.0%} of the "
+                     "planned steps: the model may not learn everything; give more time")
+    max_steps = [math.ceil(s * MAX_STEPS_FACTOR) for s in steps]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0]), tune=replace(tc.tune, steps=max_steps[1]),
+                 check_every=max(1, min(e for e in every if e) if any(every) else 25),
+                 patience=PATIENCE, time_budget_s=float(time_budget_s))
+    return Plan(preset, mc, tc, (steps[0], steps[1]), passes(steps[0], b, n_f), passes(steps[1], b, n_d, share),
+                train_s, check_s, seconds_per_token, tuple(notes))
+
+
+# ----------------------------------------------------------------------------- speed
+
+def _speed_file():
+    from core.device import user_cache_dir
+
+    return user_cache_dir() / "train_speed.json"
+
+
+def speed_key(device_label: str, mc: ModelConfig, batch_size: int) -> str:
+    """Cache key of a measured speed: the device and the shape of the step."""
+    return (f"{device_label}|d{mc.d_model}|l{mc.n_layers}|h{mc.n_heads}/{mc.n_kv_heads}|f{mc.ffn_dim}"
+            f"|v{mc.vocab_size}|b{batch_size}")
+
+
+def cached_speed(key: str) -> float | None:
+    """Seconds per token cached for ``key`` (None when not measured on this machine)."""
+    try:
+        v = json.loads(_speed_file().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def store_speed(key: str, seconds_per_token: float) -> None:
+    """Remember a measured speed in the user cache folder (atomic write)."""
+    from core.atomic import atomic_write
+
+    path = _speed_file()
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = seconds_per_token
+    atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
+
+
+def measure_speed(dev, mc: ModelConfig, batch_size: int, seq: int, steps: int = 3, use_cache: bool = True) -> float:
+    """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
+    (``batch_size``, ``seq``) on ``dev``: the fastest of ``steps`` timed steps after one warm-up step.
+    Cached per device and shape (:func:`cached_speed`)."""
+    from core.model import Model
+
+    key = speed_key(dev.info.label, mc, batch_size)
+    if use_cache and (v := cached_speed(key)) is not None:
+        return v
+    seq = max(2, min(seq, mc.context_length))
+    model = Model(dev, mc, batch_size=batch_size, seed=0)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, mc.vocab_size, (batch_size, seq), dtype=np.int32)
+    mask = np.ones((batch_size, seq), np.float32)
+    best = math.inf
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        model.forward_backward(tokens, tokens, mask)
+        model.optimizer_step(1e-4, 0.0, 0.9, 0.98, 1e-8, 1.0)
+        dev.finish()
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    v = best / (batch_size * seq)
+    store_speed(key, v)
+    return v
+
+
+def plan_for(dataset, dev, time_budget_s: float = 0.0, vocab_size: int = 1024) -> tuple[Plan, object]:
+    """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
+    preset, :func:`make_plan`. Returns (plan, DatasetStats)."""
+    from core.estimates import dataset_stats
+    from core.recall import recall_prompts
+    from core.tokenizer import Tokenizer
+    from core.trainer import dialogue_examples, fact_examples
+
+    cl = PRESETS["Small"][0].context_length
+    stats = dataset_stats(dataset, vocab_size, cl)
+    preset, _ = choose_preset(stats)
+    mc = replace(PRESETS[preset][0], vocab_size=stats.vocab_size)
+    tok = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
+    f_len = [len(e.ids) for e in fact_examples(tok, dataset.facts, mc.context_length)]
+    d_len = [len(e.ids) for e in dialogue_examples(tok, dataset.dialogues, mc.context_length)]
+    prompts = recall_prompts(tok, dataset, mc.context_length)
+    counts, answers = [], []
+    for k in ("fact", "dialogue"):
+        ps = [p for p in prompts if p.kind == k]
+        counts.append(len(ps))
+        answers.append(float(np.mean([p.max_new for p in ps])) if ps else 0.0)
+    b = PRESETS[preset][1].pretrain.batch_size
+    spt = measure_speed(dev, mc, b, int(padded_length(f_len or d_len, b)) or 16)
+    return make_plan(stats, spt, (f_len, d_len), (counts[0], counts[1]), (answers[0], answers[1]),
+                     time_budget_s, preset), stats
+
+
+# ----------------------------------------------------------------------------- verdict
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run learned. ``learned``: the target was met; ``text``: the line to show; ``advice``: what to
+    do when it was not ("" when it was)."""
+
+    learned: bool
+    text: str
+    advice: str
+    answers: tuple[int, int]
+    facts: tuple[int, int]
+
+
+def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
+            preset: str | None = None) -> Verdict:
+    """The honest end of a run from its final recall counts ((reproduced, checked) of facts and dialogue
+    answers), the recall target (share of each) and why the last stage ended ("steps", "learned",
+    "no progress", "time budget", "stopped")."""
+    def met(ok_n):
+        ok, n = ok_n
+        return n == 0 or ok >= math.ceil(target * n - 1e-9)
+
+    parts = []
+    if answers[1]:
+        parts.append(f"{answers[0]:,} of {answers[1]:,} answers")
+    if facts[1]:
+        parts.append(f"{facts[0]:,} of {facts[1]:,} facts")
+    learned = met(facts) and met(answers)
+    what = ", ".join(parts) or "nothing to check"
+    if learned:
+        return Verdict(True, f"Learned: {what} — try the model on the Chat tab", "", answers, facts)
+    bigger = "" if preset == "Larger" else " or a bigger model"
+    if end_reason == "no progress":
+        advice = f"recall stopped improving: choose a bigger model{'' if bigger else ' (or less data)'}"
+    elif end_reason == "time budget":
+        advice = f"the time budget ran out: give more time{bigger}"
+    elif end_reason == "stopped":
+        advice = "the run was stopped: resume it to learn the rest"
+    else:
+        advice = f"train longer (more steps or passes){bigger}"
+    return Verdict(False, f"Not fully learned: {what}", advice, answers, facts)
+
+
+__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "passes", "verdict",
+           "measure_speed", "cached_speed", "store_speed", "speed_key", "format_duration", "padded_length"]

@@ -1,0 +1,159 @@
+"""The recall check: which facts and dialogue answers a model reproduces with greedy decoding.
+
+All prompts are decoded together in batches on the device, with the model's own full forward
+(``Model.logits`` on right-padded ``(batch, seq)`` prompts, one token longer per step; causal attention
+makes the padding after a row's last real token invisible to it). No KV cache: a recall prompt plus its
+answer is short, and one forward of ``batch`` rows costs about what one row costs on a GPU, so the whole
+table takes (prompts / batch) x (answer tokens) forwards instead of prompts x answer tokens decode steps.
+Rows that end (EOS, or longer than the expected answer allows) leave the batch; prompts are sorted by
+length so a batch pads little.
+
+:func:`recall_check` is a generator: it yields after every batch, so a training loop can report progress
+and stop between two batches.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from core import chat_format
+
+KINDS = ("fact", "dialogue")
+
+ANSWER_SLACK = 4
+"""Tokens a decoded answer may run beyond the expected answer's token count before it is cut (it is wrong
+then anyway; the slack covers a different tokenisation of the same text)."""
+
+
+@dataclass
+class RecallItem:
+    """Whether the model reproduces one fact or one dialogue turn (greedy decoding)."""
+
+    kind: str  # "fact" or "dialogue"
+    index: int
+    prompt: str
+    expected: str
+    got: str
+    ok: bool
+
+
+@dataclass
+class _Prompt:
+    kind: str
+    index: int
+    prompt: str
+    expected: str
+    ids: list[int]
+    max_new: int
+
+
+def fact_split(text: str) -> tuple[str, str]:
+    """Split a fact into (prompt, expected continuation) at a word boundary about 1/3 in."""
+    words = text.split(" ")
+    k = max(1, min(len(words) - 1, round(len(words) / 3)))
+    prompt = " ".join(words[:k])
+    return prompt, text[len(prompt):]
+
+
+def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS) -> list[_Prompt]:
+    """Every recall prompt of ``dataset``: facts (BOS + first words) and each dialogue turn (the earlier
+    turns and the question). Prompts that leave no room for an answer in ``context_length`` are left out."""
+    out = []
+    if "fact" in kinds:
+        for i, fact in enumerate(dataset.facts):
+            prompt, expected = fact_split(fact)
+            if not expected:
+                continue
+            ids = [tok.bos_id] + tok.encode(prompt)
+            out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
+    if "dialogue" in kinds:
+        for i, dlg in enumerate(dataset.dialogues):
+            history = []
+            for user, answer in dlg.turns:
+                ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
+                history.append((user, answer))
+                out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
+    return [p for p in out if len(p.ids) < context_length]
+
+
+def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
+    """Greedy continuations of up to ``model.batch_size`` prompts decoded together.
+
+    Args:
+        model: a :class:`core.model.Model` (its ``logits`` on int32 (rows, seq) tokens).
+        prompts: token ids per row (each shorter than the model's context_length).
+        max_new: most tokens to generate per row; a row also ends at ``eos_id`` (kept in its output)
+            or at the context length.
+
+    Returns:
+        The generated ids per row, in the order of ``prompts``.
+    """
+    cl = model.config.context_length
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    active = [r for r in range(len(prompts)) if max_new[r] > 0 and len(seqs[r]) < cl]
+    while active:
+        t = max(len(seqs[r]) for r in active)
+        tokens = np.full((len(active), t), pad_id, np.int32)
+        for j, r in enumerate(active):
+            tokens[j, :len(seqs[r])] = seqs[r]
+        logits = model.logits(tokens)  # (rows, t, vocab_size)
+        still = []
+        for j, r in enumerate(active):
+            nxt = int(np.argmax(logits[j, len(seqs[r]) - 1]))
+            seqs[r].append(nxt)
+            outs[r].append(nxt)
+            if nxt != eos_id and len(outs[r]) < max_new[r] and len(seqs[r]) < cl:
+                still.append(r)
+        active = still
+    return outs
+
+
+def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+    """Run the recall check in batches of ``model.batch_size`` prompts.
+
+    Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
+    Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
+    (surrounding whitespace ignored).
+
+    Yields:
+        ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
+        every batch; the last yield holds the whole table, items in dataset order (facts, then
+        dialogue turns). ``should_stop()``, asked before each batch, ends the check early (the last
+        yield then holds a partial table).
+    """
+    stop = should_stop or (lambda: False)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+    results: dict[int, RecallItem] = {}
+
+    def table():
+        return [results[i] for i in sorted(results)]
+
+    yield 0, len(prompts), []
+    b = model.batch_size
+    for s in range(0, len(order), b):
+        if stop():
+            return
+        chunk = order[s:s + b]
+        outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
+                            tok.eos_id, tok.pad_id)
+        for i, out in zip(chunk, outs):
+            p = prompts[i]
+            got = tok.decode([t for t in out if t != tok.eos_id])
+            if p.kind == "dialogue":
+                got = got.strip()
+            results[i] = RecallItem(p.kind, p.index, p.prompt, p.expected, got, got.strip() == p.expected.strip())
+        yield len(results), len(prompts), table()
+
+
+def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
+    """(items of ``kind`` reproduced, items of ``kind`` checked)."""
+    of = [r for r in items if r.kind == kind]
+    return sum(r.ok for r in of), len(of)
+
+
+__all__ = ["RecallItem", "fact_split", "recall_prompts", "greedy_batch", "recall_check", "count", "KINDS"]

@@ -1,0 +1,143 @@
+"""Train until learned: the batched recall check, checks during a stage, patience, time budget."""
+from __future__ import annotations
+
+import numpy as np
+
+from core.config import PRESETS, ModelConfig, StageConfig, TrainConfig, replace
+from core.dataset import default_dataset
+from core.model import Model
+from core.recall import greedy_batch, recall_check
+from core.trainer import RecallProgress, StageReport, StepReport, Trainer, recall_table
+
+SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, context_length=64)
+
+
+def _tc(steps, lr=3e-3, **kw):
+    return TrainConfig(pretrain=StageConfig(steps=steps, lr=lr, batch_size=8, warmup_steps=2),
+                       tune=StageConfig(steps=steps, lr=lr, batch_size=8, warmup_steps=2), vocab_size=300, **kw)
+
+
+def test_batched_greedy_matches_one_row_at_a_time(device):
+    """Right padding is invisible to each row (causal attention): prompts of different lengths decoded
+    together give what each gives alone."""
+    cfg = replace(SMALL, vocab_size=50)
+    model = Model(device, cfg, batch_size=5, seed=3, training=False)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 50, n).tolist() for n in (1, 7, 3, 12, 5)]
+    max_new = [6, 2, 9, 4, 0]
+    together = greedy_batch(model, prompts, max_new, eos_id=0, pad_id=0)
+    alone = [greedy_batch(model, [p], [m], eos_id=0, pad_id=0)[0] for p, m in zip(prompts, max_new)]
+    assert together == alone
+    assert [len(o) for o in together] <= max_new and together[4] == []
+    assert all(len(o) == m or o[-1] == 0 for o, m in zip(together, max_new))
+
+
+def test_batched_recall_agrees_with_the_per_prompt_check(device):
+    """Part-trained (some items right, some wrong): the batched check marks the same items right as the
+    chat's one-prompt-at-a-time decoding; a wrong answer is cut a few tokens past the expected length."""
+    mc, tc = PRESETS["Tiny"]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=70), tune=replace(tc.tune, steps=40))
+    tr = Trainer(default_dataset(), mc, tc, device)
+    for _ in tr.run(recall=False):
+        pass
+    batched = tr.recall()
+    single = recall_table(tr.generator(), tr.tokenizer, tr.dataset)
+    assert [(r.kind, r.index, r.ok) for r in batched] == [(r.kind, r.index, r.ok) for r in single]
+    assert 0 < sum(r.ok for r in batched) < len(batched)  # a real mix, so the comparison means something
+    for b, s in zip(batched, single):
+        assert s.got.startswith(b.got.rstrip()), (b.got, s.got)
+
+
+def test_recall_check_reports_every_batch_and_stops_between_batches(device):
+    tr = Trainer(default_dataset(), SMALL, _tc(1), device)
+    seen = list(recall_check(tr.model, tr.tokenizer, tr.dataset))
+    total = seen[0][1]
+    assert seen[0][0] == 0 and seen[-1][0] == total == len(seen[-1][2])
+    assert len(seen) == 1 + -(-total // tr.model.batch_size)
+    asked = []
+    partial = list(recall_check(tr.model, tr.tokenizer, tr.dataset, should_stop=lambda: len(asked.append(1) or asked) > 2))
+    assert len(partial) == 3 and len(partial[-1][2]) == 2 * tr.model.batch_size
+
+
+def test_a_stage_ends_when_its_facts_are_learned(device):
+    """check_every: pretraining stops well before its maximum once every fact is reproduced; the
+    end-of-stage table agrees, and the checks were reported as RecallProgress events."""
+    mc, tc = PRESETS["Tiny"]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), tune=StageConfig(steps=0), check_every=25, patience=0)
+    tr = Trainer(default_dataset(), mc, tc, device)
+    events = list(tr.run())
+    rep = next(e for e in events if isinstance(e, StageReport) and e.stage == "pretrain")
+    assert rep.end_reason == "learned" and rep.steps_done < 600 and rep.steps_done % 25 == 0
+    ok, n = rep.facts_recalled
+    assert ok == n == len(default_dataset().facts)
+    checks = [e for e in events if isinstance(e, RecallProgress)]
+    assert any(not e.final for e in checks) and checks[-1].final and checks[-1].done == checks[-1].total
+    assert sum(isinstance(e, StepReport) for e in events) == rep.steps_done
+
+
+def test_patience_ends_a_stage_that_does_not_improve(device):
+    tc = replace(_tc(200, lr=1e-7, check_every=5, patience=2), tune=StageConfig(steps=0))
+    tr = Trainer(default_dataset(), SMALL, tc, device)
+    rep = next(e for e in tr.run(recall=False) if isinstance(e, StageReport))
+    assert rep.end_reason == "no progress" and rep.steps_done == 15  # best at 5, no better at 10 and 15
+
+
+def test_time_budget_ends_the_run(device):
+    tc = _tc(100000, time_budget_s=1.5)
+    tr = Trainer(default_dataset(), SMALL, tc, device)
+    reps = [e for e in tr.run(recall=False) if isinstance(e, StageReport)]
+    assert [r.end_reason for r in reps] == ["time budget", "time budget"] and tr.done
+    assert all(0 < r.steps_done < 100000 for r in reps)
+
+
+# ----------------------------------------------------------------------------- plan and verdict
+
+def test_verdict_says_what_was_learned_and_what_to_do():
+    from core.plan import verdict
+
+    v = verdict((1950, 2000), (178, 200), end_reason="time budget", preset="Small")
+    assert not v.learned and v.text == "Not fully learned: 178 of 200 answers, 1,950 of 2,000 facts"
+    assert "more time" in v.advice and "bigger model" in v.advice
+    assert "bigger model" in verdict((1, 2), (2, 2), end_reason="no progress").advice
+    assert "bigger" not in verdict((1, 2), (2, 2), end_reason="steps", preset="Larger").advice
+    ok = verdict((2000, 2000), (200, 200), end_reason="learned")
+    assert ok.learned and ok.advice == "" and ok.text.startswith("Learned: 200 of 200 answers, 2,000 of 2,000 facts")
+    assert verdict((1900, 2000), (190, 200), target=0.95).learned
+
+
+def test_plan_scales_with_the_data_and_fits_a_time_budget():
+    from core.estimates import DatasetStats
+    from core.plan import make_plan, passes
+
+    small = DatasetStats(600, 470, 400, 25, 13, 51, [])
+    big = DatasetStats(1024, 30000, 8000, 2000, 200, 60, [])
+    p1, p2 = make_plan(small, 1e-5), make_plan(big, 1e-5)
+    assert p1.preset == "Tiny" and p2.preset == "Small"
+    assert p2.planned_steps[0] == 2000 and round(p2.pretrain_passes) == 16 and round(p2.tune_passes) == 30
+    assert p2.train_config.pretrain.steps > p2.planned_steps[0] and p2.train_config.check_every > 0
+    assert p2.total_s > p1.total_s > 0
+    fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
+    assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
+    assert passes(10, 16, 40) == 4.0 and passes(10, 16, 0) == 0.0
+
+
+def test_speed_is_measured_once_and_cached(device, tmp_path, monkeypatch):
+    from core import plan
+
+    monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
+    mc = replace(SMALL, vocab_size=300)
+    v = plan.measure_speed(device, mc, 4, 16, steps=2)
+    assert v > 0 and plan.cached_speed(plan.speed_key(device.info.label, mc, 4)) == v
+    assert plan.measure_speed(device, mc, 4, 16) == v  # from the cache, not measured again
+
+
+def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsys, device):
+    from core.cli import main
+
+    out = tmp_path / "m"
+    # steps far beyond what 0.6 s allows, so the budget (not the plan's step count) ends the run
+    assert main(["train", "--out", str(out), "--device", str(device.info.index), "-q", "--time-budget", "0.01",
+                 "--pretrain-steps", "3000", "--tune-steps", "3000"]) == 0
+    text = capsys.readouterr().out
+    assert "plan: Tiny model" in text and "passes over the facts" in text
+    assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
