@@ -352,3 +352,13 @@ def test_export_tab_writes_a_hugging_face_folder(ckpt, studio_env, qtbot, tmp_pa
     assert all(weights[n].tobytes() == w.tobytes() for n, w in ckpt[1].weights.items())
     tab.set_format("gguf")
     assert tab.dtype.isEnabled() and tab.path.text().endswith("tiny.gguf")
+
+
+def test_train_base_takes_a_hugging_face_folder(ckpt, tmp_path):
+    """A model that comes back from a cluster as an HF folder is fine-tuned further on the desktop."""
+    folder = export_hf(load_model(ckpt[0]), tmp_path / "hf")
+    out = tmp_path / "tuned"
+    assert main(["train", "--base", str(folder), "--steps", "2", "--batch-size", "2", "--out", str(out), "-q"]) == 0
+    tuned = load_model(out)
+    assert tuned.config == ckpt[1].config and tuned.checkpoint.adam_step == 4  # 2 pretrain + 2 tune steps
+    assert any(not np.array_equal(tuned.weights[n], w) for n, w in ckpt[1].weights.items())
