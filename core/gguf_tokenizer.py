@@ -35,6 +35,8 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers
 
+from core.tokenizer import bytes_to_unicode
+
 log = logging.getLogger(__name__)
 
 # llama_token_type (gguf.TokenType)
@@ -99,20 +101,7 @@ class UnsupportedTokenizer(ValueError):
     """The file's tokenizer type or pre-tokenizer is one we do not tokenize (the message names it)."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (``encoder.py`` of openai/gpt-2)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass(frozen=True)
