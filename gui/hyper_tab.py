@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.plan import AUTO
 from gui.app_state import AppState
 
 BAD_STYLE = "background-color: #ffcdcd;"
@@ -51,6 +52,11 @@ TRAIN_FIELDS = [
     ("beta1", "Adam beta1", float, "First-moment decay"),
     ("beta2", "Adam beta2", float, "Second-moment decay"),
     ("adam_eps", "Adam epsilon", float, "Added to the denominator of the Adam update"),
+    ("check_every", "Check recall every (steps)", int, "Train until learned: each stage checks recall this "
+     "often and ends when everything is reproduced (0: only at the end; steps are then exact)"),
+    ("patience", "Patience (checks)", int, "End a stage after this many checks without better recall (0: never)"),
+    ("time_budget_s", "Time budget (s, 0 = none)", float, "Longest run in seconds, checks included; Auto plans "
+     "its steps to fit"),
 ]
 
 
@@ -59,7 +65,10 @@ def _fmt(v) -> str:
 
 
 def _preset_values(name: str) -> dict:
-    mc, tc = PRESETS[name]
+    return _config_values(*PRESETS[name])
+
+
+def _config_values(mc: ModelConfig, tc: TrainConfig) -> dict:
     out = {k: getattr(mc, k) for k, *_ in MODEL_FIELDS if k != "vocab_size"}
     out["vocab_size"] = tc.vocab_size
     for stage in ("pretrain", "tune"):
@@ -90,12 +99,17 @@ class HyperTab(QWidget):
         self._error_message = ""
         self._labels: dict[str, str] = {}  # field key -> "Group ▸ Label" for messages
         self._device_memory: tuple[int, str] | None = None  # (global memory bytes, device label)
+        self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
+        self._replan_timer = QTimer(self, singleShot=True, interval=400)
+        self._replan_timer.timeout.connect(self._replan_if_auto)
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Preset:"))
         self.preset = QComboBox()
-        self.preset.addItems([*PRESETS.keys(), CUSTOM])
-        self.preset.setToolTip("Tiny trains in seconds on a CPU; Larger needs a GPU")
+        self.preset.addItems([AUTO, *PRESETS.keys(), CUSTOM])
+        self.preset.setToolTip(f"{AUTO}: a model size and passes planned from your dataset and this device's "
+                               "measured speed, trained until learned. Tiny trains in seconds on a CPU; Larger "
+                               "needs a GPU")
         self.preset.currentTextChanged.connect(self._on_preset)
         top.addWidget(self.preset)
         top.addSpacing(24)
@@ -140,6 +154,10 @@ class HyperTab(QWidget):
         self.memory_label.setStyleSheet("color: #b00020; font-weight: bold;")
         self.memory_label.hide()
         iv.addWidget(self.memory_label)
+        self.plan_label = QLabel()  # the Auto plan: model, passes, estimated time
+        self.plan_label.setWordWrap(True)
+        self.plan_label.setObjectName("plan_label")
+        iv.addWidget(self.plan_label)
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #b00020; font-weight: bold;")
@@ -152,7 +170,9 @@ class HyperTab(QWidget):
         lay.addStretch(1)
         state.device_changed.connect(self.set_device)
         state.project_changed.connect(self._on_project)
-        self.set_preset("Tiny")
+        for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
+            sig.connect(self._replan_timer.start)
+        self.set_preset(AUTO)
         self._show_base_widgets()
 
     # ----------------------------------------------------------------------------- start from
@@ -240,8 +260,44 @@ class HyperTab(QWidget):
         self._on_preset(name)
 
     def _on_preset(self, name: str) -> None:
-        if name in PRESETS and not self._filling:
+        if self._filling:
+            return
+        if name == AUTO:
+            self.apply_plan()
+        elif name in PRESETS:
+            self.plan = None
+            self.plan_label.setText("")
             self.set_values(_preset_values(name), preset=name)
+
+    def _replan_if_auto(self) -> None:
+        if self.preset.currentText() == AUTO:
+            self.apply_plan()
+
+    def apply_plan(self) -> None:
+        """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's
+        measured training speed, cached per device) and fill the form with it."""
+        from core.plan import plan_for
+
+        dataset, info = self.app_state.dataset(), self.app_state.device_info()
+        v = self.values()
+        budget = v.get("time_budget_s") if isinstance(v.get("time_budget_s"), float) else 0.0
+        if info is None or not (dataset.facts or dataset.dialogues):
+            self.plan = None
+            self.plan_label.setText(f"{AUTO}: choose a device and add data to get a plan; Small until then.")
+            self.set_values({**_preset_values("Small"), "time_budget_s": budget}, preset=AUTO)
+            return
+        from core.device import open_device
+
+        self.plan, _ = plan_for(dataset, open_device(info), budget or 0.0)
+        p = self.plan
+        text = f"Plan: {p.summary()}."
+        if p.train_config.check_every:
+            text += (f" Stages check recall every {p.train_config.check_every} steps and stop when everything is "
+                     f"learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} steps).")
+        for note in p.notes:
+            text += f"\nNote: {note}"
+        self.plan_label.setText(text)
+        self.set_values(_config_values(p.model_config, p.train_config), preset=AUTO)
 
     def set_values(self, values: dict, preset: str | None = None) -> None:
         """Fill the form (unknown keys are ignored) and validate."""
@@ -291,12 +347,12 @@ class HyperTab(QWidget):
             self.set_values(values, preset=state.get("preset", CUSTOM))
 
     def _on_project(self, project) -> None:
-        """A project was opened: show its saved form, or the Tiny preset."""
+        """A project was opened: show its saved form, or the Auto preset."""
         hyper = project.settings.get("hyperparameters")
         if isinstance(hyper, dict):
             self.set_state(hyper)
         else:
-            self.set_preset("Tiny")
+            self.set_preset(AUTO)
 
     def build(self) -> tuple[ModelConfig, TrainConfig]:
         """The configs the form describes.
@@ -329,6 +385,9 @@ class HyperTab(QWidget):
     # ----------------------------------------------------------------------------- validation
     def _on_edit(self, *_) -> None:
         if self._filling:
+            return
+        if self.preset.currentText() == AUTO and self.sender() is self.widgets.get("time_budget_s"):
+            self._replan_timer.start()  # a new budget: plan again, still Auto
             return
         if self.preset.currentText() != CUSTOM:
             self._filling = True
@@ -393,13 +452,26 @@ class HyperTab(QWidget):
                 f"Device memory for training: about {mem / 2**20:.0f} MiB (batch {batch}, context "
                 f"{mc.context_length})\n"
                 f"GGUF file: {sizes}\n"
-                f"Steps: {tc.pretrain.steps} pretraining + {tc.tune.steps} tuning; "
+                f"Steps: {tc.pretrain.steps} pretraining{self._passes(tc, 0)} + {tc.tune.steps} tuning"
+                f"{self._passes(tc, 1)}; "
                 f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
             ok = True
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
                                            self.base_path())
         self._valid = ok
         return ok
+
+    def _passes(self, tc: TrainConfig, stage: int) -> str:
+        """" (N passes over the facts)" for a stage's steps over the dataset ("" without data)."""
+        from core.plan import passes
+
+        ds = self.app_state.dataset()
+        if stage == 0:
+            n, what, share = len(ds.facts), "facts", 1.0
+        else:
+            n, what, share = len(ds.dialogues), "dialogues", (1 - tc.replay_share) if ds.facts else 1.0
+        cfg = tc.pretrain if stage == 0 else tc.tune
+        return f" ({passes(cfg.steps, cfg.batch_size, n, share):.0f} passes over the {what})" if n else ""
 
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""

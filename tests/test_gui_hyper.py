@@ -65,3 +65,24 @@ def test_state_round_trip(tab):
     tab.set_preset("Tiny")
     tab.set_state(state)
     assert tab.build()[1].seed == 42 and tab.build()[0].d_model == PRESETS["Small"][0].d_model
+
+
+def test_auto_is_the_default_and_shows_a_plan_with_passes_and_time(tab, main_window, qtbot):
+    """Auto (the app's default, as in the CLI) plans from the dataset and the device's measured speed:
+    the plan names the model, the passes and the estimated time, and fills the form with it; a time
+    budget plans again (still Auto) and fewer steps fit."""
+    from core.device import list_devices
+    from core.plan import AUTO
+
+    assert tab.preset.currentText() == AUTO
+    main_window.state.set_device(list_devices()[0])
+    tab.apply_plan()
+    text = tab.plan_label.text()
+    assert "Plan: Tiny model" in text and "passes over the facts" in text and "estimated" in text
+    _, tc = tab.build()
+    assert tc.check_every > 0 and tc.pretrain.steps == tab.plan.train_config.pretrain.steps
+    assert "passes over the facts" in tab.info_label.text() and tab.preset.currentText() == AUTO
+    full = tab.plan.planned_steps[0]
+    tab.widgets["time_budget_s"].setText(f"{tab.plan.total_s / 4:.3f}")
+    qtbot.waitUntil(lambda: tab.plan.planned_steps[0] < full, timeout=10_000)
+    assert tab.preset.currentText() == AUTO and "time budget" in tab.plan_label.text()
