@@ -131,3 +131,17 @@ def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
         out.append(nxt)
         llm.eval([nxt])
     return out
+
+
+def add_llama_hparams(writer, config) -> None:
+    """The ``llama.*`` hyperparameter keys of ``config`` (a core.config.ModelConfig), as llama.cpp's
+    converter writes them, into a ``gguf.GGUFWriter`` (test files built by hand)."""
+    w, c = writer, config
+    w.add_context_length(c.context_length)
+    w.add_embedding_length(c.d_model)
+    w.add_block_count(c.n_layers)
+    w.add_feed_forward_length(c.ffn_dim)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)

@@ -20,7 +20,7 @@ from core.gguf_io import _write_vocab
 from core.gguf_import import read_vocab
 from core.gguf_tokenizer import GGUFTokenizer
 from core.model import Model
-from tests.artifacts import open_llama, smollm2_path
+from tests.artifacts import add_llama_hparams, open_llama, smollm2_path
 
 DATA = {"facts": ["Brindlewick is a small town built beside a slow green river.",
                   "The mayor of Brindlewick keeps forty beehives."],
@@ -42,14 +42,7 @@ def write_tiny_smol(path):
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny smol")
-    w.add_context_length(c.context_length)
-    w.add_embedding_length(c.d_model)
-    w.add_block_count(c.n_layers)
-    w.add_feed_forward_length(c.ffn_dim)
-    w.add_head_count(c.n_heads)
-    w.add_head_count_kv(c.n_kv_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.norm_eps)
+    add_llama_hparams(w, c)
     w.add_key_value("general.license", "apache-2.0", gguf.GGUFValueType.STRING)
     _write_vocab(w, vocab)
     for name, shape in c.param_shapes():

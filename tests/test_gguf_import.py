@@ -18,7 +18,7 @@ from core.gguf_io import export_gguf
 from core.model import Model
 from core.tokenizer import Tokenizer
 from tests import reference as ref
-from tests.artifacts import llama_greedy, open_llama, smollm2_path
+from tests.artifacts import add_llama_hparams, llama_greedy, open_llama, smollm2_path
 
 T = gguf.GGMLQuantizationType
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
@@ -51,14 +51,7 @@ def write_llama(path, tok, config=CFG, types=None, extra_kv=(), extra_tensors=()
     """A llama GGUF as llama.cpp's converter writes one, with our tokenizer keys."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(config.context_length)
-    w.add_embedding_length(config.d_model)
-    w.add_block_count(config.n_layers)
-    w.add_feed_forward_length(config.ffn_dim)
-    w.add_head_count(config.n_heads)
-    w.add_head_count_kv(config.n_kv_heads)
-    w.add_rope_freq_base(config.rope_theta)
-    w.add_layer_norm_rms_eps(config.norm_eps)
+    add_llama_hparams(w, config)
     w.add_rope_dimension_count(config.head_dim)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")

@@ -48,7 +48,7 @@ class TiledConfig:
             ``(tsn // wptn, tsm // wptm)``, dimension 0 along N.
         vw: vector width (1, 2, 4, 8, 16) of global loads and local reads; divides every size above.
         pad: floats of padding per local tile row (against bank conflicts), a multiple of ``vw``.
-        dbuf: 1 = double-buffered local tiles (one barrier per K tile), 0 = single.
+        dbuf: 1 = ping-pong buffered local tiles (one barrier per K tile), 0 = single.
     """
 
     tsm: int = 64
@@ -82,7 +82,7 @@ class TiledConfig:
 
     @property
     def local_mem_bytes(self) -> int:
-        """Local memory the kernel declares (the A and B tiles, twice when double-buffered)."""
+        """Local memory the kernel declares (the A and B tiles, twice when ping-pong buffered)."""
         return (self.dbuf + 1) * self.tsk * (self.tsm + self.tsn + 2 * self.pad) * 4
 
     def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
@@ -242,7 +242,7 @@ def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConf
     """Untuned defaults: (matrix-matrix configuration, GEMV configuration) for this device.
 
     GPUs: 128x128 tiles of 8x8 per work-item (16x16 work-items), K tiles of 16, float4, padded,
-    double-buffered (CLBlast's best NVIDIA class of setting), or the largest smaller tile that fits
+    ping-pong buffered (CLBlast's best NVIDIA class of setting), or the largest smaller tile that fits
     the work-group and local memory limits. CPUs: blocks of 6 rows x 2 vectors of the device's
     vector width (12 accumulators, Goto's Haswell shape), or 6 x 4 vectors (24 of the 32
     registers) on AVX-512, both operands packed (measured best on PoCL, 2-core Xeon with

@@ -15,7 +15,7 @@ Grid (see :func:`candidates`): on CPUs, packed micro-kernels of several register
 (rows x vectors of the device's vector width) and work-group sizes, timed once for all transpose
 cases (:func:`tuned_variants`); on GPUs, per transpose case,
 CLBlast-style local-memory tiles (64x64 and 128x128 C tiles, 4x4 to 8x8 per work-item, float4,
-padding, double buffering). GEMV: work-group sizes and outputs per work-group. Each candidate is
+padding, two alternating local tiles (ping-pong)). GEMV: work-group sizes and outputs per work-group. Each candidate is
 checked against numpy before it is timed; a wrong or failing one is skipped. The score is the
 geometric mean of GFLOP/s over a small-model shape and a large one.
 """
@@ -87,7 +87,7 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
 
 # (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 128x128 and 64x64 C tiles with 8x8 / 4x4 per
 # work-item (16x16 and 8x8 work-groups), K tiles of 8-32, float4 or float2, padded, single or
-# double-buffered (CLBlast's xgemm search space, pruned to the settings its database keeps for
+# ping-pong buffered (CLBlast's xgemm search space, pruned to the settings its database keeps for
 # NVIDIA/AMD GPUs).
 GPU_GRID = tuple(TiledConfig(*p) for p in (
     (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
