@@ -10,6 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
+from core.wording import count
+
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
 
@@ -285,14 +287,14 @@ def _train(args, out: Path) -> int:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
         if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
-            print(f"continuing on a new dataset ({len(trainer.dataset.facts)} facts, "
-                  f"{len(trainer.dataset.dialogues)} dialogues); the checkpoint records it")
+            print(f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
+                  f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         print(f"resuming {args.resume} at {where}")
     else:
         dataset = new_data or default_dataset()
-        print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
+        print(f"dataset: {count(len(dataset.facts), 'fact')}, {count(len(dataset.dialogues), 'dialogue')}")
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
