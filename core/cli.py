@@ -445,7 +445,12 @@ def cmd_export(args) -> int:
         print(f"note: {note}")
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype})")
     if result.modelfile:
-        print(f"wrote {result.modelfile} (ollama create NAME -f {result.modelfile})")
+        import shlex
+
+        from core.gguf_io import ollama_name
+
+        print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
+              f"{shlex.quote(str(result.modelfile))})")
     return 0
 
 

@@ -174,3 +174,34 @@ def test_window_fits_a_small_laptop_screen(main_window, qtbot):
     height = w.statusBar().height()
     w.statusBar().showMessage("a long message " * 40)
     assert w.statusBar().height() == height
+
+
+def test_readme_names_every_xcb_library_qt_links():
+    """README troubleshooting lists the Debian package of every xcb/xkb library PySide6's X11 plugin
+    links (ldd), e.g. libxcb-icccm4 and libxcb-keysyms1 that a Debian 12 desktop lacks."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import PySide6
+    import pytest
+
+    plugin = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms" / "libqxcb.so"
+    if not sys.platform.startswith("linux") or not plugin.is_file() or shutil.which("ldd") is None:
+        pytest.skip("Linux with ldd and PySide6's xcb plugin only")
+    out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, check=True).stdout
+    out += subprocess.run(["ldd", str(plugin.parent.parent.parent / "lib" / "libQt6XcbQpa.so.6")],
+                          capture_output=True, text=True, check=True).stdout
+    sonames = set(re.findall(r"^\s*(lib(?:xcb|X11-xcb|xkbcommon)[\w-]*)\.so\.(\d+)", out, re.M))
+    assert ("libxcb-icccm", "4") in sonames and ("libxcb-keysyms", "1") in sonames
+
+    def debian(name: str, version: str) -> str:  # Debian's policy: soname's name + version, "-" after a digit
+        name = name.lower()
+        return f"{name}-{version}" if name[-1].isdigit() else f"{name}{version}"
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    section = readme[readme.index("## Troubleshooting"):]
+    missing = sorted(debian(n, v) for n, v in sonames if not re.search(rf"\b{re.escape(debian(n, v))}\b", section))
+    assert not missing, f"README troubleshooting does not name {missing}"
