@@ -22,6 +22,7 @@ from gui.paths import inside, untitled_dir
 from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
                          lock_project, new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
+from gui.widgets import ElidedLabel
 from gui.workers import stop_all
 
 APP_TITLE = "OpenCL LLM Studio"
@@ -102,6 +103,11 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
         status = self.statusBar()  # there from the start, one line high: messages never shift the tabs
         status.setFixedHeight(status.fontMetrics().height() + 10)
+        # messages are elided to the bar's width (the whole one in the tooltip), never clipped
+        self.status_label = ElidedLabel("", min_chars=10)
+        status.addWidget(self.status_label, 1)
+        self._status_timer = QTimer(self, singleShot=True)
+        self._status_timer.timeout.connect(lambda: self.status_label.setText(""))
         self.resize(1200, 860)
 
         self._autosave_timer = QTimer(self, singleShot=True, interval=800)
@@ -112,7 +118,7 @@ class MainWindow(QMainWindow):
         self.state.history_changed.connect(self._autosave_timer.start)
         self.hyper_tab.changed.connect(self._autosave_timer.start)
         self.state.busy_changed.connect(self._on_busy_changed)
-        self.state.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        self.state.message.connect(lambda text: self.show_status(text, 8000))
 
         self._build_menu()
         settings = QSettings()
@@ -307,7 +313,7 @@ class MainWindow(QMainWindow):
             write_if_changed(folder / HISTORY_FILE, history_text(self.training_tab.saved_history()), self._written)
             write_if_changed(folder / CHAT_FILE, chat_text(self.chat_tab.saved_transcript()), self._written)
         except OSError as e:
-            self.statusBar().showMessage(f"could not save the project: {e}", 10000)
+            self.show_status(f"could not save the project: {e}", 10000)
 
     def save_project_as(self, folder: str | os.PathLike, replace: bool = False) -> None:
         """Copy the project (with its trained model) to ``folder`` and continue there.
@@ -387,6 +393,11 @@ class MainWindow(QMainWindow):
             self.new_project()
         except RuntimeError as e:
             dialogs.warn(self, "New project", str(e))
+
+    def show_status(self, text: str, ms: int = 8000) -> None:
+        """A line in the status bar for ``ms`` milliseconds (elided to fit, whole in its tooltip)."""
+        self.status_label.setText(text)
+        self._status_timer.start(ms)
 
     # ----------------------------------------------------------------------------- for scripts and tests
     def device_info(self):

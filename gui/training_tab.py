@@ -16,6 +16,7 @@ from gui.app_state import AppState
 from gui.events import RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
 from gui.history import MAX_LOG_LINES, earlier_run
 from gui.plots import TrainingPlots
+from gui.widgets import ElidedLabel
 from gui.project import checkpoint_meta
 from gui.workers import CompareWorker, TrainWorker
 
@@ -100,9 +101,10 @@ class TrainingTab(QWidget):
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         prow.addWidget(self.progress, 1)
-        self.speed_label = QLabel("")
-        self.speed_label.setMinimumWidth(360)  # the bar does not jump as the numbers change
-        prow.addWidget(self.speed_label)
+        # one line, elided with the whole text as tooltip (a narrow window clips nothing); its width does
+        # not follow the numbers, so the bar does not jump
+        self.speed_label = ElidedLabel("", min_chars=60)
+        prow.addWidget(self.speed_label, 2)
         self.earlier_check = QCheckBox("Show earlier runs")
         self.earlier_check.setToolTip("Draw the loss of this project's earlier runs faintly behind the latest one")
         self.earlier_check.toggled.connect(self._show_earlier_runs)

@@ -172,8 +172,22 @@ def test_window_fits_a_small_laptop_screen(main_window, qtbot):
     assert w.tabs.currentWidget().verticalScrollBar().maximum() == 0
     assert w.training_tab.height() <= w.tabs.currentWidget().viewport().height()
     height = w.statusBar().height()
-    w.statusBar().showMessage("a long message " * 40)
+    long = "a long message " * 40
+    w.show_status(long)
+    qtbot.wait(20)
     assert w.statusBar().height() == height
+    # elided to the bar, never clipped: it ends in "…" within the bar's width, the whole of it in the tooltip
+    label = w.status_label
+    assert label.text() == long and label.is_elided() and label.shown_text().endswith("…")
+    assert label.fontMetrics().horizontalAdvance(label.shown_text()) <= label.contentsRect().width()
+    assert label.toolTip() == long and label.geometry().right() <= w.statusBar().width()
+    w.show_status("short")
+    assert label.shown_text() == "short" and not label.toolTip()
+    # so is the Training tab's numbers line
+    t = w.training_tab
+    t.speed_label.setText("step 100/100 · 2.0 passes · ETA 0:12 at most · 12,345 tokens/s · loss 0.344 · " * 3)
+    qtbot.wait(20)
+    assert t.speed_label.is_elided() and t.speed_label.geometry().right() <= t.width()
 
 
 def test_readme_names_every_xcb_library_qt_links():
