@@ -472,5 +472,4 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) ->
     return path
 
 
-__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "ollama_create_command",
-           "ollama_name", "META_PREFIX", "DATE_KEYS"]
+__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX", "DATE_KEYS"]
