@@ -304,7 +304,7 @@ def _train(args, out: Path) -> int:
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
-    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
+    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")
     if trainer.done:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
@@ -352,7 +352,7 @@ def _train(args, out: Path) -> int:
                     final = {"facts": ev.facts_recalled, "answers": ev.dialogues_recalled,
                              "end_reason": ev.end_reason}
                     if ev.end_reason != "steps":
-                        progress.console.print(f"{ev.stage}: ended after {ev.steps_done} steps ({ev.end_reason})")
+                        progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")

@@ -294,8 +294,9 @@ class HyperTab(QWidget):
         p = self.plan
         text = f"Plan: {p.summary()}."
         if p.train_config.check_every:
-            text += (f" Stages check recall every {p.train_config.check_every} steps and stop when everything is "
-                     f"learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} steps).")
+            text += (f" Stages check recall every {count(p.train_config.check_every, 'step')} and stop when "
+                     f"everything is learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} "
+                     "steps).")
         for note in p.notes:
             text += f"\nNote: {note}"
         self.plan_label.setText(text)
