@@ -1,8 +1,8 @@
 """What a project remembers of its runs and its chat, beside its dataset (no Qt here).
 
-    DIR/history.json   the Training tab: each run's plotted numbers, its recall table, verdict and
-                       numbers line, and the log (the latest run last)
-    DIR/chat.json      the Chat tab's transcript
+    DIR/training-history.json  the Training tab: each run's plotted numbers, its recall table, verdict
+                               and numbers line, and the log (the latest run last)
+    DIR/chat-transcript.json   the Chat tab's transcript
 
 Both are written by the GUI thread only (core.atomic.atomic_write; the training worker writes the
 checkpoint folders, never these), and never hold a non-finite number: a plot series keeps finite
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from core.atomic import atomic_write
 
-HISTORY_FILE, CHAT_FILE = "history.json", "chat.json"
+HISTORY_FILE, CHAT_FILE = "training-history.json", "chat-transcript.json"  # names no other program uses
 HISTORY_FORMAT, CHAT_FORMAT = "opencl-llm-studio-history", "opencl-llm-studio-chat"
 VERSION = 1
 MAX_RUNS = 20  # the latest run plus 19 earlier loss curves
@@ -126,7 +126,7 @@ def _read_json(path: Path, fmt: str) -> dict | None:
 
 # ----------------------------------------------------------------------------------------- read
 def parse_history(data: dict, path: str = HISTORY_FILE) -> dict:
-    """``{"runs": [run, ...], "log": [line, ...]}`` from history.json's object, checked.
+    """``{"runs": [run, ...], "log": [line, ...]}`` from training-history.json's object, checked.
 
     Raises:
         HistoryError: a field of the wrong type or a non-finite number; the message names it.
@@ -139,7 +139,8 @@ def parse_history(data: dict, path: str = HISTORY_FILE) -> dict:
 
 
 def parse_chat(data: dict, path: str = CHAT_FILE) -> list[dict]:
-    """The transcript ``[{"user", "model", "note", "remembered"}, ...]`` from chat.json's object, checked.
+    """The transcript ``[{"user", "model", "note", "remembered"}, ...]`` from chat-transcript.json's object,
+    checked.
 
     ``remembered``: the turn is part of the model's conversation (an answer that ended by itself; a
     stopped or failed one is shown but not remembered). Raises HistoryError as :func:`parse_history`.
@@ -160,7 +161,8 @@ def _set_aside(path: Path) -> str:
 
 
 def load_history(folder: str | Path) -> tuple[dict, list[dict], list[str]]:
-    """Read a project's history.json and chat.json (call while holding the project's lock).
+    """Read a project's training-history.json and chat-transcript.json (call while holding the project's
+    lock).
 
     Returns:
         (history, chat, warnings): empty ones for a file that is missing; an unreadable file is moved
@@ -191,8 +193,8 @@ def earlier_run(run: dict) -> dict:
 
 
 def history_text(history: dict) -> str:
-    """history.json's text: the last :data:`MAX_RUNS` runs (all but the latest as :func:`earlier_run`),
-    the log's last :data:`MAX_LOG_LINES` lines.
+    """training-history.json's text: the last :data:`MAX_RUNS` runs (all but the latest as
+    :func:`earlier_run`), the log's last :data:`MAX_LOG_LINES` lines.
 
     Raises:
         ValueError: a non-finite number anywhere (json's ``allow_nan=False``; plots never keep one).
@@ -205,7 +207,7 @@ def history_text(history: dict) -> str:
 
 
 def chat_text(turns: list[dict]) -> str:
-    """chat.json's text for a transcript (see :func:`parse_chat`)."""
+    """chat-transcript.json's text for a transcript (see :func:`parse_chat`)."""
     data = {"format": CHAT_FORMAT, "version": VERSION, "turns": list(turns)}
     return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=1) + "\n"
 

@@ -2,8 +2,8 @@
 
     DIR/project.json      format marker, hyperparameter form values, sampling and export settings
     DIR/dataset.json      the dataset (core.dataset's JSON format)
-    DIR/history.json      the Training tab's runs: plots, recall tables, verdicts, log (gui.history)
-    DIR/chat.json         the Chat tab's transcript (gui.history)
+    DIR/training-history.json  the Training tab's runs: plots, recall tables, verdicts, log (gui.history)
+    DIR/chat-transcript.json   the Chat tab's transcript (gui.history)
     DIR/checkpoint/       the trained model (core.checkpoint's folder), once training has saved one
     DIR/checkpoint.new/   a new run that has not finished a stage yet while an older model exists;
                           it replaces checkpoint/ at its first stage end (so stopping a new run early
@@ -29,7 +29,7 @@ from gui.history import CHAT_FILE, HISTORY_FILE
 
 FORMAT = "opencl-llm-studio-project"
 VERSION = 1
-PROJECT_FILES = ("project.json", "dataset.json", "history.json", "chat.json")  # the last two: gui.history
+PROJECT_FILES = ("project.json", "dataset.json", HISTORY_FILE, CHAT_FILE)
 CHECKPOINT, PENDING = "checkpoint", "checkpoint.new"
 PROJECT_DIRS = (CHECKPOINT, PENDING)
 

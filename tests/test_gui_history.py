@@ -117,9 +117,9 @@ def test_an_unreadable_history_is_moved_aside_and_named(tmp_path):
     history, chat, warnings = load_history(tmp_path)
     assert history == {"runs": [], "log": []} and chat == []
     assert len(warnings) == 2
-    assert str(tmp_path / HISTORY_FILE) in warnings[0] and "history.json.unreadable" in warnings[0]
+    assert str(tmp_path / HISTORY_FILE) in warnings[0] and "training-history.json.unreadable" in warnings[0]
     assert "turns[0].user: not text" in warnings[1]
-    assert (tmp_path / "history.json.unreadable").read_text("utf-8") == "{not json"
+    assert (tmp_path / "training-history.json.unreadable").read_text("utf-8") == "{not json"
     assert not (tmp_path / HISTORY_FILE).exists()
 
 
@@ -145,3 +145,26 @@ def test_history_keeps_the_latest_run_whole_and_earlier_losses():
     assert all(list(r["series"]) == ["loss"] and not r["recall"] for r in back[:-1])
     assert back[0]["series"]["loss"] == runs[5]["series"]["loss"] and back[0]["status"] == "run 5"
     assert json.loads(chat_text([{"user": "q", "model": "a", "note": "", "remembered": True}]))["turns"][0]["model"] == "a"
+
+
+def test_save_as_takes_the_history_along_and_a_new_project_starts_without(main_window, tmp_path, dialogs):
+    from gui.events import TrainingStep
+
+    w, t, c = main_window, main_window.training_tab, main_window.chat_tab
+    t._new_run()  # as Start does
+    for i in (1, 2):
+        t.plots.add_step(TrainingStep(stage="pretrain", step=i, total_steps=2, global_step=i, loss=3.0 / i,
+                                      grad_norm=1.0, lr=1e-3, layer_grad_norms=(1.0, 2.0)))
+    t.plots.add_step(TrainingStep(stage="pretrain", step=3, total_steps=3, global_step=3, loss=math.inf,
+                                  grad_norm=math.nan, lr=1e-3, layer_grad_norms=(math.nan, 2.0), skipped=True))
+    c._turns = [{"user": "Q?", "model": "A.", "note": "", "remembered": True}]
+    untitled = w.project.folder
+    w.save_project_as(tmp_path / "named")
+    runs = _strict_json(tmp_path / "named" / HISTORY_FILE)["runs"]  # the skipped step's inf/nan are not kept
+    assert runs[-1]["series"]["loss"] == [[1, 2], [3.0, 1.5]] and runs[-1]["series"]["skipped"] == [[3], [1.5]]
+    assert _strict_json(tmp_path / "named" / CHAT_FILE)["turns"][0]["user"] == "Q?"
+    assert t.plots.loss.y == [3.0, 1.5] and c.remembered_turns() == [("Q?", "A.")]
+    assert not (untitled / HISTORY_FILE).exists()  # the untitled project's own files went with it
+    dialogs.answer = True
+    w._new_project_dialog()
+    assert not t.plots.loss.x and not c.saved_transcript() and c.transcript.toPlainText() == ""
