@@ -14,10 +14,10 @@ from core.wording import count
 from gui import dialogs
 from gui.app_state import AppState
 from gui.events import RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
-from gui.history import MAX_LOG_LINES, earlier_run
+from gui.history import MAX_LOG_LINES, MAX_RUNS, earlier_run
 from gui.plots import TrainingPlots
-from gui.widgets import ElidedLabel
 from gui.project import checkpoint_meta
+from gui.widgets import ElidedLabel
 from gui.workers import CompareWorker, TrainWorker
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
@@ -306,6 +306,7 @@ class TrainingTab(QWidget):
         """A new run starts: the latest one becomes an earlier run (its loss curve is kept)."""
         if self._run is not None and self.plots.loss.x:  # a run that never took a step is not kept
             self._earlier.append(earlier_run({**self._run, **self.plots.snapshot()}))
+            self._earlier = self._earlier[-(MAX_RUNS - 1):]  # what the project keeps (gui.history)
         self._run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "recall": [], "summary": [], "status": "",
                      "speed": ""}
         self._set_earlier_curves()
