@@ -10,6 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
+from core.wording import count
+
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
 
@@ -285,14 +287,14 @@ def _train(args, out: Path) -> int:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
         if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
-            print(f"continuing on a new dataset ({len(trainer.dataset.facts)} facts, "
-                  f"{len(trainer.dataset.dialogues)} dialogues); the checkpoint records it")
+            print(f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
+                  f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         print(f"resuming {args.resume} at {where}")
     else:
         dataset = new_data or default_dataset()
-        print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
+        print(f"dataset: {count(len(dataset.facts), 'fact')}, {count(len(dataset.dialogues), 'dialogue')}")
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
@@ -302,7 +304,7 @@ def _train(args, out: Path) -> int:
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
-    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
+    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")
     if trainer.done:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
@@ -350,7 +352,7 @@ def _train(args, out: Path) -> int:
                     final = {"facts": ev.facts_recalled, "answers": ev.dialogues_recalled,
                              "end_reason": ev.end_reason}
                     if ev.end_reason != "steps":
-                        progress.console.print(f"{ev.stage}: ended after {ev.steps_done} steps ({ev.end_reason})")
+                        progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
@@ -443,7 +445,12 @@ def cmd_export(args) -> int:
         print(f"note: {note}")
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype})")
     if result.modelfile:
-        print(f"wrote {result.modelfile} (ollama create NAME -f {result.modelfile})")
+        import shlex
+
+        from core.gguf_io import ollama_name
+
+        print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
+              f"{shlex.quote(str(result.modelfile))})")
     return 0
 
 

@@ -278,4 +278,39 @@ def lr_at(stage: StageConfig, step: int) -> float:
     return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-__all__ = ["ConfigError", "ModelConfig", "StageConfig", "TrainConfig", "PRESETS", "lr_at", "replace"]
+# Checks that read another field: their message names that field's value (see config_errors).
+_READS_OTHER = {"n_heads": ("d_model",), "n_kv_heads": ("n_heads",),
+                "grad_accum": ("pretrain.batch_size", "tune.batch_size")}
+
+
+def config_errors(build, values: dict, defaults: dict) -> list[ConfigError]:
+    """Every field error of a form, not only the first one the constructors raise.
+
+    ``build(values)`` makes the configs from flat field values (``"d_model"``, ``"pretrain.lr"``, ...)
+    and raises a ConfigError naming a field. Each failing field is given its value from ``defaults``
+    and the form is built again, until it builds. An error on a field whose check reads a field that
+    was replaced (``n_kv_heads`` must divide ``n_heads``) is not reported: its message would name the
+    default, not the form's value; it shows once that field is fixed.
+
+    Returns:
+        The errors, in the order found ([] when ``build(values)`` succeeds).
+    """
+    values, errors, replaced = dict(values), [], set()
+    for _ in range(len(values) + 1):
+        try:
+            build(values)
+            return errors
+        except ConfigError as e:
+            if e.field in replaced:
+                return errors
+            if not set(_READS_OTHER.get(e.field, ())) & replaced:
+                errors.append(e)
+            if e.field not in defaults or e.field not in values:
+                return errors
+            replaced.add(e.field)
+            values[e.field] = defaults[e.field]
+    return errors
+
+
+__all__ = ["ConfigError", "ModelConfig", "StageConfig", "TrainConfig", "PRESETS", "config_errors", "lr_at",
+           "replace"]

@@ -432,6 +432,21 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
         del reader  # release the memory map before the file is renamed
 
 
+def ollama_name(gguf_path: str | Path) -> str:
+    """The model name suggested for ``ollama create NAME`` — by the Modelfile's comment, the CLI and the
+    Export tab alike: the file's stem in lower case, other characters than letters, digits, ``-``, ``_``
+    and ``.`` replaced by ``-`` ("Brindle wick.gguf" -> "brindle-wick"; "mymodel" when nothing is left)."""
+    stem = Path(gguf_path).stem
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
+
+
+def ollama_create_command(gguf_path: str | Path) -> str:
+    """``ollama create NAME -f STEM.Modelfile`` for the Modelfile written next to ``gguf_path`` (shell-quoted)."""
+    import shlex
+
+    return f"ollama create {ollama_name(gguf_path)} -f {shlex.quote(Path(gguf_path).stem + '.Modelfile')}"
+
+
 def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) -> Path:
     """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically).
 
@@ -444,7 +459,7 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) ->
         raise GGUFError("the Ollama template contains triple quotes")
     lines = [
         "# Ollama Modelfile written by OpenCL LLM Studio",
-        f"# ollama create my-model -f {gguf_path.stem}.Modelfile && ollama run my-model",
+        f"# {ollama_create_command(gguf_path)} && ollama run {ollama_name(gguf_path)}",
         f"FROM ./{gguf_path.name}",
         *([f'TEMPLATE """{template}"""'] if ours else []),
         *([f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")] if ours else []),

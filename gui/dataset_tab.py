@@ -16,9 +16,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxL
 from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
 from core.estimates import DatasetStats, dataset_stats
+from core.wording import count, were
 from gui import dialogs
 from gui.app_state import AppState
-from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsModel
+from gui.dataset_models import NEW_TURN, DialoguesModel, FactsModel, SearchProxy, TurnsModel
+from gui.dataset_undo import EditHistory
 from gui.workers import CallWorker
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
@@ -156,6 +158,13 @@ class DatasetTab(QWidget):
         self.fact_model.edited.connect(self._edited)
         self.dialogue_model.edited.connect(self._edited)
         self.turn_model.edited.connect(self._on_turns_edited)
+        # undo / redo of every edit (the main window's Edit menu shows self.undo_stack)
+        self.edits = EditHistory(self)
+        self.undo_stack = self.edits.stack
+        for m in (self.fact_model, self.dialogue_model, self.turn_model):
+            m.history = self.edits
+        self.turn_model.show_dialogue = self._show_dialogue_object
+        state.project_changed.connect(self.edits.clear)
 
         # -- top bar
         top = QHBoxLayout()
@@ -266,14 +275,36 @@ class DatasetTab(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(outer, 1)
+        self.fact_model.touched.connect(lambda row: self._select(self.facts, row))
+        self.dialogue_model.touched.connect(lambda row: self._select(self.dialogues, row))
         self._show_dialogue(-1)
         state.dataset_replaced.connect(self._show_dataset)
         state.hyperparameters_changed.connect(self._on_hyperparameters)
 
     # ----------------------------------------------------------------------------- data in/out
-    def set_dataset(self, dataset: Dataset) -> None:
-        """Replace the dataset with ``dataset`` (the tab edits this object in place)."""
+    def set_dataset(self, dataset: Dataset, what: str = "replace the dataset") -> None:
+        """Replace the dataset with ``dataset`` (the tab edits this object in place); Edit ▸ Undo brings
+        the previous one back."""
+        old = self._dataset
         self.app_state.set_dataset(dataset)
+        if dataset is not old:
+            self.edits.record(what, lambda: self.app_state.set_dataset(old),
+                              lambda: self.app_state.set_dataset(dataset))
+
+    def _select(self, view: EntryListView, row: int) -> None:
+        """After an undo or redo: show the entry it changed (the search is cleared if it hides it)."""
+        if 0 <= row < view.count():
+            if not view.is_shown(row):
+                self.search.clear()
+            view.setCurrentRow(row)
+            view.scrollTo(view.view_index(row))
+            if view is self.dialogues:
+                self._show_dialogue(row)
+
+    def _show_dialogue_object(self, d: Dialogue) -> None:
+        """Put dialogue ``d`` (the object) into the editor, for an undo of one of its turns."""
+        row = next((i for i, x in enumerate(self._dataset.dialogues) if x is d), -1)
+        self._select(self.dialogues, row)
 
     def _show_dataset(self, dataset: Dataset) -> None:
         self._dataset = dataset
@@ -318,8 +349,9 @@ class DatasetTab(QWidget):
 
     # ----------------------------------------------------------------------------- facts
     def add_fact(self, text: str = "") -> None:
-        """Append a fact and open it for editing, its text selected so that typing replaces it."""
-        text = text if isinstance(text, str) and text else "New fact."
+        """Append a fact (empty unless ``text`` is given) and open it for editing, its text selected so that
+        typing replaces it."""
+        text = text if isinstance(text, str) else ""  # empty until typed: a hint is shown, not content
         self.search.clear()  # the new entry must be visible
         row = len(self._dataset.facts)
         self.fact_model.insert(row, text)
@@ -336,6 +368,7 @@ class DatasetTab(QWidget):
         row = self.facts.currentRow()
         if row >= 0:
             self.fact_model.remove(row)
+            self.app_state.message.emit(f"Removed fact {row + 1} — Edit ▸ Undo (Ctrl+Z) brings it back")
 
     def _move_fact(self, delta: int) -> None:
         """Swap the selected fact with the nearest one the search shows above (-1) or below (+1)."""
@@ -351,18 +384,22 @@ class DatasetTab(QWidget):
         return self.dialogues.currentRow()
 
     def add_dialogue(self) -> None:
-        """Append a dialogue with one placeholder turn and select it."""
+        """Append a dialogue with one empty turn (its cells show a hint, not content: the checker reports
+        it until it is typed), select it and open its question for typing."""
         self.search.clear()  # the new entry must be visible
         row = len(self._dataset.dialogues)
-        self.dialogue_model.insert(row, Dialogue([("New question?", "New answer.")]))
+        self.dialogue_model.insert(row, Dialogue([NEW_TURN]))
         self.dialogues.setCurrentRow(row)
         self.dialogues.scrollTo(self.dialogues.view_index(row))
+        self.turns.setCurrentCell(0, 0)
+        self.turns.edit(self.turn_model.index(0, 0))
 
     def remove_dialogue(self) -> None:
         """Remove the selected dialogue (only one the search shows)."""
         row = self._current_dialogue()
         if row >= 0:
             self.dialogue_model.remove(row)
+            self.app_state.message.emit(f"Removed dialogue {row + 1} — Edit ▸ Undo (Ctrl+Z) brings it back")
 
     def _move_dialogue(self, delta: int) -> None:
         """Swap the selected dialogue with the nearest one the search shows above (-1) or below (+1)."""
@@ -393,8 +430,20 @@ class DatasetTab(QWidget):
     def _on_system_edited(self, text: str) -> None:
         row = self._current_dialogue()
         if row >= 0:
-            self._dataset.dialogues[row].system = text if text.strip() else None
+            d = self._dataset.dialogues[row]
+            old, new = d.system, text if text.strip() else None
+            d.system = new
             self._edited()
+
+            def put(value):
+                def run():
+                    self._show_dialogue_object(d)
+                    d.system = value
+                    self.system.setText(value or "")
+                    self._edited()
+                return run
+            # typing into the field is one step (merged while the same dialogue's message is edited)
+            self.edits.record("edit system message", put(old), put(new), merge_key=("system", id(d)))
 
     def _on_turns_edited(self) -> None:
         row = self._current_dialogue()
@@ -532,10 +581,11 @@ class DatasetTab(QWidget):
     def _on_stats(self, s: DatasetStats) -> None:
         n_turns = sum(len(d.turns) for d in self._dataset.dialogues)
         self.stats_label.setText(
-            f"{len(self._dataset.facts)} facts, {len(self._dataset.dialogues)} dialogues ({n_turns} turns) · "
+            f"{count(len(self._dataset.facts), 'fact')}, {count(len(self._dataset.dialogues), 'dialogue')} "
+            f"({count(n_turns, 'turn')}) · "
             f"{s.fact_tokens + s.dialogue_tokens:,} tokens ({s.fact_tokens:,} in facts, "
-            f"{s.dialogue_tokens:,} in dialogues) · {s.fact_sequences + s.dialogue_sequences} training "
-            f"sequences · longest entry {s.longest} tokens (context {self._context_length}) · "
+            f"{s.dialogue_tokens:,} in dialogues) · "
+            f"{count(s.fact_sequences + s.dialogue_sequences, 'training sequence')} · longest entry {count(s.longest, 'token')} (context {self._context_length}) · "
             f"vocabulary {s.vocab_size} tokens")
         self._too_long = list(s.too_long)
         self.validate_now()
@@ -566,14 +616,24 @@ class DatasetTab(QWidget):
         """
         ds, problems = load_dataset(path)
         if not ds.facts and not ds.dialogues:
-            why = f"; {len(problems)} entries could not be read, e.g. {problems[0]}" if problems else ""
+            why = (f"; {count(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems
+                   else "")
             raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
         if replace:
-            self.set_dataset(ds)
+            self.set_dataset(ds, "import")
         else:
-            self._dataset.facts.extend(ds.facts)
-            self._dataset.dialogues.extend(ds.dialogues)
-            self.set_dataset(self._dataset)
+            target, n_facts, n_dialogues = self._dataset, len(self._dataset.facts), len(self._dataset.dialogues)
+
+            def append():
+                target.facts.extend(ds.facts)
+                target.dialogues.extend(ds.dialogues)
+                self.app_state.set_dataset(target)
+
+            def take_back():
+                del target.facts[n_facts:], target.dialogues[n_dialogues:]
+                self.app_state.set_dataset(target)
+            append()
+            self.edits.record("append a file", take_back, append)
         return [str(p) for p in problems]
 
     def export_file(self, path: str | Path) -> None:
@@ -598,7 +658,7 @@ class DatasetTab(QWidget):
             return
         if problems:
             more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-            dialogs.inform(self, "Import", f"{len(problems)} entries were skipped:\n"
+            dialogs.inform(self, "Import", f"{count(len(problems), 'entry')} {were(len(problems))} skipped:\n"
                            + "\n".join(problems[:20]) + more)
 
     def _export_dialog(self) -> None:
@@ -617,4 +677,4 @@ class DatasetTab(QWidget):
     def _reset_dialog(self) -> None:
         if dialogs.ask(self, "Reset dataset", "Replace the whole dataset with the built-in example?",
                        yes="Replace"):
-            self.set_dataset(default_dataset())
+            self.set_dataset(default_dataset(), "reset to the example")

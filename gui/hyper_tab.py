@@ -11,8 +11,9 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig, config_errors
 from core.plan import AUTO
+from core.wording import count
 from gui.app_state import AppState
 
 BAD_STYLE = "background-color: #ffcdcd;"
@@ -96,6 +97,7 @@ class HyperTab(QWidget):
         self._filling = False
         self._valid = True
         self._error_field: str | None = None
+        self._error_fields: list[str] = []
         self._error_message = ""
         self._labels: dict[str, str] = {}  # field key -> "Group ▸ Label" for messages
         self._device_memory: tuple[int, str] | None = None  # (global memory bytes, device label)
@@ -292,8 +294,9 @@ class HyperTab(QWidget):
         p = self.plan
         text = f"Plan: {p.summary()}."
         if p.train_config.check_every:
-            text += (f" Stages check recall every {p.train_config.check_every} steps and stop when everything is "
-                     f"learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} steps).")
+            text += (f" Stages check recall every {count(p.train_config.check_every, 'step')} and stop when "
+                     f"everything is learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} "
+                     "steps).")
         for note in p.notes:
             text += f"\nNote: {note}"
         self.plan_label.setText(text)
@@ -354,13 +357,13 @@ class HyperTab(QWidget):
         else:
             self.set_preset(AUTO)
 
-    def build(self) -> tuple[ModelConfig, TrainConfig]:
-        """The configs the form describes.
+    def build(self, values: dict | None = None) -> tuple[ModelConfig, TrainConfig]:
+        """The configs the form describes (or ``values``, the form's fields by key).
 
         Raises:
             ConfigError: with ``field`` naming the first bad field.
         """
-        v = self.values()
+        v = self.values() if values is None else values
         for key, val in v.items():
             if isinstance(val, str):
                 raise ConfigError(key, f"not a number: {val!r}")
@@ -403,6 +406,10 @@ class HyperTab(QWidget):
         """The key of the field at fault, or None."""
         return self._error_field
 
+    def error_fields(self) -> list[str]:
+        """The keys of every field at fault, in the order found ([] when the form is valid)."""
+        return list(self._error_fields)
+
     def error_message(self) -> str:
         """What is wrong, naming the field as the form shows it ("" when the form is valid)."""
         return self._error_message
@@ -420,19 +427,28 @@ class HyperTab(QWidget):
             w.setStyleSheet("")
         try:
             mc, tc = self.build()
-        except ConfigError as e:
-            self._error_field = e.field
-            w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
-            if w is not None:
-                w.setStyleSheet(BAD_STYLE)
-            text = str(e)
-            detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
-            self._error_message = f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}"
-            self.error_label.setText(f"Invalid setting — {self._error_message}")
+        except ConfigError:
+            # every bad field, not only the first (core.config.config_errors)
+            defaults = _config_values(ModelConfig(), TrainConfig())
+            errors = config_errors(self.build, self.values(), defaults)
+            messages = []
+            for e in errors:
+                w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
+                if w is not None:
+                    w.setStyleSheet(BAD_STYLE)
+                text = str(e)
+                detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
+                messages.append(f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}")
+            self._error_field = errors[0].field
+            self._error_fields = [e.field for e in errors]
+            self._error_message = "; ".join(messages)
+            self.error_label.setText(f"Invalid setting — {messages[0]}" if len(messages) == 1 else
+                                     f"{len(messages)} invalid settings:\n" + "\n".join(f"• {m}" for m in messages))
             self.info_label.setText("")
             self.memory_label.hide()
             ok = False
         else:
+            self._error_fields = []
             self._error_field = None
             self._error_message = ""
             self.error_label.setText("")
@@ -471,7 +487,7 @@ class HyperTab(QWidget):
         else:
             n, what, share = len(ds.dialogues), "dialogues", (1 - tc.replay_share) if ds.facts else 1.0
         cfg = tc.pretrain if stage == 0 else tc.tune
-        return f" ({passes(cfg.steps, cfg.batch_size, n, share):.0f} passes over the {what})" if n else ""
+        return f" ({count(passes(cfg.steps, cfg.batch_size, n, share), 'pass', 'passes', 0)} over the {what})" if n else ""
 
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""

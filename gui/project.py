@@ -2,6 +2,8 @@
 
     DIR/project.json      format marker, hyperparameter form values, sampling and export settings
     DIR/dataset.json      the dataset (core.dataset's JSON format)
+    DIR/training-history.json  the Training tab's runs: plots, recall tables, verdicts, log (gui.history)
+    DIR/chat-transcript.json   the Chat tab's transcript (gui.history)
     DIR/checkpoint/       the trained model (core.checkpoint's folder), once training has saved one
     DIR/checkpoint.new/   a new run that has not finished a stage yet while an older model exists;
                           it replaces checkpoint/ at its first stage end (so stopping a new run early
@@ -23,10 +25,11 @@ from core.atomic import atomic_write
 from core.checkpoint import CheckpointError, CheckpointMeta
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
+from gui.history import CHAT_FILE, HISTORY_FILE
 
 FORMAT = "opencl-llm-studio-project"
 VERSION = 1
-PROJECT_FILES = ("project.json", "dataset.json")
+PROJECT_FILES = ("project.json", "dataset.json", HISTORY_FILE, CHAT_FILE)
 CHECKPOINT, PENDING = "checkpoint", "checkpoint.new"
 PROJECT_DIRS = (CHECKPOINT, PENDING)
 
@@ -99,11 +102,15 @@ class Project:
         folder: the project folder.
         dataset: facts and dialogues.
         settings: ``{"hyperparameters": {...}, "sampling": {...}, "export": {...}}`` (GUI form values).
+        history: ``{"runs": [...], "log": [...]}`` as read by gui.history.load_history (the Training tab's).
+        chat: the Chat tab's transcript as read by gui.history.load_history.
     """
 
     folder: Path
     dataset: Dataset
     settings: dict = field(default_factory=dict)
+    history: dict = field(default_factory=lambda: {"runs": [], "log": []})
+    chat: list = field(default_factory=list)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -225,9 +232,18 @@ def project_files_in(folder: str | Path) -> list[str]:
 
 
 def copy_checkpoint(src: Project, dst_folder: str | Path) -> None:
-    """Copy ``src``'s checkpoint folders into ``dst_folder`` (for "Save project as"); the target's
-    own checkpoint folders (of the project being replaced there) are removed first."""
+    """Copy ``src``'s checkpoint folders and history files into ``dst_folder`` (for "Save project as");
+    the target's own ones (of the project being replaced there) are removed first."""
     dst_folder = Path(dst_folder)
+    dst_folder.mkdir(parents=True, exist_ok=True)
+    for name in (HISTORY_FILE, CHAT_FILE):
+        s, d = src.folder / name, dst_folder / name
+        if s.resolve() == d.resolve():
+            continue
+        if s.is_file():
+            atomic_write(d, s.read_bytes())
+        elif d.exists():
+            d.unlink()
     for name in PROJECT_DIRS:
         s, d = src.folder / name, dst_folder / name
         if s.resolve() == d.resolve():

@@ -379,9 +379,10 @@ class ChatWorker(Worker):
         self._probe: _GenerationProbe | None = None
 
     # -- called from the GUI thread ------------------------------------------------------------
-    def load(self, path: str, device_info) -> None:
-        """Queue loading a checkpoint folder or .gguf file onto ``device_info``."""
-        self._jobs.put(("load", str(path), device_info))
+    def load(self, path: str, device_info, history=()) -> None:
+        """Queue loading a checkpoint folder or .gguf file onto ``device_info``; the model continues the
+        conversation ``history`` ((question, answer) pairs, oldest first; core.chat.ChatSession.history)."""
+        self._jobs.put(("load", str(path), device_info, [(str(q), str(a)) for q, a in history]))
 
     def ask(self, message: str, settings: dict) -> None:
         """Queue a question; ``settings`` are core.generate.SamplingSettings fields."""
@@ -413,7 +414,7 @@ class ChatWorker(Worker):
                 log.warning("chat job %s failed", job[0], exc_info=True)
                 self.failed.emit(error_kind(e), _message(e))
 
-    def _do_load(self, path: str, device_info) -> None:
+    def _do_load(self, path: str, device_info, history: list[tuple[str, str]]) -> None:
         from core.chat import ChatSession
         from core.checkpoint import load_model
         from core.device import open_device
@@ -428,6 +429,7 @@ class ChatWorker(Worker):
             self.load_failed.emit(path, _message(e))
             return
         self._session, self._probe = ChatSession(probe, loaded.tokenizer), probe
+        self._session.history.extend(history)
         c = loaded.config
         self.model_loaded.emit(ModelLoaded(path, c.n_params(), c.context_length, c.vocab_size, dev.info.label))
 

@@ -259,6 +259,8 @@ def test_modelfile(tok, tmp_path):
     assert f'TEMPLATE """{chat_format.OLLAMA_TEMPLATE}"""' in text
     assert 'PARAMETER stop "<|eos|>"' in lines and 'PARAMETER stop "User:"' in lines
     assert "PARAMETER temperature 0" in lines and "PARAMETER num_ctx 64" in lines
+    # the name the app and the CLI give (core.gguf_io.ollama_name), not another one
+    assert "# ollama create my-model -f 'my model.Modelfile' && ollama run my-model" in lines
 
 
 # ------------------------------------------------------------------------------------ import

@@ -213,3 +213,38 @@ def test_a_project_held_by_another_process_is_refused(main_window, tmp_path):
         holder.communicate()
     main_window.open_project(other)  # the dead holder's lock is stale
     assert main_window.project.folder == other
+
+
+def test_export_asks_before_replacing_a_modelfile_and_its_hints_match_the_file(main_window, tmp_path, dialogs, qtbot):
+    """The Modelfile beside the GGUF file is not replaced without asking either; the Export tab's
+    commands are the Modelfile's own (one model name) and llama-cli's is greedy with the model's context."""
+    from core.checkpoint import CheckpointMeta
+    from tests.test_gui_e2e import save_tiny_checkpoint
+
+    save_tiny_checkpoint(main_window.project.checkpoint_dir)
+    ctx = CheckpointMeta.read(main_window.project.checkpoint_dir).model.context_length
+    e = main_window.export_tab
+    e.refresh()
+    target = tmp_path / "Brindle wick.gguf"
+    modelfile = tmp_path / "Brindle wick.Modelfile"
+    modelfile.write_text("my own Modelfile", "utf-8")
+    e.path.setText(str(target))
+    assert f"llama-cli -m 'Brindle wick.gguf' -cnv --temp 0 -c {ctx}" in e.hint.text()
+    e.modelfile.setChecked(True)
+    dialogs.answer = False
+    assert not e.export()
+    assert str(modelfile) in dialogs.asked[-1][1] and "already exists" in dialogs.asked[-1][1]
+    assert modelfile.read_text("utf-8") == "my own Modelfile"
+    target.write_text("an older export", "utf-8")
+    assert not e.export()
+    assert f"{target} and {modelfile} already exist. Replace them?" == dialogs.asked[-1][1]
+    dialogs.answer = True
+    assert e.export()
+    qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
+    lines = modelfile.read_text("utf-8").splitlines()
+    assert "# ollama create brindle-wick -f 'Brindle wick.Modelfile' && ollama run brindle-wick" in lines
+    assert "ollama create brindle-wick -f 'Brindle wick.Modelfile'" in e.hint.text()
+    n = len(dialogs.asked)
+    assert e.export()  # the same files again: already agreed to
+    qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
+    assert len(dialogs.asked) == n
