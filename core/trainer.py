@@ -568,7 +568,7 @@ class _UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.reduce.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
+        m.ops.grad_norm.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:
