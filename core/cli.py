@@ -9,6 +9,11 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the commands import what they need when they run (a fast --help)
+    from core.config import ModelConfig, TrainConfig
+    from core.device import Device
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -197,8 +202,9 @@ def _base_setup(args):
     return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
 
 
-def _print_memory(dev, mc, tc) -> None:
+def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     from core.estimates import training_memory_bytes
+    from core.model import fits_in
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
@@ -206,7 +212,7 @@ def _print_memory(dev, mc, tc) -> None:
     print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
-    if need > 0.9 * have:
+    if not fits_in(need, have):
         lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
         raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
                          f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "

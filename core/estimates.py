@@ -22,14 +22,13 @@ def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int 
 
     Weights, gradients and AdamW m and v (16 bytes per parameter; 4 for a frozen embedding) plus
     every activation buffer :class:`core.model.Model` allocates for one micro-batch of
-    ``ceil(batch_size / grad_accum) x context_length`` tokens (:func:`core.model.activation_sizes`).
+    ``ceil(batch_size / grad_accum) x context_length`` tokens: :func:`core.model.memory_bytes`, the
+    figure :func:`core.model.check_fits` checks with :func:`core.model.fits_in`.
     """
-    from core.model import activation_sizes
+    from core.model import frozen_tensors, memory_bytes
 
     micro = -(-batch_size // max(1, grad_accum))
-    acts = activation_sizes(config, micro, config.context_length, training=True)
-    frozen = config.vocab_size * config.d_model if freeze_embeddings else 0
-    return 4 * (4 * config.n_params() - 3 * frozen + sum(sum(v) for v in acts.values()))
+    return memory_bytes(config, micro, training=True, frozen=frozen_tensors(freeze_embeddings))[0]
 
 
 def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:

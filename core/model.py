@@ -137,29 +137,67 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     return sizes
 
 
-def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
-               frozen: tuple[str, ...] = ()) -> None:
-    """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
-    have no gradient and no AdamW moments).
+# A run may plan to fill this share of CL_DEVICE_GLOBAL_MEM_SIZE: the driver, the display and the other
+# programs on the device keep the rest. The one memory rule: Model, the CLI and the GUI all apply it.
+MEMORY_SHARE = 0.9
 
-    Raises:
-        ValueError: the largest buffer exceeds CL_DEVICE_MAX_MEM_ALLOC_SIZE, or all buffers together
-            exceed 90 % of CL_DEVICE_GLOBAL_MEM_SIZE; the message gives both figures.
+
+def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
+    """The tensors that get no gradient and no AdamW moments: ``token_embd.weight`` when frozen."""
+    return ("token_embd.weight",) if freeze_embeddings else ()
+
+
+def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
+                 frozen: tuple[str, ...] = ()) -> tuple[int, int]:
+    """``(total, largest)``: bytes of every device buffer a :class:`Model` of ``batch_size`` sequences
+    allocates (weights; for training also gradients and two AdamW moments of every tensor not in
+    ``frozen``; activations of :func:`activation_sizes`), and of its largest single buffer.
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
     n_frozen = sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
     params = 4 * (config.n_params() + (3 * (config.n_params() - n_frozen) if training else 0))  # weights (+ grads, m, v)
     total = params + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
+    return total, largest
+
+
+def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
+    """Whether ``total_bytes`` of buffers fit a device with ``global_mem_bytes`` (:data:`MEMORY_SHARE`)."""
+    return total_bytes <= MEMORY_SHARE * global_mem_bytes
+
+
+def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
+                   device_name: str, training: bool = True, frozen: tuple[str, ...] = ()) -> str | None:
+    """Why a device cannot hold a model's buffers (one line), or None when it can.
+
+    The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
+    known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
+    """
+    total, largest = memory_bytes(config, batch_size, training, frozen)
     gib = 2 ** 30
-    if largest > dev.max_alloc_bytes:
-        raise ValueError(f"the model needs a single buffer of {largest / gib:.2f} GiB but {dev.info.name} allows "
-                         f"{dev.max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
-                         "vocab_size or d_model")
-    if total > 0.9 * dev.global_mem_size:
-        raise ValueError(f"training needs about {total / gib:.2f} GiB of device memory but {dev.info.name} has "
-                         f"{dev.global_mem_size / gib:.2f} GiB: lower batch_size, context_length, d_model, "
-                         "ffn_dim or n_layers")
+    if max_alloc_bytes is not None and largest > max_alloc_bytes:
+        return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
+                f"{max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
+                "vocab_size or d_model")
+    if not fits_in(total, global_mem_bytes):
+        return (f"training needs about {total / gib:.2f} GiB of device memory but {device_name} has "
+                f"{global_mem_bytes / gib:.2f} GiB: lower batch_size, context_length, d_model, "
+                "ffn_dim or n_layers")
+    return None
+
+
+def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
+               frozen: tuple[str, ...] = ()) -> None:
+    """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
+    have no gradient and no AdamW moments).
+
+    Raises:
+        ValueError: :func:`memory_problem`'s message.
+    """
+    problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
+                             training, frozen)
+    if problem:
+        raise ValueError(problem)
 
 
 def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, pos: int) -> None:
@@ -262,7 +300,7 @@ class Model:
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
                  freeze_embeddings: bool = False):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
-        self.frozen = ("token_embd.weight",) if freeze_embeddings else ()
+        self.frozen = frozen_tensors(freeze_embeddings)
         check_fits(dev, config, batch_size, training, self.frozen)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step

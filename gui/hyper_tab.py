@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.plan import AUTO
+from core.tokenizer import MIN_VOCAB_SIZE
 from gui.app_state import AppState
 
 BAD_STYLE = "background-color: #ffcdcd;"
@@ -31,7 +32,7 @@ MODEL_FIELDS = [
     ("n_kv_heads", "Key/value heads", int, "Grouped-query attention: must divide the number of heads"),
     ("ffn_dim", "Feed-forward width", int, "Hidden width of the SwiGLU feed-forward block"),
     ("context_length", "Context length (tokens)", int, "Longest sequence the model sees"),
-    ("vocab_size", "Vocabulary size (target)", int, "Tokens the BPE tokenizer may learn (at least 259)"),
+    ("vocab_size", "Vocabulary size (target)", int, f"Tokens the BPE tokenizer may learn (at least {MIN_VOCAB_SIZE})"),
     ("rope_theta", "RoPE base", float, "Rotary position embedding base frequency"),
     ("norm_eps", "RMSNorm epsilon", float, "Added inside the square root of RMSNorm"),
 ]
@@ -205,8 +206,7 @@ class HyperTab(QWidget):
         architecture fields show the file's values and are locked; a file the engine cannot use is
         explained (naming the key) and blocks Start."""
         from core.finetune import DEFAULTS
-        from core.gguf_import import GGUFError, read_config
-        from core.gguf_tokenizer import GGUFVocab
+        from core.gguf_import import GGUFError, check_tokenizer, read_config
 
         self._base, self._base_config, self._base_error = path, None, ""
         self._filling = True
@@ -216,9 +216,7 @@ class HyperTab(QWidget):
         if path:
             try:
                 mc, _notes, kv = read_config(path)
-                if not (kv.get("tokenizer.ggml.tokens") and kv.get("tokenizer.ggml.model") == "gpt2"
-                        and kv.get("tokenizer.ggml.pre") == "gpt-2"):
-                    GGUFVocab.from_fields(kv, path)  # refuses a tokenizer we do not support, by name
+                check_tokenizer(kv, path)  # refuses a tokenizer we do not support, by name
                 self._base_config = mc
                 values = {k: getattr(mc, k) for k in BASE_FIXED}
                 values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
@@ -415,6 +413,7 @@ class HyperTab(QWidget):
     def validate(self) -> bool:
         """Check the form; highlight the bad field and explain; update the size estimates."""
         from core.estimates import gguf_size_bytes, training_memory_bytes
+        from core.model import MEMORY_SHARE, fits_in
 
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
@@ -438,11 +437,12 @@ class HyperTab(QWidget):
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
             mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
-            if self._device_memory is not None and mem > self._device_memory[0]:
+            if self._device_memory is not None and not fits_in(mem, self._device_memory[0]):
                 have, label = self._device_memory
                 self.memory_label.setText(
-                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than the {have / 2**20:.0f} MiB of "
-                    f"{label}: choose a smaller preset, batch size or context length, or another device.")
+                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than {MEMORY_SHARE:.0%} of the "
+                    f"{have / 2**20:.0f} MiB of {label}: choose a smaller preset, batch size or context length, "
+                    "or another device.")
                 self.memory_label.show()
             else:
                 self.memory_label.hide()
@@ -476,6 +476,8 @@ class HyperTab(QWidget):
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""
         v = self.values()
-        vocab = v["vocab_size"] if isinstance(v["vocab_size"], int) and v["vocab_size"] >= 259 else 1024
-        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 else 128
+        ok = isinstance(v["vocab_size"], int) and v["vocab_size"] >= MIN_VOCAB_SIZE
+        vocab = v["vocab_size"] if ok else ModelConfig.vocab_size  # the default's
+        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 \
+            else ModelConfig.context_length
         return vocab, ctx
