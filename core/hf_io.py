@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from core import __version__, chat_format
+from core.atomic import replace_folder
 from core.config import ConfigError, ModelConfig
 from core.loaded import LoadedModel
 
@@ -197,33 +196,15 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
                                        "max_length": c.context_length}
     texts = {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
 
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    old = None
-    try:
+    def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
         for name, text in texts.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())
         _verify(tmp, loaded)
-        if out.exists():  # an earlier export (checked above): move it aside, move the new one in
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+    replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
     log.info("hf: wrote %s (%d tensors)", out, len(tensors))
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _verify(folder: Path, loaded) -> None:
