@@ -24,7 +24,7 @@ def _fail(msg: str) -> int:
 
 
 # ----------------------------------------------------------------------------- devices
-def cmd_devices(args) -> int:
+def cmd_devices(args: argparse.Namespace) -> int:
     from core.device import list_devices
 
     devices = list_devices()
@@ -219,7 +219,7 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
                          "(or lower --context-length / --batch-size)")
 
 
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     from core.folder_lock import FolderBusyError, FolderLock
 
     out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
@@ -386,7 +386,7 @@ def _train(args, out: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- chat
-def cmd_chat(args) -> int:
+def cmd_chat(args: argparse.Namespace) -> int:
     from core.chat import ChatSession
     from core.checkpoint import load_model
     from core.device import open_device
@@ -427,7 +427,7 @@ def cmd_chat(args) -> int:
 
 
 # ----------------------------------------------------------------------------- export
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
     from core.gguf_io import export_gguf
 
@@ -454,7 +454,7 @@ def cmd_export(args) -> int:
 
 
 # ----------------------------------------------------------------------------- compare
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     """Greedy answers of a base model and a model fine-tuned from it, side by side."""
     from core.checkpoint import load_model
     from core.device import open_device
@@ -484,7 +484,7 @@ def cmd_compare(args) -> int:
 
 
 # ----------------------------------------------------------------------------- tokenize
-def cmd_tokenize(args) -> int:
+def cmd_tokenize(args: argparse.Namespace) -> int:
     """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
     BOS/EOS rule applies and special-token text is parsed)."""
     if args.file is not None:

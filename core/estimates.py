@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.config import ModelConfig
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
 
 # Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
 GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.0 / 32.0}
@@ -72,7 +76,7 @@ class DatasetStats:
     too_long: list
 
 
-def dataset_stats(dataset, vocab_size: int, context_length: int) -> DatasetStats:
+def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> DatasetStats:
     """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences.
 
     Raises:

@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
@@ -31,6 +31,9 @@ from gguf import Keys
 
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from core.gguf_tokenizer import GGUFVocab
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +423,7 @@ def check_tokenizer(kv: dict[str, Any], source: str) -> None:
     GGUFVocab.from_fields(kv, source)
 
 
-def read_vocab(path: str | os.PathLike):
+def read_vocab(path: str | os.PathLike) -> GGUFVocab:
     """:class:`core.gguf_tokenizer.GGUFVocab` of a GGUF file (reads only the key/value section's tokenizer keys).
 
     Raises:

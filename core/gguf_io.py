@@ -181,7 +181,6 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
             merges, or a written file that does not read back identically (nothing is left behind).
         OSError: the folder is not writable, the disk is full (nothing is left behind).
     """
-    T = gguf.GGMLQuantizationType
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     out = Path(out_path)

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from core import __version__, chat_format
 from core.atomic import replace_folder
 from core.config import ConfigError, ModelConfig
 from core.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +354,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_hf(folder: str | os.PathLike):
+def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer]:
     """Read a Hugging Face ``LlamaForCausalLM`` folder (ours, or after ``save_pretrained``).
 
     Returns:
@@ -400,7 +403,7 @@ def load_hf(folder: str | os.PathLike):
     return config, weights, tok
 
 
-def load_hf_model(folder: str | os.PathLike):
+def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
     """:func:`load_hf` as a :class:`core.loaded.LoadedModel` (for chat and export).
 
     ``meta``: ``format`` "hf", ``name`` (the folder name), ``chat_template`` (the folder's, or None).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -200,7 +201,7 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
         raise ValueError(problem)
 
 
-def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, pos: int) -> None:
+def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: int, pos: int) -> None:
     """Layer ``i`` of the forward pass; the one code path of training and generation.
 
     Reads ``a.x[i]`` and ``a.attn_in[i] = rmsnorm(a.x[i]) * attn_norm`` (made by the previous step,
@@ -246,7 +247,7 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, po
     o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
 
 
-def forward(o: Ops, c: ModelConfig, p: dict, a, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
+def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
     ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
     floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.

@@ -1,9 +1,15 @@
 """Launcher for ``grad_norm.cl``: deterministic sums (gradient norms, loss sum)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from core.device import Device
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 # Upper bound on pass-1 work-groups: enough to fill a GPU, few enough that pass 2 is one group.
 MAX_GROUPS = 256
@@ -68,18 +74,19 @@ class GradNorm:
         self.dev.launch(self._final, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
                     np.int32(n_groups), lm(4 * Lf))
 
-    def sum_squares(self, out, out_index: int, x, n: int) -> None:
+    def sum_squares(self, out: cl.Buffer, out_index: int, x: cl.Buffer, n: int) -> None:
         """``out[out_index] = sum(x[:n] ** 2)`` (overwritten); ``x`` float32 ``(n,)``, ``out``
         float32 with at least ``out_index + 1`` elements. Deterministic for a given device and
         local size. The L2 norm is ``sqrt`` of it; per-layer norms: call on sub-buffers with
         different ``out_index``."""
         self._reduce(self._sq, out, out_index, x, n)
 
-    def sum(self, out, out_index: int, x, n: int) -> None:
+    def sum(self, out: cl.Buffer, out_index: int, x: cl.Buffer, n: int) -> None:
         """``out[out_index] = sum(x[:n])`` (overwritten), e.g. the loss sum over rows."""
         self._reduce(self._sum, out, out_index, x, n)
 
-    def sum_squares_segments(self, out, out_start: int, x, segments) -> None:
+    def sum_squares_segments(self, out: cl.Buffer, out_start: int, x: cl.Buffer,
+                             segments: Iterable[tuple[int, int]]) -> None:
         """``out[out_start + s] = sum(x[off_s : off_s + size_s] ** 2)`` for every segment ``s``, in two
         launches for all segments together (overwritten).
 
