@@ -6,6 +6,7 @@ that field is highlighted. Sizes come from core.estimates.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
@@ -15,6 +16,9 @@ from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainCon
 from core.plan import AUTO
 from core.tokenizer import MIN_VOCAB_SIZE
 from gui.app_state import AppState
+
+if TYPE_CHECKING:
+    from core.device import DeviceInfo
 
 BAD_STYLE = "background-color: #ffcdcd;"
 CUSTOM = "Custom"
@@ -89,7 +93,7 @@ class HyperTab(QWidget):
 
     changed = Signal()  # (): any value changed (the project saves the form)
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self.widgets: dict[str, QWidget] = {}
@@ -405,7 +409,7 @@ class HyperTab(QWidget):
         """What is wrong, naming the field as the form shows it ("" when the form is valid)."""
         return self._error_message
 
-    def set_device(self, info) -> None:
+    def set_device(self, info: DeviceInfo | None) -> None:
         """The chosen core.device.DeviceInfo (or None): the memory estimate is checked against it."""
         self._device_memory = (int(info.global_mem_bytes), info.label) if info is not None else None
         self.validate()
