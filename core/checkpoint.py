@@ -37,6 +37,7 @@ from core import __version__
 from core.atomic import atomic_write, readable_folder, recover_folder, replace_folder
 from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
+from core.json_text import parse_json
 from core.loaded import LoadedModel
 from core.tokenizer import Tokenizer
 
@@ -297,13 +298,7 @@ class CheckpointMeta:
     @classmethod
     def from_json(cls, text: str, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
         """Parse and validate config.json's text. Raises CheckpointError (one line)."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
-        except RecursionError:
-            raise CheckpointError(f"{path}: nested too deeply to be a checkpoint config") from None
-        return cls.from_dict(d, path)
+        return cls.from_dict(parse_json(text, path, CheckpointError, "a checkpoint config"), path)
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> "CheckpointMeta":

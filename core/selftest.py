@@ -83,13 +83,14 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
     def err(buf, want) -> float:
         return float(np.abs(dev.download(buf, want.shape) - want).max())
 
+    def elementwise(op: str, reference: Callable, n: int) -> float:  # out (n) = op(a (n), b (n))
+        a, b = f32(n), f32(n)
+        o = dev.alloc(n)
+        ops[op].forward(o, dev.upload(a), dev.upload(b), n)
+        return err(o, reference(a, b))
+
     if "residual" in ops:
-        def residual():
-            a, b = f32(1000), f32(1000)
-            o = dev.alloc(1000)
-            ops["residual"].forward(o, dev.upload(a), dev.upload(b), 1000)
-            return err(o, residual_ref.residual_forward(a, b))
-        run("residual add", 1e-6, residual)
+        run("residual add", 1e-6, lambda: elementwise("residual", residual_ref.residual_forward, 1000))
     if "embedding" in ops:
         def embedding():
             n, vocab, d = 13, 50, 24
@@ -124,12 +125,7 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             return err(buf, rope_ref.rope_forward(x, 5, 2, 10000.0))
         run("RoPE", 1e-5, rope)
     if "swiglu" in ops:
-        def swiglu():
-            g, u = f32(500), f32(500)
-            o = dev.alloc(500)
-            ops["swiglu"].forward(o, dev.upload(g), dev.upload(u), 500)
-            return err(o, swiglu_ref.swiglu_forward(g, u))
-        run("SwiGLU", 1e-5, swiglu)
+        run("SwiGLU", 1e-5, lambda: elementwise("swiglu", swiglu_ref.swiglu_forward, 500))
     if "attention" in ops:
         def attention():  # builds the kernels for head_dim 32 (the default model's), GQA 2
             s, h, kvh, d = 21, 4, 2, 32
