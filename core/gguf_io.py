@@ -44,7 +44,7 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.atomic import atomic_path, atomic_write
-from core.config import ModelConfig
+from core.config import ModelConfig, tensor_name
 from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
                               import_gguf, read_fields)  # the import side, re-exported
 from core.loaded import LoadedModel
@@ -87,7 +87,7 @@ def _check_model(loaded: LoadedModel) -> None:
     for n, shape in expected.items():
         if tuple(np.shape(w[n])) != shape:
             raise GGUFError(f"tensor {n} has shape {tuple(np.shape(w[n]))}, the configuration needs {shape}")
-    rows = expected["token_embd.weight"][0]
+    rows = expected[tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)][0]
     if tok.vocab_size != rows or c.vocab_size != rows:
         raise GGUFError(f"vocabulary size mismatch: the tokenizer has {tok.vocab_size} tokens, the configuration "
                         f"says {c.vocab_size}, the embedding has {rows} rows")

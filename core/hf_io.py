@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
 from core.atomic import replace_folder
-from core.config import ConfigError, ModelConfig
+from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -56,17 +57,25 @@ class HFError(ValueError):
 # ---------------------------------------------------------------------------------------- names
 def hf_names(config: ModelConfig) -> dict[str, str]:
     """``{our GGUF tensor name: HF LlamaForCausalLM state-dict name}`` for every parameter of ``config``."""
-    m = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    T = MODEL_TENSOR
+    m = {tensor_name(T.TOKEN_EMBD): "model.embed_tokens.weight", tensor_name(T.OUTPUT_NORM): "model.norm.weight"}
     if not config.tie_embeddings:
-        m["output.weight"] = "lm_head.weight"
-    per_layer = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                 "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                 "ffn_down": "mlp.down_proj"}
+        m[tensor_name(T.OUTPUT)] = "lm_head.weight"
+    per_layer = {T.ATTN_NORM: "input_layernorm", T.ATTN_Q: "self_attn.q_proj", T.ATTN_K: "self_attn.k_proj",
+                 T.ATTN_V: "self_attn.v_proj", T.ATTN_OUT: "self_attn.o_proj",
+                 T.FFN_NORM: "post_attention_layernorm", T.FFN_GATE: "mlp.gate_proj", T.FFN_UP: "mlp.up_proj",
+                 T.FFN_DOWN: "mlp.down_proj"}
     for i in range(config.n_layers):
         for ours, theirs in per_layer.items():
-            m[f"blk.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
+            m[tensor_name(ours, i)] = f"model.layers.{i}.{theirs}.weight"
     return m
+
+
+def _rope_heads(config: ModelConfig) -> dict[str, int]:
+    """``{name of each layer's Q and K weight: its head count}``: the rows the RoPE layouts differ in."""
+    T = MODEL_TENSOR
+    return {tensor_name(t, i): n for i in range(config.n_layers)
+            for t, n in ((T.ATTN_Q, config.n_heads), (T.ATTN_K, config.n_kv_heads))}
 
 
 def to_hf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -184,12 +193,11 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     _prepare_target(out)
 
     tensors = {}
+    heads = _rope_heads(c)
     for ours, theirs in hf_names(c).items():
         w = np.ascontiguousarray(loaded.weights[ours], dtype=np.float32)
-        if ours.endswith("attn_q.weight"):
-            w = to_hf_rows(w, c.n_heads)
-        elif ours.endswith("attn_k.weight"):
-            w = to_hf_rows(w, c.n_kv_heads)
+        if ours in heads:
+            w = to_hf_rows(w, heads[ours])
         tensors[theirs] = np.ascontiguousarray(w)
     texts = {"config.json": hf_config(c, tok.bos_id, tok.eos_id, tok.pad_id)}
     texts["config.json"][STUDIO_KEY] = {"app_version": __version__,
@@ -385,7 +393,7 @@ def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
     extra = [n for n in hf if n not in names.values() and not n.endswith("rotary_emb.inv_freq")]
     if extra:
         raise HFError(f"{d}: tensor {extra[0]} is not part of a plain llama model; not supported")
-    shapes = dict(config.param_shapes())
+    shapes, heads = dict(config.param_shapes()), _rope_heads(config)
     weights = {}
     for ours, theirs in names.items():
         if theirs not in hf:
@@ -395,10 +403,8 @@ def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
             raise HFError(f"{d}: tensor {theirs} has shape {w.shape}, config.json needs {shapes[ours]}")
         if not np.all(np.isfinite(w)):
             raise HFError(f"{d}: tensor {theirs} contains NaN or infinite values")
-        if ours.endswith("attn_q.weight"):
-            w = from_hf_rows(w, config.n_heads)
-        elif ours.endswith("attn_k.weight"):
-            w = from_hf_rows(w, config.n_kv_heads)
+        if ours in heads:
+            w = from_hf_rows(w, heads[ours])
         weights[ours] = np.ascontiguousarray(w, dtype=np.float32)
     return config, weights, tok
 
