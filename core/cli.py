@@ -9,6 +9,11 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the commands import what they need when they run (a fast --help)
+    from core.config import ModelConfig, TrainConfig
+    from core.device import Device
 
 from core.wording import count
 
@@ -21,7 +26,7 @@ def _fail(msg: str) -> int:
 
 
 # ----------------------------------------------------------------------------- devices
-def cmd_devices(args) -> int:
+def cmd_devices(args: argparse.Namespace) -> int:
     from core.device import list_devices
 
     devices = list_devices()
@@ -199,8 +204,9 @@ def _base_setup(args):
     return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
 
 
-def _print_memory(dev, mc, tc) -> None:
+def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     from core.estimates import training_memory_bytes
+    from core.model import fits_in
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
@@ -208,14 +214,14 @@ def _print_memory(dev, mc, tc) -> None:
     print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
-    if need > 0.9 * have:
+    if not fits_in(need, have):
         lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
         raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
                          f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
                          "(or lower --context-length / --batch-size)")
 
 
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     from core.folder_lock import FolderBusyError, FolderLock
 
     out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
@@ -382,7 +388,7 @@ def _train(args, out: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- chat
-def cmd_chat(args) -> int:
+def cmd_chat(args: argparse.Namespace) -> int:
     from core.chat import ChatSession
     from core.checkpoint import load_model
     from core.device import open_device
@@ -423,7 +429,7 @@ def cmd_chat(args) -> int:
 
 
 # ----------------------------------------------------------------------------- export
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
     from core.gguf_io import export_gguf
 
@@ -455,7 +461,7 @@ def cmd_export(args) -> int:
 
 
 # ----------------------------------------------------------------------------- compare
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     """Greedy answers of a base model and a model fine-tuned from it, side by side."""
     from core.checkpoint import load_model
     from core.device import open_device
@@ -485,7 +491,7 @@ def cmd_compare(args) -> int:
 
 
 # ----------------------------------------------------------------------------- tokenize
-def cmd_tokenize(args) -> int:
+def cmd_tokenize(args: argparse.Namespace) -> int:
     """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
     BOS/EOS rule applies and special-token text is parsed)."""
     if args.file is not None:

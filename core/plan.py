@@ -22,10 +22,16 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.config import PRESETS, ModelConfig, TrainConfig, replace
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
+    from core.device import Device
+    from core.estimates import DatasetStats
 
 AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
@@ -107,7 +113,7 @@ def padded_length(lengths: list[int], batch_size: int, seed: int = 0, draws: int
     return float(np.mean([arr[rng.choice(len(arr), k, replace=False)].max() for _ in range(draws)]))
 
 
-def choose_preset(stats) -> tuple[str, list[str]]:
+def choose_preset(stats: DatasetStats) -> tuple[str, list[str]]:
     """Smallest preset with ``PARAMS_PER_TOKEN`` parameters per training token (``Larger`` at most)."""
     tokens = stats.fact_tokens + stats.dialogue_tokens
     for name in ("Tiny", "Small", "Larger"):
@@ -118,7 +124,7 @@ def choose_preset(stats) -> tuple[str, list[str]]:
                       f"({mc.n_params():,} parameters): it may not learn everything"]
 
 
-def make_plan(stats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
+def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
               recall_prompts: tuple[int, int] = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
               time_budget_s: float = 0.0, preset: str | None = None) -> Plan:
     """Plan a run.
@@ -226,7 +232,7 @@ def store_speed(key: str, seconds_per_token: float) -> None:
     atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
 
 
-def measure_speed(dev, mc: ModelConfig, batch_size: int, seq: int, steps: int = 3, use_cache: bool = True) -> float:
+def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 3, use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
     (``batch_size``, ``seq``) on ``dev``: the fastest of ``steps`` timed steps after one warm-up step.
     Cached per device and shape (:func:`cached_speed`)."""
@@ -253,7 +259,8 @@ def measure_speed(dev, mc: ModelConfig, batch_size: int, seq: int, steps: int = 
     return v
 
 
-def plan_for(dataset, dev, time_budget_s: float = 0.0, vocab_size: int = 1024) -> tuple[Plan, object]:
+def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
+             vocab_size: int = 1024) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
     preset, :func:`make_plan`. Returns (plan, DatasetStats)."""
     from core.estimates import dataset_stats

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core import chat_format
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
+    from core.model import Model
+    from core.tokenizer import Tokenizer
 
 KINDS = ("fact", "dialogue")
 
@@ -57,7 +63,7 @@ def fact_split(text: str) -> tuple[str, str]:
     return prompt, text[len(prompt):]
 
 
-def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS) -> list[_Prompt]:
+def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words) and each dialogue turn (the earlier
     turns and the question). Prompts that leave no room for an answer in ``context_length`` are left out."""
     out = []
@@ -78,7 +84,7 @@ def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = K
     return [p for p in out if len(p.ids) < context_length]
 
 
-def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
+def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
     """Greedy continuations of up to ``model.batch_size`` prompts decoded together.
 
     Args:
@@ -111,7 +117,7 @@ def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: in
     return outs
 
 
-def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
+def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 

@@ -20,18 +20,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from core import chat_format
 from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
-from core.dataset import Dataset, dataset_hash
+from core.dataset import Dataset, Dialogue, dataset_hash
 from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_split, recall_check
 from core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from core.generate import Generator
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +151,7 @@ def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list
     return out
 
 
-def dialogue_examples(tok: Tokenizer, dialogues, context_length: int) -> list[Example]:
+def dialogue_examples(tok: Tokenizer, dialogues: Iterable[Dialogue], context_length: int) -> list[Example]:
     """One example per dialogue; only assistant answer tokens (and their EOS) are learned."""
     out = []
     for dlg in dialogues:
@@ -438,7 +442,7 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ evaluation
-    def generator(self):
+    def generator(self) -> Generator:
         """A :class:`core.generate.Generator` with a snapshot of the current weights."""
         from core.generate import Generator
 
@@ -493,8 +497,8 @@ class Trainer:
         return out
 
 
-def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
-                 should_stop=None) -> list[RecallItem]:
+def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[RecallItem]:
     """Check, with greedy decoding, which facts and dialogue answers the model reproduces, one prompt at a
     time through a :class:`core.generate.Generator` (the chat's decoding path). Training uses the batched
     :func:`core.recall.recall_check`; this is its reference.
@@ -568,7 +572,7 @@ class _UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.reduce.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
+        m.ops.grad_norm.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:

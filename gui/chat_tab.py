@@ -44,7 +44,7 @@ class ChatTab(QWidget):
             tab switches to it when a project is opened or training saves it).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: ChatWorker | None = None
@@ -262,7 +262,7 @@ class ChatTab(QWidget):
         s.pop("seed")
         return s
 
-    def apply_settings(self, s) -> None:
+    def apply_settings(self, s: object) -> None:
         """Set the sampling widgets from a project's saved settings (unreadable values are skipped)."""
         if not isinstance(s, dict):
             return

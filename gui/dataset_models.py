@@ -16,7 +16,8 @@ placeholder ("type the question"); the placeholder is never the entry's content.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import (QAbstractListModel, QAbstractTableModel, QModelIndex, QObject, QSortFilterProxyModel, Qt,
+                            Signal)
 from PySide6.QtGui import QBrush, QColor
 
 from core.dataset import Dialogue
@@ -62,7 +63,7 @@ class _EntryModel(QAbstractListModel):
     NOUN = "entry"  # in the Edit menu: "Undo remove fact"
     HINT = ""  # shown (grey) for an empty row
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list = []
         self._bad: dict[int, str] = {}  # row -> problem text (tooltip)
@@ -80,10 +81,10 @@ class _EntryModel(QAbstractListModel):
         return run
 
     # -- Qt API
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() else len(self._rows)
 
-    def data(self, index, role=_ROLE.DisplayRole):
+    def data(self, index: QModelIndex, role: int = _ROLE.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._rows):
             return None
         row = index.row()
@@ -183,10 +184,10 @@ class FactsModel(_EntryModel):
         """The whole fact: a row shows one line of it."""
         return self._rows[row] or None
 
-    def flags(self, index):
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         return _editable(super().flags(index), index)
 
-    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+    def setData(self, index: QModelIndex, value: object, role: int = _ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
         if not _is_text_edit(index, value, role):
             return False
         row = index.row()
@@ -221,7 +222,7 @@ class TurnsModel(QAbstractTableModel):
     edited = Signal()  # a turn was changed, added, removed or moved through this model
     HEADERS = ("User", "Assistant")
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._dialogue: Dialogue | None = None
         self._bad: set[int] = set()
@@ -253,18 +254,18 @@ class TurnsModel(QAbstractTableModel):
         """The dialogue shown, or None."""
         return self._dialogue
 
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() or self._dialogue is None else len(self._dialogue.turns)
 
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() else 2
 
-    def headerData(self, section, orientation, role=_ROLE.DisplayRole):  # noqa: N802 - Qt API
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = _ROLE.DisplayRole) -> object:  # noqa: N802 - Qt API
         if orientation == Qt.Orientation.Horizontal and role == _ROLE.DisplayRole and 0 <= section < 2:
             return self.HEADERS[section]
         return super().headerData(section, orientation, role)
 
-    def data(self, index, role=_ROLE.DisplayRole):
+    def data(self, index: QModelIndex, role: int = _ROLE.DisplayRole) -> object:
         if not index.isValid() or index.row() >= self.rowCount():
             return None
         text = self._dialogue.turns[index.row()][index.column()]
@@ -278,10 +279,10 @@ class TurnsModel(QAbstractTableModel):
             return BAD if index.row() in self._bad else None
         return None
 
-    def flags(self, index):
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         return _editable(super().flags(index), index)
 
-    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+    def setData(self, index: QModelIndex, value: object, role: int = _ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
         if not _is_text_edit(index, value, role):
             return False
         t, turns = index.row(), self._dialogue.turns
@@ -343,7 +344,7 @@ class SearchProxy(QSortFilterProxyModel):
     entry being edited never vanishes from under the cursor.
     """
 
-    def __init__(self, source: _EntryModel, parent=None) -> None:
+    def __init__(self, source: _EntryModel, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._needle = ""
         self.setDynamicSortFilter(False)
@@ -361,5 +362,5 @@ class SearchProxy(QSortFilterProxyModel):
             self._needle = needle
             self.invalidateRowsFilter()
 
-    def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802 - Qt API
+    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:  # noqa: N802 - Qt API
         return not self._needle or self._needle in self.sourceModel().search_text(source_row)

@@ -7,6 +7,7 @@ Views speak in *source* rows (indexes into ``dataset.facts`` / ``dataset.dialogu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
@@ -22,6 +23,9 @@ from gui.app_state import AppState
 from gui.dataset_models import NEW_TURN, DialoguesModel, FactsModel, SearchProxy, TurnsModel
 from gui.dataset_undo import EditHistory
 from gui.workers import CallWorker
+
+if TYPE_CHECKING:
+    from PySide6.QtGui import QShowEvent
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
 MAX_LISTED_PROBLEMS = 500  # a list item per problem: 20,000 items would make every check slow
@@ -43,7 +47,7 @@ class EntryListView(QListView):
     20,000 rows without measuring each; the full text of a long entry shows in its editor.
     """
 
-    def __init__(self, model, parent=None) -> None:
+    def __init__(self, model: FactsModel | DialoguesModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.proxy = SearchProxy(model, self)
         self.setModel(self.proxy)
@@ -52,7 +56,7 @@ class EntryListView(QListView):
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setTextElideMode(Qt.TextElideMode.ElideRight)
 
-    def source(self):
+    def source(self) -> FactsModel | DialoguesModel:
         """The model over the dataset (FactsModel or DialoguesModel)."""
         return self.proxy.sourceModel()
 
@@ -107,7 +111,7 @@ class EntryListView(QListView):
 class TurnsView(QTableView):
     """The turns of the dialogue being edited (rows are turns, columns User / Assistant)."""
 
-    def __init__(self, model: TurnsModel, parent=None) -> None:
+    def __init__(self, model: TurnsModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setModel(model)
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
@@ -136,7 +140,7 @@ class DatasetTab(QWidget):
             vocabulary size and context length of ``state.limits()``.
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._dataset = Dataset()
@@ -573,7 +577,7 @@ class DatasetTab(QWidget):
         self._stats_worker = w
         w.start()
 
-    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
         if self._stats_pending and not self._stats_timer.isActive():
             self._stats_timer.start()

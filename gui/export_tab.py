@@ -30,7 +30,7 @@ class ExportTab(QWidget):
             whether an export runs (``set_exporting``) and where it wrote (``message``).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: ExportWorker | None = None
@@ -170,7 +170,7 @@ class ExportTab(QWidget):
         """What a project saves: weight type, Modelfile wanted, file name."""
         return {"dtype": self.dtype.currentData(), "modelfile": self.modelfile.isChecked(), "path": self.path.text()}
 
-    def refresh(self, *_) -> None:
+    def refresh(self, *_: object) -> None:
         src = self.source()
         self.source_label.setText(src or "No trained model yet: train one on the Training tab.")
         self.export_button.setEnabled(src is not None and not self.is_exporting())

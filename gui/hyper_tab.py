@@ -6,6 +6,7 @@ that field is highlighted. Sizes come from core.estimates.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
@@ -14,7 +15,11 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig, config_errors
 from core.plan import AUTO
 from core.wording import count
+from core.tokenizer import MIN_VOCAB_SIZE
 from gui.app_state import AppState
+
+if TYPE_CHECKING:
+    from core.device import DeviceInfo
 
 BAD_STYLE = "background-color: #ffcdcd;"
 CUSTOM = "Custom"
@@ -32,7 +37,7 @@ MODEL_FIELDS = [
     ("n_kv_heads", "Key/value heads", int, "Grouped-query attention: must divide the number of heads"),
     ("ffn_dim", "Feed-forward width", int, "Hidden width of the SwiGLU feed-forward block"),
     ("context_length", "Context length (tokens)", int, "Longest sequence the model sees"),
-    ("vocab_size", "Vocabulary size (target)", int, "Tokens the BPE tokenizer may learn (at least 259)"),
+    ("vocab_size", "Vocabulary size (target)", int, f"Tokens the BPE tokenizer may learn (at least {MIN_VOCAB_SIZE})"),
     ("rope_theta", "RoPE base", float, "Rotary position embedding base frequency"),
     ("norm_eps", "RMSNorm epsilon", float, "Added inside the square root of RMSNorm"),
 ]
@@ -89,7 +94,7 @@ class HyperTab(QWidget):
 
     changed = Signal()  # (): any value changed (the project saves the form)
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self.widgets: dict[str, QWidget] = {}
@@ -207,8 +212,7 @@ class HyperTab(QWidget):
         architecture fields show the file's values and are locked; a file the engine cannot use is
         explained (naming the key) and blocks Start."""
         from core.finetune import DEFAULTS
-        from core.gguf_import import GGUFError, read_config
-        from core.gguf_tokenizer import GGUFVocab
+        from core.gguf_import import GGUFError, check_tokenizer, read_config
 
         self._base, self._base_config, self._base_error = path, None, ""
         self._filling = True
@@ -218,9 +222,7 @@ class HyperTab(QWidget):
         if path:
             try:
                 mc, _notes, kv = read_config(path)
-                if not (kv.get("tokenizer.ggml.tokens") and kv.get("tokenizer.ggml.model") == "gpt2"
-                        and kv.get("tokenizer.ggml.pre") == "gpt-2"):
-                    GGUFVocab.from_fields(kv, path)  # refuses a tokenizer we do not support, by name
+                check_tokenizer(kv, path)  # refuses a tokenizer we do not support, by name
                 self._base_config = mc
                 values = {k: getattr(mc, k) for k in BASE_FIXED}
                 values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
@@ -414,7 +416,7 @@ class HyperTab(QWidget):
         """What is wrong, naming the field as the form shows it ("" when the form is valid)."""
         return self._error_message
 
-    def set_device(self, info) -> None:
+    def set_device(self, info: DeviceInfo | None) -> None:
         """The chosen core.device.DeviceInfo (or None): the memory estimate is checked against it."""
         self._device_memory = (int(info.global_mem_bytes), info.label) if info is not None else None
         self.validate()
@@ -422,6 +424,7 @@ class HyperTab(QWidget):
     def validate(self) -> bool:
         """Check the form; highlight the bad field and explain; update the size estimates."""
         from core.estimates import gguf_size_bytes, training_memory_bytes
+        from core.model import MEMORY_SHARE, fits_in
 
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
@@ -454,11 +457,12 @@ class HyperTab(QWidget):
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
             mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
-            if self._device_memory is not None and mem > self._device_memory[0]:
+            if self._device_memory is not None and not fits_in(mem, self._device_memory[0]):
                 have, label = self._device_memory
                 self.memory_label.setText(
-                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than the {have / 2**20:.0f} MiB of "
-                    f"{label}: choose a smaller preset, batch size or context length, or another device.")
+                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than {MEMORY_SHARE:.0%} of the "
+                    f"{have / 2**20:.0f} MiB of {label}: choose a smaller preset, batch size or context length, "
+                    "or another device.")
                 self.memory_label.show()
             else:
                 self.memory_label.hide()
@@ -492,6 +496,8 @@ class HyperTab(QWidget):
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""
         v = self.values()
-        vocab = v["vocab_size"] if isinstance(v["vocab_size"], int) and v["vocab_size"] >= 259 else 1024
-        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 else 128
+        ok = isinstance(v["vocab_size"], int) and v["vocab_size"] >= MIN_VOCAB_SIZE
+        vocab = v["vocab_size"] if ok else ModelConfig.vocab_size  # the default's
+        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 \
+            else ModelConfig.context_length
         return vocab, ctx

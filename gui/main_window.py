@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QAction, QKeySequence
@@ -24,6 +25,11 @@ from gui.project import (Project, ProjectError, check_save_as_target, copy_check
 from gui.training_tab import TrainingTab
 from gui.widgets import ElidedLabel
 from gui.workers import stop_all
+
+if TYPE_CHECKING:
+    from PySide6.QtGui import QCloseEvent
+    from core.config import ModelConfig, TrainConfig
+    from core.device import DeviceInfo
 
 APP_TITLE = "OpenCL LLM Studio"
 MAX_RECENT = 8
@@ -400,11 +406,11 @@ class MainWindow(QMainWindow):
         self._status_timer.start(ms)
 
     # ----------------------------------------------------------------------------- for scripts and tests
-    def device_info(self):
+    def device_info(self) -> DeviceInfo | None:
         """The chosen core.device.DeviceInfo (the state's), or None."""
         return self.state.device_info()
 
-    def configs(self):
+    def configs(self) -> tuple[ModelConfig, TrainConfig]:
         """The Hyperparameters form as (ModelConfig, TrainConfig). Raises core.config.ConfigError."""
         return self.hyper_tab.build()
 
@@ -440,6 +446,6 @@ class MainWindow(QMainWindow):
         settings.setValue("window/state", self.saveState())
         settings.setValue("window/tab", self.tabs.currentIndex())
 
-    def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
         self.shutdown()
         event.accept()

@@ -58,7 +58,7 @@ class _Series:
 class TrainingPlots(QWidget):
     """Four plots in a grid, fed with :meth:`add_step` / :meth:`add_validation` events."""
 
-    def __init__(self, parent=None, fps: int = 10) -> None:
+    def __init__(self, parent: QWidget | None = None, fps: int = 10) -> None:
         super().__init__(parent)
         self.loss_plot = _plot("Training loss", "nats / token")
         self.grad_plot = _plot("Global gradient norm (before clipping)", "L2 norm")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
@@ -19,6 +20,9 @@ from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
 from gui.widgets import ElidedLabel
 from gui.workers import CompareWorker, TrainWorker
+
+if TYPE_CHECKING:
+    from core.config import TrainConfig
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
 OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
@@ -40,7 +44,7 @@ def _hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def validation_interval(train_config) -> int:
+def validation_interval(train_config: TrainConfig) -> int:
     """Steps between validation points: about 15 per run, at least 10 steps apart."""
     return max(10, (train_config.pretrain.steps + train_config.tune.steps) // 15)
 
@@ -60,7 +64,7 @@ class TrainingTab(QWidget):
             reports a saved model (``notify_model_saved``) and whether it is training (``set_training``).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: TrainWorker | None = None
@@ -239,7 +243,7 @@ class TrainingTab(QWidget):
         """True while the before/after comparison runs."""
         return self._compare_worker is not None
 
-    def update_buttons(self, *_) -> None:
+    def update_buttons(self, *_: object) -> None:
         running = self.is_running()
         self.compare_button.setVisible(self._fine_tuned())
         self.compare_button.setEnabled(not running and self._compare_worker is None)
@@ -252,7 +256,7 @@ class TrainingTab(QWidget):
         self.hint_label.setText(blocker or "")
         self.hint_label.setVisible(bool(blocker) and not running)
 
-    def show_project_state(self, project=None) -> None:
+    def show_project_state(self, project: object = None) -> None:
         """A project was opened: forget the previous project's run and show this one's saved history
         (the latest run's plots, recall table and numbers, the log; earlier runs' loss for the overlay)
         and where its checkpoints stand."""

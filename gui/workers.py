@@ -19,12 +19,17 @@ import shutil
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from PySide6.QtCore import QThread, Signal
 
 from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RecallChecking, RunDone, RunStarted,
                         StageDone, TrainingStep, ValidationLoss)
+
+if TYPE_CHECKING:
+    from core.config import ModelConfig, TrainConfig
+    from core.dataset import Dataset
+    from core.device import DeviceInfo
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +133,7 @@ class DeviceTestWorker(Worker):
     progress = Signal(float, str)  # (fraction 0..1, what is happening)
     result = Signal(object)  # (core.selftest.DeviceCheck)
 
-    def __init__(self, device_info) -> None:
+    def __init__(self, device_info: DeviceInfo) -> None:
         super().__init__()
         self.device_info = device_info
 
@@ -151,7 +156,7 @@ class CompareWorker(Worker):
 
     result = Signal(list)  # [{"kind": "dataset"|"general", "question", "taught" (str or None), "before", "after"}]
 
-    def __init__(self, device_info, checkpoint_dir: str | Path) -> None:
+    def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path) -> None:
         super().__init__()
         self.device_info = device_info
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -203,8 +208,8 @@ class TrainWorker(Worker):
     checkpoint_saved = Signal(str)  # (the trained model's folder, (re)written)
     run_done = Signal(object)  # (gui.events.RunDone)
 
-    def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
-                 train_config=None, resume: bool = False, val_every: int = 0,
+    def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path, dataset: Dataset | None = None,
+                 model_config: ModelConfig | None = None, train_config: TrainConfig | None = None, resume: bool = False, val_every: int = 0,
                  run_dir: str | Path | None = None, base: str | None = None) -> None:
         super().__init__()
         self.device_info = device_info
@@ -379,7 +384,7 @@ class ChatWorker(Worker):
         self._probe: _GenerationProbe | None = None
 
     # -- called from the GUI thread ------------------------------------------------------------
-    def load(self, path: str, device_info, history=()) -> None:
+    def load(self, path: str, device_info: DeviceInfo, history: Iterable[tuple[str, str]] = ()) -> None:
         """Queue loading a checkpoint folder or .gguf file onto ``device_info``; the model continues the
         conversation ``history`` ((question, answer) pairs, oldest first; core.chat.ChatSession.history)."""
         self._jobs.put(("load", str(path), device_info, [(str(q), str(a)) for q, a in history]))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from core.kernels.attention import Attention, AttentionTiles, default_tiles
-from tests import reference as ref
+from core.kernels import attention_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 # (batch, seq, n_heads, n_kv_heads, head_dim): seq not a multiple of any tile, head_dim 6/10/24/64,

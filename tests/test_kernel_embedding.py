@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from core.kernels.embedding import Embedding
-from tests import reference as ref
+from core.kernels import embedding_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 

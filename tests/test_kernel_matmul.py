@@ -8,7 +8,7 @@ import pytest
 from core.kernels import matmul_tune
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict)
-from tests import reference as ref
+from core.kernels import matmul_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 NT = (False, True)  # (trans_a, trans_b) of a linear layer's forward

@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, kernel_source, user_cache_dir
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_vector_width,
@@ -309,10 +310,7 @@ def save(dev: Device, result: dict) -> Path:
     except (OSError, ValueError):
         data = {}
     data[device_key(dev)] = _encode(result)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), "utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
 
 
 def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args) -> dict:
