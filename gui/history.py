@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from core.atomic import atomic_write
+from core.json_text import read_format_json
 
 HISTORY_FILE, CHAT_FILE = "training-history.json", "chat-transcript.json"  # names no other program uses
 HISTORY_FORMAT, CHAT_FORMAT = "opencl-llm-studio-history", "opencl-llm-studio-chat"
@@ -113,15 +114,7 @@ def _chat_turn(value, where: str) -> dict:
 def _read_json(path: Path, fmt: str) -> dict | None:
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise HistoryError(f"{path}: unreadable ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != fmt:
-        raise HistoryError(f"{path}: not an OpenCL LLM Studio {fmt.rsplit('-', 1)[-1]} file")
-    if not isinstance(data.get("version"), int) or data["version"] > VERSION:
-        raise HistoryError(f"{path}: version {data.get('version')!r} is newer than this app reads ({VERSION})")
-    return data
+    return read_format_json(path, fmt, HistoryError, f"{fmt.rsplit('-', 1)[-1]} file", max_version=VERSION)
 
 
 # ----------------------------------------------------------------------------------------- read

@@ -25,6 +25,7 @@ from core.atomic import atomic_write
 from core.checkpoint import CheckpointError, CheckpointMeta
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
+from core.json_text import read_format_json
 from gui.history import CHAT_FILE, HISTORY_FILE
 
 FORMAT = "opencl-llm-studio-project"
@@ -164,12 +165,7 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
     meta_path = folder / "project.json"
     if not meta_path.is_file():
         raise ProjectError(f"{folder}: not a project folder (no project.json)")
-    try:
-        meta = json.loads(meta_path.read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise ProjectError(f"{meta_path}: unreadable ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ProjectError(f"{meta_path}: not an OpenCL LLM Studio project")
+    meta = read_format_json(meta_path, FORMAT, ProjectError, "project")
     warnings: list[str] = []
     ds_path = folder / "dataset.json"
     if ds_path.is_file():
