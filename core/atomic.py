@@ -302,7 +302,6 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
         raise OSError(errno.ENOTDIR, f"{folder}: exists and is not a folder")
     recover_folder(folder)
     tmp = folder.with_name(f"{_temp_prefix(folder)}{_host()}-{os.getpid()}-{secrets.token_hex(3)}")
-    bak = backup_path(folder)
     try:
         file_op(f"mkdir {tmp.name}")
         tmp.mkdir()
@@ -313,18 +312,39 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
                 with open(p, "rb") as fh:
                     os.fsync(fh.fileno())
         fsync_folder(tmp)
-        if folder.exists():
-            file_op(f"rename {folder.name} -> {bak.name}")
-            os.rename(folder, bak)
-        try:
-            file_op(f"rename {tmp.name} -> {folder.name}")
-            os.rename(tmp, folder)
-        except BaseException:
-            if bak.is_dir() and not folder.exists():
-                os.rename(bak, folder)  # put the old one back
-            raise
+        swap_in_folder(tmp, folder, recover=False)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover: bool = True) -> Path:
+    """Make the complete, fsynced folder ``source`` (a sibling of ``folder``) become ``folder``: the old
+    ``folder`` is renamed to ``.NAME.bak``, ``source`` to ``NAME``, the parent fsynced, the backup deleted.
+    :func:`replace_folder` ends with it; the app promotes a finished run's checkpoint with it.
+    ``recover``: first finish what an interrupted swap left (:func:`recover_folder`).
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        OSError: a rename failed (the old folder is then back in place, or restorable by
+            :func:`recover_folder`; ``source`` is still there).
+    """
+    source, folder = Path(source), Path(folder)
+    if recover:
+        recover_folder(folder)
+    bak = backup_path(folder)
+    if folder.exists():
+        file_op(f"rename {folder.name} -> {bak.name}")
+        os.rename(folder, bak)
+    try:
+        file_op(f"rename {source.name} -> {folder.name}")
+        os.rename(source, folder)
+    except BaseException:
+        if bak.is_dir() and not folder.exists():
+            os.rename(bak, folder)  # put the old one back
         raise
     try:  # the new folder is in place: what follows only tidies up, and may fail without harm
         fsync_folder(folder.parent)
@@ -336,5 +356,5 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
     return folder
 
 
-__all__ = ["atomic_write", "atomic_path", "replace_folder", "recover_folder", "readable_folder", "backup_path",
+__all__ = ["atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
            "remove_stale_temp_files", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]

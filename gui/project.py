@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write, backup_path, recover_folder, swap_in_folder
 from core.checkpoint import CheckpointError, CheckpointMeta
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
@@ -76,23 +76,28 @@ def lock_project(folder: str | Path) -> FolderLock:
 
 def recover_project(folder: str | Path) -> None:
     """Finish what an interrupted save or :func:`promote_pending` left in a project folder (call it
-    while holding the project's lock): each checkpoint folder's own leftovers (core.atomic), and a
-    ``checkpoint.old`` without ``checkpoint`` (the pending run, if complete, else the old model, becomes
-    ``checkpoint``)."""
-    from core.atomic import recover_folder
-
+    while holding the project's lock): a promotion cut between its renames (the old model aside, no
+    ``checkpoint``) is finished when the pending run is complete, then each checkpoint folder's own
+    leftovers are recovered (core.atomic.recover_folder: else the old model comes back).
+    ``checkpoint.old`` is the aside name of builds before core.atomic.swap_in_folder."""
     folder = Path(folder)
+    checkpoint, pending = folder / CHECKPOINT, folder / PENDING
+    legacy_old = checkpoint.with_name(checkpoint.name + ".old")
+    aside = [p for p in (backup_path(checkpoint), legacy_old) if p.is_dir()]
+    if aside and not checkpoint.exists() and (pending / "config.json").is_file():
+        try:
+            os.replace(pending, checkpoint)
+        except OSError:
+            pass
+    if legacy_old.is_dir() and not checkpoint.exists():
+        try:
+            os.replace(legacy_old, checkpoint)
+        except OSError:
+            pass
+    if legacy_old.is_dir() and checkpoint.exists():
+        shutil.rmtree(legacy_old, ignore_errors=True)
     for name in PROJECT_DIRS:
         recover_folder(folder / name)
-    checkpoint, pending = folder / CHECKPOINT, folder / PENDING
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    if old.is_dir() and not checkpoint.exists():
-        try:
-            os.replace(pending if (pending / "config.json").is_file() else old, checkpoint)
-        except OSError:
-            return
-    if old.is_dir() and checkpoint.exists():
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass
@@ -268,19 +273,12 @@ def remove_project_files(folder: str | Path) -> None:
 
 
 def promote_pending(pending: str | Path, checkpoint: str | Path) -> None:
-    """Make a new run's checkpoint the trained model: ``pending`` replaces ``checkpoint``.
+    """Make a new run's checkpoint the trained model: ``pending`` replaces ``checkpoint``
+    (core.atomic.swap_in_folder: the old model is renamed aside first and deleted last, so an
+    interruption leaves one complete model under one of the two names; :func:`recover_project` then
+    promotes the pending run if it is complete).
 
-    The old model is renamed aside first and deleted last, so an interruption leaves one complete
-    model under one of the two names.
+    Raises:
+        OSError: a rename failed; the old model is still the trained one.
     """
-    from core.atomic import fsync_folder
-
-    pending, checkpoint = Path(pending), Path(checkpoint)
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if checkpoint.exists():
-        os.replace(checkpoint, old)
-    os.replace(pending, checkpoint)
-    fsync_folder(checkpoint.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in_folder(pending, checkpoint)

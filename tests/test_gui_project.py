@@ -248,3 +248,41 @@ def test_export_asks_before_replacing_a_modelfile_and_its_hints_match_the_file(m
     assert e.export()  # the same files again: already agreed to
     qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
     assert len(dialogs.asked) == n
+
+
+def _model(folder: Path, tag: str, complete: bool = True) -> Path:
+    folder.mkdir()
+    (folder / "weights.npz").write_text(tag)
+    if complete:
+        (folder / "config.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize("pending_complete", [True, False])
+def test_a_promotion_cut_between_its_renames_leaves_one_whole_model(tmp_path, pending_complete):
+    """A kill after the old model went aside and before the new run came in: the complete new run
+    becomes the model, else the old model comes back; nothing is left aside."""
+    from core.atomic import backup_path
+    from gui.project import CHECKPOINT, PENDING, recover_project
+
+    checkpoint = tmp_path / CHECKPOINT
+    _model(backup_path(checkpoint), "old")  # the state between the two renames of swap_in_folder
+    _model(tmp_path / PENDING, "new", complete=pending_complete)
+    recover_project(tmp_path)
+    assert (checkpoint / "weights.npz").read_text() == ("new" if pending_complete else "old")
+    assert not backup_path(checkpoint).exists()
+
+
+def test_promote_pending_replaces_the_model_and_a_legacy_aside_copy_is_finished(tmp_path):
+    from gui.project import CHECKPOINT, PENDING, promote_pending, recover_project
+
+    checkpoint = tmp_path / CHECKPOINT
+    _model(checkpoint, "old")
+    promote_pending(_model(tmp_path / PENDING, "new"), checkpoint)
+    assert (checkpoint / "weights.npz").read_text() == "new" and not (tmp_path / PENDING).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
+    # an older build's aside name, cut before its second rename: the old model comes back
+    checkpoint.rename(tmp_path / (CHECKPOINT + ".old"))
+    recover_project(tmp_path)
+    assert (checkpoint / "weights.npz").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
