@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
-TUNER_VERSION = 1  # bump when the grid or the scoring changes
+TUNER_VERSION = 2  # bump when the grid or the scoring changes
 MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
 RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
 Progress = Callable[[float, str], None]
@@ -93,7 +93,9 @@ GPU_GRID = tuple(TiledConfig(*p) for p in (
     (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
     (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
     (64, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 8, 8, 4, 4, 1), (64, 64, 32, 4, 4, 4, 0, 0),
-    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0)))
+    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0),
+    (128, 64, 16, 8, 8, 4, 4, 1), (64, 128, 16, 8, 8, 4, 4, 1), (64, 64, 32, 8, 8, 4, 4, 1),
+    (64, 64, 32, 4, 4, 4, 4, 1)))
 
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
