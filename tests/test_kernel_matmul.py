@@ -81,6 +81,7 @@ def test_matmul_split_k(device, rng, monkeypatch, config, trans_a, trans_b):
     the K tile's multiple, a short last part, overwrite, accumulate and offsets."""
     monkeypatch.setattr(matmul, "SPLIT_WAVES", 10_000)
     monkeypatch.setattr(matmul, "SPLIT_MIN_K", 16)
+    monkeypatch.setattr(matmul, "SPLIT_DEEP_K", 16)
     op = _op(device, config)
     for M, N, K in [(9, 7, 65), (70, 33, 130), (1, 1, 40)]:
         kernel = op._variants[(trans_a, trans_b)]

@@ -30,10 +30,13 @@ GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
 PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 # matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
-# would idle): into at most K / SPLIT_MIN_K parts, the partial products (at most SCRATCH_FLOATS)
-# summed in order by matmul_reduce_splits
+# would idle): into parts at least SPLIT_MIN_K deep where C has fewer tiles than half the compute
+# units, else at least SPLIT_DEEP_K deep (measured on an H200 at d_model 512/768 shapes: splitting
+# K of 512-768 over C's of 1-2 tiles per compute unit loses to the extra pass); the partial
+# products (at most SCRATCH_FLOATS) are summed in order by matmul_reduce_splits
 SPLIT_WAVES = 4
 SPLIT_MIN_K = 128
+SPLIT_DEEP_K = 512
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -361,11 +364,13 @@ class GemmKernel:
     def splits(self, M: int, N: int, K: int) -> tuple[int, int]:
         """(parts, K elements per part) of a tiled product: 1 part unless C's tiles are fewer than
         ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
-        ``SPLIT_MIN_K`` (the partial products bounded by ``SCRATCH_FLOATS``)."""
-        cfg = self.cfg
+        ``SPLIT_MIN_K`` (``SPLIT_DEEP_K`` when C has half a tile per compute unit or more; the
+        partial products bounded by ``SCRATCH_FLOATS``)."""
+        cfg, cu = self.cfg, self.dev.info.compute_units
         tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
-        want = -(-SPLIT_WAVES * self.dev.info.compute_units // tiles)
-        n = min(want, K // SPLIT_MIN_K, SCRATCH_FLOATS // (M * N))
+        want = -(-SPLIT_WAVES * cu // tiles)
+        depth = SPLIT_MIN_K if 2 * tiles < cu else max(SPLIT_MIN_K, SPLIT_DEEP_K)
+        n = min(want, K // depth, SCRATCH_FLOATS // (M * N))
         if n <= 1:
             return 1, K
         k_split = -(-(-(-K // n)) // cfg.tsk) * cfg.tsk
