@@ -328,6 +328,7 @@ class Model:
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
+        self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
 
     # ------------------------------------------------------------------ forward
     def _load_batch(self, tokens: np.ndarray, targets: np.ndarray | None, mask: np.ndarray | None):
@@ -351,6 +352,9 @@ class Model:
             if bad.any():
                 raise ValueError(f"target id {int(targets[bad][0])} outside vocab_size {self.config.vocab_size}")
         self.dev.upload(tokens, self.act.tokens)
+        # GPUs: the embedding backward runs over the batch's tokens grouped by id (built here, on the host)
+        self._token_index = (self.ops.embedding.index_tokens(tokens, self.config.vocab_size)
+                             if targets is not None and self.ops.embedding.sorted_backward else None)
         if targets is not None:
             self.dev.upload(targets, self.act.targets)
             self.dev.upload(mask, self.act.mask)
@@ -401,7 +405,8 @@ class Model:
             o.rmsnorm.backward(a.dx, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d,
                                accumulate=True)
         if "token_embd.weight" in g:  # frozen embeddings get no gradient
-            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
+            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d,
+                                 index=self._token_index)
 
     # ------------------------------------------------------------------ public API
     def logits(self, tokens: np.ndarray) -> np.ndarray:
