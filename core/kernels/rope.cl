@@ -17,6 +17,7 @@
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
 #include "grid.h"
+#include "inline_math.h"
 
 // The angle of pair i at position pos as a cos/sin pair (sign -1: the inverse rotation), with the
 // hi + lo frequency of the header; and the rotation of one pair.
@@ -55,9 +56,9 @@ __kernel void rope_qk(__global float* q, __global float* k, __global const float
         float c, s;
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), sign, &c, &s);
         __global float* qp = q + (size_t)r * q_stride + 2 * i;
-        for (int h = 0; h < n_q_heads; h++) vstore2(rotate2(vload2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
+        for (int h = 0; h < n_q_heads; h++) STORE2(rotate2(LOAD2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
         __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
-        for (int h = 0; h < n_k_heads; h++) vstore2(rotate2(vload2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
+        for (int h = 0; h < n_k_heads; h++) STORE2(rotate2(LOAD2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
     }
 }
 
@@ -80,11 +81,11 @@ __kernel void rope_split_qkv(__global float* q, __global float* k, __global floa
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), 1.0f, &c, &s);
         __global const float* src = qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
         __global float* qr = q + (size_t)r * qd + 2 * i;
-        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, src + h * head_dim), c, s), 0, qr + h * head_dim);
+        for (int h = 0; h < n_heads; h++) STORE2(rotate2(LOAD2(0, src + h * head_dim), c, s), 0, qr + h * head_dim);
         const size_t kv_at = (size_t)(kv_row0 + r) * kd + 2 * i;
         for (int h = 0; h < n_kv_heads; h++) {
-            vstore2(rotate2(vload2(0, src + qd + h * head_dim), c, s), 0, k + kv_at + h * head_dim);
-            vstore2(vload2(0, src + qd + kd + h * head_dim), 0, v + kv_at + h * head_dim);
+            STORE2(rotate2(LOAD2(0, src + qd + h * head_dim), c, s), 0, k + kv_at + h * head_dim);
+            STORE2(LOAD2(0, src + qd + kd + h * head_dim), 0, v + kv_at + h * head_dim);
         }
     }
 }
@@ -103,11 +104,11 @@ __kernel void rope_join_qkv(__global float* d_qkv, __global const float* d_q,
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), -1.0f, &c, &s);
         __global float* dst = d_qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
         __global const float* qr = d_q + (size_t)r * qd + 2 * i;
-        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, qr + h * head_dim), c, s), 0, dst + h * head_dim);
+        for (int h = 0; h < n_heads; h++) STORE2(rotate2(LOAD2(0, qr + h * head_dim), c, s), 0, dst + h * head_dim);
         const size_t kv_at = (size_t)r * kd + 2 * i;
         for (int h = 0; h < n_kv_heads; h++) {
-            vstore2(rotate2(vload2(0, d_k + kv_at + h * head_dim), c, s), 0, dst + qd + h * head_dim);
-            vstore2(vload2(0, d_v + kv_at + h * head_dim), 0, dst + qd + kd + h * head_dim);
+            STORE2(rotate2(LOAD2(0, d_k + kv_at + h * head_dim), c, s), 0, dst + qd + h * head_dim);
+            STORE2(LOAD2(0, d_v + kv_at + h * head_dim), 0, dst + qd + kd + h * head_dim);
         }
     }
 }
