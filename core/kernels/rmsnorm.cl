@@ -85,6 +85,38 @@ inline void row_scale(__global float* outr, __global const float* xr, __global c
     for (int j = 4 * d4; j < dim; j++) outr[j] = xr[j] * r * weight[j];
 }
 
+// d_out, x (n_rows, dim), rstd (n_rows) -> d_weight (dim), accumulated; the rows layout's twin of
+// rmsnorm_backward_weight: work-item g owns columns 16 g .. 16 g + 15 (four float4 accumulators, so
+// each row is read as whole vectors) and sums over the rows in order: the same additions per
+// column, so the same result.
+__kernel void rmsnorm_backward_weight_cols(__global float* d_weight, __global const float* d_out,
+                                           __global const float* x, __global const float* rstd,
+                                           const int n_rows, const int dim) {
+    const int c0 = get_global_id(0) * 16;
+    if (c0 >= dim) return;
+    if (c0 + 16 <= dim) {
+        float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
+        for (int row = 0; row < n_rows; row++) {
+            const size_t o = (size_t)row * dim + c0;
+            const float r = rstd[row];
+            a0 += LOAD4(0, d_out + o) * LOAD4(0, x + o) * r;
+            a1 += LOAD4(1, d_out + o) * LOAD4(1, x + o) * r;
+            a2 += LOAD4(2, d_out + o) * LOAD4(2, x + o) * r;
+            a3 += LOAD4(3, d_out + o) * LOAD4(3, x + o) * r;
+        }
+        STORE4(LOAD4(0, d_weight + c0) + a0, 0, d_weight + c0);
+        STORE4(LOAD4(1, d_weight + c0) + a1, 1, d_weight + c0);
+        STORE4(LOAD4(2, d_weight + c0) + a2, 2, d_weight + c0);
+        STORE4(LOAD4(3, d_weight + c0) + a3, 3, d_weight + c0);
+        return;
+    }
+    for (int i = c0; i < dim; i++) {  // the last dim % 16 columns
+        float acc = 0.0f;
+        for (int row = 0; row < n_rows; row++) acc += d_out[row * dim + i] * x[row * dim + i] * rstd[row];
+        d_weight[i] += acc;
+    }
+}
+
 // x (n_rows, dim), weight (dim) -> out (n_rows, dim), rstd (n_rows)
 __kernel void rmsnorm_forward_rows(__global float* out, __global float* rstd,
                                    __global const float* x, __global const float* weight,

@@ -35,9 +35,11 @@ class RMSNorm:
             self._fwd_res = dev.kernel("rmsnorm", "rmsnorm_residual_forward")
             self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
             wanted = local_size or 256
-        self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
+        # d_weight: 16 columns per work-item, one item per group (CPUs), or one column per item
+        self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight_cols" if self.rows_per_item
+                                 else "rmsnorm_backward_weight")
         self.local = min(dev.work_group_size(k, wanted) for k in (self._fwd, self._fwd_res, self._bwd_x))
-        self.local_w = dev.work_group_size(self._bwd_w, local_size or 64)
+        self.local_w = 1 if self.rows_per_item else dev.work_group_size(self._bwd_w, local_size or 64)
         self._scratch = dev.cl.LocalMemory(4 * self.local)
 
     def _grid(self, n_rows: int) -> int:
@@ -80,7 +82,8 @@ class RMSNorm:
         """
         if n_rows <= 0:
             return
-        self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+        w_items = -(-dim // 16) if self.rows_per_item else round_up(dim, self.local_w)
+        self.dev.launch(self._bwd_w, (w_items,), (self.local_w,), d_weight,
                         d_out, x, rstd, np.int32(n_rows), np.int32(dim))
         self.dev.launch(self._bwd_x, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
                         rstd, np.int32(n_rows), np.int32(dim), np.int32(bool(accumulate)), *self._extra())
