@@ -99,3 +99,45 @@ __kernel void swiglu_fused_backward(__global float* d_gu, __global const float* 
         drow[f + j] = d * x * s;
     }
 }
+
+// ---- the same on whole rows per work-item (CPUs): rows shared out as grid.h says, each row's
+// float4 groups and then its f % 4 tail in order (no division per group).
+
+// gu (n_rows, 2 f) -> out (n_rows, f)
+__kernel void swiglu_fused_forward_rows(__global float* out, __global const float* gu, const int n_rows,
+                                        const int f, const int contiguous) {
+    const int f4 = f / 4;
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* o = out + (size_t)r * f;
+        for (int c = 0; c < f4; c++) {
+            const float4 x = LOAD4(c, row);
+            STORE4(x * stable_sigmoid4(x) * LOAD4(c, row + f), c, o);
+        }
+        for (int j = 4 * f4; j < f; j++) o[j] = row[j] * stable_sigmoid(row[j]) * row[f + j];
+    }
+}
+
+// d_out (n_rows, f), gu (n_rows, 2 f) -> d_gu (n_rows, 2 f) = [d_gate | d_up] per row, overwritten
+__kernel void swiglu_fused_backward_rows(__global float* d_gu, __global const float* d_out,
+                                         __global const float* gu, const int n_rows, const int f,
+                                         const int contiguous) {
+    const int f4 = f / 4;
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global const float* dr = d_out + (size_t)r * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        for (int c = 0; c < f4; c++) {
+            const float4 x = LOAD4(c, row), u = LOAD4(c, row + f), d = LOAD4(c, dr);
+            const float4 s = stable_sigmoid4(x);
+            STORE4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
+            STORE4(d * x * s, c, drow + f);
+        }
+        for (int j = 4 * f4; j < f; j++) {
+            const float x = row[j], u = row[f + j], d = dr[j];
+            const float s = stable_sigmoid(x);
+            drow[j] = d * u * s * (1.0f + x * (1.0f - s));
+            drow[f + j] = d * x * s;
+        }
+    }
+}
