@@ -224,7 +224,7 @@ class Attention:
         queue, L = self.dev.queue, (t.items, 1)
         sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
                  np.float32(1.0 / math.sqrt(head_dim)))
-        dsum(queue, self._grid(seq, 1, t.items, batch * n_heads), L, d_sum, d_out, out,
+        dsum(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_sum, d_out, out,
              np.int32(seq), np.int32(n_heads))
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)
