@@ -305,6 +305,9 @@ class Device:
         self.max_alloc_bytes = int(self.cl_device.max_mem_alloc_size)  # largest single buffer
         # sub-buffer origins must be multiples of this (CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits)
         self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)
+        # CPU devices build with -DCPU_DEVICE: inline_math.h then replaces builtins that PoCL calls
+        # as functions with inline arithmetic
+        self.is_cpu = bool(int(self.cl_device.type) & cl.device_type.CPU)
         self._programs: dict[tuple[str, tuple[str, ...]], object] = {}
         self._lock = threading.Lock()
         # bytes of every buffer alloc/zeros/upload created (never decremented: a running total
@@ -369,7 +372,7 @@ class Device:
         Raises:
             KernelBuildError: the message names ``label`` and the device and holds the build log.
         """
-        opts = ["-cl-std=CL1.2", "-cl-kernel-arg-info", *options]
+        opts = ["-cl-std=CL1.2", "-cl-kernel-arg-info", *(("-DCPU_DEVICE",) if self.is_cpu else ()), *options]
         try:
             prg = self.cl.Program(self.context, source).build(options=opts, cache_dir=self.cache_dir)
         except self.cl.RuntimeError as e:

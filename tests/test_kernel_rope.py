@@ -104,13 +104,15 @@ def test_rope_qk_one_launch_in_a_fused_row(device, rng, shape, local, contiguous
                                    (2, 3, 2, 2, 6, 0, 0)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("local", [1, 64])
 @pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
-def test_rope_split_and_join_qkv(device, rng, shape, local, contiguous):
+@pytest.mark.parametrize("rows", [False, True], ids=["unit-per-pair", "rows-per-item"])
+def test_rope_split_and_join_qkv(device, rng, shape, local, contiguous, rows):
     """[q|k|v] rows of the fused QKV matmul -> q, k, v with RoPE (k, v at row kv_row0 of a cache), and
-    the backward join of the gradients with the inverse rotation."""
+    the backward join of the gradients with the inverse rotation; both layouts of the work (angles per
+    (row, pair), or whole rows reading the cos/sin table)."""
     batch, seq_len, n_heads, n_kv, head_dim, pos_start, kv_row0 = shape
     n, theta = batch * seq_len, 10000.0
     qd, kd = n_heads * head_dim, n_kv * head_dim
-    op = RoPE(device, local_size=local, contiguous=contiguous)
+    op = RoPE(device, local_size=local, contiguous=contiguous, rows_per_item=rows)
     qkv = rng.standard_normal((n, qd + 2 * kd)).astype(np.float32)
     rows = kv_row0 + n + 2
     Q, K, V, QKV = to_device(device, np.full((n, qd), np.nan, np.float32), np.full((rows, kd), 7.0, np.float32),
@@ -136,3 +138,17 @@ def test_rope_split_and_join_qkv(device, rng, shape, local, contiguous):
     assert_close(got[:, qd:qd + kd].reshape(k.shape), ref.rope_backward(dk, seq_len, pos_start, theta),
                  atol=2e-6, rtol=1e-5, what="d_k")
     assert np.array_equal(got[:, qd + kd:], dv), "d_v copied"
+
+
+def test_rope_rows_table_grows_with_the_position(device, rng):
+    """The cos/sin table of the rows layout covers later, larger positions (generation) after a
+    first call built it small: split_qkv at positions 0.. and then 700.. both match the reference."""
+    op = RoPE(device, rows_per_item=True)
+    n_heads, head_dim, theta = 2, 8, 10000.0
+    for pos_start in (0, 700, 3):
+        qkv = rng.standard_normal((3, 3 * n_heads * head_dim)).astype(np.float32)
+        Q, K, V, QKV = to_device(device, *(np.zeros((3, n_heads * head_dim), np.float32),) * 3, qkv)
+        op.split_qkv(Q, K, V, QKV, 3, 3, n_heads, n_heads, head_dim, pos_start, theta)
+        q = qkv[:, :n_heads * head_dim].reshape(3, n_heads, head_dim)
+        assert_close(from_device(device, Q, ((3, n_heads * head_dim), np.float32)).reshape(q.shape),
+                     ref.rope_forward(q, 3, pos_start, theta), atol=2e-6, rtol=1e-5, what=f"q at {pos_start}")

@@ -70,10 +70,11 @@ def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
 @pytest.mark.parametrize("rows,ffn_dim", [(1, 1), (3, 7), (5, 33), (2, 384), (7, 1030)])
 @pytest.mark.parametrize("local", [1, 32, None])
 @pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
-def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous):
+@pytest.mark.parametrize("per_row", [False, True], ids=["float4-units", "rows-per-item"])
+def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous, per_row):
     """SwiGLU on [gate | up] rows (the fused matmul's output): equals the reference on the halves,
-    and the gradient lands in the matching halves."""
-    op = SwiGLU(device, local_size=local, contiguous=contiguous)
+    and the gradient lands in the matching halves (both layouts of the work)."""
+    op = SwiGLU(device, local_size=local, contiguous=contiguous, rows_per_item=per_row)
     gu = (rng.standard_normal((rows, 2 * ffn_dim)) * 4).astype(np.float32)
     d_out = rng.standard_normal((rows, ffn_dim)).astype(np.float32)
     GU, D, O, DGU = to_device(device, gu, d_out, np.full((rows, ffn_dim), np.nan, np.float32),

@@ -11,6 +11,7 @@
 // element's arithmetic is the same whatever the work size: the result does not depend on it.
 
 #include "grid.h"
+#include "inline_math.h"
 
 // grads (n) -> params (n), m (n), v (n) updated in place
 __kernel void adamw_step(__global float* params, __global float* m, __global float* v,
@@ -21,16 +22,16 @@ __kernel void adamw_step(__global float* params, __global float* m, __global flo
                          const int contiguous) {
     const int n4 = n / 4;
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
-        const float4 g = vload4(i, grads) * grad_scale;
-        const float4 mi = beta1 * vload4(i, m) + (1.0f - beta1) * g;
-        const float4 vi = beta2 * vload4(i, v) + (1.0f - beta2) * g * g;
-        vstore4(mi, i, m);
-        vstore4(vi, i, v);
-        const float4 p = vload4(i, params);
+        const float4 g = LOAD4(i, grads) * grad_scale;
+        const float4 mi = beta1 * LOAD4(i, m) + (1.0f - beta1) * g;
+        const float4 vi = beta2 * LOAD4(i, v) + (1.0f - beta2) * g * g;
+        STORE4(mi, i, m);
+        STORE4(vi, i, v);
+        const float4 p = LOAD4(i, params);
         const int4 idx = (int4)(4 * i) + (int4)(0, 1, 2, 3);
-        const float4 wd = select((float4)(0.0f), (float4)(weight_decay), idx < (int4)(n_decay));
+        const float4 wd = idx < n_decay ? weight_decay : 0.0f;  // a ternary, not select(): see inline_math.h
         const float4 update = (mi / bias_correction1) / (sqrt(vi / bias_correction2) + eps);
-        vstore4(p - lr * (update + wd * p), i, params);
+        STORE4(p - lr * (update + wd * p), i, params);
     }
     for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
         const int i = 4 * n4 + t;

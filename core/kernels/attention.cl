@@ -207,18 +207,20 @@ void attention_forward(__global float* out, __global float* lse, __global const 
 // Training only: seq_q = seq_k = seq, q_pos_start = 0. Three kernels, in this order.
 
 // 1 of 3. d_out, out (B, seq, n_heads, HD) -> d_sum (B, n_heads, seq) = rowsum(d_out * out).
-// One work-item per row, work-item (i, bh).
+// BQ rows per work-item, work-item (x, bh) (CPUs: a work-group of one item per row cost more to
+// schedule than its dot product).
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_backward_dsum(__global float* d_sum, __global const float* d_out,
                              __global const float* out, const int seq, const int n_heads) {
-    const int i = get_global_id(0), bh = get_global_id(1);
-    if (i >= seq) return;  // no barriers here
+    const int bh = get_global_id(1);
     const int h = bh % n_heads, b = bh / n_heads;
-    const size_t off = (((size_t)b * seq + i) * n_heads + h) * HD;
-    floatV x[NV], y[NV];
-    load_row(x, d_out + off);
-    load_row(y, out + off);
-    d_sum[(size_t)bh * seq + i] = dot_row(x, y);
+    for (int i = get_global_id(0) * BQ; i < (get_global_id(0) + 1) * BQ && i < seq; i++) {
+        const size_t off = (((size_t)b * seq + i) * n_heads + h) * HD;
+        floatV x[NV], y[NV];
+        load_row(x, d_out + off);
+        load_row(y, out + off);
+        d_sum[(size_t)bh * seq + i] = dot_row(x, y);
+    }
 }
 
 // 2 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum

@@ -257,7 +257,7 @@ class Attention:
         queue, L = self.dev.queue, (t.items, 1)
         sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
                  np.float32(1.0 / math.sqrt(head_dim)))
-        dsum(queue, self._grid(seq, 1, t.items, batch * n_heads), L, d_sum, d_out, out,
+        dsum(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_sum, d_out, out,
              np.int32(seq), np.int32(n_heads))
         if t.bwd_tile:  # one work-group per block of bwd_tile keys (dK, dV) or query rows (dQ)
             blocks, LB = -(-seq // t.bwd_tile) * t.backward_items, (t.backward_items, 1)

@@ -80,14 +80,15 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
 // tail; rows shared out as grid.h says. Same formulas as above.
 
 #include "grid.h"
+#include "inline_math.h"
 inline float2 row_softmax_stats_item(__global const float* row, const int vocab_size) {
     const int v4 = vocab_size / 4;
     float4 m4 = (float4)(-INFINITY);
-    for (int j = 0; j < v4; j++) m4 = fmax(m4, vload4(j, row));
-    float m = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
-    for (int j = 4 * v4; j < vocab_size; j++) m = fmax(m, row[j]);
+    for (int j = 0; j < v4; j++) m4 = MAXF(m4, LOAD4(j, row));
+    float m = MAXF(MAXF(m4.x, m4.y), MAXF(m4.z, m4.w));
+    for (int j = 4 * v4; j < vocab_size; j++) m = MAXF(m, row[j]);
     float4 s4 = (float4)(0.0f);
-    for (int j = 0; j < v4; j++) s4 += exp(vload4(j, row) - m);
+    for (int j = 0; j < v4; j++) s4 += exp(LOAD4(j, row) - m);
     float s = (s4.x + s4.y) + (s4.z + s4.w);
     for (int j = 4 * v4; j < vocab_size; j++) s += exp(row[j] - m);
     return (float2)(m, s);
@@ -108,6 +109,9 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
 // -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
+// One exp per element: the row's exp(logits - max) go into d_logits while they are summed (the
+// same float4 partial sums as row_softmax_stats_item, so the loss is the forward's), then the row
+// (in L1 by then) is scaled in place.
 __kernel void cross_entropy_backward_rows(__global float* losses, __global float* d_logits,
                                           __global const float* logits, __global const int* targets,
                                           __global const float* mask, const int n_rows,
@@ -123,13 +127,28 @@ __kernel void cross_entropy_backward_rows(__global float* losses, __global float
             losses[r] = 0.0f;
             continue;
         }
-        const float2 st = row_softmax_stats_item(row, vocab_size);
+        float4 m4 = (float4)(-INFINITY);
+        for (int j = 0; j < v4; j++) m4 = MAXF(m4, LOAD4(j, row));
+        float m = MAXF(MAXF(m4.x, m4.y), MAXF(m4.z, m4.w));
+        for (int j = 4 * v4; j < vocab_size; j++) m = MAXF(m, row[j]);
+        float4 s4 = (float4)(0.0f);
+        for (int j = 0; j < v4; j++) {
+            const float4 e = exp(LOAD4(j, row) - m);
+            STORE4(e, j, drow);
+            s4 += e;
+        }
+        float s = (s4.x + s4.y) + (s4.z + s4.w);
+        for (int j = 4 * v4; j < vocab_size; j++) {
+            const float e = exp(row[j] - m);
+            drow[j] = e;
+            s += e;
+        }
         const int t = targets[r];
-        losses[r] = row_loss(row, t, vocab_size, mk, st);
-        const float inv = 1.0f / st.y;
+        losses[r] = row_loss(row, t, vocab_size, mk, (float2)(m, s));
         const float g = mk * grad_scale;
-        for (int j = 0; j < v4; j++) vstore4(exp(vload4(j, row) - st.x) * inv * g, j, drow);
-        for (int j = 4 * v4; j < vocab_size; j++) drow[j] = exp(row[j] - st.x) * inv * g;
-        if (t >= 0 && t < vocab_size) drow[t] = (exp(row[t] - st.x) * inv - 1.0f) * g;
+        const float ig = g / s;
+        for (int j = 0; j < v4; j++) STORE4(LOAD4(j, drow) * ig, j, drow);
+        for (int j = 4 * v4; j < vocab_size; j++) drow[j] *= ig;
+        if (t >= 0 && t < vocab_size) drow[t] -= g;
     }
 }

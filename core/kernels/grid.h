@@ -19,7 +19,8 @@ inline int unit_first(const int n, const int contiguous) {
 }
 
 inline int unit_end(const int n, const int contiguous) {
-    return contiguous ? min(n, unit_first(n, 1) + unit_per_item(n)) : n;
+    const int end = unit_first(n, 1) + unit_per_item(n);
+    return contiguous ? (end < n ? end : n) : n;  // a ternary, not min(): PoCL calls builtins as functions
 }
 
 inline int unit_step(const int contiguous) {

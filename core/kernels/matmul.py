@@ -16,7 +16,7 @@ See the header of ``matmul.cl`` for the kernels themselves.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Union
 
 import numpy as np
@@ -37,6 +37,11 @@ SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): boun
 SPLIT_WAVES = 4
 SPLIT_MIN_K = 128
 SPLIT_DEEP_K = 512
+# A stored (M,K) is packed (PackedConfig.pack_a) only when op(B) has at least this many panels of
+# NR columns: with fewer, each A row block is read by few work-items, from L2, and packing it costs
+# a read and a write of all of A for nothing (measured on PoCL: N = 128 products 3-20 % faster
+# unpacked, N = 384 and A stored (K,M) faster packed)
+PACK_A_MIN_PANELS = 5
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -317,6 +322,9 @@ class GemmKernel:
             self._main = dev.kernel("matmul", "matmul_packed", opts)
             self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
             self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if cfg.pack_a else None
+            # the micro-kernel reading an (M,K)-stored A in place, for products with few B panels
+            self._direct_a = (dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=False).options(trans_a, trans_b))
+                              if cfg.pack_a and not trans_a else None)
         # a kernel can allow fewer work-items than the device (registers)
         allowed = int(self._main.get_work_group_info(dev.cl.kernel_work_group_info.WORK_GROUP_SIZE,
                                                      dev.cl_device))
@@ -346,19 +354,22 @@ class GemmKernel:
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
         bp = self.scratch.get("b", n_panels * cfg.nr * kc)
-        ap = self.scratch.get("a", n_blocks * cfg.mr * kc) if self._pack_a is not None else a
+        pack_a, main = self._pack_a, self._main
+        if pack_a is not None and self._direct_a is not None and n_panels < PACK_A_MIN_PANELS:
+            pack_a, main = None, self._direct_a
+        ap = self.scratch.get("a", n_blocks * cfg.mr * kc) if pack_a is not None else a
         global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
         for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
             n = i32(min(kc, K - k0))
             if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
                 self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
-                if self._pack_a is not None:  # a (K,M): 16 panels side by side per work-group
+                if pack_a is not None:  # a (K,M): 16 panels side by side per work-group
                     if self._trans_a:
                         grid, local = (-(-n_blocks // 16) * 16, -(-int(n) // PACK_KB)), (16, 1)
                     else:
                         grid, local = (n_blocks,), None
-                    self._pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
-            self._main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
+                    pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
+            main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                        acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
 
     def splits(self, M: int, N: int, K: int) -> tuple[int, int]:

@@ -64,12 +64,13 @@ __kernel void rmsnorm_backward_weight(__global float* d_weight, __global const f
 // says.
 
 #include "grid.h"
+#include "inline_math.h"
 
 inline float row_sum_squares(__global const float* xr, const int dim) {
     float4 acc = (float4)(0.0f);
     const int d4 = dim / 4;
     for (int j = 0; j < d4; j++) {
-        const float4 v = vload4(j, xr);
+        const float4 v = LOAD4(j, xr);
         acc += v * v;
     }
     float ss = (acc.x + acc.y) + (acc.z + acc.w);
@@ -80,8 +81,40 @@ inline float row_sum_squares(__global const float* xr, const int dim) {
 inline void row_scale(__global float* outr, __global const float* xr, __global const float* weight,
                       const float r, const int dim) {
     const int d4 = dim / 4;
-    for (int j = 0; j < d4; j++) vstore4(vload4(j, xr) * r * vload4(j, weight), j, outr);
+    for (int j = 0; j < d4; j++) STORE4(LOAD4(j, xr) * r * LOAD4(j, weight), j, outr);
     for (int j = 4 * d4; j < dim; j++) outr[j] = xr[j] * r * weight[j];
+}
+
+// d_out, x (n_rows, dim), rstd (n_rows) -> d_weight (dim), accumulated; the rows layout's twin of
+// rmsnorm_backward_weight: work-item g owns columns 16 g .. 16 g + 15 (four float4 accumulators, so
+// each row is read as whole vectors) and sums over the rows in order: the same additions per
+// column, so the same result.
+__kernel void rmsnorm_backward_weight_cols(__global float* d_weight, __global const float* d_out,
+                                           __global const float* x, __global const float* rstd,
+                                           const int n_rows, const int dim) {
+    const int c0 = get_global_id(0) * 16;
+    if (c0 >= dim) return;
+    if (c0 + 16 <= dim) {
+        float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
+        for (int row = 0; row < n_rows; row++) {
+            const size_t o = (size_t)row * dim + c0;
+            const float r = rstd[row];
+            a0 += LOAD4(0, d_out + o) * LOAD4(0, x + o) * r;
+            a1 += LOAD4(1, d_out + o) * LOAD4(1, x + o) * r;
+            a2 += LOAD4(2, d_out + o) * LOAD4(2, x + o) * r;
+            a3 += LOAD4(3, d_out + o) * LOAD4(3, x + o) * r;
+        }
+        STORE4(LOAD4(0, d_weight + c0) + a0, 0, d_weight + c0);
+        STORE4(LOAD4(1, d_weight + c0) + a1, 1, d_weight + c0);
+        STORE4(LOAD4(2, d_weight + c0) + a2, 2, d_weight + c0);
+        STORE4(LOAD4(3, d_weight + c0) + a3, 3, d_weight + c0);
+        return;
+    }
+    for (int i = c0; i < dim; i++) {  // the last dim % 16 columns
+        float acc = 0.0f;
+        for (int row = 0; row < n_rows; row++) acc += d_out[row * dim + i] * x[row * dim + i] * rstd[row];
+        d_weight[i] += acc;
+    }
 }
 
 // x (n_rows, dim), weight (dim) -> out (n_rows, dim), rstd (n_rows)
@@ -108,7 +141,7 @@ __kernel void rmsnorm_residual_forward_rows(__global float* x_sum, __global floa
     for (int row = unit_first(n_rows, contiguous); row < unit_end(n_rows, contiguous); row += unit_step(contiguous)) {
         const size_t o = (size_t)row * dim;
         __global float* xr = x_sum + o;
-        for (int j = 0; j < d4; j++) vstore4(vload4(j, a + o) + vload4(j, b + o), j, xr);
+        for (int j = 0; j < d4; j++) STORE4(LOAD4(j, a + o) + LOAD4(j, b + o), j, xr);
         for (int j = 4 * d4; j < dim; j++) xr[j] = a[o + j] + b[o + j];
         const float r = 1.0f / sqrt(row_sum_squares(xr, dim) / (float)dim + eps);
         rstd[row] = r;
@@ -128,15 +161,15 @@ __kernel void rmsnorm_backward_input_rows(__global float* d_x, __global const fl
         __global const float* xr = x + o;
         __global const float* gr = d_out + o;
         float4 acc = (float4)(0.0f);
-        for (int j = 0; j < d4; j++) acc += vload4(j, gr) * vload4(j, weight) * vload4(j, xr);
+        for (int j = 0; j < d4; j++) acc += LOAD4(j, gr) * LOAD4(j, weight) * LOAD4(j, xr);
         float dot = (acc.x + acc.y) + (acc.z + acc.w);
         for (int j = 4 * d4; j < dim; j++) dot += gr[j] * weight[j] * xr[j];
         const float r = rstd[row];
         const float coef = r * r * dot / (float)dim;
         __global float* dr = d_x + o;
         for (int j = 0; j < d4; j++) {
-            const float4 val = r * (vload4(j, gr) * vload4(j, weight) - vload4(j, xr) * coef);
-            vstore4(accumulate ? vload4(j, dr) + val : val, j, dr);
+            const float4 val = r * (LOAD4(j, gr) * LOAD4(j, weight) - LOAD4(j, xr) * coef);
+            STORE4(accumulate ? LOAD4(j, dr) + val : val, j, dr);
         }
         for (int j = 4 * d4; j < dim; j++) {
             const float val = r * (gr[j] * weight[j] - xr[j] * coef);

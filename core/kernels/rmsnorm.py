@@ -37,13 +37,15 @@ class RMSNorm:
             self._fwd_res = dev.kernel("rmsnorm", "rmsnorm_residual_forward")
             self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
             wanted = local_size or 256
-        self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
-        if not self.rows_per_item:  # GPUs: d_weight in two passes over row chunks (enough work-items)
+        if self.rows_per_item:  # CPUs: d_weight with 16 columns per work-item, one item per group
+            self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight_cols")
+        else:  # GPUs: one column per item, or in two passes over row chunks (enough work-items)
+            self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
             self._bwd_w_partial = dev.kernel("rmsnorm", "rmsnorm_backward_weight_partial")
             self._bwd_w_final = dev.kernel("rmsnorm", "rmsnorm_backward_weight_final")
             self._partial, self._partial_size = None, 0
         self.local = min(dev.work_group_size(k, wanted) for k in (self._fwd, self._fwd_res, self._bwd_x))
-        self.local_w = dev.work_group_size(self._bwd_w, local_size or 64)
+        self.local_w = 1 if self.rows_per_item else dev.work_group_size(self._bwd_w, local_size or 64)
         self._scratch = dev.cl.LocalMemory(4 * self.local)
 
     def _grid(self, n_rows: int) -> int:
@@ -87,7 +89,10 @@ class RMSNorm:
         """
         if n_rows <= 0:
             return
-        if self.rows_per_item or n_rows <= WEIGHT_CHUNK:
+        if self.rows_per_item:
+            self.dev.launch(self._bwd_w, (-(-dim // 16),), (self.local_w,), d_weight,
+                            d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+        elif n_rows <= WEIGHT_CHUNK:
             self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
                             d_out, x, rstd, np.int32(n_rows), np.int32(dim))
         else:

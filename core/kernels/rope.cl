@@ -17,6 +17,7 @@
 // the dropped second-order term a_lo^2/2 stays below 2e-6 for any realistic context.
 
 #include "grid.h"
+#include "inline_math.h"
 
 // The angle of pair i at position pos as a cos/sin pair (sign -1: the inverse rotation), with the
 // hi + lo frequency of the header; and the rotation of one pair.
@@ -55,9 +56,9 @@ __kernel void rope_qk(__global float* q, __global float* k, __global const float
         float c, s;
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), sign, &c, &s);
         __global float* qp = q + (size_t)r * q_stride + 2 * i;
-        for (int h = 0; h < n_q_heads; h++) vstore2(rotate2(vload2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
+        for (int h = 0; h < n_q_heads; h++) STORE2(rotate2(LOAD2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
         __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
-        for (int h = 0; h < n_k_heads; h++) vstore2(rotate2(vload2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
+        for (int h = 0; h < n_k_heads; h++) STORE2(rotate2(LOAD2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
     }
 }
 
@@ -80,11 +81,11 @@ __kernel void rope_split_qkv(__global float* q, __global float* k, __global floa
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), 1.0f, &c, &s);
         __global const float* src = qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
         __global float* qr = q + (size_t)r * qd + 2 * i;
-        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, src + h * head_dim), c, s), 0, qr + h * head_dim);
+        for (int h = 0; h < n_heads; h++) STORE2(rotate2(LOAD2(0, src + h * head_dim), c, s), 0, qr + h * head_dim);
         const size_t kv_at = (size_t)(kv_row0 + r) * kd + 2 * i;
         for (int h = 0; h < n_kv_heads; h++) {
-            vstore2(rotate2(vload2(0, src + qd + h * head_dim), c, s), 0, k + kv_at + h * head_dim);
-            vstore2(vload2(0, src + qd + kd + h * head_dim), 0, v + kv_at + h * head_dim);
+            STORE2(rotate2(LOAD2(0, src + qd + h * head_dim), c, s), 0, k + kv_at + h * head_dim);
+            STORE2(LOAD2(0, src + qd + kd + h * head_dim), 0, v + kv_at + h * head_dim);
         }
     }
 }
@@ -103,11 +104,74 @@ __kernel void rope_join_qkv(__global float* d_qkv, __global const float* d_q,
         rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), -1.0f, &c, &s);
         __global float* dst = d_qkv + (size_t)r * (qd + 2 * kd) + 2 * i;
         __global const float* qr = d_q + (size_t)r * qd + 2 * i;
-        for (int h = 0; h < n_heads; h++) vstore2(rotate2(vload2(0, qr + h * head_dim), c, s), 0, dst + h * head_dim);
+        for (int h = 0; h < n_heads; h++) STORE2(rotate2(LOAD2(0, qr + h * head_dim), c, s), 0, dst + h * head_dim);
         const size_t kv_at = (size_t)r * kd + 2 * i;
         for (int h = 0; h < n_kv_heads; h++) {
-            vstore2(rotate2(vload2(0, d_k + kv_at + h * head_dim), c, s), 0, dst + qd + h * head_dim);
-            vstore2(vload2(0, d_v + kv_at + h * head_dim), 0, dst + qd + kd + h * head_dim);
+            STORE2(rotate2(LOAD2(0, d_k + kv_at + h * head_dim), c, s), 0, dst + qd + h * head_dim);
+            STORE2(LOAD2(0, d_v + kv_at + h * head_dim), 0, dst + qd + kd + h * head_dim);
         }
+    }
+}
+
+// ---- whole rows per work-item with a cos/sin table (CPUs): the angles of every (position, pair)
+// are computed once into cs (n_pos, head_dim/2, 2) = (cos, sin) by rope_table, with rope_angle as
+// above (so the same floats), and the row kernels read them: no sincos per row and pair, and each
+// work-item streams through its rows in order (rows shared out as grid.h says).
+
+// inv_freq (2, n_freq) -> cs (n_pos, n_freq, 2); one work unit per (position, pair)
+__kernel void rope_table(__global float* cs, __global const float* inv_freq, const int n_pos,
+                         const int n_freq, const int contiguous) {
+    const int total = n_pos * n_freq;
+    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
+        float c, s;
+        rope_angle(inv_freq, n_freq, g % n_freq, (float)(g / n_freq), 1.0f, &c, &s);
+        cs[2 * g] = c;
+        cs[2 * g + 1] = s;
+    }
+}
+
+// n heads of head_dim at src -> dst, pair i rotated by (cs[2i], sign * cs[2i+1])
+inline void rotate_heads(__global float* dst, __global const float* src, __global const float* cs,
+                         const int n, const int head_dim, const float sign) {
+    for (int h = 0; h < n; h++) {
+        for (int i = 0; i < head_dim / 2; i++) {
+            const float c = cs[2 * i], s = sign * cs[2 * i + 1];
+            const float x0 = src[h * head_dim + 2 * i], x1 = src[h * head_dim + 2 * i + 1];
+            dst[h * head_dim + 2 * i] = x0 * c - x1 * s;
+            dst[h * head_dim + 2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+// rope_split_qkv with whole rows per work-item; cs from rope_table (positions pos_start .. present)
+__kernel void rope_split_qkv_rows(__global float* q, __global float* k, __global float* v,
+                                  __global const float* qkv, __global const float* cs,
+                                  const int n_tokens, const int seq_len, const int n_heads,
+                                  const int n_kv_heads, const int head_dim, const int pos_start,
+                                  const int kv_row0, const int contiguous) {
+    const int qd = n_heads * head_dim, kd = n_kv_heads * head_dim;
+    for (int r = unit_first(n_tokens, contiguous); r < unit_end(n_tokens, contiguous); r += unit_step(contiguous)) {
+        __global const float* t = cs + (size_t)(pos_start + r % seq_len) * head_dim;
+        __global const float* src = qkv + (size_t)r * (qd + 2 * kd);
+        const size_t kv_at = (size_t)(kv_row0 + r) * kd;
+        rotate_heads(q + (size_t)r * qd, src, t, n_heads, head_dim, 1.0f);
+        rotate_heads(k + kv_at, src + qd, t, n_kv_heads, head_dim, 1.0f);
+        for (int j = 0; j < kd; j++) v[kv_at + j] = src[qd + kd + j];
+    }
+}
+
+// rope_join_qkv with whole rows per work-item; cs from rope_table
+__kernel void rope_join_qkv_rows(__global float* d_qkv, __global const float* d_q,
+                                 __global const float* d_k, __global const float* d_v,
+                                 __global const float* cs, const int n_tokens, const int seq_len,
+                                 const int n_heads, const int n_kv_heads, const int head_dim,
+                                 const int pos_start, const int contiguous) {
+    const int qd = n_heads * head_dim, kd = n_kv_heads * head_dim;
+    for (int r = unit_first(n_tokens, contiguous); r < unit_end(n_tokens, contiguous); r += unit_step(contiguous)) {
+        __global const float* t = cs + (size_t)(pos_start + r % seq_len) * head_dim;
+        __global float* dst = d_qkv + (size_t)r * (qd + 2 * kd);
+        rotate_heads(dst, d_q + (size_t)r * qd, t, n_heads, head_dim, -1.0f);
+        rotate_heads(dst + qd, d_k + (size_t)r * kd, t, n_kv_heads, head_dim, -1.0f);
+        for (int j = 0; j < kd; j++) dst[qd + kd + j] = d_v[(size_t)r * kd + j];
     }
 }

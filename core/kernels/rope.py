@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
 
 
 class RoPE:
@@ -21,29 +21,65 @@ class RoPE:
     """
 
     def __init__(self, dev: Device, local_size: int | None = None,
-                 contiguous: bool | None = None):
+                 contiguous: bool | None = None, rows_per_item: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
         self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
+        # split/join: whole rows per work-item reading a (position, pair) cos/sin table (CPUs), or
+        # one work unit per (row, pair) computing its angle (GPUs)
+        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
         self._qk = dev.kernel("rope", "rope_qk")
-        self._split = dev.kernel("rope", "rope_split_qkv")
-        self._join = dev.kernel("rope", "rope_join_qkv")
+        suffix = "_rows" if self.rows_per_item else ""
+        self._split = dev.kernel("rope", "rope_split_qkv" + suffix)
+        self._join = dev.kernel("rope", "rope_join_qkv" + suffix)
+        self._table = dev.kernel("rope", "rope_table")
         self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._qk, self._split, self._join))
+        self.local_rows = min(dev.work_group_size(k, local_size or 16) for k in (self._split, self._join))
         self._tables: dict[tuple[int, float], object] = {}
+        self._cs: dict[tuple[int, float], tuple[object, int]] = {}  # -> (cos/sin table, positions in it)
         self._lock = threading.Lock()
 
     def _inv_freq(self, head_dim: int, theta: float):
+        with self._lock:
+            return self._inv_freq_locked((int(head_dim), float(theta)))
+
+    def _inv_freq_locked(self, key: tuple[int, float]):
+        buf = self._tables.get(key)
+        if buf is None:
+            head_dim, theta = key
+            i = np.arange(head_dim // 2, dtype=np.float64)
+            f = theta ** (-2.0 * i / head_dim)
+            hi = f.astype(np.float32)
+            lo = (f - hi.astype(np.float64)).astype(np.float32)
+            buf = self.dev.upload(np.concatenate([hi, lo]))
+            self._tables[key] = buf
+        return buf
+
+    def _cos_sin(self, head_dim: int, theta: float, n_pos: int):
+        """The (n_pos, head_dim/2, 2) cos/sin table of positions 0 .. n_pos - 1 (at least), on the
+        device; computed by ``rope_table`` from the hi + lo frequencies, grown (doubled) on demand."""
         key = (int(head_dim), float(theta))
         with self._lock:
-            buf = self._tables.get(key)
-            if buf is None:
-                i = np.arange(head_dim // 2, dtype=np.float64)
-                f = float(theta) ** (-2.0 * i / head_dim)
-                hi = f.astype(np.float32)
-                lo = (f - hi.astype(np.float64)).astype(np.float32)
-                buf = self.dev.upload(np.concatenate([hi, lo]))
-                self._tables[key] = buf
+            buf, have = self._cs.get(key, (None, 0))
+            if have >= n_pos:
+                return buf
+            have = max(n_pos, 2 * have, 128)
+            n_freq = head_dim // 2
+            buf = self.dev.alloc(have * head_dim)
+            inv = self._inv_freq_locked(key)
+            # enqueued before the table is published: later launches on the queue see it filled
+            self.dev.launch(self._table, (grid_stride_size(self.dev, have * n_freq, self.local),), (self.local,),
+                            buf, inv, np.int32(have), np.int32(n_freq), self.contiguous)
+            self._cs[key] = (buf, have)
         return buf
+
+    def _split_join_args(self, n_tokens: int, seq_len: int, head_dim: int, pos_start: int, theta: float):
+        """(global size, local size, angle buffer) of a split/join launch."""
+        if self.rows_per_item:
+            size = grid_stride_size(self.dev, n_tokens, self.local_rows)
+            return size, self.local_rows, self._cos_sin(head_dim, theta, pos_start + min(n_tokens, seq_len))
+        size = grid_stride_size(self.dev, max(1, n_tokens * (head_dim // 2)), self.local)
+        return size, self.local, self._inv_freq(head_dim, theta)
 
     def _launch(self, sign: float, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
                 q_stride, k_stride, k_offset) -> None:
@@ -105,14 +141,13 @@ class RoPE:
         self._launch(-1.0, d_q, d_k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
                      q_stride, k_stride, k_offset)
 
-    def _check(self, n_tokens, seq_len, width, head_dim, pos_start) -> int:
+    def _check(self, n_tokens, seq_len, width, head_dim, pos_start) -> None:
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         if seq_len < 1 or pos_start < 0:
             raise ValueError(f"RoPE needs seq_len >= 1 and pos_start >= 0, got {seq_len}, {pos_start}")
         if (n_tokens + pos_start) * width >= 2**31:
             raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
-        return grid_stride_size(self.dev, max(1, n_tokens * (head_dim // 2)), self.local)
 
     def split_qkv(self, q, k, v, qkv, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, pos_start: int, theta: float, kv_row0: int = 0) -> None:
@@ -126,8 +161,9 @@ class RoPE:
         """
         if n_tokens <= 0:
             return
-        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
-        self.dev.launch(self._split, (size,), (self.local,), q, k, v, qkv, self._inv_freq(head_dim, theta),
+        self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        size, local, angles = self._split_join_args(n_tokens, seq_len, head_dim, pos_start, theta)
+        self.dev.launch(self._split, (size,), (local,), q, k, v, qkv, angles,
                         np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
                         np.int32(head_dim), np.int32(pos_start), np.int32(kv_row0), self.contiguous)
 
@@ -137,7 +173,8 @@ class RoPE:
         the inverse rotation on d_q and d_k; overwritten."""
         if n_tokens <= 0:
             return
-        size = self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
-        self.dev.launch(self._join, (size,), (self.local,), d_qkv, d_q, d_k, d_v, self._inv_freq(head_dim, theta),
+        self._check(n_tokens, seq_len, (n_heads + 2 * n_kv_heads) * head_dim, head_dim, pos_start)
+        size, local, angles = self._split_join_args(n_tokens, seq_len, head_dim, pos_start, theta)
+        self.dev.launch(self._join, (size,), (local,), d_qkv, d_q, d_k, d_v, angles,
                         np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
                         np.int32(head_dim), np.int32(pos_start), self.contiguous)

@@ -7,14 +7,15 @@
 // works) shared out as grid.h says, then the last n % 4 elements one by one.
 
 #include "grid.h"
+#include "inline_math.h"
 
 float4 stable_sigmoid4(const float4 x) {
-    const float4 e = exp(-fabs(x));  // in (0, 1]
-    return select(e, (float4)(1.0f), x >= 0.0f) / (1.0f + e);
+    const float4 e = exp(x >= 0.0f ? -x : x);  // exp(-|x|), in (0, 1]; fabs() would be a call (inline_math.h)
+    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
 float stable_sigmoid(const float x) {
-    const float e = exp(-fabs(x));
+    const float e = exp(x >= 0.0f ? -x : x);
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
@@ -23,8 +24,8 @@ __kernel void swiglu_forward(__global float* out, __global const float* gate,
                              __global const float* up, const int n, const int contiguous) {
     const int n4 = n / 4;
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
-        const float4 g = vload4(i, gate);
-        vstore4(g * stable_sigmoid4(g) * vload4(i, up), i, out);
+        const float4 g = LOAD4(i, gate);
+        STORE4(g * stable_sigmoid4(g) * LOAD4(i, up), i, out);
     }
     for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
         const int i = 4 * n4 + t;
@@ -39,10 +40,10 @@ __kernel void swiglu_backward(__global float* d_gate, __global float* d_up,
                               __global const float* up, const int n, const int contiguous) {
     const int n4 = n / 4;
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
-        const float4 g = vload4(i, gate), u = vload4(i, up), d = vload4(i, d_out);
+        const float4 g = LOAD4(i, gate), u = LOAD4(i, up), d = LOAD4(i, d_out);
         const float4 s = stable_sigmoid4(g);
-        vstore4(d * u * s * (1.0f + g * (1.0f - s)), i, d_gate);
-        vstore4(d * g * s, i, d_up);
+        STORE4(d * u * s * (1.0f + g * (1.0f - s)), i, d_gate);
+        STORE4(d * g * s, i, d_up);
     }
     for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
         const int i = 4 * n4 + t;
@@ -63,8 +64,8 @@ __kernel void swiglu_fused_forward(__global float* out, __global const float* gu
     for (int g = unit_first(n_rows * f4, contiguous); g < unit_end(n_rows * f4, contiguous); g += unit_step(contiguous)) {
         const int r = g / f4, c = g - r * f4;
         __global const float* row = gu + (size_t)r * 2 * f;
-        const float4 x = vload4(c, row);
-        vstore4(x * stable_sigmoid4(x) * vload4(c, row + f), c, out + (size_t)r * f);
+        const float4 x = LOAD4(c, row);
+        STORE4(x * stable_sigmoid4(x) * LOAD4(c, row + f), c, out + (size_t)r * f);
     }
     for (int g = unit_first(n_rows * tail, contiguous); g < unit_end(n_rows * tail, contiguous); g += unit_step(contiguous)) {
         const int r = g / tail, j = 4 * f4 + (g - r * tail);
@@ -83,10 +84,10 @@ __kernel void swiglu_fused_backward(__global float* d_gu, __global const float* 
         const int r = g / f4, c = g - r * f4;
         __global const float* row = gu + (size_t)r * 2 * f;
         __global float* drow = d_gu + (size_t)r * 2 * f;
-        const float4 x = vload4(c, row), u = vload4(c, row + f), d = vload4(c, d_out + (size_t)r * f);
+        const float4 x = LOAD4(c, row), u = LOAD4(c, row + f), d = LOAD4(c, d_out + (size_t)r * f);
         const float4 s = stable_sigmoid4(x);
-        vstore4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
-        vstore4(d * x * s, c, drow + f);
+        STORE4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
+        STORE4(d * x * s, c, drow + f);
     }
     for (int g = unit_first(n_rows * tail, contiguous); g < unit_end(n_rows * tail, contiguous); g += unit_step(contiguous)) {
         const int r = g / tail, j = 4 * f4 + (g - r * tail);
@@ -96,5 +97,47 @@ __kernel void swiglu_fused_backward(__global float* d_gu, __global const float* 
         const float s = stable_sigmoid(x);
         drow[j] = d * u * s * (1.0f + x * (1.0f - s));
         drow[f + j] = d * x * s;
+    }
+}
+
+// ---- the same on whole rows per work-item (CPUs): rows shared out as grid.h says, each row's
+// float4 groups and then its f % 4 tail in order (no division per group).
+
+// gu (n_rows, 2 f) -> out (n_rows, f)
+__kernel void swiglu_fused_forward_rows(__global float* out, __global const float* gu, const int n_rows,
+                                        const int f, const int contiguous) {
+    const int f4 = f / 4;
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global float* o = out + (size_t)r * f;
+        for (int c = 0; c < f4; c++) {
+            const float4 x = LOAD4(c, row);
+            STORE4(x * stable_sigmoid4(x) * LOAD4(c, row + f), c, o);
+        }
+        for (int j = 4 * f4; j < f; j++) o[j] = row[j] * stable_sigmoid(row[j]) * row[f + j];
+    }
+}
+
+// d_out (n_rows, f), gu (n_rows, 2 f) -> d_gu (n_rows, 2 f) = [d_gate | d_up] per row, overwritten
+__kernel void swiglu_fused_backward_rows(__global float* d_gu, __global const float* d_out,
+                                         __global const float* gu, const int n_rows, const int f,
+                                         const int contiguous) {
+    const int f4 = f / 4;
+    for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
+        __global const float* row = gu + (size_t)r * 2 * f;
+        __global const float* dr = d_out + (size_t)r * f;
+        __global float* drow = d_gu + (size_t)r * 2 * f;
+        for (int c = 0; c < f4; c++) {
+            const float4 x = LOAD4(c, row), u = LOAD4(c, row + f), d = LOAD4(c, dr);
+            const float4 s = stable_sigmoid4(x);
+            STORE4(d * u * s * (1.0f + x * (1.0f - s)), c, drow);
+            STORE4(d * x * s, c, drow + f);
+        }
+        for (int j = 4 * f4; j < f; j++) {
+            const float x = row[j], u = row[f + j], d = dr[j];
+            const float s = stable_sigmoid(x);
+            drow[j] = d * u * s * (1.0f + x * (1.0f - s));
+            drow[f + j] = d * x * s;
+        }
     }
 }

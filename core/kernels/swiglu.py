@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size
+from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
 
 
 class SwiGLU:
@@ -15,16 +15,20 @@ class SwiGLU:
     """
 
     def __init__(self, dev: Device, local_size: int | None = None,
-                 contiguous: bool | None = None):
+                 contiguous: bool | None = None, rows_per_item: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
         self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
+        # fused [gate | up] rows: whole rows per work-item (CPUs) or float4 groups as work units
+        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        suffix = "_rows" if self.rows_per_item else ""
         self._fwd = dev.kernel("swiglu", "swiglu_forward")
         self._bwd = dev.kernel("swiglu", "swiglu_backward")
-        self._fused_fwd = dev.kernel("swiglu", "swiglu_fused_forward")
-        self._fused_bwd = dev.kernel("swiglu", "swiglu_fused_backward")
+        self._fused_fwd = dev.kernel("swiglu", "swiglu_fused_forward" + suffix)
+        self._fused_bwd = dev.kernel("swiglu", "swiglu_fused_backward" + suffix)
         self.local = min(dev.work_group_size(k, local_size or 256)
                          for k in (self._fwd, self._bwd, self._fused_fwd, self._fused_bwd))
+        self.local_rows = min(dev.work_group_size(k, local_size or 16) for k in (self._fused_fwd, self._fused_bwd))
 
     def _size(self, n: int) -> int:
         return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
@@ -46,14 +50,19 @@ class SwiGLU:
         self.dev.launch(self._bwd, (self._size(n),), (self.local,), d_gate, d_up, d_out,
                   gate, up, np.int32(n), self.contiguous)
 
+    def _fused_size(self, n_rows: int, ffn_dim: int) -> tuple[int, int]:
+        if self.rows_per_item:
+            return grid_stride_size(self.dev, n_rows, self.local_rows), self.local_rows
+        return grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local), self.local
+
     def forward_fused(self, out, gate_up, n_rows: int, ffn_dim: int) -> None:
         """``out (n_rows, ffn_dim) = silu(gate) * up`` where row ``r`` of ``gate_up (n_rows,
         2 ffn_dim)`` is ``[gate_r | up_r]`` (the output of one matmul with ``[Wgate; Wup]``).
         Overwrites ``out``."""
         if n_rows <= 0 or ffn_dim <= 0:
             return
-        size = grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local)
-        self.dev.launch(self._fused_fwd, (size,), (self.local,), out, gate_up, np.int32(n_rows), np.int32(ffn_dim),
+        size, local = self._fused_size(n_rows, ffn_dim)
+        self.dev.launch(self._fused_fwd, (size,), (local,), out, gate_up, np.int32(n_rows), np.int32(ffn_dim),
                         self.contiguous)
 
     def backward_fused(self, d_gate_up, d_out, gate_up, n_rows: int, ffn_dim: int) -> None:
@@ -61,6 +70,6 @@ class SwiGLU:
         per row (formulas of :meth:`backward`), overwritten, from ``d_out (n_rows, ffn_dim)``."""
         if n_rows <= 0 or ffn_dim <= 0:
             return
-        size = grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local)
-        self.dev.launch(self._fused_bwd, (size,), (self.local,), d_gate_up, d_out, gate_up, np.int32(n_rows),
+        size, local = self._fused_size(n_rows, ffn_dim)
+        self.dev.launch(self._fused_bwd, (size,), (local,), d_gate_up, d_out, gate_up, np.int32(n_rows),
                         np.int32(ffn_dim), self.contiguous)

@@ -1,0 +1,53 @@
+// Inline stand-ins for OpenCL builtins on hot paths, for PoCL's CPU driver.
+//
+// PoCL (3.0 here) calls its builtins as functions instead of inlining them: every vload4, vstore4,
+// fmax, fabs, select and min in a loop is a call (seen in the kernels' disassembly), which costs
+// more than the arithmetic of an element-wise kernel. On a CPU device (core/device.py builds with
+// -DCPU_DEVICE) these helpers are plain loads, stores and comparisons that LLVM inlines and merges
+// into vector instructions; elsewhere they are the builtins themselves, so GPU code is unchanged.
+// (exp stays the builtin: PoCL's vector exp is one call per 4 elements and faster than an inline
+// polynomial measured here.)
+//   LOAD4(i, p) / STORE4(v, i, p)   vload4 / vstore4 (p any float alignment)
+//   LOAD2(i, p) / STORE2(v, i, p)   vload2 / vstore2
+//   MAXF(a, b)                      the larger of two floats or float vectors; a NaN b is dropped
+//                                   (fmax drops a NaN operand; callers pass the running max as a)
+// core/device.py pastes this file in place of `#include "inline_math.h"`.
+
+#ifdef CPU_DEVICE
+
+inline float4 load4_inline(const size_t i, const __global float* p) {
+    p += 4 * i;
+    return (float4)(p[0], p[1], p[2], p[3]);
+}
+inline void store4_inline(const float4 v, const size_t i, __global float* p) {
+    p += 4 * i;
+    p[0] = v.x;
+    p[1] = v.y;
+    p[2] = v.z;
+    p[3] = v.w;
+}
+inline float2 load2_inline(const size_t i, const __global float* p) {
+    p += 2 * i;
+    return (float2)(p[0], p[1]);
+}
+inline void store2_inline(const float2 v, const size_t i, __global float* p) {
+    p += 2 * i;
+    p[0] = v.x;
+    p[1] = v.y;
+}
+
+#define LOAD4(i, p) load4_inline((i), (p))
+#define STORE4(v, i, p) store4_inline((v), (i), (p))
+#define LOAD2(i, p) load2_inline((i), (p))
+#define STORE2(v, i, p) store2_inline((v), (i), (p))
+#define MAXF(a, b) ((b) > (a) ? (b) : (a))
+
+#else
+
+#define LOAD4(i, p) vload4((i), (p))
+#define STORE4(v, i, p) vstore4((v), (i), (p))
+#define LOAD2(i, p) vload2((i), (p))
+#define STORE2(v, i, p) vstore2((v), (i), (p))
+#define MAXF(a, b) fmax((a), (b))
+
+#endif
