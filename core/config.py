@@ -5,6 +5,7 @@ Every error names the field, so the GUI can highlight it and the CLI can print i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from gguf import MODEL_TENSOR, TENSOR_NAMES
@@ -299,7 +300,7 @@ _READS_OTHER = {"n_heads": ("d_model",), "n_kv_heads": ("n_heads",),
                 "grad_accum": ("pretrain.batch_size", "tune.batch_size")}
 
 
-def config_errors(build, values: dict, defaults: dict) -> list[ConfigError]:
+def config_errors(build: Callable[[dict], object], values: dict, defaults: dict) -> list[ConfigError]:
     """Every field error of a form, not only the first one the constructors raise.
 
     ``build(values)`` makes the configs from flat field values (``"d_model"``, ``"pretrain.lr"``, ...)

@@ -202,7 +202,7 @@ class FolderLock:
     def __enter__(self) -> "FolderLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

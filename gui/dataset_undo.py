@@ -9,7 +9,7 @@ Opening another project clears the stack.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 from PySide6.QtGui import QUndoCommand, QUndoStack
@@ -20,7 +20,7 @@ _MERGE_ID = 1
 
 class _Edit(QUndoCommand):
     def __init__(self, history: "EditHistory", text: str, undo: Callable[[], None], redo: Callable[[], None],
-                 merge_key=None) -> None:
+                 merge_key: Hashable | None = None) -> None:
         super().__init__(text)
         self._history, self._undo, self._redo, self.merge_key = history, undo, redo, merge_key
         self._done = True  # made before it was recorded
@@ -56,7 +56,7 @@ class EditHistory(QObject):
         self._replaying = 0
 
     @contextmanager
-    def replaying(self):
+    def replaying(self) -> Iterator[None]:
         """While a command undoes or redoes its change, the changes it makes are not recorded."""
         self._replaying += 1
         try:
@@ -67,7 +67,8 @@ class EditHistory(QObject):
     def is_replaying(self) -> bool:
         return self._replaying > 0
 
-    def record(self, text: str, undo: Callable[[], None], redo: Callable[[], None], merge_key=None) -> None:
+    def record(self, text: str, undo: Callable[[], None], redo: Callable[[], None],
+               merge_key: Hashable | None = None) -> None:
         """A change was just made: ``undo()`` takes it back, ``redo()`` makes it again; ``text`` names it
         in the Edit menu ("Undo remove fact"). Consecutive changes with the same ``merge_key`` are one
         step. Ignored while a command runs."""

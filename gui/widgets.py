@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtWidgets import QLabel, QSizePolicy
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
 
 
 class ElidedLabel(QLabel):
@@ -14,7 +15,7 @@ class ElidedLabel(QLabel):
         min_chars: the width it asks for, in average characters (a layout may give it less or more).
     """
 
-    def __init__(self, text: str = "", parent=None, min_chars: int = 20) -> None:
+    def __init__(self, text: str = "", parent: QWidget | None = None, min_chars: int = 20) -> None:
         super().__init__(parent)
         self._full = ""
         self._min_chars = min_chars
@@ -42,7 +43,7 @@ class ElidedLabel(QLabel):
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
         return QSize(self.fontMetrics().averageCharWidth() * self._min_chars, super().minimumSizeHint().height())
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
         self._elide()
 

@@ -1,6 +1,11 @@
 """Small helpers shared by the kernel launchers."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.device import Device
+
 
 def round_up(n: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``n`` (and >= ``multiple``)."""
@@ -8,7 +13,7 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
-def grid_stride_size(dev, n_items: int, local: int, groups_per_unit: int = 8) -> int:
+def grid_stride_size(dev: Device, n_items: int, local: int, groups_per_unit: int = 8) -> int:
     """Global size for a grid-stride loop over ``n_items`` work units: enough work-groups of
     ``local`` items to fill the device (``groups_per_unit`` per compute unit), never more than
     the work needs. A multiple of ``local``."""
@@ -16,13 +21,13 @@ def grid_stride_size(dev, n_items: int, local: int, groups_per_unit: int = 8) ->
     return min(round_up(n_items, local), cap)
 
 
-def prefers_row_per_item(dev) -> bool:
+def prefers_row_per_item(dev: Device) -> bool:
     """True on CPU devices: row kernels then give each work-item whole rows (no barriers), which
     PoCL runs in one pass; GPUs keep one work-group per row with a local-memory reduction."""
     return bool(int(dev.cl_device.type) & dev.cl.device_type.CPU)
 
 
-def contiguous_units(dev) -> bool:
+def contiguous_units(dev: Device) -> bool:
     """True on CPU devices: element-wise kernels give each work-item a block of consecutive units
     (see grid.h); GPUs interleave them across work-items (coalesced access)."""
     return prefers_row_per_item(dev)

@@ -1,10 +1,15 @@
 """Launcher for ``adamw.cl``: the AdamW parameter update."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 
 class AdamW:
@@ -22,7 +27,8 @@ class AdamW:
         self._step = dev.kernel("adamw", "adamw_step")
         self.local = dev.work_group_size(self._step, local_size or 256)
 
-    def step(self, params, grads, m, v, n: int, lr: float, beta1: float, beta2: float, eps: float,
+    def step(self, params: cl.Buffer, grads: cl.Buffer, m: cl.Buffer, v: cl.Buffer, n: int,
+             lr: float, beta1: float, beta2: float, eps: float,
              weight_decay: float, step: int, grad_scale: float = 1.0, n_decay: int | None = None) -> None:
         """One AdamW update of ``n`` elements; ``params``, ``m`` and ``v`` are updated in place.
 

@@ -20,10 +20,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.device import Device
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +205,8 @@ class Attention:
         blocks = -(-n // per_item)
         return -(-blocks // items) * items, groups
 
-    def forward(self, out, lse, q, k, v, batch: int, seq_q: int, seq_k: int, q_pos_start: int,
+    def forward(self, out: cl.Buffer, lse: cl.Buffer, q: cl.Buffer, k: cl.Buffer, v: cl.Buffer,
+                batch: int, seq_q: int, seq_k: int, q_pos_start: int,
                 n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         """Causal attention forward (training and KV-cache generation).
 
@@ -232,8 +237,9 @@ class Attention:
             q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
             np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
 
-    def backward(self, d_q, d_k, d_v, d_sum, d_out, q, k, v, out, lse, batch: int, seq: int,
-                 n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+    def backward(self, d_q: cl.Buffer, d_k: cl.Buffer, d_v: cl.Buffer, d_sum: cl.Buffer, d_out: cl.Buffer,
+                 q: cl.Buffer, k: cl.Buffer, v: cl.Buffer, out: cl.Buffer, lse: cl.Buffer, batch: int,
+                 seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         """Gradients of :meth:`forward` for training (``q_pos_start = 0``, ``seq_q = seq_k = seq``).
 
         ``P = exp(scale Q K^T - lse)``, ``D = rowsum(dO * O)``, ``dV = P^T dO``,

@@ -1,10 +1,15 @@
 """Launcher for ``cross_entropy.cl``: masked softmax cross-entropy and its gradient."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 
 class CrossEntropy:
@@ -31,7 +36,8 @@ class CrossEntropy:
         self.local_fwd = dev.work_group_size(self._fwd, wanted)
         self.local_bwd = dev.work_group_size(self._bwd, wanted)
 
-    def forward(self, losses, logits, targets, mask, n_rows: int, vocab_size: int) -> None:
+    def forward(self, losses: cl.Buffer, logits: cl.Buffer, targets: cl.Buffer, mask: cl.Buffer,
+                n_rows: int, vocab_size: int) -> None:
         """Losses only (evaluation).
 
         Args:
@@ -50,7 +56,8 @@ class CrossEntropy:
         self.dev.launch(self._fwd, (n_rows * L,), (L,), losses, logits, targets, mask,
                   np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
 
-    def forward_backward(self, losses, d_logits, logits, targets, mask, n_rows: int,
+    def forward_backward(self, losses: cl.Buffer, d_logits: cl.Buffer, logits: cl.Buffer,
+                         targets: cl.Buffer, mask: cl.Buffer, n_rows: int,
                          vocab_size: int, grad_scale: float) -> None:
         """Losses and the gradient of ``grad_scale * sum(losses)`` w.r.t. the logits.
 

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import prefers_row_per_item, round_up
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 
 @dataclass
@@ -42,7 +46,7 @@ class Embedding:
         self._index_bufs: tuple = ()
         self._index_size = 0
 
-    def forward(self, out, tokens, weight, n_tokens: int, d_model: int,
+    def forward(self, out: cl.Buffer, tokens: cl.Buffer, weight: cl.Buffer, n_tokens: int, d_model: int,
                 vocab_size: int | None = None) -> None:
         """out (n_tokens, d_model) = weight (vocab_size, d_model)[tokens (n_tokens)], overwritten.
 
@@ -79,8 +83,8 @@ class Embedding:
         self.dev.upload(ids, ib)
         return TokenIndex(ob, sb, ib, t.size, len(ids))
 
-    def backward(self, d_weight, d_out, tokens, n_tokens: int, vocab_size: int, d_model: int,
-                 index: TokenIndex | None = None) -> None:
+    def backward(self, d_weight: cl.Buffer, d_out: cl.Buffer, tokens: cl.Buffer, n_tokens: int,
+                 vocab_size: int, d_model: int, index: TokenIndex | None = None) -> None:
         """d_weight (vocab_size, d_model) += scatter of d_out (n_tokens, d_model) rows by tokens.
 
         Accumulated (weight gradient). Deterministic, no atomics: one work-item per column adds

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, replace
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from core.device import Device
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +248,7 @@ def cpu_vector_width(dev: Device) -> int:
     return w if w in (4, 8, 16) else 4
 
 
-def fits(dev: Device, cfg, max_items: int | None = None) -> bool:
+def fits(dev: Device, cfg: GemmConfig | GemvConfig, max_items: int | None = None) -> bool:
     """Whether ``cfg``'s work-group and local memory fit the device (and ``max_items``)."""
     limit = min(dev.max_work_group_size, max_items or dev.max_work_group_size)
     return cfg.items <= limit and cfg.local_mem_bytes <= dev.local_mem_size
@@ -331,8 +334,8 @@ class GemmKernel:
         if allowed < cfg.items:
             raise ValueError(f"{cfg} needs {cfg.items} work-items; the kernel allows {allowed}")
 
-    def __call__(self, c, a, b, M: int, N: int, K: int, accumulate: bool, a_offset: int,
-                 b_offset: int, c_offset: int) -> None:
+    def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
+                 a_offset: int, b_offset: int, c_offset: int) -> None:
         """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1."""
         cfg, q, i32 = self.cfg, self.dev.queue, np.int32
         acc = i32(1 if accumulate else 0)
@@ -411,8 +414,8 @@ class GemvKernel:
         self.dev, self.cfg = dev, cfg
         self._kernels: dict[int, object] = {}
 
-    def __call__(self, c, a, b, M: int, N: int, K: int, accumulate: bool, a_offset: int,
-                 b_offset: int, c_offset: int) -> None:
+    def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
+                 a_offset: int, b_offset: int, c_offset: int) -> None:
         """Enqueue C (M,N) = (or +=) a (M,K) @ b (N,K).T; 1 <= M <= GEMV_MAX_M, N >= 1."""
         g, i32 = self.cfg, np.int32
         knl = self._kernels.get(M)
@@ -485,8 +488,8 @@ class Matmul:
         """The GEMV configuration (None when the GEMV path is off)."""
         return self._gemv.cfg if self._gemv is not None else None
 
-    def __call__(self, c, a, b, M: int, N: int, K: int, trans_a: bool = False,
-                 trans_b: bool = False, accumulate: bool = False, a_offset: int = 0,
+    def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int,
+                 trans_a: bool = False, trans_b: bool = False, accumulate: bool = False, a_offset: int = 0,
                  b_offset: int = 0, c_offset: int = 0) -> None:
         """c[c_offset:] (M,N) = (or +=, when ``accumulate``) op(a[a_offset:]) @ op(b[b_offset:]).
 

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -316,7 +316,7 @@ def save(dev: Device, result: dict) -> Path:
     return atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
 
 
-def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args) -> dict:
+def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args: Any) -> dict:
     """The tuned configurations of ``dev``: cached, or measured now and cached (first use).
 
     Returns ``{}`` when tuning is disabled (``OPENCL_LLM_MATMUL_TUNE=0``), else the dict of

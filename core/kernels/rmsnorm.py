@@ -1,10 +1,15 @@
 """Launcher for ``rmsnorm.cl``: RMSNorm as llama.cpp computes it, forward and backward."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item, round_up
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 WEIGHT_CHUNK = 32  # rows per partial sum of d_weight on GPUs (two passes; see rmsnorm.cl)
 
@@ -56,7 +61,8 @@ class RMSNorm:
     def _extra(self) -> tuple:
         return (self.contiguous,) if self.rows_per_item else (self._scratch,)
 
-    def forward(self, out, rstd, x, weight, n_rows: int, dim: int, eps: float) -> None:
+    def forward(self, out: cl.Buffer, rstd: cl.Buffer, x: cl.Buffer, weight: cl.Buffer, n_rows: int, dim: int,
+                eps: float) -> None:
         """out (n_rows, dim) and rstd (n_rows), both overwritten, from x (n_rows, dim), weight (dim).
 
         ``rstd`` is kept for :meth:`backward`.
@@ -66,7 +72,8 @@ class RMSNorm:
         self.dev.launch(self._fwd, (self._grid(n_rows),), (self.local,), out, rstd, x, weight,
                   np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
-    def forward_residual(self, x_sum, out, rstd, a, b, weight, n_rows: int, dim: int, eps: float) -> None:
+    def forward_residual(self, x_sum: cl.Buffer, out: cl.Buffer, rstd: cl.Buffer, a: cl.Buffer,
+                         b: cl.Buffer, weight: cl.Buffer, n_rows: int, dim: int, eps: float) -> None:
         """The residual add fused with the RMSNorm after it: ``x_sum = a + b`` and ``out``, ``rstd``
         of :meth:`forward` applied to ``x_sum``; all overwritten, shapes as :meth:`forward`.
         ``x_sum`` is the residual stream the backward needs."""
@@ -75,7 +82,8 @@ class RMSNorm:
         self.dev.launch(self._fwd_res, (self._grid(n_rows),), (self.local,), x_sum, out, rstd, a, b, weight,
                       np.int32(n_rows), np.int32(dim), np.float32(eps), *self._extra())
 
-    def backward(self, d_x, d_weight, d_out, x, weight, rstd, n_rows: int, dim: int,
+    def backward(self, d_x: cl.Buffer, d_weight: cl.Buffer, d_out: cl.Buffer, x: cl.Buffer,
+                 weight: cl.Buffer, rstd: cl.Buffer, n_rows: int, dim: int,
                  accumulate: bool = False) -> None:
         """d_x (n_rows, dim) overwritten, or added to when ``accumulate`` (the residual stream's
         gradient, which takes the norm's input gradient: saves a separate residual add);

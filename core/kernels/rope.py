@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 
 class RoPE:
@@ -100,7 +104,7 @@ class RoPE:
                         np.int32(head_dim), np.int32(q_stride), np.int32(k_stride), np.int32(k_offset),
                         np.int32(pos_start), np.float32(sign), self.contiguous)
 
-    def forward(self, x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
+    def forward(self, x: cl.Buffer, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                 pos_start: int, theta: float) -> None:
         """Rotate ``x (n_tokens, n_heads, head_dim)`` float32 in place (overwritten).
 
@@ -113,15 +117,15 @@ class RoPE:
         """
         self._launch(1.0, x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
 
-    def backward(self, d_x, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
+    def backward(self, d_x: cl.Buffer, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
                  pos_start: int, theta: float) -> None:
         """Gradient of :meth:`forward`: rotate ``d_x (n_tokens, n_heads, head_dim)`` in place by
         the negated angle (the transpose of the rotation). Overwrites ``d_x``."""
         self._launch(-1.0, d_x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
 
-    def forward_qk(self, q, k, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                   pos_start: int, theta: float, q_stride: int | None = None, k_stride: int | None = None,
-                   k_offset: int = 0) -> None:
+    def forward_qk(self, q: cl.Buffer, k: cl.Buffer | None, n_tokens: int, seq_len: int, n_heads: int,
+                   n_kv_heads: int, head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
+                   k_stride: int | None = None, k_offset: int = 0) -> None:
         """Rotate Q and K in one launch, in place: ``q`` rows ``(n_tokens, q_stride)`` hold
         ``n_heads`` heads from element 0, ``k`` rows ``(n_tokens, k_stride)`` hold ``n_kv_heads``
         heads from element ``k_offset`` (``q`` and ``k`` may be one fused buffer). Strides default
@@ -134,8 +138,8 @@ class RoPE:
         self._launch(1.0, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
                      q_stride, k_stride, k_offset)
 
-    def backward_qk(self, d_q, d_k, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
-                    head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
+    def backward_qk(self, d_q: cl.Buffer, d_k: cl.Buffer | None, n_tokens: int, seq_len: int, n_heads: int,
+                    n_kv_heads: int, head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
                     k_stride: int | None = None, k_offset: int = 0) -> None:
         """Gradient of :meth:`forward_qk`: the inverse rotation of ``d_q`` and ``d_k`` in place."""
         self._launch(-1.0, d_q, d_k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
@@ -149,8 +153,9 @@ class RoPE:
         if (n_tokens + pos_start) * width >= 2**31:
             raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
 
-    def split_qkv(self, q, k, v, qkv, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
-                  head_dim: int, pos_start: int, theta: float, kv_row0: int = 0) -> None:
+    def split_qkv(self, q: cl.Buffer, k: cl.Buffer, v: cl.Buffer, qkv: cl.Buffer, n_tokens: int, seq_len: int,
+                  n_heads: int, n_kv_heads: int, head_dim: int, pos_start: int, theta: float,
+                  kv_row0: int = 0) -> None:
         """Split the rows ``[q | k | v]`` of one QKV matmul, ``qkv (n_tokens, (n_heads + 2 n_kv_heads)
         head_dim)``, into ``q (n_tokens, n_heads, head_dim)`` and rows ``kv_row0 ..`` of ``k``, ``v``
         ``(rows, n_kv_heads, head_dim)`` (the KV cache in generation), with RoPE on q and k;
@@ -167,8 +172,9 @@ class RoPE:
                         np.int32(n_tokens), np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads),
                         np.int32(head_dim), np.int32(pos_start), np.int32(kv_row0), self.contiguous)
 
-    def join_qkv(self, d_qkv, d_q, d_k, d_v, n_tokens: int, seq_len: int, n_heads: int, n_kv_heads: int,
-                 head_dim: int, pos_start: int, theta: float) -> None:
+    def join_qkv(self, d_qkv: cl.Buffer, d_q: cl.Buffer, d_k: cl.Buffer, d_v: cl.Buffer, n_tokens: int,
+                 seq_len: int, n_heads: int, n_kv_heads: int, head_dim: int, pos_start: int,
+                 theta: float) -> None:
         """Gradient of :meth:`split_qkv` (``kv_row0 = 0``): ``d_qkv`` rows ``[d_q | d_k | d_v]`` with
         the inverse rotation on d_q and d_k; overwritten."""
         if n_tokens <= 0:

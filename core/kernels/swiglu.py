@@ -1,10 +1,15 @@
 """Launcher for ``swiglu.cl``: out = silu(gate) * up and its backward."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 
 class SwiGLU:
@@ -33,13 +38,14 @@ class SwiGLU:
     def _size(self, n: int) -> int:
         return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
 
-    def forward(self, out, gate, up, n: int) -> None:
+    def forward(self, out: cl.Buffer, gate: cl.Buffer, up: cl.Buffer, n: int) -> None:
         """out (n) = silu(gate (n)) * up (n), overwritten."""
         if n <= 0:
             return
         self.dev.launch(self._fwd, (self._size(n),), (self.local,), out, gate, up, np.int32(n), self.contiguous)
 
-    def backward(self, d_gate, d_up, d_out, gate, up, n: int) -> None:
+    def backward(self, d_gate: cl.Buffer, d_up: cl.Buffer, d_out: cl.Buffer, gate: cl.Buffer,
+                 up: cl.Buffer, n: int) -> None:
         """d_gate (n) and d_up (n), both overwritten, from d_out, gate, up (n).
 
         ``d_up = d_out * silu(gate)``,
@@ -55,7 +61,7 @@ class SwiGLU:
             return grid_stride_size(self.dev, n_rows, self.local_rows), self.local_rows
         return grid_stride_size(self.dev, n_rows * max(1, ffn_dim // 4), self.local), self.local
 
-    def forward_fused(self, out, gate_up, n_rows: int, ffn_dim: int) -> None:
+    def forward_fused(self, out: cl.Buffer, gate_up: cl.Buffer, n_rows: int, ffn_dim: int) -> None:
         """``out (n_rows, ffn_dim) = silu(gate) * up`` where row ``r`` of ``gate_up (n_rows,
         2 ffn_dim)`` is ``[gate_r | up_r]`` (the output of one matmul with ``[Wgate; Wup]``).
         Overwrites ``out``."""
@@ -65,7 +71,8 @@ class SwiGLU:
         self.dev.launch(self._fused_fwd, (size,), (local,), out, gate_up, np.int32(n_rows), np.int32(ffn_dim),
                         self.contiguous)
 
-    def backward_fused(self, d_gate_up, d_out, gate_up, n_rows: int, ffn_dim: int) -> None:
+    def backward_fused(self, d_gate_up: cl.Buffer, d_out: cl.Buffer, gate_up: cl.Buffer, n_rows: int,
+                       ffn_dim: int) -> None:
         """Gradient of :meth:`forward_fused`: ``d_gate_up (n_rows, 2 ffn_dim)`` = ``[d_gate | d_up]``
         per row (formulas of :meth:`backward`), overwritten, from ``d_out (n_rows, ffn_dim)``."""
         if n_rows <= 0 or ffn_dim <= 0:
