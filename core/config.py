@@ -73,7 +73,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
             _positive_int(name, getattr(self, name))
         _positive_int("context_length", self.context_length, 2)
@@ -226,7 +226,7 @@ class TrainConfig:
     patience: int = 3
     time_budget_s: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.pretrain.validate("pretrain")
         self.tune.validate("tune")
         if not (0 <= self.replay_share < 1):

@@ -47,7 +47,7 @@ class SamplingSettings:
     max_tokens: int = 64
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

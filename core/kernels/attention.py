@@ -60,7 +60,7 @@ class AttentionTiles:
     bwd_tile: int = 0
     bwd_items: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
             raise ValueError(f"items and rows must be >= 1: {self}")
         if self.keys not in _POW2 or self.kv_rows not in _POW2:

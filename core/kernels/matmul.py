@@ -78,7 +78,7 @@ class TiledConfig:
 
     kernel = "matmul_tiled"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(min(self.tsm, self.tsn, self.tsk, self.wptm, self.wptn) >= 1, self, "sizes must be >= 1")
         _check(self.vw in _VECTOR_WIDTHS, self, "vw must be 1, 2, 4, 8 or 16")
         _check(self.tsm % self.wptm == 0 and self.tsn % self.wptn == 0, self, "tsm/tsn must be multiples of wptm/wptn")
@@ -132,7 +132,7 @@ class PackedConfig:
 
     kernel = "matmul_packed"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(min(self.mr, self.nb, self.wg, self.super_rows) >= 1 and self.kc >= 0, self,
                "sizes must be >= 1 (kc >= 0)")
         _check(self.vw in _VECTOR_WIDTHS, self, "vw must be 1, 2, 4, 8 or 16")
@@ -180,7 +180,7 @@ class GemvConfig:
 
     kernel = "matmul_gemv"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(self.wg >= 1 and self.wg & (self.wg - 1) == 0, self, "wg must be a power of two")
         _check(self.rows >= 1 and self.vw in _VECTOR_WIDTHS, self, "rows >= 1, vw in 1, 2, 4, 8, 16")
 
