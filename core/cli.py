@@ -311,10 +311,7 @@ def _train(args, out: Path) -> int:
                TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
                TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
     tasks = {}
-    from core.plan import passes, verdict
-
-    seqs = {"pretrain": (len(trainer.facts), 1.0),
-            "tune": (len(trainer.dialogues), 1.0 - trainer.train_config.replay_share if trainer.facts else 1.0)}
+    from core.plan import verdict_of
     final = {}
     check_task = None
     ctrl_c = _CtrlC(trainer)
@@ -329,11 +326,10 @@ def _train(args, out: Path) -> int:
                     if ev.stage not in tasks:
                         tasks[ev.stage] = progress.add_task(ev.stage, total=ev.total_steps, loss="-", tps="-",
                                                             passes="")
-                    n, share = seqs[ev.stage]
-                    cfg = trainer.stage_config(0 if ev.stage == "pretrain" else 1)
+                    stage = 0 if ev.stage == "pretrain" else 1
                     progress.update(tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
                                     tps=f"{ev.tokens_per_s:,.0f}",
-                                    passes=f"{passes(ev.step, cfg.batch_size, n, share):.1f} passes")
+                                    passes=f"{trainer.passes(stage, ev.step):.1f} passes")
                 elif isinstance(ev, RecallProgress):
                     if check_task is None:
                         check_task = progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
@@ -347,8 +343,7 @@ def _train(args, out: Path) -> int:
                 elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
                     ctrl_c.save(trainer, out)
                 elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
-                    final = {"facts": ev.facts_recalled, "answers": ev.dialogues_recalled,
-                             "end_reason": ev.end_reason}
+                    final = {"report": ev}
                     if ev.end_reason != "steps":
                         progress.console.print(f"{ev.stage}: ended after {ev.steps_done} steps ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
@@ -371,8 +366,8 @@ def _train(args, out: Path) -> int:
     ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if final:
-        v = verdict(final["facts"], final["answers"], trainer.train_config.recall_target, final["end_reason"],
-                    plan.preset if plan is not None else args.preset)
+        v = verdict_of(final["report"], trainer.train_config.recall_target,
+                       plan.preset if plan is not None else args.preset)
         print(v.text.replace(" — try the model on the Chat tab", ""))
         if v.advice:
             print(f"to learn the rest: {v.advice}")

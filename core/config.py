@@ -190,6 +190,18 @@ class TrainConfig:
             count (0: never for that reason).
         time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
             the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
+        mix_share: share (0..1) of each pretraining batch taken from the question-and-answer examples
+            (dialogues, fact questions), so facts are learned together with being asked about (Allen-Zhu
+            & Li 2023, Physics of LMs 3.1: "mixed training").
+        fact_questions: questions written for each fact that no dialogue answers, in the dataset's own
+            question patterns (core.augment.fact_questions); 0: none.
+        fact_question_share: share (0..1) of the question-and-answer part of a batch drawn from those
+            fact questions (the rest from the dataset's dialogues).
+        conversation_every: every this many tuning steps, a batch of conversations of several unrelated
+            dialogues one after another (core.augment.conversations), so the model answers the latest
+            question of a chat; 0: none.
+        heldout: fact questions kept out of training to measure how well questions about facts without
+            a dialogue are answered (the recall check's "heldout" kind); 0: none.
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -208,6 +220,11 @@ class TrainConfig:
     recall_target: float = 1.0
     patience: int = 3
     time_budget_s: float = 0.0
+    mix_share: float = 0.0
+    fact_questions: int = 0
+    fact_question_share: float = 0.5
+    conversation_every: int = 0
+    heldout: int = 0
 
     def __post_init__(self):
         self.pretrain.validate("pretrain")
@@ -235,6 +252,12 @@ class TrainConfig:
         if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
             raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
         _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
+        for name in ("mix_share", "fact_question_share"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < 1):
+                raise ConfigError(name, f"must be within 0..1 (exclusive of 1), got {v!r}")
+        for name in ("fact_questions", "conversation_every", "heldout"):
+            _positive_int(name, getattr(self, name), 0)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""

@@ -20,7 +20,15 @@ import numpy as np
 
 from core import chat_format
 
-KINDS = ("fact", "dialogue")
+KINDS = ("fact", "dialogue", "chat", "heldout")
+"""fact: a fact's rest from its first words; dialogue: each dialogue turn after its own earlier turns;
+chat: a dialogue's question asked in the middle of a conversation (after other dialogues' turns);
+heldout: questions about facts that no trained example asks about (``heldout=`` of the check)."""
+
+CHAT_EVERY = 4
+"""Every this many dialogues is also asked in the middle of a conversation ("chat" kind)."""
+CHAT_BEFORE = 2
+"""Dialogues before the one asked in a "chat" prompt (fewer when the context is full, as in core.chat)."""
 
 ANSWER_SLACK = 4
 """Tokens a decoded answer may run beyond the expected answer's token count before it is cut (it is wrong
@@ -31,7 +39,7 @@ then anyway; the slack covers a different tokenisation of the same text)."""
 class RecallItem:
     """Whether the model reproduces one fact or one dialogue turn (greedy decoding)."""
 
-    kind: str  # "fact" or "dialogue"
+    kind: str  # one of KINDS
     index: int
     prompt: str
     expected: str
@@ -57,9 +65,21 @@ def fact_split(text: str) -> tuple[str, str]:
     return prompt, text[len(prompt):]
 
 
-def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS) -> list[_Prompt]:
-    """Every recall prompt of ``dataset``: facts (BOS + first words) and each dialogue turn (the earlier
-    turns and the question). Prompts that leave no room for an answer in ``context_length`` are left out."""
+def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str, str]]:
+    """The turns of the ``before`` dialogues preceding dialogue ``i`` (wrapping around), oldest first:
+    the conversation a "chat" recall prompt asks dialogue ``i``'s first question in."""
+    n = len(dialogues)
+    picks = [(i - k) % n for k in range(min(before, n - 1), 0, -1)]
+    return [t for j in picks for t in dialogues[j].turns]
+
+
+def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
+                   heldout: list[tuple[str, str]] | tuple = ()) -> list[_Prompt]:
+    """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
+    turns and the question), every ``CHAT_EVERY``-th dialogue's first question after the turns of
+    other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
+    ``heldout`` (question, answer) pairs. Prompts that leave no room for an answer in ``context_length``
+    are left out."""
     out = []
     if "fact" in kinds:
         for i, fact in enumerate(dataset.facts):
@@ -75,6 +95,24 @@ def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = K
                 ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
                 history.append((user, answer))
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
+    if "chat" in kinds and len(dataset.dialogues) > 1:
+        for i in range(0, len(dataset.dialogues), CHAT_EVERY):
+            dlg = dataset.dialogues[i]
+            if not dlg.turns:
+                continue
+            user, answer = dlg.turns[0]
+            max_new = len(tok.encode(answer)) + ANSWER_SLACK
+            history = chat_history(dataset.dialogues, i)
+            while True:
+                ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
+                if len(ids) + max_new <= context_length or not history:
+                    break
+                history = history[1:]
+            out.append(_Prompt("chat", i, user, answer, ids, max_new))
+    if "heldout" in kinds:
+        for i, (user, answer) in enumerate(heldout):
+            ids = chat_format.prompt_ids(tok, [], user)
+            out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     return [p for p in out if len(p.ids) < context_length]
 
 
@@ -112,21 +150,23 @@ def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: in
 
 
 def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 should_stop: Callable[[], bool] | None = None,
+                 heldout: list[tuple[str, str]] | tuple = ()) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
-    (surrounding whitespace ignored).
+    (surrounding whitespace ignored). Chat: the same in the middle of a conversation
+    (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
-        every batch; the last yield holds the whole table, items in dataset order (facts, then
-        dialogue turns). ``should_stop()``, asked before each batch, ends the check early (the last
+        every batch; the last yield holds the whole table, items in the order of :data:`KINDS`, each in
+        dataset order. ``should_stop()``, asked before each batch, ends the check early (the last
         yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 
@@ -144,7 +184,7 @@ def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
         for i, out in zip(chunk, outs):
             p = prompts[i]
             got = tok.decode([t for t in out if t != tok.eos_id])
-            if p.kind == "dialogue":
+            if p.kind != "fact":
                 got = got.strip()
             results[i] = RecallItem(p.kind, p.index, p.prompt, p.expected, got, got.strip() == p.expected.strip())
         yield len(results), len(prompts), table()
@@ -156,4 +196,5 @@ def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
     return sum(r.ok for r in of), len(of)
 
 
-__all__ = ["RecallItem", "fact_split", "recall_prompts", "greedy_batch", "recall_check", "count", "KINDS"]
+__all__ = ["RecallItem", "fact_split", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
+           "KINDS", "CHAT_EVERY", "CHAT_BEFORE"]

@@ -7,9 +7,12 @@ The :class:`Trainer` is an iterator API a GUI thread or the CLI drives::
         ...
         if user_pressed_stop: trainer.request_stop()   # honoured before the next step
 
-Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS). Stage 2 ("tune") learns
-only the assistant tokens of each dialogue, and mixes ``replay_share`` of each batch from the facts
-again, because a tiny model otherwise forgets its facts during tuning.
+Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS), with ``mix_share`` of each
+batch from the question-and-answer examples. Stage 2 ("tune") learns only the assistant tokens of each
+dialogue, and mixes ``replay_share`` of each batch from the facts again, because a tiny model otherwise
+forgets its facts during tuning. The question-and-answer examples are the dataset's dialogues and, with
+``fact_questions``, questions written for the facts that have none (core.augment), ``fact_question_share``
+of them; every ``conversation_every``-th tuning batch holds conversations of several unrelated dialogues.
 
 Batches are a pure function of (seed, stage, step): example order is the concatenation of per-epoch
 permutations drawn from ``default_rng([seed, stage, epoch])``. So a resumed run sees exactly the
@@ -25,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core import chat_format
+from core import augment, chat_format
 from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
-from core.dataset import Dataset, dataset_hash
+from core.dataset import Dataset, Dialogue, dataset_hash
 from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_split, recall_check
@@ -36,10 +39,13 @@ from core.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 STAGES = ("pretrain", "tune")
-STAGE_KINDS = (("fact",), ("fact", "dialogue"))
+STAGE_KINDS = (("fact",), ("fact", "dialogue", "chat"))
 """What each stage must reproduce, and so what its checks during the stage look at (tuning replays the
 facts, so it must keep them as well as learn the answers)."""
-_NOUN = {"fact": "facts", "dialogue": "dialogue answers"}
+_NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
+         "heldout": "held-out answers"}
+CONVERSATIONS = 1000
+"""Most conversations of several dialogues built for tuning (``conversation_every``)."""
 
 
 @dataclass
@@ -108,6 +114,16 @@ class StageReport:
     def dialogues_recalled(self) -> tuple[int, int]:
         """(dialogue answers reproduced, answers checked)."""
         return count(self.recall, "dialogue")
+
+    @property
+    def chat_recalled(self) -> tuple[int, int]:
+        """(answers reproduced in the middle of a conversation, checked)."""
+        return count(self.recall, "chat")
+
+    @property
+    def heldout_recalled(self) -> tuple[int, int]:
+        """(held-out questions answered, asked): questions about facts no trained example asks about."""
+        return count(self.recall, "heldout")
 
 
 @dataclass
@@ -200,6 +216,127 @@ def batch_indices(seed: int, stage: int, step: int, n_examples: int, batch_size:
     return out
 
 
+class Batches:
+    """The training examples of a dataset and which of them make each batch: a pure function of
+    (dataset, tokenizer, context length, train config, stage, step), needing no device (core.plan
+    counts the padded tokens of planned steps with it).
+
+    Attributes:
+        facts, dialogues: examples of the dataset's facts and dialogues.
+        questions: examples of the trained fact questions (``fact_questions``, core.augment).
+        heldout_pairs: (question, answer) of the fact questions kept out of training (``heldout``).
+        conversations: examples of several dialogues one after another (``conversation_every``).
+    """
+
+    def __init__(self, tokenizer, dataset: Dataset, context_length: int, train_config: TrainConfig):
+        self.tokenizer, self.dataset, self.train_config = tokenizer, dataset, train_config
+        cl = context_length
+        self.facts = fact_examples(tokenizer, dataset.facts, cl)
+        self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
+        self._asked: list[tuple[int, str, str]] = []
+        self.questions, self.heldout_pairs = self._fact_questions(cl)
+        self.conversations = self._conversations(cl)
+
+    def stage_config(self, index: int) -> StageConfig:
+        return self.train_config.pretrain if index == 0 else self.train_config.tune
+
+    def _fact_questions(self, cl: int) -> tuple[list[Example], list[tuple[str, str]]]:
+        """Training examples of the fact questions (core.augment) and the held-out (question, answer)
+        pairs: all questions of ``heldout`` facts drawn with ``default_rng([seed, 7])``."""
+        tc = self.train_config
+        if not tc.fact_questions or not self.dialogues:
+            return [], []
+        qs = self._asked = augment.fact_questions(self.dataset, tc.fact_questions, tc.seed)
+        facts = sorted({i for i, _, _ in qs})
+        n_out = min(tc.heldout, len(facts) // 2)  # most facts with a question stay trained
+        out = set(np.random.default_rng([tc.seed, 7]).choice(facts, n_out, replace=False).tolist()) if n_out else set()
+        trained = [Dialogue([(q, a)]) for i, q, a in qs if i not in out]
+        heldout = [(q, a) for i, q, a in qs if i in out]
+        return dialogue_examples(self.tokenizer, trained, cl), heldout
+
+    def _conversations(self, cl: int) -> list[Example]:
+        """Conversations of 2-4 unrelated dialogues (dataset dialogues and trained fact questions)."""
+        tc = self.train_config
+        if not tc.conversation_every or not self.dialogues:
+            return []
+        singles = list(self.dataset.dialogues)
+        if self.questions:
+            held = set(self.heldout_pairs)
+            singles += [Dialogue([(q, a)]) for _, q, a in self._asked if (q, a) not in held]
+
+        def fits(turns) -> bool:
+            return len(chat_format.encode_dialogue(self.tokenizer, Dialogue(turns))[0]) <= cl + 1
+
+        convs = augment.conversations(singles, min(CONVERSATIONS, 2 * len(singles)), seed=tc.seed, fits=fits)
+        return dialogue_examples(self.tokenizer, [Dialogue(t) for t in convs], cl)
+
+    def _questions_part(self, stage: int, step: int, n: int) -> list[Example]:
+        """``n`` question-and-answer examples of batch ``step``: dataset dialogues and, with
+        ``fact_question_share``, fact questions (each from its own stream of epochs)."""
+        tc, seed = self.train_config, self.train_config.seed
+        n_q = min(n, int(round(n * tc.fact_question_share))) if self.questions else 0
+        if not self.dialogues:
+            n_q = n if self.questions else 0
+        out = [self.dialogues[i] for i in batch_indices(seed, stage, step, len(self.dialogues), n - n_q)] \
+            if n - n_q and self.dialogues else []
+        if n_q:
+            out += [self.questions[i] for i in batch_indices(seed, stage, step, len(self.questions), n_q, stream=3)]
+        return out
+
+    def conversation_step(self, step: int) -> bool:
+        """Whether tuning batch ``step`` (0-based) is a batch of conversations."""
+        k = self.train_config.conversation_every
+        return bool(k and self.conversations and step % k == k - 1)
+
+    def batch(self, stage: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, targets, mask) of batch ``step`` (0-based) of ``stage`` (core.trainer.make_batch)."""
+        return make_batch(self.examples(stage, step), self.tokenizer.pad_id)
+
+    def examples(self, stage: int, step: int) -> list[Example]:
+        """The examples of batch ``step`` of ``stage``."""
+        tc = self.train_config
+        cfg, seed = self.stage_config(stage), tc.seed
+        b = cfg.batch_size
+        if stage == 0:
+            n_mix = min(b - 1, int(round(b * tc.mix_share))) if (self.dialogues or self.questions) else 0
+            pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b - n_mix)]
+            pool += self._questions_part(0, step, n_mix) if n_mix else []
+        elif self.conversation_step(step):
+            pool = [self.conversations[i] for i in batch_indices(seed, 1, step // tc.conversation_every,
+                                                                 len(self.conversations), b, stream=2)]
+        else:
+            n_replay = int(round(b * tc.replay_share)) if self.facts else 0
+            n_replay = min(n_replay, b - 1)  # at least one dialogue per tuning batch
+            if not self.dialogues:
+                n_replay = b
+            pool = self._questions_part(1, step, b - n_replay) if b - n_replay else []
+            if n_replay:
+                pool += [self.facts[i] for i in batch_indices(seed, 1, step, len(self.facts), n_replay, stream=1)]
+        return pool
+
+    def passes(self, stage: int, steps: int) -> float:
+        """Passes (epochs) over the facts (``stage`` 0) or the dataset's dialogues (1) that ``steps`` steps
+        make (core.plan.passes: steps x the batch's share of them / their count)."""
+        tc, cfg = self.train_config, self.stage_config(stage)
+        b = cfg.batch_size
+        if stage == 0:
+            mix = min(b - 1, int(round(b * tc.mix_share))) if (self.dialogues or self.questions) else 0
+            return steps * (b - mix) / len(self.facts) if self.facts else 0.0
+        if not self.dialogues:
+            return 0.0
+        n_replay = min(b - 1, int(round(b * tc.replay_share))) if self.facts else 0
+        n = b - n_replay
+        n_d = n - (min(n, int(round(n * tc.fact_question_share))) if self.questions else 0)
+        if tc.conversation_every and self.conversations:
+            steps -= steps // tc.conversation_every
+        return steps * n_d / len(self.dialogues)
+
+    def padded_tokens(self, stage: int, step: int) -> int:
+        """Tokens (rows x padded length) of batch ``step`` of ``stage``: what the step costs."""
+        exs = self.examples(stage, step)
+        return len(exs) * (max(len(e.ids) for e in exs) - 1)
+
+
 class Trainer:
     """Trains a model on a dataset in two stages on one OpenCL device.
 
@@ -231,8 +368,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.model_config = replace(model_config, vocab_size=tokenizer.vocab_size)
         cl = self.model_config.context_length
-        self.facts = fact_examples(tokenizer, dataset.facts, cl)
-        self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
+        self.batches = Batches(tokenizer, dataset, cl, train_config)
+        self.facts, self.dialogues = self.batches.facts, self.batches.dialogues
+        self.heldout_pairs = self.batches.heldout_pairs
         if not self.facts and not self.dialogues:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
@@ -266,20 +404,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ batches
     def _batch(self, stage: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cfg, seed = self.stage_config(stage), self.train_config.seed
-        b = cfg.batch_size
-        if stage == 0:
-            pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b)]
-        else:
-            n_replay = int(round(b * self.train_config.replay_share)) if self.facts else 0
-            n_replay = min(n_replay, b - 1)  # at least one dialogue per tuning batch
-            if not self.dialogues:
-                n_replay = b
-            pool = [self.dialogues[i] for i in batch_indices(seed, 1, step, len(self.dialogues), b - n_replay)] \
-                if b - n_replay else []
-            if n_replay:
-                pool += [self.facts[i] for i in batch_indices(seed, 1, step, len(self.facts), n_replay, stream=1)]
-        return make_batch(pool, self.tokenizer.pad_id)
+        return self.batches.batch(stage, step)
+
+    def passes(self, stage: int, steps: int) -> float:
+        """Passes (epochs) over the facts (``stage`` 0) or the dialogues (1) that ``steps`` steps make."""
+        return self.batches.passes(stage, steps)
 
     def _stage_has_data(self, stage: int) -> bool:
         return bool(self.facts) if stage == 0 else bool(self.dialogues)
@@ -402,7 +531,10 @@ class Trainer:
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
                 cut = " (check stopped early)" if report.recall_stopped else ""
-                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{cut}")
+                more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout")
+                               for o, n in [count(report.recall, k)] if n)
+                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}"
+                                       f"{more}{cut}")
             else:
                 report.recall_stopped = recall
             yield report
@@ -450,7 +582,7 @@ class Trainer:
         is called."""
         items = []
         for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                                 should_stop=lambda: self._stop):
+                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs):
             pass
         return items
 
@@ -460,7 +592,7 @@ class Trainer:
         t0 = time.perf_counter()
         items: list[RecallItem] = []
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                               should_stop=lambda: self._stop):
+                                               should_stop=lambda: self._stop, heldout=self.heldout_pairs):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items
