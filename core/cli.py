@@ -415,6 +415,38 @@ def cmd_chat(args) -> int:
         print()
 
 
+# ----------------------------------------------------------------------------- recall
+def cmd_recall(args) -> int:
+    """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
+    device, core.recall): e.g. questions held out of training."""
+    from core.checkpoint import load_model
+    from core.dataset import load_dataset
+    from core.device import open_device
+    from core.model import Model
+    from core.recall import count, recall_check
+
+    loaded = load_model(args.model)
+    dataset, problems = load_dataset(args.data)
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    dev = open_device(args.device)
+    _tune_matmul(dev)
+    model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
+    kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
+    items = []
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds):
+        pass
+    if args.show_wrong:
+        for r in items:
+            if not r.ok:
+                print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
+    for k, noun in (("dialogue", "answers"), ("fact", "facts")):
+        ok, n = count(items, k)
+        if n:
+            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %)")
+    return 0
+
+
 # ----------------------------------------------------------------------------- export
 def cmd_export(args) -> int:
     from core.checkpoint import load_model
@@ -564,6 +596,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=64, help="longest answer in tokens (default 64)")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",
+                       description="Greedy answers of a model to every dialogue question (and fact) of a dataset "
+                       "file, compared with the dataset's answers word for word: e.g. questions held out of "
+                       "training.")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
+                   f"(default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--data", required=True, help="dataset file whose dialogues (and facts) to check")
+    s.add_argument("--device", help="device index or name")
+    s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
+    s.set_defaults(func=cmd_recall)
 
     s = sub.add_parser("export", help="export a GGUF file or a Hugging Face folder", description="Export a model "
                        "to GGUF for llama.cpp, Ollama and LM Studio, or (--format hf) to a Hugging Face "

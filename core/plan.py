@@ -31,11 +31,11 @@ AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
 
 PARAMS_PER_TOKEN = 15
-PRETRAIN_PASSES = 16
-TUNE_PASSES = 30
+PRETRAIN_PASSES = 12
+TUNE_PASSES = 12
 MIN_STEPS = (100, 60)  # pretrain, tune
 MAX_STEPS_FACTOR = 3.0
-CHECKS_PER_STAGE = 8
+CHECKS_PER_STAGE = 6
 PATIENCE = 6
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
 FORWARD_SHARE = 1 / 3
@@ -49,6 +49,9 @@ CONVERSATION_EVERY = 8
 """Every this many tuning steps, a batch of conversations of several dialogues (the latest question answered)."""
 HELDOUT = 100
 """Fact questions kept out of training to measure answers about facts without a dialogue."""
+CHECK_SAMPLE = 64
+"""Items of each kind a check during a stage looks at (evenly spaced): 2,000 facts take as long to check
+as a few hundred steps to train."""
 
 
 def passes(steps: int, batch_size: int, sequences: int, share: float = 1.0) -> float:
@@ -182,31 +185,35 @@ def make_plan(stats, seconds_per_token: float, lengths: tuple[list[int], list[in
         step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
     step_s = [step_tokens[0] * seconds_per_token, step_tokens[1] * seconds_per_token]
     # one recall check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq)
-    check_one = {}
+    check_one, sampled = {}, {}  # seconds of a full / a sampled (CHECK_SAMPLE per kind) check of each kind
     for k, (n, prompt, answer) in _check_kinds(recall_prompts, answer_tokens).items():
         t = prompt + answer / 2 if prompt else (t_f if k == "fact" else t_d)
-        check_one[k] = math.ceil(n / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if n else 0.0
-    during = [check_one.get("fact", 0.0), sum(check_one.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
+        for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
+            out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
+    during = [sampled.get("fact", 0.0), sum(sampled.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
     full = sum(check_one.values())
+    pre_end = sum(sampled.values()) if n_d else full  # a stage before the last ends with a sampled table
 
     def cost(st):
         every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
+        every_all = min((e for e in every if e), default=25)  # one check_every for both stages
         train = st[0] * step_s[0] + st[1] * step_s[1]
-        checks = sum((st[i] // every[i]) * during[i] for i in range(2) if every[i])
-        checks += 2 * full  # the full table at the end of each stage
+        checks = sum(((st[i] - 1) // every_all) * during[i] for i in range(2) if st[i])
+        checks += (pre_end if st[0] else 0.0) + (full if st[1] else 0.0)
         return train, checks, every
 
     train_s, check_s, every = cost(steps)
     if time_budget_s and train_s + check_s > time_budget_s:
-        scale = max(0.05, (time_budget_s - 2 * full) / max(train_s + check_s, 1e-9))
+        scale = max(0.05, (time_budget_s - pre_end - full) / max(train_s + check_s, 1e-9))
         steps = [max(1, int(s * scale)) if s else 0 for s in steps]
         train_s, check_s, every = cost(steps)
         notes.append(f"the time budget ({format_duration(time_budget_s)}) allows about {scale:.0%} of the "
                      "planned steps: the model may not learn everything; give more time")
     max_steps = [math.ceil(s * MAX_STEPS_FACTOR) for s in steps]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0]), tune=replace(tc.tune, steps=max_steps[1]),
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
+                 tune=replace(tc.tune, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
-                 patience=PATIENCE, time_budget_s=float(time_budget_s))
+                 patience=PATIENCE, time_budget_s=float(time_budget_s), check_sample=CHECK_SAMPLE)
     return Plan(preset, mc, tc, (steps[0], steps[1]), steps[0] * rows[0] / n_f if n_f else 0.0,
                 steps[1] * rows[1] / n_d if n_d else 0.0, train_s, check_s, seconds_per_token, tuple(notes))
 

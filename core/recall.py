@@ -74,12 +74,13 @@ def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str
 
 
 def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
-                   heldout: list[tuple[str, str]] | tuple = ()) -> list[_Prompt]:
+                   heldout: list[tuple[str, str]] | tuple = (), sample: int = 0) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
     turns and the question), every ``CHAT_EVERY``-th dialogue's first question after the turns of
     other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
     ``heldout`` (question, answer) pairs. Prompts that leave no room for an answer in ``context_length``
-    are left out."""
+    are left out. ``sample`` > 0 keeps at most that many prompts of each kind, evenly spaced (a quick
+    check during training; the full table at a stage's end)."""
     out = []
     if "fact" in kinds:
         for i, fact in enumerate(dataset.facts):
@@ -113,7 +114,18 @@ def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = K
         for i, (user, answer) in enumerate(heldout):
             ids = chat_format.prompt_ids(tok, [], user)
             out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
-    return [p for p in out if len(p.ids) < context_length]
+    out = [p for p in out if len(p.ids) < context_length]
+    if sample:
+        by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
+        out = [p for k in KINDS for p in _spaced(by_kind[k], sample)]
+    return out
+
+
+def _spaced(items: list, n: int) -> list:
+    """At most ``n`` of ``items``, evenly spaced (all when there are no more)."""
+    if len(items) <= n:
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
@@ -151,13 +163,15 @@ def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: in
 
 def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None,
-                 heldout: list[tuple[str, str]] | tuple = ()) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 heldout: list[tuple[str, str]] | tuple = (),
+                 sample: int = 0) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
+    ``sample``: see :func:`recall_prompts`.
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
@@ -166,7 +180,7 @@ def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
         yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 

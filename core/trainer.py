@@ -522,10 +522,12 @@ class Trainer:
             yield StageFinished(name, report.steps_done)
             if recall and not self._stop:
                 kinds, reuse = KINDS, []
-                if last_check is not None and last_check[0] == report.steps_done:  # checked at this very step
+                if last_check is not None and last_check[0] == report.steps_done and not tc.check_sample:
+                    # checked (all items) at this very step
                     kinds = tuple(k for k in KINDS if k not in last_check[1])
                     reuse = last_check[2]
-                items = yield from self._check(name, kinds, final=True)
+                last = si == len(STAGES) - 1 or not self._stage_has_data(si + 1) or self.stage_config(si + 1).steps == 0
+                items = yield from self._check(name, kinds, final=True, sample=0 if last else None)
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
                 f_ok, f_n = report.facts_recalled
@@ -586,13 +588,16 @@ class Trainer:
             pass
         return items
 
-    def _check(self, stage: str, kinds: tuple[str, ...], final: bool):
+    def _check(self, stage: str, kinds: tuple[str, ...], final: bool, sample: int | None = None):
         """Recall check of ``kinds`` as a sub-generator: yields RecallProgress per batch, returns the items.
-        Its duration is kept (``_check_s``) so a time budget leaves room for the next check."""
+        Its duration is kept (``_check_s``) so a time budget leaves room for the next check. ``sample``:
+        items per kind (core.recall.recall_prompts; None: ``check_sample``, 0: all)."""
         t0 = time.perf_counter()
         items: list[RecallItem] = []
+        sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                               should_stop=lambda: self._stop, heldout=self.heldout_pairs):
+                                               should_stop=lambda: self._stop, heldout=self.heldout_pairs,
+                                               sample=sample):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

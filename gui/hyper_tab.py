@@ -41,6 +41,8 @@ STAGE_FIELDS = [
     ("batch_size", "Batch size", int, "Sequences per step"),
     ("warmup_steps", "Warmup steps", int, "Linear warmup from 0 to the learning rate"),
     ("min_lr_ratio", "Final lr / peak lr", float, "Cosine decay ends at this fraction of the learning rate"),
+    ("decay_steps", "Decay ends at step", int, "The cosine decay ends here (0: at the last step); later steps "
+     "keep the final lr"),
 ]
 TRAIN_FIELDS = [
     ("grad_clip", "Clip gradient norm at", float, "Largest global gradient norm (0 disables clipping)"),

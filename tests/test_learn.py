@@ -40,7 +40,7 @@ def test_batched_recall_agrees_with_the_per_prompt_check(device):
     tr = Trainer(default_dataset(), mc, tc, device)
     for _ in tr.run(recall=False):
         pass
-    batched = tr.recall()
+    batched = tr.recall(("fact", "dialogue"))
     single = recall_table(tr.generator(), tr.tokenizer, tr.dataset)
     assert [(r.kind, r.index, r.ok) for r in batched] == [(r.kind, r.index, r.ok) for r in single]
     assert 0 < sum(r.ok for r in batched) < len(batched)  # a real mix, so the comparison means something
@@ -113,7 +113,11 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     big = DatasetStats(1024, 30000, 8000, 2000, 200, 60, [])
     p1, p2 = make_plan(small, 1e-5), make_plan(big, 1e-5)
     assert p1.preset == "Tiny" and p2.preset == "Small"
-    assert p2.planned_steps[0] == 2000 and round(p2.pretrain_passes) == 16 and round(p2.tune_passes) == 30
+    from core.plan import PRETRAIN_PASSES, TUNE_PASSES, step_rows
+
+    rows = step_rows(p2.train_config, big)
+    assert p2.planned_steps[0] == round(PRETRAIN_PASSES * 2000 / rows[0])
+    assert round(p2.pretrain_passes) == PRETRAIN_PASSES and round(p2.tune_passes) == TUNE_PASSES
     assert p2.train_config.pretrain.steps > p2.planned_steps[0] and p2.train_config.check_every > 0
     assert p2.total_s > p1.total_s > 0
     fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
@@ -141,3 +145,27 @@ def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsy
     text = capsys.readouterr().out
     assert "plan: Tiny model" in text and "passes over the facts" in text
     assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
+
+
+def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, device):
+    """``opencl-llm recall`` counts what the batched check counts, and agrees with the chat's decoding."""
+    from pathlib import Path
+
+    from core.checkpoint import load_model
+    from core.cli import main
+    from core.dataset import load_dataset
+    from core.generate import Generator
+
+    model = Path(__file__).parent / "data" / "checkpoint_v1"
+    loaded = load_model(model)
+    ds, _ = load_dataset(model / "dataset.json")
+    data = tmp_path / "ask.txt"
+    data.write_text("".join(f"User: {q}\nAssistant: {a}\n\n" for d in ds.dialogues for q, a in d.turns[:1]))
+    assert main(["recall", "--model", str(model), "--data", str(data), "--device", str(device.info.index),
+                 "--show-wrong"]) == 0
+    out = capsys.readouterr().out
+    asked, _ = load_dataset(data)
+    ref = recall_table(Generator(device, loaded.config, loaded.weights), loaded.tokenizer, asked)
+    ok, n = sum(r.ok for r in ref), len(ref)
+    assert f"{ok:,} of {n:,} answers" in out and "facts" not in out.splitlines()[-1]
+    assert out.count("got ") == n - ok
