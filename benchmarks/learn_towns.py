@@ -43,6 +43,7 @@ def run_pty(cmd: list[str], env: dict) -> tuple[str, float, float, float]:
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=ROOT)
     os.close(slave)
     raw, last_state, last_change, stall, plan_at = b"", None, None, 0.0, None
+    gaps = []  # (seconds without a change, state before, state after)
     while True:
         r, _, _ = select.select([master], [], [], 0.5)
         now = time.perf_counter()
@@ -62,6 +63,7 @@ def run_pty(cmd: list[str], env: dict) -> tuple[str, float, float, float]:
             if plan_at is not None and state != last_state:
                 if last_change is not None:
                     stall = max(stall, now - last_change)
+                    gaps.append((now - last_change, last_state, state))
                 last_state, last_change = state, now
         elif proc.poll() is not None:
             break
@@ -69,6 +71,9 @@ def run_pty(cmd: list[str], env: dict) -> tuple[str, float, float, float]:
     os.close(master)
     if last_change is not None:
         stall = max(stall, time.perf_counter() - last_change)
+        gaps.append((time.perf_counter() - last_change, last_state, "(the end)"))
+    for gap, before, after in sorted(gaps, reverse=True)[:3]:
+        print(f"  {gap:.1f} s without a change: after {before.strip()[:90]!r}, then {after.strip()[:90]!r}")
     return _ANSI.sub("", raw.decode("utf-8", "replace")), time.perf_counter() - t0, stall, plan_at or 0.0
 
 

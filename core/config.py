@@ -191,7 +191,8 @@ class TrainConfig:
             them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
         recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
         patience: with ``check_every``, end a stage after this many checks in a row without a new best
-            count (0: never for that reason).
+            count (0: never for that reason); checks before a stage's ``decay_steps`` do not count (the
+            planned steps run in any case).
         time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
             the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
         mix_share: share (0..1) of each pretraining batch taken from the question-and-answer examples

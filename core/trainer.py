@@ -510,7 +510,7 @@ class Trainer:
                         break
                     if ok > best:
                         best, since_best = ok, 0
-                    else:
+                    elif self.stage_step > cfg.decay_steps:  # patience only once the planned steps are done
                         since_best += 1
                         if tc.patience and since_best >= tc.patience:
                             end_reason = "no progress"
