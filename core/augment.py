@@ -85,16 +85,34 @@ def patterns(dataset) -> list[Pattern]:
     return out
 
 
-def _matches(fact_words: list[str], pats: list[Pattern], sets: list[set], closest: int = 8) -> list[tuple[float, int, str]]:
+class _Index:
+    """Word-set overlap (Jaccard) of a shape with every pattern's shape, as one matrix product."""
+
+    def __init__(self, pats: list[Pattern]):
+        self.vocab = {w: k for k, w in enumerate(sorted({w for p in pats for w in p.shape}))}
+        self.sets = np.zeros((len(pats), len(self.vocab)), np.float32)
+        for r, p in enumerate(pats):
+            self.sets[r, [self.vocab[w] for w in set(p.shape)]] = 1.0
+        self.sizes = self.sets.sum(axis=1)
+
+    def closest(self, shape: tuple[str, ...], n: int) -> list[int]:
+        have = {self.vocab[w] for w in shape if w in self.vocab}
+        if not have:
+            return []
+        inter = self.sets[:, sorted(have)].sum(axis=1)
+        jaccard = inter / (self.sizes + len(set(shape)) - inter)
+        return np.argsort(-jaccard, kind="stable")[:n].tolist()
+
+
+def _matches(fact_words: list[str], pats: list[Pattern], index: _Index, closest: int = 4) -> list[tuple[float, int, str]]:
     """(ratio, pattern index, proper name) of the ``closest`` patterns (by word-set overlap) for each
     candidate proper name of the fact, best first."""
     out = []
     for name in _names(fact_words):
         shape = _slotted(fact_words, name)
-        have = set(shape)
         # cheap word-set overlap first; the order-aware ratio for the closest few
-        near = sorted(range(len(pats)), key=lambda k: -len(have & sets[k]) / len(have | sets[k]))[:closest]
-        out += [(difflib.SequenceMatcher(None, shape, pats[k].shape, autojunk=False).ratio(), k, name) for k in near]
+        out += [(difflib.SequenceMatcher(None, shape, pats[k].shape, autojunk=False).ratio(), k, name)
+                for k in index.closest(shape, closest)]
     return sorted(out, key=lambda m: -m[0])
 
 
@@ -114,13 +132,13 @@ def fact_questions(dataset, per_fact: int = 1, seed: int = 0) -> list[tuple[int,
     if not pats:
         return []
     answered = {d.turns[0][1].strip() for d in dataset.dialogues if len(d.turns) == 1}
-    sets = [set(p.shape) for p in pats]
+    index = _Index(pats)
     rng = np.random.default_rng([seed, 9])
     out = []
     for i, fact in enumerate(dataset.facts):
         if fact.strip() in answered or not fact.strip():
             continue
-        found = _matches(words(fact), pats, sets)
+        found = _matches(words(fact), pats, index)
         if not found or found[0][0] < MIN_SIMILARITY:
             continue
         best, _, name = found[0]

@@ -264,8 +264,15 @@ class Batches:
             held = set(self.heldout_pairs)
             singles += [Dialogue([(q, a)]) for _, q, a in self._asked if (q, a) not in held]
 
-        def fits(turns) -> bool:
-            return len(chat_format.encode_dialogue(self.tokenizer, Dialogue(turns))[0]) <= cl + 1
+        if chat_format.uses_file_template(self.tokenizer):
+            def fits(turns) -> bool:
+                return len(chat_format.encode_dialogue(self.tokenizer, Dialogue(turns))[0]) <= cl + 1
+        else:  # our format tokenizes each turn on its own (its EOS ends a text run): BOS + the turns' tokens
+            turn_tokens = {t: len(chat_format.encode_dialogue(self.tokenizer, Dialogue([t]))[0]) - 1
+                           for d in singles for t in d.turns}
+
+            def fits(turns) -> bool:
+                return 1 + sum(turn_tokens[t] for t in turns) <= cl + 1
 
         convs = augment.conversations(singles, min(CONVERSATIONS, 2 * len(singles)), seed=tc.seed, fits=fits)
         return dialogue_examples(self.tokenizer, [Dialogue(t) for t in convs], cl)
