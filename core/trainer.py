@@ -255,14 +255,18 @@ class Batches:
         return dialogue_examples(self.tokenizer, trained, cl), heldout
 
     def _conversations(self, cl: int) -> list[Example]:
-        """Conversations of 2-4 unrelated dialogues (dataset dialogues and trained fact questions)."""
+        """Conversations of 2-4 unrelated dialogues: the dataset's dialogues and as many trained fact
+        questions (drawn with ``default_rng([seed, 6])``), so a conversation mostly asks what the user's
+        chat will ask."""
         tc = self.train_config
         if not tc.conversation_every or not self.dialogues:
             return []
         singles = list(self.dataset.dialogues)
         if self.questions:
             held = set(self.heldout_pairs)
-            singles += [Dialogue([(q, a)]) for _, q, a in self._asked if (q, a) not in held]
+            asked = [Dialogue([(q, a)]) for _, q, a in self._asked if (q, a) not in held]
+            pick = np.random.default_rng([tc.seed, 6]).permutation(len(asked))[:len(singles)]
+            singles += [asked[i] for i in sorted(pick)]
 
         if chat_format.uses_file_template(self.tokenizer):
             def fits(turns) -> bool:
@@ -392,6 +396,7 @@ class Trainer:
         self._guard = _UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
+        self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's last check (tuning keeps them)
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ control
@@ -512,7 +517,7 @@ class Trainer:
                     yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
                         f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
                     ok = sum(o for o, _ in counts.values())
-                    if all(o >= math.ceil(tc.recall_target * n - 1e-9) for o, n in counts.values()):
+                    if all(o >= self._wanted(k, n) for k, (o, n) in counts.items()):
                         end_reason = "learned"
                         break
                     if ok > best:
@@ -523,6 +528,8 @@ class Trainer:
                             end_reason = "no progress"
                             yield LogEvent("INFO", f"{name}: no better recall in {since_best} checks; stage ends")
                             break
+            if si == 0 and last_check is not None:
+                self._facts_kept = count(last_check[2], "fact")
             report = StageReport(name, self.stage_step, stopped=False, end_reason=end_reason)
             self.stage_index += 1
             self.stage_step = 0
@@ -594,6 +601,15 @@ class Trainer:
                                                  should_stop=lambda: self._stop, heldout=self.heldout_pairs):
             pass
         return items
+
+    def _wanted(self, kind: str, n: int) -> int:
+        """Items of ``kind`` (of ``n`` checked) a check during a stage needs for "learned": ``recall_target``
+        of them; for facts during tuning, what pretraining's last check reproduced is enough (tuning
+        teaches answers and must keep the facts, not learn the ones pretraining could not)."""
+        want = math.ceil(self.train_config.recall_target * n - 1e-9)
+        if kind == "fact" and self.stage_index == 1 and self._facts_kept and self._facts_kept[1] == n:
+            want = min(want, self._facts_kept[0])
+        return want
 
     def _check(self, stage: str, kinds: tuple[str, ...], final: bool, sample: int | None = None):
         """Recall check of ``kinds`` as a sub-generator: yields RecallProgress per batch, returns the items.
