@@ -235,15 +235,28 @@ def cmd_train(args) -> int:
 def _train(args, out: Path) -> int:
     import signal
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
     from core.config import ConfigError
     from core.dataset import default_dataset
     from core.device import open_device
-    from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
-                              TrainingDiverged)
+    from core.trainer import (
+        LogEvent,
+        RecallProgress,
+        StageFinished,
+        StageReport,
+        StepReport,
+        Trainer,
+        TrainingDiverged,
+    )
 
     base = None
     auto = not args.resume and not args.base and args.preset in (None, "Auto")

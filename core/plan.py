@@ -315,10 +315,10 @@ def plan_for(dataset, dev, time_budget_s: float = 0.0, vocab_size: int = 1024) -
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
     preset, the padded tokens of the planned data mix's batches (core.trainer.Batches) and the recall
     prompts of every kind, :func:`make_plan`. Returns (plan, DatasetStats)."""
+    from core.batches import Batches
     from core.estimates import dataset_stats
     from core.recall import ANSWER_SLACK, KINDS, recall_prompts
     from core.tokenizer import Tokenizer
-    from core.trainer import Batches
 
     cl = PRESETS["Small"][0].context_length
     stats = dataset_stats(dataset, vocab_size, cl)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from core import augment
-from core.config import PRESETS, TrainConfig, replace
+from core.config import PRESETS, replace
 from core.dataset import Dataset, Dialogue, load_dataset
 from core.recall import CHAT_EVERY, chat_history, recall_prompts
 from core.tokenizer import Tokenizer

@@ -58,7 +58,7 @@ def test_a_few_towns_learned_and_ten_questions_in_one_chat_answered(device):
 @pytest.mark.slow
 def test_two_thousand_facts_learned_in_one_run_and_ten_questions_in_one_chat(device):
     towns = make_towns()
-    tr, plan, last = _learn(device, towns)
+    tr, _plan, last = _learn(device, towns)
     ok, n = last.dialogues_recalled
     assert n == 200 and ok >= 190, verdict_of(last).text
     answers = _ten_in_one_chat(tr, towns)
