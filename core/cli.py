@@ -347,7 +347,7 @@ def _train(args, out: Path) -> int:
                     if check_task is None:
                         check_task = progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
                                                        loss="-", tps="-", passes="")
-                    progress.update(check_task, completed=ev.done)
+                    progress.update(check_task, completed=ev.done, total=max(ev.total, 1))  # a new check: its own total
                     if ev.final and ev.done == ev.total:
                         progress.remove_task(check_task)
                         check_task = None

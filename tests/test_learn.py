@@ -169,3 +169,21 @@ def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, devi
     ok, n = sum(r.ok for r in ref), len(ref)
     assert f"{ok:,} of {n:,} answers" in out and "facts" not in out.splitlines()[-1]
     assert out.count("got ") == n - ok
+
+
+def test_patience_waits_for_the_planned_steps(device):
+    """With ``decay_steps`` (the Auto plan's planned steps), checks before it never end a stage."""
+    tc = _tc(200, lr=1e-7, check_every=5, patience=2)
+    tc = replace(tc, pretrain=replace(tc.pretrain, decay_steps=10), tune=StageConfig(steps=0))
+    tr = Trainer(default_dataset(), SMALL, tc, device)
+    rep = next(e for e in tr.run(recall=False) if isinstance(e, StageReport))
+    assert rep.end_reason == "no progress" and rep.steps_done == 20  # 15 and 20 count, 5 and 10 do not
+
+
+def test_the_cosine_decay_ends_at_decay_steps():
+    from core.config import lr_at
+
+    st = StageConfig(steps=300, lr=1e-2, warmup_steps=10, min_lr_ratio=0.1, decay_steps=100)
+    assert lr_at(st, 9) == 1e-2 and abs(lr_at(st, 100) - 1e-3) < 1e-12 and lr_at(st, 250) == lr_at(st, 100)
+    assert 1e-3 < lr_at(st, 55) < lr_at(replace(st, decay_steps=0), 55) < 1e-2
+    assert lr_at(replace(st, decay_steps=0), 100) > 5e-3  # without it the decay spans all 300 steps
