@@ -25,6 +25,8 @@ KINDS = ("fact", "dialogue", "chat", "heldout")
 chat: a dialogue's question asked in the middle of a conversation (after other dialogues' turns);
 heldout: questions about facts that no trained example asks about (``heldout=`` of the check)."""
 
+ROW_TOKENS = 48
+"""Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
 CHAT_EVERY = 4
 """Every this many dialogues is also asked in the middle of a conversation ("chat" kind)."""
 CHAT_BEFORE = 2
@@ -175,7 +177,7 @@ def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
-        every batch; the last yield holds the whole table, items in the order of :data:`KINDS`, each in
+        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``); the last yield holds the whole table, items in the order of :data:`KINDS`, each in
         dataset order. ``should_stop()``, asked before each batch, ends the check early (the last
         yield then holds a partial table).
     """
@@ -188,11 +190,9 @@ def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
         return [results[i] for i in sorted(results)]
 
     yield 0, len(prompts), []
-    b = model.batch_size
-    for s in range(0, len(order), b):
+    for chunk in _chunks(order, prompts, model.batch_size):
         if stop():
             return
-        chunk = order[s:s + b]
         outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
                             tok.eos_id, tok.pad_id)
         for i, out in zip(chunk, outs):
@@ -202,6 +202,21 @@ def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
                 got = got.strip()
             results[i] = RecallItem(p.kind, p.index, p.prompt, p.expected, got, got.strip() == p.expected.strip())
         yield len(results), len(prompts), table()
+
+
+def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[int]]:
+    """Batches of ``order`` (prompts sorted by length): at most ``b`` rows and about ``b`` x
+    ``ROW_TOKENS`` tokens of prompt plus answer, so a batch of long conversation prompts takes no longer
+    than one of short fact prompts (each batch is one "checking recall" progress event)."""
+    chunk: list[int] = []
+    for i in order:
+        rows = len(chunk) + 1
+        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS):
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk
 
 
 def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
