@@ -119,7 +119,7 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     rows = step_rows(p2.train_config, big)
     assert p2.planned_steps[0] == round(PRETRAIN_PASSES * 2000 / rows[0])
     assert round(p2.pretrain_passes) == PRETRAIN_PASSES and round(p2.tune_passes) == TUNE_PASSES
-    assert p2.train_config.pretrain.steps > p2.planned_steps[0] and p2.train_config.check_every > 0
+    assert p2.train_config.tune.steps > p2.planned_steps[1] and p2.train_config.check_every > 0
     assert p2.total_s > p1.total_s > 0
     fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
     assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
