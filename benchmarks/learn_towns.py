@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--work", help="folder for the data and the model (default: a temporary one)")
     p.add_argument("--train-args", default="", help="extra options for opencl-llm train (default: none, Auto)")
+    p.add_argument("--cold-cache", action="store_true", help="start with no compiled kernels and no matmul "
+                   "tuning (a first run on this machine)")
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="learn-towns-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -94,14 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     data, heldout, model = work / "towns.txt", work / "towns-heldout.txt", work / "model"
     write(towns, data, heldout)
     env = {**os.environ, "COLUMNS": "200", "LINES": "50", "TERM": "xterm"}
-    # the training speed is measured afresh (a cached one may be from a busier hour); the matmul tuning is kept
-    sys.path.insert(0, str(ROOT))
+    # the training speed is measured afresh (a cached one may be from a busier hour); compiled kernels and
+    # the matmul tuning are kept (as after the Device tab's check); --cold-cache: none of them
     from core.device import user_cache_dir
 
     cache = work / "cache"
-    cache.mkdir(exist_ok=True)
-    if (user_cache_dir() / "matmul-tuning.json").is_file() and not (cache / "matmul-tuning.json").exists():
-        shutil.copy(user_cache_dir() / "matmul-tuning.json", cache / "matmul-tuning.json")
+    if not cache.exists():
+        if a.cold_cache:
+            cache.mkdir()
+        else:
+            shutil.copytree(user_cache_dir(), cache, ignore=shutil.ignore_patterns("train_speed.json"))
+    (cache / "train_speed.json").unlink(missing_ok=True)
     env["OPENCL_LLM_CACHE_DIR"] = str(cache)
     cli = [sys.executable, "-m", "core.cli"]
     dev = ["--device", a.device] if a.device else []

@@ -34,7 +34,7 @@ PARAMS_PER_TOKEN = 15
 PRETRAIN_PASSES = 16
 TUNE_PASSES = 12
 MIN_STEPS = (100, 60)  # pretrain, tune
-MAX_STEPS_FACTOR = (1.0, 2.0)
+MAX_STEPS_FACTOR = (1.0, 1.5)
 """Most steps of (pretraining, tuning) as a multiple of the planned ones. Pretraining runs its planned
 steps (tuning replays the facts): on the 2,000-fact towns data the fact count crept up by a few per check
 after them, for minutes; answers missing at the planned tuning steps are often learned soon after."""
@@ -341,7 +341,9 @@ def plan_for(dataset, dev, time_budget_s: float = 0.0, vocab_size: int = 1024) -
             kinds[k] = (len(ps), float(np.mean([len(p.ids) for p in ps])),
                         float(np.mean([p.max_new - ANSWER_SLACK + 1 for p in ps])))
     b = PRESETS[preset][1].pretrain.batch_size
-    spt = measure_speed(dev, mc, b, int(padded_length(f_len or d_len, b)) or 16)
+    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer)
+    spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
+                        int(padded_length(f_len or d_len, b)) or 16)
     return make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
                      step_tokens=step_tokens), stats
 
