@@ -33,7 +33,7 @@ AUTO = "Auto (recommended)"
 PARAMS_PER_TOKEN = 15
 PRETRAIN_PASSES = 16
 TUNE_PASSES = 12
-MIN_STEPS = (100, 60)  # pretrain, tune
+MIN_STEPS = (100, 150)  # pretrain, tune
 MAX_STEPS_FACTOR = (1.0, 1.5)
 """Most steps of (pretraining, tuning) as a multiple of the planned ones. Pretraining runs its planned
 steps (tuning replays the facts): on the 2,000-fact towns data the fact count crept up by a few per check

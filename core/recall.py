@@ -27,8 +27,12 @@ heldout: questions about facts that no trained example asks about (``heldout=`` 
 
 ROW_TOKENS = 48
 """Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
-CHAT_EVERY = 4
-"""Every this many dialogues is also asked in the middle of a conversation ("chat" kind)."""
+CHAT_PROMPTS = 50
+"""About this many dialogues (every one of a smaller dataset, evenly spaced) are also asked in the middle of
+a conversation ("chat" kind)."""
+CHAT_ROOM = 64
+"""Tokens a chat leaves free for the answer (the chat's default max_tokens, core.generate.SamplingSettings):
+a "chat" prompt keeps the history core.chat.ChatSession would keep."""
 CHAT_BEFORE = 2
 """Dialogues before the one asked in a "chat" prompt (fewer when the context is full, as in core.chat)."""
 
@@ -67,6 +71,11 @@ def fact_split(text: str) -> tuple[str, str]:
     return prompt, text[len(prompt):]
 
 
+def chat_every(n_dialogues: int) -> int:
+    """Every how many dialogues one is asked in the middle of a conversation: about ``CHAT_PROMPTS``."""
+    return max(1, n_dialogues // CHAT_PROMPTS)
+
+
 def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str, str]]:
     """The turns of the ``before`` dialogues preceding dialogue ``i`` (wrapping around), oldest first:
     the conversation a "chat" recall prompt asks dialogue ``i``'s first question in."""
@@ -78,7 +87,7 @@ def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str
 def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
                    heldout: list[tuple[str, str]] | tuple = (), sample: int = 0) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
-    turns and the question), every ``CHAT_EVERY``-th dialogue's first question after the turns of
+    turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
     other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
     ``heldout`` (question, answer) pairs. Prompts that leave no room for an answer in ``context_length``
     are left out. ``sample`` > 0 keeps at most that many prompts of each kind, evenly spaced (a quick
@@ -99,16 +108,17 @@ def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = K
                 history.append((user, answer))
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
-        for i in range(0, len(dataset.dialogues), CHAT_EVERY):
+        for i in range(0, len(dataset.dialogues), chat_every(len(dataset.dialogues))):
             dlg = dataset.dialogues[i]
             if not dlg.turns:
                 continue
             user, answer = dlg.turns[0]
             max_new = len(tok.encode(answer)) + ANSWER_SLACK
+            room = min(max(max_new, CHAT_ROOM), context_length - 1)
             history = chat_history(dataset.dialogues, i)
             while True:
                 ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
-                if len(ids) + max_new <= context_length or not history:
+                if len(ids) + room <= context_length or not history:
                     break
                 history = history[1:]
             out.append(_Prompt("chat", i, user, answer, ids, max_new))
@@ -226,4 +236,4 @@ def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
-           "KINDS", "CHAT_EVERY", "CHAT_BEFORE"]
+           "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every"]

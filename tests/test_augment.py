@@ -8,7 +8,7 @@ import numpy as np
 from core import augment
 from core.config import PRESETS, replace
 from core.dataset import Dataset, Dialogue, load_dataset
-from core.recall import CHAT_EVERY, chat_history, recall_prompts
+from core.recall import chat_every, chat_history, recall_prompts
 from core.tokenizer import Tokenizer
 from core.trainer import Batches
 from tests.make_towns_dataset import ATTRIBUTES, FACTS_PER_TOWN, make_towns, write
@@ -120,18 +120,24 @@ def test_recall_asks_questions_in_the_middle_of_a_conversation_and_held_out_ones
     ds = _dataset(t)
     tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=400)
     held = t.heldout[:7]
-    ps = recall_prompts(tok, ds, 128, heldout=held)
+    ps = recall_prompts(tok, ds, 256, heldout=held)
     chat = [p for p in ps if p.kind == "chat"]
-    assert [p.index for p in chat] == list(range(0, 30, CHAT_EVERY))
+    assert chat_every(30) == 1 and chat_every(200) == 4
+    assert [p.index for p in chat] == list(range(30))
     for p in chat:
         text = tok.decode(p.ids)
         q, a = t.dialogues[p.index]
         assert text.endswith(f"User: {q}\nAssistant:") and p.expected == a
-        assert text.count("User:") > 1  # other dialogues' turns come first
-        assert len(p.ids) + p.max_new <= 128
+    with_history = sum(tok.decode(p.ids).count("User:") > 1 for p in chat)  # other dialogues' turns first
+    assert with_history > len(chat) / 2
     assert chat_history(ds.dialogues, 0) == [t.dialogues[28], t.dialogues[29]]
-    short = [p for p in recall_prompts(tok, ds, 60, kinds=("chat",))]
-    assert short and all(len(p.ids) + p.max_new <= 60 for p in short)  # oldest turns dropped to fit
+    from core.generate import SamplingSettings
+    from core.recall import CHAT_ROOM
+
+    assert CHAT_ROOM == SamplingSettings().max_tokens  # the history a chat with default settings keeps
+    assert all(len(p.ids) + CHAT_ROOM <= 256 for p in chat)
+    short = [p for p in recall_prompts(tok, ds, 100, kinds=("chat",))]
+    assert short and all(len(p.ids) + CHAT_ROOM <= 100 for p in short)  # oldest turns dropped to fit
     assert [(p.prompt, p.expected) for p in ps if p.kind == "heldout"] == held
     sample = recall_prompts(tok, ds, 128, heldout=held, sample=5)
     counts = {k: sum(p.kind == k for p in sample) for k in ("fact", "dialogue", "chat", "heldout")}
