@@ -207,13 +207,14 @@ class Batches:
         return pool
 
     def passes(self, stage: int, steps: int) -> float:
-        """Passes (epochs) over the facts (``stage`` 0) or the dataset's dialogues (1) that ``steps`` steps
-        make (core.plan.passes: steps x the batch's share of them / their count)."""
+        """Passes (epochs) over the facts (``stage`` 0: as text or as fact questions' answers) or the
+        dataset's dialogues (1) that ``steps`` steps make (steps x the batch's rows of them / their count)."""
         tc, cfg = self.train_config, self.stage_config(stage)
         b = cfg.batch_size
-        if stage == 0:
+        if stage == 0:  # a fact as text or as the answer of a fact question
             mix = min(b - 1, int(round(b * tc.mix_share))) if (self.dialogues or self.questions) else 0
-            return steps * (b - mix) / len(self.facts) if self.facts else 0.0
+            asked = min(mix, int(round(mix * tc.fact_question_share))) if self.questions and mix else 0
+            return steps * (b - mix + asked) / len(self.facts) if self.facts else 0.0
         if not self.dialogues:
             return 0.0
         n_replay = min(b - 1, int(round(b * tc.replay_share))) if self.facts else 0

@@ -41,9 +41,13 @@ after them, for minutes; answers missing at the planned tuning steps are often l
 CHECKS_PER_STAGE = 6
 PATIENCE = 4
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
+TRAINER_OVERHEAD = 1.4
+"""A trainer step takes this many times the timed forward/backward/AdamW of :func:`measure_speed`: the
+update guard's copies and finite check, the gradient norms, building the batch, batches padded to their
+longest example (conversations); measured 1.42-1.46 on the towns data (benchmarks/learn_towns.py)."""
 FORWARD_SHARE = 1 / 3
 """A forward pass costs about a third of a training step (forward + backward (2x) + update)."""
-MIX_SHARE = 0.25
+MIX_SHARE = 0.5
 """Share of each pretraining batch from questions and answers (Allen-Zhu & Li 2023, Part 3.1: facts mixed
 with question-answer data become extractable)."""
 FACT_QUESTION_SHARE = 0.5
@@ -186,7 +190,7 @@ def make_plan(stats, seconds_per_token: float, lengths: tuple[list[int], list[in
     t_d = min(mc.context_length, padded_length(lengths[1], b))
     if step_tokens is None:
         step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
-    step_s = [step_tokens[0] * seconds_per_token, step_tokens[1] * seconds_per_token]
+    step_s = [t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens]
     # one recall check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq)
     check_one, sampled = {}, {}  # seconds of a full / a sampled (CHECK_SAMPLE per kind) check of each kind
     for k, (n, prompt, answer) in _check_kinds(recall_prompts, answer_tokens).items():
@@ -235,16 +239,18 @@ def data_mix(tc: TrainConfig, stats) -> TrainConfig:
 
 
 def step_rows(tc: TrainConfig, stats) -> tuple[float, float]:
-    """Rows per step of the stage's own data: facts per pretraining step, dataset dialogues per tuning
-    step (conversation batches counted as none), under ``tc``'s data mix."""
+    """Rows per step of the stage's own data: facts per pretraining step (as text, or as the answer of a
+    fact question), dataset dialogues per tuning step (conversation batches counted as none), under
+    ``tc``'s data mix."""
     b = tc.pretrain.batch_size
     mix = min(b - 1, round(b * tc.mix_share)) if stats.dialogue_sequences else 0
+    asked = min(mix, round(mix * tc.fact_question_share)) if tc.fact_questions else 0  # a fact as an answer
     bt = tc.tune.batch_size
     q = bt - (min(bt - 1, round(bt * tc.replay_share)) if stats.fact_sequences else 0)
     d = q - min(q, round(q * tc.fact_question_share)) if tc.fact_questions else q
     if tc.conversation_every:
         d *= 1 - 1 / tc.conversation_every
-    return float(b - mix), float(d)
+    return float(b - mix + asked), float(d)
 
 
 # ----------------------------------------------------------------------------- speed

@@ -108,7 +108,7 @@ def test_batches_mix_questions_into_pretraining_and_conversations_into_tuning():
             assert len(asked) == 12 and sum(tuple(e.ids) in trained for e in asked) == 6
     assert b.examples(1, 5)[0].ids == _batches(t, mix_share=0.25, fact_questions=1, fact_question_share=0.5,
                                                conversation_every=4, heldout=10).examples(1, 5)[0].ids
-    assert b.passes(0, 100) == 100 * 12 / 300 and b.passes(1, 8) == 6 * 6 / 30
+    assert b.passes(0, 100) == 100 * (12 + 2) / 300 and b.passes(1, 8) == 6 * 6 / 30  # facts as answers count
     assert all(e.ids[0] == bos for e in b.facts)
     plain = _batches(t)  # the default TrainConfig mixes nothing in: the batches of earlier versions
     assert not plain.questions and not plain.conversations and not plain.heldout_pairs
@@ -167,4 +167,4 @@ def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
     assert tc.tune.decay_steps == p.planned_steps[1] < tc.tune.steps  # tuning may go on until learned
     no_dialogues = make_plan(DatasetStats(1024, 26000, 0, 2000, 0, 34, []), 1e-5)
     assert no_dialogues.train_config.mix_share == 0 and no_dialogues.train_config.heldout == 0
-    assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 12 / 2000)  # 12 facts in a batch of 16
+    assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 12 / 2000)  # 8 facts + 4 fact questions of 16
