@@ -52,7 +52,7 @@ MIX_SHARE = 0.5
 with question-answer data become extractable)."""
 FACT_QUESTION_SHARE = 0.5
 """Share of the questions in a batch that are questions written for facts without a dialogue."""
-CONVERSATION_EVERY = 4
+CONVERSATION_EVERY = 2
 """Every this many tuning steps, a batch of conversations of several dialogues (the latest question answered)."""
 HELDOUT = 100
 """Fact questions kept out of training to measure answers about facts without a dialogue."""

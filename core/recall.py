@@ -27,8 +27,8 @@ heldout: questions about facts that no trained example asks about (``heldout=`` 
 
 ROW_TOKENS = 48
 """Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
-CHAT_PROMPTS = 50
-"""About this many dialogues (every one of a smaller dataset, evenly spaced) are also asked in the middle of
+CHAT_PROMPTS = 200
+"""About this many dialogues (every one of a smaller dataset, evenly spaced; 200: the towns data checks each) are also asked in the middle of
 a conversation ("chat" kind)."""
 CHAT_ROOM = 64
 """Tokens a chat leaves free for the answer (the chat's default max_tokens, core.generate.SamplingSettings):

@@ -122,7 +122,7 @@ def test_recall_asks_questions_in_the_middle_of_a_conversation_and_held_out_ones
     held = t.heldout[:7]
     ps = recall_prompts(tok, ds, 256, heldout=held)
     chat = [p for p in ps if p.kind == "chat"]
-    assert chat_every(30) == 1 and chat_every(200) == 4
+    assert chat_every(30) == 1 and chat_every(200) == 1 and chat_every(1000) == 5
     assert [p.index for p in chat] == list(range(30))
     for p in chat:
         text = tok.decode(p.ids)
