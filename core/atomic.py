@@ -30,7 +30,8 @@ import secrets
 import shutil
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CRASH_ENV = "OPENCL_LLM_CRASH_AT"
@@ -95,34 +96,31 @@ def fsync_folder(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_folder: bool = True) -> Path:
-    """Replace ``path`` with new content in one step: the whole new file or the old one, never a part.
+@contextmanager
+def atomic_path(path: str | os.PathLike, sync_folder: bool = True) -> Iterator[Path]:
+    """Replace ``path`` in one step with what the ``with`` block writes to the temporary path it gets.
+
+    For writers that want a file name (gguf-py's ``GGUFWriter``); :func:`atomic_write` takes the data
+    itself. The block writes ``.NAME.<random>.tmp`` beside ``NAME`` (it may read it back to verify);
+    when the block ends without an exception the file is fsynced, renamed over ``NAME`` and the
+    folder fsynced, else it is removed and ``path`` untouched.
 
     Args:
         path: the file to write; its folder must exist.
-        data: bytes, a str (written as UTF-8), or a function ``write(binary_file)`` that writes it.
         sync_folder: also fsync the folder so the rename itself survives a power cut.
 
-    Returns:
-        ``path`` as a Path.
-
     Raises:
-        OSError: the folder is not writable, the disk is full, ...; the old file is untouched and the
-            temporary file removed.
+        OSError: the folder is not writable (on entering), the disk is full, ...; the old file is
+            untouched and the temporary file removed. Whatever the block raises, likewise.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    file_op(f"create {tmp.name}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask() if os.name != "nt" else 0o666))
     try:
-        file_op(f"create {tmp.name}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask() if os.name != "nt" else 0o666)
-        with os.fdopen(fd, "wb") as fh:
-            file_op(f"write {tmp.name}")
-            if callable(data):
-                data(fh)
-            else:
-                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            file_op(f"fsync {tmp.name}")
+        yield tmp
+        file_op(f"fsync {tmp.name}")
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         try:
             os.chmod(tmp, path.stat().st_mode & 0o7777)  # keep the permissions of the file it replaces
@@ -141,6 +139,31 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_fol
             fsync_folder(path.parent)
         except OSError:
             pass  # the new file is in place; only the durability of its name is in doubt
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_folder: bool = True) -> Path:
+    """Replace ``path`` with new content in one step: the whole new file or the old one, never a part
+    (:func:`atomic_path` with the data written into it).
+
+    Args:
+        path: the file to write; its folder must exist.
+        data: bytes, a str (written as UTF-8), or a function ``write(binary_file)`` that writes it.
+        sync_folder: also fsync the folder so the rename itself survives a power cut.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        OSError: the folder is not writable, the disk is full, ...; the old file is untouched and the
+            temporary file removed.
+    """
+    path = Path(path)
+    with atomic_path(path, sync_folder) as tmp, open(tmp, "wb") as fh:
+        file_op(f"write {tmp.name}")
+        if callable(data):
+            data(fh)
+        else:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
     return path
 
 
@@ -279,7 +302,6 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
         raise OSError(errno.ENOTDIR, f"{folder}: exists and is not a folder")
     recover_folder(folder)
     tmp = folder.with_name(f"{_temp_prefix(folder)}{_host()}-{os.getpid()}-{secrets.token_hex(3)}")
-    bak = backup_path(folder)
     try:
         file_op(f"mkdir {tmp.name}")
         tmp.mkdir()
@@ -290,18 +312,39 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
                 with open(p, "rb") as fh:
                     os.fsync(fh.fileno())
         fsync_folder(tmp)
-        if folder.exists():
-            file_op(f"rename {folder.name} -> {bak.name}")
-            os.rename(folder, bak)
-        try:
-            file_op(f"rename {tmp.name} -> {folder.name}")
-            os.rename(tmp, folder)
-        except BaseException:
-            if bak.is_dir() and not folder.exists():
-                os.rename(bak, folder)  # put the old one back
-            raise
+        swap_in_folder(tmp, folder, recover=False)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover: bool = True) -> Path:
+    """Make the complete, fsynced folder ``source`` (a sibling of ``folder``) become ``folder``: the old
+    ``folder`` is renamed to ``.NAME.bak``, ``source`` to ``NAME``, the parent fsynced, the backup deleted.
+    :func:`replace_folder` ends with it; the app promotes a finished run's checkpoint with it.
+    ``recover``: first finish what an interrupted swap left (:func:`recover_folder`).
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        OSError: a rename failed (the old folder is then back in place, or restorable by
+            :func:`recover_folder`; ``source`` is still there).
+    """
+    source, folder = Path(source), Path(folder)
+    if recover:
+        recover_folder(folder)
+    bak = backup_path(folder)
+    if folder.exists():
+        file_op(f"rename {folder.name} -> {bak.name}")
+        os.rename(folder, bak)
+    try:
+        file_op(f"rename {source.name} -> {folder.name}")
+        os.rename(source, folder)
+    except BaseException:
+        if bak.is_dir() and not folder.exists():
+            os.rename(bak, folder)  # put the old one back
         raise
     try:  # the new folder is in place: what follows only tidies up, and may fail without harm
         fsync_folder(folder.parent)
@@ -313,5 +356,5 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
     return folder
 
 
-__all__ = ["atomic_write", "replace_folder", "recover_folder", "readable_folder", "backup_path",
+__all__ = ["atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
            "remove_stale_temp_files", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]

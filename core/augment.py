@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset, Dialogue
 
 SLOT = "\x00"
 """Stands for the proper name in a pattern (a character no dataset text contains)."""
@@ -64,7 +69,7 @@ def _slotted(ws: list[str], name: str) -> tuple[str, ...]:
     return tuple(SLOT + w[len(name):] if re.sub(r"['’]s$", "", w) == name else w for w in ws)
 
 
-def patterns(dataset) -> list[Pattern]:
+def patterns(dataset: Dataset) -> list[Pattern]:
     """Question patterns of the dataset's single-turn dialogues whose answer is one of its facts and
     shares a proper name with the question (the longest shared name is the slot)."""
     facts = {f.strip() for f in dataset.facts}
@@ -116,7 +121,7 @@ def _matches(fact_words: list[str], pats: list[Pattern], index: _Index, closest:
     return sorted(out, key=lambda m: -m[0])
 
 
-def fact_questions(dataset, per_fact: int = 1, seed: int = 0) -> list[tuple[int, str, str]]:
+def fact_questions(dataset: Dataset, per_fact: int = 1, seed: int = 0) -> list[tuple[int, str, str]]:
     """Questions for the facts that no dialogue answers, in the dataset's own question patterns.
 
     Args:
@@ -150,8 +155,8 @@ def fact_questions(dataset, per_fact: int = 1, seed: int = 0) -> list[tuple[int,
     return out
 
 
-def conversations(dialogues: list, count: int, length: tuple[int, int] = (2, 4), seed: int = 0,
-                  fits=None) -> list[list[tuple[str, str]]]:
+def conversations(dialogues: list[Dialogue], count: int, length: tuple[int, int] = (2, 4), seed: int = 0,
+                  fits: Callable[[list[tuple[str, str]]], bool] | None = None) -> list[list[tuple[str, str]]]:
     """``count`` conversations, each the turns of ``length[0]..length[1]`` different dialogues (drawn
     with ``default_rng([seed, 5])``) one after another.
 

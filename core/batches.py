@@ -9,6 +9,7 @@ padded tokens of planned steps without a device.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list
     return out
 
 
-def dialogue_examples(tok: Tokenizer, dialogues, context_length: int) -> list[Example]:
+def dialogue_examples(tok: Tokenizer, dialogues: Iterable[Dialogue], context_length: int) -> list[Example]:
     """One example per dialogue; only assistant answer tokens (and their EOS) are learned."""
     out = []
     for dlg in dialogues:
@@ -109,7 +110,7 @@ class Batches:
         conversations: examples of several dialogues one after another (``conversation_every``).
     """
 
-    def __init__(self, tokenizer, dataset: Dataset, context_length: int, train_config: TrainConfig):
+    def __init__(self, tokenizer: Tokenizer, dataset: Dataset, context_length: int, train_config: TrainConfig):
         self.tokenizer, self.dataset, self.train_config = tokenizer, dataset, train_config
         cl = context_length
         self.facts = fact_examples(tokenizer, dataset.facts, cl)

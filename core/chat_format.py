@@ -71,6 +71,13 @@ class TokenizerLike(Protocol):
     def encode(self, text: str, parse_special: bool = False) -> list[int]: ...
 
 
+class DialogueLike(Protocol):
+    """What this module needs from :class:`core.dataset.Dialogue`."""
+
+    turns: Sequence[tuple[str, str]]
+    system: str | None
+
+
 def render_segments(turns: Iterable[tuple[str, str]], system: str | None = None,
                     add_generation_prompt_for: str | None = None) -> list[Segment]:
     """Render a dialogue as a list of :class:`Segment` ``(text, is_special, role)``.
@@ -135,7 +142,7 @@ def _encode_segments(tokenizer: TokenizerLike, segs: Sequence[Segment]) -> tuple
     return ids, mask
 
 
-def encode_dialogue(tokenizer: TokenizerLike, dialogue) -> tuple[list[int], list[int]]:
+def encode_dialogue(tokenizer: TokenizerLike, dialogue: DialogueLike) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of a dialogue.
 
     Args:
@@ -191,18 +198,18 @@ def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], use
     return ids
 
 
-def uses_file_template(tokenizer) -> bool:
+def uses_file_template(tokenizer: TokenizerLike) -> bool:
     """True for a model imported from a GGUF file that has its own ``tokenizer.chat_template``: its
     dialogues are rendered with that template (core.chat_template), not with this module's format."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def stop_ids(tokenizer) -> set[int]:
+def stop_ids(tokenizer: TokenizerLike) -> set[int]:
     """Token ids that end an answer: EOS, and for an imported model every end-of-generation token."""
     return set(getattr(tokenizer, "eog_ids", ())) | {tokenizer.eos_id}
 
 
-def stop_strings(tokenizer) -> list[str]:
+def stop_strings(tokenizer: TokenizerLike) -> list[str]:
     """Texts that end an answer besides the stop ids (this format's next ``User:`` turn; none for a
     model with its own template, whose turns end with a token)."""
     if uses_file_template(tokenizer):

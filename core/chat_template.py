@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 _MARK = "\ue000{}\ue001"
 _MARK_RE = re.compile("\ue000(\\d+)\ue001")
@@ -72,7 +72,21 @@ def dialogue_messages(turns: Iterable[tuple[str, str]], system: str | None = Non
     return msgs
 
 
-def encode_messages(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = False,
+class TemplateTokenizer(Protocol):
+    """What :func:`encode_messages` needs from :class:`core.gguf_tokenizer.GGUFTokenizer`."""
+
+    chat_template: str | None
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    eog_ids: Iterable[int]
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def encode(self, text: str, parse_special: bool = False) -> list[int]: ...
+
+
+def encode_messages(tokenizer: TemplateTokenizer, messages: Sequence[dict], add_generation_prompt: bool = False,
                     template: str | None = None) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of ``messages`` in the tokenizer's chat template.
 

@@ -29,6 +29,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,8 +37,13 @@ from core import __version__
 from core.atomic import atomic_write, readable_folder, recover_folder, replace_folder
 from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
+from core.json_text import parse_json
 from core.loaded import LoadedModel
 from core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from core.device import Device
+    from core.trainer import Trainer
 
 FORMAT = "opencl-llm-studio-checkpoint"
 FORMAT_VERSION = 2
@@ -246,7 +252,7 @@ class CheckpointMeta:
 
     # ---- reading
     @classmethod
-    def from_dict(cls, d, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
+    def from_dict(cls, d: object, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
         """Validate a parsed config.json.
 
         Raises:
@@ -292,13 +298,7 @@ class CheckpointMeta:
     @classmethod
     def from_json(cls, text: str, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
         """Parse and validate config.json's text. Raises CheckpointError (one line)."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
-        except RecursionError:
-            raise CheckpointError(f"{path}: nested too deeply to be a checkpoint config") from None
-        return cls.from_dict(d, path)
+        return cls.from_dict(parse_json(text, path, CheckpointError, "a checkpoint config"), path)
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> "CheckpointMeta":
@@ -409,7 +409,7 @@ def _replace(meta: CheckpointMeta, **kw) -> CheckpointMeta:
     return replace(meta, **kw)
 
 
-def trainer_meta(trainer) -> CheckpointMeta:
+def trainer_meta(trainer: Trainer) -> CheckpointMeta:
     """The :class:`CheckpointMeta` of a :class:`core.trainer.Trainer`'s current state."""
     return CheckpointMeta(model=trainer.model_config, train=trainer.train_config, stage_index=trainer.stage_index,
                           stage_step=trainer.stage_step, adam_step=trainer.model.adam_step,
@@ -418,7 +418,7 @@ def trainer_meta(trainer) -> CheckpointMeta:
                           last_loss=float(trainer.last_loss), base=dict(getattr(trainer, "base_meta", {})))
 
 
-def save_trainer(trainer, directory: str | os.PathLike) -> Path:
+def save_trainer(trainer: Trainer, directory: str | os.PathLike) -> Path:
     """Convenience: :func:`save_checkpoint` of a Trainer's weights, moments, state, tokenizer and dataset."""
     m = trainer.model
     return save_checkpoint(directory, m.weights(), m.optimizer_state(), trainer_meta(trainer),
@@ -579,8 +579,8 @@ def resume_position(meta: CheckpointMeta, train_config: TrainConfig) -> tuple[in
     return si, ss
 
 
-def resume_trainer(directory: str | os.PathLike, device, train_config: TrainConfig | None = None,
-                   dataset: Dataset | None = None, allow_new_data: bool = False):
+def resume_trainer(directory: str | os.PathLike, device: Device, train_config: TrainConfig | None = None,
+                   dataset: Dataset | None = None, allow_new_data: bool = False) -> Trainer:
     """Rebuild a :class:`core.trainer.Trainer` from a checkpoint, at the exact step it was saved.
 
     Args:

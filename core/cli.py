@@ -9,6 +9,13 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the commands import what they need when they run (a fast --help)
+    from core.config import ModelConfig, TrainConfig
+    from core.device import Device
+
+from core.wording import count
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -19,7 +26,7 @@ def _fail(msg: str) -> int:
 
 
 # ----------------------------------------------------------------------------- devices
-def cmd_devices(args) -> int:
+def cmd_devices(args: argparse.Namespace) -> int:
     from core.device import list_devices
 
     devices = list_devices()
@@ -197,8 +204,9 @@ def _base_setup(args):
     return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
 
 
-def _print_memory(dev, mc, tc) -> None:
+def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     from core.estimates import training_memory_bytes
+    from core.model import fits_in
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
@@ -206,14 +214,14 @@ def _print_memory(dev, mc, tc) -> None:
     print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
-    if need > 0.9 * have:
+    if not fits_in(need, have):
         lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
         raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
                          f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
                          "(or lower --context-length / --batch-size)")
 
 
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     from core.folder_lock import FolderBusyError, FolderLock
 
     out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
@@ -298,14 +306,14 @@ def _train(args, out: Path) -> int:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
         if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
-            print(f"continuing on a new dataset ({len(trainer.dataset.facts)} facts, "
-                  f"{len(trainer.dataset.dialogues)} dialogues); the checkpoint records it")
+            print(f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
+                  f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         print(f"resuming {args.resume} at {where}")
     else:
         dataset = new_data or default_dataset()
-        print(f"dataset: {len(dataset.facts)} facts, {len(dataset.dialogues)} dialogues")
+        print(f"dataset: {count(len(dataset.facts), 'fact')}, {count(len(dataset.dialogues), 'dialogue')}")
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
@@ -315,7 +323,7 @@ def _train(args, out: Path) -> int:
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
-    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
+    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")
     if trainer.done:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
@@ -358,7 +366,7 @@ def _train(args, out: Path) -> int:
                 elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
                     final = {"report": ev}
                     if ev.end_reason != "steps":
-                        progress.console.print(f"{ev.stage}: ended after {ev.steps_done} steps ({ev.end_reason})")
+                        progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
@@ -388,7 +396,7 @@ def _train(args, out: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- chat
-def cmd_chat(args) -> int:
+def cmd_chat(args: argparse.Namespace) -> int:
     from core.chat import ChatSession
     from core.checkpoint import load_model
     from core.device import open_device
@@ -461,7 +469,7 @@ def cmd_recall(args) -> int:
 
 
 # ----------------------------------------------------------------------------- export
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
     from core.gguf_io import export_gguf
 
@@ -483,12 +491,17 @@ def cmd_export(args) -> int:
         print(f"note: {note}")
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype})")
     if result.modelfile:
-        print(f"wrote {result.modelfile} (ollama create NAME -f {result.modelfile})")
+        import shlex
+
+        from core.gguf_io import ollama_name
+
+        print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
+              f"{shlex.quote(str(result.modelfile))})")
     return 0
 
 
 # ----------------------------------------------------------------------------- compare
-def cmd_compare(args) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     """Greedy answers of a base model and a model fine-tuned from it, side by side."""
     from core.checkpoint import load_model
     from core.device import open_device
@@ -518,7 +531,7 @@ def cmd_compare(args) -> int:
 
 
 # ----------------------------------------------------------------------------- tokenize
-def cmd_tokenize(args) -> int:
+def cmd_tokenize(args: argparse.Namespace) -> int:
     """Print the token ids of a text, one per line (llama.cpp's llama-tokenize defaults: the model's
     BOS/EOS rule applies and special-token text is parsed)."""
     if args.file is not None:

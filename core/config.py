@@ -7,6 +7,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+# The tensors of one block in the order llama.cpp's converter writes them (the GGUF file order).
+BLOCK_TENSORS = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
+                 MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM, MODEL_TENSOR.FFN_GATE, MODEL_TENSOR.FFN_UP,
+                 MODEL_TENSOR.FFN_DOWN)
+
+
+def tensor_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
+    """llama.cpp's GGUF name of a weight from gguf-py's table, e.g. ``blk.3.attn_q.weight``."""
+    return TENSOR_NAMES[tensor].format(bid=block) + ".weight"
+
 
 class ConfigError(ValueError):
     """A configuration value is impossible. ``field`` names the offending field."""
@@ -91,29 +103,33 @@ class ModelConfig:
 
     @property
     def output_weight(self) -> str:
-        """Name of the tensor used as the output projection (``token_embd.weight`` when tied)."""
-        return "token_embd.weight" if self.tie_embeddings else "output.weight"
+        """The tensor the logits are projected with (``output.weight``, or ``token_embd.weight`` when tied)."""
+        return tensor_name(MODEL_TENSOR.TOKEN_EMBD if self.tie_embeddings else MODEL_TENSOR.OUTPUT)
 
-    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Parameter names (llama.cpp's GGUF tensor names) and numpy shapes, in storage order.
-
-        Matrices come first and the RMSNorm weights last, so weight decay applies to one
-        contiguous range. Linear weights are (out_features, in_features). With
-        ``tie_embeddings`` there is no ``output.weight``.
+    def gguf_tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameter names (llama.cpp's GGUF tensor names, from ``gguf.TENSOR_NAMES``) and numpy shapes
+        in the order llama.cpp's converter writes them: embedding, each block (:data:`BLOCK_TENSORS`),
+        output norm, output. Linear weights are (out_features, in_features). With ``tie_embeddings``
+        there is no ``output.weight``.
         """
         d, f, kv = self.d_model, self.ffn_dim, self.kv_dim
-        mats = [("token_embd.weight", (self.vocab_size, d))]
+        T = MODEL_TENSOR
+        block = {T.ATTN_NORM: (d,), T.ATTN_Q: (d, d), T.ATTN_K: (kv, d), T.ATTN_V: (kv, d), T.ATTN_OUT: (d, d),
+                 T.FFN_NORM: (d,), T.FFN_GATE: (f, d), T.FFN_UP: (f, d), T.FFN_DOWN: (d, f)}
+        out = [(tensor_name(T.TOKEN_EMBD), (self.vocab_size, d))]
         for i in range(self.n_layers):
-            p = f"blk.{i}."
-            mats += [(p + "attn_q.weight", (d, d)), (p + "attn_k.weight", (kv, d)),
-                     (p + "attn_v.weight", (kv, d)), (p + "attn_output.weight", (d, d)),
-                     (p + "ffn_gate.weight", (f, d)), (p + "ffn_up.weight", (f, d)),
-                     (p + "ffn_down.weight", (d, f))]
+            out += [(tensor_name(t, i), block[t]) for t in BLOCK_TENSORS]
+        out.append((tensor_name(T.OUTPUT_NORM), (d,)))
         if not self.tie_embeddings:
-            mats.append(("output.weight", (self.vocab_size, d)))
-        norms = [(f"blk.{i}.{n}.weight", (d,)) for i in range(self.n_layers) for n in ("attn_norm", "ffn_norm")]
-        norms.append(("output_norm.weight", (d,)))
-        return mats + norms
+            out.append((tensor_name(T.OUTPUT), (self.vocab_size, d)))
+        return out
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The tensors of :meth:`gguf_tensors` in storage order: the matrices first, the RMSNorm
+        weights (1-D) last, each in file order, so weight decay applies to one contiguous range.
+        """
+        tensors = self.gguf_tensors()
+        return [t for t in tensors if len(t[1]) > 1] + [t for t in tensors if len(t[1]) == 1]
 
     def n_params(self) -> int:
         """Total number of parameters."""
@@ -310,4 +326,39 @@ def lr_at(stage: StageConfig, step: int) -> float:
     return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-__all__ = ["ConfigError", "ModelConfig", "StageConfig", "TrainConfig", "PRESETS", "lr_at", "replace"]
+# Checks that read another field: their message names that field's value (see config_errors).
+_READS_OTHER = {"n_heads": ("d_model",), "n_kv_heads": ("n_heads",),
+                "grad_accum": ("pretrain.batch_size", "tune.batch_size")}
+
+
+def config_errors(build, values: dict, defaults: dict) -> list[ConfigError]:
+    """Every field error of a form, not only the first one the constructors raise.
+
+    ``build(values)`` makes the configs from flat field values (``"d_model"``, ``"pretrain.lr"``, ...)
+    and raises a ConfigError naming a field. Each failing field is given its value from ``defaults``
+    and the form is built again, until it builds. An error on a field whose check reads a field that
+    was replaced (``n_kv_heads`` must divide ``n_heads``) is not reported: its message would name the
+    default, not the form's value; it shows once that field is fixed.
+
+    Returns:
+        The errors, in the order found ([] when ``build(values)`` succeeds).
+    """
+    values, errors, replaced = dict(values), [], set()
+    for _ in range(len(values) + 1):
+        try:
+            build(values)
+            return errors
+        except ConfigError as e:
+            if e.field in replaced:
+                return errors
+            if not set(_READS_OTHER.get(e.field, ())) & replaced:
+                errors.append(e)
+            if e.field not in defaults or e.field not in values:
+                return errors
+            replaced.add(e.field)
+            values[e.field] = defaults[e.field]
+    return errors
+
+
+__all__ = ["ConfigError", "ModelConfig", "StageConfig", "TrainConfig", "PRESETS", "config_errors", "lr_at",
+           "replace"]

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.atomic import atomic_write
+from core.json_text import parse_json
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -308,12 +309,7 @@ def _looks_like_jsonl_line(line: str) -> bool:
 
 
 def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
-    except RecursionError:
-        raise DatasetError(f"{path}: JSON nested too deeply to be a dataset") from None
+    doc = parse_json(text, path, DatasetError, "a dataset")
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write
         return _parse_records(doc, path, lambda i: None)
     if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):

@@ -18,8 +18,13 @@ import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # pyopencl is imported when a device is opened (a clear error without a driver)
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +340,7 @@ class Device:
         return out
 
     # -- programs -------------------------------------------------------------------------
-    def program(self, name: str, options: tuple[str, ...] = ()):
+    def program(self, name: str, options: tuple[str, ...] = ()) -> cl.Program:
         """The built program ``core/kernels/<name>.cl`` for this context, built on first use.
 
         Args:
@@ -353,7 +358,7 @@ class Device:
                 self._programs[key] = prg
         return prg
 
-    def build_source(self, label: str, source: str, options: tuple[str, ...] = ()):
+    def build_source(self, label: str, source: str, options: tuple[str, ...] = ()) -> cl.Program:
         """Build OpenCL C ``source`` for this device (uncached by this object).
 
         Args:
@@ -372,7 +377,7 @@ class Device:
         log.debug("built %s %s for %s", label, " ".join(options), self.info.name)
         return prg
 
-    def kernel(self, program: str, kernel_name: str, options: tuple[str, ...] = ()):
+    def kernel(self, program: str, kernel_name: str, options: tuple[str, ...] = ()) -> cl.Kernel:
         """A new ``cl.Kernel`` object for ``kernel_name`` in ``core/kernels/<program>.cl``.
 
         Call once per launcher and keep the result; never fetch a kernel per launch. While
@@ -402,7 +407,8 @@ class Device:
         except (cl.Error, KeyError, ValueError, TypeError) as e:
             log.debug("no scalar argument types for %s: %s", knl.function_name, e)
 
-    def launch(self, kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None, *args):
+    def launch(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
+               *args: object) -> cl.Event:
         """Enqueue ``kernel`` (from :meth:`kernel`) on this device's queue with ``args``.
 
         The same as ``kernel(queue, global_size, local_size, *args)`` but without pyopencl's
@@ -421,7 +427,7 @@ class Device:
         return self.cl.enqueue_nd_range_kernel(self.queue, getattr(kernel, "_kernel", kernel), global_size,
                                                local_size)
 
-    def work_group_size(self, kernel, wanted: int | None = None) -> int:
+    def work_group_size(self, kernel: cl.Kernel, wanted: int | None = None) -> int:
         """Largest power of two <= ``wanted`` that this kernel may use on this device.
 
         Args:
@@ -442,18 +448,18 @@ class Device:
         self.allocated_bytes += nbytes
         return buf
 
-    def alloc(self, n_floats: int):
+    def alloc(self, n_floats: int) -> cl.Buffer:
         """An uninitialised float32 device buffer of ``n_floats`` elements (at least one)."""
         return self._buffer(max(1, int(n_floats)) * 4)
 
-    def zeros(self, n: int, dtype=np.float32):
+    def zeros(self, n: int, dtype: npt.DTypeLike = np.float32) -> cl.Buffer:
         """A device buffer of ``n`` zeroed elements of ``dtype`` (float32 or int32)."""
         nbytes = max(1, int(n)) * np.dtype(dtype).itemsize
         buf = self._buffer(nbytes)
         self.cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, dtype=np.uint8), 0, nbytes)
         return buf
 
-    def upload(self, array: np.ndarray, buf=None):
+    def upload(self, array: np.ndarray, buf: cl.Buffer | None = None) -> cl.Buffer:
         """Copy a host array (float32 or int32, any shape) into a new or given device buffer."""
         a = np.ascontiguousarray(array)
         if a.dtype not in (np.float32, np.int32):
@@ -464,7 +470,8 @@ class Device:
             self.cl.enqueue_copy(self.queue, buf, a)
         return buf
 
-    def download(self, buf, shape, dtype=np.float32, offset_elems: int = 0) -> np.ndarray:
+    def download(self, buf: cl.Buffer, shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float32,
+                 offset_elems: int = 0) -> np.ndarray:
         """Copy a device buffer (or its part from ``offset_elems``) into a new host array."""
         out = np.empty(shape, dtype=dtype)
         if out.nbytes:
@@ -472,7 +479,7 @@ class Device:
                                  src_offset=offset_elems * out.itemsize, is_blocking=True)
         return out
 
-    def copy(self, dst, src, n_elems: int, dst_offset: int = 0, src_offset: int = 0,
+    def copy(self, dst: cl.Buffer, src: cl.Buffer, n_elems: int, dst_offset: int = 0, src_offset: int = 0,
              itemsize: int = 4) -> None:
         """Device-to-device copy of ``n_elems`` elements (offsets in elements)."""
         if n_elems:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.config import ModelConfig
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
 
 # Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
 GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.0 / 32.0}
@@ -22,14 +26,13 @@ def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int 
 
     Weights, gradients and AdamW m and v (16 bytes per parameter; 4 for a frozen embedding) plus
     every activation buffer :class:`core.model.Model` allocates for one micro-batch of
-    ``ceil(batch_size / grad_accum) x context_length`` tokens (:func:`core.model.activation_sizes`).
+    ``ceil(batch_size / grad_accum) x context_length`` tokens: :func:`core.model.memory_bytes`, the
+    figure :func:`core.model.check_fits` checks with :func:`core.model.fits_in`.
     """
-    from core.model import activation_sizes
+    from core.model import frozen_tensors, memory_bytes
 
     micro = -(-batch_size // max(1, grad_accum))
-    acts = activation_sizes(config, micro, config.context_length, training=True)
-    frozen = config.vocab_size * config.d_model if freeze_embeddings else 0
-    return 4 * (4 * config.n_params() - 3 * frozen + sum(sum(v) for v in acts.values()))
+    return memory_bytes(config, micro, training=True, frozen=frozen_tensors(freeze_embeddings))[0]
 
 
 def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:
@@ -73,7 +76,7 @@ class DatasetStats:
     too_long: list
 
 
-def dataset_stats(dataset, vocab_size: int, context_length: int) -> DatasetStats:
+def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> DatasetStats:
     """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences.
 
     Raises:

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
+
+if TYPE_CHECKING:
+    from core.chat_format import TokenizerLike
+    from core.dataset import Dataset
+    from core.device import Device
+    from core.loaded import LoadedModel
+    from core.trainer import Trainer
 
 DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
             "weight_decay": 0.0}
@@ -19,7 +27,7 @@ DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "contex
 
 
 def default_train_config(steps: int | None = None, lr: float | None = None, batch_size: int | None = None,
-                         **kw) -> TrainConfig:
+                         **kw: object) -> TrainConfig:
     """A :class:`TrainConfig` for fine-tuning: :data:`DEFAULTS` with the given values applied
     (``kw`` goes to TrainConfig, e.g. ``grad_accum``, ``freeze_embeddings``, ``seed``)."""
     stage = StageConfig(steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULTS["lr"],
@@ -28,7 +36,7 @@ def default_train_config(steps: int | None = None, lr: float | None = None, batc
     return TrainConfig(pretrain=stage, tune=stage, **kw)
 
 
-def load_base(path: str | os.PathLike, context_length: int | None = None):
+def load_base(path: str | os.PathLike, context_length: int | None = None) -> tuple[LoadedModel, ModelConfig, dict]:
     """Read a base model for fine-tuning.
 
     Args:
@@ -56,7 +64,8 @@ def load_base(path: str | os.PathLike, context_length: int | None = None):
     return loaded, mc, base_meta
 
 
-def base_trainer(loaded, model_config: ModelConfig, base_meta: dict, dataset, train_config: TrainConfig, device):
+def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
+                 train_config: TrainConfig, device: Device) -> Trainer:
     """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer."""
     from core.trainer import Trainer
 
@@ -73,8 +82,9 @@ GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spi
 """General questions asked before and after fine-tuning, to show what the model may have forgotten."""
 
 
-def before_after(device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig, tokenizer,
-                 dataset, general: tuple[str, ...] = GENERAL_QUESTIONS, max_tokens: int = 48):
+def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig,
+                 tokenizer: TokenizerLike, dataset: Dataset, general: tuple[str, ...] = GENERAL_QUESTIONS,
+                 max_tokens: int = 48) -> list[tuple[str, str, str | None, str, str]]:
     """Greedy answers of the base and the tuned model, side by side.
 
     Args:

@@ -117,7 +117,7 @@ class Generator:
             on the device.
     """
 
-    def __init__(self, dev: Device, config: ModelConfig, weights):
+    def __init__(self, dev: Device, config: ModelConfig, weights: TensorStore | dict[str, np.ndarray]):
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step

@@ -23,15 +23,25 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import gguf
 import numpy as np
+from gguf import Keys
 
-from core.config import ConfigError, ModelConfig
+from core.config import ConfigError, ModelConfig, tensor_name
+from core.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from core.gguf_tokenizer import GGUFVocab
 
 log = logging.getLogger(__name__)
 
-ARCH = "llama"
+ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]  # "llama"
+TOKENIZER_MODEL = "gpt2"  # the values (not keys) of Keys.Tokenizer.MODEL / PRE that our exports write:
+TOKENIZER_PRE = "gpt-2"  # llama.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2, the GPT-2 regex of our ByteLevel pre-tokenizer
+# llama.cpp's LLM_KV_ROPE_SCALE_LINEAR, an older spelling of linear RoPE scaling that gguf.Keys lacks
+ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"
 MAX_CONTEXT = 8192
 META_PREFIX = "opencl_llm_studio."
 
@@ -119,8 +129,6 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
             types[key] = vtype
         infos: list[TensorInfo] = []
         if tensors:
-            import gguf
-
             raw = []
             for _ in range(n_tensors):
                 name, off = string(off)
@@ -129,7 +137,7 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
                 ttype, toff = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
                 off += 4 + 8 * n_dims + 12
                 raw.append((name, tuple(int(d) for d in reversed(dims)), int(ttype), int(toff)))
-            align = int(values.get("general.alignment", 32))
+            align = int(values.get(Keys.General.ALIGNMENT, 32))
             start = -(-off // align) * align
             for name, shape, ttype, toff in raw:
                 try:
@@ -160,8 +168,6 @@ def dequantize(path: str | os.PathLike, info: TensorInfo) -> np.ndarray:
     Raises:
         GGUFError: a tensor type ``gguf.quants`` cannot dequantize (named).
     """
-    import gguf
-
     try:
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
     except ValueError:
@@ -183,8 +189,6 @@ def dequantize(path: str | os.PathLike, info: TensorInfo) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- hyperparameters
 def _keys(arch: str):
-    import gguf
-
     K = gguf.Keys
     f = lambda k: k.format(arch=arch)  # noqa: E731
     return K, f
@@ -197,8 +201,6 @@ def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelC
         GGUFError: another architecture, a missing required key, or a key whose value the engine
             does not compute (named, with its value).
     """
-    import gguf
-
     K, f = _keys(ARCH)
     arch = kv.get(K.General.ARCHITECTURE)
     if arch is None:
@@ -225,7 +227,7 @@ def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelC
     L, A, R = K.LLM, K.Attention, K.Rope
     # What the engine does not compute: refused unless the value is the neutral one.
     neutral = [(R.SCALING_TYPE, ("none", "")), (R.SCALING_FACTOR, (0.0, 1.0)), (R.SCALING_ATTN_FACTOR, (0.0, 1.0)),
-               ("{arch}.rope.scale_linear", (0.0, 1.0)), (L.EXPERT_COUNT, (0,)), (L.EXPERT_USED_COUNT, (0,)),
+               (ROPE_SCALE_LINEAR, (0.0, 1.0)), (L.EXPERT_COUNT, (0,)), (L.EXPERT_USED_COUNT, (0,)),
                (L.LOGIT_SCALE, (0.0, 1.0)), (L.EMBEDDING_SCALE, (0.0, 1.0)), (L.RESIDUAL_SCALE, (0.0, 1.0)),
                (A.SCALE, (0.0,)), (A.SLIDING_WINDOW, (0,)), (A.CAUSAL, (True,)), (A.CLAMP_KQV, (0.0,)),
                (L.ATTN_LOGIT_SOFTCAPPING, (0.0,)), (L.FINAL_LOGIT_SOFTCAPPING, (0.0,)), (L.POOLING_TYPE, (0,)),
@@ -277,8 +279,8 @@ def read_config(path: str | os.PathLike) -> tuple[ModelConfig, list[str], dict[s
         GGUFError: as :func:`model_config` (the file cannot be used; the key is named).
     """
     kv, _types, infos = read_gguf(path)
-    config, notes = model_config(kv, str(path), len(kv.get("tokenizer.ggml.tokens") or []))
-    tied = "output.weight" not in {t.name for t in infos}
+    config, notes = model_config(kv, str(path), len(kv.get(Keys.Tokenizer.LIST) or []))
+    tied = tensor_name(gguf.MODEL_TENSOR.OUTPUT) not in {t.name for t in infos}
     return ModelConfig(**{**config.to_dict(), "tie_embeddings": tied}), notes, kv
 
 
@@ -291,9 +293,10 @@ def _is_ours(kv: dict[str, Any]) -> bool:
     """A file this app exported: our GPT-2 vocabulary with <|bos|>/<|eos|>/<|pad|> as its BOS/EOS/PAD."""
     from core.chat_format import BOS_TOKEN, EOS_TOKEN
 
-    tokens = kv.get("tokenizer.ggml.tokens") or []
-    bos, eos = kv.get("tokenizer.ggml.bos_token_id"), kv.get("tokenizer.ggml.eos_token_id")
-    return (kv.get("tokenizer.ggml.model") == "gpt2" and kv.get("tokenizer.ggml.pre") == "gpt-2"
+    T = Keys.Tokenizer
+    tokens = kv.get(T.LIST) or []
+    bos, eos = kv.get(T.BOS_ID), kv.get(T.EOS_ID)
+    return (kv.get(T.MODEL) == TOKENIZER_MODEL and kv.get(T.PRE) == TOKENIZER_PRE
             and isinstance(bos, int) and isinstance(eos, int) and 0 <= bos < len(tokens) and 0 <= eos < len(tokens)
             and tokens[bos] == BOS_TOKEN and tokens[eos] == EOS_TOKEN)
 
@@ -304,11 +307,11 @@ def _tokenizer(kv: dict[str, Any], source: str):
     if _is_ours(kv):
         from core.tokenizer import Tokenizer
 
-        if not kv.get("tokenizer.ggml.merges"):  # a gpt2 BPE without merges would split every word into bytes
-            raise GGUFError(f"{source}: key tokenizer.ggml.merges is missing; a 'gpt2' BPE vocabulary cannot be "
-                            "used without its merges")
+        if not kv.get(Keys.Tokenizer.MERGES):  # a gpt2 BPE without merges would split every word into bytes
+            raise GGUFError(f"{source}: key {Keys.Tokenizer.MERGES} is missing; a '{TOKENIZER_MODEL}' BPE vocabulary "
+                            "cannot be used without its merges")
         try:
-            return Tokenizer.from_vocab(kv["tokenizer.ggml.tokens"], kv.get("tokenizer.ggml.merges") or [])
+            return Tokenizer.from_vocab(kv[Keys.Tokenizer.LIST], kv.get(Keys.Tokenizer.MERGES) or [])
         except ValueError as e:
             raise GGUFError(f"{source}: its vocabulary cannot be used ({e})") from None
     try:
@@ -319,7 +322,7 @@ def _tokenizer(kv: dict[str, Any], source: str):
 
 
 # ----------------------------------------------------------------------------- import
-def import_gguf(path: str | os.PathLike):
+def import_gguf(path: str | os.PathLike) -> LoadedModel:
     """Load any ``llama``-architecture GGUF file as float32 weights.
 
     Returns:
@@ -335,23 +338,22 @@ def import_gguf(path: str | os.PathLike):
         GGUFError: not a GGUF file, another architecture, a tokenizer, key, tensor or tensor type the
             engine does not support (named), missing keys or tensors, inconsistent shapes, NaN/inf.
     """
-    from core.loaded import LoadedModel
-
     p = Path(path)
     kv, _types, infos = read_gguf(p)
     source = str(p)
-    if "general.architecture" not in kv:
-        raise GGUFError(f"{source}: required key general.architecture is missing")
-    if kv["general.architecture"] != ARCH:  # before the tokenizer: the clearer reason
+    G = Keys.General
+    if G.ARCHITECTURE not in kv:
+        raise GGUFError(f"{source}: required key {G.ARCHITECTURE} is missing")
+    if kv[G.ARCHITECTURE] != ARCH:  # before the tokenizer: the clearer reason
         model_config(kv, source, 0)
-    tokens = kv.get("tokenizer.ggml.tokens")
+    tokens = kv.get(Keys.Tokenizer.LIST)
     if not isinstance(tokens, list) or not tokens:
-        raise GGUFError(f"{source}: required key tokenizer.ggml.tokens is missing")
+        raise GGUFError(f"{source}: required key {Keys.Tokenizer.LIST} is missing")
     config, notes = model_config(kv, source, len(tokens))
     tok = _tokenizer(kv, source)
 
     by_name = {t.name: t for t in infos}
-    tied = "output.weight" not in by_name
+    tied = tensor_name(gguf.MODEL_TENSOR.OUTPUT) not in by_name
     config = ModelConfig(**{**config.to_dict(), "tie_embeddings": tied})
     shapes = dict(config.param_shapes())
     for t in infos:
@@ -363,7 +365,6 @@ def import_gguf(path: str | os.PathLike):
     missing = [n for n in shapes if n not in by_name]
     if missing:
         raise GGUFError(f"{source}: tensors {missing[:4]} are missing")
-    import gguf
 
     weights: dict[str, np.ndarray] = {}
     tensor_types: dict[str, str] = {}
@@ -378,24 +379,25 @@ def import_gguf(path: str | os.PathLike):
         except ValueError:
             tensor_types[name] = str(info.ggml_type)
     if tied:
-        notes.append("no output.weight: the output projection is tied to token_embd.weight")
+        notes.append(f"no {tensor_name(gguf.MODEL_TENSOR.OUTPUT)}: the output projection is tied to "
+                     f"{tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)}")
     for n in notes:
         log.info("gguf import: %s", n)
 
     studio = {k: v for k, v in kv.items() if k.startswith(META_PREFIX)}
-    own = {"general.architecture", "general.name", "general.file_type", "general.quantization_version",
-           "general.alignment"}
-    general = {k: v for k, v in kv.items() if k.startswith("general.") and k not in own
+    own = {G.ARCHITECTURE, G.NAME, G.FILE_TYPE, G.QUANTIZATION_VERSION, G.ALIGNMENT}
+    general_prefix = G.NAME.split(".")[0] + "."  # "general."
+    general = {k: v for k, v in kv.items() if k.startswith(general_prefix) and k not in own
                and (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)))}
     meta = {
         "format": "gguf",
-        "name": kv.get("general.name", p.stem),
-        "file_type": kv.get("general.file_type"),
+        "name": kv.get(G.NAME, p.stem),
+        "file_type": kv.get(G.FILE_TYPE),
         "tensor_types": tensor_types,
-        "chat_template": kv.get("tokenizer.chat_template"),
+        "chat_template": kv.get(Keys.Tokenizer.CHAT_TEMPLATE),
         "gguf_studio_keys": studio,
         "gguf_general": general,
-        "gguf_context_length": kv.get(f"{ARCH}.context_length"),
+        "gguf_context_length": kv.get(Keys.LLM.CONTEXT_LENGTH.format(arch=ARCH)),
         "notes": notes,
     }
     for ours, key in (("dataset_hash", "training.dataset_sha256"), ("last_loss", "training.final_loss"),
@@ -406,7 +408,22 @@ def import_gguf(path: str | os.PathLike):
     return LoadedModel(config, tok, weights, meta, p)
 
 
-def read_vocab(path: str | os.PathLike):
+def check_tokenizer(kv: dict[str, Any], source: str) -> None:
+    """Refuse, before loading, a file whose tokenizer the engine cannot run; a ``gpt2`` BPE vocabulary
+    with the ``gpt-2`` pre-tokenizer (ours) passes.
+
+    Raises:
+        UnsupportedTokenizer, ValueError: see :meth:`core.gguf_tokenizer.GGUFVocab.from_fields` (the key named).
+    """
+    T = Keys.Tokenizer
+    if kv.get(T.LIST) and kv.get(T.MODEL) == TOKENIZER_MODEL and kv.get(T.PRE) == TOKENIZER_PRE:
+        return
+    from core.gguf_tokenizer import GGUFVocab
+
+    GGUFVocab.from_fields(kv, source)
+
+
+def read_vocab(path: str | os.PathLike) -> GGUFVocab:
     """:class:`core.gguf_tokenizer.GGUFVocab` of a GGUF file (reads only the key/value section's tokenizer keys).
 
     Raises:
@@ -417,5 +434,6 @@ def read_vocab(path: str | os.PathLike):
     return GGUFVocab.from_fields(read_fields(path), str(path))
 
 
-__all__ = ["GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_vocab", "read_config", "dequantize", "model_config",
+__all__ = ["ARCH", "META_PREFIX", "TOKENIZER_MODEL", "TOKENIZER_PRE", "GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_vocab", "read_config", "dequantize", "model_config",
+           "check_tokenizer",
            "import_gguf"]

@@ -33,27 +33,23 @@ import glob
 import json
 import logging
 import os
-import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from core import __version__, chat_format
-from core.atomic import file_op, fsync_folder
-from core.config import ModelConfig
-from core.gguf_import import GGUFError, import_gguf, read_fields  # noqa: F401  (the import side, re-exported)
+from core.atomic import atomic_path, atomic_write
+from core.config import ModelConfig, tensor_name
+from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
+                              import_gguf, read_fields)  # the import side, re-exported
+from core.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
-
-ARCH = "llama"
-TOKENIZER_MODEL = "gpt2"
-TOKENIZER_PRE = "gpt-2"  # llama.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2, the GPT-2 regex of our ByteLevel pre-tokenizer
-META_PREFIX = "opencl_llm_studio."
-DATE_KEYS = (META_PREFIX + "export_date", META_PREFIX + "training.date")
-"""Keys whose values are dates: they differ between two exports of the same model."""
 
 DTYPES = ("f32", "f16", "q8_0", "q4_0")
 Q8_0_BLOCK = 32
@@ -78,27 +74,7 @@ class ExportResult:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _gguf():
-    try:
-        import gguf
-    except ImportError as e:  # pragma: no cover - gguf is a hard dependency
-        raise GGUFError("the 'gguf' package is not installed (pip install gguf)") from e
-    return gguf
-
-
-def _tensor_order(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """Tensors in the order llama.cpp's converter writes them: embedding, blocks, output norm, output."""
-    shapes = dict(config.param_shapes())
-    names = ["token_embd.weight"]
-    for i in range(config.n_layers):
-        names += [f"blk.{i}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-    names += ["output_norm.weight"] + ([] if config.tie_embeddings else ["output.weight"])  # tied: llama.cpp uses token_embd
-    assert set(names) == set(shapes), "tensor table out of sync with ModelConfig.param_shapes"
-    return [(n, shapes[n]) for n in names]
-
-
-def _check_model(loaded) -> None:
+def _check_model(loaded: LoadedModel) -> None:
     """Raise GGUFError for anything that would make a broken or inconsistent file."""
     c, tok, w = loaded.config, loaded.tokenizer, loaded.weights
     expected = dict(c.param_shapes())
@@ -111,7 +87,7 @@ def _check_model(loaded) -> None:
     for n, shape in expected.items():
         if tuple(np.shape(w[n])) != shape:
             raise GGUFError(f"tensor {n} has shape {tuple(np.shape(w[n]))}, the configuration needs {shape}")
-    rows = expected["token_embd.weight"][0]
+    rows = expected[tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)][0]
     if tok.vocab_size != rows or c.vocab_size != rows:
         raise GGUFError(f"vocabulary size mismatch: the tokenizer has {tok.vocab_size} tokens, the configuration "
                         f"says {c.vocab_size}, the embedding has {rows} rows")
@@ -123,9 +99,8 @@ def _check_model(loaded) -> None:
                             "(training diverged?) and is not exported")
 
 
-def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]):
+def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
     """Return (array to write, ggml type). Q8_0 arrays are uint8 blocks in gguf-py's byte shape."""
-    gguf = _gguf()
     T = gguf.GGMLQuantizationType
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or dtype == "f32":
@@ -147,9 +122,9 @@ def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]):
     return w.astype(np.float16), T.F16
 
 
-def _meta_value(v: Any):
+def _meta_value(v: Any) -> tuple[Any, gguf.GGUFValueType]:
     """A Python value as (value, GGUFValueType) for a key of our namespace."""
-    T = _gguf().GGUFValueType
+    T = gguf.GGUFValueType
     if isinstance(v, bool):
         return v, T.BOOL
     if isinstance(v, (int, np.integer)):
@@ -161,7 +136,7 @@ def _meta_value(v: Any):
     return json.dumps(v, sort_keys=True, ensure_ascii=False, default=str), T.STRING
 
 
-def _training_facts(loaded, training_meta: dict | None) -> dict[str, Any]:
+def _training_facts(loaded: LoadedModel, training_meta: dict | None) -> dict[str, Any]:
     """Our namespaced keys (full names) from the model's metadata, plus ``training_meta``."""
     meta = loaded.meta or {}
     facts: dict[str, Any] = {}
@@ -179,26 +154,13 @@ def _training_facts(loaded, training_meta: dict | None) -> dict[str, Any]:
     return facts
 
 
-def _field_value(f) -> Any:
-    """The Python value of a GGUFReader field (works with old gguf-py versions without ``contents``)."""
-    T = _gguf().GGUFValueType
-    main = f.types[0]
-    if main == T.ARRAY:
-        if f.types[-1] == T.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
-        return [v for i in f.data for v in f.parts[i].tolist()]
-    if main == T.STRING:
-        return bytes(f.parts[-1]).decode("utf-8")
-    return f.parts[-1].tolist()[0]
-
-
-def _fields(reader) -> dict[str, tuple[Any, int]]:
+def _fields(reader: gguf.GGUFReader) -> dict[str, tuple[Any, int]]:
     """{key: (value, main GGUFValueType)} of every key/value field (not the GGUF.* header pseudo-fields)."""
-    return {k: (_field_value(f), int(f.types[0])) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return {k: (f.contents(), int(f.types[0])) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
 # ---------------------------------------------------------------------------------------- export
-def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfile: bool = False,
+def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "f32", modelfile: bool = False,
                 name: str | None = None, training_meta: dict | None = None) -> ExportResult:
     """Write a model as a GGUF file for llama.cpp, Ollama and LM Studio.
 
@@ -219,8 +181,6 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             merges, or a written file that does not read back identically (nothing is left behind).
         OSError: the folder is not writable, the disk is full (nothing is left behind).
     """
-    gguf = _gguf()
-    T = gguf.GGMLQuantizationType
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     out = Path(out_path)
@@ -244,7 +204,7 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
 
     notes: list[str] = []
     plan = []  # (name, numpy shape, array written, ggml type, original float32)
-    for tname, shape in _tensor_order(c):
+    for tname, shape in c.gguf_tensors():  # llama.cpp's converter order
         w = np.asarray(loaded.weights[tname], np.float32).reshape(shape)
         data, qtype = _encode_tensor(tname, w, dtype, notes)
         plan.append((tname, shape, data, qtype, w))
@@ -263,34 +223,61 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
             stale.unlink()
         except OSError:
             pass
+    K, arch = gguf.Keys, lambda key: key.format(arch=ARCH)
+    context_length = int((loaded.meta or {}).get("gguf_context_length") or c.context_length)
+    hp = [(K.General.NAME, name, "add_name"), (K.General.FILE_TYPE, int(file_type), "add_file_type"),
+          (arch(K.LLM.VOCAB_SIZE), c.vocab_size, "add_vocab_size"),
+          (arch(K.LLM.CONTEXT_LENGTH), context_length, "add_context_length"),
+          (arch(K.LLM.EMBEDDING_LENGTH), c.d_model, "add_embedding_length"),
+          (arch(K.LLM.BLOCK_COUNT), c.n_layers, "add_block_count"),
+          (arch(K.LLM.FEED_FORWARD_LENGTH), c.ffn_dim, "add_feed_forward_length"),
+          (arch(K.Attention.HEAD_COUNT), c.n_heads, "add_head_count"),
+          (arch(K.Attention.HEAD_COUNT_KV), c.n_kv_heads, "add_head_count_kv"),
+          (arch(K.Rope.DIMENSION_COUNT), c.head_dim, "add_rope_dimension_count"),
+          (arch(K.Rope.FREQ_BASE), float(c.rope_theta), "add_rope_freq_base"),
+          (arch(K.Attention.LAYERNORM_RMS_EPS), float(c.norm_eps), "add_layer_norm_rms_eps")]
+    if dtype in ("q8_0", "q4_0"):
+        hp.append((K.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION, "add_quantization_version"))
+    def disk_full(e: OSError) -> bool:  # numpy's tofile reports it as "4096 requested and 3016 written" (no errno)
+        return e.errno == errno.ENOSPC or " requested and " in str(e)
+
+    stack = ExitStack()
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        tmp = stack.enter_context(atomic_path(out))
     except OSError as e:
+        if disk_full(e):
+            raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
         raise OSError(e.errno, f"cannot write into {out.parent}: {e.strerror}") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    writer = None
     try:
-        writer = gguf.GGUFWriter(tmp, ARCH)
-        # Steps in gguf-py's fixed order: keys and tensors, then header, key/values, tensor data.
-        hp = [("general.name", name, writer.add_name),
-              ("general.file_type", int(file_type), writer.add_file_type),
-              (f"{ARCH}.vocab_size", c.vocab_size, writer.add_vocab_size),
-              (f"{ARCH}.context_length", int((loaded.meta or {}).get("gguf_context_length") or c.context_length),
-               writer.add_context_length),
-              (f"{ARCH}.embedding_length", c.d_model, writer.add_embedding_length),
-              (f"{ARCH}.block_count", c.n_layers, writer.add_block_count),
-              (f"{ARCH}.feed_forward_length", c.ffn_dim, writer.add_feed_forward_length),
-              (f"{ARCH}.attention.head_count", c.n_heads, writer.add_head_count),
-              (f"{ARCH}.attention.head_count_kv", c.n_kv_heads, writer.add_head_count_kv),
-              (f"{ARCH}.rope.dimension_count", c.head_dim, writer.add_rope_dimension_count),
-              (f"{ARCH}.rope.freq_base", float(c.rope_theta), writer.add_rope_freq_base),
-              (f"{ARCH}.attention.layer_norm_rms_epsilon", float(c.norm_eps), writer.add_layer_norm_rms_eps)]
-        if dtype in ("q8_0", "q4_0"):
-            hp.append(("general.quantization_version", gguf.GGML_QUANT_VERSION, writer.add_quantization_version))
+        with stack:  # renamed into place when the file reads back as written
+            _write_file(tmp, hp, loaded, foreign, (tokens, types, merges), facts, plan)
+    except OSError as e:
+        if disk_full(e):
+            raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
+        raise
+
+    mf = _write_modelfile(out, c, ours=foreign is None) if modelfile else None
+    size = out.stat().st_size
+    log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
+    return ExportResult(out, size, mf, tuple(notes))
+
+
+def _write_file(tmp: Path, hp: list[tuple[str, Any, str]], loaded: LoadedModel, foreign,
+                vocab: tuple[list[str], list, list[str]], facts: dict[str, Any], plan: list) -> None:
+    """Write the GGUF file ``tmp`` with gguf-py's writer, in its fixed order (keys and tensors, then
+    header, key/values, tensor data), and read it back (:func:`_verify`).
+
+    ``hp``: ``(gguf.Keys name, value, writer method)`` of each hyperparameter; ``foreign``: an imported
+    file's ``GGUFVocab`` or None for ours; ``vocab``: our (tokens, token types, merges).
+    """
+    T = gguf.GGMLQuantizationType
+    tok = loaded.tokenizer
+    tokens, types, merges = vocab
+    writer = gguf.GGUFWriter(tmp, ARCH)
+    try:
         for key, value, add in hp:
             log.info("gguf: %s = %r", key, value)
-            add(value)
+            getattr(writer, add)(value)
         for key, value in ((loaded.meta or {}).get("gguf_general") or {}).items():
             writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY if isinstance(value, list)
                                  else gguf.GGUFValueType.STRING, sub_type=gguf.GGUFValueType.STRING
@@ -298,7 +285,8 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         if foreign is not None:  # the imported file's own tokenizer, written back as it came
             _write_vocab(writer, foreign)
         else:
-            log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens), len(merges))
+            log.info("gguf: tokenizer %s/%s, %d tokens, %d merges", TOKENIZER_MODEL, TOKENIZER_PRE, len(tokens),
+                     len(merges))
             writer.add_tokenizer_model(TOKENIZER_MODEL)
             writer.add_tokenizer_pre(TOKENIZER_PRE)
             writer.add_token_list(tokens)
@@ -320,34 +308,9 @@ def export_gguf(loaded, out_path: str | os.PathLike, dtype: str = "f32", modelfi
         writer.write_header_to_file(tmp)
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
+    finally:
         writer.close()
-        writer = None
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        _verify(tmp, plan, expected_kv)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a model file should be readable as usual
-        file_op(f"rename {tmp.name} -> {out.name}")
-        os.replace(tmp, out)
-        fsync_folder(out.parent)
-    except BaseException as e:
-        if writer is not None:
-            try:
-                writer.close()
-            except OSError:
-                pass
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        # numpy's tofile reports a full disk as "4096 requested and 3016 written" (no errno)
-        if isinstance(e, OSError) and (e.errno == errno.ENOSPC or " requested and " in str(e)):
-            raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
-        raise
-
-    mf = _write_modelfile(out, c, ours=foreign is None) if modelfile else None
-    size = out.stat().st_size
-    log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
-    return ExportResult(out, size, mf, tuple(notes))
+    _verify(tmp, plan, expected_kv)
 
 
 def _write_vocab(writer, v) -> None:
@@ -376,7 +339,6 @@ def _write_vocab(writer, v) -> None:
 
 def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
     """Re-read ``path`` and compare it with what was meant to be written; raise GGUFError if it differs."""
-    gguf = _gguf()
     T = gguf.GGMLQuantizationType
     try:
         reader = gguf.GGUFReader(path)
@@ -432,19 +394,32 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
         del reader  # release the memory map before the file is renamed
 
 
+def ollama_name(gguf_path: str | Path) -> str:
+    """The model name suggested for ``ollama create NAME`` — by the Modelfile's comment, the CLI and the
+    Export tab alike: the file's stem in lower case, other characters than letters, digits, ``-``, ``_``
+    and ``.`` replaced by ``-`` ("Brindle wick.gguf" -> "brindle-wick"; "mymodel" when nothing is left)."""
+    stem = Path(gguf_path).stem
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
+
+
+def ollama_create_command(gguf_path: str | Path) -> str:
+    """``ollama create NAME -f STEM.Modelfile`` for the Modelfile written next to ``gguf_path`` (shell-quoted)."""
+    import shlex
+
+    return f"ollama create {ollama_name(gguf_path)} -f {shlex.quote(Path(gguf_path).stem + '.Modelfile')}"
+
+
 def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) -> Path:
     """Write ``<stem>.Modelfile`` for ``ollama create NAME -f <stem>.Modelfile`` (atomically).
 
     ``ours=False`` (an imported model with its own chat template): no TEMPLATE or stop lines, Ollama
     reads the template from the GGUF file."""
-    from core.atomic import atomic_write
-
     template = chat_format.OLLAMA_TEMPLATE
     if '"""' in template:  # pragma: no cover - a constant; guards a future edit
         raise GGUFError("the Ollama template contains triple quotes")
     lines = [
         "# Ollama Modelfile written by OpenCL LLM Studio",
-        f"# ollama create my-model -f {gguf_path.stem}.Modelfile && ollama run my-model",
+        f"# {ollama_create_command(gguf_path)} && ollama run {ollama_name(gguf_path)}",
         f"FROM ./{gguf_path.name}",
         *([f'TEMPLATE """{template}"""'] if ours else []),
         *([f'PARAMETER stop "{s}"' for s in (chat_format.EOS_TOKEN, "User:")] if ours else []),
@@ -457,4 +432,4 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) ->
     return path
 
 
-__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX", "DATE_KEYS"]
+__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX"]

@@ -35,7 +35,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers
 
-from core.tokenizer import bytes_to_unicode
+from core.tokenizer import Tokenizer, bytes_to_unicode
 
 log = logging.getLogger(__name__)
 
@@ -497,11 +497,9 @@ class GGUFTokenizer:
         return sorted(self._control)
 
 
-def tokenizer_from_json(text: str):
+def tokenizer_from_json(text: str) -> GGUFTokenizer | Tokenizer:
     """A :class:`GGUFTokenizer` for text written by :meth:`GGUFTokenizer.to_json`, else a
     :class:`core.tokenizer.Tokenizer` (our own ``tokenizer.json``). Raises ValueError."""
-    from core.tokenizer import Tokenizer
-
     if text.lstrip().startswith("{") and f'"format": "{GGUFTokenizer.FORMAT}"' in text[:200]:
         return GGUFTokenizer.from_json(text)
     return Tokenizer.from_json(text)

@@ -24,17 +24,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
-from core.config import ConfigError, ModelConfig
+from core.atomic import replace_folder
+from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +57,25 @@ class HFError(ValueError):
 # ---------------------------------------------------------------------------------------- names
 def hf_names(config: ModelConfig) -> dict[str, str]:
     """``{our GGUF tensor name: HF LlamaForCausalLM state-dict name}`` for every parameter of ``config``."""
-    m = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    T = MODEL_TENSOR
+    m = {tensor_name(T.TOKEN_EMBD): "model.embed_tokens.weight", tensor_name(T.OUTPUT_NORM): "model.norm.weight"}
     if not config.tie_embeddings:
-        m["output.weight"] = "lm_head.weight"
-    per_layer = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                 "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                 "ffn_down": "mlp.down_proj"}
+        m[tensor_name(T.OUTPUT)] = "lm_head.weight"
+    per_layer = {T.ATTN_NORM: "input_layernorm", T.ATTN_Q: "self_attn.q_proj", T.ATTN_K: "self_attn.k_proj",
+                 T.ATTN_V: "self_attn.v_proj", T.ATTN_OUT: "self_attn.o_proj",
+                 T.FFN_NORM: "post_attention_layernorm", T.FFN_GATE: "mlp.gate_proj", T.FFN_UP: "mlp.up_proj",
+                 T.FFN_DOWN: "mlp.down_proj"}
     for i in range(config.n_layers):
         for ours, theirs in per_layer.items():
-            m[f"blk.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
+            m[tensor_name(ours, i)] = f"model.layers.{i}.{theirs}.weight"
     return m
+
+
+def _rope_heads(config: ModelConfig) -> dict[str, int]:
+    """``{name of each layer's Q and K weight: its head count}``: the rows the RoPE layouts differ in."""
+    T = MODEL_TENSOR
+    return {tensor_name(t, i): n for i in range(config.n_layers)
+            for t, n in ((T.ATTN_Q, config.n_heads), (T.ATTN_K, config.n_kv_heads))}
 
 
 def to_hf_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -182,12 +193,11 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     _prepare_target(out)
 
     tensors = {}
+    heads = _rope_heads(c)
     for ours, theirs in hf_names(c).items():
         w = np.ascontiguousarray(loaded.weights[ours], dtype=np.float32)
-        if ours.endswith("attn_q.weight"):
-            w = to_hf_rows(w, c.n_heads)
-        elif ours.endswith("attn_k.weight"):
-            w = to_hf_rows(w, c.n_kv_heads)
+        if ours in heads:
+            w = to_hf_rows(w, heads[ours])
         tensors[theirs] = np.ascontiguousarray(w)
     texts = {"config.json": hf_config(c, tok.bos_id, tok.eos_id, tok.pad_id)}
     texts["config.json"][STUDIO_KEY] = {"app_version": __version__,
@@ -197,33 +207,15 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
                                        "max_length": c.context_length}
     texts = {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
 
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    old = None
-    try:
+    def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
         for name, text in texts.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())
         _verify(tmp, loaded)
-        if out.exists():  # an earlier export (checked above): move it aside, move the new one in
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+    replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
     log.info("hf: wrote %s (%d tensors)", out, len(tensors))
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _verify(folder: Path, loaded) -> None:
@@ -370,7 +362,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_hf(folder: str | os.PathLike):
+def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer]:
     """Read a Hugging Face ``LlamaForCausalLM`` folder (ours, or after ``save_pretrained``).
 
     Returns:
@@ -401,7 +393,7 @@ def load_hf(folder: str | os.PathLike):
     extra = [n for n in hf if n not in names.values() and not n.endswith("rotary_emb.inv_freq")]
     if extra:
         raise HFError(f"{d}: tensor {extra[0]} is not part of a plain llama model; not supported")
-    shapes = dict(config.param_shapes())
+    shapes, heads = dict(config.param_shapes()), _rope_heads(config)
     weights = {}
     for ours, theirs in names.items():
         if theirs not in hf:
@@ -411,15 +403,13 @@ def load_hf(folder: str | os.PathLike):
             raise HFError(f"{d}: tensor {theirs} has shape {w.shape}, config.json needs {shapes[ours]}")
         if not np.all(np.isfinite(w)):
             raise HFError(f"{d}: tensor {theirs} contains NaN or infinite values")
-        if ours.endswith("attn_q.weight"):
-            w = from_hf_rows(w, config.n_heads)
-        elif ours.endswith("attn_k.weight"):
-            w = from_hf_rows(w, config.n_kv_heads)
+        if ours in heads:
+            w = from_hf_rows(w, heads[ours])
         weights[ours] = np.ascontiguousarray(w, dtype=np.float32)
     return config, weights, tok
 
 
-def load_hf_model(folder: str | os.PathLike):
+def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
     """:func:`load_hf` as a :class:`core.loaded.LoadedModel` (for chat and export).
 
     ``meta``: ``format`` "hf", ``name`` (the folder name), ``chat_template`` (the folder's, or None).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.embedding import Embedding
-from core.kernels.grad_norm import Reduce
+from core.kernels.grad_norm import GradNorm
 from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul
 from core.kernels.residual import Residual
@@ -53,7 +54,7 @@ class Ops:
         self.residual = Residual(dev)
         self.cross_entropy = CrossEntropy(dev)
         self.adamw = AdamW(dev)
-        self.reduce = Reduce(dev)
+        self.grad_norm = GradNorm(dev)
 
 
 def param_layout(dev: Device, config: ModelConfig) -> Layout:
@@ -137,32 +138,70 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     return sizes
 
 
-def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
-               frozen: tuple[str, ...] = ()) -> None:
-    """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
-    have no gradient and no AdamW moments).
+# A run may plan to fill this share of CL_DEVICE_GLOBAL_MEM_SIZE: the driver, the display and the other
+# programs on the device keep the rest. The one memory rule: Model, the CLI and the GUI all apply it.
+MEMORY_SHARE = 0.9
 
-    Raises:
-        ValueError: the largest buffer exceeds CL_DEVICE_MAX_MEM_ALLOC_SIZE, or all buffers together
-            exceed 90 % of CL_DEVICE_GLOBAL_MEM_SIZE; the message gives both figures.
+
+def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
+    """The tensors that get no gradient and no AdamW moments: ``token_embd.weight`` when frozen."""
+    return ("token_embd.weight",) if freeze_embeddings else ()
+
+
+def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
+                 frozen: tuple[str, ...] = ()) -> tuple[int, int]:
+    """``(total, largest)``: bytes of every device buffer a :class:`Model` of ``batch_size`` sequences
+    allocates (weights; for training also gradients and two AdamW moments of every tensor not in
+    ``frozen``; activations of :func:`activation_sizes`), and of its largest single buffer.
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
     n_frozen = sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
     params = 4 * (config.n_params() + (3 * (config.n_params() - n_frozen) if training else 0))  # weights (+ grads, m, v)
     total = params + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
+    return total, largest
+
+
+def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
+    """Whether ``total_bytes`` of buffers fit a device with ``global_mem_bytes`` (:data:`MEMORY_SHARE`)."""
+    return total_bytes <= MEMORY_SHARE * global_mem_bytes
+
+
+def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
+                   device_name: str, training: bool = True, frozen: tuple[str, ...] = ()) -> str | None:
+    """Why a device cannot hold a model's buffers (one line), or None when it can.
+
+    The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
+    known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
+    """
+    total, largest = memory_bytes(config, batch_size, training, frozen)
     gib = 2 ** 30
-    if largest > dev.max_alloc_bytes:
-        raise ValueError(f"the model needs a single buffer of {largest / gib:.2f} GiB but {dev.info.name} allows "
-                         f"{dev.max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
-                         "vocab_size or d_model")
-    if total > 0.9 * dev.global_mem_size:
-        raise ValueError(f"training needs about {total / gib:.2f} GiB of device memory but {dev.info.name} has "
-                         f"{dev.global_mem_size / gib:.2f} GiB: lower batch_size, context_length, d_model, "
-                         "ffn_dim or n_layers")
+    if max_alloc_bytes is not None and largest > max_alloc_bytes:
+        return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
+                f"{max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
+                "vocab_size or d_model")
+    if not fits_in(total, global_mem_bytes):
+        return (f"training needs about {total / gib:.2f} GiB of device memory but {device_name} has "
+                f"{global_mem_bytes / gib:.2f} GiB: lower batch_size, context_length, d_model, "
+                "ffn_dim or n_layers")
+    return None
 
 
-def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, pos: int) -> None:
+def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
+               frozen: tuple[str, ...] = ()) -> None:
+    """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
+    have no gradient and no AdamW moments).
+
+    Raises:
+        ValueError: :func:`memory_problem`'s message.
+    """
+    problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
+                             training, frozen)
+    if problem:
+        raise ValueError(problem)
+
+
+def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: int, pos: int) -> None:
     """Layer ``i`` of the forward pass; the one code path of training and generation.
 
     Reads ``a.x[i]`` and ``a.attn_in[i] = rmsnorm(a.x[i]) * attn_norm`` (made by the previous step,
@@ -208,7 +247,7 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a, i: int, b: int, t: int, po
     o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
 
 
-def forward(o: Ops, c: ModelConfig, p: dict, a, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
+def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
     ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
     floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
@@ -262,7 +301,7 @@ class Model:
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
                  freeze_embeddings: bool = False):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
-        self.frozen = ("token_embd.weight",) if freeze_embeddings else ()
+        self.frozen = frozen_tensors(freeze_embeddings)
         check_fits(dev, config, batch_size, training, self.frozen)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
@@ -289,6 +328,7 @@ class Model:
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
+        self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
 
     # ------------------------------------------------------------------ forward
     def _load_batch(self, tokens: np.ndarray, targets: np.ndarray | None, mask: np.ndarray | None):
@@ -312,6 +352,9 @@ class Model:
             if bad.any():
                 raise ValueError(f"target id {int(targets[bad][0])} outside vocab_size {self.config.vocab_size}")
         self.dev.upload(tokens, self.act.tokens)
+        # GPUs: the embedding backward runs over the batch's tokens grouped by id (built here, on the host)
+        self._token_index = (self.ops.embedding.index_tokens(tokens, self.config.vocab_size)
+                             if targets is not None and self.ops.embedding.sorted_backward else None)
         if targets is not None:
             self.dev.upload(targets, self.act.targets)
             self.dev.upload(mask, self.act.mask)
@@ -362,7 +405,8 @@ class Model:
             o.rmsnorm.backward(a.dx, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d,
                                accumulate=True)
         if "token_embd.weight" in g:  # frozen embeddings get no gradient
-            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d)
+            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d,
+                                 index=self._token_index)
 
     # ------------------------------------------------------------------ public API
     def logits(self, tokens: np.ndarray) -> np.ndarray:
@@ -396,8 +440,8 @@ class Model:
         n = b * t
         o, a = self.ops, self.act
         o.cross_entropy.forward(a.losses, a.logits, a.targets, a.mask, n, self.config.vocab_size)
-        o.reduce.sum(self._stats, 0, a.losses, n)
-        o.reduce.sum(self._stats, 1, a.mask, n)
+        o.grad_norm.sum(self._stats, 0, a.losses, n)
+        o.grad_norm.sum(self._stats, 1, a.mask, n)
         s = self.dev.download(self._stats, (2,))
         return float(s[0] / max(s[1], 1.0)), float(s[1])
 
@@ -437,9 +481,9 @@ class Model:
         if not accumulate:
             self.grads.zero()
         self._backward(b, t)
-        o.reduce.sum(self._stats, 0, a.losses, n)
-        o.reduce.sum(self._stats, 1, a.mask, n)
-        o.reduce.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
+        o.grad_norm.sum(self._stats, 0, a.losses, n)
+        o.grad_norm.sum(self._stats, 1, a.mask, n)
+        o.grad_norm.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
         per_layer = [0.0] * (self.config.n_layers + 2)

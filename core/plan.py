@@ -22,10 +22,16 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.config import PRESETS, ModelConfig, TrainConfig, replace
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
+    from core.device import Device
+    from core.estimates import DatasetStats
 
 AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
@@ -126,7 +132,7 @@ def padded_length(lengths: list[int], batch_size: int, seed: int = 0, draws: int
     return float(np.mean([arr[rng.choice(len(arr), k, replace=False)].max() for _ in range(draws)]))
 
 
-def choose_preset(stats) -> tuple[str, list[str]]:
+def choose_preset(stats: DatasetStats) -> tuple[str, list[str]]:
     """Smallest preset with ``PARAMS_PER_TOKEN`` parameters per training token (``Larger`` at most)."""
     tokens = stats.fact_tokens + stats.dialogue_tokens
     for name in ("Tiny", "Small", "Larger"):
@@ -137,14 +143,15 @@ def choose_preset(stats) -> tuple[str, list[str]]:
                       f"({mc.n_params():,} parameters): it may not learn everything"]
 
 
-def _check_kinds(recall_prompts, answer_tokens) -> dict[str, tuple[int, float, float]]:
+def _check_kinds(recall_prompts: tuple[int, int] | dict,
+                 answer_tokens: tuple[float, float]) -> dict[str, tuple[int, float, float]]:
     """{kind: (prompts, mean prompt tokens, mean answer tokens)}; (facts, dialogues) tuples accepted."""
     if isinstance(recall_prompts, dict):
         return dict(recall_prompts)
     return {"fact": (recall_prompts[0], 0.0, answer_tokens[0]), "dialogue": (recall_prompts[1], 0.0, answer_tokens[1])}
 
 
-def make_plan(stats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
+def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
               recall_prompts: tuple[int, int] | dict = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
               time_budget_s: float = 0.0, preset: str | None = None,
               step_tokens: tuple[float, float] | None = None) -> Plan:
@@ -291,7 +298,7 @@ def store_speed(key: str, seconds_per_token: float) -> None:
     atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
 
 
-def measure_speed(dev, mc: ModelConfig, batch_size: int, seq: int, steps: int = 5, use_cache: bool = True) -> float:
+def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 5, use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
     (``batch_size``, ``seq``) on ``dev``: the median of ``steps`` timed steps after one warm-up step.
     Cached per device and shape (:func:`cached_speed`)."""
@@ -318,7 +325,8 @@ def measure_speed(dev, mc: ModelConfig, batch_size: int, seq: int, steps: int = 
     return v
 
 
-def plan_for(dataset, dev, time_budget_s: float = 0.0, vocab_size: int = 1024) -> tuple[Plan, object]:
+def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
+             vocab_size: int = 1024) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
     preset, the padded tokens of the planned data mix's batches (core.trainer.Batches) and the recall
     prompts of every kind, :func:`make_plan`. Returns (plan, DatasetStats)."""

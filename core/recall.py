@@ -15,10 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core import chat_format
+
+if TYPE_CHECKING:
+    from core.dataset import Dataset
+    from core.model import Model
+    from core.tokenizer import Tokenizer
 
 KINDS = ("fact", "dialogue", "chat", "heldout")
 """fact: a fact's rest from its first words; dialogue: each dialogue turn after its own earlier turns;
@@ -28,8 +34,8 @@ heldout: questions about facts that no trained example asks about (``heldout=`` 
 ROW_TOKENS = 48
 """Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
 CHAT_PROMPTS = 200
-"""About this many dialogues (every one of a smaller dataset, evenly spaced; 200: the towns data checks each) are also asked in the middle of
-a conversation ("chat" kind)."""
+"""About this many dialogues (every one of a smaller dataset, evenly spaced) are also asked in the middle of
+a conversation ("chat" kind); the towns data's 200 are all asked."""
 CHAT_ROOM = 64
 """Tokens a chat leaves free for the answer (the chat's default max_tokens, core.generate.SamplingSettings):
 a "chat" prompt keeps the history core.chat.ChatSession would keep."""
@@ -76,7 +82,7 @@ def chat_every(n_dialogues: int) -> int:
     return max(1, n_dialogues // CHAT_PROMPTS)
 
 
-def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str, str]]:
+def chat_history(dialogues: list, i: int, before: int = CHAT_BEFORE) -> list[tuple[str, str]]:
     """The turns of the ``before`` dialogues preceding dialogue ``i`` (wrapping around), oldest first:
     the conversation a "chat" recall prompt asks dialogue ``i``'s first question in."""
     n = len(dialogues)
@@ -84,7 +90,7 @@ def chat_history(dialogues, i: int, before: int = CHAT_BEFORE) -> list[tuple[str
     return [t for j in picks for t in dialogues[j].turns]
 
 
-def recall_prompts(tok, dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
+def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
                    heldout: list[tuple[str, str]] | tuple = (), sample: int = 0) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
     turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
@@ -140,7 +146,7 @@ def _spaced(items: list, n: int) -> list:
     return [items[i * len(items) // n] for i in range(n)]
 
 
-def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
+def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
     """Greedy continuations of up to ``model.batch_size`` prompts decoded together.
 
     Args:
@@ -173,7 +179,7 @@ def greedy_batch(model, prompts: list[list[int]], max_new: list[int], eos_id: in
     return outs
 
 
-def recall_check(model, tok, dataset, kinds: tuple[str, ...] = KINDS,
+def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
                  sample: int = 0) -> Iterator[tuple[int, int, list[RecallItem]]]:

@@ -1,4 +1,4 @@
-"""Device check: build every kernel, compare a few ops with numpy, time a matmul.
+"""Device check: build every kernel, compare every op with its numpy reference, time a matmul.
 
 The GUI's "Test device" button and ``gui.selftest`` (the bundle's ``--self-test``) call
 :func:`check_device`. Progress and cancellation go through plain callables, so no Qt is needed here.
@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.device import Device
+from core.kernels import (adamw_ref, attention_ref, cross_entropy_ref, embedding_ref, grad_norm_ref, matmul_ref,
+                          residual_ref, rmsnorm_ref, rope_ref, swiglu_ref)
 
 log = logging.getLogger(__name__)
 
 # (module in core.kernels, launcher class) in the order they are built.
 LAUNCHERS = [("residual", "Residual"), ("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
              ("matmul", "Matmul"), ("rope", "RoPE"), ("attention", "Attention"), ("swiglu", "SwiGLU"),
-             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("grad_norm", "Reduce")]
+             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("grad_norm", "GradNorm")]
 
 
 class CheckCancelled(Exception):
@@ -61,12 +63,9 @@ class DeviceCheck:
         return not self.build_errors and bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def _rmsnorm_ref(x, w, eps):
-    return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w
-
-
 def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck]:
-    """Compare each available op with its numpy twin on small random inputs."""
+    """Compare each available op's forward with its numpy reference (``core/kernels/<op>_ref.py``,
+    the one the tests use) on small random inputs."""
     out: list[OpCheck] = []
 
     def run(name, tol, fn):
@@ -81,21 +80,32 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
     def f32(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
+    def err(buf, want) -> float:
+        return float(np.abs(dev.download(buf, want.shape) - want).max())
+
+    def elementwise(op: str, reference: Callable, n: int) -> float:  # out (n) = op(a (n), b (n))
+        a, b = f32(n), f32(n)
+        o = dev.alloc(n)
+        ops[op].forward(o, dev.upload(a), dev.upload(b), n)
+        return err(o, reference(a, b))
+
     if "residual" in ops:
-        def residual():
-            a, b = f32(1000), f32(1000)
-            o = dev.alloc(1000)
-            ops["residual"].forward(o, dev.upload(a), dev.upload(b), 1000)
-            return np.abs(dev.download(o, (1000,)) - (a + b)).max()
-        run("residual add", 1e-6, residual)
+        run("residual add", 1e-6, lambda: elementwise("residual", residual_ref.residual_forward, 1000))
+    if "embedding" in ops:
+        def embedding():
+            n, vocab, d = 13, 50, 24
+            tokens, w = rng.integers(0, vocab, n).astype(np.int32), f32(vocab, d)
+            o = dev.alloc(n * d)
+            ops["embedding"].forward(o, dev.upload(tokens), dev.upload(w), n, d, vocab)
+            return err(o, embedding_ref.embedding_forward(tokens, w))
+        run("embedding", 0.0, embedding)
     if "matmul" in ops:
         def matmul(trans_b):
             M, N, K = 67, 45, 33
             a, b = f32(M, K), f32(N, K) if trans_b else f32(K, N)
             c = dev.alloc(M * N)
             ops["matmul"](c, dev.upload(a), dev.upload(b), M, N, K, trans_b=trans_b)
-            ref = a @ (b.T if trans_b else b)
-            return np.abs(dev.download(c, (M, N)) - ref).max()
+            return err(c, matmul_ref.matmul_forward(a, b, trans_b=trans_b))
         run("matmul", 1e-4, lambda: matmul(False))
         run("matmul (B transposed)", 1e-4, lambda: matmul(True))
     if "rmsnorm" in ops:
@@ -104,27 +114,25 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             x, w = f32(rows, dim), f32(dim)
             o, rstd = dev.alloc(rows * dim), dev.alloc(rows)
             ops["rmsnorm"].forward(o, rstd, dev.upload(x), dev.upload(w), rows, dim, 1e-5)
-            return np.abs(dev.download(o, (rows, dim)) - _rmsnorm_ref(x, w, 1e-5)).max()
+            return err(o, rmsnorm_ref.rmsnorm_forward(x, w, 1e-5)[0])
         run("RMSNorm", 1e-4, rmsnorm)
+    if "rope" in ops:
+        def rope():
+            n, h, d = 10, 3, 16
+            x = f32(n, h, d)
+            buf = dev.upload(x)
+            ops["rope"].forward(buf, n, 5, h, d, 2, 10000.0)
+            return err(buf, rope_ref.rope_forward(x, 5, 2, 10000.0))
+        run("RoPE", 1e-5, rope)
     if "swiglu" in ops:
-        def swiglu():
-            g, u = f32(500), f32(500)
-            o = dev.alloc(500)
-            ops["swiglu"].forward(o, dev.upload(g), dev.upload(u), 500)
-            return np.abs(dev.download(o, (500,)) - g / (1 + np.exp(-g)) * u).max()
-        run("SwiGLU", 1e-5, swiglu)
+        run("SwiGLU", 1e-5, lambda: elementwise("swiglu", swiglu_ref.swiglu_forward, 500))
     if "attention" in ops:
         def attention():  # builds the kernels for head_dim 32 (the default model's), GQA 2
             s, h, kvh, d = 21, 4, 2, 32
             q, k, v = f32(1, s, h, d), f32(1, s, kvh, d), f32(1, s, kvh, d)
             o, lse = dev.alloc(q.size), dev.alloc(h * s)
             ops["attention"].forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d)
-            kh, vh = np.repeat(k[0], h // kvh, axis=1), np.repeat(v[0], h // kvh, axis=1)
-            scores = np.einsum("ihd,jhd->hij", q[0], kh) / np.sqrt(d)
-            scores = np.where(np.tri(s, dtype=bool), scores, -np.inf)
-            p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            ref = np.einsum("hij,jhd->ihd", p / p.sum(axis=-1, keepdims=True), vh)
-            return np.abs(dev.download(o, (s, h, d)) - ref).max()
+            return err(o, attention_ref.attention_forward(q, k, v)[0])
         run("attention", 1e-4, attention)
     if "cross_entropy" in ops:
         def cross_entropy():
@@ -135,10 +143,25 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             losses = dev.alloc(rows)
             ops["cross_entropy"].forward(losses, dev.upload(logits), dev.upload(targets), dev.upload(mask),
                                          rows, vocab)
-            z = logits - logits.max(axis=1, keepdims=True)
-            ref = np.log(np.exp(z).sum(axis=1)) - z[np.arange(rows), targets]
-            return np.abs(dev.download(losses, (rows,)) - ref).max()
+            return err(losses, cross_entropy_ref.cross_entropy_forward(logits, targets, mask))
         run("cross-entropy", 1e-4, cross_entropy)
+    if "adamw" in ops:
+        def adamw():
+            n, hp = 300, dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+            p, g, m, v = f32(n), f32(n), f32(n) * 0.1, np.abs(f32(n)) * 0.1
+            bufs = [dev.upload(a) for a in (p, g, m, v)]
+            ops["adamw"].step(*bufs, n, step=3, grad_scale=0.5, **hp)
+            want = adamw_ref.adamw_step(p, g, m, v, step=3, grad_scale=0.5, **hp)[0].astype(np.float32)
+            return err(bufs[0], want)
+        run("AdamW", 1e-5, adamw)
+    if "grad_norm" in ops:
+        def grad_norm():
+            x = f32(5000)
+            o = dev.alloc(1)
+            ops["grad_norm"].sum_squares(o, 0, dev.upload(x), x.size)
+            want = grad_norm_ref.sum_squares(x)
+            return abs(float(dev.download(o, (1,))[0]) - want) / want
+        run("gradient norm (relative)", 1e-5, grad_norm)
     return out
 
 

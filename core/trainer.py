@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_split, recall_check
 from core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from core.generate import Generator
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +394,7 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ evaluation
-    def generator(self):
+    def generator(self) -> Generator:
         """A :class:`core.generate.Generator` with a snapshot of the current weights."""
         from core.generate import Generator
 
@@ -458,8 +462,8 @@ class Trainer:
         return out
 
 
-def recall_table(gen, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
-                 should_stop=None) -> list[RecallItem]:
+def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: int | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[RecallItem]:
     """Check, with greedy decoding, which facts and dialogue answers the model reproduces, one prompt at a
     time through a :class:`core.generate.Generator` (the chat's decoding path). Training uses the batched
     :func:`core.recall.recall_check`; this is its reference.
@@ -533,7 +537,7 @@ class _UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.reduce.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
+        m.ops.grad_norm.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:

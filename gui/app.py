@@ -9,8 +9,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gui.paths import DATA_ENV
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication
 
 APP_NAME = "OpenCL LLM Studio"
 ORG_NAME = "opencl-llm-studio"
@@ -26,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def set_app_identity(app) -> None:
+def set_app_identity(app: QApplication) -> None:
     """Organization and application names: QSettings and the data folder depend on them.
 
     With ``$OPENCL_LLM_STUDIO_DATA`` set, the settings too live there (an INI file under
@@ -43,7 +47,7 @@ def set_app_identity(app) -> None:
         QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(Path(data) / "settings"))
 
 
-def set_app_icon(app) -> None:
+def set_app_icon(app: QApplication) -> None:
     """Window icon and desktop-file name, so the window matches its menu entry (also on Wayland)."""
     from importlib import resources
 

@@ -32,6 +32,7 @@ class AppState(QObject):
     hyperparameters_changed = Signal()  # (): configs(), config_error() or limits() changed
     model_saved = Signal(str)  # (the trained model's folder): training (re)wrote the project's model
     busy_changed = Signal()  # (): training or an export started or ended
+    history_changed = Signal()  # (): a tab's part of the project's history (gui.history) changed: save it soon
     message = Signal(str)  # (a line for the status bar)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -86,6 +87,10 @@ class AppState(QObject):
     def mark_dataset_edited(self) -> None:
         """The dataset object was changed in place."""
         self.dataset_edited.emit()
+
+    def mark_history_changed(self) -> None:
+        """A run's plots, log or recall table, or the chat transcript, changed (the project saves it)."""
+        self.history_changed.emit()
 
     # ----------------------------------------------------------------------------- device
     def devices(self) -> list[DeviceInfo]:

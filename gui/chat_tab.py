@@ -15,6 +15,9 @@ from gui.events import AnswerDone, AnswerPiece, ModelLoaded
 from gui.workers import ChatWorker
 
 TOKEN_PROP = QTextFormat.Property.UserProperty + 1
+PLACEHOLDER_NO_MODEL = "Train a model (or open one) and ask it something."
+PLACEHOLDER_MODEL = "Ask the model something: type below and press Enter."
+NOTES = {"stopped": " [stopped]", "max_tokens": " [cut at max tokens]", "context": " [cut: the model's context is full]"}
 
 
 def _shown(token: str) -> str:
@@ -41,7 +44,7 @@ class ChatTab(QWidget):
             tab switches to it when a project is opened or training saves it).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: ChatWorker | None = None
@@ -53,11 +56,13 @@ class ChatTab(QWidget):
         self._pieces: list[AnswerPiece] = []
         self._answer_text = ""
         self._seed = 0
+        # the transcript, saved with the project (gui.history): {"user", "model", "note", "remembered"}
+        self._turns: list[dict] = []
 
         # -- transcript and input
         self.transcript = QTextEdit()
         self.transcript.setReadOnly(True)
-        self.transcript.setPlaceholderText("Train a model (or open one) and ask it something.")
+        self.transcript.setPlaceholderText(PLACEHOLDER_NO_MODEL)
         self.transcript.viewport().setMouseTracking(True)
         self.transcript.viewport().installEventFilter(self)
         row = QHBoxLayout()
@@ -153,15 +158,22 @@ class ChatTab(QWidget):
             if self._source_is_trained:
                 self._source, self._loaded, self._source_is_trained = None, None, False
                 self.model_label.setText("No model yet.")
+            self._update_placeholder()
             return
         if self._source is None or self._source_is_trained:
             self._source, self._source_is_trained = str(path), True
             self._loaded = None  # reload on the next question: the weights changed
             self.model_label.setText(f"Trained model of this project:\n{path}\n(loaded with the next message)")
+        self._update_placeholder()
+
+    def _update_placeholder(self) -> None:
+        """The empty transcript's hint: ask to train a model only when there is none to chat with."""
+        self.transcript.setPlaceholderText(PLACEHOLDER_MODEL if self._source else PLACEHOLDER_NO_MODEL)
 
     def _on_project(self, project) -> None:
-        """A project was opened: its sampling settings, and its trained model (if any)."""
+        """A project was opened: its sampling settings, its transcript, and its trained model (if any)."""
         self.apply_settings(project.settings.get("sampling"))
+        self._restore_transcript(getattr(project, "chat", None) or [])
         self.set_trained_model(None)
         path = self.app_state.trained_model_path()
         if path is not None:
@@ -180,6 +192,7 @@ class ChatTab(QWidget):
         self._source, self._source_is_trained = str(path), False
         self._loaded = None
         self.model_label.setText(f"{path}\n(loaded with the next message)")
+        self._update_placeholder()
         self._load_if_needed()
 
     def _open_checkpoint_dialog(self) -> None:
@@ -212,7 +225,8 @@ class ChatTab(QWidget):
             self.model_label.setText("No OpenCL device: see the Device tab.")
             return False
         if self._loaded != self._source:
-            self._ensure_worker().load(self._source, device)
+            # the model takes over the conversation the transcript shows (a restored one included)
+            self._ensure_worker().load(self._source, device, self.remembered_turns())
             self._loaded = self._source
             self.model_label.setText(f"Loading {self._source}…")
         return True
@@ -233,6 +247,7 @@ class ChatTab(QWidget):
             else:
                 self._source, self._loaded, self._source_is_trained = None, None, False
         self.model_label.setText(text)
+        self._update_placeholder()
 
     # ----------------------------------------------------------------------------- conversation
     def settings(self) -> dict:
@@ -247,7 +262,7 @@ class ChatTab(QWidget):
         s.pop("seed")
         return s
 
-    def apply_settings(self, s) -> None:
+    def apply_settings(self, s: object) -> None:
         """Set the sampling widgets from a project's saved settings (unreadable values are skipped)."""
         if not isinstance(s, dict):
             return
@@ -271,6 +286,7 @@ class ChatTab(QWidget):
         self.input.clear()
         self._append_block("You: ", text, bold_color="#1f4e9c")
         self._append_block("Model: ", "", bold_color="#2b7a2b")
+        self._turns.append({"user": text, "model": "", "note": "", "remembered": False})
         self._answering = True
         self._answer_text = ""
         self._seed += 1
@@ -285,10 +301,40 @@ class ChatTab(QWidget):
     def clear(self) -> None:
         self.transcript.clear()
         self._pieces.clear()
+        self._turns = []
         self.token_label.setText("Hover over a generated token.")
         self.alternatives.setRowCount(0)
         if self._worker is not None and self._worker.isRunning():
             self._worker.clear()
+        self.app_state.mark_history_changed()
+
+    # ----------------------------------------------------------------------------- saved transcript
+    def saved_transcript(self) -> list[dict]:
+        """What the project saves of the chat (gui.history.parse_chat's turns); an answer still being
+        written is saved as far as it got, not remembered."""
+        turns = [dict(t) for t in self._turns]
+        if self._answering and turns:
+            turns[-1]["model"] = self._answer_text
+        return turns
+
+    def remembered_turns(self) -> list[tuple[str, str]]:
+        """(question, answer) of the turns the model's conversation holds (core.chat.ChatSession.history)."""
+        return [(t["user"], t["model"]) for t in self._turns if t["remembered"]]
+
+    def _restore_transcript(self, turns: list[dict]) -> None:
+        """Show a saved transcript (token probabilities are not saved: hovering its answers shows none).
+        A loaded model forgets it; the next model loaded takes it over (see :meth:`remembered_turns`)."""
+        self.transcript.clear()
+        self._pieces.clear()
+        self._turns = [dict(t) for t in turns]
+        for t in self._turns:
+            self._append_block("You: ", t["user"], bold_color="#1f4e9c")
+            self._append_block("Model: ", t["model"], bold_color="#2b7a2b")
+            if t["note"]:
+                self._append_note(t["note"])
+        if self._worker is not None and self._worker.isRunning():
+            self._worker.clear()
+        self._loaded = None  # the next message loads the model again, with this conversation
 
     def is_answering(self) -> bool:
         return self._answering
@@ -329,12 +375,11 @@ class ChatTab(QWidget):
 
     def _on_answer_done(self, d: AnswerDone) -> None:
         self._answer_text = d.text
-        if d.stopped:
-            self._append_note(" [stopped]")
-        elif d.cut == "max_tokens":
-            self._append_note(" [cut at max tokens]")
-        elif d.cut == "context":
-            self._append_note(" [cut: the model's context is full]")
+        note = NOTES["stopped"] if d.stopped else NOTES.get(d.cut, "")
+        if note:
+            self._append_note(note)
+        if self._turns:  # a stopped answer is not part of the model's conversation (core.chat)
+            self._turns[-1].update(model=d.text, note=note, remembered=not d.stopped)
         self._finish_answer()
 
     def _append_note(self, text: str) -> None:
@@ -348,6 +393,8 @@ class ChatTab(QWidget):
     def _on_failed(self, kind: str, message: str) -> None:
         if self._answering:
             self._append_note(f" [error: {message}]")
+            if self._turns:
+                self._turns[-1].update(model=self._answer_text, note=f" [error: {message}]", remembered=False)
             self._finish_answer()
         else:
             self.model_label.setText(f"Error: {message}")
@@ -355,6 +402,7 @@ class ChatTab(QWidget):
     def _finish_answer(self) -> None:
         self._answering = False
         self._update_buttons()
+        self.app_state.mark_history_changed()
 
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(not self._answering)

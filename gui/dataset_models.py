@@ -9,16 +9,24 @@ The models hold no copy: they read and write the dataset's own lists, and a view
 rows it draws, so 20,000 facts cost nothing until they are scrolled to. Each model emits
 ``edited`` after a change made through it (an edit, an added, removed or moved row); problems found
 by validation are shown with :meth:`set_problems` (background and tooltip of the rows at fault).
+
+Each change made through a model is recorded on its ``history`` (gui.dataset_undo.EditHistory, set
+by the tab) with the functions that take it back and make it again. An empty text shows a grey
+placeholder ("type the question"); the placeholder is never the entry's content.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import (QAbstractListModel, QAbstractTableModel, QModelIndex, QObject, QSortFilterProxyModel, Qt,
+                            Signal)
 from PySide6.QtGui import QBrush, QColor
 
 from core.dataset import Dialogue
 
 BAD = QBrush(QColor(255, 205, 205))  # background of an entry at fault
-NEW_TURN = ("New question?", "New answer.")
+PLACEHOLDER = QBrush(QColor(140, 140, 140))  # text colour of an empty cell's hint
+NEW_TURN = ("", "")  # a new turn is empty (the checker says so until it is typed), not placeholder text
+FACT_HINT = "(empty fact: type it here)"
+TURN_HINTS = ("(type the question)", "(type the answer)")
 _ROLE = Qt.ItemDataRole
 
 
@@ -51,22 +59,42 @@ class _EntryModel(QAbstractListModel):
     """A list model over ``self._rows`` (a list owned by the dataset) with problem marks per row."""
 
     edited = Signal()  # the dataset was changed through this model
+    touched = Signal(int)  # (source row): an undo or redo changed this row (the tab selects it)
+    NOUN = "entry"  # in the Edit menu: "Undo remove fact"
+    HINT = ""  # shown (grey) for an empty row
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list = []
         self._bad: dict[int, str] = {}  # row -> problem text (tooltip)
+        self.history = None  # gui.dataset_undo.EditHistory that records changes made through the model
+
+    def _record(self, text: str, undo, redo) -> None:
+        if self.history is not None:
+            self.history.record(text, undo, redo)
+
+    def _then_touch(self, fn, row: int):
+        """``fn`` followed by ``touched(row)`` (for an undo or redo)."""
+        def run():
+            fn()
+            self.touched.emit(row)
+        return run
 
     # -- Qt API
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() else len(self._rows)
 
-    def data(self, index, role=_ROLE.DisplayRole):
+    def data(self, index: QModelIndex, role: int = _ROLE.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._rows):
             return None
         row = index.row()
-        if role in (_ROLE.DisplayRole, _ROLE.EditRole):
+        if role == _ROLE.DisplayRole:
+            text = self.text(row)
+            return text if text.strip() or not self.HINT else self.HINT
+        if role == _ROLE.EditRole:
             return self.text(row)
+        if role == _ROLE.ForegroundRole:
+            return PLACEHOLDER if self.HINT and not self.text(row).strip() else None
         if role == _ROLE.BackgroundRole:
             return BAD if row in self._bad else None
         if role == _ROLE.ToolTipRole:
@@ -97,15 +125,21 @@ class _EntryModel(QAbstractListModel):
         self.beginInsertRows(QModelIndex(), row, row)
         self._rows.insert(row, value)
         self.endInsertRows()
+        self._bad = {r + (r >= row): p for r, p in self._bad.items()}
         self.edited.emit()
+        self._record(f"add {self.NOUN}", lambda: self.remove(row),
+                     self._then_touch(lambda: self.insert(row, value), row))
 
     def remove(self, row: int) -> None:
         """Delete ``row`` (later marks move up with their rows)."""
+        value = self._rows[row]
         self.beginRemoveRows(QModelIndex(), row, row)
         del self._rows[row]
         self.endRemoveRows()
         self._bad = {r - (r > row): p for r, p in self._bad.items() if r != row}
         self.edited.emit()
+        self._record(f"remove {self.NOUN}", self._then_touch(lambda: self.insert(row, value), row),
+                     lambda: self.remove(row))
 
     def swap(self, a: int, b: int) -> None:
         """Exchange rows ``a`` and ``b`` (any two rows: a search may hide the ones between)."""
@@ -114,6 +148,8 @@ class _EntryModel(QAbstractListModel):
         for r in (a, b):  # one index each: an open editor on either row shows its new text
             self.dataChanged.emit(self.index(r), self.index(r))
         self.edited.emit()
+        self._record(f"move {self.NOUN}", self._then_touch(lambda: self.swap(a, b), a),
+                     self._then_touch(lambda: self.swap(a, b), b))
 
     def refresh(self, row: int) -> None:
         """Row ``row`` changed outside the model (a dialogue's turns): redraw it."""
@@ -135,6 +171,9 @@ class _EntryModel(QAbstractListModel):
 class FactsModel(_EntryModel):
     """``dataset.facts``, one editable row each."""
 
+    NOUN = "fact"
+    HINT = FACT_HINT
+
     def text(self, row: int) -> str:
         return self._rows[row]
 
@@ -145,22 +184,30 @@ class FactsModel(_EntryModel):
         """The whole fact: a row shows one line of it."""
         return self._rows[row] or None
 
-    def flags(self, index):
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         return _editable(super().flags(index), index)
 
-    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+    def setData(self, index: QModelIndex, value: object, role: int = _ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
         if not _is_text_edit(index, value, role):
             return False
         row = index.row()
-        if self._rows[row] != value:
-            self._rows[row] = value
-            self.dataChanged.emit(index, index)
-            self.edited.emit()
+        old = self._rows[row]
+        if old != value:
+            self._set(row, value)
+            self._record("edit fact", self._then_touch(lambda: self._set(row, old), row),
+                         self._then_touch(lambda: self._set(row, value), row))
         return True
+
+    def _set(self, row: int, value: str) -> None:
+        self._rows[row] = value
+        self.dataChanged.emit(self.index(row), self.index(row))
+        self.edited.emit()
 
 
 class DialoguesModel(_EntryModel):
     """``dataset.dialogues``, one summary row each (edited through :class:`TurnsModel`)."""
+
+    NOUN = "dialogue"
 
     def text(self, row: int) -> str:
         return dialogue_summary(self._rows[row])
@@ -175,10 +222,27 @@ class TurnsModel(QAbstractTableModel):
     edited = Signal()  # a turn was changed, added, removed or moved through this model
     HEADERS = ("User", "Assistant")
 
-    def __init__(self, parent=None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._dialogue: Dialogue | None = None
         self._bad: set[int] = set()
+        self.history = None  # gui.dataset_undo.EditHistory
+        self.show_dialogue = None  # (Dialogue) -> None: the tab puts it into the editor (for an undo)
+
+    def _record(self, text: str, undo, redo) -> None:
+        """Record a change of the dialogue shown now; its undo and redo show that dialogue first."""
+        if self.history is None:
+            return
+        d = self._dialogue
+
+        def on_d(fn):
+            def run():
+                if self._dialogue is not d and self.show_dialogue is not None:
+                    self.show_dialogue(d)
+                if self._dialogue is d:
+                    fn()
+            return run
+        self.history.record(text, on_d(undo), on_d(redo))
 
     def set_dialogue(self, dialogue: Dialogue | None) -> None:
         """Show ``dialogue`` (edited in place) or nothing."""
@@ -190,57 +254,70 @@ class TurnsModel(QAbstractTableModel):
         """The dialogue shown, or None."""
         return self._dialogue
 
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() or self._dialogue is None else len(self._dialogue.turns)
 
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802 - Qt API
+    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802 - Qt API
         return 0 if parent.isValid() else 2
 
-    def headerData(self, section, orientation, role=_ROLE.DisplayRole):  # noqa: N802 - Qt API
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = _ROLE.DisplayRole) -> object:  # noqa: N802 - Qt API
         if orientation == Qt.Orientation.Horizontal and role == _ROLE.DisplayRole and 0 <= section < 2:
             return self.HEADERS[section]
         return super().headerData(section, orientation, role)
 
-    def data(self, index, role=_ROLE.DisplayRole):
+    def data(self, index: QModelIndex, role: int = _ROLE.DisplayRole) -> object:
         if not index.isValid() or index.row() >= self.rowCount():
             return None
-        if role in (_ROLE.DisplayRole, _ROLE.EditRole):
-            return self._dialogue.turns[index.row()][index.column()]
+        text = self._dialogue.turns[index.row()][index.column()]
+        if role == _ROLE.DisplayRole:
+            return text if text.strip() else TURN_HINTS[index.column()]
+        if role == _ROLE.EditRole:
+            return text
+        if role == _ROLE.ForegroundRole:
+            return None if text.strip() else PLACEHOLDER
         if role == _ROLE.BackgroundRole:
             return BAD if index.row() in self._bad else None
         return None
 
-    def flags(self, index):
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         return _editable(super().flags(index), index)
 
-    def setData(self, index, value, role=_ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
+    def setData(self, index: QModelIndex, value: object, role: int = _ROLE.EditRole) -> bool:  # noqa: N802 - Qt API
         if not _is_text_edit(index, value, role):
             return False
         t, turns = index.row(), self._dialogue.turns
-        user, answer = turns[t]
+        user, answer = old = turns[t]
         new = (value, answer) if index.column() == 0 else (user, value)
-        if new != turns[t]:
-            turns[t] = new
-            self.dataChanged.emit(index, index)
-            self.edited.emit()
+        if new != old:
+            self._set_turn(t, new)
+            self._record("edit turn", lambda: self._set_turn(t, old), lambda: self._set_turn(t, new))
         return True
 
-    def add_turn(self) -> int:
-        """Append a placeholder turn; returns its row."""
-        t = len(self._dialogue.turns)
-        self.beginInsertRows(QModelIndex(), t, t)
-        self._dialogue.turns.append(NEW_TURN)
-        self.endInsertRows()
+    def _set_turn(self, t: int, turn: tuple[str, str]) -> None:
+        self._dialogue.turns[t] = turn
+        self.dataChanged.emit(self.index(t, 0), self.index(t, 1))
         self.edited.emit()
+
+    def add_turn(self, turn: tuple[str, str] = NEW_TURN, t: int | None = None) -> int:
+        """Insert ``turn`` (default: an empty one) before turn ``t`` (default: at the end); returns its row."""
+        t = len(self._dialogue.turns) if t is None else t
+        self.beginInsertRows(QModelIndex(), t, t)
+        self._dialogue.turns.insert(t, turn)
+        self.endInsertRows()
+        self._bad = {r + (r >= t) for r in self._bad}
+        self.edited.emit()
+        self._record("add turn", lambda: self.remove_turn(t), lambda: self.add_turn(turn, t))
         return t
 
     def remove_turn(self, t: int) -> None:
         """Delete turn ``t``."""
+        turn = self._dialogue.turns[t]
         self.beginRemoveRows(QModelIndex(), t, t)
         del self._dialogue.turns[t]
         self.endRemoveRows()
         self._bad = {r - (r > t) for r in self._bad if r != t}
         self.edited.emit()
+        self._record("remove turn", lambda: self.add_turn(turn, t), lambda: self.remove_turn(t))
 
     def swap_turns(self, a: int, b: int) -> None:
         """Exchange turns ``a`` and ``b``."""
@@ -249,6 +326,7 @@ class TurnsModel(QAbstractTableModel):
         for r in (a, b):
             self.dataChanged.emit(self.index(r, 0), self.index(r, 1))
         self.edited.emit()
+        self._record("move turn", lambda: self.swap_turns(a, b), lambda: self.swap_turns(a, b))
 
     def set_bad_turns(self, bad: set[int]) -> None:
         """Mark the turns at fault; only rows whose mark changes are redrawn (see _EntryModel)."""
@@ -266,7 +344,7 @@ class SearchProxy(QSortFilterProxyModel):
     entry being edited never vanishes from under the cursor.
     """
 
-    def __init__(self, source: _EntryModel, parent=None) -> None:
+    def __init__(self, source: _EntryModel, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._needle = ""
         self.setDynamicSortFilter(False)
@@ -284,5 +362,5 @@ class SearchProxy(QSortFilterProxyModel):
             self._needle = needle
             self.invalidateRowsFilter()
 
-    def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802 - Qt API
+    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:  # noqa: N802 - Qt API
         return not self._needle or self._needle in self.sourceModel().search_text(source_row)

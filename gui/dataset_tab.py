@@ -7,6 +7,7 @@ Views speak in *source* rows (indexes into ``dataset.facts`` / ``dataset.dialogu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
@@ -16,10 +17,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxL
 from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
 from core.estimates import DatasetStats, dataset_stats
+from core.wording import count, were
 from gui import dialogs
 from gui.app_state import AppState
-from gui.dataset_models import DialoguesModel, FactsModel, SearchProxy, TurnsModel
+from gui.dataset_models import NEW_TURN, DialoguesModel, FactsModel, SearchProxy, TurnsModel
+from gui.dataset_undo import EditHistory
 from gui.workers import CallWorker
+
+if TYPE_CHECKING:
+    from PySide6.QtGui import QShowEvent
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
 MAX_LISTED_PROBLEMS = 500  # a list item per problem: 20,000 items would make every check slow
@@ -41,7 +47,7 @@ class EntryListView(QListView):
     20,000 rows without measuring each; the full text of a long entry shows in its editor.
     """
 
-    def __init__(self, model, parent=None) -> None:
+    def __init__(self, model: FactsModel | DialoguesModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.proxy = SearchProxy(model, self)
         self.setModel(self.proxy)
@@ -50,7 +56,7 @@ class EntryListView(QListView):
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setTextElideMode(Qt.TextElideMode.ElideRight)
 
-    def source(self):
+    def source(self) -> FactsModel | DialoguesModel:
         """The model over the dataset (FactsModel or DialoguesModel)."""
         return self.proxy.sourceModel()
 
@@ -105,7 +111,7 @@ class EntryListView(QListView):
 class TurnsView(QTableView):
     """The turns of the dialogue being edited (rows are turns, columns User / Assistant)."""
 
-    def __init__(self, model: TurnsModel, parent=None) -> None:
+    def __init__(self, model: TurnsModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setModel(model)
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
@@ -134,7 +140,7 @@ class DatasetTab(QWidget):
             vocabulary size and context length of ``state.limits()``.
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._dataset = Dataset()
@@ -156,6 +162,13 @@ class DatasetTab(QWidget):
         self.fact_model.edited.connect(self._edited)
         self.dialogue_model.edited.connect(self._edited)
         self.turn_model.edited.connect(self._on_turns_edited)
+        # undo / redo of every edit (the main window's Edit menu shows self.undo_stack)
+        self.edits = EditHistory(self)
+        self.undo_stack = self.edits.stack
+        for m in (self.fact_model, self.dialogue_model, self.turn_model):
+            m.history = self.edits
+        self.turn_model.show_dialogue = self._show_dialogue_object
+        state.project_changed.connect(self.edits.clear)
 
         # -- top bar
         top = QHBoxLayout()
@@ -266,14 +279,36 @@ class DatasetTab(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(outer, 1)
+        self.fact_model.touched.connect(lambda row: self._select(self.facts, row))
+        self.dialogue_model.touched.connect(lambda row: self._select(self.dialogues, row))
         self._show_dialogue(-1)
         state.dataset_replaced.connect(self._show_dataset)
         state.hyperparameters_changed.connect(self._on_hyperparameters)
 
     # ----------------------------------------------------------------------------- data in/out
-    def set_dataset(self, dataset: Dataset) -> None:
-        """Replace the dataset with ``dataset`` (the tab edits this object in place)."""
+    def set_dataset(self, dataset: Dataset, what: str = "replace the dataset") -> None:
+        """Replace the dataset with ``dataset`` (the tab edits this object in place); Edit ▸ Undo brings
+        the previous one back."""
+        old = self._dataset
         self.app_state.set_dataset(dataset)
+        if dataset is not old:
+            self.edits.record(what, lambda: self.app_state.set_dataset(old),
+                              lambda: self.app_state.set_dataset(dataset))
+
+    def _select(self, view: EntryListView, row: int) -> None:
+        """After an undo or redo: show the entry it changed (the search is cleared if it hides it)."""
+        if 0 <= row < view.count():
+            if not view.is_shown(row):
+                self.search.clear()
+            view.setCurrentRow(row)
+            view.scrollTo(view.view_index(row))
+            if view is self.dialogues:
+                self._show_dialogue(row)
+
+    def _show_dialogue_object(self, d: Dialogue) -> None:
+        """Put dialogue ``d`` (the object) into the editor, for an undo of one of its turns."""
+        row = next((i for i, x in enumerate(self._dataset.dialogues) if x is d), -1)
+        self._select(self.dialogues, row)
 
     def _show_dataset(self, dataset: Dataset) -> None:
         self._dataset = dataset
@@ -318,8 +353,9 @@ class DatasetTab(QWidget):
 
     # ----------------------------------------------------------------------------- facts
     def add_fact(self, text: str = "") -> None:
-        """Append a fact and open it for editing, its text selected so that typing replaces it."""
-        text = text if isinstance(text, str) and text else "New fact."
+        """Append a fact (empty unless ``text`` is given) and open it for editing, its text selected so that
+        typing replaces it."""
+        text = text if isinstance(text, str) else ""  # empty until typed: a hint is shown, not content
         self.search.clear()  # the new entry must be visible
         row = len(self._dataset.facts)
         self.fact_model.insert(row, text)
@@ -336,6 +372,7 @@ class DatasetTab(QWidget):
         row = self.facts.currentRow()
         if row >= 0:
             self.fact_model.remove(row)
+            self.app_state.message.emit(f"Removed fact {row + 1} — Edit ▸ Undo (Ctrl+Z) brings it back")
 
     def _move_fact(self, delta: int) -> None:
         """Swap the selected fact with the nearest one the search shows above (-1) or below (+1)."""
@@ -351,18 +388,22 @@ class DatasetTab(QWidget):
         return self.dialogues.currentRow()
 
     def add_dialogue(self) -> None:
-        """Append a dialogue with one placeholder turn and select it."""
+        """Append a dialogue with one empty turn (its cells show a hint, not content: the checker reports
+        it until it is typed), select it and open its question for typing."""
         self.search.clear()  # the new entry must be visible
         row = len(self._dataset.dialogues)
-        self.dialogue_model.insert(row, Dialogue([("New question?", "New answer.")]))
+        self.dialogue_model.insert(row, Dialogue([NEW_TURN]))
         self.dialogues.setCurrentRow(row)
         self.dialogues.scrollTo(self.dialogues.view_index(row))
+        self.turns.setCurrentCell(0, 0)
+        self.turns.edit(self.turn_model.index(0, 0))
 
     def remove_dialogue(self) -> None:
         """Remove the selected dialogue (only one the search shows)."""
         row = self._current_dialogue()
         if row >= 0:
             self.dialogue_model.remove(row)
+            self.app_state.message.emit(f"Removed dialogue {row + 1} — Edit ▸ Undo (Ctrl+Z) brings it back")
 
     def _move_dialogue(self, delta: int) -> None:
         """Swap the selected dialogue with the nearest one the search shows above (-1) or below (+1)."""
@@ -393,8 +434,20 @@ class DatasetTab(QWidget):
     def _on_system_edited(self, text: str) -> None:
         row = self._current_dialogue()
         if row >= 0:
-            self._dataset.dialogues[row].system = text if text.strip() else None
+            d = self._dataset.dialogues[row]
+            old, new = d.system, text if text.strip() else None
+            d.system = new
             self._edited()
+
+            def put(value):
+                def run():
+                    self._show_dialogue_object(d)
+                    d.system = value
+                    self.system.setText(value or "")
+                    self._edited()
+                return run
+            # typing into the field is one step (merged while the same dialogue's message is edited)
+            self.edits.record("edit system message", put(old), put(new), merge_key=("system", id(d)))
 
     def _on_turns_edited(self) -> None:
         row = self._current_dialogue()
@@ -524,7 +577,7 @@ class DatasetTab(QWidget):
         self._stats_worker = w
         w.start()
 
-    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
         if self._stats_pending and not self._stats_timer.isActive():
             self._stats_timer.start()
@@ -532,10 +585,11 @@ class DatasetTab(QWidget):
     def _on_stats(self, s: DatasetStats) -> None:
         n_turns = sum(len(d.turns) for d in self._dataset.dialogues)
         self.stats_label.setText(
-            f"{len(self._dataset.facts)} facts, {len(self._dataset.dialogues)} dialogues ({n_turns} turns) · "
+            f"{count(len(self._dataset.facts), 'fact')}, {count(len(self._dataset.dialogues), 'dialogue')} "
+            f"({count(n_turns, 'turn')}) · "
             f"{s.fact_tokens + s.dialogue_tokens:,} tokens ({s.fact_tokens:,} in facts, "
-            f"{s.dialogue_tokens:,} in dialogues) · {s.fact_sequences + s.dialogue_sequences} training "
-            f"sequences · longest entry {s.longest} tokens (context {self._context_length}) · "
+            f"{s.dialogue_tokens:,} in dialogues) · "
+            f"{count(s.fact_sequences + s.dialogue_sequences, 'training sequence')} · longest entry {count(s.longest, 'token')} (context {self._context_length}) · "
             f"vocabulary {s.vocab_size} tokens")
         self._too_long = list(s.too_long)
         self.validate_now()
@@ -566,14 +620,24 @@ class DatasetTab(QWidget):
         """
         ds, problems = load_dataset(path)
         if not ds.facts and not ds.dialogues:
-            why = f"; {len(problems)} entries could not be read, e.g. {problems[0]}" if problems else ""
+            why = (f"; {count(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems
+                   else "")
             raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
         if replace:
-            self.set_dataset(ds)
+            self.set_dataset(ds, "import")
         else:
-            self._dataset.facts.extend(ds.facts)
-            self._dataset.dialogues.extend(ds.dialogues)
-            self.set_dataset(self._dataset)
+            target, n_facts, n_dialogues = self._dataset, len(self._dataset.facts), len(self._dataset.dialogues)
+
+            def append():
+                target.facts.extend(ds.facts)
+                target.dialogues.extend(ds.dialogues)
+                self.app_state.set_dataset(target)
+
+            def take_back():
+                del target.facts[n_facts:], target.dialogues[n_dialogues:]
+                self.app_state.set_dataset(target)
+            append()
+            self.edits.record("append a file", take_back, append)
         return [str(p) for p in problems]
 
     def export_file(self, path: str | Path) -> None:
@@ -598,7 +662,7 @@ class DatasetTab(QWidget):
             return
         if problems:
             more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-            dialogs.inform(self, "Import", f"{len(problems)} entries were skipped:\n"
+            dialogs.inform(self, "Import", f"{count(len(problems), 'entry')} {were(len(problems))} skipped:\n"
                            + "\n".join(problems[:20]) + more)
 
     def _export_dialog(self) -> None:
@@ -617,4 +681,4 @@ class DatasetTab(QWidget):
     def _reset_dialog(self) -> None:
         if dialogs.ask(self, "Reset dataset", "Replace the whole dataset with the built-in example?",
                        yes="Replace"):
-            self.set_dataset(default_dataset())
+            self.set_dataset(default_dataset(), "reset to the example")

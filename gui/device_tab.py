@@ -12,6 +12,7 @@ from gui.app_state import AppState
 from gui.workers import DeviceTestWorker
 
 if TYPE_CHECKING:
+    from core.device import DeviceInfo
     from core.selftest import DeviceCheck
 
 SETTINGS_KEY = "device/label"
@@ -32,7 +33,7 @@ class DeviceTab(QWidget):
 
     device_changed = Signal(object)  # (the chosen core.device.DeviceInfo, or None)
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self.devices = []
@@ -132,7 +133,7 @@ class DeviceTab(QWidget):
         self.stack.setCurrentIndex(1)
         self._on_selected(idx)
 
-    def current(self):
+    def current(self) -> DeviceInfo | None:
         """The selected DeviceInfo, or None when there is no OpenCL device."""
         i = self.combo.currentIndex()
         return self.devices[i] if self.devices and 0 <= i < len(self.devices) else None

@@ -12,6 +12,7 @@ from gui import dialogs
 from gui.app_state import AppState
 from gui.events import Exported
 from gui.paths import data_dir, default_export_dir, inside, untitled_dir
+from gui.project import checkpoint_meta
 from gui.workers import ExportWorker
 
 DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precision, half the size"),
@@ -29,12 +30,13 @@ class ExportTab(QWidget):
             whether an export runs (``set_exporting``) and where it wrote (``message``).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: ExportWorker | None = None
         self._active = False
         self._confirmed: str | None = None  # an existing file the user agreed to replace
+        self._confirmed_modelfile: str | None = None  # likewise the Modelfile beside it
         self.last_result: Exported | None = None
 
         box = QGroupBox("Export (GGUF for llama.cpp, Ollama, LM Studio; or a Hugging Face folder)")
@@ -114,7 +116,7 @@ class ExportTab(QWidget):
             self.path.setText(text[:-5])
         elif not hf and text and not text.lower().endswith(".gguf"):
             self.path.setText(text + ".gguf")
-        self._confirmed = None
+        self._confirmed = self._confirmed_modelfile = None
         self._update_hint()
 
     def _update_hint(self) -> None:
@@ -133,14 +135,19 @@ class ExportTab(QWidget):
                 f"To train it on many GPUs: {code('accelerate', 'launch', 'examples/train_accelerate.py', '--model', folder, '--data', 'dataset.json', '--out', folder + '-tuned')} "
                 f"(docs/scale-out.md); {code('opencl-llm', 'chat', '--model', folder + '-tuned')} brings it back.")
             return
+        from core.gguf_io import ollama_name
+
         out = Path(self.path.text().strip() or "model.gguf")
         gguf = out.name if out.name.lower().endswith(".gguf") else out.name + ".gguf"
         stem = Path(gguf).stem
-        name = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
+        name = ollama_name(gguf)  # the name the Modelfile's own comment gives
 
         ollama = (f"With Ollama, in that folder: {code('ollama', 'create', name, '-f', stem + '.Modelfile')}, then "
                   f"{code('ollama', 'run', name)} (tick “Also write an Ollama Modelfile”). ")
-        self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv')}.")
+        # greedy, as the Chat tab and the recall check answer; the model's own context (no warning)
+        meta = checkpoint_meta(self.source()) if self.source() else None
+        ctx = ["-c", str(meta.model.context_length)] if meta is not None else []
+        self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv', '--temp', '0', *ctx)}.")
 
     def source(self) -> str | None:
         p = self.app_state.trained_model_path()
@@ -163,10 +170,11 @@ class ExportTab(QWidget):
         """What a project saves: weight type, Modelfile wanted, file name."""
         return {"dtype": self.dtype.currentData(), "modelfile": self.modelfile.isChecked(), "path": self.path.text()}
 
-    def refresh(self, *_) -> None:
+    def refresh(self, *_: object) -> None:
         src = self.source()
         self.source_label.setText(src or "No trained model yet: train one on the Training tab.")
         self.export_button.setEnabled(src is not None and not self.is_exporting())
+        self._update_hint()  # the llama.cpp line names the model's context length
 
     def set_dtype(self, key: str) -> None:
         i = self.dtype.findData(key.lower())
@@ -205,13 +213,24 @@ class ExportTab(QWidget):
         if not out.lower().endswith(".gguf"):
             out += ".gguf"
             self.path.setText(out)
-        if Path(out).exists() and out != self._confirmed:
-            if Path(out).is_dir():
-                self.status.setText(f"{out} is a folder: choose a file name.")
-                return False
-            if not dialogs.ask(self, "Replace the file?", f"{out} already exists. Replace it?", yes="Replace"):
+        if Path(out).is_dir():
+            self.status.setText(f"{out} is a folder: choose a file name.")
+            return False
+        # every existing file the export would replace, asked about once (the GGUF file when the file
+        # dialog has not asked already, and the Modelfile beside it)
+        modelfile = Path(out).with_name(Path(out).stem + ".Modelfile")
+        replaced = [p for p, asked in ((Path(out), out == self._confirmed),
+                                       (modelfile, self._confirmed_modelfile == str(modelfile)))
+                    if p.exists() and not asked and (p != modelfile or self.modelfile.isChecked())]
+        if replaced:
+            one = len(replaced) == 1
+            text = (" and ".join(str(p) for p in replaced)
+                    + (" already exists. Replace it?" if one else " already exist. Replace them?"))
+            if not dialogs.ask(self, "Replace the file?", text, yes="Replace"):
                 return False
         self._confirmed = out  # exporting again to the same file replaces it without asking
+        if self.modelfile.isChecked():
+            self._confirmed_modelfile = str(modelfile)
         try:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -6,14 +6,20 @@ that field is highlighted. Sizes come from core.estimates.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig, config_errors
 from core.plan import AUTO
+from core.wording import count
+from core.tokenizer import MIN_VOCAB_SIZE
 from gui.app_state import AppState
+
+if TYPE_CHECKING:
+    from core.device import DeviceInfo
 
 BAD_STYLE = "background-color: #ffcdcd;"
 CUSTOM = "Custom"
@@ -31,7 +37,7 @@ MODEL_FIELDS = [
     ("n_kv_heads", "Key/value heads", int, "Grouped-query attention: must divide the number of heads"),
     ("ffn_dim", "Feed-forward width", int, "Hidden width of the SwiGLU feed-forward block"),
     ("context_length", "Context length (tokens)", int, "Longest sequence the model sees"),
-    ("vocab_size", "Vocabulary size (target)", int, "Tokens the BPE tokenizer may learn (at least 259)"),
+    ("vocab_size", "Vocabulary size (target)", int, f"Tokens the BPE tokenizer may learn (at least {MIN_VOCAB_SIZE})"),
     ("rope_theta", "RoPE base", float, "Rotary position embedding base frequency"),
     ("norm_eps", "RMSNorm epsilon", float, "Added inside the square root of RMSNorm"),
 ]
@@ -100,7 +106,7 @@ class HyperTab(QWidget):
 
     changed = Signal()  # (): any value changed (the project saves the form)
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self.widgets: dict[str, QWidget] = {}
@@ -108,6 +114,7 @@ class HyperTab(QWidget):
         self._filling = False
         self._valid = True
         self._error_field: str | None = None
+        self._error_fields: list[str] = []
         self._error_message = ""
         self._labels: dict[str, str] = {}  # field key -> "Group ▸ Label" for messages
         self._device_memory: tuple[int, str] | None = None  # (global memory bytes, device label)
@@ -217,8 +224,7 @@ class HyperTab(QWidget):
         architecture fields show the file's values and are locked; a file the engine cannot use is
         explained (naming the key) and blocks Start."""
         from core.finetune import DEFAULTS
-        from core.gguf_import import GGUFError, read_config
-        from core.gguf_tokenizer import GGUFVocab
+        from core.gguf_import import GGUFError, check_tokenizer, read_config
 
         self._base, self._base_config, self._base_error = path, None, ""
         self._filling = True
@@ -228,9 +234,7 @@ class HyperTab(QWidget):
         if path:
             try:
                 mc, _notes, kv = read_config(path)
-                if not (kv.get("tokenizer.ggml.tokens") and kv.get("tokenizer.ggml.model") == "gpt2"
-                        and kv.get("tokenizer.ggml.pre") == "gpt-2"):
-                    GGUFVocab.from_fields(kv, path)  # refuses a tokenizer we do not support, by name
+                check_tokenizer(kv, path)  # refuses a tokenizer we do not support, by name
                 self._base_config = mc
                 values = {k: getattr(mc, k) for k in BASE_FIXED}
                 values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
@@ -304,8 +308,9 @@ class HyperTab(QWidget):
         p = self.plan
         text = f"Plan: {p.summary()}."
         if p.train_config.check_every:
-            text += (f" Stages check recall every {p.train_config.check_every} steps and stop when everything is "
-                     f"learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} steps).")
+            text += (f" Stages check recall every {count(p.train_config.check_every, 'step')} and stop when "
+                     f"everything is learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} "
+                     "steps).")
         for note in p.notes:
             text += f"\nNote: {note}"
         self.plan_label.setText(text)
@@ -366,13 +371,13 @@ class HyperTab(QWidget):
         else:
             self.set_preset(AUTO)
 
-    def build(self) -> tuple[ModelConfig, TrainConfig]:
-        """The configs the form describes.
+    def build(self, values: dict | None = None) -> tuple[ModelConfig, TrainConfig]:
+        """The configs the form describes (or ``values``, the form's fields by key).
 
         Raises:
             ConfigError: with ``field`` naming the first bad field.
         """
-        v = self.values()
+        v = self.values() if values is None else values
         for key, val in v.items():
             if isinstance(val, str):
                 raise ConfigError(key, f"not a number: {val!r}")
@@ -416,11 +421,15 @@ class HyperTab(QWidget):
         """The key of the field at fault, or None."""
         return self._error_field
 
+    def error_fields(self) -> list[str]:
+        """The keys of every field at fault, in the order found ([] when the form is valid)."""
+        return list(self._error_fields)
+
     def error_message(self) -> str:
         """What is wrong, naming the field as the form shows it ("" when the form is valid)."""
         return self._error_message
 
-    def set_device(self, info) -> None:
+    def set_device(self, info: DeviceInfo | None) -> None:
         """The chosen core.device.DeviceInfo (or None): the memory estimate is checked against it."""
         self._device_memory = (int(info.global_mem_bytes), info.label) if info is not None else None
         self.validate()
@@ -428,34 +437,45 @@ class HyperTab(QWidget):
     def validate(self) -> bool:
         """Check the form; highlight the bad field and explain; update the size estimates."""
         from core.estimates import gguf_size_bytes, training_memory_bytes
+        from core.model import MEMORY_SHARE, fits_in
 
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
         try:
             mc, tc = self.build()
-        except ConfigError as e:
-            self._error_field = e.field
-            w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
-            if w is not None:
-                w.setStyleSheet(BAD_STYLE)
-            text = str(e)
-            detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
-            self._error_message = f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}"
-            self.error_label.setText(f"Invalid setting — {self._error_message}")
+        except ConfigError:
+            # every bad field, not only the first (core.config.config_errors)
+            defaults = _config_values(ModelConfig(), TrainConfig())
+            errors = config_errors(self.build, self.values(), defaults)
+            messages = []
+            for e in errors:
+                w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
+                if w is not None:
+                    w.setStyleSheet(BAD_STYLE)
+                text = str(e)
+                detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
+                messages.append(f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}")
+            self._error_field = errors[0].field
+            self._error_fields = [e.field for e in errors]
+            self._error_message = "; ".join(messages)
+            self.error_label.setText(f"Invalid setting — {messages[0]}" if len(messages) == 1 else
+                                     f"{len(messages)} invalid settings:\n" + "\n".join(f"• {m}" for m in messages))
             self.info_label.setText("")
             self.memory_label.hide()
             ok = False
         else:
+            self._error_fields = []
             self._error_field = None
             self._error_message = ""
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
             mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
-            if self._device_memory is not None and mem > self._device_memory[0]:
+            if self._device_memory is not None and not fits_in(mem, self._device_memory[0]):
                 have, label = self._device_memory
                 self.memory_label.setText(
-                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than the {have / 2**20:.0f} MiB of "
-                    f"{label}: choose a smaller preset, batch size or context length, or another device.")
+                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than {MEMORY_SHARE:.0%} of the "
+                    f"{have / 2**20:.0f} MiB of {label}: choose a smaller preset, batch size or context length, "
+                    "or another device.")
                 self.memory_label.show()
             else:
                 self.memory_label.hide()
@@ -484,11 +504,13 @@ class HyperTab(QWidget):
         else:
             n, what, share = len(ds.dialogues), "dialogues", (1 - tc.replay_share) if ds.facts else 1.0
         cfg = tc.pretrain if stage == 0 else tc.tune
-        return f" ({passes(cfg.steps, cfg.batch_size, n, share):.0f} passes over the {what})" if n else ""
+        return f" ({count(passes(cfg.steps, cfg.batch_size, n, share), 'pass', 'passes', 0)} over the {what})" if n else ""
 
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""
         v = self.values()
-        vocab = v["vocab_size"] if isinstance(v["vocab_size"], int) and v["vocab_size"] >= 259 else 1024
-        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 else 128
+        ok = isinstance(v["vocab_size"], int) and v["vocab_size"] >= MIN_VOCAB_SIZE
+        vocab = v["vocab_size"] if ok else ModelConfig.vocab_size  # the default's
+        ctx = v["context_length"] if isinstance(v["context_length"], int) and v["context_length"] >= 2 \
+            else ModelConfig.context_length
         return vocab, ctx

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QAction, QKeySequence
@@ -16,12 +17,19 @@ from gui.chat_tab import ChatTab
 from gui.dataset_tab import DatasetTab
 from gui.device_tab import DeviceTab
 from gui.export_tab import ExportTab
+from gui.history import CHAT_FILE, HISTORY_FILE, chat_text, history_text, load_history, write_if_changed
 from gui.hyper_tab import HyperTab
 from gui.paths import inside, untitled_dir
 from gui.project import (Project, ProjectError, check_save_as_target, copy_checkpoint, is_project, load_project,
                          lock_project, new_project, project_files_in, remove_project_files, save_project)
 from gui.training_tab import TrainingTab
+from gui.widgets import ElidedLabel
 from gui.workers import stop_all
+
+if TYPE_CHECKING:
+    from PySide6.QtGui import QCloseEvent
+    from core.config import ModelConfig, TrainConfig
+    from core.device import DeviceInfo
 
 APP_TITLE = "OpenCL LLM Studio"
 MAX_RECENT = 8
@@ -83,6 +91,7 @@ class MainWindow(QMainWindow):
     def __init__(self, project_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
         self._project_lock = None  # core.folder_lock.FolderLock of the open project
+        self._written: dict[str, str] = {}  # history files' text as last written (gui.history.write_if_changed)
         self._closing = False
 
         self.state = AppState(self)
@@ -100,6 +109,11 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
         status = self.statusBar()  # there from the start, one line high: messages never shift the tabs
         status.setFixedHeight(status.fontMetrics().height() + 10)
+        # messages are elided to the bar's width (the whole one in the tooltip), never clipped
+        self.status_label = ElidedLabel("", min_chars=10)
+        status.addWidget(self.status_label, 1)
+        self._status_timer = QTimer(self, singleShot=True)
+        self._status_timer.timeout.connect(lambda: self.status_label.setText(""))
         self.resize(1200, 860)
 
         self._autosave_timer = QTimer(self, singleShot=True, interval=800)
@@ -107,9 +121,10 @@ class MainWindow(QMainWindow):
 
         self.device_tab.device_changed.connect(self.state.set_device)
         self.state.dataset_edited.connect(self._autosave_timer.start)
+        self.state.history_changed.connect(self._autosave_timer.start)
         self.hyper_tab.changed.connect(self._autosave_timer.start)
         self.state.busy_changed.connect(self._on_busy_changed)
-        self.state.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        self.state.message.connect(lambda text: self.show_status(text, 8000))
 
         self._build_menu()
         settings = QSettings()
@@ -143,6 +158,18 @@ class MainWindow(QMainWindow):
         self.save_as_action = action("Save project &as…", self._save_as_dialog, QKeySequence.StandardKey.SaveAs)
         m.addSeparator()
         action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        # Edit: undo / redo of the dataset's edits (gui.dataset_undo); a text field's own Ctrl+Z wins
+        # while it has the focus
+        e = self.menuBar().addMenu("&Edit")
+        stack = self.dataset_tab.undo_stack
+        self.undo_action = stack.createUndoAction(self, "&Undo")
+        self.undo_action.setShortcuts([QKeySequence(QKeySequence.StandardKey.Undo)])
+        self.redo_action = stack.createRedoAction(self, "&Redo")
+        redo_keys = [QKeySequence("Ctrl+Shift+Z")]
+        redo_keys += [k for k in QKeySequence.keyBindings(QKeySequence.StandardKey.Redo) if k not in redo_keys]
+        self.redo_action.setShortcuts(redo_keys)
+        e.addAction(self.undo_action)
+        e.addAction(self.redo_action)
         h = self.menuBar().addMenu("&Help")
         a = QAction("&About", self)
         a.triggered.connect(self._about)
@@ -236,6 +263,10 @@ class MainWindow(QMainWindow):
         if self._project_lock is not None and self._project_lock.folder != lock.folder:
             self._project_lock.release()
         self._project_lock = lock
+        # read while holding the lock: an unreadable file is moved aside (gui.history)
+        project.history, project.chat, history_warnings = load_history(project.folder)
+        warnings = list(warnings or []) + history_warnings
+        self._written = {}
         self.state.set_project(project)
         self.save()
         self._remember(project.folder)
@@ -282,10 +313,13 @@ class MainWindow(QMainWindow):
             "sampling": self.chat_tab.saved_settings(),
             "export": self.export_tab.saved_settings(),
         }
+        folder = self.project.folder
         try:
             save_project(self.project)
+            write_if_changed(folder / HISTORY_FILE, history_text(self.training_tab.saved_history()), self._written)
+            write_if_changed(folder / CHAT_FILE, chat_text(self.chat_tab.saved_transcript()), self._written)
         except OSError as e:
-            self.statusBar().showMessage(f"could not save the project: {e}", 10000)
+            self.show_status(f"could not save the project: {e}", 10000)
 
     def save_project_as(self, folder: str | os.PathLike, replace: bool = False) -> None:
         """Copy the project (with its trained model) to ``folder`` and continue there.
@@ -366,12 +400,17 @@ class MainWindow(QMainWindow):
         except RuntimeError as e:
             dialogs.warn(self, "New project", str(e))
 
+    def show_status(self, text: str, ms: int = 8000) -> None:
+        """A line in the status bar for ``ms`` milliseconds (elided to fit, whole in its tooltip)."""
+        self.status_label.setText(text)
+        self._status_timer.start(ms)
+
     # ----------------------------------------------------------------------------- for scripts and tests
-    def device_info(self):
+    def device_info(self) -> DeviceInfo | None:
         """The chosen core.device.DeviceInfo (the state's), or None."""
         return self.state.device_info()
 
-    def configs(self):
+    def configs(self) -> tuple[ModelConfig, TrainConfig]:
         """The Hyperparameters form as (ModelConfig, TrainConfig). Raises core.config.ConfigError."""
         return self.hyper_tab.build()
 
@@ -407,6 +446,6 @@ class MainWindow(QMainWindow):
         settings.setValue("window/state", self.saveState())
         settings.setValue("window/tab", self.tabs.currentIndex())
 
-    def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
         self.shutdown()
         event.accept()

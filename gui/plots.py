@@ -23,7 +23,7 @@ def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def _plot(title: str, y_label: str) -> pg.PlotWidget:
+def _plot(title: str, y_label: str, legend: bool = True) -> pg.PlotWidget:
     w = pg.PlotWidget(title=title)
     item = w.getPlotItem()
     item.showGrid(x=True, y=True, alpha=0.25)
@@ -32,7 +32,8 @@ def _plot(title: str, y_label: str) -> pg.PlotWidget:
         item.setLabel("left", y_label)
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
-    item.addLegend(offset=(-10, 10))
+    if legend:
+        item.addLegend(offset=(-10, 10))
     return w
 
 
@@ -57,12 +58,14 @@ class _Series:
 class TrainingPlots(QWidget):
     """Four plots in a grid, fed with :meth:`add_step` / :meth:`add_validation` events."""
 
-    def __init__(self, parent=None, fps: int = 10) -> None:
+    def __init__(self, parent: QWidget | None = None, fps: int = 10) -> None:
         super().__init__(parent)
         self.loss_plot = _plot("Training loss", "nats / token")
         self.grad_plot = _plot("Global gradient norm (before clipping)", "L2 norm")
         self.layer_plot = _plot("Gradient norm per layer", "L2 norm")
-        self.lr_plot = _plot("Learning rate", "")  # the title names it; tick labels such as 2.5e-05 need the room
+        # one curve, named by the title: a legend box would only cover it (a constant lr, or the tuning
+        # stage's warmup peak, runs along the top right); tick labels such as 2.5e-05 need the room
+        self.lr_plot = _plot("Learning rate", "", legend=False)
         # pyqtgraph's SI prefix turns lr 0.5 into "500 (x0.001)": plain numbers read right at any size
         self.lr_plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         grid = QGridLayout(self)
@@ -84,9 +87,13 @@ class TrainingPlots(QWidget):
                                          pen=pg.mkPen("#d62728", style=pg.QtCore.Qt.PenStyle.DashLine))
         self.clip_line.setVisible(False)
         self.grad_plot.addItem(self.clip_line)
-        self.lr_curve = self.lr_plot.plot(pen=pg.mkPen("#17becf", width=1.5), name="lr")
+        self.lr_curve = self.lr_plot.plot(pen=pg.mkPen("#17becf", width=1.5))
         self.layer_curves: list[pg.PlotDataItem] = []
         self._markers: list[pg.InfiniteLine] = []
+        self._marker_data: list[list] = []  # [step, label] of each marker (saved with the project)
+        self.earlier_curves: list[pg.PlotDataItem] = []  # earlier runs' loss, drawn faintly when shown
+        self._show_earlier = False
+        self._clip_threshold = 0.0
 
         self._timer = QTimer(self, interval=max(1, 1000 // fps))
         self._timer.timeout.connect(self.flush)
@@ -118,10 +125,12 @@ class TrainingPlots(QWidget):
         for m in self._markers:
             self.loss_plot.removeItem(m)
         self._markers = []
+        self._marker_data = []
         self._last_loss = None
         self._dirty = True
 
     def set_clip_threshold(self, value: float) -> None:
+        self._clip_threshold = float(value) if _finite(value) else 0.0
         self.clip_line.setVisible(value > 0)
         if value > 0:
             self.clip_line.setValue(value)
@@ -155,6 +164,7 @@ class TrainingPlots(QWidget):
                                label=label, labelOpts={"position": 0.9, "color": "#555"})
         self.loss_plot.addItem(line)
         self._markers.append(line)
+        self._marker_data.append([x, label])
 
     def _make_layer_curves(self, n: int) -> None:
         for c in self.layer_curves:
@@ -166,6 +176,75 @@ class TrainingPlots(QWidget):
         self.layers = [_Series() for _ in range(n)]
         self.layer_curves = [self.layer_plot.plot(pen=pg.mkPen(pg.intColor(i, max(n, 1)), width=1.2), name=names[i])
                              for i in range(n)]
+
+    # ----------------------------------------------------------------------------- saved runs
+    def snapshot(self) -> dict:
+        """The plotted numbers as plain lists (gui.history's run fields ``series``, ``layers``,
+        ``markers``, ``clip_threshold``); only finite points, as drawn."""
+        series = {"loss": self.loss, "grad": self.grad, "clip": self.clip, "lr": self.lr, "skipped": self.skipped,
+                  "val_facts": self.val["facts"], "val_dialogues": self.val["dialogues"]}
+        return {"series": {k: [list(s.x), list(s.y)] for k, s in series.items()},
+                "layers": [[list(s.x), list(s.y)] for s in self.layers],
+                "markers": [list(m) for m in self._marker_data], "clip_threshold": self._clip_threshold}
+
+    def restore(self, run: dict) -> None:
+        """Show a saved run (what :meth:`snapshot` returned, read back by gui.history); later steps of a
+        resumed run are appended to it."""
+        self.clear()
+        targets = {"loss": self.loss, "grad": self.grad, "clip": self.clip, "lr": self.lr, "skipped": self.skipped,
+                   "val_facts": self.val["facts"], "val_dialogues": self.val["dialogues"]}
+        for name, (xs, ys) in run.get("series", {}).items():
+            if name in targets:
+                for x, y in zip(xs, ys):
+                    targets[name].add(x, y)
+        layers = run.get("layers", [])
+        if layers:
+            self._make_layer_curves(len(layers))
+            for s, (xs, ys) in zip(self.layers, layers):
+                for x, y in zip(xs, ys):
+                    s.add(x, y)
+        for x, label in run.get("markers", []):
+            self.add_stage_marker(x, label)
+        self.set_clip_threshold(run.get("clip_threshold", 0.0))
+        self._last_loss = self.loss.y[-1] if self.loss.y else None
+        self._dirty = True
+        self.flush()
+
+    def set_earlier_runs(self, runs: list[tuple[list[float], list[float]]]) -> None:
+        """The loss curves ``(steps, losses)`` of the project's earlier runs, oldest first: drawn
+        faintly behind the current run while :meth:`show_earlier_runs` is on."""
+        for c in self.earlier_curves:
+            self.loss_plot.removeItem(c)
+        self.earlier_curves = []
+        n = len(runs)
+        for i, (xs, ys) in enumerate(runs):
+            alpha = 60 + int(80 * (i + 1) / n)  # the more recent, the less faint
+            c = pg.PlotDataItem(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float),
+                                pen=pg.mkPen(120, 120, 120, alpha, width=1.0))
+            c.setZValue(-10)
+            c.setVisible(self._show_earlier)
+            self.earlier_curves.append(c)
+            self.loss_plot.addItem(c)
+        self._update_earlier_legend()
+
+    def show_earlier_runs(self, on: bool) -> None:
+        """Draw (True) or hide the earlier runs' loss curves."""
+        self._show_earlier = bool(on)
+        for c in self.earlier_curves:
+            c.setVisible(self._show_earlier)
+        self._update_earlier_legend()
+
+    def earlier_runs_shown(self) -> int:
+        """How many earlier runs' loss curves are drawn now (for tests)."""
+        return sum(1 for c in self.earlier_curves if c.isVisible() and c.xData is not None and len(c.xData))
+
+    def _update_earlier_legend(self) -> None:
+        legend = self.loss_plot.getPlotItem().legend
+        if legend is None or not self.earlier_curves:
+            return
+        legend.removeItem(self.earlier_curves[-1])
+        if self._show_earlier:
+            legend.addItem(self.earlier_curves[-1], "earlier runs")
 
     def point_count(self) -> int:
         """Points drawn in the loss curve (for tests)."""

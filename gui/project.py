@@ -2,6 +2,8 @@
 
     DIR/project.json      format marker, hyperparameter form values, sampling and export settings
     DIR/dataset.json      the dataset (core.dataset's JSON format)
+    DIR/training-history.json  the Training tab's runs: plots, recall tables, verdicts, log (gui.history)
+    DIR/chat-transcript.json   the Chat tab's transcript (gui.history)
     DIR/checkpoint/       the trained model (core.checkpoint's folder), once training has saved one
     DIR/checkpoint.new/   a new run that has not finished a stage yet while an older model exists;
                           it replaces checkpoint/ at its first stage end (so stopping a new run early
@@ -19,14 +21,16 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.atomic import atomic_write
+from core.atomic import atomic_write, backup_path, recover_folder, swap_in_folder
 from core.checkpoint import CheckpointError, CheckpointMeta
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
+from core.json_text import read_format_json
+from gui.history import CHAT_FILE, HISTORY_FILE
 
 FORMAT = "opencl-llm-studio-project"
 VERSION = 1
-PROJECT_FILES = ("project.json", "dataset.json")
+PROJECT_FILES = ("project.json", "dataset.json", HISTORY_FILE, CHAT_FILE)
 CHECKPOINT, PENDING = "checkpoint", "checkpoint.new"
 PROJECT_DIRS = (CHECKPOINT, PENDING)
 
@@ -72,23 +76,28 @@ def lock_project(folder: str | Path) -> FolderLock:
 
 def recover_project(folder: str | Path) -> None:
     """Finish what an interrupted save or :func:`promote_pending` left in a project folder (call it
-    while holding the project's lock): each checkpoint folder's own leftovers (core.atomic), and a
-    ``checkpoint.old`` without ``checkpoint`` (the pending run, if complete, else the old model, becomes
-    ``checkpoint``)."""
-    from core.atomic import recover_folder
-
+    while holding the project's lock): a promotion cut between its renames (the old model aside, no
+    ``checkpoint``) is finished when the pending run is complete, then each checkpoint folder's own
+    leftovers are recovered (core.atomic.recover_folder: else the old model comes back).
+    ``checkpoint.old`` is the aside name of builds before core.atomic.swap_in_folder."""
     folder = Path(folder)
+    checkpoint, pending = folder / CHECKPOINT, folder / PENDING
+    legacy_old = checkpoint.with_name(checkpoint.name + ".old")
+    aside = [p for p in (backup_path(checkpoint), legacy_old) if p.is_dir()]
+    if aside and not checkpoint.exists() and (pending / "config.json").is_file():
+        try:
+            os.replace(pending, checkpoint)
+        except OSError:
+            pass
+    if legacy_old.is_dir() and not checkpoint.exists():
+        try:
+            os.replace(legacy_old, checkpoint)
+        except OSError:
+            pass
+    if legacy_old.is_dir() and checkpoint.exists():
+        shutil.rmtree(legacy_old, ignore_errors=True)
     for name in PROJECT_DIRS:
         recover_folder(folder / name)
-    checkpoint, pending = folder / CHECKPOINT, folder / PENDING
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    if old.is_dir() and not checkpoint.exists():
-        try:
-            os.replace(pending if (pending / "config.json").is_file() else old, checkpoint)
-        except OSError:
-            return
-    if old.is_dir() and checkpoint.exists():
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass
@@ -99,11 +108,15 @@ class Project:
         folder: the project folder.
         dataset: facts and dialogues.
         settings: ``{"hyperparameters": {...}, "sampling": {...}, "export": {...}}`` (GUI form values).
+        history: ``{"runs": [...], "log": [...]}`` as read by gui.history.load_history (the Training tab's).
+        chat: the Chat tab's transcript as read by gui.history.load_history.
     """
 
     folder: Path
     dataset: Dataset
     settings: dict = field(default_factory=dict)
+    history: dict = field(default_factory=lambda: {"runs": [], "log": []})
+    chat: list = field(default_factory=list)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -157,12 +170,7 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
     meta_path = folder / "project.json"
     if not meta_path.is_file():
         raise ProjectError(f"{folder}: not a project folder (no project.json)")
-    try:
-        meta = json.loads(meta_path.read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise ProjectError(f"{meta_path}: unreadable ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ProjectError(f"{meta_path}: not an OpenCL LLM Studio project")
+    meta = read_format_json(meta_path, FORMAT, ProjectError, "project")
     warnings: list[str] = []
     ds_path = folder / "dataset.json"
     if ds_path.is_file():
@@ -225,9 +233,18 @@ def project_files_in(folder: str | Path) -> list[str]:
 
 
 def copy_checkpoint(src: Project, dst_folder: str | Path) -> None:
-    """Copy ``src``'s checkpoint folders into ``dst_folder`` (for "Save project as"); the target's
-    own checkpoint folders (of the project being replaced there) are removed first."""
+    """Copy ``src``'s checkpoint folders and history files into ``dst_folder`` (for "Save project as");
+    the target's own ones (of the project being replaced there) are removed first."""
     dst_folder = Path(dst_folder)
+    dst_folder.mkdir(parents=True, exist_ok=True)
+    for name in (HISTORY_FILE, CHAT_FILE):
+        s, d = src.folder / name, dst_folder / name
+        if s.resolve() == d.resolve():
+            continue
+        if s.is_file():
+            atomic_write(d, s.read_bytes())
+        elif d.exists():
+            d.unlink()
     for name in PROJECT_DIRS:
         s, d = src.folder / name, dst_folder / name
         if s.resolve() == d.resolve():
@@ -256,19 +273,12 @@ def remove_project_files(folder: str | Path) -> None:
 
 
 def promote_pending(pending: str | Path, checkpoint: str | Path) -> None:
-    """Make a new run's checkpoint the trained model: ``pending`` replaces ``checkpoint``.
+    """Make a new run's checkpoint the trained model: ``pending`` replaces ``checkpoint``
+    (core.atomic.swap_in_folder: the old model is renamed aside first and deleted last, so an
+    interruption leaves one complete model under one of the two names; :func:`recover_project` then
+    promotes the pending run if it is complete).
 
-    The old model is renamed aside first and deleted last, so an interruption leaves one complete
-    model under one of the two names.
+    Raises:
+        OSError: a rename failed; the old model is still the trained one.
     """
-    from core.atomic import fsync_folder
-
-    pending, checkpoint = Path(pending), Path(checkpoint)
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if checkpoint.exists():
-        os.replace(checkpoint, old)
-    os.replace(pending, checkpoint)
-    fsync_folder(checkpoint.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in_folder(pending, checkpoint)

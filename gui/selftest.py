@@ -15,7 +15,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 PRETRAIN_STEPS, TUNE_STEPS, BATCH = 6, 4, 4
 
@@ -31,7 +31,7 @@ def _printer(stream) -> Callable[[str], None]:
     return emit
 
 
-def run_self_test(stream=None, device: str | int | None = None) -> int:
+def run_self_test(stream: TextIO | None = None, device: str | int | None = None) -> int:
     """Run the self-test, printing to ``stream`` (default stdout); returns the exit code."""
     say = _printer(stream if stream is not None else sys.stdout)
     t_start = time.perf_counter()

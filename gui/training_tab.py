@@ -3,19 +3,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
+from PySide6.QtWidgets import (QCheckBox, QFrame, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
                                QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
+from core.wording import count
 from gui import dialogs
 from gui.app_state import AppState
 from gui.events import RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
+from gui.history import MAX_LOG_LINES, MAX_RUNS, earlier_run
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
+from gui.widgets import ElidedLabel
 from gui.workers import CompareWorker, TrainWorker
+
+if TYPE_CHECKING:
+    from core.config import TrainConfig
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
 OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
@@ -25,6 +32,9 @@ RESUME_TIP = ("Continue the last run from its checkpoint, with its model and dat
               "sizes, clipping, weight decay and replay share are taken from the Hyperparameters tab")
 KEPT_NOTE = "the previous trained model is kept until this run finishes a stage"
 RECALL_HINT = "Shown when a stage ends: which facts and dialogue answers the model reproduces."
+FINAL_STATUS = ("Learned", "Not fully learned", "Training finished")  # how a finished run's label begins
+NO_PLOTS_NOTE = ("Trained model ready — its plots, log and recall table were not kept (it was trained by an "
+                 "earlier version of the app or outside it); try it on the Chat tab")
 
 
 def _hms(seconds: float) -> str:
@@ -34,7 +44,7 @@ def _hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def validation_interval(train_config) -> int:
+def validation_interval(train_config: TrainConfig) -> int:
     """Steps between validation points: about 15 per run, at least 10 steps apart."""
     return max(10, (train_config.pretrain.steps + train_config.tune.steps) // 15)
 
@@ -54,7 +64,7 @@ class TrainingTab(QWidget):
             reports a saved model (``notify_model_saved``) and whether it is training (``set_training``).
     """
 
-    def __init__(self, state: AppState, parent=None) -> None:
+    def __init__(self, state: AppState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.app_state = state
         self._worker: TrainWorker | None = None
@@ -68,6 +78,9 @@ class TrainingTab(QWidget):
         self._checking: RecallChecking | None = None  # the recall check running now
         self._check_s = 0.0  # seconds the last recall check took (for the ETA)
         self._check_t0 = 0.0
+        # the project's history (gui.history): earlier runs, and the latest run's fields besides its plots
+        self._earlier: list[dict] = []
+        self._run: dict | None = None  # {"started", "recall", "summary", "status", "speed"}
 
         # -- controls
         row = QHBoxLayout()
@@ -92,9 +105,15 @@ class TrainingTab(QWidget):
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         prow.addWidget(self.progress, 1)
-        self.speed_label = QLabel("")
-        self.speed_label.setMinimumWidth(360)  # the bar does not jump as the numbers change
-        prow.addWidget(self.speed_label)
+        # one line, elided with the whole text as tooltip (a narrow window clips nothing); its width does
+        # not follow the numbers, so the bar does not jump
+        self.speed_label = ElidedLabel("", min_chars=60)
+        prow.addWidget(self.speed_label, 2)
+        self.earlier_check = QCheckBox("Show earlier runs")
+        self.earlier_check.setToolTip("Draw the loss of this project's earlier runs faintly behind the latest one")
+        self.earlier_check.toggled.connect(self._show_earlier_runs)
+        self.earlier_check.setEnabled(False)
+        prow.addWidget(self.earlier_check)
         self.hint_label = QLabel()  # why Start / Resume are disabled
         self.hint_label.setWordWrap(True)
         self.hint_label.setStyleSheet("color: #b00020;")
@@ -119,7 +138,7 @@ class TrainingTab(QWidget):
         self.plots = TrainingPlots()
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
-        self.log.setMaximumBlockCount(5000)
+        self.log.setMaximumBlockCount(MAX_LOG_LINES)
         log_box = QGroupBox("Log")
         QVBoxLayout(log_box).addWidget(self.log)
         recall_box = QGroupBox("Recall after each stage")
@@ -224,7 +243,7 @@ class TrainingTab(QWidget):
         """True while the before/after comparison runs."""
         return self._compare_worker is not None
 
-    def update_buttons(self, *_) -> None:
+    def update_buttons(self, *_: object) -> None:
         running = self.is_running()
         self.compare_button.setVisible(self._fine_tuned())
         self.compare_button.setEnabled(not running and self._compare_worker is None)
@@ -237,8 +256,10 @@ class TrainingTab(QWidget):
         self.hint_label.setText(blocker or "")
         self.hint_label.setVisible(bool(blocker) and not running)
 
-    def show_project_state(self, *_) -> None:
-        """A project was opened: forget the previous project's run and show where this one stands."""
+    def show_project_state(self, project: object = None) -> None:
+        """A project was opened: forget the previous project's run and show this one's saved history
+        (the latest run's plots, recall table and numbers, the log; earlier runs' loss for the overlay)
+        and where its checkpoints stand."""
         if self.is_running():
             return
         self.banner.hide()
@@ -248,19 +269,66 @@ class TrainingTab(QWidget):
         self.recall_label.setText(RECALL_HINT)
         self.speed_label.setText("")
         self._last = None
+        history = getattr(project, "history", None) or {"runs": [], "log": []}
+        runs = list(history.get("runs", []))
+        self._earlier = [earlier_run(r) for r in runs[:-1]]
+        self._run = None
+        if runs:
+            run = runs[-1]
+            self._run = {"started": run.get("started", ""), "recall": [], "summary": [],
+                         "status": run.get("status", ""), "speed": run.get("speed", "")}
+            self.plots.restore(run)
+            for row in run.get("recall", []):
+                self._add_recall_row(row)
+            for line in run.get("summary", []):
+                self._add_recall_summary(line)
+            self.speed_label.setText(self._run["speed"])
+        self._set_earlier_curves()
+        for line in history.get("log", []):
+            self.log.appendPlainText(line)
         self._show_saved_state()
         self.update_buttons()
 
+    def _set_earlier_curves(self) -> None:
+        curves = [r["series"]["loss"] for r in self._earlier if r["series"]["loss"][0]]
+        self.plots.set_earlier_runs(curves)
+        self.earlier_check.setEnabled(bool(curves))
+        self.earlier_check.setText(f"Show earlier runs ({len(curves)})" if curves else "Show earlier runs")
+
+    def _show_earlier_runs(self, on: bool) -> None:
+        self.plots.show_earlier_runs(on)
+
+    def saved_history(self) -> dict:
+        """What the project saves of training (gui.history's ``{"runs", "log"}``): the earlier runs, the
+        latest run with its plots, recall table, verdict and numbers line, and the log's lines."""
+        runs = list(self._earlier)
+        if self._run is not None:
+            runs.append({**self._run, **self.plots.snapshot()})
+        return {"runs": runs, "log": self.log.toPlainText().splitlines()}
+
+    def _new_run(self) -> None:
+        """A new run starts: the latest one becomes an earlier run (its loss curve is kept)."""
+        if self._run is not None and self.plots.loss.x:  # a run that never took a step is not kept
+            self._earlier.append(earlier_run({**self._run, **self.plots.snapshot()}))
+            self._earlier = self._earlier[-(MAX_RUNS - 1):]  # what the project keeps (gui.history)
+        self._run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "recall": [], "summary": [], "status": "",
+                     "speed": ""}
+        self._set_earlier_curves()
+
     def _show_saved_state(self) -> None:
-        """Stage label and progress bar from the project's checkpoints (config.json)."""
+        """Stage label and progress bar from the project's checkpoints (config.json), with the latest
+        run's verdict when it finished."""
         resume_dir = self.app_state.resume_dir()
         trained = self.app_state.trained_model_path()
         folder = resume_dir or trained
         pos = _saved_position(checkpoint_meta(folder)) if folder is not None else None
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
+        status = self._run["status"] if self._run is not None else ""
+        has_plots = bool(self.plots.loss.x)
         if pos is None:
-            self.stage_label.setText("Not started" if folder is None else "Trained model ready")
+            self.stage_label.setText("Not started" if folder is None else
+                                     "Trained model ready" if has_plots else NO_PLOTS_NOTE)
             return
         stage, step, steps = pos
         total = sum(steps)
@@ -269,7 +337,12 @@ class TrainingTab(QWidget):
             self.progress.setRange(0, total)
             self.progress.setValue(min(total, done))
         if resume_dir is None:
-            self.stage_label.setText("Training finished — try the model on the Chat tab")
+            if not has_plots:
+                self.stage_label.setText(NO_PLOTS_NOTE)
+            elif status.startswith(FINAL_STATUS):
+                self.stage_label.setText(status)
+            else:
+                self.stage_label.setText("Trained model ready — try it on the Chat tab")
             return
         text = f"Stopped at stage {stage + 1} step {step} of {steps[stage]} — Resume to continue"
         if trained is not None and resume_dir != trained:
@@ -353,6 +426,8 @@ class TrainingTab(QWidget):
                 self.append_log("INFO", f"resume uses the new setting {change}")
             val_every = validation_interval(plan.train_config)
             self.plots.set_clip_threshold(plan.train_config.grad_clip)
+            if self._run is None:  # its history was not kept: what follows is this run's
+                self._new_run()
         else:
             dataset = self.app_state.dataset_copy()
             if not dataset.facts and not dataset.dialogues:
@@ -360,17 +435,19 @@ class TrainingTab(QWidget):
                 return False
             problems = dataset.validate()
             if problems:
-                self._show_banner(f"Fix the dataset first ({len(problems)} problems), e.g. {problems[0]}", False)
+                self._show_banner(f"Fix the dataset first ({count(len(problems), 'problem')}), e.g. {problems[0]}",
+                                  False)
                 return False
             run_dir = self.app_state.new_run_dir()
             kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=self.app_state.base_model())
+            self._new_run()
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
             self.recall.setRowCount(0)
             self.recall_label.setText("Shown when a stage ends.")
             val_every = validation_interval(tc)
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
-        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self.plots.add_validation,
+        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self._on_validation,
                         stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
                         recall_progress=self._on_recall_progress,
                         run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
@@ -423,6 +500,10 @@ class TrainingTab(QWidget):
             self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
         self.stage_label.setText(f"Training on {info.device}")
 
+    def _on_validation(self, d) -> None:
+        self.plots.add_validation(d)
+        self.app_state.mark_history_changed()  # about 15 saves a run: a crash loses little of the plots
+
     def _on_step(self, d: TrainingStep) -> None:
         self.plots.add_step(d)
         self._last = d
@@ -473,19 +554,30 @@ class TrainingTab(QWidget):
             self.append_log("INFO", f"{d.stage}: stopped at step {d.steps_done}")
             return
         for r in d.recall:
-            row = self.recall.rowCount()
-            self.recall.insertRow(row)
-            vals = [d.stage, r.kind, r.prompt, r.expected, r.got, "yes" if r.ok else "no"]
-            for c, v in enumerate(vals):
-                it = QTableWidgetItem(v)
-                it.setToolTip(v)
-                if c == 5:
-                    it.setBackground(OK_BRUSH if r.ok else FAIL_BRUSH)
-                self.recall.setItem(row, c, it)
+            self._add_recall_row([d.stage, r.kind, r.prompt, r.expected, r.got, bool(r.ok)])
         f_ok, f_n = d.facts_recalled
         g_ok, g_n = d.dialogues_recalled
-        text = (f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
-                f"reproduced exactly.")
+        self._add_recall_summary(f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
+                                 f"reproduced exactly.")
+        self.app_state.mark_history_changed()
+
+    def _add_recall_row(self, row: list) -> None:
+        """One row of the recall table: [stage, kind, prompt, expected, got, ok]; kept for the history."""
+        if self._run is not None:
+            self._run["recall"].append(list(row))
+        i = self.recall.rowCount()
+        self.recall.insertRow(i)
+        ok = row[5]
+        for c, v in enumerate(row[:5] + ["yes" if ok else "no"]):
+            it = QTableWidgetItem(v)
+            it.setToolTip(v)
+            if c == 5:
+                it.setBackground(OK_BRUSH if ok else FAIL_BRUSH)
+            self.recall.setItem(i, c, it)
+
+    def _add_recall_summary(self, text: str) -> None:
+        if self._run is not None:
+            self._run["summary"].append(text)
         prev = self.recall_label.text()
         self.recall_label.setText(prev + "\n" + text if prev.startswith("After") else text)
 
@@ -532,5 +624,8 @@ class TrainingTab(QWidget):
         if self._stopping and not self.stage_label.text().startswith(("Stopped", "Failed")):
             self.stage_label.setText("Stopped")
         self._stopping = False
+        if self._run is not None:
+            self._run["status"], self._run["speed"] = self.stage_label.text(), self.speed_label.text()
         self.app_state.set_training(False)
+        self.app_state.mark_history_changed()
         self.update_buttons()

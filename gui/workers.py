@@ -19,12 +19,17 @@ import shutil
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from PySide6.QtCore import QThread, Signal
 
 from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RecallChecking, RunDone, RunStarted,
                         StageDone, TrainingStep, ValidationLoss)
+
+if TYPE_CHECKING:
+    from core.config import ModelConfig, TrainConfig
+    from core.dataset import Dataset
+    from core.device import DeviceInfo
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +133,7 @@ class DeviceTestWorker(Worker):
     progress = Signal(float, str)  # (fraction 0..1, what is happening)
     result = Signal(object)  # (core.selftest.DeviceCheck)
 
-    def __init__(self, device_info) -> None:
+    def __init__(self, device_info: DeviceInfo) -> None:
         super().__init__()
         self.device_info = device_info
 
@@ -151,7 +156,7 @@ class CompareWorker(Worker):
 
     result = Signal(list)  # [{"kind": "dataset"|"general", "question", "taught" (str or None), "before", "after"}]
 
-    def __init__(self, device_info, checkpoint_dir: str | Path) -> None:
+    def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path) -> None:
         super().__init__()
         self.device_info = device_info
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -203,8 +208,8 @@ class TrainWorker(Worker):
     checkpoint_saved = Signal(str)  # (the trained model's folder, (re)written)
     run_done = Signal(object)  # (gui.events.RunDone)
 
-    def __init__(self, device_info, checkpoint_dir: str | Path, dataset=None, model_config=None,
-                 train_config=None, resume: bool = False, val_every: int = 0,
+    def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path, dataset: Dataset | None = None,
+                 model_config: ModelConfig | None = None, train_config: TrainConfig | None = None, resume: bool = False, val_every: int = 0,
                  run_dir: str | Path | None = None, base: str | None = None) -> None:
         super().__init__()
         self.device_info = device_info
@@ -374,9 +379,10 @@ class ChatWorker(Worker):
         self._probe: _GenerationProbe | None = None
 
     # -- called from the GUI thread ------------------------------------------------------------
-    def load(self, path: str, device_info) -> None:
-        """Queue loading a checkpoint folder or .gguf file onto ``device_info``."""
-        self._jobs.put(("load", str(path), device_info))
+    def load(self, path: str, device_info: DeviceInfo, history: Iterable[tuple[str, str]] = ()) -> None:
+        """Queue loading a checkpoint folder or .gguf file onto ``device_info``; the model continues the
+        conversation ``history`` ((question, answer) pairs, oldest first; core.chat.ChatSession.history)."""
+        self._jobs.put(("load", str(path), device_info, [(str(q), str(a)) for q, a in history]))
 
     def ask(self, message: str, settings: dict) -> None:
         """Queue a question; ``settings`` are core.generate.SamplingSettings fields."""
@@ -408,7 +414,7 @@ class ChatWorker(Worker):
                 log.warning("chat job %s failed", job[0], exc_info=True)
                 self.failed.emit(error_kind(e), _message(e))
 
-    def _do_load(self, path: str, device_info) -> None:
+    def _do_load(self, path: str, device_info, history: list[tuple[str, str]]) -> None:
         from core.chat import ChatSession
         from core.checkpoint import load_model
         from core.device import open_device
@@ -423,6 +429,7 @@ class ChatWorker(Worker):
             self.load_failed.emit(path, _message(e))
             return
         self._session, self._probe = ChatSession(probe, loaded.tokenizer), probe
+        self._session.history.extend(history)
         c = loaded.config
         self.model_loaded.emit(ModelLoaded(path, c.n_params(), c.context_length, c.vocab_size, dev.info.label))
 

@@ -276,10 +276,10 @@ def test_export_killed_before_its_rename_keeps_the_old_file(tmp_path):
     assert rc == 0, err
     before = gguf_path.read_bytes()
     rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16",
-                     env={CRASH_ENV: "1"})  # file operation 1 of an export: its rename into place
+                     env={CRASH_ENV: "3"})  # core.atomic.atomic_path: create, fsync, then the rename into place
     assert rc == -signal.SIGKILL, err
     assert gguf_path.read_bytes() == before and len(list(tmp_path.glob(".m.gguf.*.tmp"))) == 1
     rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16")
     assert rc == 0 and gguf_path.read_bytes() != before, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # the leftover is gone
-    report("export", {"kill_before_rename": 1})
+    report("export", {"kill_before_rename": 3})

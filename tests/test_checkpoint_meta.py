@@ -8,6 +8,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -218,8 +219,8 @@ def test_gguf_without_merges_is_refused(tmp_path):
     from tests.test_gguf import rewrite
 
     src = _fixture_gguf(tmp_path)
-    dst = rewrite(src, tmp_path / "nomerges.gguf", drop=("tokenizer.ggml.merges",))
-    with pytest.raises(GGUFError, match="tokenizer.ggml.merges is missing"):
+    dst = rewrite(src, tmp_path / "nomerges.gguf", drop=(gguf.Keys.Tokenizer.MERGES,))
+    with pytest.raises(GGUFError, match=gguf.Keys.Tokenizer.MERGES + " is missing"):
         load_model(dst)
 
 

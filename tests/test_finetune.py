@@ -43,7 +43,7 @@ def write_tiny_smol(path):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny smol")
     add_llama_hparams(w, c)
-    w.add_key_value("general.license", "apache-2.0", gguf.GGUFValueType.STRING)
+    w.add_key_value(gguf.Keys.General.LICENSE, "apache-2.0", gguf.GGUFValueType.STRING)
     _write_vocab(w, vocab)
     for name, shape in c.param_shapes():
         if len(shape) == 1:
@@ -92,10 +92,11 @@ def test_finetune_resume_export_and_llama_cpp_parity(tiny_base, tmp_path, capsys
     names = {t.name for t in r.tensors}
     fields = {k: f for k, f in r.fields.items()}
     assert "output.weight" not in names and "token_embd.weight" in names
-    assert bytes(fields["tokenizer.ggml.pre"].parts[-1]).decode() == "smollm"
-    assert int(fields["llama.context_length"].parts[-1][0]) == 2048
-    assert bytes(fields["general.license"].parts[-1]).decode() == "apache-2.0"
-    assert "<|im_start|>" in bytes(fields["tokenizer.chat_template"].parts[-1]).decode()
+    K = gguf.Keys
+    assert bytes(fields[K.Tokenizer.PRE].parts[-1]).decode() == "smollm"
+    assert int(fields[K.LLM.CONTEXT_LENGTH.format(arch="llama")].parts[-1][0]) == 2048
+    assert bytes(fields[K.General.LICENSE].parts[-1]).decode() == "apache-2.0"
+    assert "<|im_start|>" in bytes(fields[K.Tokenizer.CHAT_TEMPLATE].parts[-1]).decode()
 
     back = import_gguf(gg)
     ck = load_checkpoint(out)

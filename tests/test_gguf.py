@@ -6,6 +6,7 @@ for a few steps on the default dataset (:func:`get_trained`, shared with tests/t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +19,18 @@ from core.checkpoint import load_model
 from core.loaded import LoadedModel
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, default_dataset
-from core.gguf_io import DATE_KEYS, META_PREFIX, GGUFError, export_gguf, import_gguf
+from core.gguf_io import META_PREFIX, GGUFError, export_gguf, import_gguf
 from core.tokenizer import Tokenizer
 
 T = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
+K, G, TK = gguf.Keys, gguf.Keys.General, gguf.Keys.Tokenizer
+
+
+def LLM(key: str) -> str:
+    """A ``{arch}`` key of gguf.Keys for the llama architecture."""
+    return key.format(arch="llama")
+
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, context_length=64)
 
@@ -58,9 +66,9 @@ def rewrite(src: Path, dst: Path, arch: str | None = None, drop: tuple[str, ...]
     """Copy a GGUF with GGUFWriter, optionally changing the architecture, dropping keys, or changing
     tensors (``tensor_fn(name, data, type) -> (data, raw_dtype) or None`` to drop)."""
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, arch or r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(dst, arch or r.fields[G.ARCHITECTURE].contents())
     for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+        if key.startswith("GGUF.") or key == G.ARCHITECTURE or key in drop:
             continue
         vt = f.types[0]
         w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == V.ARRAY else None)
@@ -132,27 +140,27 @@ def test_export_writes_every_llama_key(tok, tmp_path):
     kv = read_kv(res.path)
     c = m.config
     expect = {
-        "general.architecture": ("llama", V.STRING), "general.name": ("tiny test", V.STRING),
-        "general.file_type": (0, V.UINT32),
-        "llama.vocab_size": (tok.vocab_size, V.UINT32), "llama.context_length": (64, V.UINT32),
-        "llama.embedding_length": (32, V.UINT32), "llama.block_count": (2, V.UINT32),
-        "llama.feed_forward_length": (64, V.UINT32), "llama.attention.head_count": (4, V.UINT32),
-        "llama.attention.head_count_kv": (2, V.UINT32), "llama.rope.dimension_count": (8, V.UINT32),
-        "llama.rope.freq_base": (np.float32(c.rope_theta), V.FLOAT32),
-        "llama.attention.layer_norm_rms_epsilon": (np.float32(c.norm_eps), V.FLOAT32),
-        "tokenizer.ggml.model": ("gpt2", V.STRING), "tokenizer.ggml.pre": ("gpt-2", V.STRING),
-        "tokenizer.ggml.bos_token_id": (tok.bos_id, V.UINT32), "tokenizer.ggml.eos_token_id": (tok.eos_id, V.UINT32),
-        "tokenizer.ggml.padding_token_id": (tok.pad_id, V.UINT32),
-        "tokenizer.ggml.add_bos_token": (True, V.BOOL), "tokenizer.ggml.add_eos_token": (False, V.BOOL),
-        "tokenizer.chat_template": (chat_format.CHAT_TEMPLATE, V.STRING),
+        G.ARCHITECTURE: ("llama", V.STRING), G.NAME: ("tiny test", V.STRING),
+        G.FILE_TYPE: (0, V.UINT32),
+        LLM(K.LLM.VOCAB_SIZE): (tok.vocab_size, V.UINT32), LLM(K.LLM.CONTEXT_LENGTH): (64, V.UINT32),
+        LLM(K.LLM.EMBEDDING_LENGTH): (32, V.UINT32), LLM(K.LLM.BLOCK_COUNT): (2, V.UINT32),
+        LLM(K.LLM.FEED_FORWARD_LENGTH): (64, V.UINT32), LLM(K.Attention.HEAD_COUNT): (4, V.UINT32),
+        LLM(K.Attention.HEAD_COUNT_KV): (2, V.UINT32), LLM(K.Rope.DIMENSION_COUNT): (8, V.UINT32),
+        LLM(K.Rope.FREQ_BASE): (np.float32(c.rope_theta), V.FLOAT32),
+        LLM(K.Attention.LAYERNORM_RMS_EPS): (np.float32(c.norm_eps), V.FLOAT32),
+        TK.MODEL: ("gpt2", V.STRING), TK.PRE: ("gpt-2", V.STRING),
+        TK.BOS_ID: (tok.bos_id, V.UINT32), TK.EOS_ID: (tok.eos_id, V.UINT32),
+        TK.PAD_ID: (tok.pad_id, V.UINT32),
+        TK.ADD_BOS: (True, V.BOOL), TK.ADD_EOS: (False, V.BOOL),
+        TK.CHAT_TEMPLATE: (chat_format.CHAT_TEMPLATE, V.STRING),
         META_PREFIX + "note": ("hello", V.STRING), META_PREFIX + "epochs": (3, V.INT64),
     }
     for key, (value, vtype) in expect.items():
         assert kv[key][1] == vtype, key
         assert (np.float32(kv[key][0]) == value) if vtype == V.FLOAT32 else (kv[key][0] == value), key
-    assert kv["tokenizer.ggml.tokens"][0] == tok.tokens()
-    assert kv["tokenizer.ggml.merges"][0] == tok.merges()
-    types = kv["tokenizer.ggml.token_type"][0]
+    assert kv[TK.LIST][0] == tok.tokens()
+    assert kv[TK.MERGES][0] == tok.merges()
+    types = kv[TK.TOKEN_TYPE][0]
     assert [i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL] == sorted(tok.special_ids())
     assert all(t == gguf.TokenType.NORMAL for i, t in enumerate(types) if i not in tok.special_ids())
     assert META_PREFIX + "export_date" in kv and META_PREFIX + "app_version" in kv
@@ -172,7 +180,7 @@ def test_export_f16_q8_0_keeps_norms_f32(tok, tmp_path, dtype, file_type, mat_ty
     f32 = export_gguf(m, tmp_path / "a.gguf")
     res = export_gguf(m, tmp_path / "b.gguf", dtype=dtype)
     assert res.size_bytes < 0.6 * f32.size_bytes and res.notes == ()
-    assert read_kv(res.path)["general.file_type"][0] == file_type
+    assert read_kv(res.path)[G.FILE_TYPE][0] == file_type
     for name, (ttype, shape, _) in read_tensors(res.path).items():
         assert ttype == ("F32" if len(shape) == 1 else mat_type), name
     back = import_gguf(res.path)
@@ -259,6 +267,8 @@ def test_modelfile(tok, tmp_path):
     assert f'TEMPLATE """{chat_format.OLLAMA_TEMPLATE}"""' in text
     assert 'PARAMETER stop "<|eos|>"' in lines and 'PARAMETER stop "User:"' in lines
     assert "PARAMETER temperature 0" in lines and "PARAMETER num_ctx 64" in lines
+    # the name the app and the CLI give (core.gguf_io.ollama_name), not another one
+    assert "# ollama create my-model -f 'my model.Modelfile' && ollama run my-model" in lines
 
 
 # ------------------------------------------------------------------------------------ import
@@ -291,14 +301,14 @@ def test_import_rejects_other_architecture(good_file, tmp_path):
 
 
 def test_import_rejects_missing_key(good_file, tmp_path):
-    bad = rewrite(good_file, tmp_path / "nokey.gguf", drop=("llama.context_length",))
-    with pytest.raises(GGUFError, match="llama.context_length is missing"):
+    bad = rewrite(good_file, tmp_path / "nokey.gguf", drop=(LLM(K.LLM.CONTEXT_LENGTH),))
+    with pytest.raises(GGUFError, match=LLM(K.LLM.CONTEXT_LENGTH) + " is missing"):
         import_gguf(bad)
-    bad = rewrite(good_file, tmp_path / "nopre.gguf", drop=("tokenizer.ggml.pre",))
-    with pytest.raises(GGUFError, match=r"tokenizer\.ggml\.pre = '\(none: default\)' is not supported"):
+    bad = rewrite(good_file, tmp_path / "nopre.gguf", drop=(TK.PRE,))
+    with pytest.raises(GGUFError, match=re.escape(TK.PRE) + r" = '\(none: default\)' is not supported"):
         import_gguf(bad)
-    bad = rewrite(good_file, tmp_path / "notok.gguf", drop=("tokenizer.ggml.tokens",))
-    with pytest.raises(GGUFError, match="tokenizer.ggml.tokens"):
+    bad = rewrite(good_file, tmp_path / "notok.gguf", drop=(TK.LIST,))
+    with pytest.raises(GGUFError, match=TK.LIST):
         import_gguf(bad)
 
 
@@ -337,7 +347,7 @@ def test_export_import_export_is_identical(trained, tmp_path, dtype):
     second = export_gguf(back, tmp_path / "again.gguf", dtype=dtype).path
     assert read_tensors(first) == read_tensors(second)
     kv1, kv2 = read_kv(first), read_kv(second)
-    for k in DATE_KEYS[:1]:
+    for k in (META_PREFIX + "export_date",):  # the one value that differs between two exports
         assert kv1.pop(k)[0] and kv2.pop(k)[0]
     assert kv1 == kv2
     meta = trained.loaded.checkpoint

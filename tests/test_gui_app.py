@@ -172,5 +172,50 @@ def test_window_fits_a_small_laptop_screen(main_window, qtbot):
     assert w.tabs.currentWidget().verticalScrollBar().maximum() == 0
     assert w.training_tab.height() <= w.tabs.currentWidget().viewport().height()
     height = w.statusBar().height()
-    w.statusBar().showMessage("a long message " * 40)
+    long = "a long message " * 40
+    w.show_status(long)
+    qtbot.wait(20)
     assert w.statusBar().height() == height
+    # elided to the bar, never clipped: it ends in "…" within the bar's width, the whole of it in the tooltip
+    label = w.status_label
+    assert label.text() == long and label.is_elided() and label.shown_text().endswith("…")
+    assert label.fontMetrics().horizontalAdvance(label.shown_text()) <= label.contentsRect().width()
+    assert label.toolTip() == long and label.geometry().right() <= w.statusBar().width()
+    w.show_status("short")
+    assert label.shown_text() == "short" and not label.toolTip()
+    # so is the Training tab's numbers line
+    t = w.training_tab
+    t.speed_label.setText("step 100/100 · 2.0 passes · ETA 0:12 at most · 12,345 tokens/s · loss 0.344 · " * 3)
+    qtbot.wait(20)
+    assert t.speed_label.is_elided() and t.speed_label.geometry().right() <= t.width()
+
+
+def test_readme_names_every_xcb_library_qt_links():
+    """README troubleshooting lists the Debian package of every xcb/xkb library PySide6's X11 plugin
+    links (ldd), e.g. libxcb-icccm4 and libxcb-keysyms1 that a Debian 12 desktop lacks."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import PySide6
+    import pytest
+
+    plugin = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms" / "libqxcb.so"
+    if not sys.platform.startswith("linux") or not plugin.is_file() or shutil.which("ldd") is None:
+        pytest.skip("Linux with ldd and PySide6's xcb plugin only")
+    out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, check=True).stdout
+    out += subprocess.run(["ldd", str(plugin.parent.parent.parent / "lib" / "libQt6XcbQpa.so.6")],
+                          capture_output=True, text=True, check=True).stdout
+    sonames = set(re.findall(r"^\s*(lib(?:xcb|X11-xcb|xkbcommon)[\w-]*)\.so\.(\d+)", out, re.M))
+    assert ("libxcb-icccm", "4") in sonames and ("libxcb-keysyms", "1") in sonames
+
+    def debian(name: str, version: str) -> str:  # Debian's policy: soname's name + version, "-" after a digit
+        name = name.lower()
+        return f"{name}-{version}" if name[-1].isdigit() else f"{name}{version}"
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    section = readme[readme.index("## Troubleshooting"):]
+    missing = sorted(debian(n, v) for n, v in sonames if not re.search(rf"\b{re.escape(debian(n, v))}\b", section))
+    assert not missing, f"README troubleshooting does not name {missing}"

@@ -219,15 +219,18 @@ def test_importing_an_empty_file_says_so_and_changes_nothing(tab, tmp_path, dial
     assert tab.dataset() == before
 
 
-def test_add_fact_keeps_its_text_selected_for_typing(tab, qtbot):
+def test_add_fact_opens_an_empty_editor_for_typing(tab, qtbot):
     from PySide6.QtWidgets import QLineEdit
+
+    from gui.dataset_models import FACT_HINT
 
     tab.search.setText("octopus")
     tab.add_fact()
     row = tab.facts.count() - 1
     assert not _hidden(tab.facts, row)  # the search is cleared for the new entry
     editor = tab.facts.indexWidget(tab.facts.view_index(row))
-    assert isinstance(editor, QLineEdit) and editor.selectedText() == "New fact."
+    assert isinstance(editor, QLineEdit) and editor.text() == ""  # a hint is shown, never content
+    assert _text(tab.facts, row) == FACT_HINT and tab.dataset().facts[row] == ""
     qtbot.wait(400)  # validation highlights every entry meanwhile; the open editor must not be reset
     editor.insert("Typed")  # replaces the selection, as typing does
     qtbot.wait(400)
@@ -240,3 +243,109 @@ def test_summary_and_problem_wording(tab):
     tab.set_dataset(Dataset())
     texts = [tab.problem_list.item(i).text() for i in range(tab.problem_list.count())]
     assert texts == ["⚠ The dataset is empty: add facts or dialogues."]
+
+
+def test_a_new_dialogue_is_empty_until_typed_and_the_checker_says_so(tab, qtbot):
+    """Placeholder text is not content: a new dialogue's turn is empty, shows grey hints, and is reported
+    by the checker (and refused by Start) until its question and answer are typed."""
+    from gui.dataset_models import TURN_HINTS
+
+    tab.add_dialogue()
+    row = len(tab.dataset().dialogues) - 1
+    assert tab.dataset().dialogues[row].turns == [("", "")]
+    assert [tab.turn_model.index(0, c).data() for c in (0, 1)] == list(TURN_HINTS)
+    tab.validate_now()
+    found = {p.message for p in tab.problems() if p.kind == "dialogue" and p.index == row}
+    assert found == {"empty question", "empty answer"}
+    tab.add_turn()
+    tab.validate_now()
+    assert sum(p.kind == "dialogue" and p.index == row and p.turn == 1 for p in tab.problems()) == 2
+    _set(tab.turns, 0, col=0, text="Who?")
+    _set(tab.turns, 0, col=1, text="Me.")
+    tab.remove_turn()  # the selected (second, still empty) turn
+    qtbot.waitUntil(lambda: not tab.problems(), timeout=3000)
+
+
+def test_edit_menu_undoes_and_redoes_dataset_edits(main_window, tmp_path):
+    """Remove asks nothing but can be undone: Edit ▸ Undo (Ctrl+Z) / Redo (Ctrl+Shift+Z) over every edit."""
+    from PySide6.QtGui import QKeySequence
+
+    w, tab = main_window, main_window.dataset_tab
+    undo, redo = w.undo_action, w.redo_action
+    assert undo.shortcut() == QKeySequence(QKeySequence.StandardKey.Undo)
+    assert QKeySequence("Ctrl+Shift+Z") in redo.shortcuts()
+    assert "&Edit" in [a.text() for a in w.menuBar().actions()]
+    d0, d1 = Dialogue([("A?", "B.")]), Dialogue([("C?", "D.")], "Be brief.")
+    tab.set_dataset(Dataset(["one", "two", "three"], [d0, d1]))
+    tab.undo_stack.clear()
+    assert not undo.isEnabled()
+
+    tab.facts.setCurrentRow(1)
+    tab.remove_fact()
+    assert tab.dataset().facts == ["one", "three"] and undo.isEnabled()
+    assert "remove fact" in undo.text()
+    undo.trigger()
+    assert tab.dataset().facts == ["one", "two", "three"] and tab.facts.currentRow() == 1
+    redo.trigger()
+    assert tab.dataset().facts == ["one", "three"]
+    undo.trigger()
+
+    _set(tab.facts, 0, "ONE")
+    tab.facts.setCurrentRow(2)
+    tab._move_fact(-1)
+    assert tab.dataset().facts == ["ONE", "three", "two"]
+    undo.trigger()
+    undo.trigger()
+    assert tab.dataset().facts == ["one", "two", "three"]
+
+    # a turn edited in one dialogue is undone with that dialogue back in the editor
+    tab.dialogues.setCurrentRow(0)
+    _set(tab.turns, 0, col=1, text="Changed.")
+    tab.dialogues.setCurrentRow(1)
+    undo.trigger()
+    assert tab.dialogues.currentRow() == 0 and tab.dataset().dialogues[0].turns == [("A?", "B.")]
+    assert tab.turn_model.index(0, 1).data() == "B."
+
+    # removing a dialogue brings back the same one, turns and system message
+    tab.dialogues.setCurrentRow(1)
+    tab.remove_dialogue()
+    assert tab.dataset().dialogues == [d0]
+    undo.trigger()
+    assert tab.dataset().dialogues[1] is d1 and d1.system == "Be brief." and tab.dialogues.currentRow() == 1
+
+    # typing a system message is one step
+    n = tab.undo_stack.index()
+    for text in ("B", "Be", "Be short."):
+        tab.system.setText(text)
+        tab.system.textEdited.emit(text)
+    assert tab.undo_stack.index() == n + 1 and d1.system == "Be short."
+    undo.trigger()
+    assert d1.system == "Be brief." and tab.system.text() == "Be brief."
+
+    # an import that replaced everything is undone too
+    path = tmp_path / "other.txt"
+    path.write_text("A fact from a file.\n", "utf-8")
+    before = tab.dataset()
+    tab.import_file(path)
+    assert tab.dataset().facts == ["A fact from a file."]
+    undo.trigger()
+    assert tab.dataset() is before and w.project.dataset is before
+    tab.import_file(path, replace=False)
+    assert tab.dataset().facts[-1] == "A fact from a file."
+    undo.trigger()
+    assert tab.dataset().facts == ["one", "two", "three"]
+
+    # another project starts with nothing to undo
+    w.save_project_as(tmp_path / "elsewhere")
+    assert not undo.isEnabled()
+
+
+def test_an_import_that_skips_one_entry_says_entry(tab, tmp_path, dialogs, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    path = tmp_path / "one_bad.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}\n'
+                    "not json\n", "utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(path), "")))
+    tab._import_dialog(replace=True)
+    assert dialogs.informed and dialogs.informed[-1][1].startswith("1 entry was skipped:\n")

@@ -108,7 +108,7 @@ def test_twenty_thousand_facts_stay_responsive(main_window, qtbot, timed):
     qtbot.waitUntil(lambda: "tokens" in tab.stats_label.text() and not tab._stats_worker.isRunning(),
                     timeout=120_000)
     timed.times["token counts (worker thread)"] = time.perf_counter() - t0
-    assert f"{N_FACTS + 1} facts, {N_DIALOGUES} dialogues" in tab.stats_label.text()
+    assert f"{N_FACTS + 1:,} facts, {N_DIALOGUES:,} dialogues" in tab.stats_label.text()
 
     slow = {k: v for k, v in timed.times.items() if v > BOUND_S and "worker" not in k}
     assert not slow, f"slower than {BOUND_S} s: {slow}"

@@ -86,3 +86,38 @@ def test_auto_is_the_default_and_shows_a_plan_with_passes_and_time(tab, main_win
     tab.widgets["time_budget_s"].setText(f"{tab.plan.total_s / 4:.3f}")
     qtbot.waitUntil(lambda: tab.plan.planned_steps[0] < full, timeout=10_000)
     assert tab.preset.currentText() == AUTO and "time budget" in tab.plan_label.text()
+
+
+def test_every_invalid_field_is_shown_at_once(main_window, tab):
+    """Not one error at a time: three bad fields are all highlighted and listed; a check that reads a
+    field replaced meanwhile (n_kv_heads vs n_heads) is not reported with the default's number."""
+    from core.config import ConfigError, config_errors
+
+    tab.set_preset("Tiny")
+    tab.widgets["n_heads"].setValue(3)  # 64 / 3
+    tab.widgets["pretrain.batch_size"].setValue(0)
+    tab.widgets["tune.lr"].setText("abc")
+    tab.widgets["replay_share"].setText("1.5")
+    assert not tab.is_valid()
+    assert set(tab.error_fields()) == {"n_heads", "pretrain.batch_size", "tune.lr", "replay_share"}
+    for f in tab.error_fields():
+        assert tab.widgets[f].styleSheet() == BAD_STYLE and f"({f})" in tab.error_label.text()
+    assert tab.error_label.text().startswith("4 invalid settings:")
+    assert all(f in main_window.state.config_error() for f in tab.error_fields())
+    tab.widgets["pretrain.batch_size"].setValue(4)
+    assert "pretrain.batch_size" not in tab.error_fields() and tab.widgets["pretrain.batch_size"].styleSheet() == ""
+
+    def build(v):
+        if v["n_heads"] < 1:
+            raise ConfigError("n_heads", "must be >= 1")
+        if v["n_heads"] % v["n_kv_heads"]:
+            raise ConfigError("n_kv_heads", f"must divide n_heads ({v['n_heads']})")
+        if v["seed"] < 0:
+            raise ConfigError("seed", "must be >= 0")
+
+    defaults = {"n_heads": 4, "n_kv_heads": 4, "seed": 0}
+    errs = config_errors(build, {"n_heads": 0, "n_kv_heads": 3, "seed": -1}, defaults)
+    assert [e.field for e in errs] == ["n_heads", "seed"]  # not "must divide n_heads (4)": 4 is not the form's
+    errs = config_errors(build, {"n_heads": 8, "n_kv_heads": 3, "seed": -1}, defaults)
+    assert [str(e) for e in errs] == ["n_kv_heads: must divide n_heads (8)", "seed: must be >= 0"]
+    assert config_errors(build, defaults, defaults) == []

@@ -213,3 +213,76 @@ def test_a_project_held_by_another_process_is_refused(main_window, tmp_path):
         holder.communicate()
     main_window.open_project(other)  # the dead holder's lock is stale
     assert main_window.project.folder == other
+
+
+def test_export_asks_before_replacing_a_modelfile_and_its_hints_match_the_file(main_window, tmp_path, dialogs, qtbot):
+    """The Modelfile beside the GGUF file is not replaced without asking either; the Export tab's
+    commands are the Modelfile's own (one model name) and llama-cli's is greedy with the model's context."""
+    from core.checkpoint import CheckpointMeta
+    from tests.test_gui_e2e import save_tiny_checkpoint
+
+    save_tiny_checkpoint(main_window.project.checkpoint_dir)
+    ctx = CheckpointMeta.read(main_window.project.checkpoint_dir).model.context_length
+    e = main_window.export_tab
+    e.refresh()
+    target = tmp_path / "Brindle wick.gguf"
+    modelfile = tmp_path / "Brindle wick.Modelfile"
+    modelfile.write_text("my own Modelfile", "utf-8")
+    e.path.setText(str(target))
+    assert f"llama-cli -m 'Brindle wick.gguf' -cnv --temp 0 -c {ctx}" in e.hint.text()
+    e.modelfile.setChecked(True)
+    dialogs.answer = False
+    assert not e.export()
+    assert str(modelfile) in dialogs.asked[-1][1] and "already exists" in dialogs.asked[-1][1]
+    assert modelfile.read_text("utf-8") == "my own Modelfile"
+    target.write_text("an older export", "utf-8")
+    assert not e.export()
+    assert f"{target} and {modelfile} already exist. Replace them?" == dialogs.asked[-1][1]
+    dialogs.answer = True
+    assert e.export()
+    qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
+    lines = modelfile.read_text("utf-8").splitlines()
+    assert "# ollama create brindle-wick -f 'Brindle wick.Modelfile' && ollama run brindle-wick" in lines
+    assert "ollama create brindle-wick -f 'Brindle wick.Modelfile'" in e.hint.text()
+    n = len(dialogs.asked)
+    assert e.export()  # the same files again: already agreed to
+    qtbot.waitUntil(lambda: not e.is_exporting(), timeout=60_000)
+    assert len(dialogs.asked) == n
+
+
+def _model(folder: Path, tag: str, complete: bool = True) -> Path:
+    folder.mkdir()
+    (folder / "weights.npz").write_text(tag)
+    if complete:
+        (folder / "config.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize("pending_complete", [True, False])
+def test_a_promotion_cut_between_its_renames_leaves_one_whole_model(tmp_path, pending_complete):
+    """A kill after the old model went aside and before the new run came in: the complete new run
+    becomes the model, else the old model comes back; nothing is left aside."""
+    from core.atomic import backup_path
+    from gui.project import CHECKPOINT, PENDING, recover_project
+
+    checkpoint = tmp_path / CHECKPOINT
+    _model(backup_path(checkpoint), "old")  # the state between the two renames of swap_in_folder
+    _model(tmp_path / PENDING, "new", complete=pending_complete)
+    recover_project(tmp_path)
+    assert (checkpoint / "weights.npz").read_text() == ("new" if pending_complete else "old")
+    assert not backup_path(checkpoint).exists()
+
+
+def test_promote_pending_replaces_the_model_and_a_legacy_aside_copy_is_finished(tmp_path):
+    from gui.project import CHECKPOINT, PENDING, promote_pending, recover_project
+
+    checkpoint = tmp_path / CHECKPOINT
+    _model(checkpoint, "old")
+    promote_pending(_model(tmp_path / PENDING, "new"), checkpoint)
+    assert (checkpoint / "weights.npz").read_text() == "new" and not (tmp_path / PENDING).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
+    # an older build's aside name, cut before its second rename: the old model comes back
+    checkpoint.rename(tmp_path / (CHECKPOINT + ".old"))
+    recover_project(tmp_path)
+    assert (checkpoint / "weights.npz").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]

@@ -123,6 +123,7 @@ def test_a_stopped_run_shows_its_position_after_a_restart(main_window, studio_en
 
 def test_opening_another_project_clears_the_training_tab(main_window, tmp_path):
     w, t = main_window, main_window.training_tab
+    w.save_project_as(tmp_path / "other")
     w.save_project_as(tmp_path / "first")
     w.dataset_tab.set_dataset(Dataset())
     assert not t.start()  # the dataset is empty: banner
@@ -131,8 +132,7 @@ def test_opening_another_project_clears_the_training_tab(main_window, tmp_path):
     t.plots.add_step(TrainingStep(stage="pretrain", step=1, total_steps=1, global_step=1, loss=2.0, grad_norm=1.0,
                                   lr=1e-3, layer_grad_norms=(1.0,)))
     t.speed_label.setText("step 100/100 · loss 0.344")
-    w.save_project_as(tmp_path / "second")
-    w.open_project(tmp_path / "first")
+    w.open_project(tmp_path / "other")
     assert t.banner.isHidden() and t.log.toPlainText() == "" and not t.plots.loss.x
     assert t.speed_label.text() == "" and t.stage_label.text() == "Not started"
 

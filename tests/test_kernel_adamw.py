@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from core.kernels.adamw import AdamW
-from tests import reference as ref
+from core.kernels import adamw_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 HP = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from core.kernels.attention import Attention, AttentionTiles, default_tiles
-from tests import reference as ref
+from core.kernels import attention_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 # (batch, seq, n_heads, n_kv_heads, head_dim): seq not a multiple of any tile, head_dim 6/10/24/64,
@@ -22,6 +22,10 @@ TILINGS = [
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True),
     AttentionTiles(items=4, rows=2, keys=2, kv_rows=8, vector=8, stage_kv=True),
     AttentionTiles(items=2, rows=5, keys=1, kv_rows=16, vector=4),
+    # the staged backward (GPUs): blocks that divide no seq, work-groups that divide no block
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=32),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=5, bwd_items=7),
+    AttentionTiles(items=8, rows=2, keys=8, kv_rows=1, vector=8, bwd_tile=16, bwd_items=128),
 ]
 TOL = dict(atol=2e-5, rtol=2e-4)
 
@@ -29,7 +33,8 @@ TOL = dict(atol=2e-5, rtol=2e-4)
 def _tiling_id(t):
     if t is None:
         return "device"
-    return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}"
+    staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
+    return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}"
 
 
 def _qkv(rng, b, sq, sk, h, kvh, d):

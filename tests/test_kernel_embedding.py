@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from core.kernels.embedding import Embedding
-from tests import reference as ref
+from core.kernels import embedding_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 
@@ -58,3 +58,24 @@ def test_embedding_backward_is_deterministic(device, rng):
         op.backward(DW, G, T, n, vocab, d_model)
         runs.append(from_device(device, DW, (vocab * d_model, np.float32)))
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
+
+
+@pytest.mark.parametrize("n_tokens,d_model,vocab", [(1, 1, 1), (7, 33, 5), (257, 7, 40), (513, 48, 3)])
+@pytest.mark.parametrize("local", [1, 32, None])
+def test_embedding_backward_over_grouped_tokens_is_bit_identical(device, rng, n_tokens, d_model, vocab, local):
+    """The GPUs' backward over the tokens grouped by id (index_tokens) adds in the same order as
+    the per-column one: the same bits, and the reference's values; out-of-range ids add nothing."""
+    op = Embedding(device, local_size=local)
+    tokens = rng.integers(-1, vocab + 1, n_tokens).astype(np.int32)  # repeats and a few bad ids
+    d_out = (rng.standard_normal((n_tokens, d_model)) * 1e3).astype(np.float32)
+    dw0 = rng.standard_normal((vocab, d_model)).astype(np.float32)
+    T, G, DW1, DW2 = to_device(device, tokens, d_out, dw0, dw0)
+    op.backward(DW1, G, T, n_tokens, vocab, d_model)
+    op.backward(DW2, G, T, n_tokens, vocab, d_model, index=op.index_tokens(tokens, vocab))
+    plain, grouped = from_device(device, DW1, dw0), from_device(device, DW2, dw0)
+    assert np.array_equal(plain, grouped)
+    valid = (tokens >= 0) & (tokens < vocab)
+    assert_close(grouped, dw0 + ref.embedding_backward(d_out[valid], tokens[valid], vocab),
+                 atol=1e-2, what="d_weight")
+    with pytest.raises(ValueError, match="token index"):
+        op.backward(DW2, G, T, n_tokens + 1, vocab, d_model, index=op.index_tokens(tokens, vocab))

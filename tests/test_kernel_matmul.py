@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from core.kernels import matmul_tune
+from core.kernels import matmul, matmul_tune
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict)
-from tests import reference as ref
+from core.kernels import matmul_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 NT = (False, True)  # (trans_a, trans_b) of a linear layer's forward
@@ -72,6 +72,29 @@ def _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b,
 def test_matmul_overwrite_then_accumulate(device, rng, config, trans_a, trans_b, M, N, K):
     op = _op(device, config)
     _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, op.config(trans_a, trans_b))
+
+
+@pytest.mark.parametrize("config", ["tiled-64x64-dbuf", "tiled-16x32-k8-vw2", "tiled-1x1"])
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_matmul_split_k(device, rng, monkeypatch, config, trans_a, trans_b):
+    """Tiled products with K split over work-groups (as a GPU does for few tiles of C): parts of
+    the K tile's multiple, a short last part, overwrite, accumulate and offsets."""
+    monkeypatch.setattr(matmul, "SPLIT_WAVES", 10_000)
+    monkeypatch.setattr(matmul, "SPLIT_MIN_K", 16)
+    monkeypatch.setattr(matmul, "SPLIT_DEEP_K", 16)
+    op = _op(device, config)
+    for M, N, K in [(9, 7, 65), (70, 33, 130), (1, 1, 40)]:
+        kernel = op._variants[(trans_a, trans_b)]
+        parts, k_split = kernel.splits(M, N, K)
+        assert parts > 1 and k_split % kernel.cfg.tsk == 0 and (parts - 1) * k_split < K <= parts * k_split
+        _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, f"split {parts} x {k_split}")
+    a, b = _inputs(rng, 20, 30, 100, trans_a, trans_b)
+    pad = [np.full(5, 7.0, np.float32)]
+    A, B, C = to_device(device, np.concatenate(pad + [a.ravel()]), np.concatenate(pad * 2 + [b.ravel()]),
+                        np.full(3 + 600, np.nan, np.float32))
+    op(C, A, B, 20, 30, 100, trans_a=trans_a, trans_b=trans_b, a_offset=5, b_offset=10, c_offset=3)
+    got = from_device(device, C, ((603,), np.float32))[3:].reshape(20, 30)
+    assert_close(got, ref.matmul_forward(a, b, trans_a, trans_b), atol=_atol(100), what="split K with offsets")
 
 
 @pytest.mark.parametrize("config", ["default", "tiled-16x32-k8-vw2", "packed-5x3x4-wg3-unpacked-a",

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from core.kernels.residual import Residual
-from tests import reference as ref
+from core.kernels import residual_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from core.kernels.rope import RoPE
-from tests import reference as ref
+from core.kernels import rope_ref as ref
 from tests.opcheck import assert_close, from_device, to_device
 
 # (batch, seq_len, n_heads, head_dim, pos_start, theta)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from core.kernels.swiglu import SwiGLU
-from tests import reference as ref
+from core.kernels import swiglu_ref as ref
 from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
 

@@ -7,6 +7,7 @@ three types), render our chat template to the same ids, and answer a chat questi
 """
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -181,11 +182,11 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("messages, gen_prompt", CONVERSATIONS)
 def test_chat_template_renders_our_ids(llms, trained, messages, gen_prompt):
     llm, tok = llms["f32"], trained.loaded.tokenizer
-    assert llm.metadata["tokenizer.chat_template"] == chat_format.CHAT_TEMPLATE
+    assert llm.metadata[gguf.Keys.Tokenizer.CHAT_TEMPLATE] == chat_format.CHAT_TEMPLATE
     assert llm.chat_format == "chat_template.default"  # llama-cpp-python picked up the file's template
     bos = llm._model.token_get_text(llm.token_bos())  # as llama-cpp-python does for the template
     eos = llm._model.token_get_text(llm.token_eos())
-    fmt = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token=eos, bos_token=bos,
+    fmt = Jinja2ChatFormatter(template=llm.metadata[gguf.Keys.Tokenizer.CHAT_TEMPLATE], eos_token=eos, bos_token=bos,
                               add_generation_prompt=gen_prompt)
     res = fmt(messages=messages)
     ids = llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)

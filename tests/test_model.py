@@ -384,3 +384,21 @@ def test_frozen_embeddings_stay_and_the_rest_trains(device):
     assert not np.array_equal(after["output_norm.weight"], w["output_norm.weight"])
     state = frozen.optimizer_state()
     assert not state["m"]["token_embd.weight"].any() and state["m"]["blk.0.attn_q.weight"].any()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_embedding_gradient_is_the_same_either_way(device, tied):
+    """The model's embedding backward over tokens grouped by id (GPUs' default) gives the bits of
+    the per-column one (CPUs' default), on either device, tied or not."""
+    cfg = ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=24,
+                      context_length=12, tie_embeddings=tied)
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 50, (3, 12)).astype(np.int32)
+    targets, mask = np.roll(tokens, -1, axis=1), np.ones((3, 12), np.float32)
+    grads = []
+    for sorted_backward in (False, True):
+        m = Model(device, cfg, batch_size=3, weights=init_weights(cfg, 1))
+        m.ops.embedding.sorted_backward = sorted_backward
+        m.forward_backward(tokens, targets, mask)
+        grads.append(m.grads.to_numpy()["token_embd.weight"])
+    assert grads[0].any() and np.array_equal(grads[0], grads[1])

@@ -1,5 +1,5 @@
-// Deterministic two-pass reductions (sum of squares, sum) and in-place scaling, for the global
-// gradient L2 norm, gradient clipping and the loss sum.
+// Deterministic two-pass reductions (sum of squares, sum), for the gradient L2 norms, the
+// finite-weights check and the loss sum.
 // Pass 1: n_groups work-groups; each item sums a grid-stride slice of x privately, then the group
 // reduces in local memory to partials[group]. Pass 2: one work-group reduces the partials into
 // out[out_index]. The summation order depends only on n, n_groups and the local size, never on
@@ -64,10 +64,4 @@ __kernel void sum_segments(__global float* out, const int out_start, __global co
     for (int i = first[s] + get_local_id(0); i < first[s + 1]; i += get_local_size(0)) acc += partials[i];
     acc = group_sum(red, acc);
     if (get_local_id(0) == 0) out[out_start + s] = acc;
-}
-
-// x (n) *= factor, in place (gradient clipping)
-__kernel void scale(__global float* x, const int n, const float factor) {
-    const int i = get_global_id(0);
-    if (i < n) x[i] *= factor;
 }

@@ -1,10 +1,15 @@
-"""Launcher for ``grad_norm.cl``: deterministic sums (gradient norm, loss sum) and scaling."""
+"""Launcher for ``grad_norm.cl``: deterministic sums (gradient norms, loss sum)."""
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import round_up
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 # Upper bound on pass-1 work-groups: enough to fill a GPU, few enough that pass 2 is one group.
 MAX_GROUPS = 256
@@ -12,12 +17,13 @@ MAX_GROUPS = 256
 CHUNK = 16384
 
 
-class Reduce:
-    """Two-pass deterministic reductions into a slot of a small result buffer, and ``x *= f``.
+class GradNorm:
+    """Two-pass deterministic reductions into a slot of a small result buffer: the per-tensor
+    gradient norms (sums of squares), the finite-weights check and the loss and mask sums.
 
     Results land in ``out[out_index]`` on the device, so several (per-layer norms, the loss sum)
     can be computed and then downloaded in one copy. The pass-1 partials buffer belongs to this
-    launcher (grown as needed): use one ``Reduce`` per thread / queue.
+    launcher (grown as needed): use one ``GradNorm`` per thread / queue.
     """
 
     def __init__(self, dev: Device, local_size: int | None = None):
@@ -25,14 +31,12 @@ class Reduce:
         self._sq = dev.kernel("grad_norm", "sum_squares_partial")
         self._sum = dev.kernel("grad_norm", "sum_partial")
         self._final = dev.kernel("grad_norm", "sum_final")
-        self._scale = dev.kernel("grad_norm", "scale")
         self._chunks = dev.kernel("grad_norm", "sum_squares_chunks")
         self._segments = dev.kernel("grad_norm", "sum_segments")
         wanted = local_size or 256
         self.local = min(dev.work_group_size(self._sq, wanted),
                          dev.work_group_size(self._sum, wanted))
         self.local_final = dev.work_group_size(self._final, wanted)
-        self.local_scale = dev.work_group_size(self._scale, wanted)
         self.local_chunks = dev.work_group_size(self._chunks, wanted)
         self.local_segments = dev.work_group_size(self._segments, min(wanted, 32))  # few partials per tensor
         self._partials = None
@@ -70,18 +74,19 @@ class Reduce:
         self.dev.launch(self._final, (Lf,), (Lf,), out, np.int32(out_index), self._partials,
                     np.int32(n_groups), lm(4 * Lf))
 
-    def sum_squares(self, out, out_index: int, x, n: int) -> None:
+    def sum_squares(self, out: cl.Buffer, out_index: int, x: cl.Buffer, n: int) -> None:
         """``out[out_index] = sum(x[:n] ** 2)`` (overwritten); ``x`` float32 ``(n,)``, ``out``
         float32 with at least ``out_index + 1`` elements. Deterministic for a given device and
         local size. The L2 norm is ``sqrt`` of it; per-layer norms: call on sub-buffers with
         different ``out_index``."""
         self._reduce(self._sq, out, out_index, x, n)
 
-    def sum(self, out, out_index: int, x, n: int) -> None:
+    def sum(self, out: cl.Buffer, out_index: int, x: cl.Buffer, n: int) -> None:
         """``out[out_index] = sum(x[:n])`` (overwritten), e.g. the loss sum over rows."""
         self._reduce(self._sum, out, out_index, x, n)
 
-    def sum_squares_segments(self, out, out_start: int, x, segments) -> None:
+    def sum_squares_segments(self, out: cl.Buffer, out_start: int, x: cl.Buffer,
+                             segments: Iterable[tuple[int, int]]) -> None:
         """``out[out_start + s] = sum(x[off_s : off_s + size_s] ** 2)`` for every segment ``s``, in two
         launches for all segments together (overwritten).
 
@@ -109,11 +114,3 @@ class Reduce:
         Ls = self.local_segments
         self.dev.launch(self._segments, (len(segments) * Ls,), (Ls,), out, np.int32(out_start), partials,
                        first_buf, lm(4 * Ls))
-
-    def scale(self, x, n: int, factor: float) -> None:
-        """``x[:n] *= factor`` in place, e.g. gradient clipping with
-        ``factor = min(1, max_norm / (norm + 1e-6))``."""
-        if n == 0:
-            return
-        L = self.local_scale
-        self.dev.launch(self._scale, (round_up(n, L),), (L,), x, np.int32(n), np.float32(factor))

@@ -15,6 +15,11 @@
 //                   per K tile, the next tile loads while this one is used) and padded by PAD floats
 //                   per row against bank conflicts. Work-item (tn, tm) owns VW-wide groups of columns
 //                   strided by RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
+//                   Split K (few tiles of C for the GPU's compute units, e.g. weight gradients:
+//                   M, N = a layer's sizes, K = the batch's tokens): work-group z of dimension 2
+//                   takes K elements k_split*z .. of the sum and writes its partial product to
+//                   slice z of a scratch buffer (c = that buffer); matmul_reduce_splits then adds
+//                   the slices in order into C (deterministic).
 //   matmul_packed   CPUs (local memory is cached RAM; PoCL keeps anything live across a barrier in
 //                   memory, so a barrier-free kernel is the only way to keep accumulators in
 //                   registers). op(B) is first packed by matmul_pack_b into zero-padded panels of NR
@@ -93,13 +98,14 @@ typedef union { floatV v; float s[VW]; } vec_parts;
 // Stage the K tile starting at k0 of op(A) (TSM x TSK) into As[k][r] and of op(B) (TSK x TSN)
 // into Bs[k][s], 0.0f outside the matrices. Consecutive work-items take consecutive vectors along
 // the stored layout's contiguous axis, so global reads coalesce.
+// Columns k >= k_end (the end of this work-group's K range) read as 0.0f too.
 inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const float* a,
                        __global const float* b, const int M, const int N, const int K,
-                       const int m0, const int n0, const int k0, const int tid) {
+                       const int m0, const int n0, const int k0, const int k_end, const int tid) {
     __local float* as = (__local float*)As;
     __local float* bs = (__local float*)Bs;
-    const bool full_a = m0 + TSM <= M && k0 + TSK <= K;
-    const bool full_b = n0 + TSN <= N && k0 + TSK <= K;
+    const bool full_a = m0 + TSM <= M && k0 + TSK <= k_end;
+    const bool full_b = n0 + TSN <= N && k0 + TSK <= k_end;
 #ifdef TRANS_A  // a stored (K,M): vectors along m, copied as they are
     for (int e = tid; e < TSK * (TSM / VW); e += THREADS) {
         const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
@@ -107,7 +113,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
             As[k * LDA + r / VW] = LOADV(&A_AT(m0 + r, k0 + k));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
-                as[k * LDA * VW + r + q] = (m0 + r + q < M && k0 + k < K) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
+                as[k * LDA * VW + r + q] = (m0 + r + q < M && k0 + k < k_end) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
         }
     }
 #else  // a stored (M,K): vectors along k, written transposed
@@ -118,7 +124,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
             UNROLL for (int q = 0; q < VW; q++) as[(k + q) * LDA * VW + r] = v.s[q];
         } else {
             UNROLL for (int q = 0; q < VW; q++)
-                as[(k + q) * LDA * VW + r] = (m0 + r < M && k0 + k + q < K) ? A_AT(m0 + r, k0 + k + q) : 0.0f;
+                as[(k + q) * LDA * VW + r] = (m0 + r < M && k0 + k + q < k_end) ? A_AT(m0 + r, k0 + k + q) : 0.0f;
         }
     }
 #endif
@@ -130,7 +136,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
             UNROLL for (int q = 0; q < VW; q++) bs[(k + q) * LDB * VW + s] = v.s[q];
         } else {
             UNROLL for (int q = 0; q < VW; q++)
-                bs[(k + q) * LDB * VW + s] = (n0 + s < N && k0 + k + q < K) ? B_AT(k0 + k + q, n0 + s) : 0.0f;
+                bs[(k + q) * LDB * VW + s] = (n0 + s < N && k0 + k + q < k_end) ? B_AT(k0 + k + q, n0 + s) : 0.0f;
         }
     }
 #else  // b stored (K,N): vectors along n, copied as they are
@@ -140,25 +146,29 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
             Bs[k * LDB + s / VW] = LOADV(&B_AT(k0 + k, n0 + s));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
-                bs[k * LDB * VW + s + q] = (n0 + s + q < N && k0 + k < K) ? B_AT(k0 + k, n0 + s + q) : 0.0f;
+                bs[k * LDB * VW + s + q] = (n0 + s + q < N && k0 + k < k_end) ? B_AT(k0 + k, n0 + s + q) : 0.0f;
         }
     }
 #endif
 }
 
-// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0.
+// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0; the sum over
+// k in k_split * z .. k_split * (z + 1) - 1 (z = group id 2, k < K) written to slice z of c
+// (c + z * M * N) when there are several (split K; c_offset 0, accumulate 0 then).
 // Work-item (tn, tm) owns rows m0 + (i / VW) * RTSM * VW + tm * VW + i % VW (i < WPTM) and the
 // columns likewise; rows/columns past M/N are computed on zeros and never stored.
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void matmul_tiled(__global float* c, __global const float* a, __global const float* b,
                   const int M, const int N, const int K, const int accumulate,
-                  const int a_offset, const int b_offset, const int c_offset) {
+                  const int a_offset, const int b_offset, const int c_offset, const int k_split) {
     const int tn = get_local_id(0), tm = get_local_id(1);
     const int tid = tm * RTSN + tn;
     const int m0 = get_group_id(1) * TSM, n0 = get_group_id(0) * TSN;  // the tile's corner
+    const int z = get_group_id(2);
+    const int k_begin = z * k_split, k_end = k_begin + k_split < K ? k_begin + k_split : K;
     a += a_offset;
     b += b_offset;
-    c += c_offset;
+    c += c_offset + (size_t)z * M * N;
     __local floatV As[NBUF][TSK * LDA];  // As[buf][k * LDA + r / VW] = op(A)[m0 + r][k0 + k]
     __local floatV Bs[NBUF][TSK * LDB];  // Bs[buf][k * LDB + s / VW] = op(B)[k0 + k][n0 + s]
 
@@ -166,12 +176,12 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
     UNROLL for (int i = 0; i < WPTM; i++)
         UNROLL for (int j = 0; j < WPTN; j++) acc[i][j] = 0.0f;
 
-    load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, 0, tid);
+    load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, k_begin, k_end, tid);
     barrier(CLK_LOCAL_MEM_FENCE);
     int buf = 0;
-    for (int k0 = 0; k0 < K; k0 += TSK) {
+    for (int k0 = k_begin; k0 < k_end; k0 += TSK) {
 #if DBUF  // fill the other buffer now; everyone finished reading it before the last barrier
-        if (k0 + TSK < K) load_tiles(As[buf ^ 1], Bs[buf ^ 1], a, b, M, N, K, m0, n0, k0 + TSK, tid);
+        if (k0 + TSK < k_end) load_tiles(As[buf ^ 1], Bs[buf ^ 1], a, b, M, N, K, m0, n0, k0 + TSK, k_end, tid);
 #endif
         __local const floatV* as = As[buf];
         __local const floatV* bs = Bs[buf];
@@ -187,8 +197,8 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
 #if DBUF
         buf ^= 1;
 #else
-        if (k0 + TSK < K) {
-            load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, k0 + TSK, tid);
+        if (k0 + TSK < k_end) {
+            load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, k0 + TSK, k_end, tid);
             barrier(CLK_LOCAL_MEM_FENCE);
         }
 #endif
@@ -203,6 +213,17 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
             }
         }
     }
+}
+
+// partial (splits, n) -> c[c_offset ..] (n) = the sum of the slices in order (+= when accumulate).
+// One work-item per element.
+__kernel void matmul_reduce_splits(__global float* c, __global const float* partial, const int n,
+                                   const int splits, const int accumulate, const int c_offset) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    float s = accumulate ? c[c_offset + i] : 0.0f;
+    for (int z = 0; z < splits; z++) s += partial[(size_t)z * n + i];
+    c[c_offset + i] = s;
 }
 #endif  // TSM
 

@@ -29,6 +29,14 @@ VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (tran
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
 PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
+# matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
+# would idle): into parts at least SPLIT_MIN_K deep where C has fewer tiles than half the compute
+# units, else at least SPLIT_DEEP_K deep (measured on an H200 at d_model 512/768 shapes: splitting
+# K of 512-768 over C's of 1-2 tiles per compute unit loses to the extra pass); the partial
+# products (at most SCRATCH_FLOATS) are summed in order by matmul_reduce_splits
+SPLIT_WAVES = 4
+SPLIT_MIN_K = 128
+SPLIT_DEEP_K = 512
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -304,6 +312,7 @@ class GemmKernel:
         opts = cfg.options(trans_a, trans_b)
         if isinstance(cfg, TiledConfig):
             self._main = dev.kernel("matmul", "matmul_tiled", opts)
+            self._reduce = dev.kernel("matmul", "matmul_reduce_splits", opts)
         else:
             self._main = dev.kernel("matmul", "matmul_packed", opts)
             self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
@@ -321,8 +330,18 @@ class GemmKernel:
         acc = i32(1 if accumulate else 0)
         if isinstance(cfg, TiledConfig):
             lx, ly = cfg.local
-            self._main(q, (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly), (lx, ly), c, a, b, i32(M), i32(N),
-                       i32(K), acc, i32(a_offset), i32(b_offset), i32(c_offset))
+            splits, k_split = self.splits(M, N, K)
+            grid = (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly, splits)
+            if splits == 1:
+                self._main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
+                           i32(b_offset), i32(c_offset), i32(max(K, 1)))
+                return
+            part = self.scratch.get("splits", splits * M * N)
+            self._main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
+                       i32(b_offset), i32(0), i32(k_split))
+            wg = min(256, self.dev.max_work_group_size)
+            self._reduce(q, (-(-(M * N) // wg) * wg,), (wg,), c, part, i32(M * N), i32(splits), acc,
+                         i32(c_offset))
             return
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
@@ -341,6 +360,22 @@ class GemmKernel:
                     self._pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
             self._main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                        acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
+
+    def splits(self, M: int, N: int, K: int) -> tuple[int, int]:
+        """(parts, K elements per part) of a tiled product: 1 part unless C's tiles are fewer than
+        ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
+        ``SPLIT_MIN_K`` (``SPLIT_DEEP_K`` when C has half a tile per compute unit or more; the
+        partial products bounded by ``SCRATCH_FLOATS``)."""
+        cfg, cu = self.cfg, self.dev.info.compute_units
+        tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
+        want = -(-SPLIT_WAVES * cu // tiles)
+        depth = SPLIT_MIN_K if 2 * tiles < cu else max(SPLIT_MIN_K, SPLIT_DEEP_K)
+        n = min(want, K // depth, SCRATCH_FLOATS // (M * N))
+        if n <= 1:
+            return 1, K
+        k_split = -(-(-(-K // n)) // cfg.tsk) * cfg.tsk
+        parts = -(-K // k_split)
+        return (parts, k_split) if parts > 1 else (1, K)
 
     def chunk(self, M: int, N: int, K: int) -> int:
         """K rows per packing round: the configuration's ``kc``, shrunk so that the packed panels

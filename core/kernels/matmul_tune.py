@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, kernel_source, user_cache_dir
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_vector_width,
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
-TUNER_VERSION = 1  # bump when the grid or the scoring changes
+TUNER_VERSION = 3  # bump when the grid or the scoring changes
 MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
 RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
 Progress = Callable[[float, str], None]
@@ -74,12 +75,13 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
     """Representative (M, N, K) per tuned variant: a small-model shape and a large one.
 
     CPUs get shapes of a d_model 128 / ffn 384 model and a d_model 512 / ffn 1536 one at 512 token
-    rows (bounded tuning time); GPUs get 2048-row small-model shapes and 2048^3.
+    rows (bounded tuning time); GPUs get a d_model 512 / ffn 1536 layer at 2048 token rows and 2048^3
+    (a d_model 128 model's products are too small to tell GPU tilings apart: launch overhead).
     """
     if uses_local_tiles(dev):
         big = (2048, 2048, 2048)
-        return {(False, True): [(2048, 384, 128), big], (False, False): [(2048, 128, 384), big],
-                (True, False): [(384, 128, 2048), big]}
+        return {(False, True): [(2048, 1536, 512), big], (False, False): [(2048, 512, 1536), big],
+                (True, False): [(1536, 512, 2048), big]}
     return {(False, True): [(512, 384, 128), (512, 1536, 512)],
             (False, False): [(512, 128, 384), (512, 512, 1536)],
             (True, False): [(384, 128, 512), (1536, 512, 512)]}
@@ -93,7 +95,9 @@ GPU_GRID = tuple(TiledConfig(*p) for p in (
     (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
     (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
     (64, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 8, 8, 4, 4, 1), (64, 64, 32, 4, 4, 4, 0, 0),
-    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0)))
+    (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0),
+    (128, 64, 16, 8, 8, 4, 4, 1), (64, 128, 16, 8, 8, 4, 4, 1), (64, 64, 32, 8, 8, 4, 4, 1),
+    (64, 64, 32, 4, 4, 4, 4, 1), (128, 128, 32, 8, 8, 4, 4, 0)))
 
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
@@ -309,10 +313,7 @@ def save(dev: Device, result: dict) -> Path:
     except (OSError, ValueError):
         data = {}
     data[device_key(dev)] = _encode(result)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), "utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
 
 
 def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args) -> dict:

@@ -167,3 +167,29 @@ __kernel void rmsnorm_residual_forward(__global float* x_sum, __global float* ou
     // each item reads back only the x_sum elements it wrote itself: no barrier needed
     for (int i = lid; i < dim; i += L) out[o + i] = x_sum[o + i] * r * weight[i];
 }
+
+// ---- d_weight in two passes (GPUs): rmsnorm_backward_weight gives a GPU only `dim` work-items,
+// each walking every row; here pass 1 splits the rows into chunks of `chunk` rows (work-item
+// (i, c) sums column i over chunk c, in row order) and pass 2 adds the chunks' sums in chunk
+// order: still a fixed order, so deterministic.
+// d_out, x (n_rows, dim), rstd (n_rows) -> partial (n_chunks, dim), overwritten
+__kernel void rmsnorm_backward_weight_partial(__global float* partial, __global const float* d_out,
+                                              __global const float* x, __global const float* rstd,
+                                              const int n_rows, const int dim, const int chunk) {
+    const int i = get_global_id(0), c = get_global_id(1);
+    if (i >= dim) return;
+    const int end = (c + 1) * chunk < n_rows ? (c + 1) * chunk : n_rows;
+    float acc = 0.0f;
+    for (int row = c * chunk; row < end; row++) acc += d_out[(size_t)row * dim + i] * x[(size_t)row * dim + i] * rstd[row];
+    partial[(size_t)c * dim + i] = acc;
+}
+
+// partial (n_chunks, dim) -> d_weight (dim), accumulated
+__kernel void rmsnorm_backward_weight_final(__global float* d_weight, __global const float* partial,
+                                            const int n_chunks, const int dim) {
+    const int i = get_global_id(0);
+    if (i >= dim) return;
+    float acc = 0.0f;
+    for (int c = 0; c < n_chunks; c++) acc += partial[(size_t)c * dim + i];
+    d_weight[i] += acc;
+}

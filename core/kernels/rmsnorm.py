@@ -6,6 +6,8 @@ import numpy as np
 from core.device import Device
 from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item, round_up
 
+WEIGHT_CHUNK = 32  # rows per partial sum of d_weight on GPUs (two passes; see rmsnorm.cl)
+
 
 class RMSNorm:
     """``y = x * rstd * weight`` per row, ``rstd = 1 / sqrt(mean(x**2) + eps)``; float32 buffers.
@@ -36,6 +38,10 @@ class RMSNorm:
             self._bwd_x = dev.kernel("rmsnorm", "rmsnorm_backward_input")
             wanted = local_size or 256
         self._bwd_w = dev.kernel("rmsnorm", "rmsnorm_backward_weight")
+        if not self.rows_per_item:  # GPUs: d_weight in two passes over row chunks (enough work-items)
+            self._bwd_w_partial = dev.kernel("rmsnorm", "rmsnorm_backward_weight_partial")
+            self._bwd_w_final = dev.kernel("rmsnorm", "rmsnorm_backward_weight_final")
+            self._partial, self._partial_size = None, 0
         self.local = min(dev.work_group_size(k, wanted) for k in (self._fwd, self._fwd_res, self._bwd_x))
         self.local_w = dev.work_group_size(self._bwd_w, local_size or 64)
         self._scratch = dev.cl.LocalMemory(4 * self.local)
@@ -74,13 +80,24 @@ class RMSNorm:
         d_weight (dim) accumulated (+=).
 
         Inputs: d_out, x (n_rows, dim), weight (dim), rstd (n_rows) from :meth:`forward`.
-        d_weight sums over rows in a fixed order (one work-item per column): deterministic.
+        d_weight sums over rows in a fixed order (one work-item per column; on GPUs per column
+        and chunk of ``WEIGHT_CHUNK`` rows, then over the chunks in order): deterministic.
         d_weight is computed first, so ``d_x`` may be the same buffer as ``d_out`` (not with
         ``accumulate``).
         """
         if n_rows <= 0:
             return
-        self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
-                        d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+        if self.rows_per_item or n_rows <= WEIGHT_CHUNK:
+            self.dev.launch(self._bwd_w, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+                            d_out, x, rstd, np.int32(n_rows), np.int32(dim))
+        else:
+            n_chunks = -(-n_rows // WEIGHT_CHUNK)
+            if self._partial_size < n_chunks * dim:
+                self._partial_size = n_chunks * dim
+                self._partial = self.dev.alloc(self._partial_size)
+            self.dev.launch(self._bwd_w_partial, (round_up(dim, self.local_w), n_chunks), (self.local_w, 1),
+                            self._partial, d_out, x, rstd, np.int32(n_rows), np.int32(dim), np.int32(WEIGHT_CHUNK))
+            self.dev.launch(self._bwd_w_final, (round_up(dim, self.local_w),), (self.local_w,), d_weight,
+                            self._partial, np.int32(n_chunks), np.int32(dim))
         self.dev.launch(self._bwd_x, (self._grid(n_rows),), (self.local,), d_x, d_out, x, weight,
                         rstd, np.int32(n_rows), np.int32(dim), np.int32(bool(accumulate)), *self._extra())

@@ -1,0 +1,110 @@
+"""Every matmul of one training step of a compare.py shape, ours next to cuBLAS SGEMM (torch, TF32
+off), in one run, alternating. Not a test; for a machine with an NVIDIA GPU and its OpenCL driver.
+
+    python benchmarks/matmul_shapes.py [--device NVIDIA] [--shapes d512,d768] [--reps 3]
+                                       [--no-split]
+
+For each distinct (transposes, M, N, K) of the step (forward ``x @ W.T`` = nt, backward
+``dy @ W`` = nn and ``dy.T @ x`` = tn) it prints ms per call of each, the ratio, and the step's
+matmul total weighted by the calls per step. ``--no-split`` times ours also without split K
+(core.kernels.matmul.SPLIT_WAVES = 0), so the effect of splitting shows in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import Counter
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import numpy as np  # noqa: E402
+
+from benchmarks.compare import SHAPES  # noqa: E402
+from core.device import open_device  # noqa: E402
+from core.kernels import matmul, matmul_tune  # noqa: E402
+from core.kernels.matmul import Matmul  # noqa: E402
+
+
+def step_matmuls(c, tokens: int) -> Counter:
+    """{(trans_a, trans_b, M, N, K): calls per training step} of core/model.py's forward/backward."""
+    n, d, kv, f, v = tokens, c.d_model, c.kv_dim, c.ffn_dim, c.vocab_size
+    calls: Counter = Counter()
+    for out, inp in ((d + 2 * kv, d), (d, d), (2 * f, d), (d, f)):  # qkv, attn_output, gate_up, down
+        calls[(False, True, n, out, inp)] += c.n_layers       # forward  y = x @ W.T
+        calls[(False, False, n, inp, out)] += c.n_layers      # backward dx = dy @ W
+        calls[(True, False, out, inp, n)] += c.n_layers       # backward dW += dy.T @ x
+    calls[(False, True, n, v, d)] += 1
+    calls[(False, False, n, d, v)] += 1
+    calls[(True, False, v, d, n)] += 1
+    return calls
+
+
+def timed(fn, sync, reps: int, inner: int = 10) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="NVIDIA")
+    ap.add_argument("--shapes", default="d512,d768")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--no-split", action="store_true", help="also time ours without split K")
+    args = ap.parse_args()
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = open_device(args.device)
+    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, m: None))
+    print(f"device: {dev.info.label}; configs nn {mm.config(False, False)}, nt {mm.config(False, True)}, "
+          f"tn {mm.config(True, False)}")
+    rng = np.random.default_rng(0)
+    for shape in args.shapes.split(","):
+        cfg = SHAPES[shape]
+        calls = step_matmuls(cfg, args.batch * min(args.seq, cfg.context_length))
+        tot = Counter()
+        print(f"\n{shape}: {'case':26s} {'calls':>5s} {'ours ms':>8s} {'nosplit':>8s} {'cuBLAS':>8s} "
+              f"{'ratio':>6s} {'TFLOP/s':>7s}")
+        for (ta, tb, M, N, K), count in sorted(calls.items()):
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            da, db, dc = dev.upload(a), dev.upload(b), dev.alloc(M * N)
+            xa, xb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+            oa, ob = (xa.T if ta else xa), (xb.T if tb else xb)
+            run = lambda: mm(dc, da, db, M, N, K, trans_a=ta, trans_b=tb, accumulate=ta)  # noqa: E731
+            run()
+            got = dev.download(dc, (M, N))
+            want = (oa @ ob).cpu().numpy()
+            err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30)) if not ta else 0.0
+            ours = timed(run, dev.finish, args.reps)
+            theirs = timed(lambda: oa @ ob, torch.cuda.synchronize, args.reps)
+            nosplit = float("nan")
+            if args.no_split:
+                saved, matmul.SPLIT_WAVES = matmul.SPLIT_WAVES, 0
+                nosplit = timed(run, dev.finish, args.reps)
+                matmul.SPLIT_WAVES = saved
+                tot["nosplit"] += nosplit * count
+            tot["ours"] += ours * count
+            tot["ref"] += theirs * count
+            name = f"{'tn' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
+            parts = mm._variants[(ta, tb)].splits(M, N, K)[0]
+            print(f"  {name:26s} {count:5d} {ours * 1e3:8.3f} {nosplit * 1e3:8.3f} {theirs * 1e3:8.3f} "
+                  f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts}"
+                  + (f" err {err:.0e}" if err > 1e-5 else ""), flush=True)
+        print(f"  step total: ours {tot['ours'] * 1e3:.2f} ms (no split {tot['nosplit'] * 1e3:.2f}), cuBLAS "
+              f"{tot['ref'] * 1e3:.2f} ms: ratio {tot['ref'] / tot['ours']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

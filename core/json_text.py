@@ -1,0 +1,46 @@
+"""Parse a JSON file's text into a one-line error that names the file and line (checkpoints, datasets,
+the app's project and history files)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def parse_json(text: str, path: str | os.PathLike, error: type[Exception], what: str) -> Any:
+    """``json.loads(text)``; broken or too deeply nested JSON raises ``error`` with one line:
+    ``PATH:LINE: broken JSON (reason)`` or ``PATH: JSON nested too deeply to be WHAT``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply to be {what}") from None
+
+
+def read_format_json(path: str | os.PathLike, fmt: str, error: type[Exception], what: str,
+                     max_version: int | None = None) -> dict:
+    """The object of a JSON file of ours: ``{"format": fmt, "version": int, ...}``.
+
+    Args:
+        path: the file (UTF-8 JSON).
+        fmt: the value its "format" field must have.
+        error: the exception class raised, with one line naming the file.
+        what: what the file is, for the message ("project", "history file").
+        max_version: the newest "version" this build reads; None: any (or none).
+
+    Raises:
+        error: unreadable or broken JSON, not an object of ``fmt``, or a version newer than ``max_version``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, ValueError) as e:
+        raise error(f"{path}: unreadable ({e})") from None
+    data = parse_json(text, path, error, what)
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise error(f"{path}: not an OpenCL LLM Studio {what}")
+    if max_version is not None and (not isinstance(data.get("version"), int) or data["version"] > max_version):
+        raise error(f"{path}: version {data.get('version')!r} is newer than this app reads ({max_version})")
+    return data

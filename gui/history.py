@@ -1,0 +1,216 @@
+"""What a project remembers of its runs and its chat, beside its dataset (no Qt here).
+
+    DIR/training-history.json  the Training tab: each run's plotted numbers, its recall table, verdict
+                               and numbers line, and the log (the latest run last)
+    DIR/chat-transcript.json   the Chat tab's transcript
+
+Both are written by the GUI thread only (core.atomic.atomic_write; the training worker writes the
+checkpoint folders, never these), and never hold a non-finite number: a plot series keeps finite
+points only, and ``json.dumps(allow_nan=False)`` refuses anything else. A file that cannot be read is
+moved aside as ``NAME.unreadable`` (nothing is lost) and the project opens without it.
+
+A run begins with Start and continues through every Resume of it. Earlier runs keep only their loss
+curve (the Training tab can overlay it faintly); at most :data:`MAX_RUNS` runs are kept.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from core.atomic import atomic_write
+from core.json_text import read_format_json
+
+HISTORY_FILE, CHAT_FILE = "training-history.json", "chat-transcript.json"  # names no other program uses
+HISTORY_FORMAT, CHAT_FORMAT = "opencl-llm-studio-history", "opencl-llm-studio-chat"
+VERSION = 1
+MAX_RUNS = 20  # the latest run plus 19 earlier loss curves
+MAX_LOG_LINES = 5000  # what the Training tab's log shows
+SERIES = ("loss", "grad", "clip", "lr", "skipped", "val_facts", "val_dialogues")  # gui.plots.TrainingPlots
+
+
+class HistoryError(ValueError):
+    """A history or chat file that cannot be read (the message names the file and the field)."""
+
+
+# ----------------------------------------------------------------------------------------- checks
+def _series(value, where: str) -> list[list[float]]:
+    """``[xs, ys]``: two lists of finite numbers of one length."""
+    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, list) for v in value)
+            or len(value[0]) != len(value[1])):
+        raise HistoryError(f"{where}: not two lists [steps, values] of one length")
+    for v in value[0] + value[1]:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise HistoryError(f"{where}: {v!r} is not a finite number")
+    return [list(value[0]), list(value[1])]
+
+
+def _str(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise HistoryError(f"{where}: not text")
+    return value
+
+
+def _strs(value, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise HistoryError(f"{where}: not a list")
+    return [_str(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def _run(value, where: str) -> dict:
+    """One run, checked; missing fields get their empty values (a run saved before a field existed)."""
+    if not isinstance(value, dict):
+        raise HistoryError(f"{where}: not an object")
+    run = {"started": _str(value.get("started", ""), f"{where}.started"),
+           "series": {}, "layers": [], "markers": [], "clip_threshold": 0.0, "recall": [], "summary": [],
+           "status": _str(value.get("status", ""), f"{where}.status"),
+           "speed": _str(value.get("speed", ""), f"{where}.speed")}
+    series = value.get("series", {})
+    if not isinstance(series, dict):
+        raise HistoryError(f"{where}.series: not an object")
+    for name, s in series.items():
+        if name not in SERIES:
+            raise HistoryError(f"{where}.series.{name}: unknown series (known: {', '.join(SERIES)})")
+        run["series"][name] = _series(s, f"{where}.series.{name}")
+    layers = value.get("layers", [])
+    if not isinstance(layers, list):
+        raise HistoryError(f"{where}.layers: not a list")
+    run["layers"] = [_series(s, f"{where}.layers[{i}]") for i, s in enumerate(layers)]
+    markers = value.get("markers", [])
+    if not isinstance(markers, list):
+        raise HistoryError(f"{where}.markers: not a list")
+    for i, m in enumerate(markers):
+        if (not isinstance(m, list) or len(m) != 2 or isinstance(m[0], bool) or not isinstance(m[0], (int, float))
+                or not math.isfinite(m[0]) or not isinstance(m[1], str)):
+            raise HistoryError(f"{where}.markers[{i}]: not [step, label]")
+        run["markers"].append([m[0], m[1]])
+    clip = value.get("clip_threshold", 0.0)
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip):
+        raise HistoryError(f"{where}.clip_threshold: not a finite number")
+    run["clip_threshold"] = float(clip)
+    recall = value.get("recall", [])
+    if not isinstance(recall, list):
+        raise HistoryError(f"{where}.recall: not a list")
+    for i, row in enumerate(recall):
+        w = f"{where}.recall[{i}]"
+        if not isinstance(row, list) or len(row) != 6 or not isinstance(row[5], bool):
+            raise HistoryError(f"{w}: not [stage, kind, prompt, expected, got, ok]")
+        run["recall"].append([_str(v, w) for v in row[:5]] + [row[5]])
+    run["summary"] = _strs(value.get("summary", []), f"{where}.summary")
+    return run
+
+
+def _chat_turn(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise HistoryError(f"{where}: not an object")
+    remembered = value.get("remembered", False)
+    if not isinstance(remembered, bool):
+        raise HistoryError(f"{where}.remembered: not true or false")
+    return {"user": _str(value.get("user"), f"{where}.user"), "model": _str(value.get("model", ""), f"{where}.model"),
+            "note": _str(value.get("note", ""), f"{where}.note"), "remembered": remembered}
+
+
+def _read_json(path: Path, fmt: str) -> dict | None:
+    if not path.is_file():
+        return None
+    return read_format_json(path, fmt, HistoryError, f"{fmt.rsplit('-', 1)[-1]} file", max_version=VERSION)
+
+
+# ----------------------------------------------------------------------------------------- read
+def parse_history(data: dict, path: str = HISTORY_FILE) -> dict:
+    """``{"runs": [run, ...], "log": [line, ...]}`` from training-history.json's object, checked.
+
+    Raises:
+        HistoryError: a field of the wrong type or a non-finite number; the message names it.
+    """
+    runs = data.get("runs", [])
+    if not isinstance(runs, list):
+        raise HistoryError(f"{path}: runs: not a list")
+    return {"runs": [_run(r, f"{path}: runs[{i}]") for i, r in enumerate(runs)],
+            "log": _strs(data.get("log", []), f"{path}: log")}
+
+
+def parse_chat(data: dict, path: str = CHAT_FILE) -> list[dict]:
+    """The transcript ``[{"user", "model", "note", "remembered"}, ...]`` from chat-transcript.json's object,
+    checked.
+
+    ``remembered``: the turn is part of the model's conversation (an answer that ended by itself; a
+    stopped or failed one is shown but not remembered). Raises HistoryError as :func:`parse_history`.
+    """
+    turns = data.get("turns", [])
+    if not isinstance(turns, list):
+        raise HistoryError(f"{path}: turns: not a list")
+    return [_chat_turn(t, f"{path}: turns[{i}]") for i, t in enumerate(turns)]
+
+
+def _set_aside(path: Path) -> str:
+    aside = path.with_name(path.name + ".unreadable")
+    try:
+        os.replace(path, aside)
+    except OSError as e:
+        return f"it could not be moved aside ({e.strerror or e}) and will be replaced"
+    return f"it was kept as {aside.name}"
+
+
+def load_history(folder: str | Path) -> tuple[dict, list[dict], list[str]]:
+    """Read a project's training-history.json and chat-transcript.json (call while holding the project's
+    lock).
+
+    Returns:
+        (history, chat, warnings): empty ones for a file that is missing; an unreadable file is moved
+        aside (``NAME.unreadable``) and named in ``warnings`` (one line each).
+    """
+    folder = Path(folder)
+    history, chat, warnings = {"runs": [], "log": []}, [], []
+    for name, fmt in ((HISTORY_FILE, HISTORY_FORMAT), (CHAT_FILE, CHAT_FORMAT)):
+        path = folder / name
+        try:
+            data = _read_json(path, fmt)
+            if data is None:
+                continue
+            if name == HISTORY_FILE:
+                history = parse_history(data, str(path))
+            else:
+                chat = parse_chat(data, str(path))
+        except HistoryError as e:
+            warnings.append(f"{e}; {_set_aside(path)}")
+    return history, chat, warnings
+
+
+# ----------------------------------------------------------------------------------------- write
+def earlier_run(run: dict) -> dict:
+    """What an earlier run keeps: its start, loss curve, status line and stage markers."""
+    return {"started": run.get("started", ""), "series": {"loss": run.get("series", {}).get("loss", [[], []])},
+            "markers": list(run.get("markers", [])), "status": run.get("status", "")}
+
+
+def history_text(history: dict) -> str:
+    """training-history.json's text: the last :data:`MAX_RUNS` runs (all but the latest as
+    :func:`earlier_run`), the log's last :data:`MAX_LOG_LINES` lines.
+
+    Raises:
+        ValueError: a non-finite number anywhere (json's ``allow_nan=False``; plots never keep one).
+    """
+    runs = list(history.get("runs", []))[-MAX_RUNS:]
+    runs = [earlier_run(r) for r in runs[:-1]] + runs[-1:]
+    data = {"format": HISTORY_FORMAT, "version": VERSION, "runs": runs,
+            "log": list(history.get("log", []))[-MAX_LOG_LINES:]}
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+
+
+def chat_text(turns: list[dict]) -> str:
+    """chat-transcript.json's text for a transcript (see :func:`parse_chat`)."""
+    data = {"format": CHAT_FORMAT, "version": VERSION, "turns": list(turns)}
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=1) + "\n"
+
+
+def write_if_changed(path: Path, text: str, written: dict) -> None:
+    """Write ``text`` to ``path`` (atomically) unless it is what was last written there.
+
+    ``written`` maps paths to the text last written (the caller keeps it per project). Raises OSError.
+    """
+    if written.get(str(path)) == text and path.is_file():
+        return
+    atomic_write(path, text)
+    written[str(path)] = text
