@@ -243,15 +243,28 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train(args, out: Path) -> int:
     import signal
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
     from core.config import ConfigError
     from core.dataset import default_dataset
     from core.device import open_device
-    from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
-                              TrainingDiverged)
+    from core.trainer import (
+        LogEvent,
+        RecallProgress,
+        StageFinished,
+        StageReport,
+        StepReport,
+        Trainer,
+        TrainingDiverged,
+    )
 
     base = None
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
@@ -319,10 +332,7 @@ def _train(args, out: Path) -> int:
                TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
                TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
     tasks = {}
-    from core.plan import passes, verdict
-
-    seqs = {"pretrain": (len(trainer.facts), 1.0),
-            "tune": (len(trainer.dialogues), 1.0 - trainer.train_config.replay_share if trainer.facts else 1.0)}
+    from core.plan import verdict_of
     final = {}
     check_task = None
     ctrl_c = _CtrlC(trainer)
@@ -337,16 +347,15 @@ def _train(args, out: Path) -> int:
                     if ev.stage not in tasks:
                         tasks[ev.stage] = progress.add_task(ev.stage, total=ev.total_steps, loss="-", tps="-",
                                                             passes="")
-                    n, share = seqs[ev.stage]
-                    cfg = trainer.stage_config(0 if ev.stage == "pretrain" else 1)
+                    stage = 0 if ev.stage == "pretrain" else 1
                     progress.update(tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
                                     tps=f"{ev.tokens_per_s:,.0f}",
-                                    passes=f"{passes(ev.step, cfg.batch_size, n, share):.1f} passes")
+                                    passes=f"{trainer.passes(stage, ev.step):.1f} passes")
                 elif isinstance(ev, RecallProgress):
                     if check_task is None:
                         check_task = progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
                                                        loss="-", tps="-", passes="")
-                    progress.update(check_task, completed=ev.done)
+                    progress.update(check_task, completed=ev.done, total=max(ev.total, 1))  # a new check: its own total
                     if ev.final and ev.done == ev.total:
                         progress.remove_task(check_task)
                         check_task = None
@@ -355,8 +364,7 @@ def _train(args, out: Path) -> int:
                 elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
                     ctrl_c.save(trainer, out)
                 elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
-                    final = {"facts": ev.facts_recalled, "answers": ev.dialogues_recalled,
-                             "end_reason": ev.end_reason}
+                    final = {"report": ev}
                     if ev.end_reason != "steps":
                         progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
@@ -379,8 +387,8 @@ def _train(args, out: Path) -> int:
     ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if final:
-        v = verdict(final["facts"], final["answers"], trainer.train_config.recall_target, final["end_reason"],
-                    plan.preset if plan is not None else args.preset)
+        v = verdict_of(final["report"], trainer.train_config.recall_target,
+                       plan.preset if plan is not None else args.preset)
         print(v.text.replace(" — try the model on the Chat tab", ""))
         if v.advice:
             print(f"to learn the rest: {v.advice}")
@@ -426,6 +434,38 @@ def cmd_chat(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
+
+
+# ----------------------------------------------------------------------------- recall
+def cmd_recall(args) -> int:
+    """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
+    device, core.recall): e.g. questions held out of training."""
+    from core.checkpoint import load_model
+    from core.dataset import load_dataset
+    from core.device import open_device
+    from core.model import Model
+    from core.recall import count, recall_check
+
+    loaded = load_model(args.model)
+    dataset, problems = load_dataset(args.data)
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    dev = open_device(args.device)
+    _tune_matmul(dev)
+    model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
+    kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
+    items = []
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds):
+        pass
+    if args.show_wrong:
+        for r in items:
+            if not r.ok:
+                print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
+    for k, noun in (("dialogue", "answers"), ("fact", "facts")):
+        ok, n = count(items, k)
+        if n:
+            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %)")
+    return 0
 
 
 # ----------------------------------------------------------------------------- export
@@ -582,6 +622,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=64, help="longest answer in tokens (default 64)")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",
+                       description="Greedy answers of a model to every dialogue question (and fact) of a dataset "
+                       "file, compared with the dataset's answers word for word: e.g. questions held out of "
+                       "training.")
+    s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
+                   f"(default: {DEFAULT_MODEL_DIR})")
+    s.add_argument("--data", required=True, help="dataset file whose dialogues (and facts) to check")
+    s.add_argument("--device", help="device index or name")
+    s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
+    s.set_defaults(func=cmd_recall)
 
     s = sub.add_parser("export", help="export a GGUF file or a Hugging Face folder", description="Export a model "
                        "to GGUF for llama.cpp, Ollama and LM Studio, or (--format hf) to a Hugging Face "

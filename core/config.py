@@ -157,6 +157,8 @@ class StageConfig:
         batch_size: sequences per step.
         warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to ``lr * min_lr_ratio``.
         min_lr_ratio: final lr as a fraction of ``lr``.
+        decay_steps: the cosine decay ends at this step (0: at ``steps``); later steps keep the final lr.
+            Train until learned: ``steps`` is a maximum, the decay fits the steps expected to learn.
     """
 
     steps: int = 300
@@ -164,6 +166,7 @@ class StageConfig:
     batch_size: int = 16
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
+    decay_steps: int = 0
 
     def validate(self, prefix: str) -> None:
         """Check every field; ``prefix`` ("pretrain"/"tune") goes into the field name of a ConfigError.
@@ -178,6 +181,7 @@ class StageConfig:
                               f"weights; 1e-3 is usual), got {self.lr!r}")
         _positive_int(f"{prefix}.batch_size", self.batch_size)
         _positive_int(f"{prefix}.warmup_steps", self.warmup_steps, 0)
+        _positive_int(f"{prefix}.decay_steps", self.decay_steps, 0)
         if not (0 <= self.min_lr_ratio <= 1):
             raise ConfigError(f"{prefix}.min_lr_ratio", f"must be within 0..1, got {self.min_lr_ratio!r}")
 
@@ -204,9 +208,24 @@ class TrainConfig:
             them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
         recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
         patience: with ``check_every``, end a stage after this many checks in a row without a new best
-            count (0: never for that reason).
+            count (0: never for that reason); checks before a stage's ``decay_steps`` do not count (the
+            planned steps run in any case).
         time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
             the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
+        mix_share: share (0..1) of each pretraining batch taken from the question-and-answer examples
+            (dialogues, fact questions), so facts are learned together with being asked about (Allen-Zhu
+            & Li 2023, Physics of LMs 3.1: "mixed training").
+        fact_questions: questions written for each fact that no dialogue answers, in the dataset's own
+            question patterns (core.augment.fact_questions); 0: none.
+        fact_question_share: share (0..1) of the question-and-answer part of a batch drawn from those
+            fact questions (the rest from the dataset's dialogues).
+        conversation_every: every this many tuning steps, a batch of conversations of several unrelated
+            dialogues one after another (core.augment.conversations), so the model answers the latest
+            question of a chat; 0: none.
+        heldout: fact questions kept out of training to measure how well questions about facts without
+            a dialogue are answered (the recall check's "heldout" kind); 0: none.
+        check_sample: checks during a stage look at most this many items of each kind, evenly spaced (a
+            stage then ends "learned" when they are; the end-of-stage table checks all); 0: all.
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -225,6 +244,12 @@ class TrainConfig:
     recall_target: float = 1.0
     patience: int = 3
     time_budget_s: float = 0.0
+    mix_share: float = 0.0
+    fact_questions: int = 0
+    fact_question_share: float = 0.5
+    conversation_every: int = 0
+    heldout: int = 0
+    check_sample: int = 0
 
     def __post_init__(self) -> None:
         self.pretrain.validate("pretrain")
@@ -252,6 +277,12 @@ class TrainConfig:
         if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
             raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
         _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
+        for name in ("mix_share", "fact_question_share"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < 1):
+                raise ConfigError(name, f"must be within 0..1 (exclusive of 1), got {v!r}")
+        for name in ("fact_questions", "conversation_every", "heldout", "check_sample"):
+            _positive_int(name, getattr(self, name), 0)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""
@@ -285,12 +316,13 @@ def lr_at(stage: StageConfig, step: int) -> float:
     """Learning rate at 0-based ``step`` of a stage: linear warmup, then cosine decay.
 
     1. step < warmup: lr * (step + 1) / warmup.
-    2. afterwards: progress p in [0, 1]; lr * (min + (1 - min) * 0.5 * (1 + cos(pi * p))).
+    2. afterwards: progress p in [0, 1] up to ``decay_steps`` (or ``steps``);
+       lr * (min + (1 - min) * 0.5 * (1 + cos(pi * p))).
     (Loshchilov & Hutter 2017, SGDR, without restarts.)
     """
     if stage.warmup_steps and step < stage.warmup_steps:
         return stage.lr * (step + 1) / stage.warmup_steps
-    span = max(1, stage.steps - stage.warmup_steps)
+    span = max(1, (stage.decay_steps or stage.steps) - stage.warmup_steps)
     p = min(1.0, (step - stage.warmup_steps) / span)
     return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 

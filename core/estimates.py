@@ -84,7 +84,7 @@ def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> Dat
     """
     from core.chat_format import encode_dialogue, encode_fact
     from core.tokenizer import Tokenizer
-    from core.trainer import dialogue_examples, fact_examples
+    from core.batches import dialogue_examples, fact_examples
 
     if not dataset.facts and not dataset.dialogues:
         raise ValueError("the dataset has no facts and no dialogues")

@@ -38,14 +38,33 @@ AUTO = "Auto (recommended)"
 
 PARAMS_PER_TOKEN = 15
 PRETRAIN_PASSES = 16
-TUNE_PASSES = 30
-MIN_STEPS = (100, 60)  # pretrain, tune
-MAX_STEPS_FACTOR = 3.0
-CHECKS_PER_STAGE = 8
-PATIENCE = 6
+TUNE_PASSES = 12
+MIN_STEPS = (100, 150)  # pretrain, tune
+MAX_STEPS_FACTOR = (1.0, 1.5)
+"""Most steps of (pretraining, tuning) as a multiple of the planned ones. Pretraining runs its planned
+steps (tuning replays the facts): on the 2,000-fact towns data the fact count crept up by a few per check
+after them, for minutes; answers missing at the planned tuning steps are often learned soon after."""
+CHECKS_PER_STAGE = 6
+PATIENCE = 4
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
+TRAINER_OVERHEAD = 1.4
+"""A trainer step takes this many times the timed forward/backward/AdamW of :func:`measure_speed`: the
+update guard's copies and finite check, the gradient norms, building the batch, batches padded to their
+longest example (conversations); measured 1.42-1.46 on the towns data (benchmarks/learn_towns.py)."""
 FORWARD_SHARE = 1 / 3
 """A forward pass costs about a third of a training step (forward + backward (2x) + update)."""
+MIX_SHARE = 0.5
+"""Share of each pretraining batch from questions and answers (Allen-Zhu & Li 2023, Part 3.1: facts mixed
+with question-answer data become extractable)."""
+FACT_QUESTION_SHARE = 0.5
+"""Share of the questions in a batch that are questions written for facts without a dialogue."""
+CONVERSATION_EVERY = 2
+"""Every this many tuning steps, a batch of conversations of several dialogues (the latest question answered)."""
+HELDOUT = 100
+"""Fact questions kept out of training to measure answers about facts without a dialogue."""
+CHECK_SAMPLE = 64
+"""Items of each kind a check during a stage looks at (evenly spaced): 2,000 facts take as long to check
+as a few hundred steps to train."""
 
 
 def passes(steps: int, batch_size: int, sequences: int, share: float = 1.0) -> float:
@@ -124,9 +143,18 @@ def choose_preset(stats: DatasetStats) -> tuple[str, list[str]]:
                       f"({mc.n_params():,} parameters): it may not learn everything"]
 
 
+def _check_kinds(recall_prompts: tuple[int, int] | dict,
+                 answer_tokens: tuple[float, float]) -> dict[str, tuple[int, float, float]]:
+    """{kind: (prompts, mean prompt tokens, mean answer tokens)}; (facts, dialogues) tuples accepted."""
+    if isinstance(recall_prompts, dict):
+        return dict(recall_prompts)
+    return {"fact": (recall_prompts[0], 0.0, answer_tokens[0]), "dialogue": (recall_prompts[1], 0.0, answer_tokens[1])}
+
+
 def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
-              recall_prompts: tuple[int, int] = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
-              time_budget_s: float = 0.0, preset: str | None = None) -> Plan:
+              recall_prompts: tuple[int, int] | dict = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
+              time_budget_s: float = 0.0, preset: str | None = None,
+              step_tokens: tuple[float, float] | None = None) -> Plan:
     """Plan a run.
 
     Args:
@@ -136,10 +164,13 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
             call :func:`choose_preset` first.
         lengths: token counts of the (fact, dialogue) training sequences (padding estimate); when None,
             the mean from ``stats``.
-        recall_prompts: (fact prompts, dialogue turns) a recall check decodes.
-        answer_tokens: mean tokens decoded per (fact, dialogue) prompt.
+        recall_prompts: ``{kind: (prompts, mean prompt tokens, mean answer tokens)}`` of a recall check
+            (core.recall.KINDS), or (fact prompts, dialogue turns) with ``answer_tokens`` their mean
+            answer tokens.
         time_budget_s: the user's limit for the whole run (0: none); the planned steps are cut to fit.
         preset: force a preset (None: :func:`choose_preset`).
+        step_tokens: mean padded tokens of a (pretraining, tuning) step as the planned data mix makes
+            them (core.trainer.Batches.padded_tokens); when None, estimated from ``lengths``.
 
     Returns:
         A :class:`Plan`.
@@ -154,44 +185,79 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
         preset, notes = choose_preset(stats)
     mc, tc = PRESETS[preset]
     mc = replace(mc, vocab_size=stats.vocab_size)
+    tc = data_mix(tc, stats)
     b = tc.pretrain.batch_size
-    share = 1 - tc.replay_share
     n_f, n_d = stats.fact_sequences, stats.dialogue_sequences
-    steps = [max(MIN_STEPS[0], math.ceil(PRETRAIN_PASSES * n_f / b)) if n_f else 0,
-             max(MIN_STEPS[1], math.ceil(TUNE_PASSES * n_d / (b * share))) if n_d else 0]
+    rows = step_rows(tc, stats)
+    steps = [max(MIN_STEPS[0], math.ceil(PRETRAIN_PASSES * n_f / rows[0])) if n_f else 0,
+             max(MIN_STEPS[1], math.ceil(TUNE_PASSES * n_d / rows[1])) if n_d else 0]
     if lengths is None:
         lengths = ([round(stats.fact_tokens / max(n_f, 1))] * n_f, [round(stats.dialogue_tokens / max(n_d, 1))] * n_d)
     t_f = min(mc.context_length, padded_length(lengths[0], b))
     t_d = min(mc.context_length, padded_length(lengths[1], b))
-    t_tune = max(t_d, t_f)  # tuning batches mix facts in
-    step_s = [b * t_f * seconds_per_token, b * t_tune * seconds_per_token]
+    if step_tokens is None:
+        step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
+    step_s = [t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens]
     # one recall check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq)
-    check_one = []
-    for k, t in ((0, t_f), (1, t_d)):
-        n = recall_prompts[k]
-        check_one.append(math.ceil(n / b) * answer_tokens[k] * b * t * seconds_per_token * FORWARD_SHARE if n else 0.0)
+    check_one, sampled = {}, {}  # seconds of a full / a sampled (CHECK_SAMPLE per kind) check of each kind
+    for k, (n, prompt, answer) in _check_kinds(recall_prompts, answer_tokens).items():
+        t = prompt + answer / 2 if prompt else (t_f if k == "fact" else t_d)
+        for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
+            out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
+    during = [sampled.get("fact", 0.0), sum(sampled.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
+    full = sum(check_one.values())
+    pre_end = sum(sampled.values()) if n_d else full  # a stage before the last ends with a sampled table
 
     def cost(st):
         every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
+        every_all = min((e for e in every if e), default=25)  # one check_every for both stages
         train = st[0] * step_s[0] + st[1] * step_s[1]
-        per_check = [check_one[0], check_one[0] + check_one[1]]  # tuning checks facts and answers
-        checks = sum((st[i] // every[i]) * per_check[i] for i in range(2) if every[i])
-        checks += 2 * (check_one[0] + check_one[1])  # the full table at the end of each stage
+        checks = sum(((st[i] - 1) // every_all) * during[i] for i in range(2) if st[i])
+        checks += (pre_end if st[0] else 0.0) + (full if st[1] else 0.0)
         return train, checks, every
 
     train_s, check_s, every = cost(steps)
     if time_budget_s and train_s + check_s > time_budget_s:
-        scale = max(0.05, (time_budget_s - 2 * (check_one[0] + check_one[1])) / max(train_s + check_s, 1e-9))
+        scale = max(0.05, (time_budget_s - pre_end - full) / max(train_s + check_s, 1e-9))
         steps = [max(1, int(s * scale)) if s else 0 for s in steps]
         train_s, check_s, every = cost(steps)
         notes.append(f"the time budget ({format_duration(time_budget_s)}) allows about {scale:.0%} of the "
                      "planned steps: the model may not learn everything; give more time")
-    max_steps = [math.ceil(s * MAX_STEPS_FACTOR) for s in steps]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0]), tune=replace(tc.tune, steps=max_steps[1]),
+    max_steps = [math.ceil(s * f) for s, f in zip(steps, MAX_STEPS_FACTOR)]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
+                 tune=replace(tc.tune, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
-                 patience=PATIENCE, time_budget_s=float(time_budget_s))
-    return Plan(preset, mc, tc, (steps[0], steps[1]), passes(steps[0], b, n_f), passes(steps[1], b, n_d, share),
-                train_s, check_s, seconds_per_token, tuple(notes))
+                 patience=PATIENCE, time_budget_s=float(time_budget_s), check_sample=CHECK_SAMPLE)
+    return Plan(preset, mc, tc, (steps[0], steps[1]), steps[0] * rows[0] / n_f if n_f else 0.0,
+                steps[1] * rows[1] / n_d if n_d else 0.0, train_s, check_s, seconds_per_token, tuple(notes))
+
+
+def data_mix(tc: TrainConfig, stats) -> TrainConfig:
+    """The Auto plan's data mix on ``tc``: questions in pretraining (``MIX_SHARE``), a question for each
+    fact without a dialogue (``FACT_QUESTION_SHARE`` of the questions), conversation batches every
+    ``CONVERSATION_EVERY`` tuning steps and ``HELDOUT`` held-out fact questions (at most a twentieth of
+    the facts). Without dialogues there is nothing to mix: ``tc`` as it is."""
+    if not stats.dialogue_sequences:
+        return tc
+    many = stats.fact_sequences > stats.dialogue_sequences  # facts that no dialogue asks about
+    return replace(tc, mix_share=MIX_SHARE, fact_questions=1 if many else 0,
+                   fact_question_share=FACT_QUESTION_SHARE if many else 0.0, conversation_every=CONVERSATION_EVERY,
+                   heldout=min(HELDOUT, stats.fact_sequences // 20) if many else 0)
+
+
+def step_rows(tc: TrainConfig, stats) -> tuple[float, float]:
+    """Rows per step of the stage's own data: facts per pretraining step (as text, or as the answer of a
+    fact question), dataset dialogues per tuning step (conversation batches counted as none), under
+    ``tc``'s data mix."""
+    b = tc.pretrain.batch_size
+    mix = min(b - 1, round(b * tc.mix_share)) if stats.dialogue_sequences else 0
+    asked = min(mix, round(mix * tc.fact_question_share)) if tc.fact_questions else 0  # a fact as an answer
+    bt = tc.tune.batch_size
+    q = bt - (min(bt - 1, round(bt * tc.replay_share)) if stats.fact_sequences else 0)
+    d = q - min(q, round(q * tc.fact_question_share)) if tc.fact_questions else q
+    if tc.conversation_every:
+        d *= 1 - 1 / tc.conversation_every
+    return float(b - mix + asked), float(d)
 
 
 # ----------------------------------------------------------------------------- speed
@@ -232,9 +298,9 @@ def store_speed(key: str, seconds_per_token: float) -> None:
     atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
 
 
-def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 3, use_cache: bool = True) -> float:
+def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 5, use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
-    (``batch_size``, ``seq``) on ``dev``: the fastest of ``steps`` timed steps after one warm-up step.
+    (``batch_size``, ``seq``) on ``dev``: the median of ``steps`` timed steps after one warm-up step.
     Cached per device and shape (:func:`cached_speed`)."""
     from core.model import Model
 
@@ -246,15 +312,15 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, mc.vocab_size, (batch_size, seq), dtype=np.int32)
     mask = np.ones((batch_size, seq), np.float32)
-    best = math.inf
+    times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
         model.forward_backward(tokens, tokens, mask)
         model.optimizer_step(1e-4, 0.0, 0.9, 0.98, 1e-8, 1.0)
         dev.finish()
         if i:
-            best = min(best, time.perf_counter() - t0)
-    v = best / (batch_size * seq)
+            times.append(time.perf_counter() - t0)
+    v = float(np.median(times)) / (batch_size * seq)  # the median: a shared machine has slow moments too
     store_speed(key, v)
     return v
 
@@ -262,29 +328,38 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
              vocab_size: int = 1024) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
-    preset, :func:`make_plan`. Returns (plan, DatasetStats)."""
+    preset, the padded tokens of the planned data mix's batches (core.trainer.Batches) and the recall
+    prompts of every kind, :func:`make_plan`. Returns (plan, DatasetStats)."""
+    from core.batches import Batches
     from core.estimates import dataset_stats
-    from core.recall import recall_prompts
+    from core.recall import ANSWER_SLACK, KINDS, recall_prompts
     from core.tokenizer import Tokenizer
-    from core.trainer import dialogue_examples, fact_examples
 
     cl = PRESETS["Small"][0].context_length
     stats = dataset_stats(dataset, vocab_size, cl)
     preset, _ = choose_preset(stats)
     mc = replace(PRESETS[preset][0], vocab_size=stats.vocab_size)
+    tc = data_mix(PRESETS[preset][1], stats)
     tok = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
-    f_len = [len(e.ids) for e in fact_examples(tok, dataset.facts, mc.context_length)]
-    d_len = [len(e.ids) for e in dialogue_examples(tok, dataset.dialogues, mc.context_length)]
-    prompts = recall_prompts(tok, dataset, mc.context_length)
-    counts, answers = [], []
-    for k in ("fact", "dialogue"):
+    batches = Batches(tok, dataset, mc.context_length, tc)
+    f_len = [len(e.ids) for e in batches.facts]
+    d_len = [len(e.ids) for e in batches.dialogues]
+    sampled = 64  # steps whose padded tokens are counted (a multiple of CONVERSATION_EVERY)
+    step_tokens = tuple(float(np.mean([batches.padded_tokens(st, k) for k in range(sampled)]))
+                        if (batches.facts if st == 0 else batches.dialogues) else 0.0 for st in (0, 1))
+    prompts = recall_prompts(tok, dataset, mc.context_length, KINDS, batches.heldout_pairs)
+    kinds = {}
+    for k in KINDS:
         ps = [p for p in prompts if p.kind == k]
-        counts.append(len(ps))
-        answers.append(float(np.mean([p.max_new for p in ps])) if ps else 0.0)
+        if ps:  # a right answer ends after its tokens and EOS
+            kinds[k] = (len(ps), float(np.mean([len(p.ids) for p in ps])),
+                        float(np.mean([p.max_new - ANSWER_SLACK + 1 for p in ps])))
     b = PRESETS[preset][1].pretrain.batch_size
-    spt = measure_speed(dev, mc, b, int(padded_length(f_len or d_len, b)) or 16)
-    return make_plan(stats, spt, (f_len, d_len), (counts[0], counts[1]), (answers[0], answers[1]),
-                     time_budget_s, preset), stats
+    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer)
+    spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
+                        int(padded_length(f_len or d_len, b)) or 16)
+    return make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
+                     step_tokens=step_tokens), stats
 
 
 # ----------------------------------------------------------------------------- verdict
@@ -299,13 +374,17 @@ class Verdict:
     advice: str
     answers: tuple[int, int]
     facts: tuple[int, int]
+    chat: tuple[int, int] = (0, 0)
+    heldout: tuple[int, int] = (0, 0)
 
 
 def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
-            preset: str | None = None) -> Verdict:
-    """The honest end of a run from its final recall counts ((reproduced, checked) of facts and dialogue
-    answers), the recall target (share of each) and why the last stage ended ("steps", "learned",
-    "no progress", "time budget", "stopped")."""
+            preset: str | None = None, chat: tuple[int, int] = (0, 0),
+            heldout: tuple[int, int] = (0, 0)) -> Verdict:
+    """The honest end of a run from its final recall counts ((reproduced, checked) of facts, dialogue
+    answers, answers in the middle of a conversation and held-out questions), the recall target (share
+    of each but the held-out ones, which are reported, not required) and why the last stage ended
+    ("steps", "learned", "no progress", "time budget", "stopped")."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
@@ -315,10 +394,15 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         parts.append(f"{answers[0]:,} of {answers[1]:,} answers")
     if facts[1]:
         parts.append(f"{facts[0]:,} of {facts[1]:,} facts")
-    learned = met(facts) and met(answers)
+    if chat[1]:
+        parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
+    learned = met(facts) and met(answers) and met(chat)
     what = ", ".join(parts) or "nothing to check"
+    if heldout[1]:
+        what += (f"; questions about facts without a dialogue (held out of training): {heldout[0]:,} of "
+                 f"{heldout[1]:,} answered")
     if learned:
-        return Verdict(True, f"Learned: {what} — try the model on the Chat tab", "", answers, facts)
+        return Verdict(True, f"Learned: {what} — try the model on the Chat tab", "", answers, facts, chat, heldout)
     bigger = "" if preset == "Larger" else " or a bigger model"
     if end_reason == "no progress":
         advice = f"recall stopped improving: choose a bigger model{'' if bigger else ' (or less data)'}"
@@ -328,8 +412,14 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         advice = "the run was stopped: resume it to learn the rest"
     else:
         advice = f"train longer (more steps or passes){bigger}"
-    return Verdict(False, f"Not fully learned: {what}", advice, answers, facts)
+    return Verdict(False, f"Not fully learned: {what}", advice, answers, facts, chat, heldout)
 
 
-__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "passes", "verdict",
+def verdict_of(report, target: float = 1.0, preset: str | None = None) -> Verdict:
+    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table)."""
+    return verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
+                   report.chat_recalled, report.heldout_recalled)
+
+
+__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "passes", "verdict", "verdict_of",
            "measure_speed", "cached_speed", "store_speed", "speed_key", "format_duration", "padded_length"]

@@ -26,7 +26,21 @@ if TYPE_CHECKING:
     from core.model import Model
     from core.tokenizer import Tokenizer
 
-KINDS = ("fact", "dialogue")
+KINDS = ("fact", "dialogue", "chat", "heldout")
+"""fact: a fact's rest from its first words; dialogue: each dialogue turn after its own earlier turns;
+chat: a dialogue's question asked in the middle of a conversation (after other dialogues' turns);
+heldout: questions about facts that no trained example asks about (``heldout=`` of the check)."""
+
+ROW_TOKENS = 48
+"""Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
+CHAT_PROMPTS = 200
+"""About this many dialogues (every one of a smaller dataset, evenly spaced) are also asked in the middle of
+a conversation ("chat" kind); the towns data's 200 are all asked."""
+CHAT_ROOM = 64
+"""Tokens a chat leaves free for the answer (the chat's default max_tokens, core.generate.SamplingSettings):
+a "chat" prompt keeps the history core.chat.ChatSession would keep."""
+CHAT_BEFORE = 2
+"""Dialogues before the one asked in a "chat" prompt (fewer when the context is full, as in core.chat)."""
 
 ANSWER_SLACK = 4
 """Tokens a decoded answer may run beyond the expected answer's token count before it is cut (it is wrong
@@ -37,7 +51,7 @@ then anyway; the slack covers a different tokenisation of the same text)."""
 class RecallItem:
     """Whether the model reproduces one fact or one dialogue turn (greedy decoding)."""
 
-    kind: str  # "fact" or "dialogue"
+    kind: str  # one of KINDS
     index: int
     prompt: str
     expected: str
@@ -63,9 +77,27 @@ def fact_split(text: str) -> tuple[str, str]:
     return prompt, text[len(prompt):]
 
 
-def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS) -> list[_Prompt]:
-    """Every recall prompt of ``dataset``: facts (BOS + first words) and each dialogue turn (the earlier
-    turns and the question). Prompts that leave no room for an answer in ``context_length`` are left out."""
+def chat_every(n_dialogues: int) -> int:
+    """Every how many dialogues one is asked in the middle of a conversation: about ``CHAT_PROMPTS``."""
+    return max(1, n_dialogues // CHAT_PROMPTS)
+
+
+def chat_history(dialogues: list, i: int, before: int = CHAT_BEFORE) -> list[tuple[str, str]]:
+    """The turns of the ``before`` dialogues preceding dialogue ``i`` (wrapping around), oldest first:
+    the conversation a "chat" recall prompt asks dialogue ``i``'s first question in."""
+    n = len(dialogues)
+    picks = [(i - k) % n for k in range(min(before, n - 1), 0, -1)]
+    return [t for j in picks for t in dialogues[j].turns]
+
+
+def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
+                   heldout: list[tuple[str, str]] | tuple = (), sample: int = 0) -> list[_Prompt]:
+    """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
+    turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
+    other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
+    ``heldout`` (question, answer) pairs. Prompts that leave no room for an answer in ``context_length``
+    are left out. ``sample`` > 0 keeps at most that many prompts of each kind, evenly spaced (a quick
+    check during training; the full table at a stage's end)."""
     out = []
     if "fact" in kinds:
         for i, fact in enumerate(dataset.facts):
@@ -81,7 +113,37 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
                 ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
                 history.append((user, answer))
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
-    return [p for p in out if len(p.ids) < context_length]
+    if "chat" in kinds and len(dataset.dialogues) > 1:
+        for i in range(0, len(dataset.dialogues), chat_every(len(dataset.dialogues))):
+            dlg = dataset.dialogues[i]
+            if not dlg.turns:
+                continue
+            user, answer = dlg.turns[0]
+            max_new = len(tok.encode(answer)) + ANSWER_SLACK
+            room = min(max(max_new, CHAT_ROOM), context_length - 1)
+            history = chat_history(dataset.dialogues, i)
+            while True:
+                ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
+                if len(ids) + room <= context_length or not history:
+                    break
+                history = history[1:]
+            out.append(_Prompt("chat", i, user, answer, ids, max_new))
+    if "heldout" in kinds:
+        for i, (user, answer) in enumerate(heldout):
+            ids = chat_format.prompt_ids(tok, [], user)
+            out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
+    out = [p for p in out if len(p.ids) < context_length]
+    if sample:
+        by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
+        out = [p for k in KINDS for p in _spaced(by_kind[k], sample)]
+    return out
+
+
+def _spaced(items: list, n: int) -> list:
+    """At most ``n`` of ``items``, evenly spaced (all when there are no more)."""
+    if len(items) <= n:
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos_id: int, pad_id: int) -> list[list[int]]:
@@ -118,21 +180,25 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
 
 
 def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 should_stop: Callable[[], bool] | None = None,
+                 heldout: list[tuple[str, str]] | tuple = (),
+                 sample: int = 0) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
-    (surrounding whitespace ignored).
+    (surrounding whitespace ignored). Chat: the same in the middle of a conversation
+    (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
+    ``sample``: see :func:`recall_prompts`.
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
-        every batch; the last yield holds the whole table, items in dataset order (facts, then
-        dialogue turns). ``should_stop()``, asked before each batch, ends the check early (the last
+        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``); the last yield holds the whole table, items in the order of :data:`KINDS`, each in
+        dataset order. ``should_stop()``, asked before each batch, ends the check early (the last
         yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 
@@ -140,20 +206,33 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         return [results[i] for i in sorted(results)]
 
     yield 0, len(prompts), []
-    b = model.batch_size
-    for s in range(0, len(order), b):
+    for chunk in _chunks(order, prompts, model.batch_size):
         if stop():
             return
-        chunk = order[s:s + b]
         outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
                             tok.eos_id, tok.pad_id)
         for i, out in zip(chunk, outs):
             p = prompts[i]
             got = tok.decode([t for t in out if t != tok.eos_id])
-            if p.kind == "dialogue":
+            if p.kind != "fact":
                 got = got.strip()
             results[i] = RecallItem(p.kind, p.index, p.prompt, p.expected, got, got.strip() == p.expected.strip())
         yield len(results), len(prompts), table()
+
+
+def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[int]]:
+    """Batches of ``order`` (prompts sorted by length): at most ``b`` rows and about ``b`` x
+    ``ROW_TOKENS`` tokens of prompt plus answer, so a batch of long conversation prompts takes no longer
+    than one of short fact prompts (each batch is one "checking recall" progress event)."""
+    chunk: list[int] = []
+    for i in order:
+        rows = len(chunk) + 1
+        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS):
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk
 
 
 def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
@@ -162,4 +241,5 @@ def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
     return sum(r.ok for r in of), len(of)
 
 
-__all__ = ["RecallItem", "fact_split", "recall_prompts", "greedy_batch", "recall_check", "count", "KINDS"]
+__all__ = ["RecallItem", "fact_split", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
+           "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every"]

@@ -7,9 +7,12 @@ The :class:`Trainer` is an iterator API a GUI thread or the CLI drives::
         ...
         if user_pressed_stop: trainer.request_stop()   # honoured before the next step
 
-Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS). Stage 2 ("tune") learns
-only the assistant tokens of each dialogue, and mixes ``replay_share`` of each batch from the facts
-again, because a tiny model otherwise forgets its facts during tuning.
+Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS), with ``mix_share`` of each
+batch from the question-and-answer examples. Stage 2 ("tune") learns only the assistant tokens of each
+dialogue, and mixes ``replay_share`` of each batch from the facts again, because a tiny model otherwise
+forgets its facts during tuning. The question-and-answer examples are the dataset's dialogues and, with
+``fact_questions``, questions written for the facts that have none (core.augment), ``fact_question_share``
+of them; every ``conversation_every``-th tuning batch holds conversations of several unrelated dialogues.
 
 Batches are a pure function of (seed, stage, step): example order is the concatenation of per-epoch
 permutations drawn from ``default_rng([seed, stage, epoch])``. So a resumed run sees exactly the
@@ -20,15 +23,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core import chat_format
+from core.batches import (  # noqa: F401
+    Batches,
+    Example,
+    batch_indices,
+    dialogue_examples,
+    fact_examples,
+    make_batch,
+)
 from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
-from core.dataset import Dataset, Dialogue, dataset_hash
+from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_split, recall_check
@@ -40,18 +51,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGES = ("pretrain", "tune")
-STAGE_KINDS = (("fact",), ("fact", "dialogue"))
+FACTS_KEPT = 0.9
+"""Share of the facts pretraining's last check reproduced that tuning must keep to end "learned"."""
+STAGE_KINDS = (("fact",), ("fact", "dialogue", "chat"))
 """What each stage must reproduce, and so what its checks during the stage look at (tuning replays the
 facts, so it must keep them as well as learn the answers)."""
-_NOUN = {"fact": "facts", "dialogue": "dialogue answers"}
-
-
-@dataclass
-class Example:
-    """One training sequence: ``ids`` (n+1 tokens) and ``mask`` (n+1, 1 where a token is learned)."""
-
-    ids: list[int]
-    mask: list[int]
+_NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
+         "heldout": "held-out answers"}
 
 
 @dataclass
@@ -113,6 +119,16 @@ class StageReport:
         """(dialogue answers reproduced, answers checked)."""
         return count(self.recall, "dialogue")
 
+    @property
+    def chat_recalled(self) -> tuple[int, int]:
+        """(answers reproduced in the middle of a conversation, checked)."""
+        return count(self.recall, "chat")
+
+    @property
+    def heldout_recalled(self) -> tuple[int, int]:
+        """(held-out questions answered, asked): questions about facts no trained example asks about."""
+        return count(self.recall, "heldout")
+
 
 @dataclass
 class RecallProgress:
@@ -138,70 +154,6 @@ class LogEvent:
 
 class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite steps; lower the learning rate."""
-
-
-def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list[Example]:
-    """BOS + fact + EOS per fact, every token learned; long facts are cut into context windows."""
-    out = []
-    for text in facts:
-        if not text.strip():  # nothing to learn (Dataset.validate reports it)
-            continue
-        ids = chat_format.encode_fact(tok, text)
-        out += _windows(ids, [1] * len(ids), context_length)
-    return out
-
-
-def dialogue_examples(tok: Tokenizer, dialogues: Iterable[Dialogue], context_length: int) -> list[Example]:
-    """One example per dialogue; only assistant answer tokens (and their EOS) are learned."""
-    out = []
-    for dlg in dialogues:
-        ids, mask = chat_format.encode_dialogue(tok, dlg)
-        if not any(mask):  # no turns: nothing to learn (Dataset.validate reports it)
-            continue
-        out += _windows(ids, mask, context_length)
-    return out
-
-
-def _windows(ids: list[int], mask: list[int], context_length: int) -> list[Example]:
-    n = context_length + 1
-    if len(ids) <= n:
-        return [Example(ids, mask)]
-    return [Example(ids[s:s + n], mask[s:s + n]) for s in range(0, len(ids) - 1, context_length)
-            if any(mask[s + 1:s + n])]
-
-
-def make_batch(examples: list[Example], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pad examples into (tokens, targets, mask), each (batch, T) with T = longest example - 1.
-
-    tokens[b, t] = ids[t], targets[b, t] = ids[t + 1], mask[b, t] = mask[t + 1] (0 on padding).
-    """
-    t = max(len(e.ids) for e in examples) - 1
-    b = len(examples)
-    tokens = np.full((b, t), pad_id, np.int32)
-    targets = np.zeros((b, t), np.int32)
-    mask = np.zeros((b, t), np.float32)
-    for i, e in enumerate(examples):
-        n = len(e.ids) - 1
-        tokens[i, :n] = e.ids[:-1]
-        targets[i, :n] = e.ids[1:]
-        mask[i, :n] = e.mask[1:]
-    return tokens, targets, mask
-
-
-def batch_indices(seed: int, stage: int, step: int, n_examples: int, batch_size: int, stream: int = 0) -> list[int]:
-    """Indices of the examples in batch ``step`` (0-based): a pure function of its arguments.
-
-    Example order is the concatenation of per-epoch permutations of ``range(n_examples)``.
-    """
-    out = []
-    pos = step * batch_size
-    while len(out) < batch_size:
-        epoch, offset = divmod(pos, n_examples)
-        perm = np.random.default_rng([seed, stage, stream, epoch]).permutation(n_examples)
-        take = min(batch_size - len(out), n_examples - offset)
-        out += perm[offset:offset + take].tolist()
-        pos += take
-    return out
 
 
 class Trainer:
@@ -235,8 +187,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.model_config = replace(model_config, vocab_size=tokenizer.vocab_size)
         cl = self.model_config.context_length
-        self.facts = fact_examples(tokenizer, dataset.facts, cl)
-        self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
+        self.batches = Batches(tokenizer, dataset, cl, train_config)
+        self.facts, self.dialogues = self.batches.facts, self.batches.dialogues
+        self.heldout_pairs = self.batches.heldout_pairs
         if not self.facts and not self.dialogues:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
@@ -251,6 +204,7 @@ class Trainer:
         self._guard = _UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
+        self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's last check (tuning keeps them)
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ control
@@ -270,20 +224,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ batches
     def _batch(self, stage: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cfg, seed = self.stage_config(stage), self.train_config.seed
-        b = cfg.batch_size
-        if stage == 0:
-            pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b)]
-        else:
-            n_replay = int(round(b * self.train_config.replay_share)) if self.facts else 0
-            n_replay = min(n_replay, b - 1)  # at least one dialogue per tuning batch
-            if not self.dialogues:
-                n_replay = b
-            pool = [self.dialogues[i] for i in batch_indices(seed, 1, step, len(self.dialogues), b - n_replay)] \
-                if b - n_replay else []
-            if n_replay:
-                pool += [self.facts[i] for i in batch_indices(seed, 1, step, len(self.facts), n_replay, stream=1)]
-        return make_batch(pool, self.tokenizer.pad_id)
+        return self.batches.batch(stage, step)
+
+    def passes(self, stage: int, steps: int) -> float:
+        """Passes (epochs) over the facts (``stage`` 0) or the dialogues (1) that ``steps`` steps make."""
+        return self.batches.passes(stage, steps)
 
     def _stage_has_data(self, stage: int) -> bool:
         return bool(self.facts) if stage == 0 else bool(self.dialogues)
@@ -380,33 +325,40 @@ class Trainer:
                     yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
                         f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
                     ok = sum(o for o, _ in counts.values())
-                    if all(o >= math.ceil(tc.recall_target * n - 1e-9) for o, n in counts.values()):
+                    if all(o >= self._wanted(k, n) for k, (o, n) in counts.items()):
                         end_reason = "learned"
                         break
                     if ok > best:
                         best, since_best = ok, 0
-                    else:
+                    elif self.stage_step > cfg.decay_steps:  # patience only once the planned steps are done
                         since_best += 1
                         if tc.patience and since_best >= tc.patience:
                             end_reason = "no progress"
                             yield LogEvent("INFO", f"{name}: no better recall in {since_best} checks; stage ends")
                             break
+            if si == 0 and last_check is not None:
+                self._facts_kept = count(last_check[2], "fact")
             report = StageReport(name, self.stage_step, stopped=False, end_reason=end_reason)
             self.stage_index += 1
             self.stage_step = 0
             yield StageFinished(name, report.steps_done)
             if recall and not self._stop:
                 kinds, reuse = KINDS, []
-                if last_check is not None and last_check[0] == report.steps_done:  # checked at this very step
+                if last_check is not None and last_check[0] == report.steps_done and not tc.check_sample:
+                    # checked (all items) at this very step
                     kinds = tuple(k for k in KINDS if k not in last_check[1])
                     reuse = last_check[2]
-                items = yield from self._check(name, kinds, final=True)
+                last = si == len(STAGES) - 1 or not self._stage_has_data(si + 1) or self.stage_config(si + 1).steps == 0
+                items = yield from self._check(name, kinds, final=True, sample=0 if last else None)
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
                 cut = " (check stopped early)" if report.recall_stopped else ""
-                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{cut}")
+                more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout")
+                               for o, n in [count(report.recall, k)] if n)
+                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}"
+                                       f"{more}{cut}")
             else:
                 report.recall_stopped = recall
             yield report
@@ -454,17 +406,30 @@ class Trainer:
         is called."""
         items = []
         for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                                 should_stop=lambda: self._stop):
+                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs):
             pass
         return items
 
-    def _check(self, stage: str, kinds: tuple[str, ...], final: bool):
+    def _wanted(self, kind: str, n: int) -> int:
+        """Items of ``kind`` (of ``n`` checked) a check during a stage needs for "learned": ``recall_target``
+        of them; for facts during tuning, what pretraining's last check reproduced is enough (tuning
+        teaches answers and must keep the facts (``FACTS_KEPT`` of them: the count dips when tuning starts
+        and comes back slowly), not learn the ones pretraining could not)."""
+        want = math.ceil(self.train_config.recall_target * n - 1e-9)
+        if kind == "fact" and self.stage_index == 1 and self._facts_kept and self._facts_kept[1] == n:
+            want = min(want, math.floor(FACTS_KEPT * self._facts_kept[0]))
+        return want
+
+    def _check(self, stage: str, kinds: tuple[str, ...], final: bool, sample: int | None = None):
         """Recall check of ``kinds`` as a sub-generator: yields RecallProgress per batch, returns the items.
-        Its duration is kept (``_check_s``) so a time budget leaves room for the next check."""
+        Its duration is kept (``_check_s``) so a time budget leaves room for the next check. ``sample``:
+        items per kind (core.recall.recall_prompts; None: ``check_sample``, 0: all)."""
         t0 = time.perf_counter()
         items: list[RecallItem] = []
+        sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                               should_stop=lambda: self._stop):
+                                               should_stop=lambda: self._stop, heldout=self.heldout_pairs,
+                                               sample=sample):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

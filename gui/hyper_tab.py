@@ -47,6 +47,8 @@ STAGE_FIELDS = [
     ("batch_size", "Batch size", int, "Sequences per step"),
     ("warmup_steps", "Warmup steps", int, "Linear warmup from 0 to the learning rate"),
     ("min_lr_ratio", "Final lr / peak lr", float, "Cosine decay ends at this fraction of the learning rate"),
+    ("decay_steps", "Decay ends at step", int, "The cosine decay ends here (0: at the last step); later steps "
+     "keep the final lr"),
 ]
 TRAIN_FIELDS = [
     ("grad_clip", "Clip gradient norm at", float, "Largest global gradient norm (0 disables clipping)"),
@@ -63,6 +65,16 @@ TRAIN_FIELDS = [
     ("patience", "Patience (checks)", int, "End a stage after this many checks without better recall (0: never)"),
     ("time_budget_s", "Time budget (s, 0 = none)", float, "Longest run in seconds, checks included; Auto plans "
      "its steps to fit"),
+    ("mix_share", "Questions in pretraining", float, "Share of each pretraining batch from dialogues and fact "
+     "questions: facts learned while being asked about (0..1)"),
+    ("fact_questions", "Questions per unasked fact", int, "Questions written for each fact without a dialogue, "
+     "in your dialogues' own patterns (0: none)"),
+    ("fact_question_share", "Fact question share", float, "Share of the questions in a batch that are such "
+     "fact questions (0..1)"),
+    ("conversation_every", "Conversation batch every", int, "Every this many tuning steps, a batch of "
+     "several dialogues in one conversation (0: none)"),
+    ("heldout", "Held-out fact questions", int, "Fact questions kept out of training to measure answers "
+     "about facts without a dialogue (0: none)"),
 ]
 
 
@@ -384,7 +396,8 @@ class HyperTab(QWidget):
         tc = TrainConfig(pretrain=stages["pretrain"], tune=stages["tune"],
                          vocab_size=v["vocab_size"] if self.base_path() is None else TrainConfig().vocab_size,
                          freeze_embeddings=self.freeze.isChecked(),
-                         **{k: (int(v[k]) if k in ("seed", "grad_accum") else v[k]) for k, *_ in TRAIN_FIELDS})
+                         **{k: (int(v[k]) if k in ("seed", "grad_accum", "fact_questions", "conversation_every", "heldout")
+                            else v[k]) for k, *_ in TRAIN_FIELDS})
         return mc, tc
 
     # ----------------------------------------------------------------------------- validation

@@ -253,12 +253,11 @@ class TrainWorker(Worker):
         self.validation.emit(ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues")))
 
     def _done(self, trainer, stopped: bool, saved: str, final=None) -> None:
-        from core.plan import verdict
+        from core.plan import verdict_of
 
         v = None
         if final is not None and final.recall and not final.recall_stopped:
-            v = verdict(final.facts_recalled, final.dialogues_recalled, trainer.train_config.recall_target,
-                        final.end_reason, self.preset)
+            v = verdict_of(final, trainer.train_config.recall_target, self.preset)
         self.run_done.emit(RunDone(stopped, trainer.done, saved, trainer.stage_index, trainer.stage_step,
                                    self._replaced(), v.learned if v else False, v.text if v else "",
                                    v.advice if v else ""))
@@ -266,7 +265,6 @@ class TrainWorker(Worker):
     def work(self) -> None:
         from core.checkpoint import resume_trainer
         from core.device import open_device
-        from core.plan import passes
         from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
                                   TrainingDiverged)
 
@@ -295,8 +293,6 @@ class TrainWorker(Worker):
                                          trainer.stage_index, trainer.stage_step, self.resume))
         self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
         saved, stopped, progressed, final = "", False, False, None
-        seqs = {"pretrain": (len(trainer.facts), 1.0),
-                "tune": (len(trainer.dialogues), 1.0 - tc.replay_share if trainer.facts else 1.0)}
         if self.stop_requested():
             self._done(trainer, True, "")
             return
@@ -305,9 +301,8 @@ class TrainWorker(Worker):
                 if isinstance(ev, StepReport):
                     progressed = True
                     offset = 0 if ev.stage == "pretrain" else steps[0]
-                    n, share = seqs[ev.stage]
-                    batch = (tc.pretrain if ev.stage == "pretrain" else tc.tune).batch_size
-                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step, passes(ev.step, batch, n, share)))
+                    stage = 0 if ev.stage == "pretrain" else 1
+                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step, trainer.passes(stage, ev.step)))
                     if (self.val_every and ev.step % self.val_every == 0 and ev.step < ev.total_steps
                             and not self.stop_requested()):
                         self._validate(trainer, ev.stage, offset + ev.step)

@@ -340,13 +340,13 @@ def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, devic
     real = trainer_mod.recall_check
     prompts = []
 
-    def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None):
+    def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None, **kw):
         os.kill(os.getpid(), signal.SIGINT)
 
         def stop():
             prompts.append(1)
             return should_stop()
-        return real(model, tok, dataset, kinds, stop)
+        return real(model, tok, dataset, kinds, stop, **kw)
 
     monkeypatch.setattr(trainer_mod, "recall_check", recall_with_ctrl_c)
     out = tmp_path / "ck"

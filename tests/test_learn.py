@@ -40,7 +40,7 @@ def test_batched_recall_agrees_with_the_per_prompt_check(device):
     tr = Trainer(default_dataset(), mc, tc, device)
     for _ in tr.run(recall=False):
         pass
-    batched = tr.recall()
+    batched = tr.recall(("fact", "dialogue"))
     single = recall_table(tr.generator(), tr.tokenizer, tr.dataset)
     assert [(r.kind, r.index, r.ok) for r in batched] == [(r.kind, r.index, r.ok) for r in single]
     assert 0 < sum(r.ok for r in batched) < len(batched)  # a real mix, so the comparison means something
@@ -53,7 +53,8 @@ def test_recall_check_reports_every_batch_and_stops_between_batches(device):
     seen = list(recall_check(tr.model, tr.tokenizer, tr.dataset))
     total = seen[0][1]
     assert seen[0][0] == 0 and seen[-1][0] == total == len(seen[-1][2])
-    assert len(seen) == 1 + -(-total // tr.model.batch_size)
+    steps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
+    assert len(seen) >= 1 + -(-total // tr.model.batch_size) and all(0 < s <= tr.model.batch_size for s in steps)
     asked = []
     partial = list(recall_check(tr.model, tr.tokenizer, tr.dataset, should_stop=lambda: len(asked.append(1) or asked) > 2))
     assert len(partial) == 3 and len(partial[-1][2]) == 2 * tr.model.batch_size
@@ -113,8 +114,12 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     big = DatasetStats(1024, 30000, 8000, 2000, 200, 60, [])
     p1, p2 = make_plan(small, 1e-5), make_plan(big, 1e-5)
     assert p1.preset == "Tiny" and p2.preset == "Small"
-    assert p2.planned_steps[0] == 2000 and round(p2.pretrain_passes) == 16 and round(p2.tune_passes) == 30
-    assert p2.train_config.pretrain.steps > p2.planned_steps[0] and p2.train_config.check_every > 0
+    from core.plan import PRETRAIN_PASSES, TUNE_PASSES, step_rows
+
+    rows = step_rows(p2.train_config, big)
+    assert p2.planned_steps[0] == round(PRETRAIN_PASSES * 2000 / rows[0])
+    assert round(p2.pretrain_passes) == PRETRAIN_PASSES and round(p2.tune_passes) == TUNE_PASSES
+    assert p2.train_config.tune.steps > p2.planned_steps[1] and p2.train_config.check_every > 0
     assert p2.total_s > p1.total_s > 0
     fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
     assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
@@ -141,3 +146,45 @@ def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsy
     text = capsys.readouterr().out
     assert "plan: Tiny model" in text and "passes over the facts" in text
     assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
+
+
+def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, device):
+    """``opencl-llm recall`` counts what the batched check counts, and agrees with the chat's decoding."""
+    from pathlib import Path
+
+    from core.checkpoint import load_model
+    from core.cli import main
+    from core.dataset import load_dataset
+    from core.generate import Generator
+
+    model = Path(__file__).parent / "data" / "checkpoint_v1"
+    loaded = load_model(model)
+    ds, _ = load_dataset(model / "dataset.json")
+    data = tmp_path / "ask.txt"
+    data.write_text("".join(f"User: {q}\nAssistant: {a}\n\n" for d in ds.dialogues for q, a in d.turns[:1]))
+    assert main(["recall", "--model", str(model), "--data", str(data), "--device", str(device.info.index),
+                 "--show-wrong"]) == 0
+    out = capsys.readouterr().out
+    asked, _ = load_dataset(data)
+    ref = recall_table(Generator(device, loaded.config, loaded.weights), loaded.tokenizer, asked)
+    ok, n = sum(r.ok for r in ref), len(ref)
+    assert f"{ok:,} of {n:,} answers" in out and "facts" not in out.splitlines()[-1]
+    assert out.count("got ") == n - ok
+
+
+def test_patience_waits_for_the_planned_steps(device):
+    """With ``decay_steps`` (the Auto plan's planned steps), checks before it never end a stage."""
+    tc = _tc(200, lr=1e-7, check_every=5, patience=2)
+    tc = replace(tc, pretrain=replace(tc.pretrain, decay_steps=10), tune=StageConfig(steps=0))
+    tr = Trainer(default_dataset(), SMALL, tc, device)
+    rep = next(e for e in tr.run(recall=False) if isinstance(e, StageReport))
+    assert rep.end_reason == "no progress" and rep.steps_done == 20  # 15 and 20 count, 5 and 10 do not
+
+
+def test_the_cosine_decay_ends_at_decay_steps():
+    from core.config import lr_at
+
+    st = StageConfig(steps=300, lr=1e-2, warmup_steps=10, min_lr_ratio=0.1, decay_steps=100)
+    assert lr_at(st, 9) == 1e-2 and abs(lr_at(st, 100) - 1e-3) < 1e-12 and lr_at(st, 250) == lr_at(st, 100)
+    assert 1e-3 < lr_at(st, 55) < lr_at(replace(st, decay_steps=0), 55) < 1e-2
+    assert lr_at(replace(st, decay_steps=0), 100) > 5e-3  # without it the decay spans all 300 steps

@@ -1,0 +1,170 @@
+"""Issue 9 items 4-5 without a device: the towns test data, questions for facts without a dialogue in the
+dataset's own patterns, conversations of several dialogues, the batches that mix them, the recall
+prompts asked in the middle of a conversation, and the verdict that reports them."""
+from __future__ import annotations
+
+import numpy as np
+
+from core import augment
+from core.config import PRESETS, replace
+from core.dataset import Dataset, Dialogue, load_dataset
+from core.recall import chat_every, chat_history, recall_prompts
+from core.tokenizer import Tokenizer
+from core.trainer import Batches
+from tests.make_towns_dataset import ATTRIBUTES, FACTS_PER_TOWN, make_towns, write
+
+
+def _dataset(towns) -> Dataset:
+    return Dataset(list(towns.facts), [Dialogue([qa]) for qa in towns.dialogues])
+
+
+def test_towns_data_is_deterministic_and_shaped_as_issue_9_says(tmp_path):
+    t = make_towns()
+    assert make_towns() == t and make_towns(seed=1) != t
+    assert len(t.towns) == len(set(t.towns)) == 200 and len(t.facts) == len(set(t.facts)) == 2000
+    assert len(t.dialogues) == 200 and len(t.heldout) == 200
+    facts = set(t.facts)
+    assert all(a in facts and a.count(".") >= 1 for _, a in t.dialogues + t.heldout)
+    assert len({a for _, a in t.dialogues}) == 200  # every dialogue asks about a different fact
+    held = set(t.towns[180:])
+    assert not any(town in q for q, _ in t.dialogues for town in held)  # held-out towns are never asked about
+    assert {a for _, a in t.heldout} == set(t.facts[1800:])
+    write(t, tmp_path / "towns.txt", tmp_path / "heldout.txt")
+    ds, problems = load_dataset(tmp_path / "towns.txt")
+    assert not problems and ds.facts == t.facts and [d.turns[0] for d in ds.dialogues] == t.dialogues
+    ho, problems = load_dataset(tmp_path / "heldout.txt")
+    assert not problems and not ho.facts and [d.turns[0] for d in ho.dialogues] == t.heldout
+    first = (tmp_path / "towns.txt").read_bytes()
+    write(make_towns(), tmp_path / "towns.txt")
+    assert (tmp_path / "towns.txt").read_bytes() == first
+
+
+def test_fact_questions_use_the_datasets_own_patterns_for_facts_without_a_dialogue():
+    """Every fact without a dialogue gets a question about its own town, worded like one of the
+    generator's questions for that very attribute (the pattern matching found the right kind of fact)."""
+    t = make_towns(40, 40, 4, seed=3)  # its 40 dialogues ask about every kind of fact
+    ds = _dataset(t)
+    qs = augment.fact_questions(ds, per_fact=1)
+    answered = {a for _, a in t.dialogues}
+    want = [i for i, f in enumerate(t.facts) if f not in answered]
+    assert [i for i, _, _ in qs] == want
+    for i, q, a in qs:
+        town, attr = t.towns[i // FACTS_PER_TOWN], ATTRIBUTES[i % FACTS_PER_TOWN]
+        assert a == t.facts[i]
+        assert q in [w.format(town=town) for w in attr.questions], (q, a)
+    two = augment.fact_questions(ds, per_fact=2)
+    assert len(two) > len(qs) and len({(i, q) for i, q, _ in two}) == len(two)
+    assert augment.fact_questions(ds, per_fact=1) == qs  # a pure function
+    assert augment.fact_questions(Dataset(ds.facts, [])) == []  # no dialogues: no patterns
+
+
+def test_a_pattern_needs_a_shared_proper_name_and_an_answer_that_is_a_fact():
+    ds = Dataset(["Oslo is cold.", "Rome is warm.", "the sea is salty."],
+                 [Dialogue([("Is Oslo cold?", "Oslo is cold.")]), Dialogue([("hi", "hello")]),
+                  Dialogue([("What is salty?", "the sea is salty.")])])
+    pats = augment.patterns(ds)
+    assert [(p.question, p.dialogue) for p in pats] == [(f"Is {augment.SLOT} cold?", 0)]
+    assert augment.fact_questions(ds) == [(1, "Is Rome cold?", "Rome is warm.")]
+
+
+def test_conversations_join_different_dialogues_and_fit():
+    t = make_towns(20, 20, 0)
+    dialogues = [Dialogue([qa]) for qa in t.dialogues]
+    convs = augment.conversations(dialogues, 50, length=(2, 4), seed=1, fits=lambda turns: len(turns) <= 3)
+    assert convs == augment.conversations(dialogues, 50, length=(2, 4), seed=1, fits=lambda turns: len(turns) <= 3)
+    assert len(convs) == 50 and all(2 <= len(c) <= 3 for c in convs)
+    assert all(len(set(c)) == len(c) for c in convs)  # no dialogue twice in one conversation
+    assert all(turn in t.dialogues for c in convs for turn in c)
+    assert augment.conversations(dialogues[:1], 5) == []
+
+
+def _batches(towns, **kw) -> Batches:
+    ds = _dataset(towns)
+    tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=400)
+    tc = replace(PRESETS["Tiny"][1], **kw)
+    return Batches(tok, ds, 128, tc)
+
+
+def test_batches_mix_questions_into_pretraining_and_conversations_into_tuning():
+    t = make_towns(30, 30, 3)
+    b = _batches(t, mix_share=0.25, fact_questions=1, fact_question_share=0.5, conversation_every=4, heldout=10)
+    asked = augment.fact_questions(_dataset(t))  # 30 dialogues do not ask about every kind of fact
+    assert 150 < len(asked) < 270
+    assert len(b.heldout_pairs) == 10 and len(b.questions) == len(asked) - 10
+    trained = {tuple(e.ids) for e in b.questions}
+    held_ids = {tuple(b.tokenizer.encode(a)) for _, a in b.heldout_pairs}
+    assert all(not any(tuple(e.ids[i:i + len(h)]) == h for i in range(len(e.ids)) for h in held_ids)
+               for e in b.questions + b.conversations)  # held-out answers are never trained
+    bos, eos = b.tokenizer.bos_id, b.tokenizer.eos_id
+    for step in range(8):
+        pre = b.examples(0, step)
+        facts = [e for e in pre if all(e.mask)]  # a fact learns every token
+        assert len(pre) == 16 and len(facts) == 12
+        tune = b.examples(1, step)
+        if b.conversation_step(step):
+            assert step % 4 == 3 and all(e.ids.count(eos) >= 2 for e in tune)
+        else:
+            asked = [e for e in tune if not all(e.mask)]
+            assert len(asked) == 12 and sum(tuple(e.ids) in trained for e in asked) == 6
+    assert b.examples(1, 5)[0].ids == _batches(t, mix_share=0.25, fact_questions=1, fact_question_share=0.5,
+                                               conversation_every=4, heldout=10).examples(1, 5)[0].ids
+    assert b.passes(0, 100) == 100 * (12 + 2) / 300 and b.passes(1, 8) == 6 * 6 / 30  # facts as answers count
+    assert all(e.ids[0] == bos for e in b.facts)
+    plain = _batches(t)  # the default TrainConfig mixes nothing in: the batches of earlier versions
+    assert not plain.questions and not plain.conversations and not plain.heldout_pairs
+    assert all(all(e.mask) for e in plain.examples(0, 0))
+
+
+def test_recall_asks_questions_in_the_middle_of_a_conversation_and_held_out_ones():
+    t = make_towns(30, 30, 3)
+    ds = _dataset(t)
+    tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=400)
+    held = t.heldout[:7]
+    ps = recall_prompts(tok, ds, 256, heldout=held)
+    chat = [p for p in ps if p.kind == "chat"]
+    assert chat_every(30) == 1 and chat_every(200) == 1 and chat_every(1000) == 5
+    assert [p.index for p in chat] == list(range(30))
+    for p in chat:
+        text = tok.decode(p.ids)
+        q, a = t.dialogues[p.index]
+        assert text.endswith(f"User: {q}\nAssistant:") and p.expected == a
+    with_history = sum(tok.decode(p.ids).count("User:") > 1 for p in chat)  # other dialogues' turns first
+    assert with_history > len(chat) / 2
+    assert chat_history(ds.dialogues, 0) == [t.dialogues[28], t.dialogues[29]]
+    from core.generate import SamplingSettings
+    from core.recall import CHAT_ROOM
+
+    assert CHAT_ROOM == SamplingSettings().max_tokens  # the history a chat with default settings keeps
+    assert all(len(p.ids) + CHAT_ROOM <= 256 for p in chat)
+    short = [p for p in recall_prompts(tok, ds, 100, kinds=("chat",))]
+    assert short and all(len(p.ids) + CHAT_ROOM <= 100 for p in short)  # oldest turns dropped to fit
+    assert [(p.prompt, p.expected) for p in ps if p.kind == "heldout"] == held
+    sample = recall_prompts(tok, ds, 128, heldout=held, sample=5)
+    counts = {k: sum(p.kind == k for p in sample) for k in ("fact", "dialogue", "chat", "heldout")}
+    assert counts == {"fact": 5, "dialogue": 5, "chat": 5, "heldout": 5}
+
+
+def test_verdict_reports_conversation_and_held_out_answers():
+    from core.plan import verdict
+
+    v = verdict((2000, 2000), (200, 200), chat=(49, 50), heldout=(61, 100), end_reason="no progress")
+    assert not v.learned and v.text.startswith("Not fully learned: 200 of 200 answers, 2,000 of 2,000 facts, "
+                                               "49 of 50 in a conversation")
+    assert "61 of 100 answered" in v.text and v.heldout == (61, 100)
+    ok = verdict((2000, 2000), (200, 200), chat=(50, 50), heldout=(10, 100))  # held out: reported, not required
+    assert ok.learned and "10 of 100" in ok.text
+
+
+def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
+    from core.estimates import DatasetStats
+    from core.plan import make_plan
+
+    big = DatasetStats(1024, 26000, 5300, 2000, 200, 34, [])
+    p = make_plan(big, 1e-5)
+    tc = p.train_config
+    assert tc.mix_share > 0 and tc.fact_questions == 1 and tc.conversation_every > 0 and tc.heldout == 100
+    assert tc.pretrain.decay_steps == p.planned_steps[0] <= tc.pretrain.steps and tc.check_sample > 0
+    assert tc.tune.decay_steps == p.planned_steps[1] < tc.tune.steps  # tuning may go on until learned
+    no_dialogues = make_plan(DatasetStats(1024, 26000, 0, 2000, 0, 34, []), 1e-5)
+    assert no_dialogues.train_config.mix_share == 0 and no_dialogues.train_config.heldout == 0
+    assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 12 / 2000)  # 8 facts + 4 fact questions of 16
