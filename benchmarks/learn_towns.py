@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.cold_cache:
             cache.mkdir()
         else:
-            shutil.copytree(user_cache_dir(), cache, ignore=shutil.ignore_patterns("train_speed.json"))
+            # another process may be compiling into the cache: its temp files come and go
+            shutil.copytree(user_cache_dir(), cache, ignore=shutil.ignore_patterns("train_speed.json", "tempfile_*", "*.tmp"))
     (cache / "train_speed.json").unlink(missing_ok=True)
     env["OPENCL_LLM_CACHE_DIR"] = str(cache)
     cli = [sys.executable, "-m", "core.cli"]

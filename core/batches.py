@@ -208,22 +208,9 @@ class Batches:
         return pool
 
     def passes(self, stage: int, steps: int) -> float:
-        """Passes (epochs) over the facts (``stage`` 0: as text or as fact questions' answers) or the
-        dataset's dialogues (1) that ``steps`` steps make (steps x the batch's rows of them / their count)."""
-        tc, cfg = self.train_config, self.stage_config(stage)
-        b = cfg.batch_size
-        if stage == 0:  # a fact as text or as the answer of a fact question
-            mix = min(b - 1, int(round(b * tc.mix_share))) if (self.dialogues or self.questions) else 0
-            asked = min(mix, int(round(mix * tc.fact_question_share))) if self.questions and mix else 0
-            return steps * (b - mix + asked) / len(self.facts) if self.facts else 0.0
-        if not self.dialogues:
-            return 0.0
-        n_replay = min(b - 1, int(round(b * tc.replay_share))) if self.facts else 0
-        n = b - n_replay
-        n_d = n - (min(n, int(round(n * tc.fact_question_share))) if self.questions else 0)
-        if tc.conversation_every and self.conversations:
-            steps -= steps // tc.conversation_every
-        return steps * n_d / len(self.dialogues)
+        """Passes (epochs) that ``steps`` steps of ``stage`` make over this data (:func:`stage_passes`)."""
+        return stage_passes(self.train_config, stage, steps, len(self.facts), len(self.dialogues),
+                            bool(self.questions), bool(self.conversations))
 
     def padded_tokens(self, stage: int, step: int) -> int:
         """Tokens (rows x padded length) of batch ``step`` of ``stage``: what the step costs."""
@@ -231,4 +218,27 @@ class Batches:
         return len(exs) * (max(len(e.ids) for e in exs) - 1)
 
 
-__all__ = ["Example", "Batches", "fact_examples", "dialogue_examples", "make_batch", "batch_indices", "CONVERSATIONS"]
+def stage_passes(tc: TrainConfig, stage: int, steps: int, n_facts: int, n_dialogues: int,
+                 questions: bool, conversations: bool) -> float:
+    """Passes (epochs) over the facts (``stage`` 0: as text or as fact questions' answers) or the
+    dataset's dialogues (1) that ``steps`` steps make: steps x the batch's rows of them / their count,
+    in the data mix of ``tc`` (``mix_share``, ``fact_question_share``, ``replay_share``,
+    ``conversation_every``). ``questions``/``conversations``: the mix has fact questions / conversation
+    batches. 0.0 without facts (stage 0) or dialogues (stage 1). The Hyperparameters tab and the
+    training progress both show this number."""
+    b = (tc.pretrain if stage == 0 else tc.tune).batch_size
+    if stage == 0:  # a fact as text or as the answer of a fact question
+        mix = min(b - 1, int(round(b * tc.mix_share))) if (n_dialogues or questions) else 0
+        asked = min(mix, int(round(mix * tc.fact_question_share))) if questions and mix else 0
+        return steps * (b - mix + asked) / n_facts if n_facts else 0.0
+    if not n_dialogues:
+        return 0.0
+    n_replay = min(b - 1, int(round(b * tc.replay_share))) if n_facts else 0
+    n = b - n_replay
+    n_d = n - (min(n, int(round(n * tc.fact_question_share))) if questions else 0)
+    if tc.conversation_every and conversations:
+        steps -= steps // tc.conversation_every
+    return steps * n_d / n_dialogues
+
+
+__all__ = ["Example", "Batches", "stage_passes", "fact_examples", "dialogue_examples", "make_batch", "batch_indices", "CONVERSATIONS"]

@@ -67,14 +67,6 @@ CHECK_SAMPLE = 64
 as a few hundred steps to train."""
 
 
-def passes(steps: int, batch_size: int, sequences: int, share: float = 1.0) -> float:
-    """Passes (epochs) over ``sequences`` made by ``steps`` steps that take ``share`` of each batch of
-    ``batch_size`` from them (tuning takes ``1 - replay_share``). 0 when there are no sequences."""
-    if sequences <= 0:
-        return 0.0
-    return steps * batch_size * share / sequences
-
-
 @dataclass(frozen=True)
 class Plan:
     """What an Auto run will do, and how long it should take.
@@ -421,5 +413,5 @@ def verdict_of(report, target: float = 1.0, preset: str | None = None) -> Verdic
                    report.chat_recalled, report.heldout_recalled)
 
 
-__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "passes", "verdict", "verdict_of",
+__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of",
            "measure_speed", "cached_speed", "store_speed", "speed_key", "format_duration", "padded_length"]

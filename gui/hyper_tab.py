@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig, config_errors
+from core.batches import stage_passes
 from core.plan import AUTO
 from core.wording import count
 from core.tokenizer import MIN_VOCAB_SIZE
@@ -495,16 +496,17 @@ class HyperTab(QWidget):
         return ok
 
     def _passes(self, tc: TrainConfig, stage: int) -> str:
-        """" (N passes over the facts)" for a stage's steps over the dataset ("" without data)."""
-        from core.plan import passes
-
+        """" (N passes over the facts)" for a stage's steps over the dataset, in the run's data mix
+        (core.batches.stage_passes; "" without data)."""
         ds = self.app_state.dataset()
-        if stage == 0:
-            n, what, share = len(ds.facts), "facts", 1.0
-        else:
-            n, what, share = len(ds.dialogues), "dialogues", (1 - tc.replay_share) if ds.facts else 1.0
-        cfg = tc.pretrain if stage == 0 else tc.tune
-        return f" ({count(passes(cfg.steps, cfg.batch_size, n, share), 'pass', 'passes', 0)} over the {what})" if n else ""
+        n, what = (len(ds.facts), "facts") if stage == 0 else (len(ds.dialogues), "dialogues")
+        if not n:
+            return ""
+        questions = bool(tc.fact_questions and ds.facts and ds.dialogues)
+        conversations = bool(tc.conversation_every and ds.dialogues)
+        steps = (tc.pretrain if stage == 0 else tc.tune).steps
+        value = stage_passes(tc, stage, steps, len(ds.facts), len(ds.dialogues), questions, conversations)
+        return f" ({count(value, 'pass', 'passes', 0)} over the {what})"
 
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""

@@ -109,6 +109,9 @@ def test_batches_mix_questions_into_pretraining_and_conversations_into_tuning():
     assert b.examples(1, 5)[0].ids == _batches(t, mix_share=0.25, fact_questions=1, fact_question_share=0.5,
                                                conversation_every=4, heldout=10).examples(1, 5)[0].ids
     assert b.passes(0, 100) == 100 * (12 + 2) / 300 and b.passes(1, 8) == 6 * 6 / 30  # facts as answers count
+    from core.batches import stage_passes  # what the Hyperparameters tab shows, from counts alone
+    assert stage_passes(b.train_config, 0, 100, len(b.facts), len(b.dialogues), True, True) == b.passes(0, 100)
+    assert stage_passes(b.train_config, 1, 8, len(b.facts), len(b.dialogues), True, True) == b.passes(1, 8)
     assert all(e.ids[0] == bos for e in b.facts)
     plain = _batches(t)  # the default TrainConfig mixes nothing in: the batches of earlier versions
     assert not plain.questions and not plain.conversations and not plain.heldout_pairs
