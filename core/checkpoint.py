@@ -56,6 +56,8 @@ MAX_ARRAYS_BYTES = 8 << 30
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
 writes back (general.* keys, the file's context length, its name)."""
+READ_ATTEMPTS = 12
+"""Reads of a folder that a save keeps swapping before load_checkpoint gives up (one line: try again)."""
 
 
 class CheckpointError(ValueError):
@@ -449,14 +451,16 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     """Read a checkpoint folder's model (not the optimizer).
 
     A save that swaps the folder while it is read (another process training into it) is noticed —
-    the folder under the name is another one afterwards — and the read is repeated, so the files
-    returned are all of one save.
+    the folder under the name is another one afterwards — and the read is repeated (up to
+    ``READ_ATTEMPTS`` times, waiting a little longer each time), so the files returned are all of one save.
 
     Raises:
         CheckpointError: not a checkpoint, incomplete, unreadable, damaged, non-finite, or its files do
             not belong together (tokenizer of another model); one line naming the file and field.
     """
-    for _attempt in range(5):
+    for attempt in range(READ_ATTEMPTS):
+        if attempt:
+            time.sleep(min(0.02 * attempt, 0.2))  # let a save in progress finish (a busy machine reads slowly)
         d = _prepare(directory)
         before = _folder_id(d)
         try:
