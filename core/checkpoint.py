@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import stat
 import time
 import zipfile
 from dataclasses import dataclass, field, fields
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core import __version__
-from core.atomic import atomic_write, readable_folder, recover_folder, replace_folder
+from core.atomic import atomic_write, backup_path, readable_folder, recover_folder, replace_folder
 from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.json_text import parse_json
@@ -303,27 +304,66 @@ class CheckpointMeta:
         return cls.from_dict(parse_json(text, path, CheckpointError, "a checkpoint config"), path)
 
     @classmethod
-    def read(cls, folder: str | os.PathLike) -> "CheckpointMeta":
-        """Read ``folder/config.json`` (at most 1 MiB).
+    def read(cls, folder: str | os.PathLike, dir_fd: int | None = None) -> "CheckpointMeta":
+        """Read ``folder/config.json`` (at most 1 MiB); with ``dir_fd`` (an open descriptor of the
+        folder, :func:`_pin`) from that folder even if it has been renamed since.
 
         Raises:
             CheckpointError: no config.json (``not a checkpoint folder``), unreadable or invalid.
         """
         cfg = Path(folder) / "config.json"
-        if not cfg.is_file():
+        if not _is_file(cfg, dir_fd):
             raise CheckpointError(f"{folder}: not a checkpoint folder (no config.json)")
-        return cls.from_json(_read_text(cfg, MAX_CONFIG_BYTES), cfg)
+        return cls.from_json(_read_text(cfg, MAX_CONFIG_BYTES, dir_fd), cfg)
 
 
 def _missing(name: str):
     raise _FieldError(name, "is missing")
 
 
-def _read_bytes(path: Path, limit: int) -> bytes:
-    if path.exists() and not path.is_file():  # a device, a pipe: never read endlessly
-        raise CheckpointError(f"{path}: not a regular file")
+def _pin(folder: Path) -> int | None:
+    """An open descriptor of ``folder`` to read its files through (``dir_fd``), so that every file read
+    comes from this one folder even when a save renames it away meanwhile (a path-based check cannot
+    tell: the file system may give the next save's folder the same inode number). None where the
+    platform cannot (Windows) or the folder cannot be opened."""
+    if os.open not in os.supports_dir_fd or not hasattr(os, "O_DIRECTORY"):
+        return None
     try:
-        with open(path, "rb") as fh:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
+def _is_file(path: Path, dir_fd: int | None) -> bool:
+    if dir_fd is None:
+        return path.is_file()
+    try:
+        return stat.S_ISREG(os.stat(path.name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _open_binary(path: Path, dir_fd: int | None) -> io.BufferedReader:
+    """``path`` opened for reading; with ``dir_fd`` the file of that name in the pinned folder.
+
+    Raises:
+        CheckpointError: not a regular file (a device, a pipe: never read endlessly).
+        OSError: it cannot be opened.
+    """
+    if dir_fd is None:
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path}: not a regular file")
+        return open(path, "rb")
+    fd = os.open(path.name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _read_bytes(path: Path, limit: int, dir_fd: int | None = None) -> bytes:
+    try:
+        with _open_binary(path, dir_fd) as fh:
             data = fh.read(limit + 1)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
@@ -332,9 +372,9 @@ def _read_bytes(path: Path, limit: int) -> bytes:
     return data
 
 
-def _read_text(path: Path, limit: int) -> str:
+def _read_text(path: Path, limit: int, dir_fd: int | None = None) -> str:
     try:
-        return _read_bytes(path, limit).decode("utf-8")
+        return _read_bytes(path, limit, dir_fd).decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
@@ -447,45 +487,66 @@ def _folder_id(d: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _moved(d: Path, dir_fd: int | None, before: tuple[int, int] | None) -> bool:
+    """Whether the folder read as ``d`` is no longer there under that name (a save swapped it away,
+    maybe deleted it): the read is then repeated rather than reported."""
+    if dir_fd is not None:
+        st = os.fstat(dir_fd)
+        return st.st_nlink == 0 or _folder_id(d) != (st.st_dev, st.st_ino)
+    return before is not None and _folder_id(d) != before
+
+
 def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
     """Read a checkpoint folder's model (not the optimizer).
 
-    A save that swaps the folder while it is read (another process training into it) is noticed —
-    the folder under the name is another one afterwards — and the read is repeated (up to
-    ``READ_ATTEMPTS`` times, waiting a little longer each time), so the files returned are all of one save.
+    Every file comes from one save: the folder is opened once and its files are read through that
+    descriptor (``dir_fd``), so a save that swaps the folder meanwhile (another process training into
+    it) cannot mix its files in. A read that fails because the folder was swapped away or deleted
+    meanwhile is repeated (up to ``READ_ATTEMPTS`` times, waiting a little longer each time). Where
+    folders cannot be opened (Windows), a read during which the folder under the name changed is
+    repeated instead.
 
     Raises:
         CheckpointError: not a checkpoint, incomplete, unreadable, damaged, non-finite, or its files do
             not belong together (tokenizer of another model); one line naming the file and field.
     """
+    last_error: CheckpointError | None = None
     for attempt in range(READ_ATTEMPTS):
         if attempt:
             time.sleep(min(0.02 * attempt, 0.2))  # let a save in progress finish (a busy machine reads slowly)
         d = _prepare(directory)
         before = _folder_id(d)
+        dir_fd = _pin(d) if d.is_dir() else None
         try:
-            loaded = _load_folder(d, Path(directory))
-        except CheckpointError:
-            if before is not None and _folder_id(d) != before:
-                continue  # swapped (and maybe deleted) while being read
-            raise
-        if _folder_id(d) == before:
-            return loaded
+            try:
+                loaded = _load_folder(d, Path(directory), dir_fd)
+            except CheckpointError as e:
+                if _moved(d, dir_fd, before):
+                    last_error = e
+                    continue
+                raise
+            if dir_fd is not None or not _moved(d, dir_fd, before):
+                return loaded
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+    if last_error is not None and not Path(directory).exists() and backup_path(directory).is_dir():
+        raise last_error  # a backup left alone (its writer gone) that cannot be read: say why
     raise CheckpointError(f"{directory}: replaced again and again while being read (a training run saving "
                           "into it?); try again")
 
 
-def _load_folder(d: Path, directory: Path) -> LoadedModel:
+def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedModel:
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{d}: not a checkpoint folder (a file; a .gguf file needs the .gguf extension)"
                               if not _is_gguf(d) else f"{d}: a GGUF file without the .gguf extension; rename "
                               "it to end in .gguf")
-    meta = CheckpointMeta.read(d)
+    meta = CheckpointMeta.read(d, dir_fd)
     for f in ("weights.npz", "tokenizer.json"):
-        if not (d / f).is_file():
+        if not _is_file(d / f, dir_fd):
             raise CheckpointError(f"{d}: incomplete checkpoint, {f} is missing")
     tok_path = d / "tokenizer.json"
-    text = _read_text(tok_path, MAX_TOKENIZER_BYTES)
+    text = _read_text(tok_path, MAX_TOKENIZER_BYTES, dir_fd)
     if meta.tokenizer_hash and hashlib.sha256(text.encode("utf-8")).hexdigest() != meta.tokenizer_hash:
         raise CheckpointError(f"{tok_path}: does not belong to this checkpoint (its hash differs from "
                               "config.json's tokenizer_hash)")
@@ -498,7 +559,7 @@ def _load_folder(d: Path, directory: Path) -> LoadedModel:
     if tok.vocab_size != meta.model.vocab_size:
         raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
                               f"{meta.model.vocab_size} (a tokenizer of another model?)")
-    weights = _read_arrays(d / "weights.npz")
+    weights = _read_arrays(d / "weights.npz", dir_fd)
     _check_tensors(d / "weights.npz", weights, meta.model)
     _check_loaded_finite(d / "weights.npz", weights)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
@@ -518,12 +579,13 @@ def _check_loaded_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
             raise CheckpointError(f"{path}: tensor {name!r} contains NaN or infinite values; the model is broken")
 
 
-def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+def _read_arrays(path: Path, dir_fd: int | None = None) -> dict[str, np.ndarray]:
     try:
-        if path.stat().st_size > MAX_ARRAYS_BYTES:
-            raise CheckpointError(f"{path}: larger than {MAX_ARRAYS_BYTES >> 30} GiB")
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k].astype(np.float32) for k in z.files}
+        with _open_binary(path, dir_fd) as fh:
+            if os.fstat(fh.fileno()).st_size > MAX_ARRAYS_BYTES:
+                raise CheckpointError(f"{path}: larger than {MAX_ARRAYS_BYTES >> 30} GiB")
+            with np.load(fh, allow_pickle=False) as z:
+                return {k: z[k].astype(np.float32) for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise CheckpointError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 

@@ -31,8 +31,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     devices = list_devices()
     for d in devices:
-        default = "  (default)" if d.index == 0 else ""
+        default = "  (default)" if d.index == 0 and not d.problem else ""
         print(f"[{d.index}] {d.label}{default}")
+        if d.problem:
+            print(f"     unusable: {d.problem}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
         print(f"     compute units {d.compute_units}, global memory {d.global_mem_bytes / 2**30:.1f} GiB, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")

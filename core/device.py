@@ -130,6 +130,8 @@ class DeviceInfo:
     opencl_version: str
     platform_index: int
     device_index: int
+    problem: str = ""
+    """Why this device cannot be used (its compiler failed on a trivial kernel), else empty."""
 
     @property
     def label(self) -> str:
@@ -141,7 +143,10 @@ class DeviceInfo:
         return f"{self.name.strip()} ({what}, {self.platform.strip()})"
 
     def rank(self) -> int:
-        """Preference order: integrated GPU (0), other GPU (1), CPU (2), anything else (3)."""
+        """Preference order: integrated GPU (0), other GPU (1), CPU (2), anything else (3); a device
+        with a :attr:`problem` after all of them (4)."""
+        if self.problem:
+            return 4
         if self.kind == "GPU":
             return 0 if self.integrated else 1
         return 2 if self.kind == "CPU" else 3
@@ -174,11 +179,44 @@ def _no_opencl_message(cause: str) -> str:
 
 _KIND_NAMES = {2: "CPU", 4: "GPU", 8: "ACCELERATOR"}
 
+_PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] *= 2.0f; }"
+_probe_results: dict[tuple[str, str, str, str], str] = {}
+
+
+def _probe(cl_device: cl.Device) -> str:
+    """Build a one-line kernel on ``cl_device``; "" when it builds, else a one-line reason.
+
+    Some drivers list a device whose compiler cannot build anything on this machine: pip's PoCL
+    (LLVM 14) does not know CPUs newer than it (e.g. AMD Zen 5) and fails every build with
+    "unknown target CPU 'generic'". Such a device is listed last with the reason, never chosen by
+    default. The result is kept per process (driver and device name as the key).
+    """
+    import pyopencl as cl
+
+    key = (cl_device.platform.name, cl_device.platform.version, cl_device.name, cl_device.driver_version)
+    if key in _probe_results:
+        return _probe_results[key]
+    try:
+        ctx = cl.Context([cl_device])
+        cl.Program(ctx, _PROBE_SOURCE).build()
+        problem = ""
+    except Exception as e:  # cl.Error (BUILD_PROGRAM_FAILURE, a driver crash code), RuntimeError
+        log_lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
+        detail = next((ln for ln in log_lines if "clBuildProgram failed" not in ln), "")
+        problem = f"its OpenCL compiler cannot build kernels on this machine ({detail or type(e).__name__})"
+        if "portable computing language" in cl_device.platform.name.lower():
+            problem += ("; the PoCL that pip installs does not know this CPU: install the system's PoCL "
+                        "(`apt install pocl-opencl-icd`, `dnf install pocl`) and restart")
+    _probe_results[key] = problem
+    return problem
+
 
 def list_devices() -> list[DeviceInfo]:
     """Every OpenCL device on every platform, preferred first.
 
-    Order: integrated GPUs, then other GPUs, then CPUs, then others; stable within a group.
+    Order: integrated GPUs, then other GPUs, then CPUs, then others; stable within a group. Each
+    device builds a one-line kernel first (:func:`_probe`, once per process); one that cannot gets
+    :attr:`DeviceInfo.problem` and goes last.
 
     Returns:
         A non-empty list of :class:`DeviceInfo`.
@@ -214,7 +252,7 @@ def list_devices() -> list[DeviceInfo]:
                     integrated=unified, compute_units=int(d.max_compute_units),
                     global_mem_bytes=int(d.global_mem_size), local_mem_bytes=int(d.local_mem_size),
                     max_work_group_size=int(d.max_work_group_size), opencl_version=d.version,
-                    platform_index=pi, device_index=di,
+                    platform_index=pi, device_index=di, problem=_probe(d),
                 )
             )
     if not raw:
@@ -232,11 +270,14 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
             (so "PoCL", "NVIDIA" or "Intel" work).
 
     Raises:
-        OpenCLUnavailableError: no device at all.
+        OpenCLUnavailableError: no device at all, or (for the default) none that can build kernels.
         ValueError: the index is out of range or no device name matches; lists what exists.
     """
     devices = list_devices()
     if spec is None or spec == "":
+        if devices[0].problem:
+            raise OpenCLUnavailableError(_no_opencl_message(
+                "; ".join(f"{d.label}: {d.problem}" for d in devices)))
         return devices[0]
     if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().lstrip("-").isdigit()):
         i = int(spec)
@@ -520,9 +561,13 @@ def open_device(spec: int | str | DeviceInfo | None = None) -> Device:
     One Device per physical device per process, so programs are built once.
 
     Raises:
-        OpenCLUnavailableError, ValueError: as :func:`select_device`.
+        OpenCLUnavailableError: as :func:`select_device`; also a device whose compiler cannot build
+            kernels here (:attr:`DeviceInfo.problem`), with the reason.
+        ValueError: as :func:`select_device`.
     """
     info = spec if isinstance(spec, DeviceInfo) else select_device(spec)
+    if info.problem:
+        raise OpenCLUnavailableError(f"{info.label}: {info.problem}")
     key = (info.platform_index, info.device_index)
     with _open_lock:  # the GUI opens devices from several worker threads
         dev = _open_devices.get(key)

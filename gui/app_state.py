@@ -115,11 +115,11 @@ class AppState(QObject):
 
     def has_cpu_device(self) -> bool:
         """True when a CPU device is listed (the fallback when a GPU runs out of memory)."""
-        return any(d.kind == "CPU" for d in self._devices)
+        return any(d.kind == "CPU" and not d.problem for d in self._devices)
 
     def switch_to_cpu(self) -> bool:
         """Choose the first CPU device; False when there is none."""
-        cpu = next((d for d in self._devices if d.kind == "CPU"), None)
+        cpu = next((d for d in self._devices if d.kind == "CPU" and not d.problem), None)
         if cpu is None:
             return False
         self.set_device(cpu)

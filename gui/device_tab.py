@@ -126,7 +126,7 @@ class DeviceTab(QWidget):
         self.combo.blockSignals(True)
         self.combo.clear()
         for d in self.devices:
-            self.combo.addItem(d.label)
+            self.combo.addItem(d.label + (" — cannot build kernels here" if d.problem else ""))
         idx = next((i for i, d in enumerate(self.devices) if d.label == remembered), 0)
         self.combo.setCurrentIndex(idx)
         self.combo.blockSignals(False)
@@ -156,7 +156,8 @@ class DeviceTab(QWidget):
                   "Max work-group size": str(d.max_work_group_size)}
         for k, val in values.items():
             self.detail_labels[k].setText(val)
-        self.test_status.setText("Not tested yet.")
+        self.test_status.setText(f"This device cannot be used: {d.problem}" if d.problem else "Not tested yet.")
+        self.test_button.setEnabled(not d.problem)
         self.results.setRowCount(0)
         self.progress.setValue(0)
         self.device_changed.emit(d)

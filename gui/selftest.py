@@ -49,7 +49,7 @@ def run_self_test(stream: TextIO | None = None, device: str | int | None = None)
         for d in devices:
             say(f"  device {d.index}: {d.label}")
         record("devices", True, f"{len(devices)} found")
-        info = select_device(device) if device is not None else devices[0]
+        info = select_device(device)
         dev = open_device(info)
 
         from core.selftest import check_device
