@@ -36,6 +36,32 @@ def test_select_device_by_index_name_and_errors():
         device_mod.select_device("no-such-device-xyz")
 
 
+def test_a_device_that_cannot_build_kernels_goes_last_and_is_never_chosen(monkeypatch, capsys):
+    """pip's PoCL (LLVM 14) lists AMD Zen 5 CPUs but fails every build ("unknown target CPU 'generic'")."""
+    import pyopencl as cl
+
+    from core.cli import main
+
+    assert not device_mod.list_devices()[0].problem  # the real probe: this machine has a usable device
+
+    def failing_build(self, *args, **kwargs):
+        raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE - clBuildProgram failed\n\n"
+                              "Build on <pyopencl.Device>:\n\nerror: unknown target CPU 'generic'\n")
+
+    monkeypatch.setattr(device_mod, "_probe_results", {})
+    monkeypatch.setattr(cl.Program, "build", failing_build)
+    devices = device_mod.list_devices()
+    assert devices and all("unknown target CPU 'generic'" in d.problem for d in devices)
+    assert all(d.rank() == 4 for d in devices)
+    with pytest.raises(device_mod.OpenCLUnavailableError, match="cannot build kernels"):
+        device_mod.select_device()
+    with pytest.raises(device_mod.OpenCLUnavailableError, match="cannot build kernels"):
+        device_mod.open_device(devices[0])
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "(default)" not in out and "unusable: its OpenCL compiler cannot build kernels" in out
+
+
 def test_no_platform_gives_a_clear_message(monkeypatch):
     import pyopencl as cl
 
