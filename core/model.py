@@ -34,7 +34,6 @@ from core.kernels.embedding import Embedding
 from core.kernels.grad_norm import GradNorm
 from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul
-from core.kernels.residual import Residual
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
@@ -51,7 +50,6 @@ class Ops:
         self.rope = RoPE(dev)
         self.attention = Attention(dev)
         self.swiglu = SwiGLU(dev)
-        self.residual = Residual(dev)
         self.cross_entropy = CrossEntropy(dev)
         self.adamw = AdamW(dev)
         self.grad_norm = GradNorm(dev)
