@@ -1,5 +1,6 @@
 """A checkpoint's ``config.json``: :class:`CheckpointMeta`, its one reader and writer, with the format
-constants and the one-line :class:`CheckpointError`.
+constants, the one-line :class:`CheckpointError`, and the GGUF keys under which an export records the
+training (:class:`TrainingKeys`, read back by ``core.gguf_import``).
 
 It lives below ``core.loaded`` (whose ``LoadedModel.checkpoint`` is a CheckpointMeta) and the readers
 (``core.checkpoint``, ``core.gguf_import``), so that none of them imports the other. Also here: reading
@@ -28,6 +29,20 @@ MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
 writes back (general.* keys, the file's context length, its name)."""
+
+
+class TrainingKeys:
+    """Our GGUF keys that record the training (after ``core.gguf_import.META_PREFIX``): written by
+    :meth:`CheckpointMeta.training_summary` into an export, read back by ``core.gguf_import``."""
+
+    APP_VERSION = "training.app_version"
+    DATE = "training.date"
+    STEPS = "training.steps"  # AdamW updates (CheckpointMeta.adam_step)
+    PRETRAIN_STEPS = "training.pretrain_steps"
+    TUNE_STEPS = "training.tune_steps"
+    FINAL_LOSS = "training.final_loss"
+    DATASET_SHA256 = "training.dataset_sha256"
+    CONFIG = "training.config"  # TrainConfig.to_dict() as JSON
 
 
 class CheckpointError(ValueError):
@@ -189,12 +204,13 @@ class CheckpointMeta:
         """What a GGUF export records of the training (keys without the ``opencl_llm_studio.`` prefix);
         entries without a value (a NaN loss, no date) are left out."""
         pre, tune = self.stage_steps_done()
+        k = TrainingKeys
         values = {
-            "training.app_version": self.app_version, "training.date": self.saved or None,
-            "training.steps": self.adam_step, "training.pretrain_steps": pre, "training.tune_steps": tune,
-            "training.final_loss": self.last_loss if math.isfinite(self.last_loss) else None,
-            "training.dataset_sha256": self.dataset_hash or None,
-            "training.config": json.dumps(self.train.to_dict(), sort_keys=True),
+            k.APP_VERSION: self.app_version, k.DATE: self.saved or None,
+            k.STEPS: self.adam_step, k.PRETRAIN_STEPS: pre, k.TUNE_STEPS: tune,
+            k.FINAL_LOSS: self.last_loss if math.isfinite(self.last_loss) else None,
+            k.DATASET_SHA256: self.dataset_hash or None,
+            k.CONFIG: json.dumps(self.train.to_dict(), sort_keys=True),
         }
         return {k: v for k, v in values.items() if v is not None}
 
