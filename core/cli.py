@@ -207,8 +207,7 @@ def _base_setup(args):
 
 
 def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
-    from core.estimates import training_memory_bytes
-    from core.model import fits_in
+    from core.estimates import training_memory_bytes, training_memory_problem
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
@@ -216,11 +215,12 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
-    if not fits_in(need, have):
+    problem = training_memory_problem(mc, b, tc.grad_accum, tc.freeze_embeddings, have, dev.max_alloc_bytes,
+                                      dev.info.name)
+    if problem:
         lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
-        raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
-                         f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
-                         "(or lower --context-length / --batch-size)")
+        raise ValueError(f"{problem}; with --freeze-embeddings --grad-accum {b} it needs about "
+                         f"{lighter / 2**30:.2f} GiB (or lower --context-length / --batch-size)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

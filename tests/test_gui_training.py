@@ -188,3 +188,15 @@ def test_the_before_after_comparison_fills_the_table(main_window):
     assert [t.compare.item(0, c).text() for c in range(4)] == ["Where is Brindlewick?", "In the north.", "Paris",
                                                                "North"]
     assert t.compare.item(1, 1).text() == "(general question)"
+
+
+def test_a_buffer_over_the_device_limit_is_flagged_though_the_memory_would_do(main_window):
+    """The Hyperparameters tab applies the Model's one memory rule (core.model.memory_problem): a device
+    with memory to spare but a per-buffer limit below the largest buffer is flagged, as Model refuses it."""
+    h = main_window.hyper_tab
+    info = main_window.device_info()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40, max_alloc_bytes=2**16,
+                                                                   name="Small GPU"))
+    assert not h.memory_label.isHidden() and "per buffer" in h.memory_label.text()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40, max_alloc_bytes=2**40))
+    assert h.memory_label.isHidden()
