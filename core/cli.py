@@ -439,7 +439,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- recall
-def cmd_recall(args) -> int:
+def cmd_recall(args: argparse.Namespace) -> int:
     """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
     device, core.recall): e.g. questions held out of training."""
     from core.checkpoint import load_model
