@@ -255,7 +255,7 @@ def _train(args, out: Path) -> int:
 
     from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
-    from core.config import ConfigError
+    from core.config import ConfigError, ModelConfig
     from core.dataset import default_dataset
     from core.device import open_device
     from core.trainer import (
@@ -293,8 +293,8 @@ def _train(args, out: Path) -> int:
 
         if not args.quiet:
             print("planning: counting tokens and measuring this device's training speed…")
-        plan, _ = plan_for(new_data or default_dataset(), dev,
-                           60.0 * args.time_budget if args.time_budget else 0.0, args.vocab_size or 1024)
+        plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
+                           args.vocab_size or ModelConfig.vocab_size)
         try:
             mc, tc = _configs(args, (plan.model_config, plan.train_config))
         except ConfigError as e:

@@ -319,7 +319,7 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
 
 
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
-             vocab_size: int = 1024) -> tuple[Plan, DatasetStats]:
+             vocab_size: int = ModelConfig.vocab_size) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
     preset, the padded tokens of the planned data mix's batches (core.trainer.Batches) and the recall
     prompts of every kind, :func:`make_plan`. Returns (plan, DatasetStats)."""
