@@ -207,8 +207,7 @@ def _base_setup(args):
 
 
 def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
-    from core.estimates import training_memory_bytes
-    from core.model import fits_in
+    from core.estimates import training_memory_bytes, training_memory_problem
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
@@ -216,11 +215,12 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
-    if not fits_in(need, have):
+    problem = training_memory_problem(mc, b, tc.grad_accum, tc.freeze_embeddings, have, dev.max_alloc_bytes,
+                                      dev.info.name)
+    if problem:
         lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
-        raise ValueError(f"training needs about {need / 2**30:.2f} GiB but the device has {have / 2**30:.1f} GiB; "
-                         f"with --freeze-embeddings --grad-accum {b} it needs about {lighter / 2**30:.2f} GiB "
-                         "(or lower --context-length / --batch-size)")
+        raise ValueError(f"{problem}; with --freeze-embeddings --grad-accum {b} it needs about "
+                         f"{lighter / 2**30:.2f} GiB (or lower --context-length / --batch-size)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -255,7 +255,7 @@ def _train(args, out: Path) -> int:
 
     from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
-    from core.config import ConfigError
+    from core.config import ConfigError, ModelConfig
     from core.dataset import default_dataset
     from core.device import open_device
     from core.trainer import (
@@ -293,8 +293,8 @@ def _train(args, out: Path) -> int:
 
         if not args.quiet:
             print("planning: counting tokens and measuring this device's training speed…")
-        plan, _ = plan_for(new_data or default_dataset(), dev,
-                           60.0 * args.time_budget if args.time_budget else 0.0, args.vocab_size or 1024)
+        plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
+                           args.vocab_size or ModelConfig.vocab_size)
         try:
             mc, tc = _configs(args, (plan.model_config, plan.train_config))
         except ConfigError as e:
@@ -439,7 +439,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- recall
-def cmd_recall(args) -> int:
+def cmd_recall(args: argparse.Namespace) -> int:
     """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
     device, core.recall): e.g. questions held out of training."""
     from core.checkpoint import load_model

@@ -115,6 +115,7 @@ class DeviceInfo:
         global_mem_bytes, local_mem_bytes: memory sizes in bytes.
         max_work_group_size: CL_DEVICE_MAX_WORK_GROUP_SIZE.
         opencl_version: CL_DEVICE_VERSION string.
+        max_alloc_bytes: CL_DEVICE_MAX_MEM_ALLOC_SIZE, the largest single buffer (None: not known).
     """
 
     index: int
@@ -132,6 +133,7 @@ class DeviceInfo:
     device_index: int
     problem: str = ""
     """Why this device cannot be used (its compiler failed on a trivial kernel), else empty."""
+    max_alloc_bytes: int | None = None
 
     @property
     def label(self) -> str:
@@ -253,6 +255,7 @@ def list_devices() -> list[DeviceInfo]:
                     global_mem_bytes=int(d.global_mem_size), local_mem_bytes=int(d.local_mem_size),
                     max_work_group_size=int(d.max_work_group_size), opencl_version=d.version,
                     platform_index=pi, device_index=di, problem=_probe(d),
+                    max_alloc_bytes=int(d.max_mem_alloc_size),
                 )
             )
     if not raw:

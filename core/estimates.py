@@ -31,8 +31,26 @@ def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int 
     """
     from core.model import frozen_tensors, memory_bytes
 
-    micro = -(-batch_size // max(1, grad_accum))
-    return memory_bytes(config, micro, training=True, frozen=frozen_tensors(freeze_embeddings))[0]
+    return memory_bytes(config, _micro_batch(batch_size, grad_accum), training=True,
+                        frozen=frozen_tensors(freeze_embeddings))[0]
+
+
+def training_memory_problem(config: ModelConfig, batch_size: int, grad_accum: int, freeze_embeddings: bool,
+                            global_mem_bytes: int, max_alloc_bytes: int | None, device_name: str) -> str | None:
+    """Why a device cannot hold a training run (one line), or None when it can: the one memory rule,
+    :func:`core.model.memory_problem` (every buffer together within :data:`core.model.MEMORY_SHARE` of
+    ``global_mem_bytes``, the largest within ``max_alloc_bytes``), for the Model the trainer builds (one
+    micro-batch of ``ceil(batch_size / grad_accum)`` sequences, ``token_embd`` frozen or not). The GUI
+    and the CLI ask this before a run, so they refuse what :func:`core.model.check_fits` would refuse.
+    """
+    from core.model import frozen_tensors, memory_problem
+
+    return memory_problem(config, _micro_batch(batch_size, grad_accum), global_mem_bytes, max_alloc_bytes,
+                          device_name, training=True, frozen=frozen_tensors(freeze_embeddings))
+
+
+def _micro_batch(batch_size: int, grad_accum: int) -> int:
+    return -(-batch_size // max(1, grad_accum))
 
 
 def gguf_size_bytes(config: ModelConfig, dtype: str) -> int:

@@ -46,7 +46,7 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
     Returns:
         ``(loaded, model_config, base_meta)``: the :class:`core.loaded.LoadedModel`, its config with
         the training context, and what checkpoints keep of the file for the export
-        (``core.checkpoint.BASE_META_KEYS``).
+        (``core.checkpoint_meta.BASE_META_KEYS``).
 
     Raises:
         core.gguf_import.GGUFError / core.checkpoint.CheckpointError: the file cannot be used (named).

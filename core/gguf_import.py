@@ -29,6 +29,7 @@ import gguf
 import numpy as np
 from gguf import Keys
 
+from core.checkpoint_meta import TrainingKeys
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
 
@@ -400,9 +401,9 @@ def import_gguf(path: str | os.PathLike) -> LoadedModel:
         "gguf_context_length": kv.get(Keys.LLM.CONTEXT_LENGTH.format(arch=ARCH)),
         "notes": notes,
     }
-    for ours, key in (("dataset_hash", "training.dataset_sha256"), ("last_loss", "training.final_loss"),
-                      ("app_version", "training.app_version"), ("adam_step", "training.steps"),
-                      ("saved", "training.date")):
+    k = TrainingKeys
+    for ours, key in (("dataset_hash", k.DATASET_SHA256), ("last_loss", k.FINAL_LOSS), ("app_version", k.APP_VERSION),
+                      ("adam_step", k.STEPS), ("saved", k.DATE)):
         if META_PREFIX + key in studio:
             meta[ours] = studio[META_PREFIX + key]
     return LoadedModel(config, tok, weights, meta, p)

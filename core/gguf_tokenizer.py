@@ -488,10 +488,6 @@ class GGUFTokenizer:
         """Merge rules (GGUF ``tokenizer.ggml.merges``; empty for SentencePiece)."""
         return list(self.vocab.merges)
 
-    def token_types(self) -> list[int]:
-        """llama_token_type of each token (GGUF ``tokenizer.ggml.token_type``)."""
-        return list(self.vocab.types)
-
     def special_ids(self) -> list[int]:
         """Ids of the CONTROL tokens (never shown in decoded text)."""
         return sorted(self._control)

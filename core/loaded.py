@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from core.config import ModelConfig
+
+if TYPE_CHECKING:
+    from core.checkpoint_meta import CheckpointMeta
 
 
 @dataclass
@@ -24,9 +27,9 @@ class LoadedModel:
         weights: ``{gguf tensor name: float32 array}``.
         meta: for a GGUF file, what :func:`core.gguf_import.import_gguf` read (``format`` "gguf", ...);
             for a Hugging Face folder ``format`` "hf"; for a checkpoint the base-model keys of a
-            fine-tuned import (``core.checkpoint.BASE_META_KEYS``), else empty.
+            fine-tuned import (``core.checkpoint_meta.BASE_META_KEYS``), else empty.
         path: where it was read from.
-        checkpoint: a checkpoint folder's ``core.checkpoint.CheckpointMeta`` (None otherwise).
+        checkpoint: a checkpoint folder's :class:`core.checkpoint_meta.CheckpointMeta` (None otherwise).
     """
 
     config: ModelConfig
@@ -34,4 +37,4 @@ class LoadedModel:
     weights: dict[str, np.ndarray]
     meta: dict
     path: Path
-    checkpoint: Any = field(default=None)
+    checkpoint: CheckpointMeta | None = field(default=None)

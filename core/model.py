@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gguf import MODEL_TENSOR as T
+from gguf import TENSOR_NAMES
 
-from core.config import ModelConfig
+from core.config import BLOCK_TENSORS, ModelConfig, tensor_name
 from core.device import Device
 from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
@@ -34,7 +36,6 @@ from core.kernels.embedding import Embedding
 from core.kernels.grad_norm import GradNorm
 from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul
-from core.kernels.residual import Residual
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
@@ -51,29 +52,48 @@ class Ops:
         self.rope = RoPE(dev)
         self.attention = Attention(dev)
         self.swiglu = SwiGLU(dev)
-        self.residual = Residual(dev)
         self.cross_entropy = CrossEntropy(dev)
         self.adamw = AdamW(dev)
         self.grad_norm = GradNorm(dev)
 
 
-def param_layout(dev: Device, config: ModelConfig) -> Layout:
-    """The flat layout of the model's parameters (matrices first, norm weights last); each layer's
-    attn_q, attn_k, attn_v and its ffn_gate, ffn_up are stored back to back as the groups
-    ``blk.{i}.attn_qkv`` and ``blk.{i}.ffn_gate_up`` (one matmul each)."""
-    first_norm = "blk.0.attn_norm.weight"
-    return Layout(config.param_shapes(), layout_align(dev), split_at=first_norm, groups=param_groups(config))
+def param_layout(dev: Device, config: ModelConfig, frozen: tuple[str, ...] = ()) -> Layout:
+    """The flat layout of the model's parameters but ``frozen`` (matrices first, norm weights last,
+    from ``blk.0.attn_norm.weight`` on); each layer's attn_q, attn_k, attn_v and its ffn_gate, ffn_up
+    are stored back to back as the groups :func:`qkv_group` and :func:`gate_up_group` (one matmul each)."""
+    shapes = [(n, s) for n, s in config.param_shapes() if n not in frozen]
+    return Layout(shapes, layout_align(dev), split_at=tensor_name(T.ATTN_NORM, 0), groups=param_groups(config))
+
+
+def qkv_group(block: int) -> str:
+    """``blk.{block}.attn_qkv``: layer ``block``'s [attn_q; attn_k; attn_v] stored as one matrix
+    (llama.cpp's name of a fused QKV tensor, gguf's ``ATTN_QKV``; never exported)."""
+    return TENSOR_NAMES[T.ATTN_QKV].format(bid=block)
+
+
+def gate_up_group(block: int) -> str:
+    """``blk.{block}.ffn_gate_up``: layer ``block``'s [ffn_gate; ffn_up] stored as one matrix (our name:
+    gguf has no dense fused gate/up tensor; never exported)."""
+    return TENSOR_NAMES[T.FFN_GATE].format(bid=block) + "_up"
 
 
 def param_groups(config: ModelConfig) -> dict[str, list[str]]:
-    """The tensors stored back to back so one matmul computes them: per layer ``attn_qkv`` =
-    [attn_q, attn_k, attn_v] and ``ffn_gate_up`` = [ffn_gate, ffn_up]."""
+    """The tensors stored back to back so one matmul computes them: per layer :func:`qkv_group` =
+    [attn_q, attn_k, attn_v] and :func:`gate_up_group` = [ffn_gate, ffn_up]."""
     groups = {}
     for i in range(config.n_layers):
-        b = f"blk.{i}."
-        groups[b + "attn_qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
-        groups[b + "ffn_gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+        groups[qkv_group(i)] = [tensor_name(t, i) for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)]
+        groups[gate_up_group(i)] = [tensor_name(t, i) for t in (T.FFN_GATE, T.FFN_UP)]
     return groups
+
+
+def layer_of(config: ModelConfig) -> dict[str, int]:
+    """``{tensor name: its entry in StepStats.layer_grad_norms}``: 0 the embedding, ``1 + i`` the
+    tensors of block ``i``, ``n_layers + 1`` the output norm and projection."""
+    out = {name: config.n_layers + 1 for name, _ in config.param_shapes()}
+    out[tensor_name(T.TOKEN_EMBD)] = 0
+    out |= {tensor_name(t, i): 1 + i for i in range(config.n_layers) for t in BLOCK_TENSORS}
+    return out
 
 
 def layout_align(dev: Device) -> int:
@@ -90,13 +110,16 @@ def init_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         ``{gguf tensor name: float32 array}``.
     """
     rng = np.random.default_rng(seed)
+    blocks = range(config.n_layers)
+    norms = {tensor_name(T.OUTPUT_NORM)} | {tensor_name(t, i) for i in blocks for t in (T.ATTN_NORM, T.FFN_NORM)}
+    projections = {tensor_name(t, i) for i in blocks for t in (T.ATTN_OUT, T.FFN_DOWN)}
     out = {}
     for name, shape in config.param_shapes():
-        if name.endswith("norm.weight"):
+        if name in norms:
             out[name] = np.ones(shape, np.float32)
         else:
             std = 0.02
-            if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            if name in projections:
                 std /= math.sqrt(2 * config.n_layers)
             out[name] = (rng.standard_normal(shape) * std).astype(np.float32)
     return out
@@ -145,7 +168,7 @@ MEMORY_SHARE = 0.9
 
 def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
     """The tensors that get no gradient and no AdamW moments: ``token_embd.weight`` when frozen."""
-    return ("token_embd.weight",) if freeze_embeddings else ()
+    return (tensor_name(T.TOKEN_EMBD),) if freeze_embeddings else ()
 
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
@@ -221,29 +244,29 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: in
             ``pos > 0`` needs ``b == 1``.
     """
     n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
-    w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
+    w = lambda kind: p[tensor_name(kind, i)]  # noqa: E731
     # attention block: x_mid = x + attention(attn_in) @ Wo.T
     # one matmul: rows [q | k | v] = attn_in @ [Wq; Wk; Wv].T (the weights are one group), then RoPE
     # on q and k while splitting the rows into q (n, d) and rows pos.. of k, v (n, kv)
-    o.matmul(a.qkv, a.attn_in[i], p[f"blk.{i}.attn_qkv"], n, d + 2 * kv, d, trans_b=True)  # (n, d+2kv)
+    o.matmul(a.qkv, a.attn_in[i], p[qkv_group(i)], n, d + 2 * kv, d, trans_b=True)  # (n, d+2kv)
     o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
                      c.rope_theta, kv_row0=pos)
     o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
                         b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
-    o.matmul(a.tmp, a.attn_out[i], w("attn_output"), n, d, d, trans_b=True)
+    o.matmul(a.tmp, a.attn_out[i], w(T.ATTN_OUT), n, d, d, trans_b=True)
     # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
-    o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w("ffn_norm"), n, d,
+    o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w(T.FFN_NORM), n, d,
                                c.norm_eps)
     # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T (SwiGLU, Shazeer 2020)
     # one matmul for gate and up: rows [gate | up] = ffn_in @ [Wgate; Wup].T (the weights are one group)
-    o.matmul(a.gate_up[i], a.ffn_in[i], p[f"blk.{i}.ffn_gate_up"], n, 2 * f, d, trans_b=True)  # (n, 2f)
+    o.matmul(a.gate_up[i], a.ffn_in[i], p[gate_up_group(i)], n, 2 * f, d, trans_b=True)  # (n, 2f)
     o.swiglu.forward_fused(a.h[i], a.gate_up[i], n, f)                                      # (n, f)
-    o.matmul(a.tmp, a.h[i], w("ffn_down"), n, d, f, trans_b=True)                          # (n, d)
+    o.matmul(a.tmp, a.h[i], w(T.FFN_DOWN), n, d, f, trans_b=True)                          # (n, d)
     # x[i+1] = x_mid + tmp, fused with the norm that reads it next
     if i + 1 < c.n_layers:
-        out, rstd, norm = a.attn_in[i + 1], a.attn_rstd[i + 1], p[f"blk.{i + 1}.attn_norm.weight"]
+        out, rstd, norm = a.attn_in[i + 1], a.attn_rstd[i + 1], p[tensor_name(T.ATTN_NORM, i + 1)]
     else:
-        out, rstd, norm = a.final, a.final_rstd, p["output_norm.weight"]
+        out, rstd, norm = a.final, a.final_rstd, p[tensor_name(T.OUTPUT_NORM)]
     o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
 
 
@@ -253,8 +276,8 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
     floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
     """
     n, d = b * t, c.d_model
-    o.embedding.forward(a.x[0], a.tokens, p["token_embd.weight"], n, d, c.vocab_size)     # (n, d)
-    o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p["blk.0.attn_norm.weight"], n, d, c.norm_eps)
+    o.embedding.forward(a.x[0], a.tokens, p[tensor_name(T.TOKEN_EMBD)], n, d, c.vocab_size)     # (n, d)
+    o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p[tensor_name(T.ATTN_NORM, 0)], n, d, c.norm_eps)
     for i in range(c.n_layers):
         layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
@@ -312,10 +335,9 @@ class Model:
         # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
         self.train_layout, self._trained = self.layout, self.params.flat
         if self.frozen:
-            shapes = [(n, s) for n, s in config.param_shapes() if n not in self.frozen]
-            self.train_layout = Layout(shapes, layout_align(dev), split_at="blk.0.attn_norm.weight",
-                                       groups=param_groups(config))
-            shift = self.layout.slots[shapes[0][0]].offset
+            self.train_layout = param_layout(dev, config, self.frozen)
+            first = next(n for n, _ in config.param_shapes() if n not in self.frozen)
+            shift = self.layout.slots[first].offset
             self._trained = self.params.flat.get_sub_region(shift * 4, self.train_layout.total * 4)
         if training:
             self.grads = TensorStore(dev, self.train_layout)
@@ -324,6 +346,8 @@ class Model:
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
         names = [n for n, _ in config.param_shapes() if n not in self.frozen]
         self._stat_names = names
+        layer = layer_of(config)
+        self._stat_layers = [layer[n] for n in names]  # entry of StepStats.layer_grad_norms per tensor
         self._stat_segments = [(self.train_layout.slots[n].offset, self.train_layout.slots[n].size) for n in names]
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
@@ -375,37 +399,38 @@ class Model:
         if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings)
             mm(g[c.output_weight], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
         mm(a.d_norm, a.d_logits, p[c.output_weight], n, d, c.vocab_size)
-        o.rmsnorm.backward(a.dx, g["output_norm.weight"], a.d_norm, a.x[c.n_layers],
-                           p["output_norm.weight"], a.final_rstd, n, d)
+        out_norm = tensor_name(T.OUTPUT_NORM)
+        o.rmsnorm.backward(a.dx, g[out_norm], a.d_norm, a.x[c.n_layers], p[out_norm], a.final_rstd, n, d)
         # a.dx now holds dL/dx for the residual stream; walk the layers backwards
         for i in reversed(range(c.n_layers)):
-            w = lambda s: p[f"blk.{i}.{s}.weight"]  # noqa: E731
-            gw = lambda s: g[f"blk.{i}.{s}.weight"]  # noqa: E731
+            w = lambda kind: p[tensor_name(kind, i)]  # noqa: E731
+            gw = lambda kind: g[tensor_name(kind, i)]  # noqa: E731
             # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
-            mm(gw("ffn_down"), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
-            mm(a.dh, a.dx, w("ffn_down"), n, f, d)
+            mm(gw(T.FFN_DOWN), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
+            mm(a.dh, a.dx, w(T.FFN_DOWN), n, f, d)
             o.swiglu.backward_fused(a.d_gate_up, a.dh, a.gate_up[i], n, f)  # rows [d_gate | d_up] (n, 2f)
-            gu = f"blk.{i}.ffn_gate_up"  # [Wgate; Wup] (2f, d), one matmul each way
+            gu = gate_up_group(i)  # [Wgate; Wup] (2f, d), one matmul each way
             mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
             mm(a.d_norm, a.d_gate_up, p[gu], n, d, 2 * f)
             # dx += the norm's input gradient: dx = dL/dx_mid
-            o.rmsnorm.backward(a.dx, gw("ffn_norm"), a.d_norm, a.x_mid[i], w("ffn_norm"), a.ffn_rstd[i], n, d,
+            o.rmsnorm.backward(a.dx, gw(T.FFN_NORM), a.d_norm, a.x_mid[i], w(T.FFN_NORM), a.ffn_rstd[i], n, d,
                                accumulate=True)
             # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
-            mm(gw("attn_output"), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
-            mm(a.d_attn, a.dx, w("attn_output"), n, d, d)
+            mm(gw(T.ATTN_OUT), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
+            mm(a.d_attn, a.dx, w(T.ATTN_OUT), n, d, d)
             o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
                                  a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
             # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
             o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            qkv = f"blk.{i}.attn_qkv"
+            qkv = qkv_group(i)
             mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
             mm(a.d_norm, a.d_qkv, p[qkv], n, d, d + 2 * kv)
             # dx += the norm's input gradient: dx = dL/dx[i]
-            o.rmsnorm.backward(a.dx, gw("attn_norm"), a.d_norm, a.x[i], w("attn_norm"), a.attn_rstd[i], n, d,
+            o.rmsnorm.backward(a.dx, gw(T.ATTN_NORM), a.d_norm, a.x[i], w(T.ATTN_NORM), a.attn_rstd[i], n, d,
                                accumulate=True)
-        if "token_embd.weight" in g:  # frozen embeddings get no gradient
-            o.embedding.backward(g["token_embd.weight"], a.dx, a.tokens, n, c.vocab_size, d,
+        embd = tensor_name(T.TOKEN_EMBD)
+        if embd in g:  # frozen embeddings get no gradient
+            o.embedding.backward(g[embd], a.dx, a.tokens, n, c.vocab_size, d,
                                  index=self._token_index)
 
     # ------------------------------------------------------------------ public API
@@ -487,13 +512,8 @@ class Model:
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
         per_layer = [0.0] * (self.config.n_layers + 2)
-        for name, v in zip(self._stat_names, sq):
-            if name.startswith("blk."):
-                per_layer[1 + int(name.split(".")[1])] += v
-            elif name.startswith("token_embd"):
-                per_layer[0] += v
-            else:
-                per_layer[-1] += v
+        for i, v in zip(self._stat_layers, sq):
+            per_layer[i] += v
         return StepStats(loss=float(stats[0] / count), grad_norm=float(math.sqrt(sq.sum())) if np.all(np.isfinite(sq)) else float("nan"),
                          layer_grad_norms=[math.sqrt(x) if math.isfinite(x) else float("nan") for x in per_layer],
                          tokens=int(count))

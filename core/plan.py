@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from core.dataset import Dataset
     from core.device import Device
     from core.estimates import DatasetStats
+    from core.trainer import StageReport
 
 AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
@@ -224,7 +225,7 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
                 steps[1] * rows[1] / n_d if n_d else 0.0, train_s, check_s, seconds_per_token, tuple(notes))
 
 
-def data_mix(tc: TrainConfig, stats) -> TrainConfig:
+def data_mix(tc: TrainConfig, stats: DatasetStats) -> TrainConfig:
     """The Auto plan's data mix on ``tc``: questions in pretraining (``MIX_SHARE``), a question for each
     fact without a dialogue (``FACT_QUESTION_SHARE`` of the questions), conversation batches every
     ``CONVERSATION_EVERY`` tuning steps and ``HELDOUT`` held-out fact questions (at most a twentieth of
@@ -237,7 +238,7 @@ def data_mix(tc: TrainConfig, stats) -> TrainConfig:
                    heldout=min(HELDOUT, stats.fact_sequences // 20) if many else 0)
 
 
-def step_rows(tc: TrainConfig, stats) -> tuple[float, float]:
+def step_rows(tc: TrainConfig, stats: DatasetStats) -> tuple[float, float]:
     """Rows per step of the stage's own data: facts per pretraining step (as text, or as the answer of a
     fact question), dataset dialogues per tuning step (conversation batches counted as none), under
     ``tc``'s data mix."""
@@ -318,7 +319,7 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
 
 
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
-             vocab_size: int = 1024) -> tuple[Plan, DatasetStats]:
+             vocab_size: int = ModelConfig.vocab_size) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
     preset, the padded tokens of the planned data mix's batches (core.trainer.Batches) and the recall
     prompts of every kind, :func:`make_plan`. Returns (plan, DatasetStats)."""
@@ -407,7 +408,7 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     return Verdict(False, f"Not fully learned: {what}", advice, answers, facts, chat, heldout)
 
 
-def verdict_of(report, target: float = 1.0, preset: str | None = None) -> Verdict:
+def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None) -> Verdict:
     """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table)."""
     return verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
                    report.chat_recalled, report.heldout_recalled)

@@ -1,4 +1,5 @@
-"""Device check: build every kernel, compare every op with its numpy reference, time a matmul.
+"""Device check: build every kernel, compare the launches training and generation make with their
+numpy references, time a matmul.
 
 The GUI's "Test device" button and ``gui.selftest`` (the bundle's ``--self-test``) call
 :func:`check_device`. Progress and cancellation go through plain callables, so no Qt is needed here.
@@ -15,12 +16,12 @@ import numpy as np
 
 from core.device import Device
 from core.kernels import (adamw_ref, attention_ref, cross_entropy_ref, embedding_ref, grad_norm_ref, matmul_ref,
-                          residual_ref, rmsnorm_ref, rope_ref, swiglu_ref)
+                          rmsnorm_ref, rope_ref, swiglu_ref)
 
 log = logging.getLogger(__name__)
 
 # (module in core.kernels, launcher class) in the order they are built.
-LAUNCHERS = [("residual", "Residual"), ("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
+LAUNCHERS = [("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
              ("matmul", "Matmul"), ("rope", "RoPE"), ("attention", "Attention"), ("swiglu", "SwiGLU"),
              ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("grad_norm", "GradNorm")]
 
@@ -64,8 +65,9 @@ class DeviceCheck:
 
 
 def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck]:
-    """Compare each available op's forward with its numpy reference (``core/kernels/<op>_ref.py``,
-    the one the tests use) on small random inputs."""
+    """Compare the launches of each available op that training and generation make (``core.model``)
+    with its numpy reference (``core/kernels/<op>_ref.py``, the one the tests use) on small random
+    inputs of odd sizes."""
     out: list[OpCheck] = []
 
     def run(name, tol, fn):
@@ -83,14 +85,6 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
     def err(buf, want) -> float:
         return float(np.abs(dev.download(buf, want.shape) - want).max())
 
-    def elementwise(op: str, reference: Callable, n: int) -> float:  # out (n) = op(a (n), b (n))
-        a, b = f32(n), f32(n)
-        o = dev.alloc(n)
-        ops[op].forward(o, dev.upload(a), dev.upload(b), n)
-        return err(o, reference(a, b))
-
-    if "residual" in ops:
-        run("residual add", 1e-6, lambda: elementwise("residual", residual_ref.residual_forward, 1000))
     if "embedding" in ops:
         def embedding():
             n, vocab, d = 13, 50, 24
@@ -115,17 +109,65 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             o, rstd = dev.alloc(rows * dim), dev.alloc(rows)
             ops["rmsnorm"].forward(o, rstd, dev.upload(x), dev.upload(w), rows, dim, 1e-5)
             return err(o, rmsnorm_ref.rmsnorm_forward(x, w, 1e-5)[0])
+
+        def rmsnorm_residual():  # x_sum = a + b, then the norm: every layer's two residual adds
+            rows, dim = 7, 96
+            a, b, w = f32(rows, dim), f32(rows, dim), f32(dim)
+            x_sum, o, rstd = dev.alloc(rows * dim), dev.alloc(rows * dim), dev.alloc(rows)
+            ops["rmsnorm"].forward_residual(x_sum, o, rstd, dev.upload(a), dev.upload(b), dev.upload(w), rows, dim,
+                                            1e-5)
+            return max(err(x_sum, a + b), err(o, rmsnorm_ref.rmsnorm_forward(a + b, w, 1e-5)[0]))
+
+        def rmsnorm_backward():  # d_x added to (the residual stream's gradient), d_weight accumulated
+            rows, dim = 7, 96
+            x, w, d_out, dx0 = f32(rows, dim), f32(dim), f32(rows, dim), f32(rows, dim)
+            want_y, want_rstd = rmsnorm_ref.rmsnorm_forward(x, w, 1e-5)
+            want_dx, want_dw = rmsnorm_ref.rmsnorm_backward(d_out, x, w, 1e-5)
+            dx, dw = dev.upload(dx0), dev.upload(np.zeros(dim, np.float32))
+            ops["rmsnorm"].backward(dx, dw, dev.upload(d_out), dev.upload(x), dev.upload(w), dev.upload(want_rstd),
+                                    rows, dim, accumulate=True)
+            return max(err(dx, dx0 + want_dx), err(dw, want_dw))
         run("RMSNorm", 1e-4, rmsnorm)
+        run("RMSNorm after the residual add", 1e-4, rmsnorm_residual)
+        run("RMSNorm backward", 1e-4, rmsnorm_backward)
     if "rope" in ops:
-        def rope():
-            n, h, d = 10, 3, 16
-            x = f32(n, h, d)
-            buf = dev.upload(x)
-            ops["rope"].forward(buf, n, 5, h, d, 2, 10000.0)
-            return err(buf, rope_ref.rope_forward(x, 5, 2, 10000.0))
-        run("RoPE", 1e-5, rope)
+        n, h, kvh, d, seq, pos, theta = 10, 3, 1, 16, 5, 2, 10000.0
+        qd, kd = h * d, kvh * d
+
+        def rope_split():  # the QKV matmul's rows -> q, k (rotated) and v
+            qkv = f32(n, qd + 2 * kd)
+            q, k, v = dev.alloc(n * qd), dev.alloc(n * kd), dev.alloc(n * kd)
+            ops["rope"].split_qkv(q, k, v, dev.upload(qkv), n, seq, h, kvh, d, pos, theta)
+            return max(err(q, rope_ref.rope_forward(qkv[:, :qd].reshape(n, h, d), seq, pos, theta)),
+                       err(k, rope_ref.rope_forward(qkv[:, qd:qd + kd].reshape(n, kvh, d), seq, pos, theta)),
+                       err(v, qkv[:, qd + kd:]))
+
+        def rope_join():  # the gradients of q, k, v -> rows of the QKV matmul's gradient
+            dq, dk, dv = f32(n, h, d), f32(n, kvh, d), f32(n, kd)
+            d_qkv = dev.alloc(n * (qd + 2 * kd))
+            ops["rope"].join_qkv(d_qkv, dev.upload(dq), dev.upload(dk), dev.upload(dv), n, seq, h, kvh, d, pos,
+                                 theta)
+            want = np.concatenate([rope_ref.rope_backward(dq, seq, pos, theta).reshape(n, qd),
+                                   rope_ref.rope_backward(dk, seq, pos, theta).reshape(n, kd), dv], axis=1)
+            return err(d_qkv, want)
+        run("RoPE (QKV split)", 1e-5, rope_split)
+        run("RoPE backward (QKV join)", 1e-5, rope_join)
     if "swiglu" in ops:
-        run("SwiGLU", 1e-5, lambda: elementwise("swiglu", swiglu_ref.swiglu_forward, 500))
+        rows, f = 5, 37
+
+        def swiglu():  # on the [gate | up] rows of the fused matmul
+            gu = f32(rows, 2 * f)
+            o = dev.alloc(rows * f)
+            ops["swiglu"].forward_fused(o, dev.upload(gu), rows, f)
+            return err(o, swiglu_ref.swiglu_forward(gu[:, :f], gu[:, f:]))
+
+        def swiglu_backward():
+            gu, d_out = f32(rows, 2 * f), f32(rows, f)
+            d_gu = dev.alloc(rows * 2 * f)
+            ops["swiglu"].backward_fused(d_gu, dev.upload(d_out), dev.upload(gu), rows, f)
+            return err(d_gu, np.concatenate(swiglu_ref.swiglu_backward(d_out, gu[:, :f], gu[:, f:]), axis=1))
+        run("SwiGLU", 1e-5, swiglu)
+        run("SwiGLU backward", 1e-5, swiglu_backward)
     if "attention" in ops:
         def attention():  # builds the kernels for head_dim 32 (the default model's), GQA 2
             s, h, kvh, d = 21, 4, 2, 32
@@ -135,16 +177,23 @@ def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck
             return err(o, attention_ref.attention_forward(q, k, v)[0])
         run("attention", 1e-4, attention)
     if "cross_entropy" in ops:
-        def cross_entropy():
-            rows, vocab = 9, 300
+        rows, vocab = 9, 300
+
+        def cross_entropy(backward: bool):  # training: losses and d_logits in one launch
             logits = f32(rows, vocab) * 3
             targets = rng.integers(0, vocab, rows).astype(np.int32)
-            mask = np.ones(rows, np.float32)
-            losses = dev.alloc(rows)
-            ops["cross_entropy"].forward(losses, dev.upload(logits), dev.upload(targets), dev.upload(mask),
-                                         rows, vocab)
-            return err(losses, cross_entropy_ref.cross_entropy_forward(logits, targets, mask))
-        run("cross-entropy", 1e-4, cross_entropy)
+            mask = (np.arange(rows) % 4 != 3).astype(np.float32)
+            losses, d_logits = dev.alloc(rows), dev.alloc(rows * vocab)
+            args = (dev.upload(logits), dev.upload(targets), dev.upload(mask), rows, vocab)
+            want = cross_entropy_ref.cross_entropy_forward(logits, targets, mask)
+            if not backward:
+                ops["cross_entropy"].forward(losses, *args)
+                return err(losses, want)
+            ops["cross_entropy"].forward_backward(losses, d_logits, *args, 0.25)
+            return max(err(losses, want),
+                       err(d_logits, cross_entropy_ref.cross_entropy_backward(logits, targets, mask, 0.25)))
+        run("cross-entropy", 1e-4, lambda: cross_entropy(False))
+        run("cross-entropy with its gradient", 1e-4, lambda: cross_entropy(True))
     if "adamw" in ops:
         def adamw():
             n, hp = 300, dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
+from core.config import ModelConfig
 from core.dataset import Dataset
 
 if TYPE_CHECKING:
-    from core.config import ModelConfig, TrainConfig
+    from core.config import TrainConfig
     from core.device import DeviceInfo
     from gui.project import Project
 
@@ -43,7 +44,7 @@ class AppState(QObject):
         self._device: DeviceInfo | None = None
         self._configs: tuple[ModelConfig, TrainConfig] | None = None
         self._config_error = ""
-        self._limits = (1024, 128)
+        self._limits = (ModelConfig.vocab_size, ModelConfig.context_length)  # the defaults
         self._base_model: str | None = None
         self._training = False
         self._exporting = False

@@ -2,8 +2,6 @@
 and the most likely alternatives (tooltip and side panel)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
@@ -447,6 +445,3 @@ class ChatTab(QWidget):
                     QToolTip.hideText()
                 return True
         return super().eventFilter(obj, event)
-
-    def source_path(self) -> Path | None:
-        return Path(self._source) if self._source else None

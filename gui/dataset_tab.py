@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxL
 
 from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
+from core.config import ModelConfig
 from core.estimates import DatasetStats, dataset_stats
 from core.wording import count, were
 from gui import dialogs
@@ -144,7 +145,7 @@ class DatasetTab(QWidget):
         super().__init__(parent)
         self.app_state = state
         self._dataset = Dataset()
-        self._vocab_size, self._context_length = 1024, 128
+        self._vocab_size, self._context_length = ModelConfig.vocab_size, ModelConfig.context_length  # the defaults
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
         self._too_long: list = []
         self._stats_worker: CallWorker | None = None

@@ -64,9 +64,6 @@ class EditHistory(QObject):
         finally:
             self._replaying -= 1
 
-    def is_replaying(self) -> bool:
-        return self._replaying > 0
-
     def record(self, text: str, undo: Callable[[], None], redo: Callable[[], None],
                merge_key: Hashable | None = None) -> None:
         """A change was just made: ``undo()`` takes it back, ``redo()`` makes it again; ``text`` names it

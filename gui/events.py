@@ -105,6 +105,26 @@ class RunDone:
     advice: str = ""  # what to do when not learned
 
 
+# ------------------------------------------------------------------------------------- before / after
+
+@dataclass(frozen=True)
+class ComparedAnswer:
+    """One question put to the base model and to the model fine-tuned from it (core.finetune.before_after)."""
+
+    kind: str  # "dataset" (a dialogue's first question) or "general" (one the dataset does not teach)
+    question: str
+    taught: str | None  # the dataset's answer, None for a general question
+    before: str  # the base model's greedy answer
+    after: str  # the fine-tuned model's greedy answer
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The before/after comparison finished."""
+
+    answers: tuple[ComparedAnswer, ...]
+
+
 # ------------------------------------------------------------------------------------- chat
 
 @dataclass(frozen=True)

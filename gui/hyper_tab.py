@@ -118,7 +118,7 @@ class HyperTab(QWidget):
         self._error_fields: list[str] = []
         self._error_message = ""
         self._labels: dict[str, str] = {}  # field key -> "Group ▸ Label" for messages
-        self._device_memory: tuple[int, str] | None = None  # (global memory bytes, device label)
+        self._device: DeviceInfo | None = None  # the memory rule is checked against it
         self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
         self._replan_timer = QTimer(self, singleShot=True, interval=400)
         self._replan_timer.timeout.connect(self._replan_if_auto)
@@ -432,13 +432,12 @@ class HyperTab(QWidget):
 
     def set_device(self, info: DeviceInfo | None) -> None:
         """The chosen core.device.DeviceInfo (or None): the memory estimate is checked against it."""
-        self._device_memory = (int(info.global_mem_bytes), info.label) if info is not None else None
+        self._device = info
         self.validate()
 
     def validate(self) -> bool:
         """Check the form; highlight the bad field and explain; update the size estimates."""
-        from core.estimates import gguf_size_bytes, training_memory_bytes
-        from core.model import MEMORY_SHARE, fits_in
+        from core.estimates import gguf_size_bytes, training_memory_bytes, training_memory_problem
 
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
@@ -471,12 +470,11 @@ class HyperTab(QWidget):
             self.error_label.setText("")
             batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
             mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
-            if self._device_memory is not None and not fits_in(mem, self._device_memory[0]):
-                have, label = self._device_memory
-                self.memory_label.setText(
-                    f"⚠ Training needs about {mem / 2**20:.0f} MiB, more than {MEMORY_SHARE:.0%} of the "
-                    f"{have / 2**20:.0f} MiB of {label}: choose a smaller preset, batch size or context length, "
-                    "or another device.")
+            dev = self._device
+            problem = None if dev is None else training_memory_problem(
+                mc, batch, tc.grad_accum, tc.freeze_embeddings, dev.global_mem_bytes, dev.max_alloc_bytes, dev.label)
+            if problem:
+                self.memory_label.setText(f"⚠ {problem[0].upper()}{problem[1:]}; or choose another device.")
                 self.memory_label.show()
             else:
                 self.memory_label.hide()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.atomic import atomic_write, backup_path, recover_folder, swap_in_folder
-from core.checkpoint import CheckpointError, CheckpointMeta
+from core.checkpoint_meta import CheckpointError, CheckpointMeta
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
 from core.json_text import read_format_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.checkpoint import CheckpointMeta
+from core.checkpoint_meta import CheckpointMeta
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
 from core.dataset import Dataset, dataset_hash
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QCheckBox, QFrame, QGroupBox, QHBoxLayout, QHeade
 from core.wording import count
 from gui import dialogs
 from gui.app_state import AppState
-from gui.events import RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
+from gui.events import Comparison, RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
 from gui.history import MAX_LOG_LINES, MAX_RUNS, earlier_run
 from gui.plots import TrainingPlots
 from gui.project import checkpoint_meta
@@ -223,12 +223,12 @@ class TrainingTab(QWidget):
         w.start()
         return True
 
-    def _on_compare(self, rows: list) -> None:
+    def _on_compare(self, result: Comparison) -> None:
         self.compare.setRowCount(0)
-        for r in rows:
+        for r in result.answers:
             i = self.compare.rowCount()
             self.compare.insertRow(i)
-            for c, v in enumerate((r["question"], r["taught"] or "(general question)", r["before"], r["after"])):
+            for c, v in enumerate((r.question, r.taught or "(general question)", r.before, r.after)):
                 it = QTableWidgetItem(v)
                 it.setToolTip(v)
                 self.compare.setItem(i, c, it)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from PySide6.QtCore import QThread, Signal
 
-from gui.events import (AnswerDone, AnswerPiece, Exported, ModelLoaded, RecallChecking, RunDone, RunStarted,
-                        StageDone, TrainingStep, ValidationLoss)
+from gui.events import (AnswerDone, AnswerPiece, ComparedAnswer, Comparison, Exported, ModelLoaded, RecallChecking,
+                        RunDone, RunStarted, StageDone, TrainingStep, ValidationLoss)
 
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
@@ -154,7 +154,7 @@ class DeviceTestWorker(Worker):
 class CompareWorker(Worker):
     """Greedy answers of the base model and of the model fine-tuned from it (core.finetune.before_after)."""
 
-    result = Signal(list)  # [{"kind": "dataset"|"general", "question", "taught" (str or None), "before", "after"}]
+    result = Signal(object)  # (gui.events.Comparison)
 
     def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path) -> None:
         super().__init__()
@@ -176,7 +176,8 @@ class CompareWorker(Worker):
         dataset, _ = load_dataset(self.checkpoint_dir / "dataset.json")
         dev = open_device(self.device_info)
         rows = before_after(dev, base.weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
-        self.result.emit([{"kind": k, "question": q, "taught": a, "before": b, "after": t} for k, q, a, b, t in rows])
+        self.result.emit(Comparison(tuple(ComparedAnswer(kind, question, taught, before, after)
+                                          for kind, question, taught, before, after in rows)))
 
 
 # ------------------------------------------------------------------------------------- training

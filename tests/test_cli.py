@@ -56,6 +56,25 @@ def test_too_big_model_is_refused_with_sizes(tmp_path, capsys):
     assert "GiB" in err and "Traceback" not in err
 
 
+def test_a_buffer_over_the_device_limit_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """The memory check before training is the Model's one rule (core.model.memory_problem): a device
+    with memory to spare but a per-buffer limit below the model's largest buffer is refused at once."""
+    import core.device
+
+    real = core.device.open_device
+
+    def small_buffers(*args, **kwargs):
+        dev = real(*args, **kwargs)  # the one Device of that device: restored after the test
+        monkeypatch.setattr(dev, "max_alloc_bytes", 2**16)
+        return dev
+
+    monkeypatch.setattr(core.device, "open_device", small_buffers)
+    assert train(tmp_path, "--out", str(tmp_path / "m")) == 2
+    out, err = capsys.readouterr()
+    assert "per buffer" in err and "--grad-accum" in err and "Traceback" not in err
+    assert "dataset:" not in out  # refused before the trainer was built
+
+
 def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch):
     out = tmp_path / "model"
     assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "3") == 0

@@ -107,8 +107,8 @@ def test_cache_dir_is_writable_without_a_usable_home(tmp_path, case):
         home.chmod(0o500)
         env["HOME"] = str(home)
     code = ("from core.device import user_cache_dir, open_device\n"
-            "from core.kernels.residual import Residual\n"
-            "d = user_cache_dir(); print(d); Residual(open_device())\n")
+            "from core.kernels.swiglu import SwiGLU\n"
+            "d = user_cache_dir(); print(d); SwiGLU(open_device())\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     path = Path(r.stdout.strip().splitlines()[-1])
@@ -118,8 +118,8 @@ def test_cache_dir_is_writable_without_a_usable_home(tmp_path, case):
 
 
 def test_programs_are_built_once_per_device(device):
-    a = device.program("residual")
-    b = device.program("residual")
+    a = device.program("swiglu")
+    b = device.program("swiglu")
     assert a is b
 
 
@@ -227,27 +227,28 @@ def test_kernel_profiling_records_every_launch(device):
     recorded with their names and device time; stop_profiling returns to a plain queue."""
     import numpy as np
 
-    from core.kernels.residual import Residual
+    from core.kernels import swiglu_ref
     from core.kernels.swiglu import SwiGLU
 
-    before = Residual(device)  # fetched before profiling: works, not recorded
+    before = SwiGLU(device, rows_per_item=True)  # fetched before profiling: works, not recorded
     device.start_profiling()
     try:
-        res, sw = Residual(device), SwiGLU(device)
-        a = device.upload(np.arange(10, dtype=np.float32))
-        out = device.alloc(10)
-        res.forward(out, a, a, 10)
-        sw.forward(out, a, a, 10)
-        before.forward(out, a, a, 10)
-        res._fwd(device.queue, (16,), (16,), out, a, a, np.int32(10), np.int32(1))  # the pyopencl call path
+        rows, units = SwiGLU(device, rows_per_item=True), SwiGLU(device, rows_per_item=False)
+        gu = device.upload(np.arange(10, dtype=np.float32))  # one [gate | up] row of ffn_dim 5
+        out = device.alloc(5)
+        rows.forward_fused(out, gu, 1, 5)
+        units.forward_fused(out, gu, 1, 5)
+        before.forward_fused(out, gu, 1, 5)
+        rows._fused_fwd(device.queue, (16,), (16,), out, gu, np.int32(1), np.int32(5), np.int32(1))  # pyopencl's path
     finally:
         records = device.stop_profiling()
-    assert [n for n, _ in records] == ["residual_forward", "swiglu_forward", "residual_forward"]
+    assert [n for n, _ in records] == ["swiglu_fused_forward_rows", "swiglu_fused_forward", "swiglu_fused_forward_rows"]
     assert all(t >= 0 for _, t in records)
     assert not device.profiling and device.stop_profiling() == []
-    res2 = Residual(device)
-    res2.forward(out, a, a, 10)
-    assert np.array_equal(device.download(out, (10,)), 2 * np.arange(10, dtype=np.float32))
+    again = SwiGLU(device, rows_per_item=True)
+    again.forward_fused(out, gu, 1, 5)
+    x = np.arange(10, dtype=np.float32)
+    np.testing.assert_allclose(device.download(out, (5,)), swiglu_ref.swiglu_forward(x[:5], x[5:]), rtol=1e-5)
 
 
 def test_counts_are_worded_for_one_and_many():
@@ -258,3 +259,15 @@ def test_counts_are_worded_for_one_and_many():
     assert count(1, "day") == "1 day" and count(3, "day") == "3 days"  # a vowel before y: +s
     assert count(1.2, "pass", "passes", 0) == "1 pass" and count(1.0, "pass", "passes", 1) == "1.0 passes"
     assert plural(1, "was", "were") == "was" and were(1) == "was" and were(5) == "were"
+
+
+def test_device_check_compares_the_launches_training_makes(device):
+    """The Device tab's self-check (core.selftest) passes, and it checks the fused launches the model
+    runs (QKV split/join, SwiGLU on [gate | up] rows, the norm after the residual add), backward too."""
+    from core.selftest import check_device
+
+    check = check_device(device, matmul_size=64, budget_s=0.05)
+    assert check.ok, [(c.name, c.max_abs_err, c.error) for c in check.checks if not c.ok] or check.build_errors
+    names = {c.name for c in check.checks}
+    assert {"RoPE (QKV split)", "RoPE backward (QKV join)", "SwiGLU", "SwiGLU backward",
+            "RMSNorm after the residual add", "RMSNorm backward", "cross-entropy with its gradient"} <= names

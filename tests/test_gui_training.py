@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from core.dataset import Dataset
-from gui.events import TrainingStep
+from gui.events import ComparedAnswer, Comparison, TrainingStep
 from tests.test_gui_e2e import configure_tiny, wait_idle
 
 
@@ -176,3 +176,27 @@ def test_the_recall_check_is_shown_and_passes_next_to_steps(main_window, qtbot):
     assert any("checking recall…" in s and "prompts" in s for s in labels), labels
     assert speeds and speeds[-1] > 0
     assert "passes" in t.speed_label.text() and "ETA" not in t.speed_label.text()
+
+
+def test_the_before_after_comparison_fills_the_table(main_window):
+    """CompareWorker's result (gui.events.Comparison) becomes one row per question; a general question
+    has no taught answer."""
+    t = main_window.training_tab
+    t._on_compare(Comparison((ComparedAnswer("dataset", "Where is Brindlewick?", "In the north.", "Paris", "North"),
+                              ComparedAnswer("general", "What is 2 + 2?", None, "4", "4"))))
+    assert not t.compare.isHidden() and t.compare.rowCount() == 2
+    assert [t.compare.item(0, c).text() for c in range(4)] == ["Where is Brindlewick?", "In the north.", "Paris",
+                                                               "North"]
+    assert t.compare.item(1, 1).text() == "(general question)"
+
+
+def test_a_buffer_over_the_device_limit_is_flagged_though_the_memory_would_do(main_window):
+    """The Hyperparameters tab applies the Model's one memory rule (core.model.memory_problem): a device
+    with memory to spare but a per-buffer limit below the largest buffer is flagged, as Model refuses it."""
+    h = main_window.hyper_tab
+    info = main_window.device_info()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40, max_alloc_bytes=2**16,
+                                                                   name="Small GPU"))
+    assert not h.memory_label.isHidden() and "per buffer" in h.memory_label.text()
+    main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40, max_alloc_bytes=2**40))
+    assert h.memory_label.isHidden()

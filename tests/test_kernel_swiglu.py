@@ -1,4 +1,5 @@
-"""SwiGLU forward/backward against the float64 reference, finite at extreme inputs, plus finite
+"""SwiGLU as training runs it (forward_fused / backward_fused on [gate | up] rows) against the float64
+reference at odd shapes, work-group sizes and both layouts; finite at extreme inputs; plus finite
 differences of the reference (float64) and of the kernel itself (float32, loose)."""
 import numpy as np
 import pytest
@@ -7,33 +8,26 @@ from core.kernels.swiglu import SwiGLU
 from core.kernels import swiglu_ref as ref
 from tests.opcheck import assert_close, finite_differences, from_device, to_device
 
+LAYOUTS = pytest.mark.parametrize("per_row", [False, True], ids=["float4-units", "rows-per-item"])
+
 
 def _run(device, op, gate, up, d_out):
+    """forward_fused and backward_fused on one ``[gate | up]`` row of ffn_dim ``gate.size``:
+    (out, d_gate, d_up)."""
     n = gate.size
-    GA, U, G, O, DG, DU = to_device(device, gate, up, d_out, *(np.full(n, np.nan, np.float32) for _ in range(3)))
-    op.forward(O, GA, U, n)
-    op.backward(DG, DU, G, GA, U, n)
-    return [from_device(device, buf, gate) for buf in (O, DG, DU)]
+    GU, G, O, DGU = to_device(device, np.concatenate([gate, up]), d_out, np.full(n, np.nan, np.float32),
+                              np.full(2 * n, np.nan, np.float32))
+    op.forward_fused(O, GU, 1, n)
+    op.backward_fused(DGU, G, GU, 1, n)
+    dgu = from_device(device, DGU, ((2 * n,), np.float32))
+    return [from_device(device, O, gate), dgu[:n], dgu[n:]]
 
 
-@pytest.mark.parametrize("n", [1, 7, 33, 257, 4099])
-@pytest.mark.parametrize("local", [1, 32, None])
-@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
-def test_swiglu_forward_backward(device, rng, n, local, contiguous):
-    op = SwiGLU(device, local_size=local, contiguous=contiguous)
-    gate = (rng.standard_normal(n) * 4).astype(np.float32)
-    up, d_out = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    out, d_gate, d_up = _run(device, op, gate, up, d_out)
-    want_dg, want_du = ref.swiglu_backward(d_out, gate, up)
-    assert_close(out, ref.swiglu_forward(gate, up), what="out")
-    assert_close(d_gate, want_dg, what="d_gate")
-    assert_close(d_up, want_du, what="d_up")
-
-
-def test_swiglu_is_finite_and_right_at_extremes(device):
+@LAYOUTS
+def test_swiglu_is_finite_and_right_at_extremes(device, per_row):
     gate = np.array([-1e30, -100, -30, 0, 30, 100, 1e30], np.float32)
     up = np.full(gate.size, 0.5, np.float32)
-    out, d_gate, d_up = _run(device, SwiGLU(device), gate, up, np.ones_like(gate))
+    out, d_gate, d_up = _run(device, SwiGLU(device, rows_per_item=per_row), gate, up, np.ones_like(gate))
     for name, got in (("out", out), ("d_gate", d_gate), ("d_up", d_up)):
         assert np.all(np.isfinite(got)), f"{name}: {got}"
     # silu(x) -> x for large x, -> 0 for very negative x; d silu -> 1 and 0 likewise
@@ -53,10 +47,11 @@ def test_swiglu_reference_backward_matches_finite_differences(rng):
     np.testing.assert_allclose(du, finite_differences(lambda b: loss(gate, b), up.copy(), 1e-6), atol=1e-6, rtol=1e-5)
 
 
-def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
+@LAYOUTS
+def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng, per_row):
     gate = (rng.standard_normal(6) * 3).astype(np.float32)
     up, g = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
-    op = SwiGLU(device)
+    op = SwiGLU(device, rows_per_item=per_row)
 
     def loss(a, b):
         out = _run(device, op, a.astype(np.float32), b.astype(np.float32), g)[0]
@@ -70,7 +65,7 @@ def test_swiglu_kernel_backward_matches_its_own_finite_differences(device, rng):
 @pytest.mark.parametrize("rows,ffn_dim", [(1, 1), (3, 7), (5, 33), (2, 384), (7, 1030)])
 @pytest.mark.parametrize("local", [1, 32, None])
 @pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "blocks"])
-@pytest.mark.parametrize("per_row", [False, True], ids=["float4-units", "rows-per-item"])
+@LAYOUTS
 def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous, per_row):
     """SwiGLU on [gate | up] rows (the fused matmul's output): equals the reference on the halves,
     and the gradient lands in the matching halves (both layouts of the work)."""

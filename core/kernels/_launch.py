@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from core.device import Device
 
@@ -31,3 +33,13 @@ def contiguous_units(dev: Device) -> bool:
     """True on CPU devices: element-wise kernels give each work-item a block of consecutive units
     (see grid.h); GPUs interleave them across work-items (coalesced access)."""
     return prefers_row_per_item(dev)
+
+
+def work_layout(dev: Device, contiguous: bool | None, rows_per_item: bool | None) -> tuple[np.int32, bool]:
+    """A launcher's two work-layout overrides resolved for ``dev`` (None: the device's default, as
+    tests pass both values on any device): ``contiguous`` as the kernels' int argument (grid.h's
+    element-wise loops, :func:`contiguous_units`) and ``rows_per_item`` (whole rows per work-item,
+    :func:`prefers_row_per_item`)."""
+    c = contiguous_units(dev) if contiguous is None else contiguous
+    r = prefers_row_per_item(dev) if rows_per_item is None else rows_per_item
+    return np.int32(c), bool(r)

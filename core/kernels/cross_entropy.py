@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+from core.kernels._launch import grid_stride_size, work_layout
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -27,8 +27,7 @@ class CrossEntropy:
                  contiguous: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
-        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
-        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        self.contiguous, self.rows_per_item = work_layout(dev, contiguous, rows_per_item)
         suffix = "_rows" if self.rows_per_item else ""
         self._fwd = dev.kernel("cross_entropy", "cross_entropy_forward" + suffix)
         self._bwd = dev.kernel("cross_entropy", "cross_entropy_backward" + suffix)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item, round_up
+from core.kernels._launch import grid_stride_size, round_up, work_layout
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -30,8 +30,7 @@ class RMSNorm:
                  contiguous: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
-        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
-        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        self.contiguous, self.rows_per_item = work_layout(dev, contiguous, rows_per_item)
         if self.rows_per_item:
             self._fwd = dev.kernel("rmsnorm", "rmsnorm_forward_rows")
             self._fwd_res = dev.kernel("rmsnorm", "rmsnorm_residual_forward_rows")

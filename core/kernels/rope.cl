@@ -37,36 +37,13 @@ inline float2 rotate2(const float2 x, const float c, const float s) {
     return (float2)(x.x * c - x.y * s, x.x * s + x.y * c);
 }
 
-// q rows (n_tokens, q_stride) holding n_q_heads heads of head_dim from element 0, and k rows
-// (n_tokens, k_stride) from element k_offset holding n_k_heads heads, rotated in place (q and k may
-// be the same buffer, e.g. a fused [q|k|v] row); inv_freq (2, head_dim/2) = [hi; lo].
-// Token row r has position pos_start + r % seq_len (rows are (B, T) flattened).
-// Work units (row r, pair i), shared out as grid.h says: the angle (sincos) is computed once and applied
-// to pair i of every q and k head of that row.
-__kernel void rope_qk(__global float* q, __global float* k, __global const float* inv_freq,
-                      const int n_tokens, const int seq_len, const int n_q_heads,
-                      const int n_k_heads, const int head_dim, const int q_stride,
-                      const int k_stride, const int k_offset, const int pos_start,
-                      const float sign, const int contiguous) {
-    const int n_freq = head_dim / 2;
-    const int total = n_tokens * n_freq;
-    for (int g = unit_first(total, contiguous); g < unit_end(total, contiguous); g += unit_step(contiguous)) {
-        const int i = g % n_freq;
-        const int r = g / n_freq;
-        float c, s;
-        rope_angle(inv_freq, n_freq, i, (float)(pos_start + r % seq_len), sign, &c, &s);
-        __global float* qp = q + (size_t)r * q_stride + 2 * i;
-        for (int h = 0; h < n_q_heads; h++) STORE2(rotate2(LOAD2(0, qp + h * head_dim), c, s), 0, qp + h * head_dim);
-        __global float* kp = k + k_offset + (size_t)r * k_stride + 2 * i;
-        for (int h = 0; h < n_k_heads; h++) STORE2(rotate2(LOAD2(0, kp + h * head_dim), c, s), 0, kp + h * head_dim);
-    }
-}
-
 // The fused [q | k | v] rows of one QKV matmul, split into the q, k and v buffers with RoPE on
 // q and k (forward), and the way back for the gradients (backward, inverse rotation).
 // qkv (n_tokens, n_heads*head_dim + 2*n_kv_heads*head_dim); q (n_tokens, n_heads*head_dim);
 // k, v: rows kv_row0 .. kv_row0 + n_tokens - 1 of (rows, n_kv_heads*head_dim) (the KV cache in
-// generation, kv_row0 = 0 in training). Positions as rope_qk. Work units (row r, pair i) as grid.h.
+// generation, kv_row0 = 0 in training); inv_freq (2, head_dim/2) = [hi; lo]. Token row r has
+// position pos_start + r % seq_len (rows are (B, T) flattened). Work units (row r, pair i), shared out
+// as grid.h says: the angle (sincos) is computed once and applied to pair i of every q and k head.
 // qkv -> q, k, v (q and k rotated by +angle)
 __kernel void rope_split_qkv(__global float* q, __global float* k, __global float* v,
                              __global const float* qkv, __global const float* inv_freq,

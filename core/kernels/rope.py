@@ -7,14 +7,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+from core.kernels._launch import grid_stride_size, work_layout
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
 
 class RoPE:
-    """In-place RoPE on Q or K rows and its backward (the inverse rotation).
+    """RoPE on the Q and K of one fused QKV matmul while splitting its rows (:meth:`split_qkv`), and
+    its backward, the inverse rotation while joining the gradients (:meth:`join_qkv`).
 
     Pairs ``(x[2i], x[2i+1])`` of every head are rotated by ``pos * theta ** (-2i / head_dim)``,
     ggml's "normal" RoPE as llama.cpp uses for the llama architecture (``LLAMA_ROPE_TYPE_NORM``;
@@ -28,16 +29,14 @@ class RoPE:
                  contiguous: bool | None = None, rows_per_item: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
-        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         # split/join: whole rows per work-item reading a (position, pair) cos/sin table (CPUs), or
         # one work unit per (row, pair) computing its angle (GPUs)
-        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
-        self._qk = dev.kernel("rope", "rope_qk")
+        self.contiguous, self.rows_per_item = work_layout(dev, contiguous, rows_per_item)
         suffix = "_rows" if self.rows_per_item else ""
         self._split = dev.kernel("rope", "rope_split_qkv" + suffix)
         self._join = dev.kernel("rope", "rope_join_qkv" + suffix)
         self._table = dev.kernel("rope", "rope_table")
-        self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._qk, self._split, self._join))
+        self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._split, self._join))
         self.local_rows = min(dev.work_group_size(k, local_size or 16) for k in (self._split, self._join))
         self._tables: dict[tuple[int, float], object] = {}
         self._cs: dict[tuple[int, float], tuple[object, int]] = {}  # -> (cos/sin table, positions in it)
@@ -85,66 +84,6 @@ class RoPE:
         size = grid_stride_size(self.dev, max(1, n_tokens * (head_dim // 2)), self.local)
         return size, self.local, self._inv_freq(head_dim, theta)
 
-    def _launch(self, sign: float, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
-                q_stride, k_stride, k_offset) -> None:
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-        if seq_len < 1 or pos_start < 0:
-            raise ValueError(f"RoPE needs seq_len >= 1 and pos_start >= 0, got {seq_len}, {pos_start}")
-        q_stride = n_heads * head_dim if q_stride is None else q_stride
-        k_stride = n_kv_heads * head_dim if k_stride is None else k_stride
-        if max(n_tokens * q_stride, k_offset + n_tokens * k_stride) >= 2**31:
-            raise ValueError(f"RoPE on {n_tokens} rows exceeds the int32 index range")
-        items = n_tokens * (head_dim // 2)
-        if items == 0:
-            return
-        self.dev.launch(self._qk, (grid_stride_size(self.dev, items, self.local),), (self.local,), q,
-                        q if k is None else k, self._inv_freq(head_dim, theta), np.int32(n_tokens),
-                        np.int32(seq_len), np.int32(n_heads), np.int32(n_kv_heads if k is not None else 0),
-                        np.int32(head_dim), np.int32(q_stride), np.int32(k_stride), np.int32(k_offset),
-                        np.int32(pos_start), np.float32(sign), self.contiguous)
-
-    def forward(self, x: cl.Buffer, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
-                pos_start: int, theta: float) -> None:
-        """Rotate ``x (n_tokens, n_heads, head_dim)`` float32 in place (overwritten).
-
-        Token row ``r`` (rows are ``(B, T)`` flattened) has position ``pos_start + r % seq_len``.
-        For training ``seq_len = T`` and ``pos_start = 0``; for KV-cache generation ``n_tokens``
-        new tokens with ``seq_len = n_tokens`` and ``pos_start`` = number of cached tokens.
-
-        Raises:
-            ValueError: odd ``head_dim``, ``seq_len < 1`` or ``pos_start < 0``.
-        """
-        self._launch(1.0, x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
-
-    def backward(self, d_x: cl.Buffer, n_tokens: int, seq_len: int, n_heads: int, head_dim: int,
-                 pos_start: int, theta: float) -> None:
-        """Gradient of :meth:`forward`: rotate ``d_x (n_tokens, n_heads, head_dim)`` in place by
-        the negated angle (the transpose of the rotation). Overwrites ``d_x``."""
-        self._launch(-1.0, d_x, None, n_tokens, seq_len, n_heads, 0, head_dim, pos_start, theta, None, None, 0)
-
-    def forward_qk(self, q: cl.Buffer, k: cl.Buffer | None, n_tokens: int, seq_len: int, n_heads: int,
-                   n_kv_heads: int, head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
-                   k_stride: int | None = None, k_offset: int = 0) -> None:
-        """Rotate Q and K in one launch, in place: ``q`` rows ``(n_tokens, q_stride)`` hold
-        ``n_heads`` heads from element 0, ``k`` rows ``(n_tokens, k_stride)`` hold ``n_kv_heads``
-        heads from element ``k_offset`` (``q`` and ``k`` may be one fused buffer). Strides default
-        to ``n_heads * head_dim`` and ``n_kv_heads * head_dim``. Positions as :meth:`forward`; the
-        angle of each (row, pair) is computed once for all heads.
-
-        Raises:
-            ValueError: as :meth:`forward`, or sizes past the int32 index range.
-        """
-        self._launch(1.0, q, k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
-                     q_stride, k_stride, k_offset)
-
-    def backward_qk(self, d_q: cl.Buffer, d_k: cl.Buffer | None, n_tokens: int, seq_len: int, n_heads: int,
-                    n_kv_heads: int, head_dim: int, pos_start: int, theta: float, q_stride: int | None = None,
-                    k_stride: int | None = None, k_offset: int = 0) -> None:
-        """Gradient of :meth:`forward_qk`: the inverse rotation of ``d_q`` and ``d_k`` in place."""
-        self._launch(-1.0, d_q, d_k, n_tokens, seq_len, n_heads, n_kv_heads, head_dim, pos_start, theta,
-                     q_stride, k_stride, k_offset)
-
     def _check(self, n_tokens, seq_len, width, head_dim, pos_start) -> None:
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
@@ -158,11 +97,16 @@ class RoPE:
                   kv_row0: int = 0) -> None:
         """Split the rows ``[q | k | v]`` of one QKV matmul, ``qkv (n_tokens, (n_heads + 2 n_kv_heads)
         head_dim)``, into ``q (n_tokens, n_heads, head_dim)`` and rows ``kv_row0 ..`` of ``k``, ``v``
-        ``(rows, n_kv_heads, head_dim)`` (the KV cache in generation), with RoPE on q and k;
-        positions as :meth:`forward`. All overwritten.
+        ``(rows, n_kv_heads, head_dim)`` (the KV cache in generation), with RoPE on q and k. All
+        overwritten.
+
+        Token row ``r`` (rows are ``(B, T)`` flattened) has position ``pos_start + r % seq_len``.
+        For training ``seq_len = T`` and ``pos_start = 0``; for KV-cache generation ``n_tokens``
+        new tokens with ``seq_len = n_tokens`` and ``pos_start`` = number of cached tokens.
 
         Raises:
-            ValueError: as :meth:`forward`, or sizes past the int32 index range.
+            ValueError: odd ``head_dim``, ``seq_len < 1``, ``pos_start < 0``, or sizes past the int32
+                index range.
         """
         if n_tokens <= 0:
             return

@@ -4,7 +4,7 @@
 // The sigmoid is computed from exp(-|x|), which never overflows, so x = +-100 (or +-1e30) gives
 // finite results.
 // Memory-bound: float4 groups (vload4/vstore4 need only float alignment, so any buffer offset
-// works) shared out as grid.h says, then the last n % 4 elements one by one.
+// works) shared out as grid.h says, then the last f % 4 elements of each row one by one.
 
 #include "grid.h"
 #include "inline_math.h"
@@ -17,41 +17,6 @@ float4 stable_sigmoid4(const float4 x) {
 float stable_sigmoid(const float x) {
     const float e = exp(x >= 0.0f ? -x : x);
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-}
-
-// gate (n), up (n) -> out (n)
-__kernel void swiglu_forward(__global float* out, __global const float* gate,
-                             __global const float* up, const int n, const int contiguous) {
-    const int n4 = n / 4;
-    for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
-        const float4 g = LOAD4(i, gate);
-        STORE4(g * stable_sigmoid4(g) * LOAD4(i, up), i, out);
-    }
-    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
-        const int i = 4 * n4 + t;
-        const float g = gate[i];
-        out[i] = g * stable_sigmoid(g) * up[i];
-    }
-}
-
-// d_out (n), gate (n), up (n) -> d_gate (n), d_up (n), both overwritten
-__kernel void swiglu_backward(__global float* d_gate, __global float* d_up,
-                              __global const float* d_out, __global const float* gate,
-                              __global const float* up, const int n, const int contiguous) {
-    const int n4 = n / 4;
-    for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
-        const float4 g = LOAD4(i, gate), u = LOAD4(i, up), d = LOAD4(i, d_out);
-        const float4 s = stable_sigmoid4(g);
-        STORE4(d * u * s * (1.0f + g * (1.0f - s)), i, d_gate);
-        STORE4(d * g * s, i, d_up);
-    }
-    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
-        const int i = 4 * n4 + t;
-        const float g = gate[i], u = up[i], d = d_out[i];
-        const float s = stable_sigmoid(g);
-        d_gate[i] = d * u * s * (1.0f + g * (1.0f - s));
-        d_up[i] = d * g * s;
-    }
 }
 
 // ---- on the output of the fused gate|up matmul: row r of gu (n_rows, 2 f) is [gate_r | up_r].

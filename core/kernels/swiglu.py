@@ -1,4 +1,4 @@
-"""Launcher for ``swiglu.cl``: out = silu(gate) * up and its backward."""
+"""Launcher for ``swiglu.cl``: out = silu(gate) * up on the fused ``[gate | up]`` rows, and its backward."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.device import Device
-from core.kernels._launch import contiguous_units, grid_stride_size, prefers_row_per_item
+from core.kernels._launch import grid_stride_size, work_layout
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
 
 class SwiGLU:
-    """SwiGLU of the llama feed-forward block on float32 buffers of ``n`` elements.
+    """SwiGLU of the llama feed-forward block on the ``[gate | up]`` rows of the fused gate/up matmul.
 
     ``out = silu(gate) * up`` with ``silu(x) = x * sigmoid(x)`` (Shazeer 2020, "GLU Variants
     Improve Transformer"; llama.cpp's ``ggml_swiglu``). Finite for any finite input.
@@ -23,38 +23,13 @@ class SwiGLU:
                  contiguous: bool | None = None, rows_per_item: bool | None = None):
         self.dev = dev
         # work split of the element-wise loops (grid.h): blocks per item on CPUs, interleaved on GPUs
-        self.contiguous = np.int32(contiguous_units(dev) if contiguous is None else contiguous)
         # fused [gate | up] rows: whole rows per work-item (CPUs) or float4 groups as work units
-        self.rows_per_item = prefers_row_per_item(dev) if rows_per_item is None else bool(rows_per_item)
+        self.contiguous, self.rows_per_item = work_layout(dev, contiguous, rows_per_item)
         suffix = "_rows" if self.rows_per_item else ""
-        self._fwd = dev.kernel("swiglu", "swiglu_forward")
-        self._bwd = dev.kernel("swiglu", "swiglu_backward")
         self._fused_fwd = dev.kernel("swiglu", "swiglu_fused_forward" + suffix)
         self._fused_bwd = dev.kernel("swiglu", "swiglu_fused_backward" + suffix)
-        self.local = min(dev.work_group_size(k, local_size or 256)
-                         for k in (self._fwd, self._bwd, self._fused_fwd, self._fused_bwd))
+        self.local = min(dev.work_group_size(k, local_size or 256) for k in (self._fused_fwd, self._fused_bwd))
         self.local_rows = min(dev.work_group_size(k, local_size or 16) for k in (self._fused_fwd, self._fused_bwd))
-
-    def _size(self, n: int) -> int:
-        return grid_stride_size(self.dev, -(-n // 4), self.local)  # float4 groups per work-item loop
-
-    def forward(self, out: cl.Buffer, gate: cl.Buffer, up: cl.Buffer, n: int) -> None:
-        """out (n) = silu(gate (n)) * up (n), overwritten."""
-        if n <= 0:
-            return
-        self.dev.launch(self._fwd, (self._size(n),), (self.local,), out, gate, up, np.int32(n), self.contiguous)
-
-    def backward(self, d_gate: cl.Buffer, d_up: cl.Buffer, d_out: cl.Buffer, gate: cl.Buffer,
-                 up: cl.Buffer, n: int) -> None:
-        """d_gate (n) and d_up (n), both overwritten, from d_out, gate, up (n).
-
-        ``d_up = d_out * silu(gate)``,
-        ``d_gate = d_out * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate)))``.
-        """
-        if n <= 0:
-            return
-        self.dev.launch(self._bwd, (self._size(n),), (self.local,), d_gate, d_up, d_out,
-                  gate, up, np.int32(n), self.contiguous)
 
     def _fused_size(self, n_rows: int, ffn_dim: int) -> tuple[int, int]:
         if self.rows_per_item:
@@ -74,7 +49,9 @@ class SwiGLU:
     def backward_fused(self, d_gate_up: cl.Buffer, d_out: cl.Buffer, gate_up: cl.Buffer, n_rows: int,
                        ffn_dim: int) -> None:
         """Gradient of :meth:`forward_fused`: ``d_gate_up (n_rows, 2 ffn_dim)`` = ``[d_gate | d_up]``
-        per row (formulas of :meth:`backward`), overwritten, from ``d_out (n_rows, ffn_dim)``."""
+        per row, overwritten, from ``d_out (n_rows, ffn_dim)``:
+        ``d_up = d_out * silu(gate)``,
+        ``d_gate = d_out * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate)))``."""
         if n_rows <= 0 or ffn_dim <= 0:
             return
         size, local = self._fused_size(n_rows, ffn_dim)

@@ -1,0 +1,367 @@
+"""A checkpoint's ``config.json``: :class:`CheckpointMeta`, its one reader and writer, with the format
+constants, the one-line :class:`CheckpointError`, and the GGUF keys under which an export records the
+training (:class:`TrainingKeys`, read back by ``core.gguf_import``).
+
+It lives below ``core.loaded`` (whose ``LoadedModel.checkpoint`` is a CheckpointMeta) and the readers
+(``core.checkpoint``, ``core.gguf_import``), so that none of them imports the other. Also here: reading
+the files of one checkpoint folder through an open descriptor of it (:func:`pin_folder`), which
+``CheckpointMeta.read`` and ``core.checkpoint.load_checkpoint`` share.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from core import __version__
+from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.json_text import parse_json
+
+FORMAT = "opencl-llm-studio-checkpoint"
+FORMAT_VERSION = 2
+"""1: files replaced one by one, no tokenizer hash; 2: the folder is swapped as a whole, tokenizer hash."""
+STAGE_NAMES = ("pretrain", "tune")
+MAX_CONFIG_BYTES = 1 << 20
+BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
+"""Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
+writes back (general.* keys, the file's context length, its name)."""
+
+
+class TrainingKeys:
+    """Our GGUF keys that record the training (after ``core.gguf_import.META_PREFIX``): written by
+    :meth:`CheckpointMeta.training_summary` into an export, read back by ``core.gguf_import``."""
+
+    APP_VERSION = "training.app_version"
+    DATE = "training.date"
+    STEPS = "training.steps"  # AdamW updates (CheckpointMeta.adam_step)
+    PRETRAIN_STEPS = "training.pretrain_steps"
+    TUNE_STEPS = "training.tune_steps"
+    FINAL_LOSS = "training.final_loss"
+    DATASET_SHA256 = "training.dataset_sha256"
+    CONFIG = "training.config"  # TrainConfig.to_dict() as JSON
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing, incomplete, damaged or of another format (one line, naming the
+    file and, where it applies, the field)."""
+
+
+# ------------------------------------------------------------------------------------ config.json
+class _FieldError(Exception):
+    def __init__(self, name: str, message: str):
+        super().__init__(f"field {name!r} {message}")
+
+
+def _obj(d, name: str) -> dict:
+    if not isinstance(d, dict):
+        raise _FieldError(name, f"must be an object, got {_kind(d)}")
+    return d
+
+
+def _kind(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _int(d: dict, key: str, prefix: str = "", default=..., minimum: int = 0, maximum: int | None = None) -> int:
+    name = prefix + key
+    if key not in d:
+        if default is ...:
+            raise _FieldError(name, "is missing")
+        return default
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _FieldError(name, f"must be an integer, got {_kind(v)}")
+    if v < minimum or (maximum is not None and v > maximum):
+        raise _FieldError(name, f"must be within {minimum}..{maximum if maximum is not None else ''}, got {v}")
+    return v
+
+
+def _str(d: dict, key: str, default=...) -> str:
+    if key not in d:
+        if default is ...:
+            raise _FieldError(key, "is missing")
+        return default
+    if not isinstance(d[key], str):
+        raise _FieldError(key, f"must be a string, got {_kind(d[key])}")
+    return d[key]
+
+
+def _stage(d: dict, name: str) -> StageConfig:
+    _obj(d, name)
+    kw = {}
+    for f in fields(StageConfig):
+        if f.name in d:
+            kw[f.name] = d[f.name]
+    try:
+        st = StageConfig(**kw)
+        st.validate(name)
+    except ConfigError as e:
+        raise _FieldError(e.field if "." in e.field else f"{name}.{e.field}", str(e).split(": ", 1)[-1]) from None
+    except TypeError as e:
+        raise _FieldError(name, f"is not a stage config ({e})") from None
+    return st
+
+
+# ModelConfig fields every checkpoint has (format version 1); fields added since have defaults that
+# describe the older checkpoints (e.g. tie_embeddings = False), so they may be absent.
+_V1_MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "context_length",
+                    "rope_theta", "norm_eps")
+
+
+def _model_config(d) -> ModelConfig:
+    _obj(d, "model")
+    for f in fields(ModelConfig):
+        if f.name not in d and f.name in _V1_MODEL_FIELDS:
+            raise _FieldError(f"model.{f.name}", "is missing")
+    try:
+        return ModelConfig.from_dict(d)
+    except ConfigError as e:
+        raise _FieldError(f"model.{e.field}", str(e).split(": ", 1)[-1]) from None
+    except TypeError as e:
+        raise _FieldError("model", f"is not a model config ({e})") from None
+
+
+def _train_config(d) -> TrainConfig:
+    _obj(d, "train")
+    for stage in STAGE_NAMES:
+        if stage not in d:
+            raise _FieldError(f"train.{stage}", "is missing")
+    kw = {stage: _stage(d[stage], f"train.{stage}") for stage in STAGE_NAMES}
+    flags = {f.name for f in fields(TrainConfig) if isinstance(f.default, bool)}  # e.g. freeze_embeddings
+    names = {f.name for f in fields(TrainConfig)} - set(STAGE_NAMES)
+    for k in names & d.keys():
+        v = d[k]
+        if k in flags:
+            if not isinstance(v, bool):
+                raise _FieldError(f"train.{k}", f"must be true or false, got {_kind(v)}")
+        elif not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise _FieldError(f"train.{k}", f"must be a number, got {_kind(v)}")
+        kw[k] = v
+    try:
+        return TrainConfig(**kw)
+    except ConfigError as e:
+        raise _FieldError(e.field if e.field.startswith("train.") else f"train.{e.field}",
+                          str(e).split(": ", 1)[-1]) from None
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What ``config.json`` holds; the one reader (:meth:`read`) and writer (:meth:`to_json`) of it.
+
+    Attributes:
+        model: the architecture (vocab_size is the tokenizer's).
+        train: the training settings of the run (both stages).
+        stage_index: the next stage to run: 0 pretrain, 1 tune, 2 both done.
+        stage_step: steps done in that stage.
+        adam_step: AdamW updates so far (bias-correction counter).
+        tokenizer_hash: sha256 of tokenizer.json's text ("" in version-1 checkpoints).
+        dataset_hash: sha256 of the canonical dataset JSON (core.dataset.dataset_hash).
+        previous_dataset_hashes: earlier datasets of this run (resumed with ``allow_new_data``).
+        last_loss: loss of the last good step in nats/token (NaN before the first one).
+        saved: local time of the save, ISO 8601.
+        base: for a model fine-tuned from a GGUF file, what its export writes back (keys
+            :data:`BASE_META_KEYS`: the base file's path, ``general.*`` keys, context length, name);
+            empty for a model trained from scratch.
+        app_version: the app that wrote it.
+        version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
+    """
+
+    model: ModelConfig
+    train: TrainConfig
+    stage_index: int = 0
+    stage_step: int = 0
+    adam_step: int = 0
+    tokenizer_hash: str = ""
+    dataset_hash: str = ""
+    previous_dataset_hashes: tuple[str, ...] = ()
+    last_loss: float = float("nan")
+    saved: str = ""
+    base: dict = field(default_factory=dict)
+    app_version: str = __version__
+    version: int = FORMAT_VERSION
+
+    # ---- derived
+    @property
+    def done(self) -> bool:
+        """Both stages have run all their steps."""
+        return self.stage_index >= len(STAGE_NAMES)
+
+    def stage_steps_done(self) -> tuple[int, int]:
+        """(pretrain steps done, tune steps done)."""
+        pre, tune = self.train.pretrain.steps, self.train.tune.steps
+        if self.stage_index == 0:
+            return self.stage_step, 0
+        if self.stage_index == 1:
+            return pre, self.stage_step
+        return pre, tune
+
+    def training_summary(self) -> dict:
+        """What a GGUF export records of the training (keys without the ``opencl_llm_studio.`` prefix);
+        entries without a value (a NaN loss, no date) are left out."""
+        pre, tune = self.stage_steps_done()
+        k = TrainingKeys
+        values = {
+            k.APP_VERSION: self.app_version, k.DATE: self.saved or None,
+            k.STEPS: self.adam_step, k.PRETRAIN_STEPS: pre, k.TUNE_STEPS: tune,
+            k.FINAL_LOSS: self.last_loss if math.isfinite(self.last_loss) else None,
+            k.DATASET_SHA256: self.dataset_hash or None,
+            k.CONFIG: json.dumps(self.train.to_dict(), sort_keys=True),
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    # ---- writing
+    def to_dict(self) -> dict:
+        """The JSON object written to config.json (always the current format version)."""
+        return {"format": FORMAT, "version": FORMAT_VERSION, "app_version": self.app_version,
+                "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "stage_index": self.stage_index, "stage_step": self.stage_step, "adam_step": self.adam_step,
+                "tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash,
+                "previous_dataset_hashes": list(self.previous_dataset_hashes),
+                "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
+                "saved": self.saved, "base": dict(self.base)}
+
+    def to_json(self) -> str:
+        """config.json's text (indented JSON, no NaN literals)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    # ---- reading
+    @classmethod
+    def from_dict(cls, d: object, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
+        """Validate a parsed config.json.
+
+        Raises:
+            CheckpointError: ``"<path>: field 'train.tune' must be an object"`` and the like; another
+                format; a newer version.
+        """
+        try:
+            d = _obj(d, "(top level)")
+            fmt = d.get("format")
+            if fmt != FORMAT:
+                raise _FieldError("format", f"is {fmt!r}, expected {FORMAT!r} (not a checkpoint of this app)")
+            version = _int(d, "version", minimum=1)
+            if version > FORMAT_VERSION:
+                raise _FieldError("version", f"is {version}: written by a newer app version (this one reads "
+                                  f"up to {FORMAT_VERSION})")
+            model = _model_config(d.get("model")) if "model" in d else _missing("model")
+            train = _train_config(d.get("train")) if "train" in d else _missing("train")
+            stage_index = _int(d, "stage_index", maximum=len(STAGE_NAMES))
+            stage_step = _int(d, "stage_step")
+            if stage_index == len(STAGE_NAMES) and stage_step:
+                raise _FieldError("stage_step", f"must be 0 when both stages are done, got {stage_step}")
+            adam_step = _int(d, "adam_step")
+            loss = d.get("last_loss")
+            if loss is None:
+                loss = float("nan")
+            elif not isinstance(loss, (int, float)) or isinstance(loss, bool):
+                raise _FieldError("last_loss", f"must be a number or null, got {_kind(loss)}")
+            prev = d.get("previous_dataset_hashes", [])
+            if not isinstance(prev, list) or not all(isinstance(h, str) for h in prev):
+                raise _FieldError("previous_dataset_hashes", "must be a list of strings")
+            base = d.get("base", {})
+            if not isinstance(base, dict):
+                raise _FieldError("base", f"must be an object, got {_kind(base)}")
+            base = {k: v for k, v in base.items() if k in BASE_META_KEYS}
+            return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
+                       adam_step=adam_step, tokenizer_hash=_str(d, "tokenizer_hash", ""),
+                       dataset_hash=_str(d, "dataset_hash", ""), previous_dataset_hashes=tuple(prev),
+                       last_loss=float(loss), saved=_str(d, "saved", ""), base=base, app_version=_str(d, "app_version", ""),
+                       version=version)
+        except _FieldError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
+        """Parse and validate config.json's text. Raises CheckpointError (one line)."""
+        return cls.from_dict(parse_json(text, path, CheckpointError, "a checkpoint config"), path)
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike, dir_fd: int | None = None) -> "CheckpointMeta":
+        """Read ``folder/config.json`` (at most 1 MiB); with ``dir_fd`` (an open descriptor of the
+        folder, :func:`pin_folder`) from that folder even if it has been renamed since.
+
+        Raises:
+            CheckpointError: no config.json (``not a checkpoint folder``), unreadable or invalid.
+        """
+        cfg = Path(folder) / "config.json"
+        if not is_file(cfg, dir_fd):
+            raise CheckpointError(f"{folder}: not a checkpoint folder (no config.json)")
+        return cls.from_json(read_text(cfg, MAX_CONFIG_BYTES, dir_fd), cfg)
+
+
+def _missing(name: str):
+    raise _FieldError(name, "is missing")
+
+
+# ------------------------------------------------------------------------------------ reading a folder's files
+def pin_folder(folder: Path) -> int | None:
+    """An open descriptor of ``folder`` to read its files through (``dir_fd``), so that every file read
+    comes from this one folder even when a save renames it away meanwhile (a path-based check cannot
+    tell: the file system may give the next save's folder the same inode number). None where the
+    platform cannot (Windows) or the folder cannot be opened."""
+    if os.open not in os.supports_dir_fd or not hasattr(os, "O_DIRECTORY"):
+        return None
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
+def is_file(path: Path, dir_fd: int | None) -> bool:
+    """Whether ``path`` (with ``dir_fd``: the file of its name in the pinned folder) is a regular file."""
+    if dir_fd is None:
+        return path.is_file()
+    try:
+        return stat.S_ISREG(os.stat(path.name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def open_binary(path: Path, dir_fd: int | None) -> io.BufferedReader:
+    """``path`` opened for reading; with ``dir_fd`` the file of that name in the pinned folder.
+
+    Raises:
+        CheckpointError: not a regular file (a device, a pipe: never read endlessly).
+        OSError: it cannot be opened.
+    """
+    if dir_fd is None:
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path}: not a regular file")
+        return open(path, "rb")
+    fd = os.open(path.name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: Path, limit: int, dir_fd: int | None = None) -> bytes:
+    """The content of ``path`` (as :func:`open_binary` opens it), at most ``limit`` bytes.
+
+    Raises:
+        CheckpointError: it cannot be read, is not a regular file, or is larger than ``limit``.
+    """
+    try:
+        with open_binary(path, dir_fd) as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{path}: larger than {limit >> 20} MiB; not a file of a checkpoint")
+    return data
+
+
+def read_text(path: Path, limit: int, dir_fd: int | None = None) -> str:
+    """:func:`read_bytes` decoded as UTF-8.
+
+    Raises:
+        CheckpointError: as :func:`read_bytes`, or not UTF-8 text.
+    """
+    try:
+        return read_bytes(path, limit, dir_fd).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start})") from None
