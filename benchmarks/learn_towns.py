@@ -43,7 +43,8 @@ def run_pty(cmd: list[str], env: dict) -> tuple[str, float, float, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=ROOT)
     os.close(slave)
-    raw, last_state, last_change, stall, plan_at = b"", None, None, 0.0, None
+    raw = bytearray()  # grows in place: bytes + bytes would copy the whole output at every redraw
+    last_state, last_change, stall, plan_at = None, None, 0.0, None
     gaps = []  # (seconds without a change, state before, state after)
     while True:
         r, _, _ = select.select([master], [], [], 0.5)

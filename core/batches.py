@@ -160,7 +160,7 @@ class Batches:
             def fits(turns) -> bool:
                 return 1 + sum(turn_tokens[t] for t in turns) <= cl + 1
 
-        convs = augment.conversations(singles, min(CONVERSATIONS, 2 * len(singles)), seed=tc.seed, fits=fits)
+        convs = augment.conversations(singles, CONVERSATIONS, seed=tc.seed, fits=fits)
         return dialogue_examples(self.tokenizer, [Dialogue(t) for t in convs], cl)
 
     def _questions_part(self, stage: int, step: int, n: int) -> list[Example]:

@@ -414,10 +414,13 @@ class Trainer:
         """Items of ``kind`` (of ``n`` checked) a check during a stage needs for "learned": ``recall_target``
         of them; for facts during tuning, what pretraining's last check reproduced is enough (tuning
         teaches answers and must keep the facts (``FACTS_KEPT`` of them: the count dips when tuning starts
-        and comes back slowly), not learn the ones pretraining could not)."""
+        and comes back slowly), not learn the ones pretraining could not). When pretraining reached the
+        target, tuning must keep it: the run can then still end "Learned", and a stage never ends
+        "learned" on a table the verdict calls short."""
         want = math.ceil(self.train_config.recall_target * n - 1e-9)
-        if kind == "fact" and self.stage_index == 1 and self._facts_kept and self._facts_kept[1] == n:
-            want = min(want, math.floor(FACTS_KEPT * self._facts_kept[0]))
+        kept = self._facts_kept
+        if kind == "fact" and self.stage_index == 1 and kept and kept[1] == n and kept[0] < want:
+            want = min(want, math.floor(FACTS_KEPT * kept[0]))
         return want
 
     def _check(self, stage: str, kinds: tuple[str, ...], final: bool, sample: int | None = None):
