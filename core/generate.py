@@ -16,7 +16,7 @@ import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, forward, param_layout
+from core.model import Ops, forward, param_layout, step_matmuls
 from core.params import TensorStore
 
 
@@ -121,6 +121,7 @@ class Generator:
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
+        self.ops.matmul.reserve(step_matmuls(config, config.context_length, training=False))  # a full prompt
         self.params = TensorStore(dev, param_layout(dev, config))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)

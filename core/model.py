@@ -35,7 +35,7 @@ from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.embedding import Embedding
 from core.kernels.grad_norm import GradNorm
 from core.kernels import matmul_tune
-from core.kernels.matmul import Matmul
+from core.kernels.matmul import Matmul, scratch_bound_floats
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
@@ -161,6 +161,23 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
     return sizes
 
 
+def step_matmuls(c: ModelConfig, n: int, training: bool) -> list[tuple[int, int, int, bool, bool]]:
+    """The ``(M, N, K, trans_a, trans_b)`` of every matmul of one step over ``n = batch * seq`` rows: the
+    forward of :func:`layer_forward` and :func:`forward`, and with ``training`` the backward of
+    :meth:`Model._backward` (tests/test_model.py checks them against the products a step runs). For
+    sizing the matmuls' scratch (``Matmul.reserve``, ``scratch_bound_floats``)."""
+    d, kv, f, v = c.d_model, c.kv_dim, c.ffn_dim, c.vocab_size
+    out = [(n, d + 2 * kv, d, False, True), (n, d, d, False, True), (n, 2 * f, d, False, True),
+           (n, d, f, False, True), (n, v, d, False, True)]
+    if training:
+        out += [(v, d, n, True, False), (n, d, v, False, False),                   # output projection
+                (d, f, n, True, False), (n, f, d, False, False),                   # ffn_down
+                (2 * f, d, n, True, False), (n, d, 2 * f, False, False),           # [ffn_gate; ffn_up]
+                (d, d, n, True, False), (n, d, d, False, False),                   # attn_output
+                (d + 2 * kv, d, n, True, False), (n, d, d + 2 * kv, False, False)]  # [attn_q; attn_k; attn_v]
+    return out
+
+
 # A run may plan to fill this share of CL_DEVICE_GLOBAL_MEM_SIZE: the driver, the display and the other
 # programs on the device keep the rest. The one memory rule: Model, the CLI and the GUI all apply it.
 MEMORY_SHARE = 0.9
@@ -173,14 +190,20 @@ def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
                  frozen: tuple[str, ...] = ()) -> tuple[int, int]:
-    """``(total, largest)``: bytes of every device buffer a :class:`Model` of ``batch_size`` sequences
-    allocates (weights; for training also gradients and two AdamW moments of every tensor not in
-    ``frozen``; activations of :func:`activation_sizes`), and of its largest single buffer.
+    """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
+    forward-only :class:`Model`) of ``batch_size`` sequences allocates, and of its largest single buffer:
+    weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
+    the trainer's update guard (``core.trainer.UpdateGuard``: copies of the weights and the moments);
+    activations of :func:`activation_sizes`; the matmuls' scratch (``scratch_bound_floats`` of
+    :func:`step_matmuls`, which :meth:`Model.__init__` reserves).
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
-    n_frozen = sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
-    params = 4 * (config.n_params() + (3 * (config.n_params() - n_frozen) if training else 0))  # weights (+ grads, m, v)
-    total = params + 4 * sum(sum(v) for v in acts.values())
+    n_params = config.n_params()
+    trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
+    params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
+    guard = n_params + 2 * trained if training else 0  # copies of weights, m, v
+    scratch = scratch_bound_floats(step_matmuls(config, batch_size * config.context_length, training))
+    total = 4 * (params + guard + scratch) + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
     return total, largest
 
@@ -344,6 +367,8 @@ class Model:
             self.m = TensorStore(dev, self.train_layout)
             self.v = TensorStore(dev, self.train_layout)
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
+        # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
+        self.ops.matmul.reserve(step_matmuls(config, batch_size * config.context_length, training))
         names = [n for n, _ in config.param_shapes() if n not in self.frozen]
         self._stat_names = names
         layer = layer_of(config)

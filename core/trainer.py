@@ -201,7 +201,7 @@ class Trainer:
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
         self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
-        self._guard = _UpdateGuard(self.model)
+        self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's last check (tuning keeps them)
@@ -513,7 +513,7 @@ def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: i
     return items
 
 
-class _UpdateGuard:
+class UpdateGuard:
     """Undo an AdamW update that made a weight non-finite: device copies of weights and moments are
     taken before the update, and one device sum of squares over all weights (NaN or inf if any weight
     is, or is so large, above about 1.8e19, that its square overflows float32: no model survives such

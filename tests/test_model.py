@@ -13,7 +13,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, Dialogue, default_dataset
 from core.generate import Generator, SamplingSettings
 from core.model import Model, init_weights
-from core.trainer import StageReport, StepReport, Trainer
+from core.trainer import StageReport, StepReport, Trainer, UpdateGuard
 from tests import reference as ref
 
 # odd sizes on purpose: head_dim 6, GQA 4 query heads on 2 kv heads, ffn 37, vocab 53
@@ -278,6 +278,7 @@ import numpy as np
 from core.config import ModelConfig
 from core.device import open_device
 from core.model import Model
+from core.trainer import UpdateGuard
 cfg = ModelConfig(**json.loads(sys.argv[1]))
 dev = open_device(sys.argv[2])
 def step(model, t):
@@ -293,7 +294,10 @@ def rss():
 step(Model(dev, ModelConfig(**{**json.loads(sys.argv[1]), "context_length": 8}), batch_size=2), 8)  # builds
 rss0, alloc0 = rss(), dev.allocated_bytes
 model = Model(dev, cfg, batch_size=2, seed=0)
+guard = UpdateGuard(model)  # a training run's copies of weights and moments
 stats = step(model, cfg.context_length)
+guard.save()
+dev.finish()
 print(json.dumps({"rss": rss() - rss0, "allocated": dev.allocated_bytes - alloc0, "loss": stats.loss,
                   "grad_norm": stats.grad_norm}))
 """
@@ -318,10 +322,13 @@ def test_long_context_trains_within_the_estimated_memory(device):
     est = training_memory_bytes(LONG, b)
     before = device.allocated_bytes
     model = Model(device, LONG, batch_size=b, seed=0)
+    UpdateGuard(model)
     assert abs(device.allocated_bytes - before - est) <= 0.2 * est
     tokens, targets, mask = batch(LONG, b, t, 6)
     stats = model.forward_backward(tokens, targets, mask)
     assert np.isfinite(stats.loss) and np.isfinite(stats.grad_norm) and stats.grad_norm > 0
+    # the step allocated nothing more: its matmuls' scratch was reserved with the model
+    assert abs(device.allocated_bytes - before - est) <= 0.2 * est
     if device.info.kind != "CPU":
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -331,9 +338,35 @@ def test_long_context_trains_within_the_estimated_memory(device):
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert np.isfinite(got["loss"])
-    # after a step the allocation counter also holds the CPU matmul's packing scratch, grown (and the
-    # smaller buffers freed) on demand, so it over-counts: the resident memory is the measurement
+    assert abs(got["allocated"] - est) <= 0.2 * est, (got, est)
     assert abs(got["rss"] - est) <= 0.2 * est, (got, est)
+
+
+def test_step_matmuls_are_the_products_a_step_runs(device):
+    """core.model.step_matmuls (what the matmul scratch is reserved and estimated for) lists exactly the
+    (M, N, K, trans_a, trans_b) of the products of a training step and of a forward pass."""
+    from core.kernels.matmul import Matmul
+    from core.model import step_matmuls
+
+    cfg = ModelConfig(vocab_size=300, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=80, context_length=16)
+    model = Model(device, cfg, batch_size=2, seed=0)
+    seen = []
+    real = Matmul.__call__
+
+    def record(self, c, a, b, M, N, K, trans_a=False, trans_b=False, **kw):
+        seen.append((M, N, K, bool(trans_a), bool(trans_b)))
+        return real(self, c, a, b, M, N, K, trans_a, trans_b, **kw)
+
+    tokens, targets, mask = batch(cfg, 2, 16, 3)
+    Matmul.__call__ = record
+    try:
+        model.forward_backward(tokens, targets, mask)
+        assert set(seen) == set(step_matmuls(cfg, 32, training=True))
+        seen.clear()
+        model.logits(tokens)
+        assert set(seen) == set(step_matmuls(cfg, 32, training=False))
+    finally:
+        Matmul.__call__ = real
 
 
 def test_sampling_a_diverged_model_says_so(device):

@@ -16,6 +16,7 @@ See the header of ``matmul.cl`` for the kernels themselves.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Union
 
@@ -294,6 +295,23 @@ class _Scratch:
             self._buffers[name] = (buf, size)
         return buf
 
+    def held_bytes(self) -> int:
+        """Bytes of the scratch buffers held now."""
+        return 4 * sum(size for _, size in self._buffers.values())
+
+
+def scratch_bound_floats(shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
+    """At most the floats of scratch :meth:`Matmul.reserve` holds for these shapes on any device (for
+    memory estimates made before a device's kernels are built): the packed panels of op(A) and op(B)
+    of the widest products (CPUs: rows padded to 16, at most ``SCRATCH_FLOATS`` each); a GPU's split-K
+    partial products are bounded alike."""
+    pad = lambda x: -(-x // 16) * 16  # noqa: E731 - widest register blocks (mr, nr)
+    a = max((min(pad(M) * K, SCRATCH_FLOATS) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)),
+            default=0)
+    b = max((min(pad(N) * K, SCRATCH_FLOATS) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)),
+            default=0)
+    return a + b
+
 
 class GemmKernel:
     """One matrix-matrix configuration built for one transpose variant (used by :class:`Matmul`
@@ -339,6 +357,7 @@ class GemmKernel:
         """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1."""
         cfg, q, i32 = self.cfg, self.dev.queue, np.int32
         acc = i32(1 if accumulate else 0)
+        need = self.scratch_floats(M, N, K)
         if isinstance(cfg, TiledConfig):
             lx, ly = cfg.local
             splits, k_split = self.splits(M, N, K)
@@ -347,7 +366,7 @@ class GemmKernel:
                 self._main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
                            i32(b_offset), i32(c_offset), i32(max(K, 1)))
                 return
-            part = self.scratch.get("splits", splits * M * N)
+            part = self.scratch.get("splits", need["splits"])
             self._main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
                        i32(b_offset), i32(0), i32(k_split))
             wg = min(256, self.dev.max_work_group_size)
@@ -356,11 +375,11 @@ class GemmKernel:
             return
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
-        bp = self.scratch.get("b", n_panels * cfg.nr * kc)
+        bp = self.scratch.get("b", need["b"])
         pack_a, main = self._pack_a, self._main
-        if pack_a is not None and self._direct_a is not None and n_panels < PACK_A_MIN_PANELS:
+        if "a" not in need and pack_a is not None:  # A read in place (few panels of B)
             pack_a, main = None, self._direct_a
-        ap = self.scratch.get("a", n_blocks * cfg.mr * kc) if pack_a is not None else a
+        ap = self.scratch.get("a", need["a"]) if pack_a is not None else a
         global_size = (-(-(n_panels * n_blocks) // cfg.wg) * cfg.wg,)
         for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
             n = i32(min(kc, K - k0))
@@ -390,6 +409,21 @@ class GemmKernel:
         k_split = -(-(-(-K // n)) // cfg.tsk) * cfg.tsk
         parts = -(-K // k_split)
         return (parts, k_split) if parts > 1 else (1, K)
+
+    def scratch_floats(self, M: int, N: int, K: int) -> dict[str, int]:
+        """Floats of each scratch buffer a product of this shape uses: ``"splits"`` (tiled kernels'
+        partial products of split K), or ``"b"`` and ``"a"`` (the packed panels of op(B) and op(A) of one
+        K chunk; no ``"a"`` when A is read in place)."""
+        cfg = self.cfg
+        if isinstance(cfg, TiledConfig):
+            splits, _ = self.splits(M, N, K)
+            return {"splits": splits * M * N} if splits > 1 else {}
+        n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
+        kc = self.chunk(M, N, K)
+        need = {"b": n_panels * cfg.nr * kc}
+        if self._pack_a is not None and not (self._direct_a is not None and n_panels < PACK_A_MIN_PANELS):
+            need["a"] = n_blocks * cfg.mr * kc
+        return need
 
     def chunk(self, M: int, N: int, K: int) -> int:
         """K rows per packing round: the configuration's ``kc``, shrunk so that the packed panels
@@ -461,7 +495,7 @@ class Matmul:
         self.dev = dev
         tuned = tuned if tuned is not None and local_size is None else {}
         default_gemm, default_gemv = default_configs(dev, local_size)
-        scratch = _Scratch(dev)
+        scratch = self._scratch = _Scratch(dev)
         self._variants: dict[tuple[bool, bool], GemmKernel] = {}
         for v in VARIANTS:
             forced = configs.get(v) if isinstance(configs, dict) else configs
@@ -488,6 +522,28 @@ class Matmul:
         """The GEMV configuration (None when the GEMV path is off)."""
         return self._gemv.cfg if self._gemv is not None else None
 
+    def _kernel(self, M: int, trans_a: bool, trans_b: bool) -> GemmKernel | GemvKernel:
+        if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
+            return self._gemv
+        return self._variants[(bool(trans_a), bool(trans_b))]
+
+    def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
+        """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
+        (a model's step: ``core.model.step_matmuls``), so that they allocate nothing while they run.
+
+        Returns:
+            The bytes of scratch held afterwards.
+        """
+        need: dict[str, int] = {}
+        for M, N, K, trans_a, trans_b in shapes:
+            kernel = self._kernel(M, trans_a, trans_b)
+            if M > 0 and N > 0 and isinstance(kernel, GemmKernel):
+                for name, n in kernel.scratch_floats(M, N, K).items():
+                    need[name] = max(need.get(name, 0), n)
+        for name, n in need.items():
+            self._scratch.get(name, n)
+        return self._scratch.held_bytes()
+
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int,
                  trans_a: bool = False, trans_b: bool = False, accumulate: bool = False, a_offset: int = 0,
                  b_offset: int = 0, c_offset: int = 0) -> None:
@@ -502,8 +558,4 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
-        if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
-            kernel = self._gemv
-        else:
-            kernel = self._variants[(bool(trans_a), bool(trans_b))]
-        kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
+        self._kernel(M, trans_a, trans_b)(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
