@@ -163,12 +163,13 @@ def test_frozen_loader_reads_vendor_files_as_well_as_the_bundled_pocl(bundle: Pa
     A vendor folder holding one .icd (pointing at the bundled libpocl by absolute path, standing in
     for an Intel/AMD/NVIDIA driver) must add a second platform to the bundled one.
     """
-    vendors = tmp_path / "vendors"
+    vendors, empty = tmp_path / "vendors", tmp_path / "no-vendors"
     vendors.mkdir()
+    empty.mkdir()  # the bundled PoCL alone, whatever this machine has in /etc/OpenCL/vendors
     libpocl = next((_internal(bundle) / "pyopencl" / ".libs").glob("libpocl*"))
     (vendors / "system-driver.icd").write_text(f"{libpocl}\n", encoding="utf-8")
     env = _clean_env(tmp_path)
-    one = _run([str(bundle / "opencl-llm"), "devices"], env, cwd=tmp_path)
+    one = _run([str(bundle / "opencl-llm"), "devices"], {**env, "OCL_ICD_VENDORS": str(empty)}, cwd=tmp_path)
     two = _run([str(bundle / "opencl-llm"), "devices"], {**env, "OCL_ICD_VENDORS": str(vendors)}, cwd=tmp_path)
     assert one.returncode == 0 and two.returncode == 0
     assert two.stdout.count("Portable Computing Language") == 2 * one.stdout.count("Portable Computing Language")
