@@ -167,9 +167,12 @@ def _folder_id(d: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _moved(d: Path, dir_fd: int | None, before: tuple[int, int] | None) -> bool:
+def _moved(d: Path, directory: Path, dir_fd: int | None, before: tuple[int, int] | None) -> bool:
     """Whether the folder read as ``d`` is no longer there under that name (a save swapped it away,
-    maybe deleted it): the read is then repeated rather than reported."""
+    maybe deleted it), or was the backup ``.NAME.bak`` of a save under way (which deletes it file by
+    file right after its swap): the read is then repeated rather than reported."""
+    if d != directory:
+        return True
     if dir_fd is not None:
         st = os.fstat(dir_fd)
         return st.st_nlink == 0 or _folder_id(d) != (st.st_dev, st.st_ino)
@@ -201,11 +204,11 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
             try:
                 loaded = _load_folder(d, Path(directory), dir_fd)
             except CheckpointError as e:
-                if _moved(d, dir_fd, before):
+                if _moved(d, Path(directory), dir_fd, before):
                     last_error = e
                     continue
                 raise
-            if dir_fd is not None or not _moved(d, dir_fd, before):
+            if dir_fd is not None or not _moved(d, Path(directory), dir_fd, before):
                 return loaded
         finally:
             if dir_fd is not None:
@@ -239,7 +242,7 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
     if tok.vocab_size != meta.model.vocab_size:
         raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
                               f"{meta.model.vocab_size} (a tokenizer of another model?)")
-    weights = _read_arrays(d / "weights.npz", dir_fd)
+    weights = _read_arrays(d / "weights.npz", dir_fd, _npz_limit(meta.model, 1))
     _check_tensors(d / "weights.npz", weights, meta.model)
     _check_loaded_finite(d / "weights.npz", weights)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
@@ -259,14 +262,42 @@ def _check_loaded_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
             raise CheckpointError(f"{path}: tensor {name!r} contains NaN or infinite values; the model is broken")
 
 
-def _read_arrays(path: Path, dir_fd: int | None = None) -> dict[str, np.ndarray]:
+def _npz_limit(config: ModelConfig, copies: int) -> int:
+    """Most unpacked bytes an .npz of ``copies`` float32 copies of the model's tensors may hold (headers
+    and float64 files of other tools allowed for)."""
+    return 2 * copies * 4 * config.n_params() + (1 << 20)
+
+
+def _read_arrays(path: Path, dir_fd: int | None = None, limit: int = MAX_ARRAYS_BYTES) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file as float32; every way it can be damaged is one CheckpointError (a file
+    that is no zip archive, a member that is no real-valued array, sizes beyond ``MAX_ARRAYS_BYTES``
+    packed or beyond ``limit`` unpacked (a zip bomb), a header claiming more than memory holds)."""
     try:
         with open_binary(path, dir_fd) as fh:
             if os.fstat(fh.fileno()).st_size > MAX_ARRAYS_BYTES:
                 raise CheckpointError(f"{path}: larger than {MAX_ARRAYS_BYTES >> 30} GiB")
+            if not zipfile.is_zipfile(fh):
+                raise CheckpointError(f"{path}: unreadable (not a NumPy .npz archive)")
+            fh.seek(0)
+            with zipfile.ZipFile(fh) as zf:
+                unpacked = sum(info.file_size for info in zf.infolist())
+            if unpacked > min(limit, MAX_ARRAYS_BYTES):  # a zip bomb, or another model's file
+                raise CheckpointError(f"{path}: unpacks to {unpacked / 2**20:,.1f} MiB, more than the "
+                                      f"{min(limit, MAX_ARRAYS_BYTES) / 2**20:,.1f} MiB its model's tensors need")
+            fh.seek(0)
+            out = {}
             with np.load(fh, allow_pickle=False) as z:
-                return {k: z[k].astype(np.float32) for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+                for k in z.files:
+                    a = z[k]
+                    if not isinstance(a, np.ndarray):
+                        raise CheckpointError(f"{path}: member {k!r} is not a NumPy array")
+                    if a.dtype.kind not in "fiu":
+                        raise CheckpointError(f"{path}: tensor {k!r} has dtype {a.dtype}, not a real number type")
+                    out[k] = a.astype(np.float32)
+            return out
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, TypeError, MemoryError) as e:
         raise CheckpointError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
@@ -367,7 +398,7 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
         previous = previous + (meta.dataset_hash,)
     tc = train_config or meta.train
     stage_index, stage_step = resume_position(meta, tc)
-    arrays = _read_arrays(d / "optimizer.npz")
+    arrays = _read_arrays(d / "optimizer.npz", limit=_npz_limit(loaded.config, 2))
     moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
     moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
     _check_tensors(d / "optimizer.npz", moment1, loaded.config)

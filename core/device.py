@@ -179,6 +179,13 @@ def _no_opencl_message(cause: str) -> str:
     )
 
 
+def no_usable_device_message(devices: list[DeviceInfo]) -> str:
+    """What to say when every device listed has a :attr:`DeviceInfo.problem`: each device with its
+    reason (which names the fix)."""
+    return ("No usable OpenCL device: every device found fails to build kernels on this machine.\n"
+            + "\n".join(f"  {d.label}: {d.problem}" for d in devices))
+
+
 _KIND_NAMES = {2: "CPU", 4: "GPU", 8: "ACCELERATOR"}
 
 _PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] *= 2.0f; }"
@@ -279,21 +286,23 @@ def select_device(spec: int | str | None = None) -> DeviceInfo:
     devices = list_devices()
     if spec is None or spec == "":
         if devices[0].problem:
-            raise OpenCLUnavailableError(_no_opencl_message(
-                "; ".join(f"{d.label}: {d.problem}" for d in devices)))
+            raise OpenCLUnavailableError(no_usable_device_message(devices))
         return devices[0]
     if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().lstrip("-").isdigit()):
         i = int(spec)
         if not 0 <= i < len(devices):
-            raise ValueError(f"device index {i} out of range 0..{len(devices) - 1}; devices:\n"
-                             + "\n".join(f"  {d.index}: {d.label}" for d in devices))
+            raise ValueError(f"device index {i} out of range 0..{len(devices) - 1}; devices:\n" + _listing(devices))
         return devices[i]
     needle = str(spec).lower()
     for d in devices:
         if any(needle in s.lower() for s in (d.name, d.platform, d.label, d.vendor, d.opencl_version)):
             return d
-    raise ValueError(f"no OpenCL device matches {spec!r}; devices:\n"
-                     + "\n".join(f"  {d.index}: {d.label}" for d in devices))
+    raise ValueError(f"no OpenCL device matches {spec!r}; devices:\n" + _listing(devices))
+
+
+def _listing(devices: list[DeviceInfo]) -> str:
+    return "\n".join(f"  {d.index}: {d.label}" + (" (unusable: cannot build kernels here)" if d.problem else "")
+                     for d in devices)
 
 
 # ----------------------------------------------------------------------------- device

@@ -204,7 +204,7 @@ class Trainer:
         self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
-        self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's last check (tuning keeps them)
+        self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ control
@@ -352,6 +352,8 @@ class Trainer:
                 items = yield from self._check(name, kinds, final=True, sample=0 if last else None)
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
+                if si == 0 and not self._stop and count(report.recall, "fact")[1]:
+                    self._facts_kept = count(report.recall, "fact")  # what pretraining ended with
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
                 cut = " (check stopped early)" if report.recall_stopped else ""

@@ -121,13 +121,25 @@ class DeviceTab(QWidget):
             self.stack.setCurrentIndex(0)
             self.device_changed.emit(None)
             return
+        if all(d.problem for d in self.devices):  # listed, but none can build a kernel: say why, as with none
+            from core.device import no_usable_device_message
+
+            self.missing_text.setText(no_usable_device_message(self.devices))
+            self.devices = []
+            self.app_state.set_devices([])
+            self.stack.setCurrentIndex(0)
+            self.device_changed.emit(None)
+            return
         self.app_state.set_devices(self.devices)
         remembered = QSettings().value(SETTINGS_KEY, "", type=str)
         self.combo.blockSignals(True)
         self.combo.clear()
-        for d in self.devices:
+        for i, d in enumerate(self.devices):
             self.combo.addItem(d.label + (" — cannot build kernels here" if d.problem else ""))
-        idx = next((i for i, d in enumerate(self.devices) if d.label == remembered), 0)
+            if d.problem:  # listed with the reason, never chosen (list_devices puts these last)
+                self.combo.setItemData(i, d.problem, Qt.ItemDataRole.ToolTipRole)
+                self.combo.model().item(i).setEnabled(False)
+        idx = next((i for i, d in enumerate(self.devices) if d.label == remembered and not d.problem), 0)
         self.combo.setCurrentIndex(idx)
         self.combo.blockSignals(False)
         self.stack.setCurrentIndex(1)

@@ -298,9 +298,11 @@ class HyperTab(QWidget):
         dataset, info = self.app_state.dataset(), self.app_state.device_info()
         v = self.values()
         budget = v.get("time_budget_s") if isinstance(v.get("time_budget_s"), float) else 0.0
-        if info is None or not (dataset.facts or dataset.dialogues):
+        if info is None or info.problem or not (dataset.facts or dataset.dialogues):
             self.plan = None
-            self.plan_label.setText(f"{AUTO}: choose a device and add data to get a plan; Small until then.")
+            why = f"{info.label} cannot be used ({info.problem})" if info is not None and info.problem else \
+                "choose a device and add data to get a plan"
+            self.plan_label.setText(f"{AUTO}: {why}; Small until then.")
             self.set_values({**_preset_values("Small"), "time_budget_s": budget}, preset=AUTO)
             return
         from core.device import open_device

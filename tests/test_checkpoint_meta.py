@@ -144,6 +144,22 @@ def test_damaged_weights_and_nan_weights(ck, capsys):
     assert "NaN or infinite" in one_line_error(capsys, main(["chat", "--model", str(ck), "--prompt", "hi"]))
 
 
+def test_a_weights_file_of_other_contents_is_one_line_not_a_traceback(ck, capsys):
+    """A member that is no array, a string tensor, or a small file unpacking to far more than the model's
+    tensors (a zip bomb) are refused before anything large is read."""
+    import zipfile
+
+    with zipfile.ZipFile(ck / "weights.npz", "w") as zf:
+        zf.writestr("readme.txt", "hello")
+    assert "is not a NumPy array" in one_line_error(capsys, main(["chat", "--model", str(ck), "--prompt", "hi"]))
+    np.savez(ck / "weights.npz", **{"token_embd.weight": np.array(["a", "b"])})
+    assert "not a real number type" in one_line_error(capsys, main(["chat", "--model", str(ck), "--prompt", "hi"]))
+    with zipfile.ZipFile(ck / "weights.npz", "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("token_embd.weight.npy", bytes(256 << 20))  # 256 MiB of zeros, a few hundred KiB packed
+    assert (ck / "weights.npz").stat().st_size < 2 << 20
+    assert "unpacks to 256.0 MiB" in one_line_error(capsys, main(["chat", "--model", str(ck), "--prompt", "hi"]))
+
+
 def test_nothing_non_finite_is_saved(tmp_path):
     loaded = load_checkpoint(FIXTURE)
     ds, _ = load_dataset(FIXTURE / "dataset.json")

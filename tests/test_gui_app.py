@@ -219,3 +219,49 @@ def test_readme_names_every_xcb_library_qt_links():
     section = readme[readme.index("## Troubleshooting"):]
     missing = sorted(debian(n, v) for n, v in sonames if not re.search(rf"\b{re.escape(debian(n, v))}\b", section))
     assert not missing, f"README troubleshooting does not name {missing}"
+
+
+def _with_broken_device(monkeypatch, only_broken: bool = False):
+    """list_devices as on an AMD Zen 5 machine with pip's PoCL: a device that cannot build kernels."""
+    import dataclasses
+
+    from core import device as device_mod
+
+    real = device_mod.list_devices()
+    broken = dataclasses.replace(real[0], name="pthread-Zen5 (pip PoCL)", index=len(real),
+                                 problem="its OpenCL compiler cannot build kernels on this machine (error: "
+                                         "unknown target CPU 'generic')")
+    listed = [dataclasses.replace(broken, index=0)] if only_broken else [*real, broken]
+    monkeypatch.setattr(device_mod, "list_devices", lambda: listed)
+    return broken
+
+
+def test_a_device_that_cannot_build_kernels_is_shown_but_never_chosen(studio_env, qtbot, monkeypatch):
+    from PySide6.QtCore import Qt
+
+    from gui.device_tab import SETTINGS_KEY
+    from gui.main_window import MainWindow
+
+    broken = _with_broken_device(monkeypatch)
+    QSettings().setValue(SETTINGS_KEY, broken.label)  # remembered from an earlier start
+    w = MainWindow()
+    qtbot.addWidget(w)
+    tab = w.device_tab
+    last = tab.combo.count() - 1
+    assert "cannot build kernels here" in tab.combo.itemText(last)
+    assert not tab.combo.model().item(last).isEnabled()
+    assert "unknown target CPU" in tab.combo.itemData(last, Qt.ItemDataRole.ToolTipRole)
+    assert tab.combo.currentIndex() != last and not w.state.device_info().problem
+    w.close()
+
+
+def test_only_unusable_devices_are_explained_like_no_device(studio_env, qtbot, monkeypatch):
+    from gui.main_window import MainWindow
+
+    _with_broken_device(monkeypatch, only_broken=True)
+    w = MainWindow()
+    qtbot.addWidget(w)
+    text = w.device_tab.missing_text.text()
+    assert "No usable OpenCL device" in text and "unknown target CPU" in text
+    assert w.state.device_info() is None
+    w.close()
