@@ -27,7 +27,7 @@ def _fail(msg: str) -> int:
 
 # ----------------------------------------------------------------------------- devices
 def cmd_devices(args: argparse.Namespace) -> int:
-    from core.device import list_devices
+    from core.device import list_devices, no_usable_device_message
 
     devices = list_devices()
     for d in devices:
@@ -38,6 +38,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
         print(f"     compute units {d.compute_units}, global memory {d.global_mem_bytes / 2**30:.1f} GiB, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
+    if all(d.problem for d in devices):
+        print("\n" + no_usable_device_message(devices).splitlines()[-1])
     return 0
 
 

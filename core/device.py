@@ -179,11 +179,17 @@ def _no_opencl_message(cause: str) -> str:
     )
 
 
+POCL_HINT = ("the PoCL that pip installs (LLVM 14) does not know CPUs newer than it, e.g. AMD Zen 5: install "
+             "the system's PoCL (`sudo apt install pocl-opencl-icd`, `sudo dnf install pocl`) and start again")
+"""The fix for pip's PoCL failing on a new CPU, said when no device can build kernels."""
+
+
 def no_usable_device_message(devices: list[DeviceInfo]) -> str:
     """What to say when every device listed has a :attr:`DeviceInfo.problem`: each device with its
-    reason (which names the fix)."""
+    reason, and for PoCL how to get one that works."""
+    pocl = any("portable computing language" in d.platform.lower() for d in devices)
     return ("No usable OpenCL device: every device found fails to build kernels on this machine.\n"
-            + "\n".join(f"  {d.label}: {d.problem}" for d in devices))
+            + "\n".join(f"  {d.label}: {d.problem}" for d in devices) + (f"\nTo fix: {POCL_HINT}." if pocl else ""))
 
 
 _KIND_NAMES = {2: "CPU", 4: "GPU", 8: "ACCELERATOR"}
@@ -213,9 +219,6 @@ def _probe(cl_device: cl.Device) -> str:
         log_lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
         detail = next((ln for ln in log_lines if "clBuildProgram failed" not in ln), "")
         problem = f"its OpenCL compiler cannot build kernels on this machine ({detail or type(e).__name__})"
-        if "portable computing language" in cl_device.platform.name.lower():
-            problem += ("; the PoCL that pip installs does not know this CPU: install the system's PoCL "
-                        "(`apt install pocl-opencl-icd`, `dnf install pocl`) and restart")
     _probe_results[key] = problem
     return problem
 

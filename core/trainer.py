@@ -264,7 +264,9 @@ class Trainer:
                 self.stage_step = 0
                 continue
             if self.stage_step == 0:
-                yield LogEvent("INFO", f"{name}: {cfg.steps} steps, lr {cfg.lr:g}, batch {cfg.batch_size}")
+                planned = (f"{cfg.decay_steps} steps planned, at most {cfg.steps}"
+                           if 0 < cfg.decay_steps < cfg.steps else f"{cfg.steps} steps")
+                yield LogEvent("INFO", f"{name}: {planned}, lr {cfg.lr:g}, batch {cfg.batch_size}")
             bad_in_a_row = 0
             deadline = self._deadline(si, t_start)
             end_reason, best, since_best, last_check = "steps", -1, 0, None

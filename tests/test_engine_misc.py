@@ -60,6 +60,7 @@ def test_a_device_that_cannot_build_kernels_goes_last_and_is_never_chosen(monkey
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "(default)" not in out and "unusable: its OpenCL compiler cannot build kernels" in out
+    assert "To fix: the PoCL that pip installs" in out  # said only when no device works
 
 
 def test_no_platform_gives_a_clear_message(monkeypatch):
