@@ -208,7 +208,7 @@ def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:
                     last_error = e
                     continue
                 raise
-            if dir_fd is not None or not _moved(d, Path(directory), dir_fd, before):
+            if dir_fd is not None or _folder_id(d) == before:  # without a descriptor: the same folder throughout
                 return loaded
         finally:
             if dir_fd is not None:
