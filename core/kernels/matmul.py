@@ -306,10 +306,9 @@ def scratch_bound_floats(shapes: Iterable[tuple[int, int, int, bool, bool]]) -> 
     of the widest products (CPUs: rows padded to 16, at most ``SCRATCH_FLOATS`` each); a GPU's split-K
     partial products are bounded alike."""
     pad = lambda x: -(-x // 16) * 16  # noqa: E731 - widest register blocks (mr, nr)
-    a = max((min(pad(M) * K, SCRATCH_FLOATS) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)),
-            default=0)
-    b = max((min(pad(N) * K, SCRATCH_FLOATS) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)),
-            default=0)
+    gemm = [(M, N, K) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)]  # GEMV: none
+    a = max((min(pad(M) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
+    b = max((min(pad(N) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
     return a + b
 
 
@@ -357,7 +356,6 @@ class GemmKernel:
         """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1."""
         cfg, q, i32 = self.cfg, self.dev.queue, np.int32
         acc = i32(1 if accumulate else 0)
-        need = self.scratch_floats(M, N, K)
         if isinstance(cfg, TiledConfig):
             lx, ly = cfg.local
             splits, k_split = self.splits(M, N, K)
@@ -366,7 +364,7 @@ class GemmKernel:
                 self._main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
                            i32(b_offset), i32(c_offset), i32(max(K, 1)))
                 return
-            part = self.scratch.get("splits", need["splits"])
+            part = self.scratch.get("splits", self.scratch_floats(M, N, K)["splits"])
             self._main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
                        i32(b_offset), i32(0), i32(k_split))
             wg = min(256, self.dev.max_work_group_size)
@@ -374,7 +372,7 @@ class GemmKernel:
                          i32(c_offset))
             return
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
-        kc = self.chunk(M, N, K)
+        kc, need = self._packing(M, N, K)
         bp = self.scratch.get("b", need["b"])
         pack_a, main = self._pack_a, self._main
         if "a" not in need and pack_a is not None:  # A read in place (few panels of B)
@@ -414,16 +412,20 @@ class GemmKernel:
         """Floats of each scratch buffer a product of this shape uses: ``"splits"`` (tiled kernels'
         partial products of split K), or ``"b"`` and ``"a"`` (the packed panels of op(B) and op(A) of one
         K chunk; no ``"a"`` when A is read in place)."""
-        cfg = self.cfg
-        if isinstance(cfg, TiledConfig):
+        if isinstance(self.cfg, TiledConfig):
             splits, _ = self.splits(M, N, K)
             return {"splits": splits * M * N} if splits > 1 else {}
+        return self._packing(M, N, K)[1]
+
+    def _packing(self, M: int, N: int, K: int) -> tuple[int, dict[str, int]]:
+        """(K rows per packing round, scratch floats) of a packed product (see :meth:`scratch_floats`)."""
+        cfg = self.cfg
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
         need = {"b": n_panels * cfg.nr * kc}
         if self._pack_a is not None and not (self._direct_a is not None and n_panels < PACK_A_MIN_PANELS):
             need["a"] = n_blocks * cfg.mr * kc
-        return need
+        return kc, need
 
     def chunk(self, M: int, N: int, K: int) -> int:
         """K rows per packing round: the configuration's ``kc``, shrunk so that the packed panels
