@@ -30,128 +30,223 @@ import numpy as np
 if TYPE_CHECKING:
     from core.dataset import Dataset, Dialogue
 
-SLOT = "\x00"
-"""Stands for the proper name in a pattern (a character no dataset text contains)."""
-
 MIN_SIMILARITY = 0.6
-"""Least :class:`difflib.SequenceMatcher` ratio between a fact and a pattern's fact shape (words) for the
-pattern to ask about the fact: facts of one kind share their words except the values."""
+"""Least :class:`difflib.SequenceMatcher` ratio between the template words of a fact and of a pattern's
+fact for the pattern to ask about the fact: facts of one kind share their template words."""
 
-_WORD = re.compile(r"[\w'’-]+|[^\w\s]", re.UNICODE)
+TEMPLATE_SHARE = 0.02
+"""A word that occurs in at least this share of the facts (and in at least ``TEMPLATE_MIN`` of them) is a
+template word ("the", "costs", "born"); rarer words are names and values."""
+TEMPLATE_MIN = 3
+
+_WORD = re.compile(r"([\w'’-]+|[^\w\s])(\s*)", re.UNICODE)
+_POSSESSIVE = re.compile(r"['’]s$")
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """A question pattern: ``question`` (text) and ``shape`` (its answer, a fact, as words) with ``SLOT`` for
-    the proper name they share; ``dialogue`` the dataset dialogue it came from."""
+    """A dataset dialogue linked to the fact its answer states: ``question`` and ``answer`` (texts),
+    ``fact`` (the fact's index) and ``dialogue`` (the dialogue's index)."""
 
     question: str
-    shape: tuple[str, ...]
+    answer: str
+    fact: int
     dialogue: int
 
 
 def words(text: str) -> list[str]:
     """Words and punctuation marks of ``text`` (a possessive ``'s`` stays with its word)."""
+    return [w for w, _ in _WORD.findall(text)]
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    """(word, whitespace after it) of ``text``: joined back they give the text without leading space."""
     return _WORD.findall(text)
 
 
-def _names(ws: list[str]) -> list[str]:
-    """Candidate proper names of a sentence: capitalised words (a possessive ``'s`` cut off)."""
-    out = []
-    for w in ws:
-        base = re.sub(r"['’]s$", "", w)
-        if base[:1].isupper() and base[1:].islower() and len(base) > 1 and base not in out:
-            out.append(base)
-    return out
+def _key(word: str) -> str:
+    """A word as compared between texts: lower case, a possessive ``'s`` cut off."""
+    return _POSSESSIVE.sub("", word.lower())
 
 
-def _slotted(ws: list[str], name: str) -> tuple[str, ...]:
-    return tuple(SLOT + w[len(name):] if re.sub(r"['’]s$", "", w) == name else w for w in ws)
+class _Facts:
+    """The dataset's facts as word keys, their document frequencies and template words."""
+
+    def __init__(self, facts: list[str]):
+        self.tokens = [_tokens(f.strip()) for f in facts]
+        self.keys = [[_key(w) for w, _ in t] for t in self.tokens]
+        self.df: dict[str, int] = {}
+        self.postings: dict[str, list[int]] = {}
+        for i, ks in enumerate(self.keys):
+            for k in set(ks):
+                self.df[k] = self.df.get(k, 0) + 1
+                self.postings.setdefault(k, []).append(i)
+        self.threshold = max(TEMPLATE_MIN, TEMPLATE_SHARE * len(facts))
+        self.n = len(facts)
+
+    def rare(self, k: str) -> bool:
+        return 0 < self.df.get(k, 0) < self.threshold
+
+    def signature(self, i: int) -> tuple[str, ...]:
+        return tuple(k for k in self.keys[i] if not self.rare(k))
+
+    def idf(self, k: str) -> float:
+        return float(np.log((self.n + 1) / (self.df.get(k, 0) + 1)))
+
+
+def _link(fx: _Facts, question: str, answer: str) -> int | None:
+    """Index of the fact that the dialogue (``question``, ``answer``) asks about: among the facts that
+    hold the question's rare words (names), the one sharing the most (idf-weighted) of the answer's other
+    words; None when no fact holds a rare word of the question or the answer shares none with it."""
+    qk = {_key(w) for w in words(question)}
+    rare = [k for k in qk if fx.rare(k)]
+    if not rare:
+        return None
+    hits: dict[int, int] = {}
+    for k in rare:
+        for i in fx.postings[k]:
+            hits[i] = hits.get(i, 0) + 1
+    most = max(hits.values())
+    ak = {_key(w) for w in words(answer)} - qk
+    best, best_score = None, 0.0
+    for i in sorted(i for i, h in hits.items() if h == most):
+        score = sum(fx.idf(k) for k in ak.intersection(fx.keys[i]))
+        if score > best_score + 1e-9:
+            best, best_score = i, score
+    return best
 
 
 def patterns(dataset: Dataset) -> list[Pattern]:
-    """Question patterns of the dataset's single-turn dialogues whose answer is one of its facts and
-    shares a proper name with the question (the longest shared name is the slot)."""
-    facts = {f.strip() for f in dataset.facts}
+    """The dataset's single-turn dialogues (no system message) linked to the fact each one asks about
+    (:func:`_link`): the question shares a name with the fact and the answer states its value, in any
+    wording ("How much is the X?" -> "It costs $42." for "The X costs $42.")."""
+    fx = _Facts(dataset.facts)
+    return _patterns(dataset, fx)
+
+
+def _patterns(dataset: Dataset, fx: _Facts) -> list[Pattern]:
     out = []
     for i, d in enumerate(dataset.dialogues):
         if len(d.turns) != 1 or d.system:
             continue
         q, a = d.turns[0]
-        if a.strip() not in facts:
-            continue
-        qw, aw = words(q), words(a)
-        shared = [n for n in _names(aw) if n in _names(qw)]
-        if not shared:
-            continue
-        name = max(shared, key=len)
-        question = re.sub(rf"(?<!\w){re.escape(name)}(?!\w)", SLOT, q.strip())
-        out.append(Pattern(question, _slotted(aw, name), i))
+        j = _link(fx, q, a)
+        if j is not None:
+            out.append(Pattern(q.strip(), a.strip(), j, i))
     return out
 
 
-class _Index:
-    """Word-set overlap (Jaccard) of a shape with every pattern's shape, as one matrix product."""
+def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) -> tuple[str, int]:
+    """``text`` with every span of words whose keys equal a substitution's old keys replaced by its new
+    words (each with the spacing of the fact it came from; a possessive ``'s`` of the text kept).
+    Returns (new text, spans replaced)."""
+    toks = _tokens(text.strip())
+    keys = [_key(w) for w, _ in toks]
+    out: list[tuple[str, str]] = []
+    done, i = 0, 0
+    while i < len(toks):
+        for old, new in subs:
+            n = len(old)
+            if n and keys[i:i + n] == old:
+                last_word, last_space = toks[i + n - 1]
+                new_toks = [(w, s) for w, s in new]
+                if new_toks:
+                    w, _ = new_toks[-1]
+                    base = _POSSESSIVE.sub("", w)
+                    suffix = last_word[len(_POSSESSIVE.sub("", last_word)):]
+                    new_toks[-1] = (base + suffix, last_space)
+                out += new_toks
+                i += n
+                done += 1
+                break
+        else:
+            out.append(toks[i])
+            i += 1
+    return "".join(w + s for w, s in out).strip(), done
 
-    def __init__(self, pats: list[Pattern]):
-        self.vocab = {w: k for k, w in enumerate(sorted({w for p in pats for w in p.shape}))}
-        self.sets = np.zeros((len(pats), len(self.vocab)), np.float32)
-        for r, p in enumerate(pats):
-            self.sets[r, [self.vocab[w] for w in set(p.shape)]] = 1.0
-        self.sizes = self.sets.sum(axis=1)
 
-    def closest(self, shape: tuple[str, ...], n: int) -> list[int]:
-        have = {self.vocab[w] for w in shape if w in self.vocab}
-        if not have:
-            return []
-        inter = self.sets[:, sorted(have)].sum(axis=1)
-        jaccard = inter / (self.sizes + len(set(shape)) - inter)
-        return np.argsort(-jaccard, kind="stable")[:n].tolist()
+def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tuple[str, str] | None:
+    """The question and answer that pattern ``p`` gives fact ``j``: the words in which fact ``j`` differs
+    from the pattern's fact (the item, the values; aligned with :class:`difflib.SequenceMatcher`) put into
+    the pattern's question and answer. None when the question would not name fact ``j``'s item (no rare
+    word of the question that its fact holds was replaced)."""
+    a_keys, b_keys = fx.keys[p.fact], fx.keys[j]
+    sm = difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False)
+    subs = [(a_keys[i1:i2], fx.tokens[j][j1:j2]) for op, i1, i2, j1, j2 in sm.get_opcodes() if op == "replace"]
+    subs.sort(key=lambda s: -len(s[0]))  # the longest span first (a name before one of its words)
+    item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
+    changed = {k for old, _ in subs for k in old}
+    if not item & changed:
+        return None
+    q, nq = _substitute(question, subs)
+    if not nq:
+        return None
+    if answer.strip() == " ".join(_fact_text(fx, p.fact).split()):
+        a = _fact_text(fx, j)
+    else:
+        a, _ = _substitute(answer, subs)
+    # every name and value the new question and answer state must be fact j's own
+    if any(fx.rare(k) and k not in b_keys for k in (_key(w) for w in words(q) + words(a))):
+        return None
+    return q, a
 
 
-def _matches(fact_words: list[str], pats: list[Pattern], index: _Index, closest: int = 4) -> list[tuple[float, int, str]]:
-    """(ratio, pattern index, proper name) of the ``closest`` patterns (by word-set overlap) for each
-    candidate proper name of the fact, best first."""
-    out = []
-    for name in _names(fact_words):
-        shape = _slotted(fact_words, name)
-        # cheap word-set overlap first; the order-aware ratio for the closest few
-        out += [(difflib.SequenceMatcher(None, shape, pats[k].shape, autojunk=False).ratio(), k, name)
-                for k in index.closest(shape, closest)]
-    return sorted(out, key=lambda m: -m[0])
+def _fact_text(fx: _Facts, i: int) -> str:
+    return "".join(w + s for w, s in fx.tokens[i]).strip()
 
 
 def fact_questions(dataset: Dataset, per_fact: int = 1, seed: int = 0) -> list[tuple[int, str, str]]:
-    """Questions for the facts that no dialogue answers, in the dataset's own question patterns.
+    """Questions and answers for the facts that no dialogue asks about, made by analogy with the dataset's
+    own dialogues.
+
+    Each dialogue linked to its fact (:func:`patterns`) is a pattern. A fact without a dialogue takes the
+    patterns whose fact has the most similar template words (:data:`MIN_SIMILARITY` at least; e.g. "The
+    X costs $42." and "The Y costs $7."), and each pattern's question and answer with the words in which
+    the two facts differ put in (:func:`_analogy`): "How much is the X?" -> "It costs $42." gives "How
+    much is the Y?" -> "It costs $7.". A dialogue whose answer is its fact word for word gives the fact
+    itself as the answer. (Allen-Zhu & Li 2023, "Physics of Language Models: Part 3.1": knowledge is
+    extractable when the facts were seen asked about while they were learned.)
 
     Args:
         dataset: a core.dataset.Dataset.
-        per_fact: questions per fact (different patterns of the best-matching kind, when it has several).
-        seed: picks among equally good patterns.
+        per_fact: questions per fact (different patterns of the most similar kind, when it has several).
+        seed: picks among equally similar patterns.
 
     Returns:
-        ``(fact index, question, answer)`` per question, in fact order; the answer is the fact itself.
-        Empty when no dialogue answers with a fact (nothing to learn the patterns from).
+        ``(fact index, question, answer)`` per question, in fact order. Empty when no dialogue can be
+        linked to a fact (nothing to learn the patterns from).
     """
-    pats = patterns(dataset)
+    fx = _Facts(dataset.facts)
+    pats = _patterns(dataset, fx)
     if not pats:
         return []
-    answered = {d.turns[0][1].strip() for d in dataset.dialogues if len(d.turns) == 1}
-    index = _Index(pats)
+    linked = {p.fact for p in pats}
     rng = np.random.default_rng([seed, 9])
+    by_sig: dict[tuple[str, ...], list[int]] = {}
+    for k, p in enumerate(pats):
+        by_sig.setdefault(fx.signature(p.fact), []).append(k)
+    ratio_cache: dict[tuple, list[tuple[float, tuple[str, ...]]]] = {}
     out = []
-    for i, fact in enumerate(dataset.facts):
-        if fact.strip() in answered or not fact.strip():
+    for j in range(len(dataset.facts)):
+        if j in linked or not dataset.facts[j].strip():
             continue
-        found = _matches(words(fact), pats, index)
-        if not found or found[0][0] < MIN_SIMILARITY:
-            continue
-        best, _, name = found[0]
-        # the patterns of the same kind (nearly as close as the best one) give the different wordings
-        questions = list(dict.fromkeys(pats[k].question for r, k, n in found
-                                       if n == name and r >= max(MIN_SIMILARITY, best - 0.15)))
-        for k in rng.permutation(len(questions))[:per_fact]:
-            out.append((i, questions[k].replace(SLOT, name), fact.strip()))
+        sig = fx.signature(j)
+        if sig not in ratio_cache:
+            scored = [(difflib.SequenceMatcher(None, sig, s, autojunk=False).ratio(), s) for s in by_sig]
+            ratio_cache[sig] = sorted((r, s) for r, s in scored if r >= MIN_SIMILARITY)[::-1]
+        made: list[tuple[str, str]] = []
+        for _r, s in ratio_cache[sig]:
+            group = by_sig[s]
+            for k in rng.permutation(len(group)):
+                p = pats[group[k]]
+                qa = _analogy(fx, p, j, p.question, p.answer)
+                if qa is not None and qa[0] not in {m[0] for m in made}:
+                    made.append(qa)
+                    if len(made) >= per_fact:
+                        break
+            if made:  # the most similar kind that gives a question is the fact's kind
+                break
+        out += [(j, q, a) for q, a in made]
     return out
 
 
@@ -183,4 +278,4 @@ def conversations(dialogues: list[Dialogue], count: int, length: tuple[int, int]
     return out
 
 
-__all__ = ["Pattern", "patterns", "fact_questions", "conversations", "words", "SLOT", "MIN_SIMILARITY"]
+__all__ = ["Pattern", "patterns", "fact_questions", "conversations", "words", "MIN_SIMILARITY"]
