@@ -417,24 +417,38 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         print(session.answer(args.prompt, settings))
         return 0
-    print("Chat with the model. An empty line, /exit or Ctrl-D quits; /clear forgets the conversation.")
+    # piped input (``echo -e "hi\nwho are you" | opencl-llm chat``): one answer line per input line and
+    # nothing else on stdout; input()'s prompts and the banner are for a person at a terminal only
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Chat with the model. An empty line, /exit or Ctrl-D quits; /clear forgets the conversation.")
     while True:
         try:
-            line = input("User: ")
+            line = input("User: ") if interactive else sys.stdin.readline()
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
-        if not line.strip() or line.strip() in ("/exit", "/quit"):
+        if not interactive and not line:  # end of the input
             return 0
-        if line.strip() == "/clear":
+        line = line.strip()
+        if not line and not interactive:  # a blank line between piped messages is skipped
+            continue
+        if not line or line in ("/exit", "/quit"):
+            return 0
+        if line == "/clear":
             session.clear()
             continue
-        print("Assistant:", end="", flush=True)
+        if interactive:
+            print("Assistant:", end="", flush=True)
+        answer = ""
         try:
             for piece in session.ask(line, settings):
-                print(piece.text, end="", flush=True)
+                # the chat format puts a space after "Assistant:"; an answer line starts without it
+                text = piece.text if answer or interactive else piece.text.lstrip()
+                answer += text
+                print(text, end="", flush=True)
         except (ContextFullError, ValueError, FloatingPointError) as e:  # one bad message does not end the chat
-            print(f" [{e}]", end="")
+            print(f" [{e}]" if answer or interactive else f"[{e}]", end="")
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
