@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the commands import what they need when they run (a fast --
     from core.config import ModelConfig, TrainConfig
     from core.device import Device
 
-from core.wording import count
+from core.wording import count, memory_size
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -36,7 +36,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         if d.problem:
             print(f"     unusable: {d.problem}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
-        print(f"     compute units {d.compute_units}, global memory {d.global_mem_bytes / 2**30:.1f} GiB, "
+        print(f"     compute units {d.compute_units}, global memory {memory_size(d.global_mem_bytes)}, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
     if all(d.problem for d in devices):
         print("\n" + no_usable_device_message(devices).splitlines()[-1])
@@ -214,7 +214,7 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
     have = dev.global_mem_size
-    print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
+    print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(have)} on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
     problem = training_memory_problem(mc, b, tc.grad_accum, tc.freeze_embeddings, have, dev.max_alloc_bytes,
