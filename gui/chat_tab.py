@@ -293,7 +293,7 @@ class ChatTab(QWidget):
                 self.model_label.setText("No model: train one on the Training tab or open one here.")
             return False
         self.input.clear()
-        self._cleared = None  # the new message starts the conversation Undo clear would replace
+        self._forget_cleared()  # the new message starts the conversation Undo clear would replace
         self._append_block("You: ", text, bold_color="#1f4e9c")
         self._append_block("Model: ", "", bold_color="#2b7a2b")
         self._turns.append({"user": text, "model": "", "note": "", "remembered": False})
@@ -315,6 +315,7 @@ class ChatTab(QWidget):
         if self._answering:
             return
         if self._turns or not self.transcript.document().isEmpty():
+            self._forget_cleared()
             self._cleared = (self.transcript.document().clone(self.transcript), self._pieces, self._turns)
         self.transcript.clear()
         self._pieces = []
@@ -341,6 +342,12 @@ class ChatTab(QWidget):
         self.transcript.ensureCursorVisible()
         self.app_state.mark_history_changed()
 
+    def _forget_cleared(self) -> None:
+        """Undo clear is no longer offered: free the kept document (a child of the transcript)."""
+        if self._cleared is not None:
+            self._cleared[0].deleteLater()
+            self._cleared = None
+
     def _tell_worker_history(self) -> None:
         """The loaded model's conversation becomes :meth:`remembered_turns` (a model loaded later gets
         them at its load)."""
@@ -366,7 +373,7 @@ class ChatTab(QWidget):
         self.transcript.clear()
         self._pieces.clear()
         self._turns = [dict(t) for t in turns]
-        self._cleared = None
+        self._forget_cleared()
         for t in self._turns:
             self._append_block("You: ", t["user"], bold_color="#1f4e9c")
             self._append_block("Model: ", t["model"], bold_color="#2b7a2b")
