@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the commands import what they need when they run (a fast --
     from core.config import ModelConfig, TrainConfig
     from core.device import Device
 
-from core.wording import count
+from core.wording import count, memory_size
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -36,7 +36,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         if d.problem:
             print(f"     unusable: {d.problem}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
-        print(f"     compute units {d.compute_units}, global memory {d.global_mem_bytes / 2**30:.1f} GiB, "
+        print(f"     compute units {d.compute_units}, global memory {memory_size(d.global_mem_bytes)}, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
     if all(d.problem for d in devices):
         print("\n" + no_usable_device_message(devices).splitlines()[-1])
@@ -214,7 +214,7 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
     have = dev.global_mem_size
-    print(f"memory: about {need / 2**30:.2f} GiB of {have / 2**30:.1f} GiB on the device "
+    print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(have)} on the device "
           f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
           f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
     problem = training_memory_problem(mc, b, tc.grad_accum, tc.freeze_embeddings, have, dev.max_alloc_bytes,
@@ -417,24 +417,38 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         print(session.answer(args.prompt, settings))
         return 0
-    print("Chat with the model. An empty line, /exit or Ctrl-D quits; /clear forgets the conversation.")
+    # piped input (``echo -e "hi\nwho are you" | opencl-llm chat``): one answer line per input line and
+    # nothing else on stdout; input()'s prompts and the banner are for a person at a terminal only
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Chat with the model. An empty line, /exit or Ctrl-D quits; /clear forgets the conversation.")
     while True:
         try:
-            line = input("User: ")
+            line = input("User: ") if interactive else sys.stdin.readline()
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
-        if not line.strip() or line.strip() in ("/exit", "/quit"):
+        if not interactive and not line:  # end of the input
             return 0
-        if line.strip() == "/clear":
+        line = line.strip()
+        if not line and not interactive:  # a blank line between piped messages is skipped
+            continue
+        if not line or line in ("/exit", "/quit"):
+            return 0
+        if line == "/clear":
             session.clear()
             continue
-        print("Assistant:", end="", flush=True)
+        if interactive:
+            print("Assistant:", end="", flush=True)
+        answer = ""
         try:
             for piece in session.ask(line, settings):
-                print(piece.text, end="", flush=True)
+                # the chat format puts a space after "Assistant:"; an answer line starts without it
+                text = piece.text if answer or interactive else piece.text.lstrip()
+                answer += text
+                print(text, end="", flush=True)
         except (ContextFullError, ValueError, FloatingPointError) as e:  # one bad message does not end the chat
-            print(f" [{e}]", end="")
+            print(f" [{e}]" if answer or interactive else f"[{e}]", end="")
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()

@@ -198,6 +198,48 @@ _PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] *=
 _probe_results: dict[tuple[str, str, str, str], str] = {}
 
 
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory in bytes (a cgroup memory limit below it wins), or None where the OS
+    does not say (no ``os.sysconf``, e.g. Windows)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    if total <= 0:
+        return None
+    for path in _CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def global_memory_bytes(cl_device: cl.Device) -> int:
+    """The device's global memory in bytes: the one figure the Device tab, ``opencl-llm devices`` and
+    ``train`` show and the memory rule (core.model.memory_problem) checks against.
+
+    CL_DEVICE_GLOBAL_MEM_SIZE, except for a CPU device, whose global memory is the host's RAM
+    (:func:`host_memory_bytes`): PoCL reports hwloc's NUMA-node figure less 2 GiB, which on some VMs
+    changes from process to process with the memory in use (7.5, 12.5 and 20.7 GiB seen in three
+    programs on one machine), and enforces only the per-buffer limit (CL_DEVICE_MAX_MEM_ALLOC_SIZE,
+    :attr:`DeviceInfo.max_alloc_bytes`), not that total.
+    """
+    import pyopencl as cl
+
+    reported = int(cl_device.global_mem_size)
+    if int(cl_device.type) & cl.device_type.CPU:
+        host = host_memory_bytes()
+        if host is not None:
+            return host
+    return reported
+
+
 def _probe(cl_device: cl.Device) -> str:
     """Build a one-line kernel on ``cl_device``; "" when it builds, else a one-line reason.
 
@@ -262,7 +304,7 @@ def list_devices() -> list[DeviceInfo]:
                 DeviceInfo(
                     index=-1, platform=p.name, name=d.name, vendor=d.vendor, kind=kind,
                     integrated=unified, compute_units=int(d.max_compute_units),
-                    global_mem_bytes=int(d.global_mem_size), local_mem_bytes=int(d.local_mem_size),
+                    global_mem_bytes=global_memory_bytes(d), local_mem_bytes=int(d.local_mem_size),
                     max_work_group_size=int(d.max_work_group_size), opencl_version=d.version,
                     platform_index=pi, device_index=di, problem=_probe(d),
                     max_alloc_bytes=int(d.max_mem_alloc_size),
@@ -357,7 +399,7 @@ class Device:
         self.cache_dir = str(user_cache_dir() / "pyopencl")
         self.max_work_group_size = int(self.cl_device.max_work_group_size)
         self.local_mem_size = int(self.cl_device.local_mem_size)
-        self.global_mem_size = int(self.cl_device.global_mem_size)
+        self.global_mem_size = global_memory_bytes(self.cl_device)
         self.max_alloc_bytes = int(self.cl_device.max_mem_alloc_size)  # largest single buffer
         # sub-buffer origins must be multiples of this (CL_DEVICE_MEM_BASE_ADDR_ALIGN is in bits)
         self.base_align_bytes = max(4, int(self.cl_device.mem_base_addr_align) // 8)

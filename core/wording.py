@@ -1,4 +1,5 @@
-"""Counts in messages: "1 entry was skipped", "2 entries were skipped" (one home for plurals).
+"""Counts in messages: "1 entry was skipped", "2 entries were skipped" (one home for plurals), and
+memory sizes ("8.3 GiB").
 
 Used by the CLI and the GUI wherever a count is printed next to its noun.
 """
@@ -29,3 +30,8 @@ def count(n: float, singular: str, plural_form: str | None = None, digits: int |
 def were(n: int) -> str:
     """The verb for ``n`` things: "was" for exactly 1, else "were"."""
     return "was" if n == 1 else "were"
+
+
+def memory_size(n_bytes: int) -> str:
+    """A memory size as the CLI and the GUI show it: "8.3 GiB", or "512 MiB" below 1 GiB."""
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.0f} MiB"

@@ -3,8 +3,8 @@ and the most likely alternatives (tooltip and side panel)."""
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextFormat
-from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
+from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtWidgets import (QApplication, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget,
                                QTableWidgetItem, QTextEdit, QToolTip, QVBoxLayout, QWidget)
 
@@ -56,6 +56,9 @@ class ChatTab(QWidget):
         self._seed = 0
         # the transcript, saved with the project (gui.history): {"user", "model", "note", "remembered"}
         self._turns: list[dict] = []
+        # what the last Clear removed, until it is undone or a new message is sent:
+        # (the transcript's document, the pieces its formats point into, the turns)
+        self._cleared: tuple[QTextDocument, list[AnswerPiece], list[dict]] | None = None
 
         # -- transcript and input
         self.transcript = QTextEdit()
@@ -73,9 +76,17 @@ class ChatTab(QWidget):
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop_answer)
         self.clear_button = QPushButton("Clear")
-        self.clear_button.setToolTip("Clear the transcript and the model's memory of the conversation")
+        self.clear_button.setToolTip("Clear the transcript and the model's memory of the conversation "
+                                     "(Undo clear brings it back)")
         self.clear_button.clicked.connect(self.clear)
-        for b in (self.send_button, self.stop_button, self.clear_button):
+        self.undo_clear_button = QPushButton("Undo clear")
+        self.undo_clear_button.setToolTip("Bring back the conversation Clear removed (until the next message)")
+        self.undo_clear_button.clicked.connect(self.undo_clear)
+        for b in (self.send_button, self.stop_button, self.clear_button, self.undo_clear_button):
+            # Enter in the input line sends; no button takes Enter (or, as Clear did, a space) by default
+            b.setAutoDefault(False)
+            b.setDefault(False)
+            b.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # a click leaves the keyboard on the input line
             row.addWidget(b)
         left = QWidget()
         lv = QVBoxLayout(left)
@@ -132,7 +143,7 @@ class ChatTab(QWidget):
         self.alternatives.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         tv.addWidget(self.alternatives, 1)
 
-        side = QWidget()
+        side = self._side = QWidget()
         sv = QVBoxLayout(side)
         sv.setContentsMargins(0, 0, 0, 0)
         sv.addWidget(model_box)
@@ -282,6 +293,7 @@ class ChatTab(QWidget):
                 self.model_label.setText("No model: train one on the Training tab or open one here.")
             return False
         self.input.clear()
+        self._forget_cleared()  # the new message starts the conversation Undo clear would replace
         self._append_block("You: ", text, bold_color="#1f4e9c")
         self._append_block("Model: ", "", bold_color="#2b7a2b")
         self._turns.append({"user": text, "model": "", "note": "", "remembered": False})
@@ -289,6 +301,7 @@ class ChatTab(QWidget):
         self._answer_text = ""
         self._seed += 1
         self._worker.ask(text, self.settings())
+        self._focus_input()
         self._update_buttons()
         return True
 
@@ -297,14 +310,49 @@ class ChatTab(QWidget):
             self._worker.cancel()
 
     def clear(self) -> None:
+        """Clear the transcript and the model's memory of it; :meth:`undo_clear` brings both back
+        (until the next message). Nothing to clear keeps what an earlier Clear removed."""
+        if self._answering:
+            return
+        if self._turns or not self.transcript.document().isEmpty():
+            self._forget_cleared()
+            self._cleared = (self.transcript.document().clone(self.transcript), self._pieces, self._turns)
         self.transcript.clear()
-        self._pieces.clear()
+        self._pieces = []
         self._turns = []
         self.token_label.setText("Hover over a generated token.")
         self.alternatives.setRowCount(0)
-        if self._worker is not None and self._worker.isRunning():
-            self._worker.clear()
+        self._tell_worker_history()
+        self._focus_input()
+        self._update_buttons()
         self.app_state.mark_history_changed()
+
+    def undo_clear(self) -> None:
+        """Bring back the conversation the last :meth:`clear` removed: the transcript (with its token
+        probabilities) and the model's memory of it."""
+        if self._cleared is None or self._answering:
+            return
+        doc, self._pieces, self._turns = self._cleared
+        self._cleared = None
+        self.transcript.setDocument(doc)  # the editor's own (empty) document is deleted
+        self._tell_worker_history()
+        self._focus_input()
+        self._update_buttons()
+        self.transcript.moveCursor(QTextCursor.MoveOperation.End)
+        self.transcript.ensureCursorVisible()
+        self.app_state.mark_history_changed()
+
+    def _forget_cleared(self) -> None:
+        """Undo clear is no longer offered: free the kept document (a child of the transcript)."""
+        if self._cleared is not None:
+            self._cleared[0].deleteLater()
+            self._cleared = None
+
+    def _tell_worker_history(self) -> None:
+        """The loaded model's conversation becomes :meth:`remembered_turns` (a model loaded later gets
+        them at its load)."""
+        if self._worker is not None and self._worker.isRunning():
+            self._worker.set_history(self.remembered_turns())
 
     # ----------------------------------------------------------------------------- saved transcript
     def saved_transcript(self) -> list[dict]:
@@ -325,13 +373,14 @@ class ChatTab(QWidget):
         self.transcript.clear()
         self._pieces.clear()
         self._turns = [dict(t) for t in turns]
+        self._forget_cleared()
         for t in self._turns:
             self._append_block("You: ", t["user"], bold_color="#1f4e9c")
             self._append_block("Model: ", t["model"], bold_color="#2b7a2b")
             if t["note"]:
                 self._append_note(t["note"])
-        if self._worker is not None and self._worker.isRunning():
-            self._worker.clear()
+        self._tell_worker_history()
+        self._update_buttons()
         self._loaded = None  # the next message loads the model again, with this conversation
 
     def is_answering(self) -> bool:
@@ -398,14 +447,27 @@ class ChatTab(QWidget):
             self.model_label.setText(f"Error: {message}")
 
     def _finish_answer(self) -> None:
+        """An answer ended (done, stopped or failed): the keyboard is back on the input line."""
         self._answering = False
+        self._focus_input()  # before the buttons change: a disabled Stop would pass the focus on
         self._update_buttons()
         self.app_state.mark_history_changed()
 
+    def _focus_input(self) -> None:
+        """The keyboard goes back to the input line, unless the user is elsewhere (the side panel's
+        sampling form, another tab): typing goes into the next question, never into a button such as Clear."""
+        focus = QApplication.focusWidget()
+        if self.input.isVisible() and not (focus is not None and self._side.isAncestorOf(focus)):
+            self.input.setFocus(Qt.FocusReason.OtherFocusReason)
+
     def _update_buttons(self) -> None:
+        """The input line stays enabled while the model answers (the next question can be typed; Enter
+        sends nothing until the answer ends), so the focus never leaves it for a button."""
         self.send_button.setEnabled(not self._answering)
-        self.input.setEnabled(not self._answering)
         self.stop_button.setEnabled(self._answering)
+        self.clear_button.setEnabled(not self._answering)
+        self.undo_clear_button.setVisible(self._cleared is not None)
+        self.undo_clear_button.setEnabled(self._cleared is not None and not self._answering)
 
     def stop(self) -> None:
         """Stop the chat thread and wait for it (window closing)."""

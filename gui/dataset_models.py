@@ -69,9 +69,9 @@ class _EntryModel(QAbstractListModel):
         self._bad: dict[int, str] = {}  # row -> problem text (tooltip)
         self.history = None  # gui.dataset_undo.EditHistory that records changes made through the model
 
-    def _record(self, text: str, undo, redo) -> None:
+    def _record(self, text: str, undo, redo, merge_key=None) -> None:
         if self.history is not None:
-            self.history.record(text, undo, redo)
+            self.history.record(text, undo, redo, merge_key)
 
     def _then_touch(self, fn, row: int):
         """``fn`` followed by ``touched(row)`` (for an undo or redo)."""
@@ -194,8 +194,9 @@ class FactsModel(_EntryModel):
         old = self._rows[row]
         if old != value:
             self._set(row, value)
+            # the editor writes while the text is typed (gui.dataset_tab.LiveTextDelegate): one step
             self._record("edit fact", self._then_touch(lambda: self._set(row, old), row),
-                         self._then_touch(lambda: self._set(row, value), row))
+                         self._then_touch(lambda: self._set(row, value), row), merge_key=("fact", id(self), row))
         return True
 
     def _set(self, row: int, value: str) -> None:
@@ -229,7 +230,7 @@ class TurnsModel(QAbstractTableModel):
         self.history = None  # gui.dataset_undo.EditHistory
         self.show_dialogue = None  # (Dialogue) -> None: the tab puts it into the editor (for an undo)
 
-    def _record(self, text: str, undo, redo) -> None:
+    def _record(self, text: str, undo, redo, merge_key=None) -> None:
         """Record a change of the dialogue shown now; its undo and redo show that dialogue first."""
         if self.history is None:
             return
@@ -242,7 +243,7 @@ class TurnsModel(QAbstractTableModel):
                 if self._dialogue is d:
                     fn()
             return run
-        self.history.record(text, on_d(undo), on_d(redo))
+        self.history.record(text, on_d(undo), on_d(redo), merge_key)
 
     def set_dialogue(self, dialogue: Dialogue | None) -> None:
         """Show ``dialogue`` (edited in place) or nothing."""
@@ -290,7 +291,9 @@ class TurnsModel(QAbstractTableModel):
         new = (value, answer) if index.column() == 0 else (user, value)
         if new != old:
             self._set_turn(t, new)
-            self._record("edit turn", lambda: self._set_turn(t, old), lambda: self._set_turn(t, new))
+            # written while typed (gui.dataset_tab.LiveTextDelegate): the writes of one cell are one step
+            self._record("edit turn", lambda: self._set_turn(t, old), lambda: self._set_turn(t, new),
+                         merge_key=("turn", id(self._dialogue), t, index.column()))
         return True
 
     def _set_turn(self, t: int, turn: tuple[str, str]) -> None:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QListView, QListWidget, QListWidgetItem, QMenu, QPushButton, QSplitter,
-                               QTableView, QToolButton, QVBoxLayout, QWidget)
+                               QStyledItemDelegate, QStyleOptionViewItem, QTableView, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, export_jsonl, export_text, load_dataset,
                           save_dataset)
@@ -39,6 +40,30 @@ def _button(text: str, tip: str, slot) -> QPushButton:
     # as wide as the text needs (the style's minimum of ~80 px each keeps small windows from fitting)
     b.setMinimumWidth(b.fontMetrics().horizontalAdvance(text) + 24)
     return b
+
+
+class LiveTextDelegate(QStyledItemDelegate):
+    """Writes an entry's text into the dataset while it is typed (after a pause of ``PAUSE_MS``), not
+    only when its editor closes, as the system message field does: the checks and the token counts
+    follow the fact or turn being typed (they showed the dataset before it, "one edit behind", until
+    the editor closed). The writes of one cell merge into one undo step (gui.dataset_models)."""
+
+    PAUSE_MS = 300
+
+    def createEditor(self, parent: QWidget, option: QStyleOptionViewItem, index: QModelIndex) -> QWidget:  # noqa: N802 - Qt API
+        editor = super().createEditor(parent, option, index)
+        if isinstance(editor, QLineEdit):
+            pause = QTimer(editor, singleShot=True, interval=self.PAUSE_MS)
+            pause.timeout.connect(lambda: self.commitData.emit(editor))
+            editor.textEdited.connect(pause.start)
+        return editor
+
+    def setEditorData(self, editor: QWidget, index: QModelIndex) -> None:  # noqa: N802 - Qt API
+        """Leave an editor alone when the model holds its text already (its own write): setting it again
+        would move the cursor to the end while the user types in the middle."""
+        if isinstance(editor, QLineEdit) and editor.text() == index.data(Qt.ItemDataRole.EditRole):
+            return
+        super().setEditorData(editor, index)
 
 
 class EntryListView(QListView):
@@ -194,6 +219,7 @@ class DatasetTab(QWidget):
         facts_box = QGroupBox("Facts (pretraining sentences)")
         fv = QVBoxLayout(facts_box)
         self.facts = EntryListView(self.fact_model)
+        self.facts.setItemDelegate(LiveTextDelegate(self.facts))
         self.facts.selectionModel().currentChanged.connect(self._update_buttons)
         fv.addWidget(self.facts, 1)
         fb = QHBoxLayout()
@@ -239,6 +265,7 @@ class DatasetTab(QWidget):
         srow.addWidget(self.system, 1)
         ev.addLayout(srow)
         self.turns = TurnsView(self.turn_model)
+        self.turns.setItemDelegate(LiveTextDelegate(self.turns))
         self.turns.selectionModel().currentChanged.connect(self._update_buttons)
         ev.addWidget(self.turns, 1)
         tb = QHBoxLayout()

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, Q
                                QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget, QHeaderView)
 
+from core.wording import memory_size
 from gui.app_state import AppState
 from gui.workers import DeviceTestWorker
 
@@ -16,10 +17,6 @@ if TYPE_CHECKING:
     from core.selftest import DeviceCheck
 
 SETTINGS_KEY = "device/label"
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 class DeviceTab(QWidget):
@@ -164,7 +161,7 @@ class DeviceTab(QWidget):
         kind = d.kind if d.kind != "GPU" else ("integrated GPU" if d.integrated else "discrete GPU")
         values = {"Name": d.name.strip(), "Kind": kind, "Platform": d.platform.strip(), "Vendor": d.vendor.strip(),
                   "OpenCL": d.opencl_version.strip(), "Compute units": str(d.compute_units),
-                  "Global memory": _gib(d.global_mem_bytes), "Local memory": f"{d.local_mem_bytes // 1024} KiB",
+                  "Global memory": memory_size(d.global_mem_bytes), "Local memory": f"{d.local_mem_bytes // 1024} KiB",
                   "Max work-group size": str(d.max_work_group_size)}
         for k, val in values.items():
             self.detail_labels[k].setText(val)

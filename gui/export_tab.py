@@ -162,7 +162,7 @@ class ExportTab(QWidget):
         path = str(export.get("path") or "")
         if not path or inside(Path(path), data_dir()):  # never suggest the app's own data folder
             name = "model" if project.folder.resolve() == untitled_dir().resolve() else project.folder.name
-            path = str(default_export_dir() / f"{name}.gguf")
+            path = str(default_export_dir(project.folder) / f"{name}.gguf")
         self.path.setText(path)
         self.refresh()
 

@@ -27,9 +27,20 @@ def untitled_dir() -> Path:
     return data_dir() / "untitled"
 
 
-def default_export_dir() -> Path:
-    """Where the Export tab suggests writing: the last export folder, else Documents, else home (never
-    inside the app's data folder, whose untitled project is replaced by "New project")."""
+EXPORTS = "exports"  # a project's own export folder, beside its dataset and checkpoint
+FALLBACK_EXPORTS = "opencl-llm-exports"  # in the home folder, when there is no Documents folder
+
+
+def default_export_dir(project_folder: Path | None = None) -> Path:
+    """Where the Export tab suggests writing (the export creates the folder).
+
+    A saved project's own ``exports/`` folder. The untitled project lives inside the app's data folder,
+    which "New project" replaces, so it gets the last export folder, else Documents, else
+    ``~/opencl-llm-exports`` — never the home folder itself, where an export would be lost among the
+    user's files.
+    """
+    if project_folder is not None and not inside(Path(project_folder), data_dir()):
+        return Path(project_folder) / EXPORTS
     from PySide6.QtCore import QSettings  # here: gui.app imports this module before Qt is needed
 
     last = QSettings().value("export/folder", "", type=str)
@@ -38,7 +49,9 @@ def default_export_dir() -> Path:
     import platformdirs
 
     docs = platformdirs.user_documents_dir()
-    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+    if docs and Path(docs).is_dir() and Path(docs).resolve() != Path.home().resolve():
+        return Path(docs)
+    return Path.home() / FALLBACK_EXPORTS
 
 
 def inside(path: Path, folder: Path) -> bool:

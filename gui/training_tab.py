@@ -32,6 +32,10 @@ RESUME_TIP = ("Continue the last run from its checkpoint, with its model and dat
               "sizes, clipping, weight decay and replay share are taken from the Hyperparameters tab")
 KEPT_NOTE = "the previous trained model is kept until this run finishes a stage"
 RECALL_HINT = "Shown when a stage ends: which facts and dialogue answers the model reproduces."
+# why a stage ended before its planned steps (core.trainer.StageReport.end_reason), as the labels say it
+EARLY_ENDS = {"learned": "learned", "no progress": "no better recall in the last checks",
+              "time budget": "time budget used"}
+STAGE_SHORT = {"pretrain": "pretraining", "tune": "tuning"}
 FINAL_STATUS = ("Learned", "Not fully learned", "Training finished")  # how a finished run's label begins
 NO_PLOTS_NOTE = ("Trained model ready — its plots, log and recall table were not kept (it was trained by an "
                  "earlier version of the app or outside it); try it on the Chat tab")
@@ -78,6 +82,10 @@ class TrainingTab(QWidget):
         self._checking: RecallChecking | None = None  # the recall check running now
         self._check_s = 0.0  # seconds the last recall check took (for the ETA)
         self._check_t0 = 0.0
+        # stages of this run that ended before their planned steps: (stage, why, steps done, planned)
+        self._early: list[tuple[str, str, int, int]] = []
+        # the bar shows at least this: the planned end of a stage that ended early (its last step is short of it)
+        self._progress_floor = 0
         # the project's history (gui.history): earlier runs, and the latest run's fields besides its plots
         self._earlier: list[dict] = []
         self._run: dict | None = None  # {"started", "recall", "summary", "status", "speed"}
@@ -458,6 +466,7 @@ class TrainingTab(QWidget):
         self._resumed = resume
         self._rates.clear()
         self._last = None
+        self._early, self._progress_floor = [], 0
         self._t0 = time.perf_counter()
         self.stage_label.setText("Preparing: tokenizer, model and kernels…")
         self.speed_label.setText("")
@@ -514,7 +523,7 @@ class TrainingTab(QWidget):
         if d is None:
             return
         total = sum(self._stage_steps)
-        self.progress.setValue(d.global_step)
+        self.progress.setValue(max(d.global_step, self._progress_floor))
         stage_no = 1 if d.stage == "pretrain" else 2
         running = not self._stopping and self.is_running()
         c = self._checking
@@ -534,7 +543,8 @@ class TrainingTab(QWidget):
                 rest = (total - d.global_step) * (t1 - t0) / (s1 - s0) + stages_left * self._check_s
                 eta = f" · ETA {_hms(rest)} at most"
         since = " since resuming" if self._resumed else ""
-        self.speed_label.setText(f"step {d.global_step}/{total} · {d.passes:.1f} passes{eta} · "
+        early = f" (stopped early: {self._early[-1][1]})" if self._early and not running else ""
+        self.speed_label.setText(f"step {d.global_step}/{total}{early} · {d.passes:.1f} passes{eta} · "
                                  f"{d.tokens_per_s:,.0f} tokens/s · loss {d.loss:.3f} · "
                                  f"{_hms(time.perf_counter() - self._t0)} elapsed{since}")
 
@@ -553,6 +563,7 @@ class TrainingTab(QWidget):
         if d.stopped:
             self.append_log("INFO", f"{d.stage}: stopped at step {d.steps_done}")
             return
+        self._note_early_end(d)
         for r in d.recall:
             self._add_recall_row([d.stage, r.kind, r.prompt, r.expected, r.got, bool(r.ok)])
         f_ok, f_n = d.facts_recalled
@@ -560,6 +571,24 @@ class TrainingTab(QWidget):
         self._add_recall_summary(f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
                                  f"reproduced exactly.")
         self.app_state.mark_history_changed()
+
+    def _note_early_end(self, d: StageDone) -> None:
+        """A stage that ended before its planned steps (learned, no progress, time budget) is complete:
+        the bar moves to its planned end (a run that ends early is at 100 %), and the labels say why."""
+        why = EARLY_ENDS.get(d.end_reason)
+        si = 0 if d.stage == "pretrain" else 1
+        planned = self._stage_steps[si]
+        if why is None or d.steps_done >= planned:
+            return
+        self._early.append((d.stage, why, d.steps_done, planned))
+        self._progress_floor = (self._stage_steps[0] if si == 1 else 0) + planned
+        self.progress.setValue(self._progress_floor)
+        self.append_log("INFO", f"{d.stage} stopped early: {why} at step {d.steps_done} of {planned}")
+
+    def _early_note(self) -> str:
+        """' — tuning stopped early: learned at step 100 of 125' for each stage that ended early, or ''."""
+        return "".join(f" — {STAGE_SHORT.get(stage, stage)} stopped early: {why} at step {done} of {planned}"
+                       for stage, why, done, planned in self._early)
 
     def _add_recall_row(self, row: list) -> None:
         """One row of the recall table: [stage, kind, prompt, expected, got, ok]; kept for the history."""
@@ -584,7 +613,8 @@ class TrainingTab(QWidget):
     def _on_run_done(self, d: RunDone) -> None:
         self._checking = None
         if d.finished and d.verdict:
-            self.stage_label.setText(d.verdict + ("" if d.learned else f" — to learn the rest: {d.advice}"))
+            self.stage_label.setText(d.verdict + self._early_note()
+                                     + ("" if d.learned else f" — to learn the rest: {d.advice}"))
             self.append_log("INFO" if d.learned else "WARNING", self.stage_label.text())
         elif d.finished:
             self.stage_label.setText("Training finished (no recall check) — try the model on the Chat tab")

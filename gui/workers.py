@@ -390,9 +390,10 @@ class ChatWorker(Worker):
         self._cancel.clear()
         self._jobs.put(("ask", message, dict(settings)))
 
-    def clear(self) -> None:
-        """Queue forgetting the conversation."""
-        self._jobs.put(("clear",))
+    def set_history(self, history: Iterable[tuple[str, str]]) -> None:
+        """Queue replacing the model's conversation with ``history`` ((question, answer) pairs, oldest
+        first): ``()`` forgets it (Clear), the cleared turns bring it back (Undo clear)."""
+        self._jobs.put(("history", [(str(q), str(a)) for q, a in history]))
 
     def cancel(self) -> None:
         """Stop the answer being generated (at the next token)."""
@@ -434,9 +435,9 @@ class ChatWorker(Worker):
         c = loaded.config
         self.model_loaded.emit(ModelLoaded(path, c.n_params(), c.context_length, c.vocab_size, dev.info.label))
 
-    def _do_clear(self) -> None:
+    def _do_history(self, history: list[tuple[str, str]]) -> None:
         if self._session is not None:
-            self._session.clear()
+            self._session.history[:] = history
 
     def _do_ask(self, message: str, settings: dict) -> None:
         from core.generate import SamplingSettings

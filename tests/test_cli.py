@@ -75,6 +75,13 @@ def test_a_buffer_over_the_device_limit_is_refused_before_training(tmp_path, cap
     assert "dataset:" not in out  # refused before the trainer was built
 
 
+class TerminalInput(io.StringIO):
+    """Typed lines, as a terminal gives them (``isatty``): the chat shows its prompts."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch):
     out = tmp_path / "model"
     assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "3") == 0
@@ -84,11 +91,39 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     assert (folder / "model.gguf").is_file()
     capsys.readouterr()
     lines = "Where is Brindlewick?\n" + "word " * 200 + "\n\udce9t\u00e9?\n/exit\nnever read\n"
-    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    monkeypatch.setattr("sys.stdin", TerminalInput(lines))
     assert main(["chat", "--model", str(out), "--max-tokens", "4"]) == 0
     shown = capsys.readouterr().out
     assert shown.count("Assistant:") == 3  # the too-long message is answered with an error, the chat goes on
     assert "context_length" in shown
+
+
+def test_piped_chat_prints_only_the_answers(tmp_path):
+    """Issue 24: ``echo -e "hi\nwho are you" | opencl-llm chat`` printed "User: User: Assistant: ...".
+    With stdin not a terminal, stdout holds one answer per message and nothing else."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from core.chat import ChatSession
+    from core.checkpoint import load_model
+    from core.device import open_device
+    from core.generate import Generator, SamplingSettings
+
+    out = tmp_path / "model"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "3") == 0
+    r = subprocess.run([sys.executable, "-m", "core.cli", "chat", "--model", str(out), "--max-tokens", "6"],
+                       input="hi\n\nwho are you\n", capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    loaded = load_model(out)
+    session = ChatSession(Generator(open_device(), loaded.config, loaded.weights), loaded.tokenizer)
+    settings = SamplingSettings(temperature=0.0, max_tokens=6)
+    want = [session.answer("hi", settings), session.answer("who are you", settings)]  # the blank line skipped
+    # the answers are streamed, so a space the model ends one with may stay at the line's end
+    assert [x.rstrip() for x in r.stdout.splitlines()] == [x.rstrip() for x in "\n".join(want).splitlines()], \
+        (r.stdout, want)
+    assert "User:" not in r.stdout + r.stderr and "Assistant:" not in r.stdout
 
 
 def test_ctrl_c_stops_between_steps_and_resume_is_exact(tmp_path, capsys):

@@ -144,6 +144,10 @@ def test_linear_rope_scaling_by_one_is_accepted(tmp_path, tok):
 
 
 # ------------------------------------------------------------------------------------ SmolLM2-135M
+Q4_TOLERANCE = 2.5
+"""Largest |our logit - llama.cpp's| on the Q4_1 file (1.0 measured on a 2-core x86 VM; llama.cpp's
+activation quantization differs per CPU), and so the margin our top two logits need for the top token to
+be compared."""
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -162,8 +166,9 @@ def test_smollm2_imports_as_issue_10_describes(smollm2):
 
 def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, smollm2_f32, device):
     """Every position of a prompt. On the Q4_1 file llama.cpp's CPU matmuls quantize the activations
-    to 8 bits (Q8_1/Q8_0 dot products), so only the top tokens agree there; on an F32 export of the
-    imported weights the logits agree to float32 rounding."""
+    to 8 bits (Q8_1/Q8_0 dot products, with kernels that differ per CPU), so the logits agree within
+    ``Q4_TOLERANCE`` and the top tokens where ours lead by more than that; on an F32 export of the
+    imported weights the logits agree to float32 rounding and the greedy tokens exactly."""
     from core.generate import Generator, SamplingSettings
 
     tok = smollm2.tokenizer
@@ -174,8 +179,14 @@ def test_smollm2_logits_and_greedy_tokens_match_llama_cpp(smollm2, smollm2_f32, 
     q4.eval(ids)
     theirs_q4 = np.array(q4.scores[:len(ids)])
     q4.close()
-    assert np.array_equal(ours.argmax(-1), theirs_q4.argmax(-1))
-    assert np.abs(ours - theirs_q4).max() < 2.5  # activation quantization only (logits span ~+-35)
+    assert np.abs(ours - theirs_q4).max() < Q4_TOLERANCE  # activation quantization only (logits span ~+-35)
+    # llama.cpp's 8-bit activation kernels differ per CPU (AMD Zen 3: at position 9 our top token was 198
+    # and llama.cpp's 2, logits 13.43 vs 13.49), so the top tokens are compared only where our top two
+    # logits are further apart than the quantization error: 7 of the prompt's 16 positions
+    top2 = np.sort(ours, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > Q4_TOLERANCE
+    assert clear.sum() >= 5, np.round(top2[:, 1] - top2[:, 0], 2)
+    assert np.array_equal(ours.argmax(-1)[clear], theirs_q4.argmax(-1)[clear])
 
     llm = open_llama(smollm2_f32, n_ctx=48)
     llm.eval(ids)

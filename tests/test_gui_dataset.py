@@ -5,6 +5,7 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QLineEdit
 
 from core.dataset import Dataset, Dialogue, default_dataset, load_dataset
 from gui.dataset_models import BAD, dialogue_summary
@@ -349,3 +350,54 @@ def test_an_import_that_skips_one_entry_says_entry(tab, tmp_path, dialogs, monke
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(path), "")))
     tab._import_dialog(replace=True)
     assert dialogs.informed and dialogs.informed[-1][1].startswith("1 entry was skipped:\n")
+
+
+def _counted_tokens(tab) -> str:
+    import re
+
+    m = re.search(r"([\d,]+) tokens \(", tab.stats_label.text())
+    return m.group(1) if m else ""
+
+
+def _counts_settled(tab) -> bool:
+    return not tab._stats_timer.isActive() and not (tab._stats_worker is not None and tab._stats_worker.isRunning())
+
+
+@pytest.mark.parametrize("where", ["fact", "turn"])
+def test_token_counts_follow_the_entry_being_typed(main_window, qtbot, where):
+    """Issue 24: the token and vocabulary counts lagged one edit behind: a fact or turn reached the
+    dataset only when its editor closed, so while the next one was typed the counts showed the one
+    before. The text is written while it is typed; the cursor stays where the user types, and the
+    typing is one undo step."""
+    from core.estimates import dataset_stats
+
+    w, tab = main_window, main_window.dataset_tab
+    tab.set_dataset(Dataset(["Brindlewick lies north of the river."], [Dialogue([("Where is it?", "North.")])]))
+    w.tabs.setCurrentWidget(tab)
+    qtbot.waitUntil(lambda: "tokens" in tab.stats_label.text() and _counts_settled(tab), timeout=30_000)
+    before_undo = tab.undo_stack.index()
+    if where == "fact":
+        view, index, read = tab.facts, tab.facts.view_index(0), lambda: tab.dataset().facts[0]
+    else:
+        tab.dialogues.setCurrentRow(0)
+        view, index, read = tab.turns, tab.turn_model.index(0, 1), lambda: tab.dataset().dialogues[0].turns[0][1]
+    old = read()
+    view.setCurrentIndex(index)
+    view.edit(index)
+    editor = view.indexWidget(index) or QApplication.focusWidget()
+    assert isinstance(editor, QLineEdit)
+    editor.setCursorPosition(0)
+    qtbot.keyClicks(editor, "Zyzzyva quorple ")
+    qtbot.waitUntil(lambda: read() == "Zyzzyva quorple " + old, timeout=5_000)  # the editor is still open
+    assert view.state() == QAbstractItemView.State.EditingState
+    assert editor.cursorPosition() == len("Zyzzyva quorple ")  # the write did not reset the editor
+    qtbot.waitUntil(lambda: _counts_settled(tab) and _counted_tokens(tab) != "", timeout=30_000)
+    s = dataset_stats(tab.dataset_copy(), *w.hyper_tab.limits())
+    qtbot.waitUntil(lambda: _counted_tokens(tab) == f"{s.fact_tokens + s.dialogue_tokens:,}"
+                    and f"vocabulary {s.vocab_size} tokens" in tab.stats_label.text(), timeout=30_000)
+
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    assert read() == "Zyzzyva quorple " + old
+    assert tab.undo_stack.index() == before_undo + 1  # typing one entry is one step
+    tab.undo_stack.undo()
+    assert read() == old

@@ -286,3 +286,32 @@ def test_promote_pending_replaces_the_model_and_a_legacy_aside_copy_is_finished(
     recover_project(tmp_path)
     assert (checkpoint / "weights.npz").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
+
+
+def test_export_suggests_the_project_folders_exports_and_never_the_home_folder(main_window, studio_env,
+                                                                              monkeypatch):
+    """Issue 24: Export's default path was the home folder (no Documents folder there). A saved project
+    suggests its own exports/ folder; the untitled one, without a last export folder or Documents, a
+    folder of its own in the home folder."""
+    import platformdirs
+
+    from gui.paths import FALLBACK_EXPORTS, default_export_dir
+
+    home = studio_env / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(platformdirs, "user_documents_dir", lambda: str(home / "Documents"))  # not there
+    QSettings().remove("export/folder")
+    assert default_export_dir() == home / FALLBACK_EXPORTS
+    assert default_export_dir(main_window.project.folder) == home / FALLBACK_EXPORTS  # untitled: in the data folder
+    (home / "Documents").mkdir()
+    assert default_export_dir() == home / "Documents"
+
+    towns = studio_env / "towns"
+    main_window.save_project_as(towns)
+    main_window.new_project()  # saves towns on the way out
+    meta = json.loads((towns / "project.json").read_text("utf-8"))
+    meta["settings"].pop("export", None)  # a project never exported: no path of its own
+    (towns / "project.json").write_text(json.dumps(meta), "utf-8")
+    main_window.open_project(towns)
+    assert Path(main_window.export_tab.path.text()) == towns / "exports" / "towns.gguf"

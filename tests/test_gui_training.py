@@ -200,3 +200,50 @@ def test_a_buffer_over_the_device_limit_is_flagged_though_the_memory_would_do(ma
     assert not h.memory_label.isHidden() and "per buffer" in h.memory_label.text()
     main_window.device_tab.device_changed.emit(dataclasses.replace(info, global_mem_bytes=2**40, max_alloc_bytes=2**40))
     assert h.memory_label.isHidden()
+
+
+def test_a_run_that_ends_early_because_it_learned_shows_a_full_bar_and_says_why(main_window):
+    """Issue 24: "Learned: 16 of 16 answers …" stood beside a bar at 92 % ("step 300/325"): tuning had
+    ended at its step 100 of 125 because it had learned. A stage that ends early is complete."""
+    from gui.events import RunDone, RunStarted, StageDone
+
+    t = main_window.training_tab
+    t._active = True  # as _launch leaves it; the events below are what its TrainWorker sends
+    t._new_run()
+    t._on_started(RunStarted("PoCL", 1000, 300, (200, 125), 0, 0, False))
+
+    def step(stage, n, total, global_step):
+        t._on_step(TrainingStep(stage, n, total, global_step, 1.0, 1.0, (1.0,), 1e-3))
+        t._update_labels()
+
+    step("pretrain", 200, 200, 200)
+    t._on_stage_done(StageDone("pretrain", 200, False, (), (16, 16), (0, 0), "steps"))
+    assert t.progress.value() == 200 and "stopped early" not in t.log.toPlainText()
+    step("tune", 100, 125, 300)
+    t._on_stage_done(StageDone("tune", 100, False, (), (16, 16), (16, 16), "learned"))
+    assert t.progress.value() == t.progress.maximum() == 325
+    t._on_run_done(RunDone(False, True, "ckpt", 2, 0, True, True, "Learned: 16 of 16 answers, 16 of 16 facts"))
+    t._on_finished()
+    assert t.progress.value() == t.progress.maximum() == 325  # the last step (300) does not pull it back
+    assert t.stage_label.text().startswith("Learned: 16 of 16 answers")
+    assert "tuning stopped early: learned at step 100 of 125" in t.stage_label.text()
+    assert "step 300/325 (stopped early: learned)" in t.speed_label.text()
+    assert "tune stopped early: learned at step 100 of 125" in t.log.toPlainText()
+    assert t.saved_history()["runs"][-1]["status"] == t.stage_label.text()
+
+
+def test_a_stage_that_learns_early_in_a_real_run_fills_the_bar(main_window, qtbot, monkeypatch):
+    """The same through the TrainWorker: every recall check counts as learned (the target is 0 items),
+    so each stage ends at its first check, step 2 of 6 and of 4."""
+    from core.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "_wanted", lambda self, kind, n: 0)
+    w, t = main_window, main_window.training_tab
+    configure_tiny(w, pretrain=6, tune=4, batch=2)
+    w.hyper_tab.widgets["check_every"].setValue(2)
+    assert w.hyper_tab.is_valid(), w.hyper_tab.error_label.text()
+    assert t.start(), t.banner_text.text()
+    wait_idle(qtbot, t)
+    assert t.progress.value() == t.progress.maximum() == 10
+    assert "tuning stopped early: learned at step 2 of 4" in t.stage_label.text(), t.stage_label.text()
+    assert "pretraining stopped early: learned at step 2 of 6" in t.stage_label.text()
