@@ -69,12 +69,47 @@ class _Prompt:
     max_new: int
 
 
-def fact_split(text: str) -> tuple[str, str]:
-    """Split a fact into (prompt, expected continuation) at a word boundary about 1/3 in."""
+def fact_split(text: str, prompt_words: int | None = None) -> tuple[str, str]:
+    """Split a fact into (prompt, expected continuation) at a word boundary: after ``prompt_words`` words
+    (:func:`fact_prompt_words`), or about 1/3 in when None. The prompt keeps at least one word and the
+    continuation at least one."""
     words = text.split(" ")
-    k = max(1, min(len(words) - 1, round(len(words) / 3)))
+    k = round(len(words) / 3) if prompt_words is None else prompt_words
+    k = max(1, min(len(words) - 1, k))
     prompt = " ".join(words[:k])
     return prompt, text[len(prompt):]
+
+
+def fact_prompt_words(facts: list[str]) -> list[int]:
+    """Words of each fact that its recall prompt gives: about a third of them, and more until the prompt
+    begins no other fact of the list (at most all but the last word).
+
+    A fact is checked from its first words; when other facts begin with the same words ("Ada Stroud
+    works as a baker." and "Ada Stroud was born in Oslo." share "Ada Stroud"), those words do not say
+    which fact is asked for, and no model could reproduce more than one of them. So the prompt runs to
+    the first word that is the fact's own ("Ada Stroud works"), and what is checked is the rest, its
+    value included. Linear after one sort: the longest prefix a fact shares with any other is the longest
+    it shares with a neighbour in sorted order.
+
+    Returns:
+        One word count per fact, in the order of ``facts``.
+    """
+    split = [f.split(" ") for f in facts]
+    order = sorted(range(len(facts)), key=lambda i: split[i])
+
+    def common(a: list[str], b: list[str]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    shared = [0] * len(facts)
+    for a, b in zip(order, order[1:]):
+        c = common(split[a], split[b])
+        shared[a], shared[b] = max(shared[a], c), max(shared[b], c)
+    return [max(round(len(w) / 3), shared[i] + 1) for i, w in enumerate(split)]
 
 
 def chat_every(n_dialogues: int) -> int:
@@ -100,8 +135,8 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     check during training; the full table at a stage's end)."""
     out = []
     if "fact" in kinds:
-        for i, fact in enumerate(dataset.facts):
-            prompt, expected = fact_split(fact)
+        for i, (fact, k) in enumerate(zip(dataset.facts, fact_prompt_words(dataset.facts))):
+            prompt, expected = fact_split(fact, k)
             if not expected:
                 continue
             ids = [tok.bos_id] + tok.encode(prompt)
@@ -185,7 +220,8 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
                  sample: int = 0) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
-    Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
+    Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
+    tell it from every other fact) and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
@@ -241,5 +277,5 @@ def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
     return sum(r.ok for r in of), len(of)
 
 
-__all__ = ["RecallItem", "fact_split", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
+__all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
            "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every"]

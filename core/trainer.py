@@ -42,7 +42,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
-from core.recall import KINDS, RecallItem, count, fact_split, recall_check
+from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -475,7 +475,8 @@ def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: i
     time through a :class:`core.generate.Generator` (the chat's decoding path). Training uses the batched
     :func:`core.recall.recall_check`; this is its reference.
 
-    Facts: the model gets BOS + the fact's first words and must continue with the rest exactly.
+    Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
+    tell it from every other fact) and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer
     exactly (surrounding whitespace ignored). ``should_stop()``, checked before each prompt, ends the
     check early (the items so far are returned).
@@ -486,10 +487,10 @@ def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: i
     items = []
     limit = max_tokens or gen.config.context_length
     stops = chat_format.stop_ids(tok)
-    for i, fact in enumerate(dataset.facts):
+    for i, (fact, k) in enumerate(zip(dataset.facts, fact_prompt_words(dataset.facts))):
         if stop():
             return items
-        prompt, expected = fact_split(fact)
+        prompt, expected = fact_split(fact, k)
         if not expected:
             continue
         ids = chat_format.fact_prompt_ids(tok, prompt)
