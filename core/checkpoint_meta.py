@@ -429,6 +429,17 @@ def is_checkpoint_folder(folder: str | os.PathLike) -> bool:
         return False
 
 
+def _not_ours(folder: Path, first: str) -> str:
+    """Why a folder with files is no checkpoint of ours: its config.json's problem when it looks like
+    an old one (config.json and weights.npz), else the first file in it."""
+    if (folder / "weights.npz").is_file() and (folder / "config.json").is_file():
+        try:
+            CheckpointMeta.read(folder)
+        except CheckpointError as e:
+            return str(e)
+    return f"it holds {first}"
+
+
 def _read_only(p: Path) -> bool:
     """Not writable by this process, or its owner's write bit is off (a ``chmod 555`` means "do not
     write", for root too)."""
@@ -479,8 +490,8 @@ def check_output_folder(path: str | os.PathLike) -> Path:
         except OSError as e:
             raise CheckpointError(f"{folder}: cannot be read ({e.strerror or e})") from None
         if names and not is_checkpoint_folder(folder):
-            raise CheckpointError(f"{folder}: not a checkpoint folder of this app (it holds {names[0]}); give a "
-                                  "new or empty folder")
+            raise CheckpointError(f"{folder}: not a checkpoint folder of this app ({_not_ours(folder, names[0])}); "
+                                  "give a new or empty folder")
         if foreign:
             raise CheckpointError(f"{folder}: holds {foreign[0]}, which this app did not write (a save replaces "
                                   "the whole folder); move it out or give another folder")
