@@ -189,6 +189,17 @@ def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------ folders
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete a folder and everything in it (``shutil.rmtree``), the first failure raised as it is.
+
+    Raises:
+        OSError: the first file or folder that cannot be removed (its ``filename`` and ``strerror``
+            say which and why, e.g. permission denied); what could be removed is gone.
+    """
+    file_op(f"rmtree {Path(path).name}")
+    shutil.rmtree(path)
+
+
 def backup_path(folder: str | os.PathLike) -> Path:
     """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way."""
     folder = Path(folder)
@@ -330,12 +341,19 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
 
     Raises:
         OSError: a rename failed (the old folder is then back in place, or restorable by
-            :func:`recover_folder`; ``source`` is still there).
+            :func:`recover_folder`; ``source`` is still there); an old ``.NAME.bak`` cannot be removed
+            (the message says which file and why).
     """
     source, folder = Path(source), Path(folder)
     if recover:
         recover_folder(folder)
     bak = backup_path(folder)
+    if bak.exists() and folder.exists():  # a finished save's backup that recover_folder could not remove
+        try:
+            remove_tree(bak)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot remove the old backup {bak} ({e.strerror or e}: "
+                          f"{e.filename or bak}); remove it by hand") from None
     if folder.exists():
         file_op(f"rename {folder.name} -> {bak.name}")
         os.rename(folder, bak)
@@ -357,4 +375,4 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
 
 
 __all__ = ["atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
-           "remove_stale_temp_files", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]
+           "remove_stale_temp_files", "remove_tree", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]

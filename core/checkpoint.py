@@ -6,6 +6,13 @@
     DIR/optimizer.npz    AdamW moments m.<name>, v.<name>
     DIR/tokenizer.json   the `tokenizers` BPE
     DIR/dataset.json     the dataset the model was trained on
+    DIR/.opencl-llm-checkpoint  the marker: this folder is a checkpoint of ours (format version 3)
+
+A save writes only into a new or empty folder or one of our checkpoints, and refuses a folder that holds
+any file it does not write (:func:`core.checkpoint_meta.check_output_folder`, which the CLI and the app
+also call before training starts). config.json records the sha256 of weights.npz and optimizer.npz, so
+files copied in from another run are refused when read; the architecture in config.json must match
+the tensors exactly.
 
 A checkpoint is one unit, like an SQLite commit (:func:`core.atomic.replace_folder`): it is written
 completely into a temporary sibling folder, fsynced, and swapped in by rename, keeping the previous
@@ -15,7 +22,8 @@ mix; what an interrupted save left is finished or removed by the next save or lo
 :class:`core.checkpoint_meta.CheckpointMeta` is the one reader and writer of ``config.json``: everything
 else uses its typed fields. It validates what it reads into a one-line :class:`CheckpointError` naming the
 file and field.
-Format version 1 (written before the atomic swap, without a tokenizer hash) still loads.
+Format versions 1 (written before the atomic swap, without a tokenizer hash) and 2 (without file hashes
+and marker) still load and resume; their next save writes version 3.
 
 Nothing non-finite is saved: :func:`save_checkpoint` refuses NaN or infinite weights or moments.
 """
@@ -30,12 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from core import __version__
 from core.atomic import atomic_write, backup_path, readable_folder, recover_folder, replace_folder
-from core.checkpoint_meta import (FORMAT, FORMAT_VERSION, CheckpointError, CheckpointMeta, is_file, open_binary,
-                                  pin_folder, read_text)
-from core.config import ModelConfig, TrainConfig
+from core.checkpoint_meta import (FORMAT, FORMAT_VERSION, MARKER, CheckpointError, CheckpointMeta,
+                                  check_export_target, check_output_folder, is_checkpoint_folder, is_file,
+                                  open_binary, pin_folder, read_text)
+from core.config import ModelConfig, TrainConfig, tensor_name
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.loaded import LoadedModel
 from core.tokenizer import Tokenizer
@@ -93,15 +103,20 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
 
     Raises:
         NonFiniteError: a weight or moment is NaN or infinite (nothing is written).
-        CheckpointError: a tensor is missing or has the wrong shape.
+        CheckpointError: a tensor is missing, has the wrong shape or is not one of the model's; the
+            folder is not ours or holds files a save does not write (:func:`check_output_folder`).
         OSError: the disk is full, the folder is not writable... (the previous checkpoint stays).
     """
-    d = Path(directory)
+    d = check_output_folder(directory)
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     shapes = dict(meta.model.param_shapes())
     for name, shape in shapes.items():
         if name not in weights or weights[name].shape != shape:
             raise CheckpointError(f"weights: tensor {name!r} is missing or has the wrong shape (needs {shape})")
+    extra = sorted(set(weights) - set(shapes))
+    if extra:
+        raise CheckpointError(f"weights: tensor {extra[0]!r} is not one of the model's tensors (model.n_layers "
+                              f"{meta.model.n_layers})")
     _check_finite("weight", weights)
     files: dict[str, bytes] = {"weights.npz": _npz_bytes(weights)}
     if optimizer is not None:
@@ -111,7 +126,10 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
         meta = _replace(meta, adam_step=int(optimizer["step"]))
     tok_json = tokenizer.to_json()
     files["tokenizer.json"] = tok_json.encode("utf-8")
+    files[MARKER] = f"{FORMAT}\n".encode("utf-8")
+    sha = {name: hashlib.sha256(files[name]).hexdigest() if name in files else "" for name in ("weights.npz", "optimizer.npz")}
     meta = _replace(meta, tokenizer_hash=hashlib.sha256(files["tokenizer.json"]).hexdigest(),
+                    weights_sha256=sha["weights.npz"], optimizer_sha256=sha["optimizer.npz"],
                     dataset_hash=dataset_hash(dataset), saved=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     app_version=__version__, version=FORMAT_VERSION)
     config_text = meta.to_json()
@@ -242,8 +260,10 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
     if tok.vocab_size != meta.model.vocab_size:
         raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
                               f"{meta.model.vocab_size} (a tokenizer of another model?)")
-    weights = _read_arrays(d / "weights.npz", dir_fd, _npz_limit(meta.model, 1))
+    weights, digest = _read_arrays(d / "weights.npz", dir_fd, _npz_limit(meta.model, 1))
+    _check_architecture(d, weights, meta.model)
     _check_tensors(d / "weights.npz", weights, meta.model)
+    _check_hash(d / "weights.npz", digest, meta.weights_sha256, "weights_sha256")
     _check_loaded_finite(d / "weights.npz", weights)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
 
@@ -268,14 +288,25 @@ def _npz_limit(config: ModelConfig, copies: int) -> int:
     return 2 * copies * 4 * config.n_params() + (1 << 20)
 
 
-def _read_arrays(path: Path, dir_fd: int | None = None, limit: int = MAX_ARRAYS_BYTES) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file as float32; every way it can be damaged is one CheckpointError (a file
-    that is no zip archive, a member that is no real-valued array, sizes beyond ``MAX_ARRAYS_BYTES``
-    packed or beyond ``limit`` unpacked (a zip bomb), a header claiming more than memory holds)."""
+def _file_sha256(fh) -> str:
+    h = hashlib.sha256()
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    fh.seek(0)
+    return h.hexdigest()
+
+
+def _read_arrays(path: Path, dir_fd: int | None = None, limit: int = MAX_ARRAYS_BYTES) -> tuple[dict[str, np.ndarray], str]:
+    """The arrays of an .npz file as float32, and the file's sha256 (hex; :func:`_check_hash` compares
+    it with config.json's once the arrays are known to be the model's, so that a damaged file is named
+    for its damage). Every way the file can be damaged is one CheckpointError (a file that is no zip
+    archive, a member that is no real-valued array, sizes beyond ``MAX_ARRAYS_BYTES`` packed or beyond
+    ``limit`` unpacked (a zip bomb), a header claiming more than memory holds)."""
     try:
         with open_binary(path, dir_fd) as fh:
             if os.fstat(fh.fileno()).st_size > MAX_ARRAYS_BYTES:
                 raise CheckpointError(f"{path}: larger than {MAX_ARRAYS_BYTES >> 30} GiB")
+            digest = _file_sha256(fh)
             if not zipfile.is_zipfile(fh):
                 raise CheckpointError(f"{path}: unreadable (not a NumPy .npz archive)")
             fh.seek(0)
@@ -294,19 +325,54 @@ def _read_arrays(path: Path, dir_fd: int | None = None, limit: int = MAX_ARRAYS_
                     if a.dtype.kind not in "fiu":
                         raise CheckpointError(f"{path}: tensor {k!r} has dtype {a.dtype}, not a real number type")
                     out[k] = a.astype(np.float32)
-            return out
+            return out, digest
     except CheckpointError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, TypeError, MemoryError) as e:
         raise CheckpointError(f"{path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
+def _check_hash(path: Path, digest: str, expected: str, field_name: str) -> None:
+    """A file of another save (copied in from another run of the same shape) is refused: its sha256 must
+    be config.json's ``field_name`` (not checked when that is empty: checkpoints before version 3)."""
+    if expected and digest != expected:
+        raise CheckpointError(f"{path}: does not belong to this checkpoint (its sha256 differs from config.json's "
+                              f"{field_name}; copied from another run?)")
+
+
 def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfig) -> None:
-    for name, shape in config.param_shapes():
+    """Exactly the model's tensors, in their shapes (an extra tensor is refused: never dropped)."""
+    shapes = config.param_shapes()
+    for name, shape in shapes:
         if name not in arrays:
             raise CheckpointError(f"{path}: tensor {name!r} is missing")
         if arrays[name].shape != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {arrays[name].shape}, the config says {shape}")
+    extra = sorted(set(arrays) - {name for name, _ in shapes})
+    if extra:
+        raise CheckpointError(f"{path}: tensor {extra[0]!r} is not one of the model's tensors (config.json's model "
+                              f"has {config.n_layers} layers); refused rather than dropped")
+
+
+def _check_architecture(d: Path, weights: dict[str, np.ndarray], config: ModelConfig) -> None:
+    """config.json's model must describe weights.npz exactly: the field that differs is named (an edited
+    n_layers would otherwise run, and save, a truncated model)."""
+    T = MODEL_TENSOR
+    layers = {int(k.split(".")[1]) for k in weights if k.startswith("blk.") and k.split(".")[1].isdigit()}
+    embd = weights.get(tensor_name(T.TOKEN_EMBD))
+    gate = weights.get(tensor_name(T.FFN_GATE, 0))
+    k0 = weights.get(tensor_name(T.ATTN_K, 0))
+    found = {"n_layers": len(layers) if layers == set(range(len(layers))) else None,
+             "tie_embeddings": tensor_name(T.OUTPUT) not in weights,
+             "d_model": embd.shape[1] if embd is not None and embd.ndim == 2 else None,
+             "vocab_size": embd.shape[0] if embd is not None and embd.ndim == 2 else None,
+             "ffn_dim": gate.shape[0] if gate is not None and gate.ndim == 2 else None,
+             "n_kv_heads": k0.shape[0] // config.head_dim if k0 is not None and k0.ndim == 2 else None}
+    for name, value in found.items():
+        if value is not None and value != getattr(config, name):
+            raise CheckpointError(f"{d / 'config.json'}: field 'model.{name}' is {getattr(config, name)!r}, but "
+                                  f"weights.npz holds a model with {name} {value!r}; refused (the config must "
+                                  "match the weights)")
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
@@ -398,11 +464,18 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
         previous = previous + (meta.dataset_hash,)
     tc = train_config or meta.train
     stage_index, stage_step = resume_position(meta, tc)
-    arrays = _read_arrays(d / "optimizer.npz", limit=_npz_limit(loaded.config, 2))
+    if meta.version >= 3 and not meta.optimizer_sha256:
+        raise CheckpointError(f"{d / 'optimizer.npz'}: not written with this checkpoint (config.json has no "
+                              "optimizer_sha256: it was saved as a model only)")
+    arrays, digest = _read_arrays(d / "optimizer.npz", limit=_npz_limit(loaded.config, 2))
     moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
     moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
+    other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
+    if other:
+        raise CheckpointError(f"{d / 'optimizer.npz'}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
     _check_tensors(d / "optimizer.npz", moment1, loaded.config)
     _check_tensors(d / "optimizer.npz", moment2, loaded.config)
+    _check_hash(d / "optimizer.npz", digest, meta.optimizer_sha256, "optimizer_sha256")
     _check_loaded_finite(d / "optimizer.npz", arrays)
     trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=loaded.weights)
     trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": meta.adam_step})
@@ -413,6 +486,6 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     return trainer
 
 
-__all__ = ["save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",
+__all__ = ["check_output_folder", "check_export_target", "is_checkpoint_folder", "MARKER", "save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",
            "resume_position", "tokenizer_hash", "LoadedModel", "CheckpointMeta", "CheckpointError",
            "NonFiniteError", "Dataset", "FORMAT", "FORMAT_VERSION"]

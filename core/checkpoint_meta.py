@@ -5,7 +5,10 @@ training (:class:`TrainingKeys`, read back by ``core.gguf_import``).
 It lives below ``core.loaded`` (whose ``LoadedModel.checkpoint`` is a CheckpointMeta) and the readers
 (``core.checkpoint``, ``core.gguf_import``), so that none of them imports the other. Also here: reading
 the files of one checkpoint folder through an open descriptor of it (:func:`pin_folder`), which
-``CheckpointMeta.read`` and ``core.checkpoint.load_checkpoint`` share.
+``CheckpointMeta.read`` and ``core.checkpoint.load_checkpoint`` share; and the rules of a checkpoint
+folder (:func:`check_output_folder`, :func:`check_export_target`): a folder is ours (our marker file
+:data:`MARKER`, or the complete, valid files of a checkpoint written before it) or refused, and nothing
+in it that we did not write is ever replaced or deleted.
 """
 from __future__ import annotations
 
@@ -22,8 +25,13 @@ from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
 
 FORMAT = "opencl-llm-studio-checkpoint"
-FORMAT_VERSION = 2
-"""1: files replaced one by one, no tokenizer hash; 2: the folder is swapped as a whole, tokenizer hash."""
+FORMAT_VERSION = 3
+"""1: files replaced one by one, no tokenizer hash; 2: the folder is swapped as a whole, tokenizer hash;
+3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`."""
+MARKER = ".opencl-llm-checkpoint"
+"""The file every save writes into a checkpoint folder: the folder is ours to replace."""
+CHECKPOINT_FILES = ("config.json", "weights.npz", "optimizer.npz", "tokenizer.json", "dataset.json", MARKER)
+"""Every file a save writes; anything else in a checkpoint folder is someone else's."""
 STAGE_NAMES = ("pretrain", "tune")
 MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
@@ -169,6 +177,9 @@ class CheckpointMeta:
             empty for a model trained from scratch.
         app_version: the app that wrote it.
         version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
+        weights_sha256: sha256 hex digest of weights.npz ("" before version 3).
+        optimizer_sha256: sha256 hex digest of optimizer.npz ("" before version 3, or when the save had
+            no optimizer state).
     """
 
     model: ModelConfig
@@ -184,6 +195,8 @@ class CheckpointMeta:
     base: dict = field(default_factory=dict)
     app_version: str = __version__
     version: int = FORMAT_VERSION
+    weights_sha256: str = ""
+    optimizer_sha256: str = ""
 
     # ---- derived
     @property
@@ -223,7 +236,8 @@ class CheckpointMeta:
                 "tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash,
                 "previous_dataset_hashes": list(self.previous_dataset_hashes),
                 "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
-                "saved": self.saved, "base": dict(self.base)}
+                "saved": self.saved, "base": dict(self.base), "weights_sha256": self.weights_sha256,
+                "optimizer_sha256": self.optimizer_sha256}
 
     def to_json(self) -> str:
         """config.json's text (indented JSON, no NaN literals)."""
@@ -266,11 +280,13 @@ class CheckpointMeta:
             if not isinstance(base, dict):
                 raise _FieldError("base", f"must be an object, got {_kind(base)}")
             base = {k: v for k, v in base.items() if k in BASE_META_KEYS}
+            weights_sha256 = _sha256(d, "weights_sha256", required=version >= 3)
+            optimizer_sha256 = _sha256(d, "optimizer_sha256", required=False)
             return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
                        adam_step=adam_step, tokenizer_hash=_str(d, "tokenizer_hash", ""),
                        dataset_hash=_str(d, "dataset_hash", ""), previous_dataset_hashes=tuple(prev),
                        last_loss=float(loss), saved=_str(d, "saved", ""), base=base, app_version=_str(d, "app_version", ""),
-                       version=version)
+                       version=version, weights_sha256=weights_sha256, optimizer_sha256=optimizer_sha256)
         except _FieldError as e:
             raise CheckpointError(f"{path}: {e}") from None
 
@@ -295,6 +311,13 @@ class CheckpointMeta:
 
 def _missing(name: str):
     raise _FieldError(name, "is missing")
+
+
+def _sha256(d: dict, key: str, required: bool) -> str:
+    v = _str(d, key, ... if required else "")
+    if v and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
+        raise _FieldError(key, "must be a sha256 hex digest (64 characters 0-9a-f)")
+    return v
 
 
 # ------------------------------------------------------------------------------------ reading a folder's files
@@ -365,3 +388,150 @@ def read_text(path: Path, limit: int, dir_fd: int | None = None) -> str:
         return read_bytes(path, limit, dir_fd).decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+# ------------------------------------------------------------------------------------ the folder
+def _is_temp_leftover(name: str) -> bool:
+    """``.FILE.<8 hex>.tmp`` of one of our files: what an interrupted core.atomic.atomic_write leaves."""
+    stem, dot, rest = name[1:].rpartition(".tmp")[0].rpartition(".")
+    return (name.startswith(".") and name.endswith(".tmp") and bool(dot) and stem in CHECKPOINT_FILES
+            and len(rest) == 8 and all(c in "0123456789abcdef" for c in rest))
+
+
+def foreign_files(folder: str | os.PathLike) -> list[str]:
+    """The names in a checkpoint folder that no save of ours writes (sorted; subfolders and symlinks
+    included: a save replaces the whole folder, so it would delete them).
+
+    Raises:
+        OSError: the folder cannot be listed.
+    """
+    out = []
+    for entry in os.scandir(folder):
+        ours = entry.name in CHECKPOINT_FILES and entry.is_file(follow_symlinks=False)
+        if not ours and not _is_temp_leftover(entry.name):
+            out.append(entry.name)
+    return sorted(out)
+
+
+def is_checkpoint_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a checkpoint of this app: our marker file :data:`MARKER`, or (written
+    before the marker, format versions 1 and 2) a config.json that :meth:`CheckpointMeta.read` accepts
+    and a weights.npz. A config.json alone (a Hugging Face folder, a user's file) is not one."""
+    f = Path(folder)
+    marker = f / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        return True
+    if not (f / "weights.npz").is_file():
+        return False
+    try:
+        return CheckpointMeta.read(f).version < 3
+    except CheckpointError:
+        return False
+
+
+def _not_ours(folder: Path, first: str) -> str:
+    """Why a folder with files is no checkpoint of ours: its config.json's problem when it looks like
+    an old one (config.json and weights.npz), else the first file in it."""
+    if (folder / "weights.npz").is_file() and (folder / "config.json").is_file():
+        try:
+            CheckpointMeta.read(folder)
+        except CheckpointError as e:
+            return str(e)
+    return f"it holds {first}"
+
+
+def _read_only(p: Path) -> bool:
+    """Not writable by this process, or its owner's write bit is off (a ``chmod 555`` means "do not
+    write", for root too)."""
+    try:
+        return not os.access(p, os.W_OK | os.X_OK) or not p.stat().st_mode & stat.S_IWUSR
+    except OSError:
+        return True
+
+
+def _newer_version(folder: Path) -> int | None:
+    """config.json's version when it is newer than :data:`FORMAT_VERSION` (a newer app's checkpoint)."""
+    try:
+        d = json.loads(read_text(folder / "config.json", MAX_CONFIG_BYTES))
+    except (CheckpointError, ValueError, RecursionError):
+        return None
+    v = d.get("version") if isinstance(d, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > FORMAT_VERSION else None
+
+
+def check_output_folder(path: str | os.PathLike) -> Path:
+    """Resolve and check a folder a checkpoint is to be saved into, before any training.
+
+    The folder may be new, empty, or hold a checkpoint of ours (:func:`is_checkpoint_folder`) with no
+    file a save does not write (:func:`foreign_files`: a save replaces the folder as a whole). Symlinks
+    and ``..`` are resolved here once (``os.path.realpath``); use the returned path from then on. The
+    parent folder is created if needed.
+
+    Args:
+        path: the checkpoint folder (``train --out``, ``--resume``, a project's checkpoint folder).
+
+    Returns:
+        The resolved folder.
+
+    Raises:
+        CheckpointError: one line naming the folder and what is wrong: not a folder, not ours (the
+            first foreign file named), a newer app's checkpoint, read-only (the folder or the one it
+            is in), an old backup ``.NAME.bak`` that cannot be removed.
+    """
+    folder = Path(os.path.realpath(path))
+    if folder.parent == folder:
+        raise CheckpointError(f"{folder}: cannot be a checkpoint folder (a save writes beside it, in its parent)")
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"{folder}: exists and is not a folder")
+    if folder.is_dir():
+        try:
+            names = sorted(os.listdir(folder))
+            foreign = foreign_files(folder) if names else []
+        except OSError as e:
+            raise CheckpointError(f"{folder}: cannot be read ({e.strerror or e})") from None
+        if names and not is_checkpoint_folder(folder):
+            raise CheckpointError(f"{folder}: not a checkpoint folder of this app ({_not_ours(folder, names[0])}); "
+                                  "give a new or empty folder")
+        if foreign:
+            raise CheckpointError(f"{folder}: holds {foreign[0]}, which this app did not write (a save replaces "
+                                  "the whole folder); move it out or give another folder")
+        newer = _newer_version(folder) if names else None
+        if newer is not None:
+            raise CheckpointError(f"{folder / 'config.json'}: field 'version' is {newer}: a checkpoint of a newer "
+                                  f"app version (this one writes {FORMAT_VERSION}); not replaced")
+        if _read_only(folder):
+            raise CheckpointError(f"{folder}: the folder is read-only; make it writable or give another folder")
+    bak = folder.with_name(f".{folder.name}.bak")
+    if bak.is_dir() and folder.is_dir():
+        stuck = next((d for d in [bak] + [Path(r) / n for r, ds, _ in os.walk(bak) for n in ds] if _read_only(d)), None)
+        if stuck is not None:
+            raise CheckpointError(f"{bak}: the backup of an earlier save cannot be removed ({stuck} is read-only); "
+                                  "remove it by hand")
+    parent = folder.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"{parent}: cannot create the folder ({e.strerror or e})") from None
+    if _read_only(parent):
+        raise CheckpointError(f"{parent}: the folder is read-only (a save writes {folder.name} beside its old "
+                              "copy there); give another folder")
+    return folder
+
+
+def check_export_target(path: str | os.PathLike) -> Path:
+    """Resolve and check where an export (a .gguf file, a Modelfile, a Hugging Face folder) is to be
+    written: never into a checkpoint folder, whose next save would delete it.
+
+    Returns:
+        The resolved path.
+
+    Raises:
+        CheckpointError: ``path`` is a checkpoint folder or inside one (one line naming it).
+    """
+    p = Path(os.path.realpath(path))
+    for d in (p, *p.parents):
+        if d.is_dir() and is_checkpoint_folder(d):
+            raise CheckpointError(f"{path}: inside the checkpoint folder {d}, whose next save would delete it; "
+                                  "export to another folder" if d != p else
+                                  f"{path}: is a checkpoint folder; export to another folder")
+    return p

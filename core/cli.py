@@ -95,22 +95,6 @@ _MODEL_OPTIONS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "co
                   "vocab_size", "seed")
 
 
-def _check_out_folder(path: Path) -> Path:
-    """Check ``--out`` can take a checkpoint (before any training): a new folder, an empty one or a
-    checkpoint, in a folder where files can be written (the new checkpoint is written beside it)."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path}: exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
-        raise ValueError(f"--out {path}: is a folder with other files, not a checkpoint; give a new or empty folder")
-    parent = path.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    from core.atomic import atomic_write
-
-    probe = atomic_write(parent / f".{path.name}.write-test", b"", sync_folder=False)
-    probe.unlink()
-    return path
-
-
 def _resume_config(args, saved):
     """The saved TrainConfig with the training options given on the command line applied."""
     from core.config import replace
@@ -136,10 +120,16 @@ def _resume_config(args, saved):
     return replace(saved, pretrain=pre, tune=tune, **extra)
 
 
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+"""Signals that stop a training run with a checkpoint: Ctrl-C, and what a logout (SIGHUP) or
+``systemctl stop`` / ``kill`` (SIGTERM) sends."""
+
+
 class _CtrlC:
-    """SIGINT during training: the first asks the trainer to stop between two steps (or recall
-    prompts), so the checkpoint resumes exactly; a second one interrupts at once, except during a save,
-    which is finished first (a checkpoint is never left half replaced, and a finished stage never lost)."""
+    """A stop signal during training (:data:`STOP_SIGNALS`: Ctrl-C, SIGTERM, SIGHUP): the first asks the
+    trainer to stop between two steps (or recall prompts), so the checkpoint resumes exactly; a second
+    one interrupts at once, except during a save, which is finished first (a checkpoint is never left
+    half replaced, and a finished stage never lost)."""
 
     def __init__(self, trainer):
         self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
@@ -226,12 +216,19 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    from core.checkpoint import check_output_folder
     from core.folder_lock import FolderBusyError, FolderLock
 
-    out = Path(args.out or args.resume or DEFAULT_MODEL_DIR)
+    # symlinks and ".." resolved once: every later use (lock, save, messages) is of the real folder, and
+    # it is ours (or new, or empty) and writable, or refused here, before any training
+    out = check_output_folder(args.out or args.resume or DEFAULT_MODEL_DIR)
+    if args.resume:
+        args.resume = os.path.realpath(args.resume)
     locks = []
     try:
-        for folder in dict.fromkeys([out.resolve()] + ([Path(args.resume).resolve()] if args.resume else [])):
+        for folder in dict.fromkeys([out] + ([Path(args.resume)] if args.resume else [])):
             locks.append(FolderLock(folder, "opencl-llm train").acquire())
     except FolderBusyError as e:
         for lk in locks:
@@ -284,7 +281,6 @@ def _train(args, out: Path) -> int:
             mc, tc = _configs(args)
     except ConfigError as e:
         return _fail(f"invalid setting {e}")
-    _check_out_folder(out)
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
@@ -340,7 +336,8 @@ def _train(args, out: Path) -> int:
     final = {}
     check_task = None
     ctrl_c = _CtrlC(trainer)
-    previous = signal.signal(signal.SIGINT, ctrl_c)
+    stops = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
+    previous = {sig: signal.signal(sig, ctrl_c) for sig in stops}
     try:
         with Progress(*columns, disable=args.quiet) as progress:
             for ev in trainer.run():
@@ -387,7 +384,8 @@ def _train(args, out: Path) -> int:
         ctrl_c.save(trainer, out)
         return _fail(f"{e}; checkpoint saved to {out}")
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if final:

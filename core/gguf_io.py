@@ -44,6 +44,7 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.atomic import atomic_path, atomic_write
+from core.checkpoint_meta import check_export_target
 from core.config import ModelConfig, tensor_name
 from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
                               import_gguf, read_fields)  # the import side, re-exported
@@ -180,12 +181,14 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
         GGUFError: unknown dtype, non-finite weights, vocabulary/shape mismatch, a tokenizer without
             merges, or a written file that does not read back identically (nothing is left behind).
         OSError: the folder is not writable, the disk is full (nothing is left behind).
+        CheckpointError: the target is inside a checkpoint folder (core.checkpoint_meta.check_export_target).
     """
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     out = Path(out_path)
     if out.suffix.lower() != ".gguf":
         out = out.with_name(out.name + ".gguf")
+    check_export_target(out)  # never into a checkpoint folder: its next save would delete the file
     if not out.parent.is_dir():
         raise GGUFError(f"{out.parent}: folder does not exist")
     _check_model(loaded)

@@ -33,6 +33,7 @@ from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
 from core.atomic import replace_folder
+from core.checkpoint_meta import check_export_target
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
 
@@ -178,6 +179,7 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
         HFError: the model is inconsistent or has non-finite weights, the folder holds other files,
             or the written folder does not read back to the same bits (nothing is left behind).
         OSError: not writable, disk full (nothing is left behind).
+        CheckpointError: the target is inside a checkpoint folder (core.checkpoint_meta.check_export_target).
     """
     from safetensors.numpy import save_file
 
@@ -190,6 +192,7 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
         raise HFError(str(e)) from None
     c, tok = loaded.config, loaded.tokenizer
     out = Path(out_folder)
+    check_export_target(out)  # never a checkpoint folder (or one inside it)
     _prepare_target(out)
 
     tensors = {}

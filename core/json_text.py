@@ -31,7 +31,8 @@ def read_format_json(path: str | os.PathLike, fmt: str, error: type[Exception], 
         max_version: the newest "version" this build reads; None: any (or none).
 
     Raises:
-        error: unreadable or broken JSON, not an object of ``fmt``, or a version newer than ``max_version``.
+        error: unreadable or broken JSON, not an object of ``fmt``, a "version" that is no integer >= 1
+            (a string, a boolean) or newer than ``max_version``.
     """
     path = Path(path)
     try:
@@ -41,6 +42,11 @@ def read_format_json(path: str | os.PathLike, fmt: str, error: type[Exception], 
     data = parse_json(text, path, error, what)
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise error(f"{path}: not an OpenCL LLM Studio {what}")
-    if max_version is not None and (not isinstance(data.get("version"), int) or data["version"] > max_version):
-        raise error(f"{path}: version {data.get('version')!r} is newer than this app reads ({max_version})")
+    if max_version is not None:
+        v = data.get("version")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise error(f"{path}: field 'version' must be an integer >= 1, got {v!r}")
+        if v > max_version:
+            raise error(f"{path}: field 'version' is {v}: written by a newer app version (this one reads up to "
+                        f"{max_version}); not opened, so that it is not rewritten without what it adds")
     return data

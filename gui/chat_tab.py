@@ -50,6 +50,7 @@ class ChatTab(QWidget):
         self._loaded: str | None = None  # model the worker has loaded (or is loading)
         self._source_is_trained = False  # the source is this project's checkpoint
         self._in_worker: tuple[str, bool] | None = None  # (model the worker has loaded, is the trained one)
+        self._load_failure = ""  # why the last model could not be opened, while there is none to chat with
         self._answering = False
         self._pieces: list[AnswerPiece] = []
         self._answer_text = ""
@@ -241,6 +242,7 @@ class ChatTab(QWidget):
         return True
 
     def _on_loaded(self, info: ModelLoaded) -> None:
+        self._load_failure = ""
         self._in_worker = (info.path, info.path == self._source and self._source_is_trained)
         self.model_label.setText(f"{info.path}\n{info.n_params:,} parameters, context "
                                  f"{info.context_length} tokens, on {info.device}")
@@ -255,6 +257,7 @@ class ChatTab(QWidget):
                 text += f"\nStill chatting with {self._source}."
             else:
                 self._source, self._loaded, self._source_is_trained = None, None, False
+                self._load_failure = text
         self.model_label.setText(text)
         self._update_placeholder()
 
@@ -289,8 +292,9 @@ class ChatTab(QWidget):
         if not text or self._answering:
             return False
         if not self._load_if_needed():
-            if self._source is None:
-                self.model_label.setText("No model: train one on the Training tab or open one here.")
+            if self._source is None:  # after a failed open, its reason stays in view
+                self.model_label.setText(self._load_failure or "No model: train one on the Training tab or open "
+                                         "one here.")
             return False
         self.input.clear()
         self._forget_cleared()  # the new message starts the conversation Undo clear would replace

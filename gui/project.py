@@ -163,14 +163,15 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
         (project, warnings): warnings say what was substituted (a missing dataset file).
 
     Raises:
-        ProjectError: no project.json, or it is not ours or unreadable; dataset.json unreadable or
+        ProjectError: no project.json, or it is not ours, unreadable or of a newer version (never opened, so
+            never rewritten without its newer fields); dataset.json unreadable or
             with any entry that cannot be read (autosave would otherwise drop it from the file).
     """
     folder = Path(folder)
     meta_path = folder / "project.json"
     if not meta_path.is_file():
         raise ProjectError(f"{folder}: not a project folder (no project.json)")
-    meta = read_format_json(meta_path, FORMAT, ProjectError, "project")
+    meta = read_format_json(meta_path, FORMAT, ProjectError, "project", max_version=VERSION)
     warnings: list[str] = []
     ds_path = folder / "dataset.json"
     if ds_path.is_file():

@@ -188,6 +188,8 @@ class TrainWorker(Worker):
     A run saves into ``run_dir``. When that is not ``checkpoint_dir`` (a new run beside an older
     trained model, see gui.project), its first stage-end save replaces ``checkpoint_dir`` with it and
     later saves go to ``checkpoint_dir``; a stop before that leaves the older model in place.
+    Both folders are checked first (core.checkpoint.check_output_folder): one that is not ours, holds
+    files a save does not write or is read-only fails the run before it trains.
 
     Args:
         device_info: core.device.DeviceInfo to train on.
@@ -264,11 +266,13 @@ class TrainWorker(Worker):
                                    v.advice if v else ""))
 
     def work(self) -> None:
-        from core.checkpoint import resume_trainer
+        from core.checkpoint import check_output_folder, resume_trainer
         from core.device import open_device
         from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
                                   TrainingDiverged)
 
+        for folder in dict.fromkeys((self.run_dir, self.checkpoint_dir)):  # ours or refused, before training
+            check_output_folder(folder)
         dev = open_device(self.device_info)
         self.log_line.emit("INFO", f"device: {dev.info.label}")
         if self.resume:
@@ -378,6 +382,7 @@ class ChatWorker(Worker):
         self._cancel = threading.Event()
         self._session = None
         self._probe: _GenerationProbe | None = None
+        self._load_error = ""  # why the last model failed to load, while none is loaded (said on the next ask)
 
     # -- called from the GUI thread ------------------------------------------------------------
     def load(self, path: str, device_info: DeviceInfo, history: Iterable[tuple[str, str]] = ()) -> None:
@@ -428,9 +433,11 @@ class ChatWorker(Worker):
             probe = _GenerationProbe(Generator(dev, loaded.config, loaded.weights))
         except Exception as e:  # the model loaded before stays in use
             log.warning("loading %s failed", path, exc_info=True)
+            if self._session is None:
+                self._load_error = _message(e).splitlines()[0]
             self.load_failed.emit(path, _message(e))
             return
-        self._session, self._probe = ChatSession(probe, loaded.tokenizer), probe
+        self._session, self._probe, self._load_error = ChatSession(probe, loaded.tokenizer), probe, ""
         self._session.history.extend(history)
         c = loaded.config
         self.model_loaded.emit(ModelLoaded(path, c.n_params(), c.context_length, c.vocab_size, dev.info.label))
@@ -443,6 +450,8 @@ class ChatWorker(Worker):
         from core.generate import SamplingSettings
 
         if self._session is None:
+            if self._load_error:  # the reason in the tab's transcript, not only in the log
+                raise RuntimeError(f"no model is loaded: {self._load_error}")
             raise RuntimeError("no model is loaded: train one or open a checkpoint or GGUF file")
         sampling = SamplingSettings(**settings)
         tok = self._session.tok

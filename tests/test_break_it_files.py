@@ -1,0 +1,498 @@
+"""Issue 19, "Data lost" and the checkpoint part of "Silently wrong": each case of the break-it test.
+
+One table (:data:`CASES`): a case sets up a folder, runs a command (the CLI in-process through
+``core.cli.main``, or a core/gui function) and expects either a refusal whose one line contains a text,
+with every file under the case's folder unchanged (hashed before and after), or that it works, with
+every file the app did not write unchanged. The SIGTERM/SIGHUP cases need a real signal and run
+separately (SIGTERM in a subprocess), as do the save-time message of an undeletable backup and the
+Chat tab's reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from core.checkpoint import MARKER, CheckpointMeta, load_checkpoint
+from core.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_V1 = Path(__file__).parent / "data" / "checkpoint_v1"
+TINY = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--n-kv-heads", "2",
+        "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
+
+
+# ------------------------------------------------------------------------------------ helpers
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: its relative path -> sha256 of a file, ``dir``, or ``link -> target``."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = f"link -> {os.readlink(p)}"
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def hashes(paths: list[Path]) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def make_writable(root: Path) -> None:
+    for dirpath, dirnames, _ in os.walk(root):
+        for d in [Path(dirpath)] + [Path(dirpath) / n for n in dirnames]:
+            if d.is_dir() and not d.is_symlink():
+                d.chmod(d.stat().st_mode | stat.S_IWUSR | stat.S_IXUSR)
+
+
+def copy_ck(base: Path, dst: Path) -> Path:
+    shutil.copytree(base, dst)
+    return dst
+
+
+def edit_config(ck: Path, **changes) -> None:
+    cfg = json.loads((ck / "config.json").read_text("utf-8"))
+    for key, value in changes.items():
+        target = cfg
+        *parents, last = key.split(".")
+        for k in parents:
+            target = target[k]
+        target[last] = value
+    (ck / "config.json").write_text(json.dumps(cfg, indent=2), "utf-8")
+
+
+def perturb_npz(path: Path) -> None:
+    """Rewrite an .npz with the same tensors slightly changed: a file of another run of the same shape."""
+    with np.load(path) as z:
+        arrays = {k: z[k] + np.float32(1e-3) for k in z.files}
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def stage_state(folder: Path) -> tuple[int, int, int]:
+    m = CheckpointMeta.read(folder)
+    return m.stage_index, m.stage_step, m.train.tune.steps
+
+
+def assert_ours(folder: Path) -> CheckpointMeta:
+    """A complete checkpoint of this version: the marker, both file hashes, and it loads."""
+    assert (folder / MARKER).is_file()
+    m = load_checkpoint(folder).checkpoint
+    assert m.version == 3 and len(m.weights_sha256) == 64 and len(m.optimizer_sha256) == 64
+    return m
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """One tiny finished run (2 layers), copied by the cases that need a checkpoint."""
+    out = tmp_path_factory.mktemp("base") / "ck"
+    assert main(["train", *TINY, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1"]) == 0
+    return out
+
+
+# ------------------------------------------------------------------------------------ the table
+@dataclass
+class Case:
+    """``setup(ws, base)`` returns the files the app did not write (hashed before and after); ``command``
+    is CLI arguments (``{ws}`` replaced by the case's folder) or ``f(ws) -> message`` (raising is a
+    refusal); ``expect`` is ``"works"`` or the text the refusal's one line contains; ``check(ws)``
+    looks at the result of a case that works."""
+
+    id: str
+    setup: Callable[[Path, Path], list[Path]]
+    command: list[str] | Callable[[Path], str]
+    expect: str
+    check: Callable[[Path], None] | None = None
+    cwd: str | None = None
+    unchanged: list[str] = field(default_factory=list)  # our own files a "works" case must not touch
+
+
+def _user_folder(ws, base):
+    p = ws / "p"
+    (p / "sub").mkdir(parents=True)
+    (p / "config.json").write_text("{}\n")
+    (p / "thesis.txt").write_text("x\n")
+    (p / "sub" / "notes.txt").write_text("chapter 1\n")
+    return [p / "config.json", p / "thesis.txt", p / "sub" / "notes.txt"]
+
+
+def _hf_folder(ws, base):
+    from core.checkpoint import load_model
+    from core.hf_io import export_hf
+
+    export_hf(load_model(base), ws / "hf")
+    return [p for p in (ws / "hf").iterdir()]
+
+
+def _ck_with_exports(ws, base):
+    ck = copy_ck(base, ws / "ck")
+    for name, data in (("ck.gguf", b"GGUF\x03 an export"), ("ck.Modelfile", b"FROM ./ck.gguf\n"),
+                       ("notes.txt", b"my notes\n")):
+        (ck / name).write_bytes(data)
+    return [ck / "ck.gguf", ck / "ck.Modelfile", ck / "notes.txt"]
+
+
+def _ck(ws, base):
+    copy_ck(base, ws / "ck")
+    return []
+
+
+def _ck_edited(**changes):
+    def setup(ws, base):
+        edit_config(copy_ck(base, ws / "ck"), **changes)
+        return []
+    return setup
+
+
+def _ck_perturbed(name):
+    def setup(ws, base):
+        perturb_npz(copy_ck(base, ws / "ck") / name)
+        return []
+    return setup
+
+
+def _project(version, **extra):
+    def setup(ws, base):
+        p = ws / "proj"
+        p.mkdir()
+        (p / "project.json").write_text(json.dumps({"format": "opencl-llm-studio-project", "version": version,
+                                                    "settings": {}, **extra}), "utf-8")
+        return [p / "project.json"]
+    return setup
+
+
+def _open_project(ws):
+    from gui.project import load_project
+
+    load_project(ws / "proj")
+    return "opened"
+
+
+def _read_only_ck(ws, base):
+    ck = copy_ck(base, ws / "ck")
+    ck.chmod(0o555)
+    return []
+
+
+def _read_only_parent(ws, base):
+    (ws / "ro").mkdir()
+    (ws / "ro" / "keep.txt").write_text("mine\n")
+    (ws / "ro").chmod(0o555)
+    return [ws / "ro" / "keep.txt"]
+
+
+def _stuck_backup(ws, base):
+    copy_ck(base, ws / "ck")
+    bak = ws / ".ck.bak"
+    bak.mkdir()
+    (bak / "config.json").write_text("{}\n")
+    bak.chmod(0o555)
+    return [bak / "config.json"]
+
+
+def _symlink(ws, base):
+    copy_ck(base, ws / "real")
+    (ws / "link").symlink_to(ws / "real", target_is_directory=True)
+    (ws / "beside.txt").write_text("mine\n")
+    return [ws / "beside.txt"]
+
+
+def _check_symlink(ws):
+    assert (ws / "link").is_symlink() and (ws / "real").is_dir() and not (ws / "real").is_symlink()
+    assert stage_state(ws / "real") == (2, 0, 2)
+    assert_ours(ws / "real")
+    assert sorted(p.name for p in ws.iterdir()) == ["beside.txt", "link", "real"]
+
+
+def _dotdot(ws, base):
+    copy_ck(base, ws / "runs" / "x")
+    (ws / "runs" / "other.txt").write_text("mine\n")
+    return [ws / "runs" / "other.txt"]
+
+
+def _check_dotdot(ws):
+    assert stage_state(ws / "runs" / "x") == (2, 0, 2)
+    assert_ours(ws / "runs" / "x")
+    assert sorted(p.name for p in (ws / "runs").iterdir()) == ["other.txt", "x"]
+
+
+def _dot(ws, base):
+    copy_ck(base, ws / "ck")
+    (ws / "d").mkdir()
+    (ws / "notes.txt").write_text("mine\n")
+    return [ws / "notes.txt"]
+
+
+def _check_dot(ws):
+    assert stage_state(ws / "d") == (2, 0, 2)
+    assert_ours(ws / "d")
+    assert sorted(p.name for p in ws.iterdir()) == ["ck", "d", "notes.txt"]
+
+
+def _v1(ws, base):
+    shutil.copytree(FIXTURE_V1, ws / "v1")
+    return []
+
+
+def _v1_with_notes(ws, base):
+    shutil.copytree(FIXTURE_V1, ws / "v1")
+    (ws / "v1" / "notes.txt").write_text("mine\n")
+    return [ws / "v1" / "notes.txt"]
+
+
+def _check_v1(ws):
+    m = assert_ours(ws / "v1")  # read by its files, written back with the marker and hashes
+    assert m.train.tune.steps == 4
+
+
+RESUME2 = ["--tune-steps", "2", "-q"]
+
+CASES = [
+    # ---- data lost
+    Case("out-folder-with-user-files", _user_folder, ["train", *TINY, "--steps", "1", "--out", "{ws}/p"],
+         "not a checkpoint folder of this app"),
+    Case("out-hugging-face-export", _hf_folder, ["train", *TINY, "--steps", "1", "--out", "{ws}/hf"],
+         "not a checkpoint folder of this app"),
+    Case("resume-with-export-and-notes-inside", _ck_with_exports, ["train", "--resume", "{ws}/ck", *RESUME2],
+         "holds ck.Modelfile, which this app did not write"),
+    Case("export-gguf-into-checkpoint", _ck, ["export", "--model", "{ws}/ck", "--out", "{ws}/ck", "--modelfile"],
+         "inside the checkpoint folder"),
+    Case("export-hf-as-checkpoint", _ck, ["export", "--format", "hf", "--model", "{ws}/ck", "--out", "{ws}/ck"],
+         "is a checkpoint folder"),
+    Case("export-hf-into-checkpoint", _ck, ["export", "--format", "hf", "--model", "{ws}/ck", "--out", "{ws}/ck/hf"],
+         "inside the checkpoint folder"),
+    Case("n-layers-edited-chat", _ck_edited(**{"model.n_layers": 1}), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "config.json: field 'model.n_layers' is 1"),
+    Case("n-layers-edited-resume", _ck_edited(**{"model.n_layers": 1}), ["train", "--resume", "{ws}/ck", *RESUME2],
+         "config.json: field 'model.n_layers' is 1"),
+    Case("ffn-dim-edited-chat", _ck_edited(**{"model.ffn_dim": 32}), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'model.ffn_dim' is 32"),
+    Case("project-version-99", _project(99, future={"x": 1}), _open_project, "field 'version' is 99: written by a newer"),
+    Case("project-version-string", _project("1"), _open_project, "field 'version' must be an integer"),
+    Case("project-version-true", _project(True), _open_project, "field 'version' must be an integer"),
+    Case("read-only-checkpoint", _read_only_ck, ["train", "--resume", "{ws}/ck", *RESUME2], "is read-only"),
+    Case("read-only-parent", _read_only_parent, ["train", *TINY, "--steps", "1", "--out", "{ws}/ro/new"],
+         "is read-only"),
+    Case("undeletable-backup", _stuck_backup, ["train", "--resume", "{ws}/ck", *RESUME2],
+         ".ck.bak: the backup of an earlier save cannot be removed"),
+    Case("newer-checkpoint-as-out", _ck_edited(version=99), ["train", *TINY, "--steps", "1", "--out", "{ws}/ck"],
+         "field 'version' is 99"),
+    Case("out-through-symlink", _symlink, ["train", "--resume", "{ws}/link", *RESUME2], "works", _check_symlink),
+    Case("out-with-dotdot", _dotdot, ["train", "--resume", "{ws}/runs/x/../x", *RESUME2], "works", _check_dotdot),
+    Case("out-dot", _dot, ["train", "--resume", "{ws}/ck", "--out", ".", *RESUME2], "works", _check_dot, cwd="d",
+         unchanged=["ck/weights.npz", "ck/config.json", "ck/optimizer.npz"]),
+    Case("old-checkpoint-resumes-and-gets-the-marker", _v1, ["train", "--resume", "{ws}/v1", "--tune-steps", "4", "-q"],
+         "works", _check_v1),
+    Case("old-checkpoint-with-notes", _v1_with_notes, ["train", "--resume", "{ws}/v1", "--tune-steps", "4", "-q"],
+         "holds notes.txt, which this app did not write"),
+    # ---- silently wrong: checkpoints
+    Case("weights-of-another-run", _ck_perturbed("weights.npz"), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "weights.npz: does not belong to this checkpoint"),
+    Case("optimizer-of-another-run", _ck_perturbed("optimizer.npz"), ["train", "--resume", "{ws}/ck", *RESUME2],
+         "optimizer.npz: does not belong to this checkpoint"),
+    Case("config-version-string", _ck_edited(version="1"), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'version' must be an integer, got a string"),
+    Case("config-version-true", _ck_edited(version=True), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'version' must be an integer, got a boolean"),
+    Case("config-version-negative", _ck_edited(version=-5), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'version' must be within 1.., got -5"),
+    Case("config-version-99", _ck_edited(version=99), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'version' is 99: written by a newer app version"),
+    Case("config-without-weights-hash", _ck_edited(weights_sha256=None), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
+         "field 'weights_sha256' must be a string"),
+]
+
+
+def _run(case: Case, ws: Path, capsys) -> tuple[bool, str]:
+    """(refused, the message); a CLI refusal must be one line, without a traceback."""
+    if callable(case.command):
+        try:
+            return False, case.command(ws)
+        except Exception as e:  # noqa: BLE001 - the refusal under test
+            assert "\n" not in str(e), str(e)
+            return True, str(e)
+    argv = [a.replace("{ws}", str(ws)) for a in case.command]
+    capsys.readouterr()
+    cwd = os.getcwd()
+    os.chdir(ws / case.cwd if case.cwd else ws)
+    try:
+        rc = main(argv)
+    finally:
+        os.chdir(cwd)
+    out, err = capsys.readouterr()
+    if rc == 0:
+        return False, out
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err)
+    return True, lines[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_break_it_case(case: Case, base, tmp_path, capsys):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    foreign = case.setup(ws, base)
+    before, foreign_before = snapshot(ws), hashes(foreign)
+    ours_before = hashes([ws / p for p in case.unchanged])
+    try:
+        refused, message = _run(case, ws, capsys)
+    finally:
+        make_writable(ws)
+    assert hashes(foreign) == foreign_before  # no file the app did not write is deleted or changed
+    if case.expect == "works":
+        assert not refused, message
+        assert hashes([ws / p for p in case.unchanged]) == ours_before
+        case.check(ws)
+    else:
+        assert refused and case.expect in message, message
+        assert snapshot(ws) == before  # refused: nothing at all changed
+
+
+def test_the_table_covers_every_case_of_the_issue():
+    ids = {c.id for c in CASES}
+    assert len(CASES) == len(ids) >= 25
+    print(f"\n[issue 19] {len(CASES)} cases: {sum(c.expect == 'works' for c in CASES)} work, "
+          f"{sum(c.expect != 'works' for c in CASES)} refused")
+
+
+# ------------------------------------------------------------------------------------ cases outside the table
+def test_an_undeletable_backup_is_named_at_save_not_directory_not_empty(base, tmp_path, monkeypatch):
+    """The save says what really failed (the old backup cannot be removed), and the folder keeps its
+    checkpoint; earlier the rename onto the leftover said "Directory not empty"."""
+    import core.atomic
+    from core.checkpoint import save_checkpoint
+    from core.dataset import load_dataset
+
+    ck = copy_ck(base, tmp_path / "ck")
+    bak = tmp_path / ".ck.bak"
+    bak.mkdir()
+    (bak / "weights.npz").write_bytes(b"old")
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, ignore_errors=False, **kw):  # a backup no one may delete (another user's files, say)
+        if Path(path).name == ".ck.bak":
+            if ignore_errors:
+                return
+            raise PermissionError(13, "Permission denied", str(Path(path) / "weights.npz"))
+        return real_rmtree(path, ignore_errors=ignore_errors, **kw)
+
+    monkeypatch.setattr(core.atomic.shutil, "rmtree", rmtree)
+    before = snapshot(tmp_path)
+    loaded = load_checkpoint(ck)
+    dataset, _ = load_dataset(ck / "dataset.json")
+    with pytest.raises(OSError) as e:
+        save_checkpoint(ck, loaded.weights, None, loaded.checkpoint, loaded.tokenizer, dataset)
+    msg = str(e.value.strerror)
+    assert "cannot remove the old backup" in msg and ".ck.bak" in msg and "Permission denied" in msg, msg
+    assert "Directory not empty" not in msg
+    monkeypatch.undo()
+    assert snapshot(tmp_path) == before  # nothing changed: no temp folder left, the checkpoint as it was
+
+
+def test_a_save_refuses_a_file_that_appeared_meanwhile(base, tmp_path):
+    """save_checkpoint itself checks the folder (not only the CLI before training)."""
+    from core.checkpoint import CheckpointError, save_checkpoint
+    from core.dataset import load_dataset
+
+    ck = copy_ck(base, tmp_path / "ck")
+    loaded = load_checkpoint(ck)
+    dataset, _ = load_dataset(ck / "dataset.json")
+    (ck / "model.gguf").write_bytes(b"an export")
+    before = snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match="holds model.gguf, which this app did not write"):
+        save_checkpoint(ck, loaded.weights, None, loaded.checkpoint, loaded.tokenizer, dataset)
+    assert snapshot(tmp_path) == before
+
+
+def test_sighup_saves_like_ctrl_c(tmp_path, capsys):
+    """SIGHUP (a logout) in the middle of training: the run stops after the step and saves a checkpoint
+    that resumes, as Ctrl-C does."""
+    from core import trainer as trainer_mod
+
+    real_run = trainer_mod.Trainer.run
+
+    def run_and_hang_up(self, *a, **k):
+        for ev in real_run(self, *a, **k):
+            if isinstance(ev, trainer_mod.StepReport) and ev.stage == "pretrain" and ev.step == 2:
+                os.kill(os.getpid(), signal.SIGHUP)
+            yield ev
+
+    out = tmp_path / "run"
+    trainer_mod.Trainer.run = run_and_hang_up
+    try:
+        assert main(["train", *TINY, "--out", str(out), "--pretrain-steps", "6", "--tune-steps", "1"]) == 130
+    finally:
+        trainer_mod.Trainer.run = real_run
+    assert "checkpoint saved" in capsys.readouterr().out
+    m = assert_ours(out)
+    assert m.stage_index == 0 and 0 < m.stage_step < 6
+
+
+def test_sigterm_saves_a_complete_checkpoint(tmp_path):
+    """``kill`` / ``systemctl stop`` during training (a real process): a complete checkpoint is saved
+    and loads, and training resumes from it."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "core.cli", "train", *TINY, "--out", str(out),
+                          "--pretrain-steps", "3000", "--tune-steps", "1"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # "model: ..." comes just before training starts
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("model:"):
+                break
+        assert lines and lines[-1].startswith("model:"), "".join(lines) + p.stderr.read()
+        time.sleep(3)  # into the steps (the handlers are installed right after that line)
+        p.send_signal(signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, stdout + stderr
+    assert "stopped; checkpoint saved" in stdout and "Traceback" not in stderr, stdout + stderr
+    m = assert_ours(out)
+    assert m.stage_index == 0 and m.stage_step > 0
+    from core.checkpoint import resume_trainer
+    from core.device import open_device
+
+    trainer = resume_trainer(out, open_device())
+    assert trainer.stage_step == m.stage_step
+
+
+def test_chat_tab_shows_why_a_checkpoint_cannot_be_loaded(main_window, qtbot, base, tmp_path):
+    """A version-99 checkpoint as the project's trained model: the answer's note and the model label
+    say why (not only stderr), instead of "no model is loaded"."""
+    ck = copy_ck(base, tmp_path / "ck")
+    edit_config(ck, version=99)
+    c = main_window.chat_tab
+    c.set_trained_model(str(ck))
+    assert c.send("hi")
+    qtbot.waitUntil(lambda: not c.is_answering(), timeout=60_000)
+    text = c.transcript.toPlainText()
+    assert "field 'version' is 99" in text, text
+    assert "field 'version' is 99" in c.model_label.text()
+    assert not c.send("hi again")  # nothing to chat with: the reason stays in view
+    assert "field 'version' is 99" in c.model_label.text()
