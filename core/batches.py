@@ -64,6 +64,19 @@ def _windows(ids: list[int], mask: list[int], context_length: int) -> list[Examp
             if any(mask[s + 1:s + n])]
 
 
+def pack(examples: list[Example], context_length: int) -> Example:
+    """Examples one after another in one training row (``BOS fact EOS BOS fact EOS ...``), as many of them
+    as fit ``context_length + 1`` tokens (the first one always): a row of short facts then costs what a
+    row of one question costs in a batch padded to its longest row."""
+    ids, mask = list(examples[0].ids), list(examples[0].mask)
+    for e in examples[1:]:
+        if len(ids) + len(e.ids) > context_length + 1:
+            break
+        ids += e.ids
+        mask += e.mask
+    return Example(ids, mask)
+
+
 def make_batch(examples: list[Example], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pad examples into (tokens, targets, mask), each (batch, T) with T = longest example - 1.
 
@@ -112,7 +125,7 @@ class Batches:
 
     def __init__(self, tokenizer: Tokenizer, dataset: Dataset, context_length: int, train_config: TrainConfig):
         self.tokenizer, self.dataset, self.train_config = tokenizer, dataset, train_config
-        cl = context_length
+        self.context_length = cl = context_length
         self.facts = fact_examples(tokenizer, dataset.facts, cl)
         self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
         self._asked: list[tuple[int, str, str]] = []
@@ -192,7 +205,9 @@ class Batches:
         b = cfg.batch_size
         if stage == 0:
             n_mix = min(b - 1, int(round(b * tc.mix_share))) if (self.dialogues or self.questions) else 0
-            pool = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), b - n_mix)]
+            k = tc.pack_facts
+            drawn = [self.facts[i] for i in batch_indices(seed, 0, step, len(self.facts), (b - n_mix) * k)]
+            pool = [pack(drawn[r * k:(r + 1) * k], self.context_length) for r in range(b - n_mix)]
             pool += self._questions_part(0, step, n_mix) if n_mix else []
         elif self.conversation_step(step):
             pool = [self.conversations[i] for i in batch_indices(seed, 1, step // tc.conversation_every,
@@ -227,10 +242,10 @@ def stage_passes(tc: TrainConfig, stage: int, steps: int, n_facts: int, n_dialog
     batches. 0.0 without facts (stage 0) or dialogues (stage 1). The Hyperparameters tab and the
     training progress both show this number."""
     b = (tc.pretrain if stage == 0 else tc.tune).batch_size
-    if stage == 0:  # a fact as text or as the answer of a fact question
+    if stage == 0:  # a fact as text (``pack_facts`` of them a row) or as the answer of a fact question
         mix = min(b - 1, int(round(b * tc.mix_share))) if (n_dialogues or questions) else 0
         asked = min(mix, int(round(mix * tc.fact_question_share))) if questions and mix else 0
-        return steps * (b - mix + asked) / n_facts if n_facts else 0.0
+        return steps * ((b - mix) * tc.pack_facts + asked) / n_facts if n_facts else 0.0
     if not n_dialogues:
         return 0.0
     n_replay = min(b - 1, int(round(b * tc.replay_share))) if n_facts else 0
@@ -241,4 +256,4 @@ def stage_passes(tc: TrainConfig, stage: int, steps: int, n_facts: int, n_dialog
     return steps * n_d / n_dialogues
 
 
-__all__ = ["Example", "Batches", "stage_passes", "fact_examples", "dialogue_examples", "make_batch", "batch_indices", "CONVERSATIONS"]
+__all__ = ["Example", "Batches", "stage_passes", "pack", "fact_examples", "dialogue_examples", "make_batch", "batch_indices", "CONVERSATIONS"]

@@ -226,6 +226,8 @@ class TrainConfig:
             a dialogue are answered (the recall check's "heldout" kind); 0: none.
         check_sample: checks during a stage look at most this many items of each kind, evenly spaced (a
             stage then ends "learned" when they are; the end-of-stage table checks all); 0: all.
+        pack_facts: facts one after another in each pretraining row of facts (core.batches.pack): a
+            batch is padded to its longest row, and a question row is about as long as two facts.
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
@@ -250,6 +252,7 @@ class TrainConfig:
     conversation_every: int = 0
     heldout: int = 0
     check_sample: int = 0
+    pack_facts: int = 1
 
     def __post_init__(self) -> None:
         self.pretrain.validate("pretrain")
@@ -283,6 +286,7 @@ class TrainConfig:
                 raise ConfigError(name, f"must be within 0..1 (exclusive of 1), got {v!r}")
         for name in ("fact_questions", "conversation_every", "heldout", "check_sample"):
             _positive_int(name, getattr(self, name), 0)
+        _positive_int("pack_facts", self.pack_facts, 1)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""

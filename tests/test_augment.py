@@ -58,13 +58,40 @@ def test_fact_questions_use_the_datasets_own_patterns_for_facts_without_a_dialog
     assert augment.fact_questions(Dataset(ds.facts, [])) == []  # no dialogues: no patterns
 
 
-def test_a_pattern_needs_a_shared_proper_name_and_an_answer_that_is_a_fact():
-    ds = Dataset(["Oslo is cold.", "Rome is warm.", "the sea is salty."],
-                 [Dialogue([("Is Oslo cold?", "Oslo is cold.")]), Dialogue([("hi", "hello")]),
-                  Dialogue([("What is salty?", "the sea is salty.")])])
-    pats = augment.patterns(ds)
-    assert [(p.question, p.dialogue) for p in pats] == [(f"Is {augment.SLOT} cold?", 0)]
-    assert augment.fact_questions(ds) == [(1, "Is Rome cold?", "Rome is warm.")]
+def test_fact_questions_by_analogy_put_the_facts_own_item_and_value_into_answers_worded_unlike_it():
+    """A dialogue is linked to the fact it asks about even when its answer is worded unlike the fact;
+    a fact of the same kind gets that question and answer with its own item and value put in."""
+    ds = Dataset(["The Alto kettle costs $40.", "The Bexa kettle costs $25.", "The Alto kettle is made by Halvard.",
+                  "The Bexa kettle is made by Mintel.", "The Cora lamp costs $12.", "The Cora lamp is made by Trask."],
+                 [Dialogue([("How much is the Alto kettle?", "It costs $40.")]), Dialogue([("hi", "hello")]),
+                  Dialogue([("Who makes the Bexa kettle?", "Mintel makes it.")])])
+    assert [(p.fact, p.dialogue) for p in augment.patterns(ds)] == [(0, 0), (3, 2)]  # "hi" asks about no fact
+    assert augment.fact_questions(ds) == [(1, "How much is the Bexa kettle?", "It costs $25."),
+                                          (2, "Who makes the Alto kettle?", "Halvard makes it."),
+                                          (4, "How much is the Cora lamp?", "It costs $12."),
+                                          (5, "Who makes the Cora lamp?", "Trask makes it.")]
+    # a possessive in the question follows the new name; a question that would not name the fact's item is none
+    people = Dataset(["Ada Stroud's favourite colour is red.", "Bram Vance's favourite colour is teal.",
+                      "Cleo Moreau's favourite colour is red."],
+                     [Dialogue([("Which colour does Ada Stroud like best?", "Red, like Ada Stroud's coat.")])])
+    assert augment.fact_questions(people) == [(1, "Which colour does Bram Vance like best?", "Teal, like Bram Vance's coat."),
+                                              (2, "Which colour does Cleo Moreau like best?", "Red, like Cleo Moreau's coat.")]
+
+
+def test_fact_questions_on_the_generated_datasets_ask_about_the_right_fact():
+    """On each of the five generated datasets (tests/make_datasets.py) nearly every fact without a dialogue
+    gets a question, and the question is one the generator itself would ask about that fact with the
+    fact's own value in the answer."""
+    from tests.make_datasets import NAMES, make_dataset, value_in
+
+    for name in NAMES:
+        g = make_dataset(name)
+        ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues])
+        qs = augment.fact_questions(ds, per_fact=1)
+        linked = {p.fact for p in augment.patterns(ds)}
+        assert len({i for i, _, _ in qs}) >= 0.8 * (len(g.facts) - len(linked)), name
+        wrong = [(g.facts[i], q, a) for i, q, a in qs if q not in g.truth[i][1] or not value_in(a, g.truth[i][0])]
+        assert len(wrong) <= 0.01 * len(qs), (name, wrong[:3])
 
 
 def test_conversations_join_different_dialogues_and_fit():
@@ -170,4 +197,5 @@ def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
     assert tc.tune.decay_steps == p.planned_steps[1] < tc.tune.steps  # tuning may go on until learned
     no_dialogues = make_plan(DatasetStats(1024, 26000, 0, 2000, 0, 34, []), 1e-5)
     assert no_dialogues.train_config.mix_share == 0 and no_dialogues.train_config.heldout == 0
-    assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 12 / 2000)  # 8 facts + 4 fact questions of 16
+    assert tc.pack_facts == 2  # a question row (26 tokens) is two fact rows (13 tokens) long
+    assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 20 / 2000)  # 8 rows of 2 facts + 4 fact questions of 16
