@@ -82,7 +82,9 @@ def evaluate(ck: Path, g, device: str | None) -> dict:
     res["asked_value"] = (sum(value_in(a, v) for a, (_, v) in zip(asked, g.asked)), len(g.asked))
     session = ChatSession(Generator(dev, loaded.config, model.params), tok)
     ten = g.asked[:: max(1, len(g.asked) // 10)][:10]
-    res["conversation"] = (sum(value_in(session.answer(q, SamplingSettings(max_tokens=32)), v) for q, v in ten), len(ten))
+    said = [session.answer(q, SamplingSettings(max_tokens=32)) for q, _ in ten]
+    res["conversation"] = (sum(value_in(a, v) for a, (_, v) in zip(said, ten)), len(ten))
+    res["conversation_wrong"] = [(q, v, a) for a, (q, v) in zip(said, ten) if not value_in(a, v)]
     return res
 
 
@@ -112,13 +114,22 @@ def run_one(name: str, args, tmp: Path) -> dict:
     if args.device:
         cmd += ["--device", args.device]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    wall = time.perf_counter() - t0
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
+    lines, plan_at = [], None
+    for line in proc.stdout:
+        lines.append(line)
+        if plan_at is None and line.startswith("plan:"):
+            plan_at = time.perf_counter()
+    proc.wait()
+    end = time.perf_counter()
+    wall = end - t0
+    out = "".join(lines)
     if proc.returncode:
-        raise SystemExit(f"{name}: train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    out = proc.stdout + proc.stderr
+        raise SystemExit(f"{name}: train failed:\n{out[-3000:]}")
     m = _ESTIMATE.search(out)
     res = {"name": name, "facts_n": len(g.facts), "dialogues_n": len(g.dialogues), "wall_s": round(wall, 1),
+           "after_plan_s": round(end - plan_at, 1) if plan_at else None,
            "estimate_s": _seconds(m.group(1)) if m else None,
            "verdict": next((ln.strip() for ln in out.splitlines() if "earned" in ln and ":" in ln), "")}
     res.update(evaluate(ck, g, args.device))
@@ -154,11 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             est = f"{r['estimate_s']:.0f} s" if r["estimate_s"] else "?"
             line = (f"{name:10s} facts {pct(r['facts'])}  answers {pct(r['answers'])}  held-out {pct(r['heldout'])}  "
                     f"asked(value) {pct(r['asked_value'])}  conversation {pct(r['conversation'])}  "
-                    f"wall {r['wall_s']:.0f} s (estimate {est})")
+                    f"wall {r['wall_s']:.0f} s, after the plan {r['after_plan_s']} s (estimate {est})")
             if "llama" in r:
                 line += f"  llama.cpp: held-out {pct(r['llama']['heldout'])}, asked {pct(r['llama']['asked_value'])}"
             print(line, flush=True)
             print(f"           {r['verdict']}", flush=True)
+            for q, v, a in r["conversation_wrong"]:
+                print(f"           wrong in the conversation: {q!r} -> {a!r} (want {v!r})", flush=True)
             for q, v, a in r["heldout_wrong"][:3]:
                 print(f"           wrong: {q!r} -> {a!r} (want {v!r})", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -117,7 +117,12 @@ def _resume_config(args, saved):
             st = replace(st, batch_size=args.batch_size)
         pre, tune = (st, tune) if stage == 0 else (pre, st)
     extra = {k: getattr(args, k) for k in ("replay_share", "grad_clip", "weight_decay") if getattr(args, k) is not None}
-    return replace(saved, pretrain=pre, tune=tune, **extra)
+    tc = replace(saved, pretrain=pre, tune=tune, **extra)
+    if getattr(args, "learn_heldout", False):
+        from core.plan import with_heldout_trained
+
+        tc = with_heldout_trained(tc) if args.tune_steps is None else replace(tc, heldout=0)
+    return tc
 
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -254,7 +259,7 @@ def _train(args, out: Path) -> int:
 
     from core import chat_format
     from core.checkpoint import load_checkpoint, resume_trainer
-    from core.config import ConfigError, ModelConfig
+    from core.config import ConfigError, ModelConfig, replace
     from core.dataset import default_dataset
     from core.device import open_device
     from core.trainer import (
@@ -295,6 +300,8 @@ def _train(args, out: Path) -> int:
                            args.vocab_size or ModelConfig.vocab_size)
         try:
             mc, tc = _configs(args, (plan.model_config, plan.train_config))
+            if args.learn_heldout:
+                tc = replace(tc, heldout=0)
         except ConfigError as e:
             return _fail(f"invalid setting {e}")
         print(f"plan: {plan.summary()}")
@@ -618,6 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grad-accum", type=int, help="split each batch into N micro-batches (less memory, same step)")
     s.add_argument("--freeze-embeddings", action="store_true", help="do not train the token embeddings "
                    "(saves three copies of them: for large vocabularies on small devices)")
+    s.add_argument("--learn-heldout", action="store_true", help="also train the questions the Auto plan keeps out "
+                   "to measure answers about facts without a dialogue (with --resume: tuning goes on to learn them)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_train)
 

@@ -273,6 +273,17 @@ def data_mix(tc: TrainConfig, stats: DatasetStats) -> TrainConfig:
                    heldout=min(HELDOUT, stats.fact_sequences // 20) if many else 0, pack_facts=pack)
 
 
+def with_heldout_trained(tc: TrainConfig) -> TrainConfig:
+    """``tc`` of a run whose held-out fact questions are to be trained too (``train --resume DIR
+    --learn-heldout``, the Training tab's "Learn held-out questions"): ``heldout`` 0, and tuning a third of
+    its planned steps longer (at least 50) so that a finished run goes on to learn them. Unchanged when
+    nothing was held out."""
+    if not tc.heldout:
+        return tc
+    tune = tc.tune
+    return replace(tc, heldout=0, tune=replace(tune, steps=tune.steps + max(50, (tune.decay_steps or tune.steps) // 3)))
+
+
 def step_rows(tc: TrainConfig, stats: DatasetStats) -> tuple[float, float]:
     """Rows per step of the stage's own data: facts per pretraining step (as text, or as the answer of a
     fact question), dataset dialogues per tuning step (conversation batches counted as none), under
@@ -449,5 +460,5 @@ def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = No
                    report.chat_recalled, report.heldout_recalled)
 
 
-__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of",
+__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",
            "measure_speed", "cached_speed", "store_speed", "speed_key", "format_duration", "padded_length"]

@@ -76,6 +76,10 @@ TRAIN_FIELDS = [
      "several dialogues in one conversation (0: none)"),
     ("heldout", "Held-out fact questions", int, "Fact questions kept out of training to measure answers "
      "about facts without a dialogue (0: none)"),
+    ("pack_facts", "Facts per pretraining row", int, "Facts one after another in each row of facts: a batch is "
+     "padded to its longest row, and a question is about as long as two facts"),
+    ("check_sample", "Items per recall check", int, "Checks during a stage look at this many items of each "
+     "kind (0: all); the end of a stage checks all"),
 ]
 
 
@@ -399,7 +403,8 @@ class HyperTab(QWidget):
         tc = TrainConfig(pretrain=stages["pretrain"], tune=stages["tune"],
                          vocab_size=v["vocab_size"] if self.base_path() is None else TrainConfig().vocab_size,
                          freeze_embeddings=self.freeze.isChecked(),
-                         **{k: (int(v[k]) if k in ("seed", "grad_accum", "fact_questions", "conversation_every", "heldout")
+                         **{k: (int(v[k]) if k in ("seed", "grad_accum", "fact_questions", "conversation_every", "heldout",
+                                          "pack_facts", "check_sample")
                             else v[k]) for k, *_ in TRAIN_FIELDS})
         return mc, tc
 

@@ -101,7 +101,12 @@ class TrainingTab(QWidget):
         self.resume_button = QPushButton("Resume")
         self.resume_button.setToolTip(RESUME_TIP)
         self.resume_button.clicked.connect(self.resume)
-        for b in (self.start_button, self.stop_button, self.resume_button):
+        self.heldout_button = QPushButton("Learn held-out questions")
+        self.heldout_button.setToolTip("The run kept some questions about facts without a dialogue out of training "
+                                       "to measure how well such questions are answered; train them too")
+        self.heldout_button.clicked.connect(self.learn_heldout)
+        self.heldout_button.hide()
+        for b in (self.start_button, self.stop_button, self.resume_button, self.heldout_button):
             row.addWidget(b)
         self.stage_label = QLabel("Not started")
         self.stage_label.setStyleSheet("font-weight: bold;")
@@ -259,6 +264,7 @@ class TrainingTab(QWidget):
         self.start_button.setEnabled(not running and blocker is None)
         self.stop_button.setEnabled(running and not self._stopping)
         self.resume_button.setEnabled(not running and blocker is None and self.can_resume())
+        self.heldout_button.setVisible(not running and blocker is None and self._heldout_offered())
         self.start_button.setToolTip(blocker or START_TIP)
         self.resume_button.setToolTip(blocker or RESUME_TIP)
         self.hint_label.setText(blocker or "")
@@ -388,6 +394,23 @@ class TrainingTab(QWidget):
             return False
         return self._launch(resume=True)
 
+    def learn_heldout(self) -> bool:
+        """Continue the project's finished run with the fact questions it held out trained too
+        (core.plan.with_heldout_trained); False (with a message) when there is none to learn."""
+        from core.plan import with_heldout_trained
+
+        folder = self.app_state.trained_model_path()
+        meta = checkpoint_meta(folder) if folder is not None else None
+        if self.is_running() or meta is None or not meta.train.heldout:
+            self._show_banner("This project's model kept no questions out of training.", False)
+            return False
+        return self._launch(resume=True, continue_with=(folder, with_heldout_trained(meta.train)))
+
+    def _heldout_offered(self) -> bool:
+        folder = self.app_state.trained_model_path()
+        meta = checkpoint_meta(folder) if folder is not None else None
+        return meta is not None and meta.done and bool(meta.train.heldout)
+
     def _plan_resume(self, folder, mc, tc):
         """The gui.resume.ResumePlan for ``folder``, or None (with a message) when it cannot resume."""
         from gui.project import checkpoint_problem
@@ -407,7 +430,7 @@ class TrainingTab(QWidget):
                 return None
         return plan
 
-    def _launch(self, resume: bool) -> bool:
+    def _launch(self, resume: bool, continue_with: tuple | None = None) -> bool:
         if self.is_running():
             return False
         self.banner.hide()
@@ -422,18 +445,23 @@ class TrainingTab(QWidget):
         mc, tc = configs
         checkpoint = self.app_state.checkpoint_dir()
         if resume:
-            run_dir = self.app_state.resume_dir()
+            run_dir = continue_with[0] if continue_with else self.app_state.resume_dir()
             if run_dir is None:
                 self._show_banner("There is no unfinished run to resume.", False)
                 return False
-            plan = self._plan_resume(run_dir, mc, tc)
-            if plan is None:
-                return False
-            kw = dict(train_config=plan.train_config)
-            for change in plan.applied:
-                self.append_log("INFO", f"resume uses the new setting {change}")
-            val_every = validation_interval(plan.train_config)
-            self.plots.set_clip_threshold(plan.train_config.grad_clip)
+            if continue_with:  # (folder, TrainConfig): a finished run continued with new settings
+                resumed_tc = continue_with[1]
+                self.append_log("INFO", "training the held-out questions too")
+            else:
+                plan = self._plan_resume(run_dir, mc, tc)
+                if plan is None:
+                    return False
+                resumed_tc = plan.train_config
+                for change in plan.applied:
+                    self.append_log("INFO", f"resume uses the new setting {change}")
+            kw = dict(train_config=resumed_tc)
+            val_every = validation_interval(resumed_tc)
+            self.plots.set_clip_threshold(resumed_tc.grad_clip)
             if self._run is None:  # its history was not kept: what follows is this run's
                 self._new_run()
         else:
