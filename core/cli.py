@@ -552,7 +552,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         from core.gguf_import import read_vocab
         from core.gguf_tokenizer import GGUFTokenizer
 
-        tok = GGUFTokenizer(read_vocab(model))
+        tok = GGUFTokenizer(read_vocab(model), str(model))
         ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
     else:
         from core.checkpoint import load_model
