@@ -448,7 +448,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
-    from core.recall import count, recall_check
+    from core.recall import count, recall_check, sampled
 
     loaded = load_model(args.model)
     dataset, problems = load_dataset(args.data)
@@ -458,9 +458,10 @@ def cmd_recall(args: argparse.Namespace) -> int:
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
     kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
-    items = []
-    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds):
+    items, sizes = [], {}
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes):
         pass
+    of_all = sampled(sizes, items)
     if args.show_wrong:
         for r in items:
             if not r.ok:
@@ -468,7 +469,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     for k, noun in (("dialogue", "answers"), ("fact", "facts")):
         ok, n = count(items, k)
         if n:
-            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %)")
+            some = f" (a sample: {n:,} of {of_all[k][1]:,} checked)" if k in of_all else ""
+            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}")
     return 0
 
 

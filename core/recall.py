@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core import chat_format
+from core.dataset import trainable_turns
 
 if TYPE_CHECKING:
     from core.dataset import Dataset
@@ -129,8 +130,8 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         for i, dlg in enumerate(dataset.dialogues):
             # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
             # prompts (every later one is longer and would be left out below)
-            for (user, answer), ids in zip(dlg.turns, chat_format.turn_prompt_ids(tok, dlg.turns, dlg.system,
-                                                                                  context_length)):
+            turns = trainable_turns(dlg)  # as trained: turns without a question or answer are not
+            for (user, answer), ids in zip(turns, chat_format.turn_prompt_ids(tok, turns, dlg.system, context_length)):
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
         for i in range(0, len(dataset.dialogues), chat_every(len(dataset.dialogues))):
