@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -569,6 +570,37 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- main
+def finite_float(text: str) -> float:
+    """argparse type of every float flag: a finite number (argparse names the flag in its error).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or NaN / infinite (``--repetition-penalty nan`` was
+            accepted and answered nothing).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of ``--seed`` and ``--top-k``: an integer 0 or more.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or negative.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from core.finetune import DEFAULTS as FT
 
@@ -593,12 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", choices=["Auto", "Tiny", "Small", "Larger"], help="model and training preset (default: "
                    "Auto: a model size and passes planned from the dataset and this device's measured speed, "
                    "trained until every answer and fact is learned)")
-    s.add_argument("--time-budget", type=float, metavar="MIN", help="stop training after this many minutes "
+    s.add_argument("--time-budget", type=finite_float, metavar="MIN", help="stop training after this many minutes "
                    "(recall checks included); Auto plans the steps to fit")
     for name, typ in (("d-model", int), ("n-layers", int), ("n-heads", int), ("n-kv-heads", int), ("ffn-dim", int),
-                      ("context-length", int), ("rope-theta", float), ("pretrain-steps", int), ("tune-steps", int),
-                      ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),
-                      ("replay-share", float), ("grad-clip", float), ("weight-decay", float), ("vocab-size", int)):
+                      ("context-length", int), ("rope-theta", finite_float), ("pretrain-steps", int),
+                      ("tune-steps", int), ("pretrain-lr", finite_float), ("tune-lr", finite_float),
+                      ("batch-size", int), ("seed", non_negative_int), ("replay-share", finite_float),
+                      ("grad-clip", finite_float), ("weight-decay", finite_float), ("vocab-size", int)):
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
     s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
                    "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
@@ -618,15 +651,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", help="one message to answer")
     s.add_argument("--system", help="system message")
     s.add_argument("--device", help="device index or name")
-    s.add_argument("--temperature", type=float, default=0.0, help="randomness; 0 = always the most likely token "
+    s.add_argument("--temperature", type=finite_float, default=0.0, help="randomness; 0 = always the most likely token "
                    "(greedy, the default)")
-    s.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0 = all)")
-    s.add_argument("--top-p", type=float, default=1.0, help="sample only from the most likely tokens whose "
+    s.add_argument("--top-k", type=non_negative_int, default=0, help="sample only from the k most likely tokens (0 = all)")
+    s.add_argument("--top-p", type=finite_float, default=1.0, help="sample only from the most likely tokens whose "
                    "probabilities add up to p (1 = all)")
-    s.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 makes tokens already in the "
+    s.add_argument("--repetition-penalty", type=finite_float, default=1.0, help="> 1 makes tokens already in the "
                    "conversation less likely (1 = off)")
     s.add_argument("--max-tokens", type=int, default=64, help="longest answer in tokens (default 64)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
+    s.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",
