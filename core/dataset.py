@@ -516,6 +516,8 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
                 ds.facts.append(line)
             continue
         role, content = m.group(1).lower(), m.group(2).strip()
+        if not has_text(content):  # "Assistant: " followed by NUL bytes is an empty answer
+            content = ""
         if role == "system":
             end_dialogue()
             system, system_line = content or None, n

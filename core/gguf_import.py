@@ -185,13 +185,13 @@ def _alignment(path: Path, values: dict[str, Any], types: dict[str, int]) -> int
         return DEFAULT_ALIGNMENT
     v = values[key]
     if types[key] not in _INT_TYPES:
-        raise GGUFError(f"{path}: {key} must be an integer (it is a {_TYPE_NAMES.get(types[key], 'value')})")
+        raise GGUFError(f"{path}: {key} must be an integer (it is {_TYPE_NAMES.get(types[key], 'another type')})")
     if v <= 0 or v & (v - 1):
         raise GGUFError(f"{path}: {key} = {v} is not a positive power of 2")
     return int(v)
 
 
-_TYPE_NAMES = {6: "float", 7: "bool", 8: "string", 9: "array", 12: "float"}
+_TYPE_NAMES = {6: "a float", 7: "a bool", 8: "a string", 9: "an array", 12: "a float"}
 
 
 def read_fields(path: str | os.PathLike) -> dict[str, Any]:
