@@ -158,13 +158,15 @@ def _environment():
     env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["range"] = _bounded_range
     for name in _SIZED_FILTERS:
-        env.filters[name] = _sized_filter(env.filters[name])
+        env.filters[name] = _sized_filter(env.filters[name], check_args=name != "format")
     return env
 
 
-def _sized_filter(f):
+def _sized_filter(f, check_args: bool = True):
+    """``f`` refusing integer arguments over :data:`MAX_TEXT_CHARS` (a width: ``center(10**9)``) and results
+    longer than that (``format``'s arguments are values, not sizes: only its result is checked)."""
     def bounded(*args, **kwargs):
-        if _big_ints([*args[1:], *kwargs.values()]):
+        if check_args and _big_ints([*args[1:], *kwargs.values()]):
             raise _OverBudget(f"a filter asked for a size over {MAX_TEXT_CHARS:,}")
         return _check_size(f(*args, **kwargs))
 
@@ -251,7 +253,8 @@ def render(template: str, messages: Sequence[dict], add_generation_prompt: bool 
         raise TemplateError(f"{where}: rendering stopped: it recurses too deeply (a macro calling itself?)") from None
     except MemoryError:
         raise TemplateError(f"{where}: rendering stopped: out of memory") from None
-    except JinjaError as e:
+    except (JinjaError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
+        # ValueError / TypeError ...: the template's own Python errors (1 / 0, 'a' + 1), not a traceback
         raise TemplateError(f"{where}: cannot be rendered: {_one_line(e)}") from None
     finally:
         _budget.steps, _budget.deadline = outer
@@ -303,7 +306,7 @@ def encode_messages(tokenizer: TemplateTokenizer, messages: Sequence[dict], add_
     template = template or tokenizer.chat_template
     source = getattr(tokenizer, "source", "") or "the model"
     if not template:
-        raise TemplateError(f"{source}: has no {TEMPLATE_KEY}")
+        raise TemplateError(f"{source} has no {TEMPLATE_KEY}")
     token_text = lambda i: "" if i is None else tokenizer.token_bytes(i).decode("utf-8", "replace")  # noqa: E731
     bos_text, eos_text = token_text(tokenizer.bos_id), token_text(tokenizer.eos_id)
     marked = [{**m, "content": _MARK.format(k)} for k, m in enumerate(messages)]

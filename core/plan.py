@@ -19,6 +19,7 @@ The rules are rules of thumb measured on this project's data (not a law):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from core.device import Device
     from core.estimates import DatasetStats
     from core.trainer import StageReport
+
+log = logging.getLogger(__name__)
 
 AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
@@ -314,7 +317,10 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
         if i:
             times.append(time.perf_counter() - t0)
     v = float(np.median(times)) / (batch_size * seq)  # the median: a shared machine has slow moments too
-    store_speed(key, v)
+    try:
+        store_speed(key, v)
+    except OSError as e:  # a full disk: the cache is a convenience, the run goes on (it measures again next time)
+        log.warning("could not save the measured speed to %s: %s", _speed_file(), e.strerror or e)
     return v
 
 

@@ -67,6 +67,10 @@ def _same_as_plain_jinja(template: str) -> Callable[[Path], None]:
     return run
 
 
+def _check_equal(got, want) -> None:
+    assert got == want, (got, want)
+
+
 class _CharTokenizer:
     """What core.chat_template.encode_messages needs: one id per character, a source file."""
 
@@ -116,6 +120,11 @@ TEMPLATE_CASES = [
     Case("template: output over 8,000,000 characters",
          _render("{% for i in range(9000) %}{{ 'y' * 1000 }}{% endfor %}"),
          TemplateError, ("tokenizer.chat_template", "output exceeds")),
+    Case("template: a Python error inside (1 / 0)", _render("{{ 1 / 0 }}"), TemplateError,
+         ("model.gguf", "tokenizer.chat_template", "cannot be rendered", "division by zero")),
+    Case("template: 'a' + 1", _render("{{ 'a' + 1 }}"), TemplateError, ("tokenizer.chat_template", "cannot be rendered")),
+    Case("template works: '%d'|format(2000000) (a big value, not a size)", lambda _tmp: _check_equal(
+        render("{{ '%d'|format(2000000) }}", []), "2000000")),
     Case("template: invalid Jinja2", _render("{% for %}"), TemplateError, ("model.gguf", "not valid Jinja2")),
     Case("template: raise_exception", _render("{{ raise_exception('Only user and assistant roles') }}"),
          TemplateError, ("model.gguf", "refused the messages", "Only user and assistant roles")),
@@ -425,6 +434,18 @@ def _lock_disk_full(tmp: Path, monkeypatch) -> None:
         assert [p.name for p in tmp.iterdir()] == []  # no .m.lock.*.tmp left
 
 
+def _speed_cache_disk_full(tmp: Path, monkeypatch) -> None:
+    import core.plan
+    from core.device import open_device
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(core.plan, "store_speed", full)
+    mc = ModelConfig(vocab_size=300, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, context_length=16)
+    assert core.plan.measure_speed(open_device(), mc, 2, 8, steps=1, use_cache=False) > 0  # a cache, not the run
+
+
 def _q8_out_of_range(tmp: Path) -> None:
     from core.gguf_io import export_gguf
 
@@ -494,6 +515,7 @@ OTHER_CASES = [
     Case("folder lock: disk full", _lock_disk_full, OSError, ("cannot write the lock file", ".m.lock",
                                                               "No space left on device")),
     Case("gguf export: q8_0 of weights beyond its range", _q8_out_of_range),
+    Case("plan: a full disk under the speed cache does not end the run", _speed_cache_disk_full),
     Case("cli: --repetition-penalty nan", _cli_error("chat", "--repetition-penalty", "nan"), _ArgError,
          ("argument --repetition-penalty", "'nan' is not a finite number")),
     Case("cli: --seed -1", _cli_error("chat", "--seed", "-1"), _ArgError, ("argument --seed", "-1 is negative")),
