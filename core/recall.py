@@ -163,8 +163,15 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
 
 
 def sampled(sizes: dict[str, int], items: list[RecallItem]) -> dict[str, tuple[int, int]]:
-    """``{kind: (checked, prompts in all)}`` of the kinds a check asked only a sample of (see ``sizes=`` of
-    :func:`recall_prompts`); empty when every prompt was checked."""
+    """The kinds a check asked only a sample of.
+
+    Args:
+        sizes: ``{kind: prompts before sampling}``, as ``sizes=`` of :func:`recall_prompts` filled it.
+        items: the check's table.
+
+    Returns:
+        ``{kind: (checked, prompts in all)}``; empty when every prompt was checked.
+    """
     out = {}
     for k, n in sizes.items():
         checked = count(items, k)[1]
