@@ -27,14 +27,15 @@ _MARK_RE = re.compile("\ue000(\\d+)\ue001")
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 # Bounds of one rendering (issue 19: nested range() loops hung, 'x'*300000000 aborted the tokenizer, a
-# recursive macro raised RecursionError). Real templates stay far below: SmolLM2's renders a 1,000-turn
-# dialogue in about 4,000 steps and 40,000 characters.
+# recursive macro raised RecursionError). Real templates stay far below (see tests/test_break_it_bounds.py:
+# SmolLM2's ChatML renders a 10,000-turn dialogue).
 MAX_RANGE = 10_000            # items of one range() (jinja2.sandbox allows 100,000)
 MAX_TEXT_CHARS = 1_000_000    # characters (or items) of one string or list a template builds
 MAX_OUTPUT_CHARS = 8_000_000  # characters of the whole rendered text
 MAX_STEPS = 2_000_000         # loop items + calls of one rendering
 MAX_SECONDS = 10.0            # wall time of one rendering
-# Filters whose integer arguments say how much text they make.
+MAX_INT_BITS = 100_000        # size of a number a template computes (2 ** 100000000 took minutes)
+# Filters whose integer arguments say how much text they make (format: only its result is checked).
 _SIZED_FILTERS = ("center", "indent", "wordwrap", "truncate", "batch", "slice", "format")
 
 
@@ -70,13 +71,12 @@ def _check_size(value: Any) -> Any:
     return value
 
 
-def _sized(value: Any) -> int:
-    """Characters (items) of a string or list, 1 for anything else."""
-    return len(value) if isinstance(value, (str, list, tuple, bytes)) else 1
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _big_ints(args: Sequence[Any]) -> bool:
-    return any(isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_TEXT_CHARS for a in args)
+    return any(_is_int(a) and abs(a) > MAX_TEXT_CHARS for a in args)
 
 
 def _bounded_range(*args: int) -> range:
@@ -130,7 +130,8 @@ def _environment():
             return super().visit_Template(node, frame)
 
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
-        """Counts calls and loop items, refuses strings/lists over :data:`MAX_TEXT_CHARS` from ``* + % **``."""
+        """Counts calls and loop items; refuses strings/lists over :data:`MAX_TEXT_CHARS` and numbers over
+        :data:`MAX_INT_BITS` from ``* + % ** //``."""
 
         code_generator_class = BoundedCodeGenerator
         intercepted_binops = frozenset(["*", "+", "%", "**", "//"])
@@ -145,9 +146,13 @@ def _environment():
             elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
                 if len(left) + len(right) > MAX_TEXT_CHARS:
                     raise _OverBudget(f"it built a text or list of more than {MAX_TEXT_CHARS:,} items")
-            elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
-                raise _OverBudget(f"a power with exponent {right} (at most 1024)")
-            return _check_size(super().call_binop(context, operator, left, right))
+            elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1 \
+                    and abs(left).bit_length() * right > MAX_INT_BITS:
+                raise _OverBudget(f"a power with more than {MAX_INT_BITS:,} bits (exponent {right})")
+            result = super().call_binop(context, operator, left, right)
+            if _is_int(result) and result.bit_length() > MAX_INT_BITS:  # e.g. a number squared in a loop
+                raise _OverBudget(f"a number of more than {MAX_INT_BITS:,} bits")
+            return _check_size(result)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
             _step()

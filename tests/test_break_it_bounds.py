@@ -117,6 +117,11 @@ TEMPLATE_CASES = [
          TemplateError, ("tokenizer.chat_template", "string method")),
     Case("template: 2 ** 100000000", _render("{{ 2 ** 100000000 }}"),
          TemplateError, ("tokenizer.chat_template", "exponent")),
+    Case("template: a number squared 40 times",
+         _render("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"),
+         TemplateError, ("tokenizer.chat_template", "bits")),
+    Case("template works: 2 ** 64, 7 // 2, '%s!' % 'a'", lambda _tmp: _check_equal(
+        render("{{ 2 ** 64 }} {{ 7 // 2 }} {{ '%s!' % 'a' }}", []), "18446744073709551616 3 a!")),
     Case("template: output over 8,000,000 characters",
          _render("{% for i in range(9000) %}{{ 'y' * 1000 }}{% endfor %}"),
          TemplateError, ("tokenizer.chat_template", "output exceeds")),
