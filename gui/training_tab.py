@@ -59,6 +59,10 @@ def _saved_position(meta) -> tuple[int, int, list[int]] | None:
     return meta.stage_index, meta.stage_step, [meta.train.pretrain.steps, meta.train.tune.steps]
 
 
+SAMPLED_NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
+                "heldout": "held-out questions"}
+
+
 def folder_write_problem(folder: Path) -> str | None:
     """Why a training run could not save into ``folder`` (None when it can): a temporary file is created
     and removed in it (or in the nearest folder that exists, where the run would create it), as the
@@ -598,8 +602,9 @@ class TrainingTab(QWidget):
             self._add_recall_row([d.stage, r.kind, r.prompt, r.expected, r.got, bool(r.ok)])
         f_ok, f_n = d.facts_recalled
         g_ok, g_n = d.dialogues_recalled
+        some = "".join(f" Checked a sample of the {SAMPLED_NOUN.get(k, k)}: {c:,} of {n:,}." for k, c, n in d.sampled)
         self._add_recall_summary(f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
-                                 f"reproduced exactly.")
+                                 f"reproduced exactly.{some}")
         self.app_state.mark_history_changed()
 
     def _add_recall_row(self, row: list) -> None:

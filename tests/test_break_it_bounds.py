@@ -574,3 +574,13 @@ def test_the_training_tab_refuses_a_read_only_project(main_window, dialogs, monk
     assert not t.is_running()
     assert dialogs.warned and "Read-only file system" in dialogs.warned[0][1]
     assert "Read-only file system" in t.banner_text.text()
+
+
+def test_the_training_tab_says_when_the_table_is_a_sample(main_window):
+    from core.recall import RecallItem
+    from gui.events import StageDone
+
+    item = RecallItem("fact", 0, "Town 0", " lies here.", " lies here.", True)
+    main_window.training_tab._on_stage_done(StageDone("pretrain", 10, False, (item,), (1, 1), (0, 0),
+                                                      sampled=(("fact", 5_000, 100_000),)))
+    assert "Checked a sample of the facts: 5,000 of 100,000." in main_window.training_tab.recall_label.text()
