@@ -415,9 +415,18 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
 
 
 def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None) -> Verdict:
-    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table)."""
-    return verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
-                   report.chat_recalled, report.heldout_recalled)
+    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table); a table of a
+    huge dataset that was only sampled (``report.recall_sampled``) says so."""
+    v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
+                report.chat_recalled, report.heldout_recalled)
+    sampled = getattr(report, "recall_sampled", None) or {}
+    if sampled:
+        note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())
+        v = replace(v, text=f"{v.text} (checked a sample: {note})")
+    return v
+
+
+_SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions"}
 
 
 __all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of",

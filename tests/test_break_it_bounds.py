@@ -284,6 +284,16 @@ def _sampled_full_check(_tmp) -> None:
         RecallItem("fact", p.index, p.prompt, p.expected, "", False) for p in small])
 
 
+def _sampled_verdict(_tmp) -> None:
+    from core.plan import verdict_of
+    from core.recall import RecallItem
+    from core.trainer import StageReport
+
+    items = [RecallItem("fact", i, "Town", " here.", " here.", True) for i in range(5)]
+    text = verdict_of(StageReport("pretrain", 3, False, items, recall_sampled={"fact": (5, 100_000)})).text
+    assert text == "Learned: 5 of 5 facts — try the model on the Chat tab (checked a sample: 5 of 100,000 facts)"
+
+
 def _long_line(tmp: Path) -> None:
     path = tmp / "long.txt"
     path.write_text("word " * 1_000_000 + "\nA short fact.\n" + "w " * 45_000 + "\n", encoding="utf-8")
@@ -347,6 +357,7 @@ DATA_CASES = [
     Case("recall: a 10,000-turn dialogue", _prompts_of_10000_turns),
     Case("recall works: each turn's prompt equals prompt_ids", _turn_prompts_equal),
     Case("recall: 12,000 facts, the full check is a sample that says n of N", _sampled_full_check),
+    Case("recall: the verdict of a sampled table says it was a sample", _sampled_verdict),
     Case("dataset: a 5 MB line", _long_line),
     Case("dataset: a line of NUL bytes and a NUL answer", _nul_line),
     Case("dataset: a JSONL fact of NUL characters", _nul_jsonl),
