@@ -17,7 +17,7 @@ import numpy as np
 
 from core import augment, chat_format
 from core.config import StageConfig, TrainConfig
-from core.dataset import Dataset, Dialogue
+from core.dataset import Dataset, Dialogue, has_text, trainable_turns
 
 if TYPE_CHECKING:
     from core.tokenizer import Tokenizer
@@ -38,7 +38,7 @@ def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list
     """BOS + fact + EOS per fact, every token learned; long facts are cut into context windows."""
     out = []
     for text in facts:
-        if not text.strip():  # nothing to learn (Dataset.validate reports it)
+        if not has_text(text):  # nothing to learn, e.g. NUL bytes (Dataset.validate reports it)
             continue
         ids = chat_format.encode_fact(tok, text)
         out += _windows(ids, [1] * len(ids), context_length)
@@ -46,9 +46,14 @@ def fact_examples(tok: Tokenizer, facts: list[str], context_length: int) -> list
 
 
 def dialogue_examples(tok: Tokenizer, dialogues: Iterable[Dialogue], context_length: int) -> list[Example]:
-    """One example per dialogue; only assistant answer tokens (and their EOS) are learned."""
+    """One example per dialogue (long ones cut into context windows); only assistant answer tokens (and
+    their EOS) are learned; turns without a question or an answer (:func:`core.dataset.trainable_turns`) are
+    left out, and a dialogue left without turns gives no example."""
     out = []
     for dlg in dialogues:
+        turns = trainable_turns(dlg)  # an empty question or answer is skipped (Dataset.validate reports it)
+        if len(turns) != len(dlg.turns):
+            dlg = Dialogue(turns, dlg.system)
         ids, mask = chat_format.encode_dialogue(tok, dlg)
         if not any(mask):  # no turns: nothing to learn (Dataset.validate reports it)
             continue
@@ -156,7 +161,8 @@ class Batches:
         tc = self.train_config
         if not tc.conversation_every or not self.dialogues:
             return []
-        singles = list(self.dataset.dialogues)
+        singles = [d if len(t) == len(d.turns) else Dialogue(t, d.system)  # turns without text left out
+                   for d in self.dataset.dialogues for t in [trainable_turns(d)]]
         if self.questions:
             held = set(self.heldout_pairs)
             asked = [Dialogue([(q, a)]) for _, q, a in self._asked if (q, a) not in held]

@@ -30,7 +30,7 @@ string with special tokens parsed (``tests/test_chat_format.py`` checks this).
 """
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Protocol, Sequence
+from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -196,6 +196,44 @@ def prompt_ids(tokenizer: TokenizerLike, history: Iterable[tuple[str, str]], use
     segs = render_segments(history, system, add_generation_prompt_for=user_message)
     ids, _ = _encode_segments(tokenizer, segs)
     return ids
+
+
+def turn_prompt_ids(tokenizer: TokenizerLike, turns: Sequence[tuple[str, str]], system: str | None = None,
+                    max_len: int | None = None) -> Iterator[list[int]]:
+    """The prompt ids of each turn of a dialogue (its earlier turns and its question), in linear time.
+
+    Prompt ``k`` equals ``prompt_ids(tokenizer, turns[:k], turns[k][0], system)``. In our format each turn
+    ends in the special ``<|eos|>``, where tokenizing splits anyway, so the ids of the dialogue so far are
+    kept and each turn is encoded once (a 1,000-turn dialogue took 91 s when every prompt re-encoded its
+    history). An imported model's own template may join turns differently, so each of its prompts is
+    rendered whole, but only until the prompts reach ``max_len``.
+
+    Args:
+        turns: ``(user, assistant)`` pairs; system: optional system message.
+        max_len: stop once a prompt has ``max_len`` ids or more (later ones only get longer: in our
+            format the dialogue's ids only grow; the last prompt yielded is the first that long).
+
+    Yields:
+        One id list per turn, in order (fewer than ``len(turns)`` when ``max_len`` stopped it).
+    """
+    limit = max_len if max_len is not None else float("inf")
+    if uses_file_template(tokenizer):
+        for k, (user, _answer) in enumerate(turns):
+            ids = prompt_ids(tokenizer, turns[:k], user, system=system)
+            yield ids
+            if len(ids) >= limit:
+                return
+        return
+    so_far = [tokenizer.bos_id]
+    head = f"{SYSTEM_PREFIX}{system}\n" if system else ""  # joined with the first question, as _encode_segments does
+    for user, answer in turns:
+        question = tokenizer.encode(f"{head}{USER_PREFIX}{user}\n{ASSISTANT_HEADER}", parse_special=False)
+        ids = so_far + question
+        yield ids
+        if len(ids) >= limit:
+            return
+        so_far = ids + tokenizer.encode(" " + answer, parse_special=False) + [tokenizer.eos_id]
+        head = ""
 
 
 def uses_file_template(tokenizer: TokenizerLike) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -467,7 +468,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
-    from core.recall import count, recall_check
+    from core.recall import count, recall_check, sampled
 
     loaded = load_model(args.model)
     dataset, problems = load_dataset(args.data)
@@ -477,9 +478,10 @@ def cmd_recall(args: argparse.Namespace) -> int:
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
     kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
-    items = []
-    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds):
+    items, sizes = [], {}
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes):
         pass
+    of_all = sampled(sizes, items)
     if args.show_wrong:
         for r in items:
             if not r.ok:
@@ -487,7 +489,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     for k, noun in (("dialogue", "answers"), ("fact", "facts")):
         ok, n = count(items, k)
         if n:
-            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %)")
+            some = f" (a sample: {n:,} of {of_all[k][1]:,} checked)" if k in of_all else ""
+            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}")
     return 0
 
 
@@ -571,7 +574,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         from core.gguf_import import read_vocab
         from core.gguf_tokenizer import GGUFTokenizer
 
-        tok = GGUFTokenizer(read_vocab(model))
+        tok = GGUFTokenizer(read_vocab(model), str(model))
         ids = tok.encode(text, parse_special=not args.no_parse_special, add_special=not args.no_bos)
     else:
         from core.checkpoint import load_model
@@ -586,6 +589,37 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- main
+def finite_float(text: str) -> float:
+    """argparse type of every float flag: a finite number (argparse names the flag in its error).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or NaN / infinite (``--repetition-penalty nan`` was
+            accepted and answered nothing).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of ``--seed`` and ``--top-k``: an integer 0 or more.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or negative.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from core.finetune import DEFAULTS as FT
 
@@ -610,12 +644,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", choices=["Auto", "Tiny", "Small", "Larger"], help="model and training preset (default: "
                    "Auto: a model size and passes planned from the dataset and this device's measured speed, "
                    "trained until every answer and fact is learned)")
-    s.add_argument("--time-budget", type=float, metavar="MIN", help="stop training after this many minutes "
+    s.add_argument("--time-budget", type=finite_float, metavar="MIN", help="stop training after this many minutes "
                    "(recall checks included); Auto plans the steps to fit")
     for name, typ in (("d-model", int), ("n-layers", int), ("n-heads", int), ("n-kv-heads", int), ("ffn-dim", int),
-                      ("context-length", int), ("rope-theta", float), ("pretrain-steps", int), ("tune-steps", int),
-                      ("pretrain-lr", float), ("tune-lr", float), ("batch-size", int), ("seed", int),
-                      ("replay-share", float), ("grad-clip", float), ("weight-decay", float), ("vocab-size", int)):
+                      ("context-length", int), ("rope-theta", finite_float), ("pretrain-steps", int),
+                      ("tune-steps", int), ("pretrain-lr", finite_float), ("tune-lr", finite_float),
+                      ("batch-size", int), ("seed", non_negative_int), ("replay-share", finite_float),
+                      ("grad-clip", finite_float), ("weight-decay", finite_float), ("vocab-size", int)):
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
     s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
                    "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
@@ -637,15 +672,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", help="one message to answer")
     s.add_argument("--system", help="system message")
     s.add_argument("--device", help="device index or name")
-    s.add_argument("--temperature", type=float, default=0.0, help="randomness; 0 = always the most likely token "
+    s.add_argument("--temperature", type=finite_float, default=0.0, help="randomness; 0 = always the most likely token "
                    "(greedy, the default)")
-    s.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0 = all)")
-    s.add_argument("--top-p", type=float, default=1.0, help="sample only from the most likely tokens whose "
+    s.add_argument("--top-k", type=non_negative_int, default=0, help="sample only from the k most likely tokens (0 = all)")
+    s.add_argument("--top-p", type=finite_float, default=1.0, help="sample only from the most likely tokens whose "
                    "probabilities add up to p (1 = all)")
-    s.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 makes tokens already in the "
+    s.add_argument("--repetition-penalty", type=finite_float, default=1.0, help="> 1 makes tokens already in the "
                    "conversation less likely (1 = off)")
     s.add_argument("--max-tokens", type=int, default=64, help="longest answer in tokens (default 64)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same answer)")
+    s.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from os import PathLike
@@ -46,6 +47,23 @@ FORMAT_NAME = "opencl-llm-studio-dataset"
 FORMAT_VERSION = 1
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200d\u2060\ufeff]")
+
+MAX_ENTRY_CHARS = 100_000
+"""Longest fact, question or answer read (about 25,000 tokens, 100 context windows of 256): a 5 MB line
+peaked at 917 MB while its 1.7 million tokens were counted; a longer one is skipped with its line named."""
+
+
+def has_text(text: str) -> bool:
+    """True when ``text`` has a visible character: not only whitespace, NUL bytes and other control or
+    zero-width characters (a line of NUL bytes is no fact)."""
+    return _VISIBLE.search(text) is not None
+
+
+def trainable_turns(dialogue: "Dialogue") -> list[tuple[str, str]]:
+    """The turns of ``dialogue`` that training learns: both question and answer have text
+    (:func:`has_text`). :meth:`Dataset.validate` reports the others; training skips them."""
+    return [(u, a) for u, a in dialogue.turns if has_text(u) and has_text(a)]
 _ROLE_LINE = re.compile(r"^(user|assistant|system)\s*:\s?(.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -119,10 +137,16 @@ class Dataset:
                  max_tokens: int | None = None) -> list[EntryProblem]:
         """Problems that would spoil training, one per entry (or turn) at fault.
 
-        Checks: empty fact, empty question or answer, a dialogue without turns, text containing the
-        special token strings (``<|bos|>`` ...), and — when both ``tokenizer`` and ``max_tokens`` are
-        given — a fact or dialogue longer than ``max_tokens`` tokens (BOS/EOS included), which the
-        trainer would have to cut.
+        Checks: empty fact, empty question or answer (empty: no visible text, :func:`has_text`; training
+        skips these entries and turns), a dialogue without turns, text containing the special token
+        strings (``<|bos|>`` ...), and — when both ``tokenizer`` and ``max_tokens`` are given — a fact or
+        dialogue longer than ``max_tokens`` tokens (BOS/EOS included), which the trainer would have to cut.
+
+        Args:
+            tokenizer: counts the tokens (with ``max_tokens``); max_tokens: the longest entry trained whole.
+
+        Returns:
+            One :class:`EntryProblem` per entry or turn at fault, in dataset order.
         """
         out: list[EntryProblem] = []
         check_len = tokenizer is not None and max_tokens is not None
@@ -134,8 +158,9 @@ class Dataset:
             return f"too long: {n} tokens, the limit is {max_tokens}"
 
         for i, fact in enumerate(self.facts):
-            if not fact.strip():
-                out.append(EntryProblem("fact", i, None, "empty fact"))
+            if not has_text(fact):
+                out.append(EntryProblem("fact", i, None, "empty fact" if not fact.strip() else
+                                        "no visible text (only control characters such as NUL bytes)"))
                 continue
             if found := specials(fact):
                 out.append(EntryProblem("fact", i, None, f"contains the reserved text {found[0]}"))
@@ -149,13 +174,14 @@ class Dataset:
                 out.append(EntryProblem("dialogue", i, None,
                                         f"system message contains the reserved text {found[0]}"))
             for t, (user, answer) in enumerate(d.turns):
-                if not user.strip():
+                if not has_text(user):
                     out.append(EntryProblem("dialogue", i, t, "empty question"))
-                if not answer.strip():
+                if not has_text(answer):
                     out.append(EntryProblem("dialogue", i, t, "empty answer"))
                 if found := specials(user) + specials(answer):
                     out.append(EntryProblem("dialogue", i, t, f"contains the reserved text {found[0]}"))
-            if check_len and (n := len(encode_dialogue(tokenizer, d)[0])) > max_tokens:
+            if check_len and (turns := trainable_turns(d)) and \
+                    (n := len(encode_dialogue(tokenizer, Dialogue(turns, d.system))[0])) > max_tokens:
                 out.append(EntryProblem("dialogue", i, None, too_long(n)))
         return out
 
@@ -234,8 +260,11 @@ def _read_text(path: Path) -> str:
     if path.exists() and not path.is_dir() and not path.is_file():  # a device, a pipe: never read endlessly
         raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_DATASET_BYTES + 1)
+        with open(path, "rb") as fh:  # read(n) allocates n bytes first: ask for the file's size, not 1 GiB
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(min(size, MAX_DATASET_BYTES) + 1)
+            if len(data) > size:  # grew meanwhile, or a /proc-like file that says 0
+                data += fh.read(MAX_DATASET_BYTES + 1 - len(data))
     except IsADirectoryError:
         raise DatasetError(f"{path}: is a folder; give a dataset file (.json, .jsonl or .txt)") from None
     if len(data) > MAX_DATASET_BYTES:
@@ -331,7 +360,9 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
         bad("\"facts\" must be a list")
         facts = []
     for i, f in enumerate(facts):
-        if isinstance(f, str):
+        if isinstance(f, str) and len(f) > MAX_ENTRY_CHARS:
+            bad(f"facts[{i}]: {_too_long(len(f))}")
+        elif isinstance(f, str):
             ds.facts.append(f)
         else:
             bad(f"facts[{i}]: not text, skipped")
@@ -354,6 +385,10 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             pairs.append((t["user"], t["assistant"]))
         if pairs is None:
             bad(f"dialogues[{i}]: each turn needs text \"user\" and \"assistant\", skipped")
+            continue
+        longest = max(len(x) for x in [system or "", *(x for p in pairs for x in p)])
+        if longest > MAX_ENTRY_CHARS:
+            bad(f"dialogues[{i}]: a message of {_too_long(longest)}")
             continue
         ds.dialogues.append(Dialogue(pairs, system))
     return ds, problems
@@ -380,8 +415,13 @@ def _parse_records(records: list, path: str, line_of) -> tuple[Dataset, list[Pro
     for i, rec in enumerate(records):
         err = None
         if isinstance(rec, dict) and isinstance(rec.get("text"), str) and "messages" not in rec:
-            if rec["text"].strip():
-                ds.facts.append(rec["text"].strip())
+            text = rec["text"].strip()
+            if len(text) > MAX_ENTRY_CHARS:
+                problems.append(Problem(path, line_of(i), _too_long(len(text))))
+            elif has_text(text):
+                ds.facts.append(text)
+            elif text:
+                problems.append(Problem(path, line_of(i), "no visible text (only control characters), skipped"))
             continue
         if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
             err = "expected {\"messages\": [...]} or {\"text\": ...}"
@@ -405,6 +445,10 @@ def _messages_to_dialogue(messages: list) -> tuple[Dialogue | None, str | None]:
         if not isinstance(content, str):
             return None, f"message {k + 1} has no text content"
         content = content.strip()
+        if len(content) > MAX_ENTRY_CHARS:
+            return None, f"message {k + 1}: {_too_long(len(content)).removesuffix(', skipped (split it into shorter facts)')}"
+        if not has_text(content):
+            content = ""
         if role == "system":
             if k != 0:
                 return None, f"message {k + 1}: a system message must come first"
@@ -429,6 +473,11 @@ def _messages_to_dialogue(messages: list) -> tuple[Dialogue | None, str | None]:
     return Dialogue(turns, system), None
 
 
+def _too_long(n: int) -> str:
+    return (f"{n:,} characters, longer than the {MAX_ENTRY_CHARS:,} an entry may have, skipped "
+            "(split it into shorter facts)")
+
+
 _NO_ANSWER = "'User:' line without an 'Assistant:' answer, skipped"
 
 
@@ -451,7 +500,15 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
         turns, system, system_line, question = [], None, 0, None
 
     for n, raw in enumerate(text.split("\n"), 1):
+        if len(raw) > MAX_ENTRY_CHARS:
+            end_dialogue()
+            problems.append(Problem(path, n, _too_long(len(raw))))
+            continue
         line = raw.strip()
+        if line and not has_text(line):
+            end_dialogue()
+            problems.append(Problem(path, n, "no visible text (only control characters such as NUL bytes), skipped"))
+            continue
         m = _ROLE_LINE.match(line)
         if not line or not m:
             end_dialogue()
@@ -459,6 +516,8 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
                 ds.facts.append(line)
             continue
         role, content = m.group(1).lower(), m.group(2).strip()
+        if not has_text(content):  # "Assistant: " followed by NUL bytes is an empty answer
+            content = ""
         if role == "system":
             end_dialogue()
             system, system_line = content or None, n

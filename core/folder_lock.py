@@ -47,6 +47,13 @@ class LockHolder:
         return f"process {self.pid} on host {self.host!r} ({self.what or 'unknown program'}, since {when})"
 
 
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def lock_path(folder: str | os.PathLike) -> Path:
     """``.NAME.lock`` beside ``folder``."""
     folder = Path(os.path.abspath(folder))
@@ -151,7 +158,11 @@ class FolderLock:
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                              "proc_start": _proc_start(os.getpid()), "what": self.what})
         tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(record + "\n", "utf-8")
+        try:
+            tmp.write_text(record + "\n", "utf-8")
+        except OSError as e:  # a full disk: the empty temp file must not stay behind
+            _remove(tmp)
+            raise OSError(e.errno, f"cannot write the lock file {self.path}: {e.strerror or e}") from None
         try:
             for _ in range(3):
                 try:
@@ -169,16 +180,17 @@ class FolderLock:
                         pass
                 except OSError:  # a file system without hard links: exclusive create instead
                     fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                        fh.write(record + "\n")
+                    try:
+                        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                            fh.write(record + "\n")
+                    except OSError as e:
+                        _remove(self.path)
+                        raise OSError(e.errno, f"cannot write the lock file {self.path}: {e.strerror or e}") from None
                     self._held = True
                     return self
             raise FolderBusyError(f"{self.folder}: another process keeps taking the lock {self.path}")
         finally:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _remove(tmp)
 
     def release(self) -> None:
         """Give the lock back (only if this process holds it)."""

@@ -54,10 +54,12 @@ class SamplingSettings:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):  # NaN too
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 def sample_token(logits: np.ndarray, settings: SamplingSettings, history: list[int],

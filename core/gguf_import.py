@@ -73,7 +73,9 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
     ``GGUFValueType`` number (for an array: 9). Tensor offsets are absolute file offsets.
 
     Raises:
-        GGUFError: missing file, not GGUF, an unsupported version, or a truncated header.
+        GGUFError: missing file, not GGUF, an unsupported version, a truncated header, a key or tensor
+        name twice, a ``general.alignment`` that is not a positive power-of-two integer, or a tensor
+        offset off that alignment (llama.cpp refuses each).
     """
     p = Path(path)
     if not p.is_file():
@@ -125,9 +127,12 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
         types: dict[str, int] = {}
         for _ in range(n_kv):
             key, off = string(off)
+            if key in values:  # llama.cpp: "duplicate key"
+                raise GGUFError(f"{p}: key {key} appears twice (a damaged or hand-made file)")
             (vtype,) = struct.unpack_from("<I", buf, off)
             values[key], off = value(vtype, off + 4)
             types[key] = vtype
+        align = _alignment(p, values, types)
         infos: list[TensorInfo] = []
         if tensors:
             raw = []
@@ -138,7 +143,14 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
                 ttype, toff = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
                 off += 4 + 8 * n_dims + 12
                 raw.append((name, tuple(int(d) for d in reversed(dims)), int(ttype), int(toff)))
-            align = int(values.get(Keys.General.ALIGNMENT, 32))
+            seen: set[str] = set()
+            for name, _, _, toff in raw:  # llama.cpp refuses both
+                if name in seen:
+                    raise GGUFError(f"{p}: tensor {name} appears twice (a damaged or hand-made file)")
+                seen.add(name)
+                if toff % align:
+                    raise GGUFError(f"{p}: tensor {name} starts at offset {toff}, not a multiple of "
+                                    f"{Keys.General.ALIGNMENT} = {align}")
             start = -(-off // align) * align
             for name, shape, ttype, toff in raw:
                 try:
@@ -156,6 +168,30 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
         raise GGUFError(f"{p}: not a readable GGUF file (truncated or damaged header: {e})") from None
     finally:
         buf.close()
+
+
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
+_INT_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}  # GGUFValueType's integer scalars
+
+
+def _alignment(path: Path, values: dict[str, Any], types: dict[str, int]) -> int:
+    """``general.alignment``: a positive power-of-two integer scalar, as llama.cpp's gguf.cpp requires.
+
+    Raises:
+        GGUFError: another type, zero, negative or not a power of two (the key named).
+    """
+    key = Keys.General.ALIGNMENT
+    if key not in values:
+        return DEFAULT_ALIGNMENT
+    v = values[key]
+    if types[key] not in _INT_TYPES:
+        raise GGUFError(f"{path}: {key} must be an integer (it is {_TYPE_NAMES.get(types[key], 'another type')})")
+    if v <= 0 or v & (v - 1):
+        raise GGUFError(f"{path}: {key} = {v} is not a positive power of 2")
+    return int(v)
+
+
+_TYPE_NAMES = {6: "a float", 7: "a bool", 8: "a string", 9: "an array", 12: "a float"}
 
 
 def read_fields(path: str | os.PathLike) -> dict[str, Any]:
@@ -316,7 +352,7 @@ def _tokenizer(kv: dict[str, Any], source: str):
         except ValueError as e:
             raise GGUFError(f"{source}: its vocabulary cannot be used ({e})") from None
     try:
-        return GGUFTokenizer(GGUFVocab.from_fields(kv, source))
+        return GGUFTokenizer(GGUFVocab.from_fields(kv, source), source)
     except ValueError as e:
         msg = str(e)
         raise GGUFError(msg if msg.startswith(source) else f"{source}: {msg}") from None

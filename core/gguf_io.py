@@ -20,7 +20,8 @@ What goes into the file:
 - ``opencl_llm_studio.*``: our training facts (steps, final loss, dataset hash, dates, app version).
 - Tensors in F32, F16, Q8_0 or Q4_0. 1-D RMSNorm weights stay F32 (as llama.cpp's converter keeps them);
   a matrix whose rows are not a multiple of 32 cannot be Q8_0/Q4_0 and is written F16 instead (or F32 when
-  F16 would overflow); :attr:`ExportResult.notes` says which.
+  F16 would overflow), and one with weights beyond what the type's F16 block scale represents
+  (:data:`QUANT_MAX`) is written F32; :attr:`ExportResult.notes` says which.
 
 Export refuses non-finite weights and inconsistent shapes (:class:`GGUFError`), writes to a temporary
 file in the target folder, re-reads it with ``GGUFReader`` and checks every tensor (names, shapes,
@@ -75,6 +76,11 @@ class ExportResult:
 
 
 # ---------------------------------------------------------------------------------------- helpers
+QUANT_MAX = {gguf.GGMLQuantizationType.Q8_0: F16_MAX * 127,  # d = amax / 127 is stored as F16
+             gguf.GGMLQuantizationType.Q4_0: F16_MAX * 8}  # d = max / -8 (ggml's quantize_row_q4_0)
+"""Largest |weight| a block of each quantized type represents: beyond it the F16 scale is infinite."""
+
+
 def _check_model(loaded: LoadedModel) -> None:
     """Raise GGUFError for anything that would make a broken or inconsistent file."""
     c, tok, w = loaded.config, loaded.tokenizer, loaded.weights
@@ -108,8 +114,14 @@ def _encode_tensor(name: str, w: np.ndarray, dtype: str, notes: list[str]) -> tu
         return w, T.F32
     if dtype in ("q8_0", "q4_0"):
         qt = T.Q8_0 if dtype == "q8_0" else T.Q4_0
-        if w.shape[-1] % Q8_0_BLOCK == 0:  # Q4_0 has blocks of 32 too
+        amax = float(np.abs(w).max(initial=0.0))
+        limit = QUANT_MAX[qt]
+        if w.shape[-1] % Q8_0_BLOCK == 0 and amax <= limit:  # Q4_0 has blocks of 32 too
             return gguf.quants.quantize(w, qt), qt
+        if w.shape[-1] % Q8_0_BLOCK == 0:  # its fp16 block scale would overflow to infinity
+            notes.append(f"{name}: written as F32, not {qt.name} (values up to {amax:.3g} exceed the "
+                         f"{limit:.3g} that {qt.name}'s F16 block scale represents)")
+            return w, T.F32
         why = f"rows of {w.shape[-1]} values are not a multiple of {Q8_0_BLOCK}"
         if np.abs(w).max(initial=0.0) <= F16_MAX:
             notes.append(f"{name}: written as F16, not {qt.name} ({why})")
@@ -392,7 +404,11 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
                 step = amax / 127.0 * 0.51 if qtype == T.Q8_0 else amax / 8.0 * 1.01
                 ok = bool(np.all(err <= step + 1e-3 * amax + 1e-8))
             if not ok:
-                raise GGUFError(f"verification failed: {name} does not dequantize to the model's weights")
+                diff = np.abs(back.astype(np.float64) - w)
+                at = int(np.nanargmax(np.where(np.isfinite(diff), diff, np.inf)))
+                raise GGUFError(f"verification failed: {name} ({qtype.name}) does not dequantize to the model's "
+                                f"weights: value {at} is {float(w.flat[at]):.6g}, reads back as "
+                                f"{float(back.flat[at]):.6g}")
     finally:
         del reader  # release the memory map before the file is renamed
 

@@ -224,14 +224,19 @@ class GGUFTokenizer:
     ``llama-tokenize`` with its defaults.
     """
 
-    def __init__(self, vocab: GGUFVocab):
+    def __init__(self, vocab: GGUFVocab, source: str = ""):
         """Build the ``tokenizers`` pipeline for ``vocab``.
+
+        Args:
+            vocab: the file's tokenizer keys.
+            source: the file it came from, named in chat template errors ("" when unknown).
 
         Raises:
             UnsupportedTokenizer: model or pre-tokenizer not supported.
             ValueError: the vocabulary or merges are inconsistent.
         """
         self.vocab = vocab
+        self.source = source
         self._n = len(vocab.tokens)
         self._spm = vocab.model == SPM_MODEL
         # llama.cpp: token_to_id[word] = i, so the last of duplicate strings wins.

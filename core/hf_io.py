@@ -21,9 +21,11 @@ ours -> HF -> ours gives the same bits.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,9 +180,10 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     Raises:
         HFError: the model is inconsistent or has non-finite weights, the folder holds other files,
             or the written folder does not read back to the same bits (nothing is left behind).
-        OSError: not writable, disk full (nothing is left behind).
+        OSError: not writable, disk full: one line naming the file (nothing is left behind).
         CheckpointError: the target is inside a checkpoint folder (core.checkpoint_meta.check_export_target).
     """
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
     from core.gguf_io import GGUFError, _check_model
@@ -211,14 +214,33 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     texts = {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
+        try:
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
+        except SafetensorError as e:  # its Rust I/O errors come as this one type, with the OS error in the text
+            raise _write_error(out / WEIGHTS_FILE, str(e)) from None
         for name, text in texts.items():
-            (tmp / name).write_text(text, encoding="utf-8")
+            try:
+                (tmp / name).write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise _write_error(out / name, e.strerror or str(e), e.errno) from None
         _verify(tmp, loaded)
 
-    replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
+    try:
+        replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
+    except OSError as e:
+        if e.filename is None and len(e.args) == 2 and str(out) in str(e.strerror):
+            raise  # already one line naming the file
+        raise _write_error(out, e.strerror or str(e), e.errno) from None
     log.info("hf: wrote %s (%d tensors)", out, len(tensors))
     return out
+
+
+def _write_error(path: Path, why: str, code: int | None = None) -> OSError:
+    """A one-line OSError naming ``path``: "the disk is full" for ENOSPC (also when only the text says it)."""
+    full = code == errno.ENOSPC or "No space left" in why or "os error 28" in why
+    if full:
+        return OSError(errno.ENOSPC, f"cannot write {path}: the disk is full (nothing was written)")
+    return OSError(code or errno.EIO, f"cannot write {path}: {' '.join(why.split())} (nothing was written)")
 
 
 def _verify(folder: Path, loaded) -> None:
@@ -319,12 +341,31 @@ def _read_tokenizer(folder: Path):
                       "can be used") from None
 
 
+def _shard(folder: Path, name: str) -> Path:
+    """The weight file ``name`` of the index: a regular file inside ``folder`` once links are resolved.
+
+    Raises:
+        HFError: a name leading outside the folder (``../../etc/passwd``, an absolute path, a link out),
+            or one that is missing or not a regular file (a FIFO would block the read forever).
+    """
+    where = f"{folder / INDEX_FILE}: weight_map"
+    root = folder.resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise HFError(f"{where} names {name!r}, which is outside the folder")
+    if not path.exists():
+        raise HFError(f"{where} names {name!r}, which does not exist")
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise HFError(f"{where} names {name!r}, which is not a regular file")
+    return path
+
+
 def _weight_files(folder: Path) -> list[Path]:
     if (folder / INDEX_FILE).is_file():
         index = _read_json(folder / INDEX_FILE).get("weight_map")
         if not isinstance(index, dict):
             raise HFError(f"{folder / INDEX_FILE}: weight_map is missing")
-        return [folder / f for f in sorted(set(index.values()))]
+        return [_shard(folder, f) for f in sorted(set(map(str, index.values())))]
     if not (folder / WEIGHTS_FILE).is_file():
         raise HFError(f"{folder}: no {WEIGHTS_FILE} (weights saved as .bin need torch; save with "
                       "safe_serialization=True)")

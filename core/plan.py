@@ -22,6 +22,7 @@ The rules are rules of thumb measured on this project's data (not a law):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from core.device import Device
     from core.estimates import DatasetStats
     from core.trainer import StageReport
+
+log = logging.getLogger(__name__)
 
 AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
@@ -360,7 +363,10 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
         if i:
             times.append(time.perf_counter() - t0)
     v = float(np.median(times)) / (batch_size * seq)  # the median: a shared machine has slow moments too
-    store_speed(key, v)
+    try:
+        store_speed(key, v)
+    except OSError as e:  # a full disk: the cache is a convenience, the run goes on (it measures again next time)
+        log.warning("could not save the measured speed to %s: %s", _speed_file(), e.strerror or e)
     return v
 
 
@@ -455,9 +461,18 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
 
 
 def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None) -> Verdict:
-    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table)."""
-    return verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
-                   report.chat_recalled, report.heldout_recalled)
+    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table); a table of a
+    huge dataset that was only sampled (``report.recall_sampled``) says so."""
+    v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
+                report.chat_recalled, report.heldout_recalled)
+    sampled = getattr(report, "recall_sampled", None) or {}
+    if sampled:
+        note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())
+        v = replace(v, text=f"{v.text} (checked a sample: {note})")
+    return v
+
+
+_SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions"}
 
 
 __all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",

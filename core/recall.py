@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core import chat_format
+from core.dataset import trainable_turns
 
 if TYPE_CHECKING:
     from core.dataset import Dataset
@@ -41,6 +42,13 @@ CHAT_ROOM = 64
 a "chat" prompt keeps the history core.chat.ChatSession would keep."""
 CHAT_BEFORE = 2
 """Dialogues before the one asked in a "chat" prompt (fewer when the context is full, as in core.chat)."""
+
+FULL_CHECK_MAX = 5_000
+"""Most prompts of one kind a full check (``sample=0``) asks, evenly spaced: a larger dataset's end-of-stage
+table is a sample, and says so (:func:`sampled`)."""
+
+ESTIMATE_MARGIN = 32
+"""Tokens by which a chat prompt's history may be shorter than the sum of its turns encoded one by one."""
 
 ANSWER_SLACK = 4
 """Tokens a decoded answer may run beyond the expected answer's token count before it is cut (it is wrong
@@ -126,13 +134,25 @@ def chat_history(dialogues: list, i: int, before: int = CHAT_BEFORE) -> list[tup
 
 
 def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
-                   heldout: list[tuple[str, str]] | tuple = (), sample: int = 0) -> list[_Prompt]:
+                   heldout: list[tuple[str, str]] | tuple = (), sample: int = 0,
+                   sizes: dict[str, int] | None = None) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
     turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
     other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
     ``heldout`` (question, answer) pairs. Prompts that leave no room for an answer in ``context_length``
     are left out. ``sample`` > 0 keeps at most that many prompts of each kind, evenly spaced (a quick
-    check during training; the full table at a stage's end)."""
+    check during training); 0 keeps all of them up to :data:`FULL_CHECK_MAX` per kind (the table at a
+    stage's end: 100,000 facts had not been checked after 14 minutes).
+
+    Args:
+        tok: the tokenizer; dataset: its facts and dialogues; context_length: the model's.
+        kinds: which of :data:`KINDS`; heldout: (question, answer) pairs of the "heldout" kind.
+        sample: prompts per kind (0: all, up to :data:`FULL_CHECK_MAX`).
+        sizes: when given, filled with ``{kind: prompts before sampling}`` (for "n of N checked").
+
+    Returns:
+        The prompts, kinds in :data:`KINDS` order, each in dataset order.
+    """
     out = []
     if "fact" in kinds:
         for i, (fact, k) in enumerate(zip(dataset.facts, fact_prompt_words(dataset.facts))):
@@ -143,10 +163,10 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
             out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
     if "dialogue" in kinds:
         for i, dlg in enumerate(dataset.dialogues):
-            history = []
-            for user, answer in dlg.turns:
-                ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
-                history.append((user, answer))
+            # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
+            # prompts (every later one is longer and would be left out below)
+            turns = trainable_turns(dlg)  # as trained: turns without a question or answer are not
+            for (user, answer), ids in zip(turns, chat_format.turn_prompt_ids(tok, turns, dlg.system, context_length)):
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
         for i in range(0, len(dataset.dialogues), chat_every(len(dataset.dialogues))):
@@ -156,7 +176,7 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
             user, answer = dlg.turns[0]
             max_new = len(tok.encode(answer)) + ANSWER_SLACK
             room = min(max(max_new, CHAT_ROOM), context_length - 1)
-            history = chat_history(dataset.dialogues, i)
+            history = _fitting_tail(tok, chat_history(dataset.dialogues, i), context_length - room)
             while True:
                 ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
                 if len(ids) + room <= context_length or not history:
@@ -168,10 +188,44 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
             ids = chat_format.prompt_ids(tok, [], user)
             out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     out = [p for p in out if len(p.ids) < context_length]
-    if sample:
-        by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
-        out = [p for k in KINDS for p in _spaced(by_kind[k], sample)]
+    by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
+    if sizes is not None:
+        sizes.update({k: len(v) for k, v in by_kind.items() if v})
+    limit = sample or FULL_CHECK_MAX
+    if any(len(v) > limit for v in by_kind.values()):
+        out = [p for k in KINDS for p in _spaced(by_kind[k], limit)]
     return out
+
+
+def sampled(sizes: dict[str, int], items: list[RecallItem]) -> dict[str, tuple[int, int]]:
+    """The kinds a check asked only a sample of.
+
+    Args:
+        sizes: ``{kind: prompts before sampling}``, as ``sizes=`` of :func:`recall_prompts` filled it.
+        items: the check's table.
+
+    Returns:
+        ``{kind: (checked, prompts in all)}``; empty when every prompt was checked.
+    """
+    out = {}
+    for k, n in sizes.items():
+        checked = count(items, k)[1]
+        if checked < n:
+            out[k] = (checked, n)
+    return out
+
+
+def _fitting_tail(tok: Tokenizer, history: list[tuple[str, str]], budget: int) -> list[tuple[str, str]]:
+    """``history`` without the oldest turns that certainly do not fit in ``budget`` tokens, counted from each
+    turn's ids encoded once (a turn's prompt ids are at least those; ``ESTIMATE_MARGIN`` covers a template
+    that joins turns differently). The caller drops more, one turn at a time, re-encoding: without this
+    first cut a 10,000-turn history was re-encoded 10,000 times."""
+    sizes = [len(tok.encode(f"{chat_format.USER_PREFIX}{u}\n{chat_format.ASSISTANT_HEADER} {a}")) for u, a in history]
+    total, start = sum(sizes), 0
+    while start < len(history) and total > budget + ESTIMATE_MARGIN:
+        total -= sizes[start]
+        start += 1
+    return history[start:]
 
 
 def _spaced(items: list, n: int) -> list:
@@ -217,7 +271,7 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
 def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
-                 sample: int = 0) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 sample: int = 0, sizes: dict[str, int] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
@@ -225,7 +279,8 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
-    ``sample``: see :func:`recall_prompts`.
+    ``sample``, ``sizes``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
+    prompts per kind).
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
@@ -234,7 +289,7 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 
@@ -277,5 +332,5 @@ def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
     return sum(r.ok for r in of), len(of)
 
 
-__all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch", "recall_check", "count",
-           "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every"]
+__all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
+           "recall_check", "count", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

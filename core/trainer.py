@@ -42,7 +42,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
-from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check
+from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check, sampled
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -99,7 +99,9 @@ class StageReport:
     """Reported when a stage ends: its recall table over every fact and every dialogue turn.
 
     ``recall_stopped`` is True when a stop request cut the recall check short (the table is partial;
-    the stage itself is complete and was announced by :class:`StageFinished`).
+    the stage itself is complete and was announced by :class:`StageFinished`). ``recall_sampled`` names the
+    kinds of which a huge dataset had only an evenly spaced sample checked
+    (:data:`core.recall.FULL_CHECK_MAX`), ``{kind: (checked, prompts in all)}``.
     """
 
     stage: str
@@ -107,6 +109,7 @@ class StageReport:
     stopped: bool
     recall: list[RecallItem] = field(default_factory=list)
     recall_stopped: bool = False
+    recall_sampled: dict = field(default_factory=dict)  # {kind: (checked, in all)}: kinds only sampled
     end_reason: str = "steps"  # "steps" (all run), "learned", "no progress", "time budget", "stopped"
 
     @property
@@ -204,6 +207,7 @@ class Trainer:
         self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
+        self._check_sizes: dict[str, int] = {}  # prompts per kind before sampling (core.recall.recall_prompts)
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")
 
@@ -354,11 +358,14 @@ class Trainer:
                 items = yield from self._check(name, kinds, final=True, sample=0 if last else None)
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
+                report.recall_sampled = sampled(self._check_sizes, report.recall)
                 if si == 0 and not self._stop and count(report.recall, "fact")[1]:
                     self._facts_kept = count(report.recall, "fact")  # what pretraining ended with
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
                 cut = " (check stopped early)" if report.recall_stopped else ""
+                cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)"
+                               for k, (c, n) in report.recall_sampled.items())
                 more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout")
                                for o, n in [count(report.recall, k)] if n)
                 yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}"
@@ -436,7 +443,7 @@ class Trainer:
         sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                should_stop=lambda: self._stop, heldout=self.heldout_pairs,
-                                               sample=sample):
+                                               sample=sample, sizes=self._check_sizes):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

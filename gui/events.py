@@ -83,11 +83,13 @@ class StageDone:
     facts_recalled: tuple[int, int]  # (reproduced, checked)
     dialogues_recalled: tuple[int, int]  # (reproduced, checked)
     end_reason: str = "steps"  # core.trainer.StageReport.end_reason
+    sampled: tuple[tuple[str, int, int], ...] = ()  # (kind, checked, in all) of kinds checked as a sample
 
     @classmethod
     def from_report(cls, rep: StageReport) -> StageDone:
         return cls(rep.stage, rep.steps_done, rep.stopped, tuple(rep.recall), tuple(rep.facts_recalled),
-                   tuple(rep.dialogues_recalled), rep.end_reason)
+                   tuple(rep.dialogues_recalled), rep.end_reason,
+                   tuple((k, c, n) for k, (c, n) in rep.recall_sampled.items()))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """Training tab: start / stop / resume, progress with ETA, live plots, log, recall table."""
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
@@ -58,6 +61,34 @@ def _saved_position(meta) -> tuple[int, int, list[int]] | None:
     if meta is None:
         return None
     return meta.stage_index, meta.stage_step, [meta.train.pretrain.steps, meta.train.tune.steps]
+
+
+SAMPLED_NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
+                "heldout": "held-out questions"}
+
+
+def folder_write_problem(folder: Path) -> str | None:
+    """Why a training run could not save into ``folder`` (None when it can): a temporary file is created
+    and removed in it (or in the nearest folder that exists, where the run would create it), as the
+    checkpoint saves will; a permission check alone misses read-only file systems.
+
+    Args:
+        folder: the project folder the run saves its checkpoints in.
+
+    Returns:
+        One line naming the folder and the reason, or None.
+    """
+    probe = Path(folder)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        return (f"{probe}: cannot write here ({e.strerror or e}), so training could not save its model; "
+                "save the project in a writable folder (File ▸ Save project as…) and start again")
+    return None
 
 
 class TrainingTab(QWidget):
@@ -430,6 +461,16 @@ class TrainingTab(QWidget):
                 return None
         return plan
 
+    def _refuse_unwritable(self, run_dir: Path | None) -> bool:
+        """True (with a message box and the banner) when the run's checkpoints could not be saved: a run in
+        a read-only project failed after its first stage, with autosave failures only in the status bar."""
+        problem = folder_write_problem(run_dir.parent) if run_dir is not None else None
+        if problem is None:
+            return False
+        dialogs.warn(self, "Cannot train in this project folder", problem)
+        self._show_banner(problem, False)
+        return True
+
     def _launch(self, resume: bool, continue_with: tuple | None = None) -> bool:
         if self.is_running():
             return False
@@ -448,6 +489,8 @@ class TrainingTab(QWidget):
             run_dir = continue_with[0] if continue_with else self.app_state.resume_dir()
             if run_dir is None:
                 self._show_banner("There is no unfinished run to resume.", False)
+                return False
+            if self._refuse_unwritable(run_dir):
                 return False
             if continue_with:  # (folder, TrainConfig): a finished run continued with new settings
                 resumed_tc = continue_with[1]
@@ -475,6 +518,8 @@ class TrainingTab(QWidget):
                                   False)
                 return False
             run_dir = self.app_state.new_run_dir()
+            if self._refuse_unwritable(run_dir):
+                return False
             kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=self.app_state.base_model())
             self._new_run()
             self.plots.clear()
@@ -596,8 +641,9 @@ class TrainingTab(QWidget):
             self._add_recall_row([d.stage, r.kind, r.prompt, r.expected, r.got, bool(r.ok)])
         f_ok, f_n = d.facts_recalled
         g_ok, g_n = d.dialogues_recalled
+        some = "".join(f" Checked a sample of the {SAMPLED_NOUN.get(k, k)}: {c:,} of {n:,}." for k, c, n in d.sampled)
         self._add_recall_summary(f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers "
-                                 f"reproduced exactly.")
+                                 f"reproduced exactly.{some}")
         self.app_state.mark_history_changed()
 
     def _note_early_end(self, d: StageDone) -> None:
