@@ -96,6 +96,19 @@ class _Facts:
         return float(np.log((self.n + 1) / (self.df.get(k, 0) + 1)))
 
 
+def knowledge_bits(facts: list[str]) -> float:
+    """Bits of knowledge in ``facts``, roughly: each name or value word of a fact (a rare word, see
+    :data:`TEMPLATE_MIN`) is one of the dataset's distinct rare words, log2 of their count bits each; the
+    template words carry none. (Allen-Zhu & Li 2024, "Physics of Language Models: Part 3.3", measure
+    knowledge the same way: the bits needed to tell each stored value among the possible ones.)"""
+    fx = _Facts(facts)
+    rare = {k for k in fx.df if fx.rare(k)}
+    if len(rare) < 2:
+        return 0.0
+    per_word = float(np.log2(len(rare)))
+    return per_word * sum(1 for ks in fx.keys for k in ks if k in rare)
+
+
 def _link(fx: _Facts, question: str, answer: str) -> int | None:
     """Index of the fact that the dialogue (``question``, ``answer``) asks about: among the facts that
     hold the question's rare words (names), the one sharing the most (idf-weighted) of the answer's other
@@ -282,4 +295,4 @@ def conversations(dialogues: list[Dialogue], count: int, length: tuple[int, int]
     return out
 
 
-__all__ = ["Pattern", "patterns", "fact_questions", "conversations", "words", "MIN_SIMILARITY"]
+__all__ = ["Pattern", "patterns", "fact_questions", "knowledge_bits", "conversations", "words", "MIN_SIMILARITY"]

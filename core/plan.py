@@ -45,6 +45,9 @@ AUTO = "Auto (recommended)"
 """Name of the planned preset in the GUI; the CLI spells it ``--preset Auto``."""
 
 PARAMS_PER_TOKEN = 15
+BITS_PER_PARAM = 1.0
+"""Bits of knowledge a parameter stores after about 100 exposures (Allen-Zhu & Li 2024, Part 3.3; 2 after
+1,000): a model smaller than the facts' bits cannot hold them whatever the passes."""
 PRETRAIN_PASSES = 40
 """Times each fact is seen in the planned pretraining steps (as text, ``pack_facts`` to a row, or as a
 question's answer); a stage that has not learned by then goes on while it improves (``MAX_STEPS_FACTOR``)."""
@@ -163,15 +166,17 @@ def padded_length(lengths: list[int], batch_size: int, seed: int = 0, draws: int
     return float(np.mean([arr[rng.choice(len(arr), k, replace=False)].max() for _ in range(draws)]))
 
 
-def choose_preset(stats: DatasetStats) -> tuple[str, list[str]]:
-    """Smallest preset with ``PARAMS_PER_TOKEN`` parameters per training token (``Larger`` at most)."""
+def choose_preset(stats: DatasetStats, knowledge_bits: float = 0.0) -> tuple[str, list[str]]:
+    """Smallest preset with ``PARAMS_PER_TOKEN`` parameters per training token and room for the facts'
+    ``knowledge_bits`` (core.augment.knowledge_bits) at ``BITS_PER_PARAM`` (``Larger`` at most)."""
     tokens = stats.fact_tokens + stats.dialogue_tokens
+    need = max(PARAMS_PER_TOKEN * tokens, knowledge_bits / BITS_PER_PARAM)
     for name in ("Tiny", "Small", "Larger"):
         mc = replace(PRESETS[name][0], vocab_size=stats.vocab_size)
-        if mc.n_params() >= PARAMS_PER_TOKEN * tokens:
+        if mc.n_params() >= need:
             return name, []
-    return "Larger", [f"the dataset ({tokens:,} tokens) is large for the biggest preset "
-                      f"({mc.n_params():,} parameters): it may not learn everything"]
+    return "Larger", [f"the dataset ({tokens:,} tokens, about {knowledge_bits / 1000:,.0f} kbit of facts) is large "
+                      f"for the biggest preset ({mc.n_params():,} parameters): it may not learn everything"]
 
 
 def _check_kinds(recall_prompts: tuple[int, int] | dict,
@@ -400,8 +405,10 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
     from core.tokenizer import Tokenizer
 
     cl = PRESETS["Small"][0].context_length
+    from core.augment import knowledge_bits
+
     stats = dataset_stats(dataset, vocab_size, cl)
-    preset, _ = choose_preset(stats)
+    preset, _ = choose_preset(stats, knowledge_bits(dataset.facts))
     mc = replace(PRESETS[preset][0], vocab_size=stats.vocab_size)
     tc = data_mix(PRESETS[preset][1], stats)
     tok = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)

@@ -1,6 +1,8 @@
 """Train until learned: the batched recall check, checks during a stage, patience, time budget."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -118,7 +120,7 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     from core.plan import PRETRAIN_PASSES, TUNE_PASSES, step_rows
 
     rows = step_rows(p2.train_config, big)
-    assert p2.planned_steps[0] == round(PRETRAIN_PASSES * 2000 / rows[0])
+    assert p2.planned_steps[0] == math.ceil(PRETRAIN_PASSES * 2000 / rows[0])
     assert round(p2.pretrain_passes) == PRETRAIN_PASSES and round(p2.tune_passes) == TUNE_PASSES
     assert p2.train_config.tune.steps > p2.planned_steps[1] and p2.train_config.check_every > 0
     assert p2.total_s > p1.total_s > 0
