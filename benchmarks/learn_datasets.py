@@ -131,7 +131,8 @@ def run_one(name: str, args, tmp: Path) -> dict:
     res = {"name": name, "facts_n": len(g.facts), "dialogues_n": len(g.dialogues), "wall_s": round(wall, 1),
            "after_plan_s": round(end - plan_at, 1) if plan_at else None,
            "estimate_s": _seconds(m.group(1)) if m else None,
-           "verdict": next((ln.strip() for ln in out.splitlines() if "earned" in ln and ":" in ln), "")}
+           "verdict": next((ln.strip() for ln in out.splitlines()
+                            if ln.startswith(("Learned:", "Not fully learned:"))), "")}
     res.update(evaluate(ck, g, args.device))
     if args.llama:
         res["llama"] = llama_figures(ck, g, tmp)
