@@ -424,22 +424,11 @@ def test_a_save_refuses_a_file_that_appeared_meanwhile(base, tmp_path):
 def test_sighup_saves_like_ctrl_c(tmp_path, capsys):
     """SIGHUP (a logout) in the middle of training: the run stops after the step and saves a checkpoint
     that resumes, as Ctrl-C does."""
-    from core import trainer as trainer_mod
-
-    real_run = trainer_mod.Trainer.run
-
-    def run_and_hang_up(self, *a, **k):
-        for ev in real_run(self, *a, **k):
-            if isinstance(ev, trainer_mod.StepReport) and ev.stage == "pretrain" and ev.step == 2:
-                os.kill(os.getpid(), signal.SIGHUP)
-            yield ev
+    from tests.signals import signal_at_step
 
     out = tmp_path / "run"
-    trainer_mod.Trainer.run = run_and_hang_up
-    try:
+    with signal_at_step(signal.SIGHUP, 2):
         assert main(["train", *TINY, "--out", str(out), "--pretrain-steps", "6", "--tune-steps", "1"]) == 130
-    finally:
-        trainer_mod.Trainer.run = real_run
     assert "checkpoint saved" in capsys.readouterr().out
     m = assert_ours(out)
     assert m.stage_index == 0 and 0 < m.stage_step < 6

@@ -129,31 +129,20 @@ def test_piped_chat_prints_only_the_answers(tmp_path):
 def test_ctrl_c_stops_between_steps_and_resume_is_exact(tmp_path, capsys):
     """SIGINT during training: the trainer stops after the step in progress, the checkpoint is
     consistent, and resuming ends with exactly the weights of an uninterrupted run."""
-    import os
     import signal
 
     import numpy as np
 
-    from core import trainer as trainer_mod
     from core.checkpoint import load_checkpoint
 
     steps = ["--pretrain-steps", "6", "--tune-steps", "4", "--seed", "3"]
     full = tmp_path / "full"
     assert train(tmp_path, "--out", str(full), *steps) == 0
-    real_run = trainer_mod.Trainer.run
-
-    def run_and_interrupt(self, *a, **k):  # deliver a real SIGINT in the middle of step 3
-        for ev in real_run(self, *a, **k):
-            if isinstance(ev, trainer_mod.StepReport) and ev.stage == "pretrain" and ev.step == 3:
-                os.kill(os.getpid(), signal.SIGINT)
-            yield ev
+    from tests.signals import signal_at_step
 
     part = tmp_path / "part"
-    trainer_mod.Trainer.run = run_and_interrupt
-    try:
+    with signal_at_step(signal.SIGINT, 3):  # a real SIGINT in the middle of step 3
         assert train(tmp_path, "--out", str(part), *steps) == 130
-    finally:
-        trainer_mod.Trainer.run = real_run
     assert "--resume" in capsys.readouterr().out
     assert main(["train", "--resume", str(part), "-q"]) == 0
     a, b = load_checkpoint(full), load_checkpoint(part)
