@@ -304,8 +304,8 @@ def with_heldout_trained(tc: TrainConfig) -> TrainConfig:
     """``tc`` of a run whose held-out fact questions are to be trained too (``train --resume DIR
     --learn-heldout``, the Training tab's "Learn held-out questions"): ``heldout`` 0, and tuning a third of
     its planned steps longer (at least 50) so that a finished run goes on to learn them. Unchanged when
-    nothing was held out."""
-    if not tc.heldout:
+    nothing was held out or the run has no tuning stage (0 steps)."""
+    if not tc.heldout or not tc.tune.steps:  # nothing held out, or no tuning stage to go on with
         return tc
     tune = tc.tune
     return replace(tc, heldout=0, tune=replace(tune, steps=tune.steps + max(50, (tune.decay_steps or tune.steps) // 3)))
