@@ -43,6 +43,7 @@ template words in 40; 300 people of 6 facts: names in 6, threshold 42, template 
 
 _WORD = re.compile(r"([\w'’-]+|[^\w\s])(\s*)", re.UNICODE)
 _POSSESSIVE = re.compile(r"['’]s$")
+_PUNCT = re.compile(r"[^\w\s]")
 
 
 @dataclass(frozen=True)
@@ -182,15 +183,43 @@ def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) 
     return "".join(w + s for w, s in out).strip(), done
 
 
+def _differing_spans(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[tuple[list[str], list]]:
+    """Where the words of fact ``a`` and fact ``b`` (``_tokens``) differ, as ``(old keys of a, new tokens of
+    b)``, longest first: each :class:`difflib.SequenceMatcher` replacement, and a run of changes joined by
+    punctuation inside a word ("42" "." "50": no space around it) as one span, so that a value of another
+    length is put in whole ("$42.50" for "$7", not "$7.50" or "$42."). A change whose old or new side is
+    empty (a word only one fact has) cannot be found or put in a text and is left out."""
+    ka, kb = [_key(w) for w, _ in a], [_key(w) for w, _ in b]
+    ops = difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_opcodes()
+    spans = [[i1, i2, j1, j2] for op, i1, i2, j1, j2 in ops if op == "replace"]
+    run: list[int] | None = None
+    for op, i1, i2, j1, j2 in ops:
+        inside = op == "equal" and run is not None and all(_PUNCT.fullmatch(k) for k in ka[i1:i2]) \
+            and not any(s for _, s in a[i1 - 1:i2]) and not any(s for _, s in b[j1 - 1:j2])
+        if op != "equal":
+            run = [run[0], i2, run[2], j2] if run else [i1, i2, j1, j2]
+        elif not inside:
+            if run and run not in spans:
+                spans.append(run)
+            run = None
+    if run and run not in spans:
+        spans.append(run)
+    out = []
+    for i1, i2, j1, j2 in spans:
+        while i2 > i1 and j2 > j1 and ka[i2 - 1] == kb[j2 - 1]:  # a span ends where both facts agree again
+            i2, j2 = i2 - 1, j2 - 1
+        if i2 > i1 and j2 > j1 and (ka[i1:i2], b[j1:j2]) not in out:
+            out.append((ka[i1:i2], b[j1:j2]))
+    return sorted(out, key=lambda s: (-len(s[0]), -len(s[1])))  # the longest first (a name before its words)
+
+
 def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tuple[str, str] | None:
     """The question and answer that pattern ``p`` gives fact ``j``: the words in which fact ``j`` differs
     from the pattern's fact (the item, the values; aligned with :class:`difflib.SequenceMatcher`) put into
     the pattern's question and answer. None when the question would not name fact ``j``'s item (no rare
     word of the question that its fact holds was replaced)."""
     a_keys, b_keys = fx.keys[p.fact], fx.keys[j]
-    sm = difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False)
-    subs = [(a_keys[i1:i2], fx.tokens[j][j1:j2]) for op, i1, i2, j1, j2 in sm.get_opcodes() if op == "replace"]
-    subs.sort(key=lambda s: -len(s[0]))  # the longest span first (a name before one of its words)
+    subs = _differing_spans(fx.tokens[p.fact], fx.tokens[j])
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:

@@ -78,6 +78,21 @@ def test_fact_questions_by_analogy_put_the_facts_own_item_and_value_into_answers
                                               (2, "Which colour does Cleo Moreau like best?", "Red, like Cleo Moreau's coat.")]
 
 
+def test_a_value_of_another_length_is_put_in_whole():
+    """Break-it finding: with only one-for-one word replacements "$42.50" became "$7.50" or "$42." (a value
+    split by punctuation inside it); the whole value is put in, whichever fact is longer."""
+    ds = Dataset(["The Alto kettle costs $42.50.", "The Bexa kettle costs $7.", "The Cora lamp costs $18.25.",
+                  "The Alto kettle is made by Halvard.", "The Bexa kettle is made by Mintel.",
+                  "The Cora lamp is made by Trask."],
+                 [Dialogue([("How much is the Alto kettle?", "It costs $42.50.")])])
+    assert augment.fact_questions(ds) == [(1, "How much is the Bexa kettle?", "It costs $7."),
+                                          (2, "How much is the Cora lamp?", "It costs $18.25.")]
+    ds = Dataset(["The Bexa kettle costs $7.", "The Alto kettle costs $42.50.", "The Cora lamp costs $3."],
+                 [Dialogue([("How much is the Bexa kettle?", "The Bexa kettle costs $7, no more.")])])
+    assert augment.fact_questions(ds) == [(1, "How much is the Alto kettle?", "The Alto kettle costs $42.50, no more."),
+                                          (2, "How much is the Cora lamp?", "The Cora lamp costs $3, no more.")]
+
+
 def test_fact_questions_on_the_generated_datasets_ask_about_the_right_fact():
     """On each of the five generated datasets (tests/make_datasets.py) nearly every fact without a dialogue
     gets a question, and the question is one the generator itself would ask about that fact with the
