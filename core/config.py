@@ -210,6 +210,9 @@ class TrainConfig:
         patience: with ``check_every``, end a stage after this many checks in a row without a new best
             count (0: never for that reason); checks before a stage's ``decay_steps`` do not count (the
             planned steps run in any case).
+        learned_after: with ``check_every``, a check ends a stage "learned" only once this share (0..1) of
+            the stage's planned steps (``decay_steps``, or ``steps``) is done: a sampled check that finds
+            everything early says little about the items it did not look at (0: any check may).
         time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
             the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
         mix_share: share (0..1) of each pretraining batch taken from the question-and-answer examples
@@ -245,6 +248,7 @@ class TrainConfig:
     check_every: int = 0
     recall_target: float = 1.0
     patience: int = 3
+    learned_after: float = 0.0
     time_budget_s: float = 0.0
     mix_share: float = 0.0
     fact_questions: int = 0
@@ -280,7 +284,7 @@ class TrainConfig:
         if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
             raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
         _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
-        for name in ("mix_share", "fact_question_share"):
+        for name in ("mix_share", "fact_question_share", "learned_after"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 <= v < 1):
                 raise ConfigError(name, f"must be within 0..1 (exclusive of 1), got {v!r}")

@@ -331,7 +331,8 @@ class Trainer:
                     yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
                         f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
                     ok = sum(o for o, _ in counts.values())
-                    if all(o >= self._wanted(k, n) for k, (o, n) in counts.items()):
+                    if all(o >= self._wanted(k, n) for k, (o, n) in counts.items()) \
+                            and self.stage_step >= tc.learned_after * (cfg.decay_steps or cfg.steps):
                         end_reason = "learned"
                         break
                     if ok > best:

@@ -64,6 +64,8 @@ TRAIN_FIELDS = [
     ("check_every", "Check recall every (steps)", int, "Train until learned: each stage checks recall this "
      "often and ends when everything is reproduced (0: only at the end; steps are then exact)"),
     ("patience", "Patience (checks)", int, "End a stage after this many checks without better recall (0: never)"),
+    ("learned_after", "Learned not before", float, "Share of a stage's planned steps trained before a check "
+     "may end it learned (0..1)"),
     ("time_budget_s", "Time budget (s, 0 = none)", float, "Longest run in seconds, checks included; Auto plans "
      "its steps to fit"),
     ("mix_share", "Questions in pretraining", float, "Share of each pretraining batch from dialogues and fact "

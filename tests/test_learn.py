@@ -79,6 +79,21 @@ def test_a_stage_ends_when_its_facts_are_learned(device):
     assert sum(isinstance(e, StepReport) for e in events) == rep.steps_done
 
 
+def test_a_stage_is_not_learned_before_its_learned_after_share_of_steps(device):
+    """learned_after: a check that finds every fact before that share of the stage's planned steps does
+    not end the stage; the first one after it does."""
+    mc, tc = PRESETS["Tiny"]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), tune=StageConfig(steps=0), check_every=25, patience=0)
+
+    def pretrain_report(t):
+        return next(e for e in Trainer(default_dataset(), mc, t, device).run(recall=False)
+                    if isinstance(e, StageReport) and e.stage == "pretrain")
+    early = pretrain_report(tc)
+    assert early.end_reason == "learned" and early.steps_done <= 300
+    late = pretrain_report(replace(tc, learned_after=(early.steps_done + 50) / 600))
+    assert late.end_reason == "learned" and early.steps_done + 50 <= late.steps_done < 600
+
+
 def test_patience_ends_a_stage_that_does_not_improve(device):
     tc = replace(_tc(200, lr=1e-7, check_every=5, patience=2), tune=StageConfig(steps=0))
     tr = Trainer(default_dataset(), SMALL, tc, device)
