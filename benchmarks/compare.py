@@ -13,7 +13,9 @@ llama architecture (benchmarks/torch_llama.py) with ``torch.set_num_threads(os.c
 Before timing, both models get the same weights and their logits are compared (max |diff| printed).
 
 Shapes: ``default`` (core.config ModelConfig defaults), ``d512`` (d_model 512, 4 layers, 8 heads,
-ffn 1536), ``d768`` (d_model 768, 12 layers, 12 heads, ffn 2048, vocab 8192, context 512).
+ffn 1536), ``d768`` (d_model 768, 12 layers, 12 heads, ffn 2048, vocab 8192, context 512), ``smol135``
+(SmolLM2-135M's shape: d_model 576, 30 layers, 9/3 heads, ffn 1536, vocab 49152, tied embeddings) and
+``d1024`` (349M: d_model 1024, 24 layers, 16/8 heads, ffn 2816, vocab 32000), both at 8 x 512 tokens.
 
 Decode: the default model (random weights, a BPE tokenizer trained on the default dataset) is
 exported as an F32 GGUF (core/gguf_io.py); our Generator (core/generate.py) and llama.cpp
@@ -53,7 +55,14 @@ SHAPES = {
     "d512": ModelConfig(d_model=512, n_layers=4, n_heads=8, n_kv_heads=8, ffn_dim=1536),
     "d768": ModelConfig(vocab_size=8192, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048,
                         context_length=512),
+    # SmolLM2-135M-Instruct's shape, tied as the real model (issue 21)
+    "smol135": ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                           context_length=2048, tie_embeddings=True),
+    "d1024": ModelConfig(vocab_size=32000, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=8, ffn_dim=2816,
+                         context_length=2048),
 }
+SHAPE_BATCH = {"smol135": (8, 512), "d1024": (8, 512)}
+"""(batch, tokens per sequence) of a shape when --batch/--seq are not given; others 16 x 128."""
 LR, WD, B1, B2, EPS, CLIP = 1e-3, 0.01, 0.9, 0.98, 1e-8, 1.0
 
 
@@ -132,12 +141,13 @@ def print_profile(title: str, records: list[tuple[str, float]], steps: int) -> N
 def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     from core.model import init_weights
 
-    seq = min(a.seq, config.context_length)
+    batch, seq = SHAPE_BATCH.get(name, (16, 128))
+    batch, seq = a.batch or batch, min(a.seq or seq, config.context_length)
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, config.vocab_size, size=(a.batch, seq + 1)).astype(np.int32)
-    x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((a.batch, seq), np.float32)
+    tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
+    x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
     weights = init_weights(config, 0)
-    ours = Ours(dev, config, a.batch, weights)
+    ours = Ours(dev, config, batch, weights)
     ref = Torch(config, weights, x, y, a.torch_device, a.torch_compile)
     diff = float(np.abs(ours.model.logits(x[:2]) - ref.logits(x[:2])).max())
     for e in (ours, ref):  # warm-up: compile, caches, allocator
@@ -148,14 +158,14 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     for _ in range(a.rounds):
         t_ours.append(timed_round(ours, (x, y, m), a.steps))
         t_ref.append(timed_round(ref, (x, y, m), a.steps))
-    n_tok = a.batch * seq
-    r = {"shape": name, "params": config.n_params(), "tokens": n_tok, "diff": diff,
+    n_tok = batch * seq
+    r = {"shape": name, "params": config.n_params(), "tokens": n_tok, "diff": diff, "batch_seq": f"{batch} x {seq}",
          "ours": n_tok / min(t_ours), "ref": n_tok / min(t_ref),
          "ours_median": n_tok / statistics.median(t_ours), "ref_median": n_tok / statistics.median(t_ref)}
     if a.profile:
         del ours
         dev.start_profiling()
-        prof = Ours(dev, config, a.batch, weights)
+        prof = Ours(dev, config, batch, weights)
         prof.step(x, y, m)
         prof.sync()
         dev.stop_profiling()
@@ -239,8 +249,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (at most the shape's context)")
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 16; smol135, d1024: 8)")
+    ap.add_argument("--seq", type=int, default=None,
+                    help="tokens per sequence, at most the shape's context (default 128; smol135, d1024: 512)")
     ap.add_argument("--torch-device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--torch-compile", action="store_true", help="torch.compile the reference model")
     ap.add_argument("--profile", action="store_true", help="print device time per kernel of our engine")
@@ -259,16 +270,16 @@ def main() -> None:
     dev = open_device(a.device)
     ref_name = f"torch {torch.__version__} {a.torch_device}" + (" compile" if a.torch_compile else " eager")
     print(f"ours: {dev.info.label}; reference: {ref_name}, {torch.get_num_threads()} threads; "
-          f"batch {a.batch} x seq {a.seq}, {a.rounds} rounds x {a.steps} steps, float32")
+          f"{a.rounds} rounds x {a.steps} steps, float32")
     rows = [bench_training(dev, s, SHAPES[s], a) for s in shapes]
     if not a.no_decode:
         rows.append(bench_decode(dev, a))
-    print("\n| shape | params | ours tok/s | reference tok/s | ours/reference | max logit diff |")
-    print("|---|---|---|---|---|---|")
+    print("\n| shape | params | batch x seq | ours tok/s | reference tok/s | ours/reference | max logit diff |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         ref = ref_name if r["tokens"] > 1 else f"llama.cpp F32, {os.cpu_count()} threads"
         diff = "" if r["diff"] != r["diff"] else f"{r['diff']:.1e}"
-        print(f"| {r['shape']} | {r['params'] / 1e6:.2f}M | {r['ours']:,.0f} | {r['ref']:,.0f} ({ref}) | "
+        print(f"| {r['shape']} | {r['params'] / 1e6:.2f}M | {r.get('batch_seq', '1')} | {r['ours']:,.0f} | {r['ref']:,.0f} ({ref}) | "
               f"**{r['ours'] / r['ref']:.2f}x** | {diff} |")
     print("\nmedian rounds: " + "; ".join(f"{r['shape']}: ours {r['ours_median']:,.0f}, reference "
                                           f"{r['ref_median']:,.0f} tok/s ({r['ours_median'] / r['ref_median']:.2f}x)"

@@ -1,8 +1,8 @@
 """The same llama architecture as core/model.py in PyTorch: the reference for benchmarks/compare.py.
 
 Not product code. RMSNorm with a weight, RoPE on adjacent pairs (ggml "normal" mode), grouped-query
-attention (query head h uses kv head h // (n_heads / n_kv_heads)), SwiGLU feed-forward, an output
-projection not tied to the embedding; weights stored (out_features, in_features) under the GGUF
+attention (query head h uses kv head h // (n_heads / n_kv_heads)), SwiGLU feed-forward, the output
+projection ``output.weight`` or, with ``tie_embeddings``, the embedding itself; weights stored (out_features, in_features) under the GGUF
 names, so ``load_gguf_weights`` takes our model's weights as they are.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ class TorchLlama(nn.Module):
             x = x + a.transpose(1, 2).reshape(b, t, c.d_model) @ w("attn_output").T
             h = rms_norm(x, w("ffn_norm"), c.norm_eps)
             x = x + (F.silu(h @ w("ffn_gate").T) * (h @ w("ffn_up").T)) @ w("ffn_down").T
-        return rms_norm(x, self.p("output_norm.weight"), c.norm_eps) @ self.p("output.weight").T
+        return rms_norm(x, self.p("output_norm.weight"), c.norm_eps) @ self.p(c.output_weight).T
 
 
 def make_optimizer(model: TorchLlama, lr: float, weight_decay: float, beta1: float, beta2: float,
