@@ -752,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(e, OSError) and e.filename is None and e.strerror and len(e.args) == 2:
             return _fail(e.strerror)  # our own message, without the "[Errno 28]" prefix
+        if isinstance(e, OSError) and e.filename is not None and e.strerror:
+            return _fail(f"{e.filename}: {e.strerror.lower()}")  # "FILE: no such file or directory"
         return _fail(str(e))
     except Exception as e:
         import pyopencl as cl
