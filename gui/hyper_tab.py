@@ -131,7 +131,28 @@ class HyperTab(QWidget):
         self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
         self._replan_timer = QTimer(self, singleShot=True, interval=400)
         self._replan_timer.timeout.connect(self._replan_if_auto)
+        self._base: str | None = None
+        self._base_config: ModelConfig | None = None
+        self._base_error = ""
+        self._base_name: str | None = None  # the base model's general.name (or its file name)
+        self._no_plan = ""  # why Auto has no plan now ("" when it has one)
+        self._labels["base_path"] = "Start from"
 
+        lay = QVBoxLayout(self)
+        lay.addLayout(self._top_row())
+        # the plan in plain words first (gui.plan_view: every number from core), then the expert fields, folded
+        lay.addWidget(self._plan_box())
+        lay.addWidget(self._advanced_fold())
+        lay.addStretch(1)
+        state.device_changed.connect(self.set_device)
+        state.project_changed.connect(self._on_project)
+        for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
+            sig.connect(self._replan_timer.start)
+        self.set_preset(AUTO)
+        self._show_base_widgets()
+
+    def _top_row(self) -> QHBoxLayout:
+        """Preset, Start from (new model or a GGUF file), Freeze embeddings."""
         top = QHBoxLayout()
         top.addWidget(QLabel("Preset:"))
         self.preset = QComboBox()
@@ -162,14 +183,10 @@ class HyperTab(QWidget):
         self.freeze.toggled.connect(self._on_edit)
         top.addWidget(self.freeze)
         top.addStretch(1)
-        self._base: str | None = None
-        self._base_config: ModelConfig | None = None
-        self._base_error = ""
-        self._base_name: str | None = None  # the base model's general.name (or its file name)
-        self._no_plan = ""  # why Auto has no plan now ("" when it has one)
-        self._labels["base_path"] = "Start from"
+        return top
 
-        # the plan in plain words first (gui.plan_view: every number from core), then the expert fields, folded
+    def _plan_box(self) -> QGroupBox:
+        """The plan in plain words (model, time, steps, checks), a memory warning, what is invalid."""
         info = QGroupBox("Plan")
         iv = QVBoxLayout(info)
         self.plan_label = QLabel()  # model, time, steps, what is checked (gui.plan_view)
@@ -186,7 +203,10 @@ class HyperTab(QWidget):
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #b00020; font-weight: bold;")
         iv.addWidget(self.error_label)
+        return info
 
+    def _advanced_fold(self) -> QCollapsible:
+        """Every field of the configs, in groups, folded (collapsed until opened)."""
         fields = QWidget()
         grid = QGridLayout(fields)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -207,18 +227,7 @@ class HyperTab(QWidget):
         self.advanced.setDuration(0)
         self.advanced.toggled.connect(lambda on: self.advanced.content().setMinimumHeight(
             self.advanced.content().sizeHint().height() if on else 0))
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(info)
-        lay.addWidget(self.advanced)
-        lay.addStretch(1)
-        state.device_changed.connect(self.set_device)
-        state.project_changed.connect(self._on_project)
-        for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
-            sig.connect(self._replan_timer.start)
-        self.set_preset(AUTO)
-        self._show_base_widgets()
+        return self.advanced
 
     # ----------------------------------------------------------------------------- start from
     def _show_base_widgets(self) -> None:
