@@ -121,6 +121,7 @@ class TrainingPlots(QWidget):
         self.layer_curves: list[pg.PlotDataItem] = []
         self.layer_names: list[str] = []
         self._markers: list[pg.InfiniteLine] = []
+        self._marker_lines: list[tuple[pg.PlotWidget, pg.InfiniteLine]] = []  # the markers on the layer plots
         self._marker_data: list[list] = []  # [step, label] of each marker (saved with the project)
         self.earlier_curves: list[pg.PlotDataItem] = []  # earlier runs' loss, drawn faintly when shown
         self._show_earlier = False
@@ -157,7 +158,10 @@ class TrainingPlots(QWidget):
             legend.clear()
         for m in self._markers:
             self.loss_plot.removeItem(m)
+        for plot, m in self._marker_lines:
+            plot.removeItem(m)
         self._markers = []
+        self._marker_lines = []
         self._marker_data = []
         self._last_loss = None
         self._dirty = True
@@ -198,6 +202,12 @@ class TrainingPlots(QWidget):
         self.loss_plot.addItem(line)
         self._markers.append(line)
         self._marker_data.append([x, label])
+        # the same step on the per-layer plots, unlabelled (the loss plot names it)
+        for plot, color in ((self.layer_plot, "#888"), (self.layer_map, "w")):
+            other = pg.InfiniteLine(pos=x, angle=90, movable=False,
+                                    pen=pg.mkPen(color, style=pg.QtCore.Qt.PenStyle.DotLine))
+            plot.addItem(other)
+            self._marker_lines.append((plot, other))
 
     def _make_layer_curves(self, n: int) -> None:
         """Series for ``n`` layers' norms: a line each, or a row each of the heat map (more than

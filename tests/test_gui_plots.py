@@ -53,11 +53,15 @@ def test_the_layers_of_a_30_layer_model_are_a_heat_map(plots, qtbot):
     names = [s for s_ in plots.layer_map.getPlotItem().getAxis("left")._tickLevels[0] for s in s_[1:]]
     assert names[0] == "embedding" and names[-1] == "output" and len(names) >= 4
 
+    plots.add_stage_marker(20.5, "tuning starts")  # drawn across the map too
+    assert [m.value() for m in plots.layer_map.getPlotItem().items if hasattr(m, "angle")] == [20.5]
     run = plots.snapshot()
     plots.clear()
+    assert not [m for m in plots.layer_map.getPlotItem().items if hasattr(m, "angle")]
     assert not plots.is_heat_map() and plots.layer_stack.currentWidget() is plots.layer_plot
     plots.restore(run)
     assert plots.is_heat_map() and np.array_equal(plots.layer_image.image, image, equal_nan=True)
+    assert [m.value() for m in plots.layer_map.getPlotItem().items if hasattr(m, "angle")] == [20.5]
 
 
 @pytest.mark.parametrize("n", [3, HEATMAP_LAYERS])
