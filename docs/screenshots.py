@@ -1,7 +1,9 @@
 """Take a PNG of each tab of the real window: ``python docs/screenshots.py [--out docs]``.
 
-Runs offscreen with throw-away settings: tests the device, trains the Tiny preset briefly (so the
-plots and the recall table have data), chats, exports, and saves docs/tab-<name>.png.
+Runs offscreen with throw-away settings: tests the device, trains the Auto plan (so the plots and the
+recall table have data; ``--preset Tiny`` with ``--pretrain-steps``/``--tune-steps`` for a quicker run),
+chats, exports, and saves docs/tab-<name>.png. Then it trains a model of 30 layers for a few steps and
+saves docs/tab-training-30-layers.png: its per-layer gradient norms as a heat map.
 """
 from __future__ import annotations
 
@@ -40,8 +42,10 @@ def pause(ms: int) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder for the PNGs")
-    p.add_argument("--pretrain-steps", type=int, default=150)
-    p.add_argument("--tune-steps", type=int, default=100)
+    p.add_argument("--preset", default="Auto", help="Auto (the app's default) or a preset: Tiny, Small, Larger")
+    p.add_argument("--pretrain-steps", type=int, default=150, help="with a preset")
+    p.add_argument("--tune-steps", type=int, default=100, help="with a preset")
+    p.add_argument("--layer-steps", type=int, default=40, help="steps of each stage of the 30-layer run")
     args = p.parse_args()
     out = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="studio-screens-"))
@@ -62,13 +66,18 @@ def main() -> int:
     w.device_tab.start_test()
     wait_for(app, lambda: not w.device_tab.is_testing())
 
-    # Hyperparameters: Tiny preset, short run
+    # Hyperparameters: the Auto plan (or a preset's short run)
+    from core.plan import AUTO
+
     h = w.hyper_tab
-    h.set_preset("Tiny")
-    h.widgets["pretrain.steps"].setValue(args.pretrain_steps)
-    h.widgets["tune.steps"].setValue(args.tune_steps)
-    for s in ("pretrain", "tune"):
-        h.widgets[f"{s}.batch_size"].setValue(8)
+    if args.preset in ("Auto", AUTO):
+        h.set_preset(AUTO)
+    else:
+        h.set_preset(args.preset)
+        h.widgets["pretrain.steps"].setValue(args.pretrain_steps)
+        h.widgets["tune.steps"].setValue(args.tune_steps)
+        for s in ("pretrain", "tune"):
+            h.widgets[f"{s}.batch_size"].setValue(8)
 
     # Training
     t = w.training_tab
@@ -103,11 +112,37 @@ def main() -> int:
     for i, name in enumerate(["device", "dataset", "hyperparameters", "training", "chat", "export"]):
         w.tabs.setCurrentIndex(i)
         pause(250)
-        path = out / f"tab-{name}.png"
-        w.grab().save(str(path))
-        print(f"wrote {path}")
+        save(w, out / f"tab-{name}.png")
+    many_layers(w, args.layer_steps)
+    save(w, out / "tab-training-30-layers.png")
     w.close()
     return 0
+
+
+def save(w, path: Path) -> None:
+    w.grab().save(str(path))
+    print(f"wrote {path}")
+
+
+def many_layers(w, steps: int) -> None:
+    """Train a narrow model of 30 layers (as many blocks as SmolLM2) for ``steps`` steps a stage: the
+    Training tab then draws its per-layer gradient norms as a heat map."""
+    import gui.dialogs
+
+    gui.dialogs.ask = lambda *a, **k: True  # "Replace the trained model?": yes
+    h = w.hyper_tab
+    h.set_preset("Tiny")
+    h.set_values({"d_model": 32, "n_layers": 30, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64,
+                  "pretrain.steps": steps, "tune.steps": steps, "pretrain.batch_size": 8, "tune.batch_size": 8,
+                  "check_every": 0}, preset="Custom")
+    t = w.training_tab
+    w.tabs.setCurrentWidget(t)
+    if not t.start():
+        raise SystemExit(f"could not start the 30-layer run: {t.banner_text.text()}")
+    wait_for(None, lambda: not t.is_running())
+    pause(300)
+    if not t.plots.is_heat_map():
+        raise SystemExit("the 30-layer run's per-layer plot is not a heat map")
 
 
 if __name__ == "__main__":

@@ -5,19 +5,20 @@ that field is highlighted. Sizes come from core.estimates.
 """
 from __future__ import annotations
 
-import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGridLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from superqt import QCollapsible
 
 from core.config import PRESETS, ConfigError, ModelConfig, StageConfig, TrainConfig, config_errors
 from core.batches import stage_passes
 from core.plan import AUTO
-from core.wording import count
 from core.tokenizer import MIN_VOCAB_SIZE
 from gui.app_state import AppState
+from gui.plan_view import config_lines, plan_lines, to_html
 
 if TYPE_CHECKING:
     from core.device import DeviceInfo
@@ -43,7 +44,8 @@ MODEL_FIELDS = [
     ("norm_eps", "RMSNorm epsilon", float, "Added inside the square root of RMSNorm"),
 ]
 STAGE_FIELDS = [
-    ("steps", "Steps", int, "Optimizer steps in this stage (0 skips it)"),
+    ("steps", "Most steps", int, "Optimizer steps in this stage (0 skips it); with recall checks a stage ends "
+     "sooner once everything is learned"),
     ("lr", "Learning rate", float, "Peak learning rate"),
     ("batch_size", "Batch size", int, "Sequences per step"),
     ("warmup_steps", "Warmup steps", int, "Linear warmup from 0 to the learning rate"),
@@ -51,16 +53,18 @@ STAGE_FIELDS = [
     ("decay_steps", "Decay ends at step", int, "The cosine decay ends here (0: at the last step); later steps "
      "keep the final lr"),
 ]
-TRAIN_FIELDS = [
+OPTIMIZER_FIELDS = [
     ("grad_clip", "Clip gradient norm at", float, "Largest global gradient norm (0 disables clipping)"),
     ("weight_decay", "Weight decay", float, "AdamW decoupled weight decay on matrices"),
-    ("replay_share", "Fact replay share", float, "Fraction of each tuning batch drawn from the facts (0..1)"),
     ("seed", "Seed", int, "Seeds the initial weights and the batch order"),
     ("grad_accum", "Micro-batches per step", int, "Gradient accumulation: each batch runs in this many parts "
      "(less device memory, the same step)"),
     ("beta1", "Adam beta1", float, "First-moment decay"),
     ("beta2", "Adam beta2", float, "Second-moment decay"),
     ("adam_eps", "Adam epsilon", float, "Added to the denominator of the Adam update"),
+]
+DATA_FIELDS = [
+    ("replay_share", "Fact replay share", float, "Fraction of each tuning batch drawn from the facts (0..1)"),
     ("check_every", "Check recall every (steps)", int, "Train until learned: each stage checks recall this "
      "often and ends when everything is reproduced (0: only at the end; steps are then exact)"),
     ("patience", "Patience (checks)", int, "End a stage after this many checks without better recall (0: never)"),
@@ -83,6 +87,7 @@ TRAIN_FIELDS = [
     ("check_sample", "Items per recall check", int, "Checks during a stage look at this many items of each "
      "kind (0: all); the end of a stage checks all"),
 ]
+TRAIN_FIELDS = OPTIMIZER_FIELDS + DATA_FIELDS
 
 
 def _fmt(v) -> str:
@@ -128,7 +133,28 @@ class HyperTab(QWidget):
         self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
         self._replan_timer = QTimer(self, singleShot=True, interval=400)
         self._replan_timer.timeout.connect(self._replan_if_auto)
+        self._base: str | None = None
+        self._base_config: ModelConfig | None = None
+        self._base_error = ""
+        self._base_name: str | None = None  # the base model's general.name (or its file name)
+        self._no_plan = ""  # why Auto has no plan now ("" when it has one)
+        self._labels["base_path"] = "Start from"
 
+        lay = QVBoxLayout(self)
+        lay.addLayout(self._top_row())
+        # the plan in plain words first (gui.plan_view: every number from core), then the expert fields, folded
+        lay.addWidget(self._plan_box())
+        lay.addWidget(self._advanced_fold())
+        lay.addStretch(1)
+        state.device_changed.connect(self.set_device)
+        state.project_changed.connect(self._on_project)
+        for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
+            sig.connect(self._replan_timer.start)
+        self.set_preset(AUTO)
+        self._show_base_widgets()
+
+    def _top_row(self) -> QHBoxLayout:
+        """Preset, Start from (new model or a GGUF file), Freeze embeddings."""
         top = QHBoxLayout()
         top.addWidget(QLabel("Preset:"))
         self.preset = QComboBox()
@@ -159,47 +185,51 @@ class HyperTab(QWidget):
         self.freeze.toggled.connect(self._on_edit)
         top.addWidget(self.freeze)
         top.addStretch(1)
-        self._base: str | None = None
-        self._base_config: ModelConfig | None = None
-        self._base_error = ""
-        self._labels["base_path"] = "Start from"
+        return top
 
-        grid = QGridLayout()
-        grid.addWidget(self._group("Model", MODEL_FIELDS, ""), 0, 0)
-        grid.addWidget(self._group("Optimizer and data", TRAIN_FIELDS, ""), 1, 0)
-        grid.addWidget(self._group("Stage 1: pretraining on facts", STAGE_FIELDS, "pretrain."), 0, 1)
-        grid.addWidget(self._group("Stage 2: tuning on dialogues", STAGE_FIELDS, "tune."), 1, 1)
-
-        info = QGroupBox("Size")
+    def _plan_box(self) -> QGroupBox:
+        """The plan in plain words (model, time, steps, checks), a memory warning, what is invalid."""
+        info = QGroupBox("Plan")
         iv = QVBoxLayout(info)
-        self.info_label = QLabel()
-        self.info_label.setWordWrap(True)
-        iv.addWidget(self.info_label)
+        self.plan_label = QLabel()  # model, time, steps, what is checked (gui.plan_view)
+        self.plan_label.setWordWrap(True)
+        self.plan_label.setObjectName("plan_label")
+        self.plan_label.setTextFormat(Qt.TextFormat.RichText)
+        iv.addWidget(self.plan_label)
         self.memory_label = QLabel()
         self.memory_label.setWordWrap(True)
         self.memory_label.setStyleSheet("color: #b00020; font-weight: bold;")
         self.memory_label.hide()
         iv.addWidget(self.memory_label)
-        self.plan_label = QLabel()  # the Auto plan: model, passes, estimated time
-        self.plan_label.setWordWrap(True)
-        self.plan_label.setObjectName("plan_label")
-        iv.addWidget(self.plan_label)
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #b00020; font-weight: bold;")
         iv.addWidget(self.error_label)
+        return info
 
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addLayout(grid)
-        lay.addWidget(info)
-        lay.addStretch(1)
-        state.device_changed.connect(self.set_device)
-        state.project_changed.connect(self._on_project)
-        for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
-            sig.connect(self._replan_timer.start)
-        self.set_preset(AUTO)
-        self._show_base_widgets()
+    def _advanced_fold(self) -> QCollapsible:
+        """Every field of the configs, in groups, folded (collapsed until opened)."""
+        fields = QWidget()
+        grid = QGridLayout(fields)
+        grid.setContentsMargins(0, 0, 0, 0)
+        for col, groups in enumerate(((("Model", MODEL_FIELDS, ""), ("Optimizer", OPTIMIZER_FIELDS, "")),
+                                      (("Stage 1: pretraining on facts", STAGE_FIELDS, "pretrain."),
+                                       ("Stage 2: tuning on dialogues", STAGE_FIELDS, "tune.")),
+                                      (("Data mix and recall checks", DATA_FIELDS, ""),))):
+            for row, group in enumerate(groups):
+                grid.addWidget(self._group(*group), row, col, 1 if len(groups) > 1 else 2, 1)
+        n = len(MODEL_FIELDS) + 2 * len(STAGE_FIELDS) + len(TRAIN_FIELDS)
+        self.advanced = QCollapsible(f"Advanced: {n} settings of the model's shape, the two stages, the optimizer, "
+                                     "the data mix and the recall checks (Auto fills them in)",
+                                     expandedIcon="▾", collapsedIcon="▸")
+        self.advanced.setObjectName("advanced")
+        self.advanced.addWidget(fields)
+        # the fold animates its maximum height only: open, it holds its fields' height, so that the tab
+        # scrolls (gui.main_window.ScrollingTabs) instead of squeezing them
+        self.advanced.setDuration(0)
+        self.advanced.toggled.connect(lambda on: self.advanced.content().setMinimumHeight(
+            self.advanced.content().sizeHint().height() if on else 0))
+        return self.advanced
 
     # ----------------------------------------------------------------------------- start from
     def _show_base_widgets(self) -> None:
@@ -228,34 +258,49 @@ class HyperTab(QWidget):
 
     def set_base(self, path: str | None) -> None:
         """Start from ``path`` (a llama GGUF file; None: a new model). Reads only the file's header: the
-        architecture fields show the file's values and are locked; a file the engine cannot use is
-        explained (naming the key) and blocks Start."""
-        from core.finetune import DEFAULTS
+        architecture fields show the file's values and are locked, the training fields core.finetune's
+        defaults (Auto) and the plan describes the fine-tune; a file the engine cannot use is explained
+        (naming the key) and blocks Start. Back to a new model, Auto plans again."""
         from core.gguf_import import GGUFError, check_tokenizer, read_config
 
-        self._base, self._base_config, self._base_error = path, None, ""
+        self._base, self._base_config, self._base_error, self._base_name = path, None, "", None
         self._filling = True
         self.start_from.setCurrentText(EXISTING if path else NEW_MODEL)
         self.base_edit.setText(path or "")
         self._filling = False
+        self._enable_presets(not path)
         if path:
             try:
                 mc, _notes, kv = read_config(path)
                 check_tokenizer(kv, path)  # refuses a tokenizer we do not support, by name
                 self._base_config = mc
-                values = {k: getattr(mc, k) for k in BASE_FIXED}
-                values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
-                for stage in ("pretrain", "tune"):
-                    values |= {f"{stage}.steps": DEFAULTS["steps"], f"{stage}.lr": DEFAULTS["lr"],
-                               f"{stage}.batch_size": DEFAULTS["batch_size"],
-                               f"{stage}.warmup_steps": DEFAULTS["warmup_steps"]}
-                values["weight_decay"] = DEFAULTS["weight_decay"]
-                self.set_values(values, preset=CUSTOM)
+                self._base_name = str(kv.get("general.name") or Path(path).name)
+                self._apply_base_defaults()
             except (GGUFError, ValueError, OSError) as e:
                 self._base_error = str(e)
+        elif self.preset.currentText() == AUTO:
+            self.apply_plan()
         self._show_base_widgets()
         self.validate()
         self.changed.emit()
+
+    def _apply_base_defaults(self) -> None:
+        """The form of a fine-tune of the base: its architecture, core.finetune's training defaults (as
+        ``opencl-llm train --base``), the decay ending at each stage's last step."""
+        from core.finetune import DEFAULTS, default_train_config
+
+        mc = self._base_config
+        values = _config_values(mc, default_train_config())
+        values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
+        del values["vocab_size"]  # the file's: the form's target vocabulary is not used
+        self.plan = None
+        self.set_values(values, preset=AUTO)
+
+    def _enable_presets(self, on: bool) -> None:
+        """The model presets make sense only for a new model (their learning rates would wreck a trained one)."""
+        model = self.preset.model()
+        for name in PRESETS:
+            model.item(self.preset.findText(name)).setEnabled(on)
 
     def _group(self, title: str, fields, prefix: str) -> QGroupBox:
         box = QGroupBox(title)
@@ -265,6 +310,8 @@ class HyperTab(QWidget):
             if typ is int:
                 w = QSpinBox()
                 w.setRange(0, 1_000_000_000)
+                if key == "decay_steps":  # 0: the decay follows the stage's steps
+                    w.setSpecialValueText("the last step")
                 w.valueChanged.connect(self._on_edit)
             else:
                 w = QLineEdit()
@@ -285,16 +332,20 @@ class HyperTab(QWidget):
     def _on_preset(self, name: str) -> None:
         if self._filling:
             return
-        if name == AUTO:
+        if name == AUTO and self.base_path() is not None:
+            if self._base_config is not None:
+                self._apply_base_defaults()
+        elif name == AUTO:
             self.apply_plan()
         elif name in PRESETS:
             self.plan = None
-            self.plan_label.setText("")
             self.set_values(_preset_values(name), preset=name)
 
     def _replan_if_auto(self) -> None:
-        if self.preset.currentText() == AUTO:
+        if self.preset.currentText() == AUTO and self.base_path() is None:
             self.apply_plan()
+        else:
+            self.validate()  # the passes follow the dataset
 
     def apply_plan(self) -> None:
         """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's
@@ -308,22 +359,14 @@ class HyperTab(QWidget):
             self.plan = None
             why = f"{info.label} cannot be used ({info.problem})" if info is not None and info.problem else \
                 "choose a device and add data to get a plan"
-            self.plan_label.setText(f"{AUTO}: {why}; Small until then.")
+            self._no_plan = f"{AUTO}: {why}; the Small preset's settings until then."
             self.set_values({**_preset_values("Small"), "time_budget_s": budget}, preset=AUTO)
             return
         from core.device import open_device
 
+        self._no_plan = ""
         self.plan, _ = plan_for(dataset, open_device(info), budget or 0.0)
-        p = self.plan
-        text = f"Plan: {p.summary()}."
-        if p.train_config.check_every:
-            text += (f" Stages check recall every {count(p.train_config.check_every, 'step')} and stop when "
-                     f"everything is learned (at most {p.train_config.pretrain.steps} + {p.train_config.tune.steps} "
-                     "steps).")
-        for note in p.notes:
-            text += f"\nNote: {note}"
-        self.plan_label.setText(text)
-        self.set_values(_config_values(p.model_config, p.train_config), preset=AUTO)
+        self.set_values(_config_values(self.plan.model_config, self.plan.train_config), preset=AUTO)
 
     def set_values(self, values: dict, preset: str | None = None) -> None:
         """Fill the form (unknown keys are ignored) and validate."""
@@ -445,75 +488,77 @@ class HyperTab(QWidget):
         self.validate()
 
     def validate(self) -> bool:
-        """Check the form; highlight the bad field and explain; update the size estimates."""
-        from core.estimates import gguf_size_bytes, training_memory_bytes, training_memory_problem
-
+        """Check the form; highlight the bad field and explain; update the plan in plain words."""
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
         try:
             mc, tc = self.build()
         except ConfigError:
-            # every bad field, not only the first (core.config.config_errors)
-            defaults = _config_values(ModelConfig(), TrainConfig())
-            errors = config_errors(self.build, self.values(), defaults)
-            messages = []
-            for e in errors:
-                w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
-                if w is not None:
-                    w.setStyleSheet(BAD_STYLE)
-                text = str(e)
-                detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
-                messages.append(f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}")
-            self._error_field = errors[0].field
-            self._error_fields = [e.field for e in errors]
-            self._error_message = "; ".join(messages)
-            self.error_label.setText(f"Invalid setting — {messages[0]}" if len(messages) == 1 else
-                                     f"{len(messages)} invalid settings:\n" + "\n".join(f"• {m}" for m in messages))
-            self.info_label.setText("")
+            self._show_errors()
+            self.plan_label.setText("")
             self.memory_label.hide()
             ok = False
         else:
-            self._error_fields = []
-            self._error_field = None
-            self._error_message = ""
+            self._error_fields, self._error_field, self._error_message = [], None, ""
             self.error_label.setText("")
-            batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
-            mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
-            dev = self._device
-            problem = None if dev is None else training_memory_problem(
-                mc, batch, tc.grad_accum, tc.freeze_embeddings, dev.global_mem_bytes, dev.max_alloc_bytes, dev.label)
-            if problem:
-                self.memory_label.setText(f"⚠ {problem[0].upper()}{problem[1:]}; or choose another device.")
-                self.memory_label.show()
-            else:
-                self.memory_label.hide()
-            sizes = ", ".join(f"{d.upper()} {gguf_size_bytes(mc, d) / 1e6:.2f} MB" for d in ("f32", "f16", "q8_0"))
-            self.info_label.setText(
-                f"Parameters: {mc.n_params():,} (with a full vocabulary of {mc.vocab_size} tokens)\n"
-                f"Device memory for training: about {mem / 2**20:.0f} MiB (batch {batch}, context "
-                f"{mc.context_length})\n"
-                f"GGUF file: {sizes}\n"
-                f"Steps: {tc.pretrain.steps} pretraining{self._passes(tc, 0)} + {tc.tune.steps} tuning"
-                f"{self._passes(tc, 1)}; "
-                f"head width {mc.head_dim}, {math.ceil(mc.n_params() * 4 / 2**20)} MiB of float32 weights")
+            auto = self.preset.currentText() == AUTO and self.plan is not None and self.base_path() is None
+            self._show_memory_problem(*((self.plan.model_config, self.plan.train_config) if auto else (mc, tc)))
+            self.plan_label.setText(to_html(self.summary_lines(mc, tc)))
             ok = True
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
                                            self.base_path())
         self._valid = ok
         return ok
 
-    def _passes(self, tc: TrainConfig, stage: int) -> str:
-        """" (N passes over the facts)" for a stage's steps over the dataset, in the run's data mix
-        (core.batches.stage_passes; "" without data)."""
+    def _show_errors(self) -> None:
+        """Every bad field (core.config.config_errors) highlighted and listed; the Advanced fold opens
+        to show them."""
+        defaults = _config_values(ModelConfig(), TrainConfig())
+        errors = config_errors(self.build, self.values(), defaults)
+        messages = []
+        for e in errors:
+            w = self.widgets.get(e.field) or (self.base_edit if e.field == "base_path" else None)
+            if w is not None:
+                w.setStyleSheet(BAD_STYLE)
+            text = str(e)
+            detail = text[len(e.field) + 2:] if text.startswith(e.field + ": ") else text
+            messages.append(f"{self._labels.get(e.field, e.field)} ({e.field}): {detail}")
+        self._error_field = errors[0].field
+        self._error_fields = [e.field for e in errors]
+        self._error_message = "; ".join(messages)
+        self.error_label.setText(f"Invalid setting — {messages[0]}" if len(messages) == 1 else
+                                 f"{len(messages)} invalid settings:\n" + "\n".join(f"• {m}" for m in messages))
+        if any(f in self.widgets for f in self._error_fields) and not self.advanced.isExpanded():
+            self.advanced.expand(animate=False)
+
+    def _show_memory_problem(self, mc: ModelConfig, tc: TrainConfig) -> None:
+        from core.estimates import training_memory_problem
+
+        batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+        dev = self._device
+        problem = None if dev is None else training_memory_problem(
+            mc, batch, tc.grad_accum, tc.freeze_embeddings, dev.global_mem_bytes, dev.max_alloc_bytes, dev.label)
+        self.memory_label.setText(f"⚠ {problem[0].upper()}{problem[1:]}; or choose another device." if problem else "")
+        self.memory_label.setVisible(bool(problem))
+
+    def summary_lines(self, mc: ModelConfig, tc: TrainConfig) -> list[tuple[str, str]]:
+        """The plan in plain words (gui.plan_view) for the form's configs: the Auto plan's own numbers
+        while the form shows it, else the configs' (a base model's when one is chosen)."""
+        if self.base_path() is not None:
+            return config_lines(mc, tc, self.preset.currentText(), self._stage_passes(tc), self._base_name)
+        if self.preset.currentText() == AUTO and self.plan is not None:
+            return plan_lines(self.plan)
+        lines = config_lines(mc, tc, self.preset.currentText(), self._stage_passes(tc))
+        return lines + ([("Note", self._no_plan)] if self.preset.currentText() == AUTO and self._no_plan else [])
+
+    def _stage_passes(self, tc: TrainConfig) -> tuple[float, float]:
+        """Passes over the facts and over the dialogues of the stages' steps, in the run's data mix
+        (core.batches.stage_passes; 0 without such data)."""
         ds = self.app_state.dataset()
-        n, what = (len(ds.facts), "facts") if stage == 0 else (len(ds.dialogues), "dialogues")
-        if not n:
-            return ""
         questions = bool(tc.fact_questions and ds.facts and ds.dialogues)
         conversations = bool(tc.conversation_every and ds.dialogues)
-        steps = (tc.pretrain if stage == 0 else tc.tune).steps
-        value = stage_passes(tc, stage, steps, len(ds.facts), len(ds.dialogues), questions, conversations)
-        return f" ({count(value, 'pass', 'passes', 0)} over the {what})"
+        return tuple(stage_passes(tc, i, st.steps, len(ds.facts), len(ds.dialogues), questions, conversations)
+                     for i, st in enumerate((tc.pretrain, tc.tune)))
 
     def limits(self) -> tuple[int, int]:
         """(vocab_size, context_length) as far as the form is readable (for dataset counts)."""

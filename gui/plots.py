@@ -3,7 +3,10 @@ per-layer gradient norms, learning rate.
 
 Incoming numbers are appended to lists; a QTimer pushes them to the curves at most ``fps`` times a
 second, whatever the step rate. Non-finite values are never drawn: a skipped step (NaN/inf loss) is
-marked with a red cross on the loss plot instead.
+marked with a red cross on the loss plot instead. Legends sit below their plot, outside the data, so
+that they cover no curve and no label (such as "tuning starts"). Per-layer norms of more than
+``HEATMAP_LAYERS`` layers (SmolLM2 has 30 blocks) are a layer x step heat map with a colour bar: that many
+lines would only overlap.
 """
 from __future__ import annotations
 
@@ -11,12 +14,17 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QGridLayout, QWidget
+from PySide6.QtCore import QRectF, QTimer
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import QGridLayout, QStackedWidget, QWidget
 
 from gui.events import TrainingStep, ValidationLoss
 
 pg.setConfigOptions(antialias=True, background="w", foreground="k")
+
+HEATMAP_LAYERS = 8
+"""Up to this many rows of per-layer norms are lines; more are a heat map."""
+LEGEND_COLUMNS = 4
 
 
 def _finite(x) -> bool:
@@ -33,8 +41,26 @@ def _plot(title: str, y_label: str, legend: bool = True) -> pg.PlotWidget:
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
     if legend:
-        item.addLegend(offset=(-10, 10))
+        # below the "step" axis (row 4 of the PlotItem's layout), not anchored in the view box: curves
+        # added with a name still join it (PlotItem.addItem uses ``item.legend``)
+        item.legend = pg.LegendItem(offset=None, colCount=LEGEND_COLUMNS, frame=False)
+        item.layout.addItem(item.legend, 4, 1)
     return w
+
+
+def _heat_map(title: str) -> tuple[pg.PlotWidget, pg.ImageItem, pg.ColorBarItem]:
+    """A plot of a (layer, step) image with a colour bar at its right."""
+    w = pg.PlotWidget(title=title)
+    item = w.getPlotItem()
+    item.setLabel("bottom", "step")
+    item.setLabel("left", "layer")
+    item.getAxis("left").setStyle(textFillLimits=[(0, 0.9), (2, 0.9), (4, 0.8), (6, 0.7)])  # every name given
+    image = pg.ImageItem(axisOrder="row-major")
+    item.addItem(image)
+    bar = pg.ColorBarItem(colorMap=pg.colormap.get("viridis"), label="log10 of the L2 norm", interactive=False,
+                          width=15)
+    bar.setImageItem(image, insert_in=item)
+    return w, image, bar
 
 
 class _Series:
@@ -63,6 +89,10 @@ class TrainingPlots(QWidget):
         self.loss_plot = _plot("Training loss", "nats / token")
         self.grad_plot = _plot("Global gradient norm (before clipping)", "L2 norm")
         self.layer_plot = _plot("Gradient norm per layer", "L2 norm")
+        self.layer_map, self.layer_image, self.layer_bar = _heat_map("Gradient norm per layer")
+        self.layer_stack = QStackedWidget()  # lines, or the heat map of more than HEATMAP_LAYERS layers
+        self.layer_stack.addWidget(self.layer_plot)
+        self.layer_stack.addWidget(self.layer_map)
         # one curve, named by the title: a legend box would only cover it (a constant lr, or the tuning
         # stage's warmup peak, runs along the top right); tick labels such as 2.5e-05 need the room
         self.lr_plot = _plot("Learning rate", "", legend=False)
@@ -72,7 +102,7 @@ class TrainingPlots(QWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         grid.addWidget(self.loss_plot, 0, 0)
         grid.addWidget(self.grad_plot, 0, 1)
-        grid.addWidget(self.layer_plot, 1, 0)
+        grid.addWidget(self.layer_stack, 1, 0)
         grid.addWidget(self.lr_plot, 1, 1)
 
         self.loss_curve = self.loss_plot.plot(pen=pg.mkPen("#1f77b4", width=1.5), name="training")
@@ -89,7 +119,9 @@ class TrainingPlots(QWidget):
         self.grad_plot.addItem(self.clip_line)
         self.lr_curve = self.lr_plot.plot(pen=pg.mkPen("#17becf", width=1.5))
         self.layer_curves: list[pg.PlotDataItem] = []
+        self.layer_names: list[str] = []
         self._markers: list[pg.InfiniteLine] = []
+        self._marker_lines: list[tuple[pg.PlotWidget, pg.InfiniteLine]] = []  # the markers on the layer plots
         self._marker_data: list[list] = []  # [step, label] of each marker (saved with the project)
         self.earlier_curves: list[pg.PlotDataItem] = []  # earlier runs' loss, drawn faintly when shown
         self._show_earlier = False
@@ -119,12 +151,17 @@ class TrainingPlots(QWidget):
         for c in self.layer_curves:
             self.layer_plot.removeItem(c)
         self.layer_curves = []
+        self.layer_image.clear()
+        self.layer_stack.setCurrentWidget(self.layer_plot)
         legend = self.layer_plot.getPlotItem().legend
         if legend is not None:
             legend.clear()
         for m in self._markers:
             self.loss_plot.removeItem(m)
+        for plot, m in self._marker_lines:
+            plot.removeItem(m)
         self._markers = []
+        self._marker_lines = []
         self._marker_data = []
         self._last_loss = None
         self._dirty = True
@@ -165,8 +202,16 @@ class TrainingPlots(QWidget):
         self.loss_plot.addItem(line)
         self._markers.append(line)
         self._marker_data.append([x, label])
+        # the same step on the per-layer plots, unlabelled (the loss plot names it)
+        for plot, color in ((self.layer_plot, "#888"), (self.layer_map, "w")):
+            other = pg.InfiniteLine(pos=x, angle=90, movable=False,
+                                    pen=pg.mkPen(color, style=pg.QtCore.Qt.PenStyle.DotLine))
+            plot.addItem(other)
+            self._marker_lines.append((plot, other))
 
     def _make_layer_curves(self, n: int) -> None:
+        """Series for ``n`` layers' norms: a line each, or a row each of the heat map (more than
+        ``HEATMAP_LAYERS``), its rows named on the left axis."""
         for c in self.layer_curves:
             self.layer_plot.removeItem(c)
         legend = self.layer_plot.getPlotItem().legend
@@ -174,8 +219,42 @@ class TrainingPlots(QWidget):
             legend.clear()
         names = ["embedding"] + [f"block {i}" for i in range(n - 2)] + ["output"] if n >= 2 else ["all"] * n
         self.layers = [_Series() for _ in range(n)]
-        self.layer_curves = [self.layer_plot.plot(pen=pg.mkPen(pg.intColor(i, max(n, 1)), width=1.2), name=names[i])
-                             for i in range(n)]
+        self.layer_names = names
+        heat = self.is_heat_map()
+        self.layer_stack.setCurrentWidget(self.layer_map if heat else self.layer_plot)
+        self.layer_curves = [] if heat else [
+            self.layer_plot.plot(pen=pg.mkPen(pg.intColor(i, max(n, 1)), width=1.2), name=names[i]) for i in range(n)]
+        if heat:
+            every = -(-n // 5)  # five names or so fit a small plot; the others get a tick
+            named = {0, n - 1, *range(every, n - 1 - every // 2, every)}
+            axis = self.layer_map.getPlotItem().getAxis("left")
+            axis.setTicks([[(i + 0.5, names[i]) for i in sorted(named)],
+                           [(i + 0.5, "") for i in range(n) if i not in named]])
+            # wide enough for every name at once (a name wider than the axis is not drawn)
+            axis.setWidth(QFontMetrics(axis.font()).horizontalAdvance(max(names, key=len)) + 40)
+            self.layer_image.clear()
+
+    def is_heat_map(self) -> bool:
+        """True when the per-layer norms are drawn as a layer x step heat map (more than ``HEATMAP_LAYERS``)."""
+        return len(self.layers) > HEATMAP_LAYERS
+
+    def _flush_heat_map(self) -> None:
+        """The per-layer norms as an image of (layer, step), log10 of the norm (they span decades), a
+        step without a finite norm transparent."""
+        xs = np.unique(np.concatenate([np.asarray(s.x, dtype=float) for s in self.layers]))
+        if not len(xs):
+            return
+        rows = np.full((len(self.layers), len(xs)), np.nan)
+        for i, s in enumerate(self.layers):
+            x, y = s.arrays()
+            rows[i, np.searchsorted(xs, x)] = np.where(y > 0, np.log10(np.maximum(y, 1e-30)), np.nan)
+        finite = rows[np.isfinite(rows)]
+        if not finite.size:
+            return
+        lo, hi = float(finite.min()), float(finite.max())
+        self.layer_image.setImage(rows, autoLevels=False)
+        self.layer_image.setRect(QRectF(xs[0] - 0.5, 0.0, max(xs[-1] - xs[0], 0.0) + 1.0, float(len(self.layers))))
+        self.layer_bar.setLevels((lo, hi if hi > lo else lo + 1e-3))
 
     # ----------------------------------------------------------------------------- saved runs
     def snapshot(self) -> dict:
@@ -263,6 +342,8 @@ class TrainingPlots(QWidget):
         self.skip_scatter.setData(*self.skipped.arrays())
         for key, s in self.val.items():
             self.val_scatter[key].setData(*s.arrays())
+        if self.is_heat_map():
+            self._flush_heat_map()
         for s, c in zip(self.layers, self.layer_curves):
             c.setData(*s.arrays())
 

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 STAGE_NAMES = {"pretrain": "Stage 1: pretraining on facts", "tune": "Stage 2: tuning on dialogues"}
 OK_BRUSH, FAIL_BRUSH = QBrush(QColor(200, 240, 200)), QBrush(QColor(255, 205, 205))
-START_TIP = ("Train a new model from scratch with the current dataset and settings. A trained model this project "
-             "already has stays until the new run finishes its first stage (and is kept if you stop earlier).")
+START_TIP = ("{what} with the current dataset and settings. A trained model this project already has stays until "
+             "the new run finishes its first stage (and is kept if you stop earlier).")
 RESUME_TIP = ("Continue the last run from its checkpoint, with its model and dataset; steps, learning rates, batch "
               "sizes, clipping, weight decay and replay share are taken from the Hyperparameters tab")
 KEPT_NOTE = "the previous trained model is kept until this run finishes a stage"
@@ -124,7 +124,7 @@ class TrainingTab(QWidget):
         # -- controls
         row = QHBoxLayout()
         self.start_button = QPushButton("Start training")
-        self.start_button.setToolTip(START_TIP)
+        self.start_button.setToolTip(START_TIP.format(what="Train a new model from scratch"))
         self.start_button.clicked.connect(self.start)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop after the current step and save a checkpoint")
@@ -296,7 +296,7 @@ class TrainingTab(QWidget):
         self.stop_button.setEnabled(running and not self._stopping)
         self.resume_button.setEnabled(not running and blocker is None and self.can_resume())
         self.heldout_button.setVisible(not running and blocker is None and self._heldout_offered())
-        self.start_button.setToolTip(blocker or START_TIP)
+        self.start_button.setToolTip(blocker or START_TIP.format(what=(does := self._new_run_does())[0].upper() + does[1:]))
         self.resume_button.setToolTip(blocker or RESUME_TIP)
         self.hint_label.setText(blocker or "")
         self.hint_label.setVisible(bool(blocker) and not running)
@@ -411,12 +411,18 @@ class TrainingTab(QWidget):
         if self.is_running():
             return False
         if self.app_state.trained_model_path() is not None or self.app_state.resume_dir() is not None:
-            text = ("This project already has a trained model. A new run trains one from scratch with the "
+            text = (f"This project already has a trained model. A new run {self._new_run_does('one')} with the "
                     "current dataset and settings.\n\nThe current model stays in use (Chat, Export) until the "
                     "new run finishes its first stage; if you stop the new run before that, it is kept.")
             if not dialogs.ask(self, "Replace the trained model?", text, yes="Start a new run"):
                 return False
         return self._launch(resume=False)
+
+    def _new_run_does(self, model: str = "a new model") -> str:
+        """What Start does: "trains <model> from scratch", or "fine-tunes <the base file>" (Hyperparameters ▸
+        Start from)."""
+        base = self.app_state.base_model()
+        return f"fine-tunes {Path(base).name}" if base else f"trains {model} from scratch"
 
     def resume(self) -> bool:
         """Continue the project's last run from its checkpoint, with its model and dataset; the form's

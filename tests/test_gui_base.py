@@ -69,3 +69,50 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     qtbot.waitUntil(lambda: not t.comparing(), timeout=120_000)
     assert not t.compare.isHidden() and t.compare.rowCount() >= 3  # the default dataset's questions + general ones
     assert t.compare.item(0, 2).text() is not None and t.compare.horizontalHeaderItem(3).text() == "Tuned model"
+
+
+def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dialogs, monkeypatch):
+    """Issue 24: with SmolLM2 chosen the Plan line still said "Tiny model (187,456 parameters)…
+    estimated 0:41", "Decay ends at step" stayed at 100/150 for 60 steps and the confirmation said the
+    run "trains one from scratch". Now the plan describes the fine-tune of the file (its parameters and
+    vocabulary, core.finetune's steps), the decay ends at each stage's last step, the model presets are
+    off, and Start asks about fine-tuning it; back to a new model, Auto plans again."""
+    from core.device import list_devices
+    from core.config import PRESETS
+    from core.plan import AUTO
+    from tests.test_gui_hyper import shown_text
+
+    w, h = main_window, main_window.hyper_tab
+    w.state.set_device(list_devices()[0])
+    h.set_preset(AUTO)
+    auto = h.plan
+    assert auto is not None and f"{auto.model_config.n_params():,} parameters" in shown_text(h)
+    h.set_base(str(tiny_base))
+    assert h.is_valid(), h.error_message()
+    mc, tc = h.build()
+    text = shown_text(h)
+    assert f"{auto.model_config.n_params():,}" not in text and "Tiny" not in text and "about 0:" not in text
+    assert f"fine-tunes tiny smol: {mc.n_params():,} parameters" in text
+    assert f"vocabulary of {mc.vocab_size:,} tokens" in text and "not estimated before a fine-tune" in text
+    steps = DEFAULTS["steps"]
+    assert f"{steps} steps of pretraining" in text and f"{steps} steps of tuning" in text
+    for stage in ("pretrain", "tune"):
+        field = h.widgets[f"{stage}.decay_steps"]
+        assert field.value() == 0 and field.text() == "the last step"  # it follows the stage's steps
+        assert getattr(tc, stage).steps == steps and getattr(tc, stage).decay_steps == 0
+    assert tc.check_every == 0 and tc.heldout == 0 and tc.time_budget_s == 0  # core.finetune's, not Auto's
+    model = h.preset.model()
+    assert not any(model.item(h.preset.findText(n)).isEnabled() for n in PRESETS)
+
+    t = w.training_tab
+    monkeypatch.setattr(w.state, "trained_model_path", lambda: w.project.checkpoint_dir)
+    dialogs.answer = False
+    assert not t.start()
+    title, question = dialogs.asked[-1]
+    assert "fine-tunes tiny-smol.gguf" in question and "from scratch" not in question
+    assert "Fine-tunes tiny-smol.gguf" in t.start_button.toolTip()
+
+    h.set_base(None)
+    assert h.preset.currentText() == AUTO and h.plan is not None
+    assert f"the Tiny preset, {h.plan.model_config.n_params():,} parameters" in shown_text(h)
+    assert all(model.item(h.preset.findText(n)).isEnabled() for n in PRESETS)

@@ -7,6 +7,15 @@ from core.config import PRESETS, ModelConfig
 from gui.hyper_tab import BAD_STYLE
 
 
+def shown_text(tab) -> str:
+    """The plan as the Hyperparameters tab shows it (its rich text as plain text)."""
+    from PySide6.QtGui import QTextDocument
+
+    doc = QTextDocument()
+    doc.setHtml(tab.plan_label.text())
+    return doc.toPlainText()
+
+
 @pytest.fixture
 def tab(main_window):
     main_window.tabs.setCurrentWidget(main_window.hyper_tab)
@@ -21,7 +30,9 @@ def test_presets_build_the_preset_configs(tab, name):
     assert mc == ModelConfig(**{**want_mc.to_dict(), "vocab_size": want_tc.vocab_size})
     assert tc == want_tc
     assert tab.is_valid()
-    assert f"{mc.n_params():,}" in tab.info_label.text()
+    shown = shown_text(tab)
+    assert f"the {name} preset, at most {mc.n_params():,} parameters" in shown
+    assert f"{tc.pretrain.steps} steps of pretraining" in shown and f"{tc.tune.steps} steps of tuning" in shown
 
 
 def test_editing_a_value_switches_to_custom(tab):
@@ -77,15 +88,15 @@ def test_auto_is_the_default_and_shows_a_plan_with_passes_and_time(tab, main_win
     assert tab.preset.currentText() == AUTO
     main_window.state.set_device(list_devices()[0])
     tab.apply_plan()
-    text = tab.plan_label.text()
-    assert "Plan: Tiny model" in text and "passes over the facts" in text and "estimated" in text
+    text = shown_text(tab)
+    assert "Model: the Tiny preset" in text and "of pretraining on the facts" in text and "Time: about" in text
     _, tc = tab.build()
     assert tc.check_every > 0 and tc.pretrain.steps == tab.plan.train_config.pretrain.steps
-    assert "passes over the facts" in tab.info_label.text() and tab.preset.currentText() == AUTO
+    assert tab.preset.currentText() == AUTO
     full = tab.plan.planned_steps[0]
     tab.widgets["time_budget_s"].setText(f"{tab.plan.total_s / 4:.3f}")
     qtbot.waitUntil(lambda: tab.plan.planned_steps[0] < full, timeout=10_000)
-    assert tab.preset.currentText() == AUTO and "time budget" in tab.plan_label.text()
+    assert tab.preset.currentText() == AUTO and "time budget" in shown_text(tab)
 
 
 def test_every_invalid_field_is_shown_at_once(main_window, tab):
@@ -121,3 +132,95 @@ def test_every_invalid_field_is_shown_at_once(main_window, tab):
     errs = config_errors(build, {"n_heads": 8, "n_kv_heads": 3, "seed": -1}, defaults)
     assert [str(e) for e in errs] == ["n_kv_heads: must divide n_heads (8)", "seed: must be >= 0"]
     assert config_errors(build, defaults, defaults) == []
+
+
+def _numbers(pattern: str, text: str) -> list[str]:
+    import re
+
+    return re.findall(pattern, text)
+
+
+def test_every_number_shown_is_the_plans(tab, main_window):
+    """Issue 24: "Parameters: 237,888" stood above "Plan: Tiny model (187,456 parameters)" and "Steps: 100
+    pretraining + 225 tuning" above "tune 150 steps". Now each number the tab shows is read back from its
+    text and compared with the one core.plan.Plan it shows: parameters, vocabulary, memory, file sizes,
+    planned and most steps, passes, exposures, times, checks."""
+    from core.device import list_devices
+    from core.estimates import gguf_size_bytes, training_memory_bytes
+    from core.plan import AUTO, format_duration
+    from core.wording import memory_size
+
+    main_window.state.set_device(list_devices()[0])
+    tab.set_preset(AUTO)
+    p = tab.plan
+    assert p is not None and tab.is_valid(), tab.error_message()
+    mc, tc = p.model_config, p.train_config
+    text = shown_text(tab)
+    assert _numbers(r"([\d,]+) parameters", text) == [f"{mc.n_params():,}"]
+    assert _numbers(r"vocabulary of ([\d,]+) tokens", text) == [f"{mc.vocab_size:,}"]
+    batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    assert _numbers(r"about ([\d.]+ [MG]iB) of device memory", text) == [
+        memory_size(training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings))]
+    assert _numbers(r"([\d.]+) MB \((F32|F16|Q8_0)\)", text) == [
+        (f"{gguf_size_bytes(mc, d) / 1e6:.2f}", d.upper()) for d in ("f32", "f16", "q8_0")]
+    assert _numbers(r"(\d+) steps of pretraining", text) == [str(p.planned_steps[0])]
+    assert _numbers(r"(\d+) steps of tuning", text) == [str(p.planned_steps[1])]
+    assert _numbers(r"to at most ([\d,]+) \+ ([\d,]+) steps", text) == [(f"{tc.pretrain.steps:,}", f"{tc.tune.steps:,}")]
+    assert _numbers(r"facts \((\d+) passes", text) == [f"{p.pretrain_passes:.0f}"]
+    assert _numbers(r"dialogues \((\d+) passes", text) == [f"{p.tune_passes:.0f}"]
+    assert _numbers(r"each fact seen (\d+) times", text) == [f"{p.fact_exposures:.0f}"]
+    assert _numbers(r"Time: about (\d+:\d\d)", text) == [format_duration(p.expected_s)]
+    assert _numbers(r"at most (\d+:\d\d) for the planned steps \(checks (\d+:\d\d)\)", text) == [
+        (format_duration(p.total_s), format_duration(p.check_s))]
+    assert _numbers(r"ends after (\d+:\d\d) at the latest", text) == [format_duration(tc.time_budget_s)]
+    assert _numbers(r"every (\d+) steps", text) == [str(tc.check_every)]
+    # the form's fields are the plan's too (the vocabulary field is the target the tokenizer may reach)
+    v = tab.values()
+    assert (v["pretrain.steps"], v["tune.steps"]) == (tc.pretrain.steps, tc.tune.steps)
+    assert (v["pretrain.decay_steps"], v["tune.decay_steps"]) == p.planned_steps
+    assert (v["d_model"], v["n_layers"], v["check_every"]) == (mc.d_model, mc.n_layers, tc.check_every)
+
+
+def _page_fits(main_window, tab) -> None:
+    """Nothing of the tab is cut off: every word-wrapped label has the height its text needs, and the
+    page fits in its scroll area's viewport (no scrolling needed)."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QLabel
+
+    area = main_window.tabs.currentWidget()
+    viewport = area.viewport()
+    assert area.verticalScrollBar().maximum() == 0, "the page needs scrolling at the default size"
+    for label in tab.findChildren(QLabel):
+        if not label.isVisible() or not label.text():
+            continue
+        if label.wordWrap():
+            assert label.height() >= label.heightForWidth(label.width()), label.text()[:60]
+        bottom = label.mapTo(viewport, QPoint(0, label.height())).y()
+        assert bottom <= viewport.height(), f"{label.text()[:60]!r} ends below the window"
+
+
+def test_advanced_is_folded_and_everything_fits_at_the_default_size(tab, main_window, qtbot):
+    """With Auto, the plan comes first and the expert fields are folded under Advanced (collapsed by
+    default); at the window's default size nothing is cut off, folded or not (open, the tab scrolls
+    rather than squeeze the fields)."""
+    from core.device import list_devices
+    from core.plan import AUTO
+
+    w = main_window
+    w.show()
+    qtbot.waitExposed(w)
+    assert (w.width(), w.height()) == (1200, 860)  # the default size
+    w.state.set_device(list_devices()[0])
+    tab.set_preset(AUTO)
+    qtbot.wait(50)
+    assert not tab.advanced.isExpanded() and tab.advanced.content().height() == 0
+    assert tab.widgets["adam_eps"].visibleRegion().isEmpty() and not tab.plan_label.visibleRegion().isEmpty()
+    _page_fits(w, tab)
+    tab.advanced.expand(animate=False)
+    qtbot.waitUntil(lambda: tab.advanced.content().height() > 0)
+    qtbot.wait(50)
+    for key, field in tab.widgets.items():  # open: every field at least its minimum height, not squeezed
+        assert field.height() >= field.minimumSizeHint().height(), key
+    tab.advanced.collapse(animate=False)
+    qtbot.wait(50)
+    _page_fits(w, tab)

@@ -1,0 +1,112 @@
+"""The Hyperparameters tab's summary in plain words: the model, the time, the steps, what is checked.
+
+Every number comes from core and nothing is computed here: for Auto, all of them come from one
+core.plan.Plan (its model config, planned and maximum steps, passes, times); for a preset, your own
+settings or a base model, from the form's configs through core.estimates and core.batches.stage_passes.
+Each line is ``(heading, text)``; :func:`to_html` shows them with the heading in bold.
+"""
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+from core.plan import format_duration
+from core.wording import count, memory_size
+
+if TYPE_CHECKING:
+    from core.config import ModelConfig, TrainConfig
+    from core.plan import Plan
+
+Line = tuple[str, str]
+
+
+def _sizes(mc: ModelConfig, tc: TrainConfig) -> str:
+    """Device memory of training and the GGUF file's size in each export type."""
+    from core.estimates import gguf_size_bytes, training_memory_bytes
+
+    batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
+    files = ", ".join(f"{gguf_size_bytes(mc, d) / 1e6:.2f} MB ({d.upper()})" for d in ("f32", "f16", "q8_0"))
+    return (f"training needs about {memory_size(mem)} of device memory (batch {batch}, context "
+            f"{mc.context_length} tokens); the GGUF file is {files}")
+
+
+def _checked(tc: TrainConfig) -> str:
+    """What the run checks, and when (the trainer's recall checks, core.trainer)."""
+    if tc.check_every:
+        sample = f" ({tc.check_sample} of each kind; all of them at a stage's end)" if tc.check_sample else ""
+        give_up = f", or after {count(tc.patience, 'check')} without progress" if tc.patience else ""
+        text = (f"every {count(tc.check_every, 'step')}, which facts and dialogue answers the model reproduces"
+                f"{sample}; a stage ends once all are learned{give_up}.")
+    else:
+        text = "after each stage, which facts and dialogue answers the model reproduces (the Training tab's table)."
+    if tc.heldout:
+        text += (f" {count(tc.heldout, 'fact question')} {'is' if tc.heldout == 1 else 'are'} kept out of training "
+                 "to measure answers about facts no dialogue asks about.")
+    return text
+
+
+def _stages(steps: tuple[int, int], passes: tuple[float, float], seen: float = 0.0) -> str:
+    """"N steps of pretraining on the facts (P passes), then M steps of tuning on the dialogues (Q passes)"."""
+    parts = []
+    if steps[0]:
+        each = f"; each fact seen {seen:.0f} times" if seen else ""
+        parts.append(f"{count(steps[0], 'step')} of pretraining on the facts "
+                     f"({count(passes[0], 'pass', 'passes', 0)}{each})")
+    if steps[1]:
+        parts.append(f"{count(steps[1], 'step')} of tuning on the dialogues ({count(passes[1], 'pass', 'passes', 0)})")
+    return ", then ".join(parts) or "no steps (both stages have 0 steps)"
+
+
+def plan_lines(plan: Plan) -> list[Line]:
+    """The Auto plan in plain words; every number is one of ``plan``'s."""
+    mc, tc = plan.model_config, plan.train_config
+    time = f"about {format_duration(plan.expected_s)}, recall checks included"
+    if plan.expected_s < plan.total_s:
+        time += (f"; at most {format_duration(plan.total_s)} for the planned steps (checks "
+                 f"{format_duration(plan.check_s)}): a stage stops once everything is learned")
+    else:
+        time += f" ({format_duration(plan.check_s)} of checks)"
+    if tc.time_budget_s:
+        time += f". The run ends after {format_duration(tc.time_budget_s)} at the latest"
+    training = _stages(plan.planned_steps, (plan.pretrain_passes, plan.tune_passes), plan.fact_exposures) + "."
+    if (tc.pretrain.steps, tc.tune.steps) != plan.planned_steps:
+        training += (f" A stage that has not learned by then goes on while recall improves, to at most "
+                     f"{tc.pretrain.steps:,} + {tc.tune.steps:,} steps.")
+    lines = [("Model", f"the {plan.preset} preset, {mc.n_params():,} parameters with the vocabulary of "
+                       f"{mc.vocab_size:,} tokens your data needs; {_sizes(mc, tc)}."),
+             ("Time", time + "."), ("Training", training), ("Checked", _checked(tc))]
+    return lines + [("Note", note) for note in plan.notes]
+
+
+def config_lines(mc: ModelConfig, tc: TrainConfig, name: str, passes: tuple[float, float],
+                 base: str | None = None) -> list[Line]:
+    """A run of the form's configs in plain words: ``name`` is the preset (or "Custom"); ``passes`` the
+    stages' passes (core.batches.stage_passes); ``base`` the base model's name when it fine-tunes one."""
+    steps = (tc.pretrain.steps, tc.tune.steps)
+    if base is not None:
+        model = (f"fine-tunes {base}: {mc.n_params():,} parameters and the file's vocabulary of "
+                 f"{mc.vocab_size:,} tokens; {_sizes(mc, tc)}.")
+        time = ("not estimated before a fine-tune starts: the Training tab shows it once the first steps are "
+                "timed.")
+    else:
+        what = "your settings" if name == "Custom" else f"the {name} preset"
+        model = (f"{what}, at most {mc.n_params():,} parameters (with a full vocabulary of {mc.vocab_size:,} "
+                 f"tokens; your data may need fewer); {_sizes(mc, tc)}.")
+        time = "the Training tab shows it once the first steps are timed (Auto plans it before the run)."
+    lrs = f" Learning rate {tc.pretrain.lr:g} and {tc.tune.lr:g}." if all(steps) else ""
+    return [("Model", model), ("Time", time), ("Training", _stages(steps, passes) + "." + lrs),
+            ("Checked", _checked(tc))]
+
+
+def to_html(lines: list[Line]) -> str:
+    """The lines as rich text, one paragraph each, the heading in bold."""
+    return "<br>".join(f"<b>{html.escape(h)}:</b> {html.escape(t)}" for h, t in lines)
+
+
+def to_text(lines: list[Line]) -> str:
+    """The lines as plain text (tooltips, tests, the log)."""
+    return "\n".join(f"{h}: {t}" for h, t in lines)
+
+
+__all__ = ["plan_lines", "config_lines", "to_html", "to_text"]
