@@ -9,6 +9,7 @@ short context (the memory of activations grows with it).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,117 @@ def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict
     return trainer
 
 
+@dataclass(frozen=True)
+class FinetuneEstimate:
+    """How long a fine-tune will take, printed before its first step (``train --base``).
+
+    Attributes:
+        steps: (pretrain, tune) steps that will run (0: a stage without data or steps).
+        step_s: seconds of one step of each stage: the padded tokens of its batches (the mean of the
+            first :data:`SAMPLED_STEPS`) at the speed of :func:`forward_seconds_per_token`, divided by
+            ``core.plan.FORWARD_SHARE`` (a step is a forward, a backward and the update) and times
+            ``core.plan.TRAINER_OVERHEAD`` (the update guard, gradient norms, batches).
+        check_s: seconds of the recall checks at the stages' ends (each prompt and its answer's tokens
+            at the forward's speed).
+        seconds_per_token: the timed forward's seconds per padded token.
+    """
+
+    steps: tuple[int, int]
+    step_s: tuple[float, float]
+    check_s: float
+    seconds_per_token: float
+
+    @property
+    def total_s(self) -> float:
+        """Seconds of the whole run: every step and the checks."""
+        return sum(n * s for n, s in zip(self.steps, self.step_s)) + self.check_s
+
+    def summary(self) -> str:
+        """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30)``."""
+        from core.plan import format_duration
+
+        parts = [f"{name} {n} steps of about {s:.1f} s" for name, n, s in zip(("pretrain", "tune"), self.steps,
+                                                                             self.step_s) if n]
+        return (f"estimated {format_duration(self.total_s)} ({', '.join(parts) or 'no steps'}; checks "
+                f"{format_duration(self.check_s)}; the first steps also build the kernels)")
+
+
+SAMPLED_STEPS = 32
+"""Batches of each stage whose padded tokens :func:`estimate_time` averages."""
+
+
+def forward_seconds_per_token(trainer: Trainer, stage: int) -> tuple[float, float]:
+    """Seconds per padded token of a forward pass of ``trainer``'s model on the first (micro-)batch of
+    ``stage`` (its real sequences, so its real length): ``(loss, logits)``, the training step's forward
+    (timed on the second of two passes: the first builds the kernels) and the recall check's, whose
+    logits are read back. Only activations are written; weights, gradients and moments stay as they are.
+    """
+    import time
+
+    tokens, targets, mask = trainer.batches.batch(stage, 0)
+    micro = trainer.model.batch_size
+    tokens, targets, mask = tokens[:micro], targets[:micro], mask[:micro]
+    trainer.model.loss(tokens, targets, mask)
+    t0 = time.perf_counter()
+    trainer.model.loss(tokens, targets, mask)  # returns a number: the device has finished
+    t1 = time.perf_counter()
+    trainer.model.logits(tokens)
+    return (t1 - t0) / tokens.size, (time.perf_counter() - t1) / tokens.size
+
+
+def estimate_time(trainer: Trainer) -> FinetuneEstimate:
+    """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: measured on its own model
+    (:func:`forward_seconds_per_token`, three forward passes) and the padded tokens of its batches."""
+    from core.plan import FORWARD_SHARE, TRAINER_OVERHEAD
+
+    has = (bool(trainer.facts), bool(trainer.dialogues))
+    steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
+    spt, spt_logits = forward_seconds_per_token(trainer, 0 if steps[0] else 1)
+    step_s = []
+    for stage, n in enumerate(steps):
+        tokens = sum(trainer.batches.padded_tokens(stage, k) for k in range(min(n, SAMPLED_STEPS)))
+        step_s.append(tokens / max(1, min(n, SAMPLED_STEPS)) * spt / FORWARD_SHARE * TRAINER_OVERHEAD)
+    checks = sum(1 for n in steps if n)  # each stage ends with a check of every kind
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), checks * check_tokens(trainer) * spt_logits, spt)
+
+
+def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
+    """Padded tokens of a row in the longest batch of ``trainer``'s run (its first ``most_steps`` steps of
+    each stage): how far its activation buffers are ever written."""
+    longest = 1
+    for stage in (0, 1):
+        if not (trainer.facts if stage == 0 else trainer.dialogues):
+            continue
+        for step in range(min(trainer.stage_config(stage).steps, most_steps)):
+            longest = max(longest, max(len(e.ids) for e in trainer.batches.examples(stage, step)) - 1)
+    return min(longest, trainer.model_config.context_length)
+
+
+def _check_prompts(trainer: Trainer) -> list:
+    """The prompts of an end-of-stage recall check (every kind), shortest first."""
+    from core.recall import KINDS, recall_prompts
+
+    return sorted(recall_prompts(trainer.tokenizer, trainer.dataset, trainer.model_config.context_length,
+                                 KINDS, trainer.heldout_pairs), key=lambda p: len(p.ids))
+
+
+def check_longest(trainer: Trainer) -> int:
+    """Tokens of the longest row a recall check of ``trainer``'s run feeds the model (prompt and answer)."""
+    return min(trainer.model_config.context_length,
+               max((len(p.ids) + p.max_new for p in _check_prompts(trainer)), default=1))
+
+
+def check_tokens(trainer: Trainer) -> int:
+    """Tokens the forwards of one end-of-stage recall check feed the model (core.recall.greedy_batch:
+    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's
+    whole sequences, as long as its longest answer)."""
+    prompts = _check_prompts(trainer)
+    b, total = trainer.model.batch_size, 0
+    for i in range(0, len(prompts), b):
+        chunk = prompts[i:i + b]
+        t0, new = max(len(p.ids) for p in chunk), max(p.max_new for p in chunk)
+        total += len(chunk) * (new * t0 + new * (new - 1) // 2)  # lengths t0, t0 + 1, ..., t0 + new - 1
+    return total
 
 
 GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
@@ -114,4 +226,6 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
 
 
-__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after"]
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
+           "FinetuneEstimate", "estimate_time", "forward_seconds_per_token", "check_tokens",
+           "check_longest", "longest_row"]
