@@ -193,6 +193,7 @@ class _CtrlC:
     def __init__(self, trainer):
         self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
+        self.saved_state = None  # (stage, step, AdamW step) of the last save: the same state is not saved twice
 
     def __call__(self, *_):
         self.count += 1
@@ -203,13 +204,18 @@ class _CtrlC:
             else:
                 raise KeyboardInterrupt
 
+    @staticmethod
+    def state(trainer) -> tuple[int, int, int]:
+        """What a save of ``trainer`` records that training changes: stage, step and AdamW step."""
+        return trainer.stage_index, trainer.stage_step, trainer.model.adam_step
+
     def save(self, trainer, out: Path) -> None:
         from core.checkpoint import save_trainer
 
         self.saving = True
         try:
             save_trainer(trainer, out)
-            self.saved = True
+            self.saved, self.saved_state = True, self.state(trainer)
         except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
             raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
                           "its previous checkpoint (if any)") from None
@@ -487,7 +493,8 @@ def _train(args, out: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    ctrl_c.save(trainer, out)
+    if ctrl_c.saved_state != ctrl_c.state(trainer):  # the last stage's save holds the end state already
+        ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if final:
         v = verdict_of(final["report"], trainer.train_config.recall_target,

@@ -86,20 +86,22 @@ class FinetuneEstimate:
             first :data:`SAMPLED_STEPS`) at the speed of :func:`forward_seconds_per_token`, divided by
             ``core.plan.FORWARD_SHARE`` (a step is a forward, a backward and the update) and times
             ``core.plan.TRAINER_OVERHEAD`` (the update guard, gradient norms, batches).
-        check_s: seconds of the recall checks at the stages' ends (each prompt and its answer's tokens
-            at the forward's speed).
+        check_s: seconds of the recall checks at the stages' ends: :func:`check_tokens` at the speed of
+            a forward whose logits are read back (as the check's are).
         seconds_per_token: the timed forward's seconds per padded token.
+        save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
     """
 
     steps: tuple[int, int]
     step_s: tuple[float, float]
     check_s: float
     seconds_per_token: float
+    save_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        """Seconds of the whole run: every step and the checks."""
-        return sum(n * s for n, s in zip(self.steps, self.step_s)) + self.check_s
+        """Seconds of the whole run: every step, the checks and the saves."""
+        return sum(n * s for n, s in zip(self.steps, self.step_s)) + self.check_s + self.save_s
 
     def summary(self) -> str:
         """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30)``."""
@@ -108,9 +110,13 @@ class FinetuneEstimate:
         parts = [f"{name} {n} steps of about {s:.1f} s" for name, n, s in zip(("pretrain", "tune"), self.steps,
                                                                              self.step_s) if n]
         return (f"estimated {format_duration(self.total_s)} ({', '.join(parts) or 'no steps'}; checks "
-                f"{format_duration(self.check_s)}; the first steps also build the kernels)")
+                f"{format_duration(self.check_s)}, saves {format_duration(self.save_s)}; the first steps also "
+                "build the kernels)")
 
 
+SAVE_BYTES_PER_S = 80e6
+"""Checkpoint bytes (weights.npz and optimizer.npz) a save writes per second, finite check, sha256 and fsync
+included: 1.6 GB (SmolLM2-135M) in 19.5 s on the busy 2-core test machine."""
 SAMPLED_STEPS = 32
 """Batches of each stage whose padded tokens :func:`estimate_time` averages."""
 
@@ -137,17 +143,21 @@ def forward_seconds_per_token(trainer: Trainer, stage: int) -> tuple[float, floa
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: measured on its own model
     (:func:`forward_seconds_per_token`, three forward passes) and the padded tokens of its batches."""
+    from core.estimates import save_copy_bytes
     from core.plan import FORWARD_SHARE, TRAINER_OVERHEAD
 
     has = (bool(trainer.facts), bool(trainer.dialogues))
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
+    if not any(steps):
+        return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0, 0.0)
     spt, spt_logits = forward_seconds_per_token(trainer, 0 if steps[0] else 1)
     step_s = []
     for stage, n in enumerate(steps):
         tokens = sum(trainer.batches.padded_tokens(stage, k) for k in range(min(n, SAMPLED_STEPS)))
         step_s.append(tokens / max(1, min(n, SAMPLED_STEPS)) * spt / FORWARD_SHARE * TRAINER_OVERHEAD)
-    checks = sum(1 for n in steps if n)  # each stage ends with a check of every kind
-    return FinetuneEstimate(steps, (step_s[0], step_s[1]), checks * check_tokens(trainer) * spt_logits, spt)
+    stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
+    save_s = stages * save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2 / SAVE_BYTES_PER_S
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), stages * check_tokens(trainer) * spt_logits, spt, save_s)
 
 
 def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
