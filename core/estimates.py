@@ -84,16 +84,18 @@ def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
 
 
 def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: int, longest: int,
-                        freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0) -> int:
+                        freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0,
+                        check_rows: int | None = None) -> int:
     """Peak resident memory of a training process in bytes.
 
     What the process holds before its trainer is built (``resident_before``: Python, the OpenCL driver,
     a base model's float32 weights), plus, when the device's buffers live in host memory (a CPU
     device), :func:`core.model.memory_bytes` at ``longest`` tokens a row (the longest padded batch:
     activation pages past it are never written, so never resident), plus the larger of a checkpoint
-    save's copies (:func:`save_copy_bytes`) and a recall check's logits of ``check_seq`` tokens a row
-    (:func:`check_copy_bytes`; the check runs after the save), plus :data:`KERNEL_BUILD_BYTES`.
-    Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.94 GiB (rows of 47 tokens); a
+    save's copies (:func:`save_copy_bytes`) and a recall check's logits of ``check_rows`` (default
+    ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`; the check runs after the
+    save), plus :data:`KERNEL_BUILD_BYTES`.
+    Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
     3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
     """
     from core.config import replace
@@ -104,7 +106,8 @@ def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: 
         seq = max(1, min(longest, config.context_length))
         device = memory_bytes(replace(config, context_length=seq), micro_batch, True,
                               frozen_tensors(freeze_embeddings))[0]
-    copies = max(save_copy_bytes(config, freeze_embeddings), check_copy_bytes(config, micro_batch, check_seq))
+    rows = micro_batch if check_rows is None else check_rows
+    copies = max(save_copy_bytes(config, freeze_embeddings), check_copy_bytes(config, rows, check_seq))
     return resident_before + device + copies + KERNEL_BUILD_BYTES
 
 

@@ -82,20 +82,17 @@ class FinetuneEstimate:
 
     Attributes:
         steps: (pretrain, tune) steps that will run (0: a stage without data or steps).
-        step_s: seconds of one step of each stage: the padded tokens of its batches (the mean of the
-            first :data:`SAMPLED_STEPS`) at the speed of :func:`forward_seconds_per_token`, divided by
-            ``core.plan.FORWARD_SHARE`` (a step is a forward, a backward and the update) and times
-            ``core.plan.TRAINER_OVERHEAD`` (the update guard, gradient norms, batches).
-        check_s: seconds of the recall checks at the stages' ends: :func:`check_tokens` at the speed of
-            a forward whose logits are read back (as the check's are).
-        seconds_per_token: the timed forward's seconds per padded token.
+        step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
+            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update
+            guard's copy and check (timed) once more for AdamW's pass over the same buffers.
+        check_s: seconds of the recall checks at the stages' ends (:func:`check_forwards` at the timed
+            speed of a forward whose logits are read back, as the check's are).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
     """
 
     steps: tuple[int, int]
     step_s: tuple[float, float]
     check_s: float
-    seconds_per_token: float
     save_s: float = 0.0
 
     @property
@@ -104,14 +101,13 @@ class FinetuneEstimate:
         return sum(n * s for n, s in zip(self.steps, self.step_s)) + self.check_s + self.save_s
 
     def summary(self) -> str:
-        """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30)``."""
+        """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30, ...)``."""
         from core.plan import format_duration
 
         parts = [f"{name} {n} steps of about {s:.1f} s" for name, n, s in zip(("pretrain", "tune"), self.steps,
                                                                              self.step_s) if n]
         return (f"estimated {format_duration(self.total_s)} ({', '.join(parts) or 'no steps'}; checks "
-                f"{format_duration(self.check_s)}, saves {format_duration(self.save_s)}; the first steps also "
-                "build the kernels)")
+                f"{format_duration(self.check_s)}, saves {format_duration(self.save_s)})")
 
 
 SAVE_BYTES_PER_S = 80e6
@@ -121,43 +117,73 @@ SAMPLED_STEPS = 32
 """Batches of each stage whose padded tokens :func:`estimate_time` averages."""
 
 
-def forward_seconds_per_token(trainer: Trainer, stage: int) -> tuple[float, float]:
-    """Seconds per padded token of a forward pass of ``trainer``'s model on the first (micro-)batch of
-    ``stage`` (its real sequences, so its real length): ``(loss, logits)``, the training step's forward
-    (timed on the second of two passes: the first builds the kernels) and the recall check's, whose
-    logits are read back. Only activations are written; weights, gradients and moments stay as they are.
-    """
+@dataclass(frozen=True)
+class Speed:
+    """Seconds of one pass of a model over ``tokens`` padded tokens: ``fixed + per_token * tokens``."""
+
+    fixed: float
+    per_token: float
+
+    def __call__(self, tokens: float) -> float:
+        return self.fixed + self.per_token * tokens
+
+    @staticmethod
+    def through(points: list[tuple[int, float]]) -> Speed:
+        """The line through two ``(tokens, seconds)`` points (through the origin and the point for one,
+        or for two of about the same length)."""
+        (t0, s0), (t1, s1) = min(points), max(points)
+        if t1 < 1.5 * t0 or s1 <= s0:
+            return Speed(0.0, s1 / t1)
+        per = (s1 - s0) / (t1 - t0)
+        return Speed(max(0.0, s0 - per * t0), per)
+
+
+def _seconds(fn) -> float:
     import time
 
-    tokens, targets, mask = trainer.batches.batch(stage, 0)
-    micro = trainer.model.batch_size
-    tokens, targets, mask = tokens[:micro], targets[:micro], mask[:micro]
-    trainer.model.loss(tokens, targets, mask)
     t0 = time.perf_counter()
-    trainer.model.loss(tokens, targets, mask)  # returns a number: the device has finished
-    t1 = time.perf_counter()
-    trainer.model.logits(tokens)
-    return (t1 - t0) / tokens.size, (time.perf_counter() - t1) / tokens.size
+    fn()
+    return time.perf_counter() - t0
+
+
+def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, Speed]:
+    """``(gradients, logits)``: the speed of a forward and backward pass of ``trainer``'s model (its
+    gradients, as a step computes them) and of a forward whose logits are read back (a recall check's),
+    each timed on the first micro-batch of every stage in ``stages`` (its real sequences) after one
+    untimed pass that builds the kernels. Gradients and activations are overwritten, as the next step
+    overwrites them; weights and moments stay as they are.
+    """
+    m = trainer.model
+    batches = [tuple(a[:m.batch_size] for a in trainer.batches.batch(stage, 0)) for stage in stages]
+    m.forward_backward(*batches[0])  # builds the kernels (the first step then does not)
+    grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
+    logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
+    return Speed.through(grads), Speed.through(logits)
 
 
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
-    """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: measured on its own model
-    (:func:`forward_seconds_per_token`, three forward passes) and the padded tokens of its batches."""
+    """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
+    (:func:`gradient_seconds`: five passes, the update guard once) and the padded tokens of its batches."""
     from core.estimates import save_copy_bytes
-    from core.plan import FORWARD_SHARE, TRAINER_OVERHEAD
 
     has = (bool(trainer.facts), bool(trainer.dialogues))
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
     if not any(steps):
-        return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0, 0.0)
-    spt, spt_logits = forward_seconds_per_token(trainer, 0 if steps[0] else 1)
+        return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
+    grads, logits = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
+    guard = trainer._guard  # the update guard's copy and check, as every step makes them (nothing changes)
+    update = 2 * _seconds(lambda: (guard.save(), guard.finite()))  # and AdamW's pass over the same buffers
     step_s = []
     for stage, n in enumerate(steps):
-        tokens = sum(trainer.batches.padded_tokens(stage, k) for k in range(min(n, SAMPLED_STEPS)))
-        step_s.append(tokens / max(1, min(n, SAMPLED_STEPS)) * spt / FORWARD_SHARE * TRAINER_OVERHEAD)
+        k = max(1, min(n, SAMPLED_STEPS))
+        tokens = sum(trainer.batches.padded_tokens(stage, i) for i in range(k)) / k
+        micro = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # passes per step
+        step_s.append(micro * grads.fixed + grads.per_token * tokens + update if n else 0.0)
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
-    save_s = stages * save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2 / SAVE_BYTES_PER_S
-    return FinetuneEstimate(steps, (step_s[0], step_s[1]), stages * check_tokens(trainer) * spt_logits, spt, save_s)
+    forwards, tokens = check_forwards(trainer)
+    file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files
+    check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
 
 
 def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
@@ -180,23 +206,26 @@ def _check_prompts(trainer: Trainer) -> list:
                                  KINDS, trainer.heldout_pairs), key=lambda p: len(p.ids))
 
 
-def check_longest(trainer: Trainer) -> int:
-    """Tokens of the longest row a recall check of ``trainer``'s run feeds the model (prompt and answer)."""
-    return min(trainer.model_config.context_length,
-               max((len(p.ids) + p.max_new for p in _check_prompts(trainer)), default=1))
-
-
-def check_tokens(trainer: Trainer) -> int:
-    """Tokens the forwards of one end-of-stage recall check feed the model (core.recall.greedy_batch:
-    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's
-    whole sequences, as long as its longest answer)."""
+def check_shape(trainer: Trainer) -> tuple[int, int]:
+    """``(rows, tokens)`` of the largest forward a recall check of ``trainer``'s run makes: the batch's
+    prompts (at most the model's rows) and the longest prompt and answer."""
     prompts = _check_prompts(trainer)
-    b, total = trainer.model.batch_size, 0
+    longest = max((len(p.ids) + p.max_new for p in prompts), default=1)
+    return min(len(prompts), trainer.model.batch_size), min(trainer.model_config.context_length, longest)
+
+
+def check_forwards(trainer: Trainer) -> tuple[int, int]:
+    """``(forwards, tokens)`` of one end-of-stage recall check of ``trainer``'s run (core.recall.greedy_batch:
+    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's whole
+    sequences, as many as its longest answer)."""
+    prompts = _check_prompts(trainer)
+    b, forwards, total = trainer.model.batch_size, 0, 0
     for i in range(0, len(prompts), b):
         chunk = prompts[i:i + b]
         t0, new = max(len(p.ids) for p in chunk), max(p.max_new for p in chunk)
+        forwards += new
         total += len(chunk) * (new * t0 + new * (new - 1) // 2)  # lengths t0, t0 + 1, ..., t0 + new - 1
-    return total
+    return forwards, total
 
 
 GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
@@ -237,5 +266,5 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
-           "FinetuneEstimate", "estimate_time", "forward_seconds_per_token", "check_tokens",
-           "check_longest", "longest_row"]
+           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
+           "longest_row"]
