@@ -107,3 +107,26 @@ def test_finetune_prints_its_plan_and_its_peak_memory_stays_within_20_percent(tm
     print(f"estimated {estimate / 2**30:.3f} GiB, peak {peak / 2**30:.3f} GiB")
     assert abs(peak - estimate) <= 0.2 * estimate
     assert "pretrain step 2/2: loss " in out and "tune step 2/2: loss " in out  # its output is a pipe
+
+
+def test_speed_is_the_line_through_two_timed_lengths():
+    from core.finetune import Speed
+
+    s = Speed.through([(376, 6.0), (104, 2.0)])
+    assert s.per_token == pytest.approx(4.0 / 272) and s(104) == pytest.approx(2.0) and s(376) == pytest.approx(6.0)
+    one = Speed.through([(100, 2.0)])  # one length (one stage): proportional
+    assert one.fixed == 0.0 and one(50) == pytest.approx(1.0)
+    noisy = Speed.through([(100, 3.0), (300, 2.0)])  # the longer pass timed faster: no negative slope
+    assert noisy.fixed == 0.0 and noisy(300) == pytest.approx(2.0)
+
+
+def test_a_run_saves_each_stage_once(tmp_path, capsys, monkeypatch):
+    import core.checkpoint
+
+    saves = []
+    real = core.checkpoint.save_trainer
+    monkeypatch.setattr(core.checkpoint, "save_trainer", lambda t, d: saves.append(t.stage_index) or real(t, d))
+    assert main(["train", *TINY, "--data", str(small_data(tmp_path)), "--out", str(tmp_path / "m"),
+                 "--pretrain-steps", "2", "--tune-steps", "1", "-q"]) == 0
+    assert saves == [1, 2]  # after pretraining and after tuning; the end state is the last stage's
+    assert f"model saved to {tmp_path / 'm'}" in capsys.readouterr().out
