@@ -173,12 +173,13 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     grads, logits = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
     guard = trainer._guard  # the update guard's copy and check, as every step makes them (nothing changes)
     update = 2 * _seconds(lambda: (guard.save(), guard.finite()))  # and AdamW's pass over the same buffers
-    step_s = []
+    step_s = [0.0, 0.0]
     for stage, n in enumerate(steps):
-        k = max(1, min(n, SAMPLED_STEPS))
-        tokens = sum(trainer.batches.padded_tokens(stage, i) for i in range(k)) / k
-        micro = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # passes per step
-        step_s.append(micro * grads.fixed + grads.per_token * tokens + update if n else 0.0)
+        if n:
+            k = min(n, SAMPLED_STEPS)
+            tokens = sum(trainer.batches.padded_tokens(stage, i) for i in range(k)) / k
+            passes = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # micro-batches
+            step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
     forwards, tokens = check_forwards(trainer)
     file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files

@@ -85,6 +85,22 @@ def test_quiet_training_prints_no_progress_lines(tmp_path, capsys):
     assert " step 1/2: " not in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return write_tiny_smol(tmp_path_factory.mktemp("base") / "tiny-smol.gguf")
+
+
+@pytest.mark.parametrize("kind", ["facts", "dialogues"])
+def test_finetune_plan_of_a_dataset_with_one_stage(tiny_base, tmp_path, capsys, kind):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({kind: DATA[kind]}))
+    assert main(["train", "--base", str(tiny_base), "--data", str(data), "--out", str(tmp_path / "m"), "--steps", "2",
+                 "--context-length", "64", "-q"]) == 0
+    plan = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plan: "))
+    stage, other = ("pretrain", "tune") if kind == "facts" else ("tune", "pretrain")
+    assert f"({stage} 2 steps of about " in plan and other not in plan, plan
+
+
 def peak_rss_of(cmd: list[str], **kw) -> tuple[int, str]:
     """Run ``cmd``; its peak resident memory in bytes (Linux ru_maxrss, KiB) and its output."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
@@ -96,8 +112,8 @@ def peak_rss_of(cmd: list[str], **kw) -> tuple[int, str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="the resident memory is read from /proc (Linux)")
-def test_finetune_prints_its_plan_and_its_peak_memory_stays_within_20_percent(tmp_path):
-    base = write_tiny_smol(tmp_path / "tiny-smol.gguf")
+def test_finetune_prints_its_plan_and_its_peak_memory_stays_within_20_percent(tiny_base, tmp_path):
+    base = tiny_base
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     peak, out = peak_rss_of([sys.executable, "-m", "core.cli", "train", "--base", str(base), "--data",
                              str(small_data(tmp_path)), "--out", str(tmp_path / "tuned"), "--steps", "2",
