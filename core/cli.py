@@ -126,6 +126,59 @@ def _resume_config(args, saved):
     return tc
 
 
+PROGRESS_LINE_S = 10.0
+"""Seconds between two progress lines when the output is not a terminal (:class:`ProgressLines`)."""
+
+
+class ProgressLines:
+    """Training progress as plain lines for output that is not a terminal (a log file, a pipe), where
+    rich's live bars show nothing until the run ends: a stage's first and last step, a line at most every
+    ``every_s`` seconds between them (step, loss, speed, passes, elapsed and the stage's time left at the
+    speed so far), and a line when a recall check starts and every ``every_s`` seconds while it runs.
+
+    Args:
+        every_s: seconds between two lines (:data:`PROGRESS_LINE_S`).
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, every_s: float = PROGRESS_LINE_S, clock=None):
+        import time
+
+        self.every_s, self.clock = every_s, clock or time.monotonic
+        self.last = -math.inf
+        self.first: dict[str, tuple[float, int]] = {}  # stage -> (clock, step) of its first step seen
+        self.checking = False
+
+    def _due(self, now: float, force: bool) -> bool:
+        if force or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+    def step(self, ev, passes: float) -> str | None:
+        """The line for a :class:`core.trainer.StepReport` (``passes``: over the stage's data), or None."""
+        from core.plan import format_duration
+
+        now = self.clock()
+        self.checking = False
+        t0, s0 = self.first.setdefault(ev.stage, (now, ev.step))
+        if not self._due(now, ev.step in (s0, ev.total_steps)):
+            return None
+        left = ""
+        if ev.step > s0 and ev.step < ev.total_steps:  # the speed after the first step (which compiles kernels)
+            left = f", about {format_duration((now - t0) / (ev.step - s0) * (ev.total_steps - ev.step))} left"
+        return (f"{ev.stage} step {ev.step}/{ev.total_steps}: loss {ev.loss:.3f}, {ev.tokens_per_s:,.0f} tok/s, "
+                f"{passes:.1f} passes, {format_duration(ev.elapsed_s)} elapsed{left}")
+
+    def check(self, ev) -> str | None:
+        """The line for a :class:`core.trainer.RecallProgress`, or None."""
+        start = not self.checking
+        self.checking = ev.done < ev.total
+        if not self._due(self.clock(), start) or (not start and ev.done == ev.total):
+            return None
+        return f"{ev.stage}: checking recall, {ev.done:,} of {ev.total:,} prompts"
+
+
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 """Signals that stop a training run with a checkpoint: Ctrl-C, and what a logout (SIGHUP) or
 ``systemctl stop`` / ``kill`` (SIGTERM) sends."""
@@ -140,6 +193,7 @@ class _CtrlC:
     def __init__(self, trainer):
         self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
+        self.saved_state = None  # (stage, step, AdamW step) of the last save: the same state is not saved twice
 
     def __call__(self, *_):
         self.count += 1
@@ -150,13 +204,18 @@ class _CtrlC:
             else:
                 raise KeyboardInterrupt
 
+    @staticmethod
+    def state(trainer) -> tuple[int, int, int]:
+        """What a save of ``trainer`` records that training changes: stage, step and AdamW step."""
+        return trainer.stage_index, trainer.stage_step, trainer.model.adam_step
+
     def save(self, trainer, out: Path) -> None:
         from core.checkpoint import save_trainer
 
         self.saving = True
         try:
             save_trainer(trainer, out)
-            self.saved = True
+            self.saved, self.saved_state = True, self.state(trainer)
         except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
             raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
                           "its previous checkpoint (if any)") from None
@@ -221,6 +280,38 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
                          f"{lighter / 2**30:.2f} GiB (or lower --context-length / --batch-size)")
 
 
+def _print_line(lines: ProgressLines, ev, trainer) -> None:
+    """Print ``ev``'s progress line, if it has one now (output that is not a terminal)."""
+    from core.trainer import RecallProgress, StepReport
+
+    line = None
+    if isinstance(ev, StepReport):
+        line = lines.step(ev, trainer.passes(0 if ev.stage == "pretrain" else 1, ev.step))
+    elif isinstance(ev, RecallProgress):
+        line = lines.check(ev)
+    if line:
+        print(line, flush=True)
+
+
+def _print_finetune_plan(trainer, dev: Device, resident_before: int | None) -> None:
+    """``train --base``: the run's time (core.finetune.estimate_time) and, where this process's memory can
+    be read, its peak resident memory (core.estimates.peak_resident_bytes), before the first step."""
+    from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
+    from core.finetune import check_shape, estimate_time, longest_row
+
+    print(f"plan: {estimate_time(trainer).summary()}")
+    if resident_before is None:
+        return
+    tc, longest, mc = trainer.train_config, longest_row(trainer), trainer.model_config
+    rows, check = check_shape(trainer)
+    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
+                               dev.is_cpu, check, rows)
+    where = f"the device's buffers up to rows of {longest} tokens, " if dev.is_cpu else ""
+    print(f"resident memory: at most about {peak / 2**30:.2f} GiB in this process ({where}then a checkpoint "
+          f"save's {save_copy_bytes(mc, tc.freeze_embeddings) / 2**30:.2f} GiB copy of the weights and moments or "
+          f"a recall check's {check_copy_bytes(mc, rows, check) / 2**30:.2f} GiB of logits)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import os
 
@@ -250,6 +341,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train(args, out: Path) -> int:
     import signal
 
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         Progress,
@@ -325,9 +417,12 @@ def _train(args, out: Path) -> int:
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
+            from core.estimates import resident_bytes
             from core.finetune import base_trainer
 
+            before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
             trainer = base_trainer(base, mc, base_meta, dataset, tc, dev)
+            _print_finetune_plan(trainer, dev, before)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     c = trainer.model_config
@@ -346,9 +441,14 @@ def _train(args, out: Path) -> int:
     ctrl_c = _CtrlC(trainer)
     stops = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
     previous = {sig: signal.signal(sig, ctrl_c) for sig in stops}
+    console = Console()  # a terminal gets rich's live bars; a file or a pipe plain lines (ProgressLines)
+    console.soft_wrap = not console.is_terminal  # and whole lines, not wrapped at 80 columns
+    lines = None if args.quiet or console.is_terminal else ProgressLines()
     try:
-        with Progress(*columns, disable=args.quiet) as progress:
+        with Progress(*columns, console=console, disable=args.quiet or lines is not None) as progress:
             for ev in trainer.run():
+                if lines is not None:
+                    _print_line(lines, ev, trainer)
                 if isinstance(ev, StepReport):
                     if check_task is not None:
                         progress.remove_task(check_task)
@@ -394,7 +494,8 @@ def _train(args, out: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    ctrl_c.save(trainer, out)
+    if ctrl_c.saved_state != ctrl_c.state(trainer):  # the last stage's save holds the end state already
+        ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if final:
         v = verdict_of(final["report"], trainer.train_config.recall_target,

@@ -49,6 +49,68 @@ def training_memory_problem(config: ModelConfig, batch_size: int, grad_accum: in
                           device_name, training=True, frozen=frozen_tensors(freeze_embeddings))
 
 
+def resident_bytes() -> int | None:
+    """This process's resident memory now, in bytes (Linux ``/proc/self/statm``; None where it cannot
+    be read, e.g. on macOS and Windows)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False) -> int:
+    """Host bytes a checkpoint save (core.checkpoint.save_trainer) holds at once: the weights and the
+    AdamW moments read back from the device (4 + 8 bytes per trained parameter, 4 per frozen one) and
+    the ``.npz`` bytes of each, as large again."""
+    from core.model import frozen_tensors
+
+    n = config.n_params()
+    frozen = sum(math.prod(s) for name, s in config.param_shapes() if name in frozen_tensors(freeze_embeddings))
+    return 2 * 4 * (n + 2 * (n - frozen))
+
+
+KERNEL_BUILD_BYTES = 100 << 20
+"""Resident memory the OpenCL compiler keeps after building a training run's kernels the first time
+(PoCL's LLVM heap): measured 0.66 GiB peak with the kernels in PoCL's cache, 0.75 without, same run."""
+
+
+def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
+    """Host bytes of a recall check's logits (core.recall.greedy_batch): float32 ``(rows, seq,
+    vocab_size)`` read back for every new token, the next one read while the last is still held."""
+    return 2 * 4 * rows * min(seq, config.context_length) * config.vocab_size
+
+
+def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: int, longest: int,
+                        freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0,
+                        check_rows: int | None = None) -> int:
+    """Peak resident memory of a training process in bytes.
+
+    What the process holds before its trainer is built (``resident_before``: Python, the OpenCL driver,
+    a base model's float32 weights), plus, when the device's buffers live in host memory (a CPU
+    device), :func:`core.model.memory_bytes` at ``longest`` tokens a row (the longest padded batch:
+    activation pages past it are never written, so never resident), plus the larger of a checkpoint
+    save's copies (:func:`save_copy_bytes`) and a recall check's logits of ``check_rows`` (default
+    ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`; the check runs after the
+    save), plus :data:`KERNEL_BUILD_BYTES`.
+    Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
+    3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
+    """
+    from core.config import replace
+    from core.model import frozen_tensors, memory_bytes
+
+    device = 0
+    if device_on_host:
+        seq = max(1, min(longest, config.context_length))
+        device = memory_bytes(replace(config, context_length=seq), micro_batch, True,
+                              frozen_tensors(freeze_embeddings))[0]
+    rows = micro_batch if check_rows is None else check_rows
+    copies = max(save_copy_bytes(config, freeze_embeddings), check_copy_bytes(config, rows, check_seq))
+    return resident_before + device + copies + KERNEL_BUILD_BYTES
+
+
 def _micro_batch(batch_size: int, grad_accum: int) -> int:
     return -(-batch_size // max(1, grad_accum))
 

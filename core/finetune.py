@@ -9,6 +9,7 @@ short context (the memory of activations grows with it).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,157 @@ def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict
     return trainer
 
 
+@dataclass(frozen=True)
+class FinetuneEstimate:
+    """How long a fine-tune will take, printed before its first step (``train --base``).
+
+    Attributes:
+        steps: (pretrain, tune) steps that will run (0: a stage without data or steps).
+        step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
+            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update
+            guard's copy and check (timed) once more for AdamW's pass over the same buffers.
+        check_s: seconds of the recall checks at the stages' ends (:func:`check_forwards` at the timed
+            speed of a forward whose logits are read back, as the check's are).
+        save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
+    """
+
+    steps: tuple[int, int]
+    step_s: tuple[float, float]
+    check_s: float
+    save_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """Seconds of the whole run: every step, the checks and the saves."""
+        return sum(n * s for n, s in zip(self.steps, self.step_s)) + self.check_s + self.save_s
+
+    def summary(self) -> str:
+        """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30, ...)``."""
+        from core.plan import format_duration
+
+        parts = [f"{name} {n} steps of about {s:.1f} s" for name, n, s in zip(("pretrain", "tune"), self.steps,
+                                                                             self.step_s) if n]
+        return (f"estimated {format_duration(self.total_s)} ({', '.join(parts) or 'no steps'}; checks "
+                f"{format_duration(self.check_s)}, saves {format_duration(self.save_s)})")
+
+
+SAVE_BYTES_PER_S = 80e6
+"""Checkpoint bytes (weights.npz and optimizer.npz) a save writes per second, finite check, sha256 and fsync
+included: 1.6 GB (SmolLM2-135M) in 19.5 s on the busy 2-core test machine."""
+SAMPLED_STEPS = 32
+"""Batches of each stage whose padded tokens :func:`estimate_time` averages."""
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Seconds of one pass of a model over ``tokens`` padded tokens: ``fixed + per_token * tokens``."""
+
+    fixed: float
+    per_token: float
+
+    def __call__(self, tokens: float) -> float:
+        return self.fixed + self.per_token * tokens
+
+    @staticmethod
+    def through(points: list[tuple[int, float]]) -> Speed:
+        """The line through two ``(tokens, seconds)`` points (through the origin and the point for one,
+        or for two of about the same length)."""
+        (t0, s0), (t1, s1) = min(points), max(points)
+        if t1 < 1.5 * t0 or s1 <= s0:
+            return Speed(0.0, s1 / t1)
+        per = (s1 - s0) / (t1 - t0)
+        return Speed(max(0.0, s0 - per * t0), per)
+
+
+def _seconds(fn) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, Speed]:
+    """``(gradients, logits)``: the speed of a forward and backward pass of ``trainer``'s model (its
+    gradients, as a step computes them) and of a forward whose logits are read back (a recall check's),
+    each timed on the first micro-batch of every stage in ``stages`` (its real sequences) after one
+    untimed pass that builds the kernels. Gradients and activations are overwritten, as the next step
+    overwrites them; weights and moments stay as they are.
+    """
+    m = trainer.model
+    batches = [tuple(a[:m.batch_size] for a in trainer.batches.batch(stage, 0)) for stage in stages]
+    m.forward_backward(*batches[0])  # builds the kernels (the first step then does not)
+    grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
+    logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
+    return Speed.through(grads), Speed.through(logits)
+
+
+def estimate_time(trainer: Trainer) -> FinetuneEstimate:
+    """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
+    (:func:`gradient_seconds`: five passes, the update guard once) and the padded tokens of its batches."""
+    from core.estimates import save_copy_bytes
+
+    has = (bool(trainer.facts), bool(trainer.dialogues))
+    steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
+    if not any(steps):
+        return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
+    grads, logits = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
+    guard = trainer._guard  # the update guard's copy and check, as every step makes them (nothing changes)
+    update = 2 * _seconds(lambda: (guard.save(), guard.finite()))  # and AdamW's pass over the same buffers
+    step_s = [0.0, 0.0]
+    for stage, n in enumerate(steps):
+        if n:
+            k = min(n, SAMPLED_STEPS)
+            tokens = sum(trainer.batches.padded_tokens(stage, i) for i in range(k)) / k
+            passes = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # micro-batches
+            step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
+    stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
+    forwards, tokens = check_forwards(trainer)
+    file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files
+    check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
+
+
+def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
+    """Padded tokens of a row in the longest batch of ``trainer``'s run (its first ``most_steps`` steps of
+    each stage): how far its activation buffers are ever written."""
+    longest = 1
+    for stage in (0, 1):
+        if not (trainer.facts if stage == 0 else trainer.dialogues):
+            continue
+        for step in range(min(trainer.stage_config(stage).steps, most_steps)):
+            longest = max(longest, max(len(e.ids) for e in trainer.batches.examples(stage, step)) - 1)
+    return min(longest, trainer.model_config.context_length)
+
+
+def _check_prompts(trainer: Trainer) -> list:
+    """The prompts of an end-of-stage recall check (every kind), shortest first."""
+    from core.recall import KINDS, recall_prompts
+
+    return sorted(recall_prompts(trainer.tokenizer, trainer.dataset, trainer.model_config.context_length,
+                                 KINDS, trainer.heldout_pairs), key=lambda p: len(p.ids))
+
+
+def check_shape(trainer: Trainer) -> tuple[int, int]:
+    """``(rows, tokens)`` of the largest forward a recall check of ``trainer``'s run makes: the batch's
+    prompts (at most the model's rows) and the longest prompt and answer."""
+    prompts = _check_prompts(trainer)
+    longest = max((len(p.ids) + p.max_new for p in prompts), default=1)
+    return min(len(prompts), trainer.model.batch_size), min(trainer.model_config.context_length, longest)
+
+
+def check_forwards(trainer: Trainer) -> tuple[int, int]:
+    """``(forwards, tokens)`` of one end-of-stage recall check of ``trainer``'s run (core.recall.greedy_batch:
+    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's whole
+    sequences, as many as its longest answer)."""
+    prompts = _check_prompts(trainer)
+    b, forwards, total = trainer.model.batch_size, 0, 0
+    for i in range(0, len(prompts), b):
+        chunk = prompts[i:i + b]
+        t0, new = max(len(p.ids) for p in chunk), max(p.max_new for p in chunk)
+        forwards += new
+        total += len(chunk) * (new * t0 + new * (new - 1) // 2)  # lengths t0, t0 + 1, ..., t0 + new - 1
+    return forwards, total
 
 
 GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
@@ -114,4 +266,6 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
 
 
-__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after"]
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
+           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
+           "longest_row"]
