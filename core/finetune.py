@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from core.dataset import Dataset
     from core.device import Device
     from core.loaded import LoadedModel
+    from core.lora import LoRAConfig
     from core.trainer import Trainer
 
 DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
@@ -65,14 +66,36 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
 
 
 def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
-                 train_config: TrainConfig, device: Device) -> Trainer:
-    """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer."""
+                 train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None) -> Trainer:
+    """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
+    ``lora``: trains adapters on the frozen weights; ``base_meta`` from :func:`lora_base_meta`)."""
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
-                      weights=loaded.weights)
+                      weights=loaded.weights, lora=lora)
     trainer.base_meta = dict(base_meta)
     return trainer
+
+
+LORA_LR = 1e-3
+"""Peak learning rate of LoRA fine-tuning when none is given: the adapters start at B = 0 and learn
+from there, so they take a larger rate than the full model (PEFT's examples use 1e-4 to 3e-3)."""
+
+
+def lora_base_meta(path: str | os.PathLike, base_meta: dict, lora: LoRAConfig) -> dict:
+    """``base_meta`` of :func:`load_base` plus what a LoRA checkpoint keeps instead of the weights: the
+    settings (``lora``) and the base file's sha256 (``base_sha256``), checked when it is loaded.
+
+    Raises:
+        core.lora.LoRAError: the base is not a GGUF file (a LoRA checkpoint refers to one file).
+    """
+    from core.checkpoint import file_sha256
+    from core.lora import LoRAError
+
+    p = Path(path)
+    if not p.is_file():
+        raise LoRAError(f"{p}: --lora needs a GGUF file as --base (a LoRA checkpoint refers to its base file)")
+    return dict(base_meta) | {"lora": lora.to_dict(), "base_sha256": file_sha256(p)}
 
 
 
@@ -114,4 +137,5 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
 
 
-__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after"]
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
+           "LORA_LR", "lora_base_meta"]
