@@ -576,12 +576,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _export_adapter(args: argparse.Namespace) -> int:
     """``export --adapter``: a LoRA checkpoint's adapters as llama.cpp's adapter GGUF (with --modelfile an
     Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
-    from core.checkpoint import load_checkpoint
+    from core.checkpoint import load_model
     from core.lora_io import export_adapter_gguf, export_peft
 
     if args.dtype not in (None, "f32"):
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
-    loaded = load_checkpoint(args.model)
+    loaded = load_model(args.model)
     if args.format == "hf":
         folder = export_peft(loaded, args.out)
         print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")

@@ -132,15 +132,31 @@ def test_adapter_gguf_logits_in_llama_cpp_equal_ours(lora_run, f32_base, tmp_pat
     assert {t.tensor_type for t in gguf.GGUFReader(q8).tensors} >= {gguf.GGMLQuantizationType.Q8_0}
 
 
+def _hf_model(base, torch, LlamaForCausalLM):
+    """The transformers model of core.hf_io.export_hf's weights (its names, Q/K row permutation and
+    config; the export's tokenizer files are left out: it writes only tokenizers of our own models)."""
+    from transformers import LlamaConfig
+
+    from core.hf_io import _rope_heads, hf_config, hf_names, to_hf_rows
+
+    c, tok = base.config, base.tokenizer
+    model = LlamaForCausalLM(LlamaConfig(**hf_config(c, tok.bos_id, tok.eos_id, tok.pad_id)))
+    heads = _rope_heads(c)
+    state = {theirs: torch.from_numpy(to_hf_rows(base.weights[ours], heads[ours]) if ours in heads
+                                      else base.weights[ours].copy()) for ours, theirs in hf_names(c).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied: lm_head is embed_tokens
+    return model.float().eval()
+
+
 def test_peft_folder_logits_in_transformers_equal_ours(lora_run, f32_base, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     from transformers import LlamaForCausalLM
 
-    hf, pf = tmp_path / "hf", tmp_path / "peft"
-    assert main(["export", "--model", str(f32_base), "--format", "hf", "--out", str(hf)]) == 0
+    pf = tmp_path / "peft"
     assert main(["export", "--model", str(lora_run), "--adapter", "--format", "hf", "--out", str(pf)]) == 0
-    model = peft.PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32), pf)
+    model = peft.PeftModel.from_pretrained(_hf_model(import_gguf(f32_base), torch, LlamaForCausalLM), pf)
     model.eval()
     ck = load_checkpoint(lora_run)
     ids = ck.tokenizer.encode(PROMPT, parse_special=True)
