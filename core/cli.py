@@ -227,6 +227,21 @@ def _lora_setup(args, base_meta: dict):
     return lora, lora_base_meta(args.base, base_meta, lora)
 
 
+def _general_replay(args, dev: Device, mc: ModelConfig, base, dataset):
+    """``(dataset with the base model's answers to the general questions appended, core.known.Replay)`` of
+    ``train --base`` (core/known.py); ``(dataset, None)`` with --no-general-questions."""
+    from core import known
+
+    if args.no_general_questions:
+        return dataset, None
+    questions = known.GENERAL_QUESTIONS + (known.read_questions(args.general_questions) if args.general_questions
+                                           else ())
+    print(f"asking the base model {count(len(questions), 'general question')} (its answers are replayed and "
+          "checked, so it keeps what it knew)…")
+    pairs, unfinished = known.base_answers(dev, mc, base.weights, base.tokenizer, questions)
+    return known.with_replay(dataset, pairs, unfinished)
+
+
 def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora) -> None:
     """The memory line of a LoRA run (core.model.memory_bytes with the adapters); refuses one that does not fit."""
     from core.lora import adapter_params
@@ -313,7 +328,7 @@ def _train(args, out: Path) -> int:
         TrainingDiverged,
     )
 
-    base = lora = None
+    base = lora = replay = None
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
     try:
         if args.base and args.resume:
@@ -372,6 +387,7 @@ def _train(args, out: Path) -> int:
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
             from core.finetune import base_trainer
 
+            dataset, replay = _general_replay(args, dev, mc, base, dataset)
             trainer = base_trainer(base, mc, base_meta, dataset, tc, dev, lora=lora)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
@@ -447,6 +463,10 @@ def _train(args, out: Path) -> int:
         print(v.text.replace(" — try the model on the Chat tab", ""))
         if v.advice:
             print(f"to learn the rest: {v.advice}")
+        if replay is not None and replay.pairs:
+            from core.known import verdict_line
+
+            print(verdict_line(final["report"].recall, replay))
     return 0
 
 
@@ -734,6 +754,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora-alpha", type=finite_float, help="adapter scale alpha / rank (default alpha 32)")
     s.add_argument("--lora-targets", nargs="+", metavar="NAME", help="layers with adapters (default all: attn_q "
                    "attn_k attn_v attn_output ffn_gate ffn_up ffn_down; commas also separate)")
+    s.add_argument("--general-questions", metavar="FILE", help="with --base: more general questions (one per line) "
+                   "whose base answers are replayed and checked beside the built-in ten")
+    s.add_argument("--no-general-questions", action="store_true", help="with --base: do not replay the base "
+                   "model's answers to general questions")
     s.add_argument("--learn-heldout", action="store_true", help="also train the questions the Auto plan keeps out "
                    "to measure answers about facts without a dialogue (with --resume: tuning goes on to learn them)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import known
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
 
 if TYPE_CHECKING:
@@ -100,9 +101,9 @@ def lora_base_meta(path: str | os.PathLike, base_meta: dict, lora: LoRAConfig) -
 
 
 
-GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
-                     "What is 12 plus 30?")
-"""General questions asked before and after fine-tuning, to show what the model may have forgotten."""
+GENERAL_QUESTIONS = known.GENERAL_QUESTIONS
+"""General questions asked before and after fine-tuning, to show what the model may have forgotten (the
+ones core.known replays in training)."""
 
 
 def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig,

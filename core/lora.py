@@ -159,8 +159,8 @@ class FrozenMatrix(Protocol):
     def forward(self, out: cl.Buffer, x: cl.Buffer, n: int) -> None:
         """``out (n, n_out) = x (n, n_in) @ W^T``."""
 
-    def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False) -> None:
-        """``dx (n, n_in) = (or +=) dy (n, n_out) @ W``."""
+    def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
+        """``dx (n, n_in) = (or +=) dy (n, n_out) @ W`` (``x``: the layer's input, for objects that need it)."""
 
 
 class DenseFrozen:
@@ -177,8 +177,9 @@ class DenseFrozen:
         """``out (n, n_out) = x (n, n_in) @ W^T``."""
         self.matmul(out, x, self.w, n, self.n_out, self.n_in, trans_b=True)
 
-    def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False) -> None:
-        """``dx (n, n_in) = (or +=) dy (n, n_out) @ W`` (no weight gradient)."""
+    def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
+        """``dx (n, n_in) = (or +=) dy (n, n_out) @ W`` (no weight gradient; ``x``, the layer's input, is
+        not needed)."""
         self.matmul(dx, dy, self.w, n, self.n_in, self.n_out, accumulate=accumulate)
 
 

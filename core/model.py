@@ -430,12 +430,12 @@ class Model:
         self._norm_sink = self.dev.zeros(self.config.d_model)
 
     def _lora_views(self, lora: LoRAConfig) -> dict[str, Any]:
-        """The weight views with every targeted (fused) matrix replaced by a :class:`core.lora.LoRALinear`
-        over a :class:`core.lora.DenseFrozen` base."""
-        c, p, av = self.config, self.params.views, self.adapter.views
+        """The weight views with every block matrix (or fused group) replaced by its frozen matrix
+        (:meth:`_frozen_matrix`), wrapped in a :class:`core.lora.LoRALinear` where it has adapters."""
+        c, av = self.config, self.adapter.views
         gv = self.grads.views if self.training else {}  # no gradients: forward only
         scratch = LoRAScratch(self.dev, self.batch_size * c.context_length, lora.rank, widest_output(c, lora))
-        cols, views = LoRACols(self.dev), dict(p)
+        cols, views = LoRACols(self.dev), dict(self.params.views)
         for i in range(c.n_layers):
             fused = [(qkv_group(i), ("attn_q", "attn_k", "attn_v")), (gate_up_group(i), ("ffn_gate", "ffn_up")),
                      (tensor_name(T.ATTN_OUT, i), ("attn_output",)), (tensor_name(T.FFN_DOWN, i), ("ffn_down",))]
@@ -448,10 +448,16 @@ class Model:
                         a, b = name + ".lora_a", name + ".lora_b"
                         parts.append(AdapterPart(col0, width, av[a], av[b], gv.get(a), gv.get(b)))
                     col0 += width
-                if parts:
-                    frozen = DenseFrozen(self.ops.matmul, p[matrix], col0, n_in)
-                    views[matrix] = LoRALinear(frozen, col0, n_in, parts, lora.scale, self.ops.matmul, cols, scratch)
+                frozen = self._frozen_matrix(matrix, col0, n_in)
+                views[matrix] = (LoRALinear(frozen, col0, n_in, parts, lora.scale, self.ops.matmul, cols, scratch)
+                                 if parts else frozen)
         return views
+
+    def _frozen_matrix(self, name: str, n_out: int, n_in: int) -> DenseFrozen:
+        """The frozen base matrix ``name`` (a weight or a fused group, (n_out, n_in)) as a
+        :class:`core.lora.FrozenMatrix`: our float32 matmul over its view of the parameter buffer (the
+        one place a quantized matrix would be chosen instead)."""
+        return DenseFrozen(self.ops.matmul, self.params.views[name], n_out, n_in)
 
     def adapter_weights(self) -> dict[str, np.ndarray]:
         """Host copy of the adapters, ``{<base name>.lora_a / .lora_b: float32 array}`` (LoRA models)."""

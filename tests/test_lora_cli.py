@@ -24,8 +24,8 @@ PROMPT = "<|im_start|>user\nWhere is Brindlewick?<|im_end|>\n<|im_start|>assista
 
 
 def write_f32_smol(path, arch="llama", qtype=None):
-    """A random tied llama (2 layers, d_model 64) with SmolLM2's tokenizer keys, every tensor F32 (or
-    ``qtype`` for the matrices), under ``general.architecture`` ``arch``."""
+    """A random tied llama (2 layers, d_model 64) with SmolLM2's tokenizer keys, every tensor F32 (but
+    blk.0.attn_q in ``qtype``, as zero blocks), under ``general.architecture`` ``arch``."""
     vocab = read_vocab(smollm2_path())
     c = ModelConfig(vocab_size=len(vocab.tokens), d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
                     context_length=2048, rope_theta=100000.0, tie_embeddings=True)
@@ -36,8 +36,9 @@ def write_f32_smol(path, arch="llama", qtype=None):
     _write_vocab(w, vocab)
     for name, shape in c.param_shapes():
         a = np.ones(shape, np.float32) if len(shape) == 1 else (rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if qtype is not None and len(shape) == 2 and name != "token_embd.weight":
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        if qtype is not None and name == "blk.0.attn_q.weight":  # raw blocks (zeros) of a type we may not read
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            w.add_tensor(name, np.zeros((shape[0], shape[1] // block * size), np.uint8), raw_dtype=qtype)
         else:
             w.add_tensor(name, a)
     w.write_header_to_file()
@@ -177,6 +178,10 @@ def test_bad_lora_input_is_one_line_and_writes_nothing(f32_base, lora_run, tmp_p
     assert main(["train", "--base", str(other), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(other) in err and "qwen2" in err
+    q81 = write_f32_smol(tmp_path / "q81.gguf", qtype=gguf.GGMLQuantizationType.Q8_1)
+    assert main(["train", "--base", str(q81), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(q81) in err and "blk.0.attn_q.weight" in err and "Q8_1" in err
     assert main(["train", "--base", str(f32_base), *args, "--lora-targets", "attn_q,lm_head"]) == 2
     assert "lora targets" in capsys.readouterr().err
     assert main(["train", *args]) == 2
