@@ -1,5 +1,5 @@
-"""lora.cl's column blocks (cols_add / cols_take) against the numpy reference at odd shapes, several
-work-group sizes and both work splits; and a LoRALinear against core/kernels/lora_ref.py."""
+"""lora.cl's column blocks (cols_add / cols_take) against the numpy reference at odd shapes and several
+work-group sizes; and a LoRALinear against core/kernels/lora_ref.py."""
 import numpy as np
 import pytest
 
@@ -10,11 +10,10 @@ from core.lora import AdapterPart, DenseFrozen, LoRALinear, LoRAScratch
 from tests.opcheck import assert_close, from_device, to_device
 
 
-@pytest.mark.parametrize("local", [1, 7, 64, None])
-@pytest.mark.parametrize("contiguous", [False, True])
-@pytest.mark.parametrize("n,ld,col0,width", [(1, 1, 0, 1), (5, 13, 4, 9), (3, 37, 0, 37), (17, 50, 31, 19)])
-def test_cols_add_and_take_match_numpy(device, rng, local, contiguous, n, ld, col0, width):
-    op = LoRACols(device, local_size=local, contiguous=contiguous)
+@pytest.mark.parametrize("local", [1, 4, 16, None])
+@pytest.mark.parametrize("n,ld,col0,width", [(1, 1, 0, 1), (5, 13, 4, 9), (3, 37, 0, 37), (17, 150, 31, 119)])
+def test_cols_add_and_take_match_numpy(device, rng, local, n, ld, col0, width):
+    op = LoRACols(device, local_size=local)
     out = rng.standard_normal((n, ld)).astype(np.float32)
     src = rng.standard_normal((n, width)).astype(np.float32)
     O, S, D = to_device(device, out, src, np.full((n, width), np.nan, np.float32))
