@@ -193,15 +193,20 @@ class AdapterPart:
     b: object  # cl.Buffer (width, rank)
     grad_a: object  # cl.Buffer, accumulated
     grad_b: object
+    u: object = None  # cl.Buffer (n, rank): x A^T of the last forward, kept for the backward
 
 
 class LoRAScratch:
-    """Buffers every :class:`LoRALinear` of a model shares: ``u``, ``du`` (n, rank) and ``wide``
-    (n, widest adapter output), ``n`` = the largest rows of a step."""
+    """Buffers every :class:`LoRALinear` of a model shares: ``du`` (n, rank) and ``wide`` (n, widest
+    adapter output), ``n`` = the largest rows of a step; ``saved(dev)`` makes a part's own ``u`` (n, rank)."""
 
     def __init__(self, dev: Device, n_rows: int, rank: int, widest: int):
-        self.rank = rank
-        self.u, self.du, self.wide = dev.alloc(n_rows * rank), dev.alloc(n_rows * rank), dev.alloc(n_rows * widest)
+        self.rank, self.n_rows = rank, n_rows
+        self.du, self.wide = dev.alloc(n_rows * rank), dev.alloc(n_rows * widest)
+
+    def saved(self, dev: Device):
+        """A new (n, rank) buffer for one adapter's ``x A^T``."""
+        return dev.alloc(self.n_rows * self.rank)
 
 
 class LoRALinear:
@@ -209,7 +214,8 @@ class LoRALinear:
 
     Forward ``y = x W^T + scale (x A_j^T) B_j^T`` on each part's columns; backward gives the input
     gradient ``dx = dy W + sum_j scale (dy_j B_j) A_j`` and accumulates ``dA_j = scale (dy_j B_j)^T x``,
-    ``dB_j = scale dy_j^T (x A_j^T)`` (``x A^T`` is recomputed: nothing is kept between the passes).
+    ``dB_j = scale dy_j^T (x A_j^T)`` (``u_j = x A_j^T`` is kept from the forward in the part's ``u``: the
+    backward must follow the forward of the same batch, as in a training step).
     """
 
     def __init__(self, frozen: FrozenMatrix, n_out: int, n_in: int, parts: list[AdapterPart], scale: float,
@@ -222,8 +228,8 @@ class LoRALinear:
         self.frozen.forward(out, x, n)
         r, s = self.s.rank, self.s
         for p in self.parts:
-            self.mm(s.u, x, p.a, n, r, self.n_in, trans_b=True)              # u = x A^T      (n, r)
-            self.mm(s.wide, s.u, p.b, n, p.width, r, trans_b=True)           # u B^T          (n, width)
+            self.mm(p.u, x, p.a, n, r, self.n_in, trans_b=True)              # u = x A^T      (n, r), kept
+            self.mm(s.wide, p.u, p.b, n, p.width, r, trans_b=True)           # u B^T          (n, width)
             self.cols.add(out, s.wide, n, self.n_out, p.col0, p.width, self.scale)
 
     def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
@@ -233,8 +239,7 @@ class LoRALinear:
         r, s = self.s.rank, self.s
         for p in self.parts:
             self.cols.take(s.wide, dy, n, self.n_out, p.col0, p.width, self.scale)  # g = scale dy_j (n, width)
-            self.mm(s.u, x, p.a, n, r, self.n_in, trans_b=True)                      # u = x A^T (n, r)
-            self.mm(p.grad_b, s.wide, s.u, p.width, r, n, trans_a=True, accumulate=True)   # dB += g^T u
+            self.mm(p.grad_b, s.wide, p.u, p.width, r, n, trans_a=True, accumulate=True)   # dB += g^T u
             self.mm(s.du, s.wide, p.b, n, r, p.width)                                # du = g B  (n, r)
             self.mm(p.grad_a, s.du, x, r, self.n_in, n, trans_a=True, accumulate=True)     # dA += du^T x
             self.mm(dx, s.du, p.a, n, self.n_in, r, accumulate=True)                 # dx += du A
@@ -257,8 +262,8 @@ def widest_output(config: ModelConfig, lora: LoRAConfig) -> int:
 
 
 def scratch_floats(config: ModelConfig, lora: LoRAConfig, n: int) -> int:
-    """Floats of :class:`LoRAScratch` for ``n`` rows (for the memory estimate)."""
-    return n * (2 * lora.rank + widest_output(config, lora))
+    """Floats of :class:`LoRAScratch` and of every adapter's kept ``u`` for ``n`` rows (memory estimate)."""
+    return n * (lora.rank + widest_output(config, lora)) + n * lora.rank * config.n_layers * len(lora.targets)
 
 
 __all__ = ["TARGETS", "LoRAConfig", "LoRAError", "adapter_shapes", "adapter_params", "init_adapter", "merge",

@@ -446,7 +446,7 @@ class Model:
                     if kind in lora.targets:
                         name = tensor_name(TARGETS[kind], i)
                         a, b = name + ".lora_a", name + ".lora_b"
-                        parts.append(AdapterPart(col0, width, av[a], av[b], gv.get(a), gv.get(b)))
+                        parts.append(AdapterPart(col0, width, av[a], av[b], gv.get(a), gv.get(b), scratch.saved(self.dev)))
                     col0 += width
                 frozen = self._frozen_matrix(matrix, col0, n_in)
                 views[matrix] = (LoRALinear(frozen, col0, n_in, parts, lora.scale, self.ops.matmul, cols, scratch)

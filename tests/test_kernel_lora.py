@@ -44,7 +44,7 @@ def test_lora_linear_on_a_fused_matrix_matches_numpy(device, rng):
     parts = []
     for (c0, wd), (a, b) in zip(blocks, ab):
         A, B = to_device(device, a, b)
-        parts.append(AdapterPart(c0, wd, A, B, device.zeros(a.size), device.zeros(b.size)))
+        parts.append(AdapterPart(c0, wd, A, B, device.zeros(a.size), device.zeros(b.size), device.alloc(n * r)))
     lin = LoRALinear(DenseFrozen(mm, W, 16, n_in), 16, n_in, parts, scale, mm, LoRACols(device),
                      LoRAScratch(device, n, r, 7))
     Y, DX = device.alloc(n * 16), device.alloc(n * n_in)
