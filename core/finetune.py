@@ -124,7 +124,8 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     from core.chat import ChatSession
     from core.generate import Generator, SamplingSettings
 
-    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1]]
+    # the base's own answers to the general questions, replayed in training (core.known), are not the dataset's
+    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1] if u not in general]
     questions += [("general", q, None) for q in general]
     settings = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
     answers = []
