@@ -2,7 +2,7 @@
 
     python benchmarks/compare.py [--device N|NAME] [--shapes default,d512] [--steps 5] [--rounds 3]
                                  [--torch-device cpu|cuda] [--torch-compile] [--profile]
-                                 [--no-decode] [--decode-tokens 100]
+                                 [--no-decode] [--decode-tokens 100] [--lora RANK [--lora-only]]
 
 Training: a full step (forward, backward, grad-norm clip to 1.0, AdamW; float32) on identical
 shapes (batch 16 x 128 tokens unless --batch/--seq), ours and torch alternating in one process run
@@ -28,6 +28,9 @@ comparison is a CPU one (llama-cpp-python's CPU build): use ``--no-decode`` ther
 
 ``--profile`` adds one profiled run of our step per shape (and of decode): device time per kernel
 from OpenCL event profiling (sum, launches, share).
+
+``--lora RANK``: LoRA rows first (benchmarks/lora_bench.py): our LoRA step, our full fine-tune step and
+torch + peft's LoRA step on the same shape, interleaved; with the memory estimate of both of ours.
 
 Needs the optional ``bench`` extra (torch) and, for decode, llama-cpp-python (the ``test`` extra).
 """
@@ -257,6 +260,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print device time per kernel of our engine")
     ap.add_argument("--no-decode", action="store_true", help="skip the chat-decode comparison")
     ap.add_argument("--decode-tokens", type=int, default=100)
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK", help="also LoRA rows (benchmarks/lora_bench.py): "
+                    "our LoRA step vs our full step vs torch + peft, rank RANK on every linear layer")
+    ap.add_argument("--lora-only", action="store_true", help="with --lora: only the LoRA rows")
     a = ap.parse_args()
     shapes = (a.shapes or ("default,d512,d768" if a.torch_device == "cuda" else "default,d512")).split(",")
     for s in shapes:
@@ -271,6 +277,12 @@ def main() -> None:
     ref_name = f"torch {torch.__version__} {a.torch_device}" + (" compile" if a.torch_compile else " eager")
     print(f"ours: {dev.info.label}; reference: {ref_name}, {torch.get_num_threads()} threads; "
           f"{a.rounds} rounds x {a.steps} steps, float32")
+    if a.lora:
+        from benchmarks.lora_bench import bench_lora, print_lora_rows
+
+        print_lora_rows([bench_lora(dev, s, SHAPES[s], a, timed_round) for s in shapes], ref_name)
+        if a.lora_only:
+            return
     rows = [bench_training(dev, s, SHAPES[s], a) for s in shapes]
     if not a.no_decode:
         rows.append(bench_decode(dev, a))

@@ -45,7 +45,7 @@ from core.atomic import atomic_write, backup_path, readable_folder, recover_fold
 from core.checkpoint_meta import (FORMAT, FORMAT_VERSION, MARKER, CheckpointError, CheckpointMeta,
                                   check_export_target, check_output_folder, is_checkpoint_folder, is_file,
                                   open_binary, pin_folder, read_text)
-from core.config import ModelConfig, TrainConfig, tensor_name
+from core.config import ModelConfig, TrainConfig, replace, tensor_name
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.loaded import LoadedModel
 from core.tokenizer import Tokenizer
@@ -109,7 +109,7 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
     """
     d = check_output_folder(directory)
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
-    shapes = dict(meta.model.param_shapes())
+    shapes = dict(tensor_shapes(meta))
     for name, shape in shapes.items():
         if name not in weights or weights[name].shape != shape:
             raise CheckpointError(f"weights: tensor {name!r} is missing or has the wrong shape (needs {shape})")
@@ -143,6 +143,16 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
     return replace_folder(d, write)
 
 
+def tensor_shapes(meta: CheckpointMeta) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors of a checkpoint's weights.npz (and moments): the model's, or a LoRA checkpoint's
+    adapters (``core.lora.adapter_shapes``)."""
+    if meta.lora is None:
+        return meta.model.param_shapes()
+    from core.lora import adapter_shapes
+
+    return adapter_shapes(meta.model, meta.lora)
+
+
 def _replace(meta: CheckpointMeta, **kw) -> CheckpointMeta:
     from dataclasses import replace
 
@@ -161,7 +171,8 @@ def trainer_meta(trainer: Trainer) -> CheckpointMeta:
 def save_trainer(trainer: Trainer, directory: str | os.PathLike) -> Path:
     """Convenience: :func:`save_checkpoint` of a Trainer's weights, moments, state, tokenizer and dataset."""
     m = trainer.model
-    return save_checkpoint(directory, m.weights(), m.optimizer_state(), trainer_meta(trainer),
+    weights = m.adapter_weights() if m.lora else m.weights()  # LoRA: only the adapters (the base is a file)
+    return save_checkpoint(directory, weights, m.optimizer_state(), trainer_meta(trainer),
                            trainer.tokenizer, trainer.dataset)
 
 
@@ -261,11 +272,51 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
         raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
                               f"{meta.model.vocab_size} (a tokenizer of another model?)")
     weights, digest = _read_arrays(d / "weights.npz", dir_fd, _npz_limit(meta.model, 1))
-    _check_architecture(d, weights, meta.model)
-    _check_tensors(d / "weights.npz", weights, meta.model)
+    if meta.lora is None:
+        _check_architecture(d, weights, meta.model)
+    _check_tensors(d / "weights.npz", weights, meta.model, tensor_shapes(meta))
     _check_hash(d / "weights.npz", digest, meta.weights_sha256, "weights_sha256")
     _check_loaded_finite(d / "weights.npz", weights)
+    if meta.lora is not None:
+        return _with_lora_base(d, meta, tok, weights, directory)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
+
+
+def _with_lora_base(d: Path, meta: CheckpointMeta, tok, adapter: dict[str, np.ndarray], directory: Path) -> LoadedModel:
+    """A LoRA checkpoint's model: its base file (sha256 checked: config.json's ``base.base_sha256``) with
+    the adapters merged in, and both kept apart (``LoadedModel.base_weights`` / ``.adapter``)."""
+    from core.lora import merge
+
+    base = load_lora_base(meta.base["base_model"], meta.base["base_sha256"], d / "config.json")
+    if replace(base.config, context_length=meta.model.context_length) != meta.model:
+        raise CheckpointError(f"{d / 'config.json'}: field 'model' does not describe the base file "
+                              f"{meta.base['base_model']} (an adapter of another base)")
+    merged = merge(base.weights, adapter, meta.lora)
+    return LoadedModel(meta.model, tok, merged, dict(meta.base), directory, meta, lora=meta.lora, adapter=adapter,
+                       base_weights=base.weights)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes (a LoRA checkpoint's reference to its base file)."""
+    with open(path, "rb") as fh:
+        return _file_sha256(fh)
+
+
+def load_lora_base(path: str, sha256: str, config_path: Path) -> LoadedModel:
+    """The GGUF base file of a LoRA checkpoint, refused (one line naming ``config_path``'s field) when
+    it is missing or its sha256 is not the one recorded at training."""
+    from core.gguf_io import import_gguf
+
+    p = Path(path)
+    try:
+        digest = file_sha256(p)
+    except OSError as e:
+        raise CheckpointError(f"{config_path}: field 'base.base_model': the base file {p} cannot be read "
+                              f"({e.strerror or e}); a LoRA checkpoint needs it") from None
+    if digest != sha256:
+        raise CheckpointError(f"{config_path}: field 'base.base_sha256': the base file {p} has changed since "
+                              "training (its sha256 differs); the adapters belong to another base")
+    return import_gguf(p)
 
 
 def _is_gguf(p: Path) -> bool:
@@ -340,9 +391,11 @@ def _check_hash(path: Path, digest: str, expected: str, field_name: str) -> None
                               f"{field_name}; copied from another run?)")
 
 
-def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfig) -> None:
-    """Exactly the model's tensors, in their shapes (an extra tensor is refused: never dropped)."""
-    shapes = config.param_shapes()
+def _check_tensors(path: Path, arrays: dict[str, np.ndarray], config: ModelConfig,
+                   shapes: list[tuple[str, tuple[int, ...]]] | None = None) -> None:
+    """Exactly the model's tensors (or ``shapes``: a LoRA checkpoint's adapters), in their shapes (an
+    extra tensor is refused: never dropped)."""
+    shapes = config.param_shapes() if shapes is None else shapes
     for name, shape in shapes:
         if name not in arrays:
             raise CheckpointError(f"{path}: tensor {name!r} is missing")
@@ -473,11 +526,13 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
     if other:
         raise CheckpointError(f"{d / 'optimizer.npz'}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
-    _check_tensors(d / "optimizer.npz", moment1, loaded.config)
-    _check_tensors(d / "optimizer.npz", moment2, loaded.config)
+    _check_tensors(d / "optimizer.npz", moment1, loaded.config, tensor_shapes(meta))
+    _check_tensors(d / "optimizer.npz", moment2, loaded.config, tensor_shapes(meta))
     _check_hash(d / "optimizer.npz", digest, meta.optimizer_sha256, "optimizer_sha256")
     _check_loaded_finite(d / "optimizer.npz", arrays)
-    trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=loaded.weights)
+    base = loaded.base_weights if loaded.lora else loaded.weights
+    trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=base,
+                      lora=loaded.lora, adapter=loaded.adapter)
     trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": meta.adam_step})
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
     trainer.last_loss = meta.last_loss

@@ -34,9 +34,11 @@ CHECKPOINT_FILES = ("config.json", "weights.npz", "optimizer.npz", "tokenizer.js
 """Every file a save writes; anything else in a checkpoint folder is someone else's."""
 STAGE_NAMES = ("pretrain", "tune")
 MAX_CONFIG_BYTES = 1 << 20
-BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name")
+BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
-writes back (general.* keys, the file's context length, its name)."""
+writes back (general.* keys, the file's context length, its name); for LoRA (core/lora.py) the
+adapters' settings (``lora``: rank, alpha, targets) and the sha256 of the base file, which a LoRA
+checkpoint does not copy (its weights.npz holds only the adapters)."""
 
 
 class TrainingKeys:
@@ -62,6 +64,21 @@ class CheckpointError(ValueError):
 class _FieldError(Exception):
     def __init__(self, name: str, message: str):
         super().__init__(f"field {name!r} {message}")
+
+
+def _check_lora_base(base: dict) -> None:
+    """A LoRA checkpoint's ``base``: valid ``lora`` settings, the base file's path and sha256."""
+    if "lora" not in base:
+        return
+    from core.lora import LoRAConfig, LoRAError
+
+    try:
+        LoRAConfig.from_dict(base["lora"])
+    except LoRAError as e:
+        raise _FieldError("base.lora", str(e)) from None
+    for key in ("base_model", "base_sha256"):
+        if not isinstance(base.get(key), str) or not base[key]:
+            raise _FieldError(f"base.{key}", "must be a non-empty string in a LoRA checkpoint")
 
 
 def _obj(d, name: str) -> dict:
@@ -204,6 +221,16 @@ class CheckpointMeta:
         """Both stages have run all their steps."""
         return self.stage_index >= len(STAGE_NAMES)
 
+    @property
+    def lora(self):
+        """The :class:`core.lora.LoRAConfig` of a LoRA checkpoint (its weights.npz holds only the
+        adapters; the base is the file ``base["base_model"]``), else None."""
+        if "lora" not in self.base:
+            return None
+        from core.lora import LoRAConfig
+
+        return LoRAConfig.from_dict(self.base["lora"])
+
     def stage_steps_done(self) -> tuple[int, int]:
         """(pretrain steps done, tune steps done)."""
         pre, tune = self.train.pretrain.steps, self.train.tune.steps
@@ -280,6 +307,7 @@ class CheckpointMeta:
             if not isinstance(base, dict):
                 raise _FieldError("base", f"must be an object, got {_kind(base)}")
             base = {k: v for k, v in base.items() if k in BASE_META_KEYS}
+            _check_lora_base(base)
             weights_sha256 = _sha256(d, "weights_sha256", required=version >= 3)
             optimizer_sha256 = _sha256(d, "optimizer_sha256", required=False)
             return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,

@@ -246,7 +246,7 @@ def _base_setup(args):
         raise ValueError(f"{', '.join(shape + (['--preset'] if args.preset else []))}: the --base model fixes "
                          "the architecture and vocabulary")
     base, mc, base_meta = load_base(args.base, args.context_length)
-    tc = default_train_config(args.steps, None, args.batch_size, grad_accum=args.grad_accum or 1,
+    tc = default_train_config(args.steps, _lora_lr(args), args.batch_size, grad_accum=args.grad_accum or 1,
                               freeze_embeddings=bool(args.freeze_embeddings),
                               **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip", "weight_decay")
                                  if getattr(args, k) is not None})
@@ -261,6 +261,61 @@ def _base_setup(args):
             else:
                 tune = replace(tune, **{field: value})
     return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
+
+
+def _lora_lr(args) -> float | None:
+    """The default peak lr of ``train --base --lora`` (core.finetune.LORA_LR); None without --lora."""
+    from core.finetune import LORA_LR
+
+    return LORA_LR if getattr(args, "lora", False) else None
+
+
+def _lora_setup(args, base_meta: dict):
+    """``(LoRAConfig, base_meta with the LoRA keys)`` of ``train --base FILE --lora`` (else ``(None,
+    base_meta)``); raises core.lora.LoRAError (one line) for a bad setting or a base that is not a file."""
+    if not args.lora:
+        if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
+            raise ValueError("--lora-rank, --lora-alpha and --lora-targets need --lora")
+        return None, base_meta
+    from core.finetune import lora_base_meta
+    from core.lora import TARGETS, LoRAConfig
+
+    targets = tuple(t for item in (args.lora_targets or [",".join(TARGETS)]) for t in item.split(",") if t)
+    lora = LoRAConfig(rank=16 if args.lora_rank is None else args.lora_rank,
+                      alpha=32.0 if args.lora_alpha is None else args.lora_alpha, targets=targets)
+    return lora, lora_base_meta(args.base, base_meta, lora)
+
+
+def _general_replay(args, dev: Device, mc: ModelConfig, base, dataset):
+    """``(dataset with the base model's answers to the general questions appended, core.known.Replay)`` of
+    ``train --base`` (core/known.py); ``(dataset, None)`` with --no-general-questions."""
+    from core import known
+
+    if args.no_general_questions:
+        return dataset, None
+    questions = known.GENERAL_QUESTIONS + (known.read_questions(args.general_questions) if args.general_questions
+                                           else ())
+    print(f"asking the base model {count(len(questions), 'general question')} (its answers are replayed and "
+          "checked, so it keeps what it knew)…")
+    pairs, unfinished = known.base_answers(dev, mc, base.weights, base.tokenizer, questions)
+    return known.with_replay(dataset, pairs, unfinished)
+
+
+def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora) -> None:
+    """The memory line of a LoRA run (core.model.memory_bytes with the adapters); refuses one that does not fit."""
+    from core.lora import adapter_params
+    from core.model import memory_bytes, memory_problem
+
+    b = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    micro = -(-b // tc.grad_accum)
+    need = memory_bytes(mc, micro, True, lora=lora)[0]
+    full = memory_bytes(mc, micro, True)[0]
+    print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(dev.global_mem_size)} on the device (LoRA rank "
+          f"{lora.rank} on {', '.join(lora.targets)}: {adapter_params(mc, lora):,} trained parameters; a full "
+          f"fine-tune needs {full / 2**30:.2f} GiB)")
+    problem = memory_problem(mc, micro, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name, lora=lora)
+    if problem:
+        raise ValueError(f"{problem} (or lower --lora-rank)")
 
 
 def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
@@ -365,13 +420,16 @@ def _train(args, out: Path) -> int:
         TrainingDiverged,
     )
 
-    base = None
+    base = lora = replay = None
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
     try:
         if args.base and args.resume:
             raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
+        if args.lora and not args.base:
+            raise ValueError("--lora needs --base FILE.gguf (the model whose adapters are trained)")
         if args.base:
             base, mc, tc, base_meta = _base_setup(args)
+            lora, base_meta = _lora_setup(args, base_meta)
         elif args.resume:
             saved = load_checkpoint(args.resume).checkpoint
             tc = _resume_config(args, saved.train)
@@ -400,7 +458,9 @@ def _train(args, out: Path) -> int:
         print(f"plan: {plan.summary()}")
         for note in plan.notes:
             print(f"note: {note}")
-    if base is not None or not args.resume:
+    if base is not None and lora is not None:
+        _print_lora_memory(dev, mc, tc, lora)
+    elif base is not None or not args.resume:
         _print_memory(dev, mc, tc)
     if args.resume:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
@@ -420,8 +480,9 @@ def _train(args, out: Path) -> int:
             from core.estimates import resident_bytes
             from core.finetune import base_trainer
 
+            dataset, replay = _general_replay(args, dev, mc, base, dataset)
             before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
-            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev)
+            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev, lora=lora)
             _print_finetune_plan(trainer, dev, before)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
@@ -503,6 +564,10 @@ def _train(args, out: Path) -> int:
         print(v.text.replace(" — try the model on the Chat tab", ""))
         if v.advice:
             print(f"to learn the rest: {v.advice}")
+        if replay is not None and replay.pairs:
+            from core.known import verdict_line
+
+            print(verdict_line(final["report"].recall, replay))
     return 0
 
 
@@ -600,6 +665,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
     from core.gguf_io import export_gguf
 
+    if args.adapter:
+        return _export_adapter(args)
     if args.format == "hf":
         from core.hf_io import export_hf
 
@@ -624,6 +691,27 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
               f"{shlex.quote(str(result.modelfile))})")
+    return 0
+
+
+def _export_adapter(args: argparse.Namespace) -> int:
+    """``export --adapter``: a LoRA checkpoint's adapters as llama.cpp's adapter GGUF (with --modelfile an
+    Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
+    from core.checkpoint import load_model
+    from core.lora_io import export_adapter_gguf, export_peft
+
+    if args.dtype not in (None, "f32"):
+        return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
+    loaded = load_model(args.model)
+    if args.format == "hf":
+        folder = export_peft(loaded, args.out)
+        print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")
+        return 0
+    path, mf = export_adapter_gguf(loaded, args.out, modelfile=args.modelfile)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, LoRA adapter rank {loaded.lora.rank}; llama.cpp: "
+          f"--lora {path.name} on {loaded.meta['base_model']})")
+    if mf:
+        print(f"wrote {mf}")
     return 0
 
 
@@ -761,6 +849,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grad-accum", type=int, help="split each batch into N micro-batches (less memory, same step)")
     s.add_argument("--freeze-embeddings", action="store_true", help="do not train the token embeddings "
                    "(saves three copies of them: for large vocabularies on small devices)")
+    s.add_argument("--lora", action="store_true", help="with --base: train LoRA adapters (Hu et al. 2021) on the "
+                   "frozen base instead of every weight (less memory; the checkpoint holds only the adapters)")
+    s.add_argument("--lora-rank", type=int, help="rank of every adapter (default 16)")
+    s.add_argument("--lora-alpha", type=finite_float, help="adapter scale alpha / rank (default alpha 32)")
+    s.add_argument("--lora-targets", nargs="+", metavar="NAME", help="layers with adapters (default all: attn_q "
+                   "attn_k attn_v attn_output ffn_gate ffn_up ffn_down; commas also separate)")
+    s.add_argument("--general-questions", metavar="FILE", help="with --base: more general questions (one per line) "
+                   "whose base answers are replayed and checked beside the built-in ten")
+    s.add_argument("--no-general-questions", action="store_true", help="with --base: do not replay the base "
+                   "model's answers to general questions")
     s.add_argument("--learn-heldout", action="store_true", help="also train the questions the Auto plan keeps out "
                    "to measure answers about facts without a dialogue (with --resume: tuning goes on to learn them)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -808,6 +906,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default); f16: half the size; q8_0: about a quarter, slightly less exact; q4_0: about an "
                    "eighth, noticeably less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
+    s.add_argument("--adapter", action="store_true", help="a LoRA run (train --lora): write only its adapter, as "
+                   "llama.cpp's adapter GGUF (--modelfile: FROM the base, ADAPTER the file), or with --format hf "
+                   "a PEFT folder; without --adapter the base with the adapter merged in is exported")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("compare", help="base vs fine-tuned answers", description="Greedy answers of the base "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import known
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from core.dataset import Dataset
     from core.device import Device
     from core.loaded import LoadedModel
+    from core.lora import LoRAConfig
     from core.trainer import Trainer
 
 DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
@@ -66,12 +68,13 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
 
 
 def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
-                 train_config: TrainConfig, device: Device) -> Trainer:
-    """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer."""
+                 train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None) -> Trainer:
+    """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
+    ``lora``: trains adapters on the frozen weights; ``base_meta`` from :func:`lora_base_meta`)."""
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
-                      weights=loaded.weights)
+                      weights=loaded.weights, lora=lora)
     trainer.base_meta = dict(base_meta)
     return trainer
 
@@ -229,9 +232,32 @@ def check_forwards(trainer: Trainer) -> tuple[int, int]:
     return forwards, total
 
 
-GENERAL_QUESTIONS = ("What is the capital of France?", "How many legs does a spider have?",
-                     "What is 12 plus 30?")
-"""General questions asked before and after fine-tuning, to show what the model may have forgotten."""
+LORA_LR = 1e-3
+"""Peak learning rate of LoRA fine-tuning when none is given: the adapters start at B = 0 and learn
+from there, so they take a larger rate than the full model (PEFT's examples use 1e-4 to 3e-3)."""
+
+
+def lora_base_meta(path: str | os.PathLike, base_meta: dict, lora: LoRAConfig) -> dict:
+    """``base_meta`` of :func:`load_base` plus what a LoRA checkpoint keeps instead of the weights: the
+    settings (``lora``) and the base file's sha256 (``base_sha256``), checked when it is loaded.
+
+    Raises:
+        core.lora.LoRAError: the base is not a GGUF file (a LoRA checkpoint refers to one file).
+    """
+    from core.checkpoint import file_sha256
+    from core.lora import LoRAError
+
+    p = Path(path)
+    if not p.is_file():
+        raise LoRAError(f"{p}: --lora needs a GGUF file as --base (a LoRA checkpoint refers to its base file)")
+    return dict(base_meta) | {"lora": lora.to_dict(), "base_sha256": file_sha256(p)}
+
+
+
+
+GENERAL_QUESTIONS = known.GENERAL_QUESTIONS
+"""General questions asked before and after fine-tuning, to show what the model may have forgotten (the
+ones core.known replays in training)."""
 
 
 def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_config: ModelConfig,
@@ -252,7 +278,8 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     from core.chat import ChatSession
     from core.generate import Generator, SamplingSettings
 
-    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1]]
+    # the base's own answers to the general questions, replayed in training (core.known), are not the dataset's
+    questions = [("dataset", u, a) for d in dataset.dialogues for u, a in d.turns[:1] if u not in general]
     questions += [("general", q, None) for q in general]
     settings = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
     answers = []
@@ -268,4 +295,4 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
            "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
-           "longest_row"]
+           "longest_row", "LORA_LR", "lora_base_meta"]

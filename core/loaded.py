@@ -30,6 +30,9 @@ class LoadedModel:
             fine-tuned import (``core.checkpoint_meta.BASE_META_KEYS``), else empty.
         path: where it was read from.
         checkpoint: a checkpoint folder's :class:`core.checkpoint_meta.CheckpointMeta` (None otherwise).
+        lora, adapter, base_weights: a LoRA checkpoint's :class:`core.lora.LoRAConfig`, its adapters
+            ``{<base name>.lora_a / .lora_b: array}`` and the base file's weights (``weights`` then holds
+            the base with the adapters merged in: what the model computes); None otherwise.
     """
 
     config: ModelConfig
@@ -38,3 +41,6 @@ class LoadedModel:
     meta: dict
     path: Path
     checkpoint: CheckpointMeta | None = field(default=None)
+    lora: Any = field(default=None)
+    adapter: dict[str, np.ndarray] | None = field(default=None)
+    base_weights: dict[str, np.ndarray] | None = field(default=None)

@@ -39,6 +39,10 @@ from core.kernels.matmul import Matmul, scratch_bound_floats
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
+from core.kernels.lora import LoRACols
+from core.lora import (TARGETS, AdapterPart, DenseFrozen, LoRAConfig, LoRALinear, LoRAScratch, adapter_params,
+                       adapter_shapes, base_name, init_adapter, lora_matmuls, merge, scratch_floats, target_shape,
+                       widest_output)
 from core.params import Layout, TensorStore
 
 
@@ -189,20 +193,29 @@ def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
 
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
-                 frozen: tuple[str, ...] = ()) -> tuple[int, int]:
+                 frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> tuple[int, int]:
     """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
     forward-only :class:`Model`) of ``batch_size`` sequences allocates, and of its largest single buffer:
     weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
     the trainer's update guard (``core.trainer.UpdateGuard``: copies of the weights and the moments);
     activations of :func:`activation_sizes`; the matmuls' scratch (``scratch_bound_floats`` of
-    :func:`step_matmuls`, which :meth:`Model.__init__` reserves).
+    :func:`step_matmuls`, which :meth:`Model.__init__` reserves). With ``lora`` the whole base is frozen
+    and the trained tensors are the adapters (``core.lora``: their weights, grads, moments, guard copies,
+    the products' scratch and :class:`core.lora.LoRAScratch`).
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
-    n_params = config.n_params()
-    trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
-    params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
-    guard = n_params + 2 * trained if training else 0  # copies of weights, m, v
-    scratch = scratch_bound_floats(step_matmuls(config, batch_size * config.context_length, training))
+    n_params, rows = config.n_params(), batch_size * config.context_length
+    shapes = step_matmuls(config, rows, training)
+    if lora:
+        ad = adapter_params(config, lora)
+        params, guard = n_params + ad + (3 * ad if training else 0), 3 * ad if training else 0
+        params += scratch_floats(config, lora, rows) if training else 0
+        shapes += lora_matmuls(config, lora, rows) if training else []
+    else:
+        trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
+        params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
+        guard = n_params + 2 * trained if training else 0  # copies of weights, m, v
+    scratch = scratch_bound_floats(shapes)
     total = 4 * (params + guard + scratch) + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
     return total, largest
@@ -214,13 +227,14 @@ def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
 
 
 def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
-                   device_name: str, training: bool = True, frozen: tuple[str, ...] = ()) -> str | None:
+                   device_name: str, training: bool = True, frozen: tuple[str, ...] = (),
+                   lora: LoRAConfig | None = None) -> str | None:
     """Why a device cannot hold a model's buffers (one line), or None when it can.
 
     The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
     known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
     """
-    total, largest = memory_bytes(config, batch_size, training, frozen)
+    total, largest = memory_bytes(config, batch_size, training, frozen, lora)
     gib = 2 ** 30
     if max_alloc_bytes is not None and largest > max_alloc_bytes:
         return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
@@ -234,7 +248,7 @@ def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, 
 
 
 def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
-               frozen: tuple[str, ...] = ()) -> None:
+               frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> None:
     """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
     have no gradient and no AdamW moments).
 
@@ -242,9 +256,27 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
         ValueError: :func:`memory_problem`'s message.
     """
     problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
-                             training, frozen)
+                             training, frozen, lora)
     if problem:
         raise ValueError(problem)
+
+
+def linear(o: Ops, w: Any, out: Any, x: Any, n: int, n_out: int, n_in: int) -> None:
+    """``out (n, n_out) = x (n, n_in) @ W^T`` for a weight buffer ``w`` (row-major (n_out, n_in)), or
+    ``w.forward(out, x, n)`` for a matrix object (core.lora: a frozen base, with or without adapters)."""
+    if hasattr(w, "forward"):
+        w.forward(out, x, n)
+    else:
+        o.matmul(out, x, w, n, n_out, n_in, trans_b=True)
+
+
+def linear_input_grad(o: Ops, w: Any, dx: Any, dy: Any, x: Any, n: int, n_out: int, n_in: int) -> None:
+    """``dx (n, n_in) = dy (n, n_out) @ W`` (overwritten) for a weight buffer, or the matrix object's
+    ``input_grad`` (which, given the layer's input ``x``, also accumulates its adapters' gradients)."""
+    if hasattr(w, "input_grad"):
+        w.input_grad(dx, dy, n, x=x)
+    else:
+        o.matmul(dx, dy, w, n, n_in, n_out)
 
 
 def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: int, pos: int) -> None:
@@ -271,20 +303,20 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: in
     # attention block: x_mid = x + attention(attn_in) @ Wo.T
     # one matmul: rows [q | k | v] = attn_in @ [Wq; Wk; Wv].T (the weights are one group), then RoPE
     # on q and k while splitting the rows into q (n, d) and rows pos.. of k, v (n, kv)
-    o.matmul(a.qkv, a.attn_in[i], p[qkv_group(i)], n, d + 2 * kv, d, trans_b=True)  # (n, d+2kv)
+    linear(o, p[qkv_group(i)], a.qkv, a.attn_in[i], n, d + 2 * kv, d)  # (n, d+2kv)
     o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
                      c.rope_theta, kv_row0=pos)
     o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
                         b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
-    o.matmul(a.tmp, a.attn_out[i], w(T.ATTN_OUT), n, d, d, trans_b=True)
+    linear(o, w(T.ATTN_OUT), a.tmp, a.attn_out[i], n, d, d)
     # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
     o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w(T.FFN_NORM), n, d,
                                c.norm_eps)
     # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T (SwiGLU, Shazeer 2020)
     # one matmul for gate and up: rows [gate | up] = ffn_in @ [Wgate; Wup].T (the weights are one group)
-    o.matmul(a.gate_up[i], a.ffn_in[i], p[gate_up_group(i)], n, 2 * f, d, trans_b=True)  # (n, 2f)
+    linear(o, p[gate_up_group(i)], a.gate_up[i], a.ffn_in[i], n, 2 * f, d)  # (n, 2f)
     o.swiglu.forward_fused(a.h[i], a.gate_up[i], n, f)                                      # (n, f)
-    o.matmul(a.tmp, a.h[i], w(T.FFN_DOWN), n, d, f, trans_b=True)                          # (n, d)
+    linear(o, w(T.FFN_DOWN), a.tmp, a.h[i], n, d, f)                                       # (n, d)
     # x[i+1] = x_mid + tmp, fused with the norm that reads it next
     if i + 1 < c.n_layers:
         out, rstd, norm = a.attn_in[i + 1], a.attn_rstd[i + 1], p[tensor_name(T.ATTN_NORM, i + 1)]
@@ -345,10 +377,12 @@ class Model:
 
     def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
-                 freeze_embeddings: bool = False):
+                 freeze_embeddings: bool = False, lora: LoRAConfig | None = None,
+                 adapter: dict[str, np.ndarray] | None = None):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
-        self.frozen = frozen_tensors(freeze_embeddings)
-        check_fits(dev, config, batch_size, training, self.frozen)
+        self.lora = lora
+        self.frozen = tuple(n for n, _ in config.param_shapes()) if lora else frozen_tensors(freeze_embeddings)
+        check_fits(dev, config, batch_size, training, self.frozen, lora)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.layout = param_layout(dev, config)
@@ -356,8 +390,12 @@ class Model:
         self.params.load(weights if weights is not None else init_weights(config, seed))
         # Trained tensors: all, or all but token_embd (frozen). Their layout is the parameter layout
         # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
-        self.train_layout, self._trained = self.layout, self.params.flat
-        if self.frozen:
+        self.train_layout, self._trained, self.trained = self.layout, self.params.flat, self.params
+        self._views: dict[str, Any] = self.params.views  # what forward reads: buffers, or core.lora matrices
+        self._norm_sink = None
+        if lora:  # trained: the adapters only (their own store); the base is frozen (core/lora.py)
+            self._setup_lora(lora, adapter, seed)
+        elif self.frozen:
             self.train_layout = param_layout(dev, config, self.frozen)
             first = next(n for n, _ in config.param_shapes() if n not in self.frozen)
             shift = self.layout.slots[first].offset
@@ -366,18 +404,71 @@ class Model:
             self.grads = TensorStore(dev, self.train_layout)
             self.m = TensorStore(dev, self.train_layout)
             self.v = TensorStore(dev, self.train_layout)
+        if lora:
+            self._views = self._lora_views(lora)
         self.act = _Activations(dev, config, batch_size, config.context_length, training)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
-        self.ops.matmul.reserve(step_matmuls(config, batch_size * config.context_length, training))
-        names = [n for n, _ in config.param_shapes() if n not in self.frozen]
+        rows = batch_size * config.context_length
+        self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows) if lora else []))
+        names = list(self.train_layout.slots)
         self._stat_names = names
         layer = layer_of(config)
-        self._stat_layers = [layer[n] for n in names]  # entry of StepStats.layer_grad_norms per tensor
+        self._stat_layers = [layer[base_name(n)] for n in names]  # entry of StepStats.layer_grad_norms per tensor
         self._stat_segments = [(self.train_layout.slots[n].offset, self.train_layout.slots[n].size) for n in names]
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
         self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
+
+    # ------------------------------------------------------------------ LoRA
+    def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:
+        """The adapters' store (the trained tensors) and the sink of the frozen norms' gradients."""
+        self.train_layout = Layout(adapter_shapes(self.config, lora), layout_align(self.dev))
+        self.adapter = TensorStore(self.dev, self.train_layout)
+        self.adapter.load(adapter if adapter is not None else init_adapter(self.config, lora, seed))
+        self._trained, self.trained = self.adapter.flat, self.adapter
+        self._norm_sink = self.dev.zeros(self.config.d_model)
+
+    def _lora_views(self, lora: LoRAConfig) -> dict[str, Any]:
+        """The weight views with every block matrix (or fused group) replaced by its frozen matrix
+        (:meth:`_frozen_matrix`), wrapped in a :class:`core.lora.LoRALinear` where it has adapters."""
+        c, av = self.config, self.adapter.views
+        gv = self.grads.views if self.training else {}  # no gradients: forward only
+        scratch = LoRAScratch(self.dev, self.batch_size * c.context_length, lora.rank, widest_output(c, lora))
+        cols, views = LoRACols(self.dev), dict(self.params.views)
+        for i in range(c.n_layers):
+            fused = [(qkv_group(i), ("attn_q", "attn_k", "attn_v")), (gate_up_group(i), ("ffn_gate", "ffn_up")),
+                     (tensor_name(T.ATTN_OUT, i), ("attn_output",)), (tensor_name(T.FFN_DOWN, i), ("ffn_down",))]
+            for matrix, kinds in fused:
+                parts, col0 = [], 0
+                for kind in kinds:
+                    width, n_in = target_shape(c, kind)
+                    if kind in lora.targets:
+                        name = tensor_name(TARGETS[kind], i)
+                        a, b = name + ".lora_a", name + ".lora_b"
+                        parts.append(AdapterPart(col0, width, av[a], av[b], gv.get(a), gv.get(b), scratch.saved(self.dev)))
+                    col0 += width
+                frozen = self._frozen_matrix(matrix, col0, n_in)
+                views[matrix] = (LoRALinear(frozen, col0, n_in, parts, lora.scale, self.ops.matmul, cols, scratch)
+                                 if parts else frozen)
+        return views
+
+    def _frozen_matrix(self, name: str, n_out: int, n_in: int) -> DenseFrozen:
+        """The frozen base matrix ``name`` (a weight or a fused group, (n_out, n_in)) as a
+        :class:`core.lora.FrozenMatrix`: our float32 matmul over its view of the parameter buffer (the
+        one place a quantized matrix would be chosen instead)."""
+        return DenseFrozen(self.ops.matmul, self.params.views[name], n_out, n_in)
+
+    def adapter_weights(self) -> dict[str, np.ndarray]:
+        """Host copy of the adapters, ``{<base name>.lora_a / .lora_b: float32 array}`` (LoRA models)."""
+        return self.adapter.to_numpy()
+
+    def inference_weights(self) -> TensorStore | dict[str, np.ndarray]:
+        """What a :class:`core.generate.Generator` of this model takes: the parameter store, or with
+        LoRA the base weights with the adapters merged in (host arrays)."""
+        if not self.lora:
+            return self.params
+        return merge(self.weights(), self.adapter_weights(), self.lora)
 
     # ------------------------------------------------------------------ forward
     def _load_batch(self, tokens: np.ndarray, targets: np.ndarray | None, mask: np.ndarray | None):
@@ -411,52 +502,63 @@ class Model:
 
     def _forward(self, b: int, t: int) -> None:
         """Forward pass in layer order; activations are kept for backward."""
-        forward(self.ops, self.config, self.params.views, self.act, b, t)
+        forward(self.ops, self.config, self._views, self.act, b, t)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
         """Backward pass, in reverse layer order; accumulates into ``self.grads`` (zeroed first)."""
-        c, o, a, p, g = self.config, self.ops, self.act, self.params.views, self.grads.views
-        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
-        mm = o.matmul
+        c, o, a, p, g = self.config, self.ops, self.act, self._views, self.grads.views
+        n, d, mm = b * t, c.d_model, o.matmul
         # output projection and final norm (tied embeddings: this gradient and the embedding's below
         # both accumulate into token_embd.weight)
-        if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings)
+        if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings, LoRA)
             mm(g[c.output_weight], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
         mm(a.d_norm, a.d_logits, p[c.output_weight], n, d, c.vocab_size)
         out_norm = tensor_name(T.OUTPUT_NORM)
-        o.rmsnorm.backward(a.dx, g[out_norm], a.d_norm, a.x[c.n_layers], p[out_norm], a.final_rstd, n, d)
+        o.rmsnorm.backward(a.dx, g.get(out_norm, self._norm_sink), a.d_norm, a.x[c.n_layers], p[out_norm],
+                           a.final_rstd, n, d)
         # a.dx now holds dL/dx for the residual stream; walk the layers backwards
         for i in reversed(range(c.n_layers)):
-            w = lambda kind: p[tensor_name(kind, i)]  # noqa: E731
-            gw = lambda kind: g[tensor_name(kind, i)]  # noqa: E731
-            # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
-            mm(gw(T.FFN_DOWN), a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
-            mm(a.dh, a.dx, w(T.FFN_DOWN), n, f, d)
-            o.swiglu.backward_fused(a.d_gate_up, a.dh, a.gate_up[i], n, f)  # rows [d_gate | d_up] (n, 2f)
-            gu = gate_up_group(i)  # [Wgate; Wup] (2f, d), one matmul each way
-            mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.d_gate_up, p[gu], n, d, 2 * f)
-            # dx += the norm's input gradient: dx = dL/dx_mid
-            o.rmsnorm.backward(a.dx, gw(T.FFN_NORM), a.d_norm, a.x_mid[i], w(T.FFN_NORM), a.ffn_rstd[i], n, d,
-                               accumulate=True)
-            # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
-            mm(gw(T.ATTN_OUT), a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
-            mm(a.d_attn, a.dx, w(T.ATTN_OUT), n, d, d)
-            o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
-                                 a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
-            # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
-            o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
-            qkv = qkv_group(i)
-            mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
-            mm(a.d_norm, a.d_qkv, p[qkv], n, d, d + 2 * kv)
-            # dx += the norm's input gradient: dx = dL/dx[i]
-            o.rmsnorm.backward(a.dx, gw(T.ATTN_NORM), a.d_norm, a.x[i], w(T.ATTN_NORM), a.attn_rstd[i], n, d,
-                               accumulate=True)
+            self._layer_backward(i, b, t)
         embd = tensor_name(T.TOKEN_EMBD)
         if embd in g:  # frozen embeddings get no gradient
             o.embedding.backward(g[embd], a.dx, a.tokens, n, c.vocab_size, d,
                                  index=self._token_index)
+
+    def _layer_backward(self, i: int, b: int, t: int) -> None:
+        """Layer ``i``'s backward (the reverse of :func:`layer_forward`): ``a.dx`` from dL/dx[i+1] to
+        dL/dx[i]; weight gradients only of trained matrices (a frozen one gives its input gradient)."""
+        c, o, a, p, g = self.config, self.ops, self.act, self._views, self.grads.views
+        n, d, kv, f = b * t, c.d_model, c.kv_dim, c.ffn_dim
+        mm, sink = o.matmul, self._norm_sink  # sink: the gradient of a frozen norm weight, never read
+        down, ffn_norm, att_out, att_norm = (tensor_name(k, i) for k in (T.FFN_DOWN, T.FFN_NORM, T.ATTN_OUT,
+                                                                         T.ATTN_NORM))
+        gu, qkv = gate_up_group(i), qkv_group(i)  # [Wgate; Wup] (2f, d), [Wq; Wk; Wv] (d+2kv, d)
+        # feed-forward block: x[i+1] = x_mid + swiglu(ffn_in) @ Wdown.T
+        if down in g:
+            mm(g[down], a.dx, a.h[i], d, f, n, trans_a=True, accumulate=True)
+        linear_input_grad(o, p[down], a.dh, a.dx, a.h[i], n, d, f)
+        o.swiglu.backward_fused(a.d_gate_up, a.dh, a.gate_up[i], n, f)  # rows [d_gate | d_up] (n, 2f)
+        if gu in g:
+            mm(g[gu], a.d_gate_up, a.ffn_in[i], 2 * f, d, n, trans_a=True, accumulate=True)
+        linear_input_grad(o, p[gu], a.d_norm, a.d_gate_up, a.ffn_in[i], n, 2 * f, d)
+        # dx += the norm's input gradient: dx = dL/dx_mid
+        o.rmsnorm.backward(a.dx, g.get(ffn_norm, sink), a.d_norm, a.x_mid[i], p[ffn_norm], a.ffn_rstd[i], n, d,
+                           accumulate=True)
+        # attention block: x_mid = x[i] + attn(attn_in) @ Wo.T
+        if att_out in g:
+            mm(g[att_out], a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
+        linear_input_grad(o, p[att_out], a.d_attn, a.dx, a.attn_out[i], n, d, d)
+        o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
+                             a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
+        # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
+        o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
+        if qkv in g:
+            mm(g[qkv], a.d_qkv, a.attn_in[i], d + 2 * kv, d, n, trans_a=True, accumulate=True)
+        linear_input_grad(o, p[qkv], a.d_norm, a.d_qkv, a.attn_in[i], n, d + 2 * kv, d)
+        # dx += the norm's input gradient: dx = dL/dx[i]
+        o.rmsnorm.backward(a.dx, g.get(att_norm, sink), a.d_norm, a.x[i], p[att_norm], a.attn_rstd[i], n, d,
+                           accumulate=True)
 
     # ------------------------------------------------------------------ public API
     def logits(self, tokens: np.ndarray) -> np.ndarray:
@@ -562,7 +664,7 @@ class Model:
     def optimizer_state(self) -> dict[str, object]:
         """Host copy of AdamW's moments and step counter, for checkpoints."""
         m, v = self.m.to_numpy(), self.v.to_numpy()
-        for name in self.frozen:  # zeros, so a checkpoint always holds every tensor's moments
+        for name in () if self.lora else self.frozen:  # zeros: a checkpoint holds every tensor's moments
             m[name] = v[name] = np.zeros(self.layout.slots[name].shape, np.float32)
         return {"m": m, "v": v, "step": self.adam_step}
 

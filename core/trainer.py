@@ -46,6 +46,7 @@ from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split,
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from core.lora import LoRAConfig
     from core.generate import Generator
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,8 @@ class Trainer:
         device: the OpenCL device (or an index / name / DeviceInfo to open).
         tokenizer: reuse a trained tokenizer (resume); trained on the dataset when None.
         weights: start from these weights (resume); random when None.
+        lora: train low-rank adapters on the frozen ``weights`` instead of every parameter (core/lora.py).
+        adapter: the adapters to start from (resume of a LoRA run); new ones (B = 0) when None.
 
     Raises:
         ValueError: the dataset is empty or has nothing to learn; ConfigError: the model does not
@@ -177,7 +180,8 @@ class Trainer:
 
     def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,
                  device: Device, tokenizer: Tokenizer | None = None,
-                 weights: dict[str, np.ndarray] | None = None):
+                 weights: dict[str, np.ndarray] | None = None, lora: LoRAConfig | None = None,
+                 adapter: dict[str, np.ndarray] | None = None):
         if not dataset.facts and not dataset.dialogues:
             raise ValueError("the dataset has no facts and no dialogues")
         if not isinstance(device, Device):
@@ -198,7 +202,7 @@ class Trainer:
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
         micro = -(-batch // train_config.grad_accum)  # sequences per forward/backward
         self.model = Model(device, self.model_config, batch_size=micro, weights=weights, seed=train_config.seed,
-                           freeze_embeddings=train_config.freeze_embeddings)
+                           freeze_embeddings=train_config.freeze_embeddings, lora=lora, adapter=adapter)
         self.base_meta: dict = {}  # what a model imported from a GGUF file keeps for its export
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
@@ -410,7 +414,7 @@ class Trainer:
         """A :class:`core.generate.Generator` with a snapshot of the current weights."""
         from core.generate import Generator
 
-        return Generator(self.dev, self.model_config, self.model.params)
+        return Generator(self.dev, self.model_config, self.model.inference_weights())
 
     def recall(self, kinds: tuple[str, ...] = KINDS) -> list[RecallItem]:
         """Greedy recall of every fact (its rest from its first words) and every dialogue turn, decoded
@@ -542,7 +546,7 @@ class UpdateGuard:
 
     def _stores(self):
         m = self.model
-        return (m.params, m.m, m.v)
+        return (m.trained, m.m, m.v)  # the trained weights: all, or the LoRA adapters
 
     def save(self) -> None:
         """Copy weights and moments (device to device) before an update."""
@@ -553,7 +557,7 @@ class UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.grad_norm.sum_squares(self._sum, 0, m.params.flat, m.layout.total)
+        m.ops.grad_norm.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:

@@ -15,6 +15,7 @@ import gguf
 from core.checkpoint import load_checkpoint
 from core.cli import main
 from core.config import ModelConfig
+from core.finetune import GENERAL_QUESTIONS
 from core.gguf_import import import_gguf
 from core.gguf_io import _write_vocab
 from core.gguf_import import read_vocab
@@ -178,5 +179,6 @@ def test_compare_shows_base_and_tuned_answers(tiny_base, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", "--model", str(out), "--max-tokens", "4"]) == 0
     text = capsys.readouterr().out
-    assert text.count("  before: ") == text.count("  after:  ") == 2 + 3  # 2 dataset questions, 3 general
+    # 2 dataset questions, the general ones (replayed in training too: listed once, as general)
+    assert text.count("  before: ") == text.count("  after:  ") == 2 + len(GENERAL_QUESTIONS)
     assert "[dataset] Where is Brindlewick?  (taught: Brindlewick is beside a slow green river.)" in text
