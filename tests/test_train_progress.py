@@ -95,7 +95,7 @@ def test_finetune_plan_of_a_dataset_with_one_stage(tiny_base, tmp_path, capsys, 
     data = tmp_path / "data.json"
     data.write_text(json.dumps({kind: DATA[kind]}))
     assert main(["train", "--base", str(tiny_base), "--data", str(data), "--out", str(tmp_path / "m"), "--steps", "2",
-                 "--context-length", "64", "-q"]) == 0
+                 "--context-length", "64", "--no-general-questions", "-q"]) == 0  # replayed general answers: dialogues
     plan = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plan: "))
     stage, other = ("pretrain", "tune") if kind == "facts" else ("tune", "pretrain")
     assert f"({stage} 2 steps of about " in plan and other not in plan, plan
