@@ -28,7 +28,7 @@ def _fail(msg: str) -> int:
 
 # ----------------------------------------------------------------------------- devices
 def cmd_devices(args: argparse.Namespace) -> int:
-    from core.device import list_devices, no_usable_device_message
+    from core.device import list_devices, no_usable_device_message, speed_note
 
     devices = list_devices()
     for d in devices:
@@ -36,6 +36,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"[{d.index}] {d.label}{default}")
         if d.problem:
             print(f"     unusable: {d.problem}")
+        if speed_note(d, devices):
+            print(f"     speed: {speed_note(d, devices)}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
         print(f"     compute units {d.compute_units}, global memory {memory_size(d.global_mem_bytes)}, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
