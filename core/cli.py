@@ -58,7 +58,11 @@ def _tune_matmul(dev) -> None:
 
     result = matmul_tune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
-        print(f"matmul tuned in {result['seconds']:.1f} s (cached for this device and driver)", file=sys.stderr)
+        cut = (f"; {count(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
+               else "")
+        default = f"; defaults kept for {', '.join(result['defaulted'])}" if result.get("defaulted") else ""
+        print(f"matmul tuned in {result['seconds']:.1f} s{cut}{default} (cached for this device and driver)",
+              file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- train
@@ -292,7 +296,8 @@ def _train(args, out: Path) -> int:
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
-    _tune_matmul(dev)
+    if not auto:  # an Auto plan announces the first tuning and compiling first, then they run
+        _tune_matmul(dev)
     plan = None
     if auto:
         from core.plan import plan_for
@@ -310,6 +315,8 @@ def _train(args, out: Path) -> int:
         print(f"plan: {plan.summary()}")
         for note in plan.notes:
             print(f"note: {note}")
+        _tune_matmul(dev)
+    builds, build_s = dev.builds, dev.build_seconds
     if base is not None or not args.resume:
         _print_memory(dev, mc, tc)
     if args.resume:
@@ -332,6 +339,9 @@ def _train(args, out: Path) -> int:
             trainer = base_trainer(base, mc, base_meta, dataset, tc, dev)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
+    if dev.build_seconds - build_s >= 1.0:
+        print(f"compiled {count(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
+              "(first run on this device; cached for the next)")
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")

@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -320,8 +321,6 @@ def _device_key(cl_device: cl.Device) -> tuple[str, str, str, str]:
 
 def _measure_speed(cl_device: cl.Device) -> float | None:
     """GFLOP/s of ``_SPEED_SOURCE`` at SPEED_N (best of 3 after a warm-up), or None when it fails."""
-    import time
-
     import pyopencl as cl
 
     try:
@@ -553,6 +552,10 @@ class Device:
         self.allocated_bytes = 0
         self.profiling = False
         self._events: list[tuple[str, object]] = []
+        # programs built (or loaded from pyopencl's binary cache) and the seconds that took, since opening:
+        # the first run's compile time, which core.plan's estimate counts
+        self.builds = 0
+        self.build_seconds = 0.0
 
     # -- profiling ------------------------------------------------------------------------
     def start_profiling(self) -> None:
@@ -611,10 +614,14 @@ class Device:
             KernelBuildError: the message names ``label`` and the device and holds the build log.
         """
         opts = ["-cl-std=CL1.2", "-cl-kernel-arg-info", *(("-DCPU_DEVICE",) if self.is_cpu else ()), *options]
+        t0 = time.perf_counter()
         try:
             prg = self.cl.Program(self.context, source).build(options=opts, cache_dir=self.cache_dir)
         except self.cl.RuntimeError as e:
             raise KernelBuildError(f"building {label} for {self.info.name} failed:\n{e}") from None
+        finally:
+            self.builds += 1
+            self.build_seconds += time.perf_counter() - t0
         log.debug("built %s %s for %s", label, " ".join(options), self.info.name)
         return prg
 

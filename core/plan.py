@@ -124,6 +124,9 @@ class Plan:
     seconds_per_token: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     fact_exposures: float = 0.0
+    first_run_s: float = 0.0
+    """One-time costs of this device in this run (:func:`first_run_seconds`): kernel compilation and the
+    first matmul tuning; 0 once both are cached."""
 
     @property
     def total_s(self) -> float:
@@ -142,10 +145,12 @@ class Plan:
         seen = f", each fact seen {self.fact_exposures:.0f} times" if self.fact_exposures else ""
         most = (f"; at most {format_duration(self.total_s)} for the planned steps, it stops once learned"
                 if self.expected_s < self.total_s else "")
+        first = (f"first run on this device: +{format_duration(self.first_run_s)} for tuning and compiling; "
+                 if self.first_run_s >= 0.5 else "")
         return (f"{self.preset} model ({self.model_config.n_params():,} parameters); pretrain {p} steps "
                 f"({self.pretrain_passes:.0f} passes over the facts{seen}), tune {t} steps ({self.tune_passes:.0f} "
-                f"passes over the dialogues); estimated {format_duration(self.expected_s)} "
-                f"(checks {format_duration(self.check_s)}{most})")
+                f"passes over the dialogues); estimated {format_duration(self.expected_s + self.first_run_s)} "
+                f"({first}checks {format_duration(self.check_s)}{most})")
 
 
 def format_duration(seconds: float) -> str:
@@ -394,6 +399,27 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     return v
 
 
+BUILD_S_GUESS = 1.0
+"""Seconds per program build assumed when planning built none (the step's speed was cached)."""
+LATER_BUILDS = 6
+"""Programs a run builds after its plan's speed measurement (recall and generation kernels: decode attention,
+GEMV row counts), measured on PoCL and llvmpipe with a cold cache."""
+
+
+def first_run_seconds(dev: Device, builds: int, build_s: float) -> float:
+    """One-time seconds of a run on ``dev`` given the ``builds`` programs (``build_s`` seconds) planning built:
+    those seconds, the first matmul tuning (core.kernels.matmul_tune.expected_seconds) and ``LATER_BUILDS``
+    programs still to build; 0.0 when planning built nothing from source (cached kernels, < 0.2 s each) and
+    the tuning is cached."""
+    from core.kernels import matmul_tune
+
+    per_build = build_s / builds if builds else BUILD_S_GUESS
+    tuning = matmul_tune.expected_seconds(dev, per_build)
+    if builds and per_build < 0.2 and not tuning:
+        return 0.0
+    return build_s + tuning + LATER_BUILDS * per_build
+
+
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
              vocab_size: int = ModelConfig.vocab_size) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
@@ -426,11 +452,18 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
             kinds[k] = (len(ps), float(np.mean([len(p.ids) for p in ps])),
                         float(np.mean([p.max_new - ANSWER_SLACK + 1 for p in ps])))
     b = PRESETS[preset][1].pretrain.batch_size
-    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer)
-    spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
-                        int(padded_length(f_len or d_len, b)) or 16)
-    return make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
-                     step_tokens=step_tokens), stats
+    from core.kernels import matmul_tune
+
+    builds, build_s = dev.builds, dev.build_seconds
+    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer), with the
+    # default matmul kernels before the first tuning (which the plan announces: first_run_s)
+    with matmul_tune.untuned():
+        spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
+                            int(padded_length(f_len or d_len, b)) or 16)
+    first = first_run_seconds(dev, dev.builds - builds, dev.build_seconds - build_s)
+    plan = make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
+                     step_tokens=step_tokens)
+    return replace(plan, first_run_s=first), stats
 
 
 # ----------------------------------------------------------------------------- verdict

@@ -21,6 +21,7 @@ geometric mean of GFLOP/s over a small-model shape and a large one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -50,9 +51,32 @@ Progress = Callable[[float, str], None]
 _lock = threading.Lock()
 
 
+_thread = threading.local()
+
+
 def enabled() -> bool:
-    """False when ``OPENCL_LLM_MATMUL_TUNE`` is 0/off/false/no (tests, reproducible runs)."""
+    """False when ``OPENCL_LLM_MATMUL_TUNE`` is 0/off/false/no (tests, reproducible runs), or inside
+    :func:`untuned` in this thread."""
+    if getattr(_thread, "untuned", False):
+        return False
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@contextlib.contextmanager
+def untuned():
+    """Within it, in this thread, :func:`tuned_configs` tunes nothing and returns ``{}`` (the defaults):
+    core.plan times a step this way before the first tuning, which the plan then announces."""
+    before = getattr(_thread, "untuned", False)
+    _thread.untuned = True
+    try:
+        yield
+    finally:
+        _thread.untuned = before
+
+
+def is_tuned(dev: Device) -> bool:
+    """Whether ``dev`` has a tuning result (this process's or the cache's), or tuning is off."""
+    return not enabled() or device_key(dev) in _memo or load_cached(dev) is not None
 
 
 def cache_path() -> Path:
@@ -216,7 +240,7 @@ def expected_seconds(dev: Device, build_s: float) -> float:
     """Seconds a first tuning of ``dev`` is expected to take, given ``build_s`` seconds per matmul program
     build measured on it: each candidate's builds (about two programs) and its timing (about a quarter
     second), at most the budget (:func:`budget_seconds`). 0.0 when tuning is off or already cached."""
-    if not enabled() or device_key(dev) in _memo or load_cached(dev) is not None:
+    if is_tuned(dev):
         return 0.0
     n = sum(len(candidates(dev, v)) for v in tuned_variants(dev)) + len(gemv_candidates(dev))
     return min(budget_seconds(dev), n * (2.0 * build_s + 0.25))
