@@ -463,6 +463,12 @@ class GemmKernel:
         return max(1, min(kc, limit // width))
 
 
+def gemv_rows(M: int) -> int:
+    """The program (GEMV_M) that serves M rows: the next power of two, so that decode batches of 1 to
+    GEMV_MAX_M rows build four programs (1, 2, 4, 8), not eight (first-run compile time)."""
+    return 1 << max(0, int(M) - 1).bit_length()
+
+
 class GemvKernel:
     """The GEMV configuration, built for M = 1 at once (its compiled kernel's limits checked) and
     lazily for each other row count M <= ``GEMV_MAX_M``. A row count whose compiled kernel allows
@@ -482,6 +488,7 @@ class GemvKernel:
         self._kernels[1] = (cfg, knl)
 
     def _kernel(self, M: int) -> tuple[GemvConfig, object]:
+        M = gemv_rows(M)
         if M not in self._kernels:
             g = self.cfg
             knl = self.dev.kernel("matmul", "matmul_gemv", g.options(M))
