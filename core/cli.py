@@ -303,7 +303,8 @@ def _train(args, out: Path) -> int:
         from core.plan import plan_for
 
         if not args.quiet:
-            print("planning: counting tokens and measuring this device's training speed…")
+            print("planning: counting tokens and measuring this device's training speed (on a device's first "
+                  "run this compiles the kernels too)…")
         plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
                            args.vocab_size or ModelConfig.vocab_size)
         try:

@@ -369,7 +369,12 @@ def store_speed(key: str, seconds_per_token: float) -> None:
     atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
 
 
-def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 5, use_cache: bool = True) -> float:
+SPEED_STEPS = 5
+"""Training steps :func:`measure_speed` times (after one warm-up step)."""
+
+
+def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = SPEED_STEPS,
+                  use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
     (``batch_size``, ``seq``) on ``dev``: the median of ``steps`` timed steps after one warm-up step.
     Cached per device and shape (:func:`cached_speed`)."""
@@ -399,25 +404,26 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     return v
 
 
-BUILD_S_GUESS = 1.0
-"""Seconds per program build assumed when planning built none (the step's speed was cached)."""
-LATER_BUILDS = 6
-"""Programs a run builds after its plan's speed measurement (recall and generation kernels: decode attention,
-GEMV row counts), measured on PoCL and llvmpipe with a cold cache."""
+BUILD_S_GUESS = 2.0
+"""Seconds per program (build and first launch) assumed when planning built none (the step's speed was cached)."""
+LATER_PROGRAMS = 7
+"""Programs a run builds and first launches after its plan's speed measurement: the tuned matmul's other
+transpose variants (3), its GEMV row counts 2, 4 and 8 (3) and the decode attention (1) of the recall checks."""
 
 
-def first_run_seconds(dev: Device, builds: int, build_s: float) -> float:
-    """One-time seconds of a run on ``dev`` given the ``builds`` programs (``build_s`` seconds) planning built:
-    those seconds, the first matmul tuning (core.kernels.matmul_tune.expected_seconds) and ``LATER_BUILDS``
-    programs still to build; 0.0 when planning built nothing from source (cached kernels, < 0.2 s each) and
-    the tuning is cached."""
+def first_run_seconds(dev: Device, programs: int, compile_s: float) -> float:
+    """One-time seconds of a run on ``dev`` given the ``programs`` that planning built and first launched in
+    ``compile_s`` seconds (PoCL and llvmpipe compile a kernel for its work-group size at its first launch, so
+    this is the speed measurement's time beyond its steps): those seconds, the first matmul tuning
+    (core.kernels.matmul_tune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
+    and planning found its programs cached (< 0.2 s each) or built none (the speed was cached too)."""
     from core.kernels import matmul_tune
 
-    per_build = build_s / builds if builds else BUILD_S_GUESS
-    tuning = matmul_tune.expected_seconds(dev, per_build)
-    if builds and per_build < 0.2 and not tuning:
+    per_program = compile_s / programs if programs else BUILD_S_GUESS
+    tuning = matmul_tune.expected_seconds(dev, per_program)
+    if not tuning and (not programs or per_program < 0.2):  # tuned, and the kernels cached (or not looked at)
         return 0.0
-    return build_s + tuning + LATER_BUILDS * per_build
+    return compile_s + tuning + LATER_PROGRAMS * per_program
 
 
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
@@ -454,13 +460,14 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
     b = PRESETS[preset][1].pretrain.batch_size
     from core.kernels import matmul_tune
 
-    builds, build_s = dev.builds, dev.build_seconds
+    builds, t0 = dev.builds, time.perf_counter()
     # timed at the padded length of a planned pretraining batch (questions mixed in make it longer), with the
     # default matmul kernels before the first tuning (which the plan announces: first_run_s)
+    seq = round(step_tokens[0] / b) if step_tokens[0] else int(padded_length(f_len or d_len, b)) or 16
     with matmul_tune.untuned():
-        spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
-                            int(padded_length(f_len or d_len, b)) or 16)
-    first = first_run_seconds(dev, dev.builds - builds, dev.build_seconds - build_s)
+        spt = measure_speed(dev, mc, b, seq)
+    steps_s = (SPEED_STEPS + 1) * spt * b * max(2, min(seq, mc.context_length)) if dev.builds > builds else 0.0
+    first = first_run_seconds(dev, dev.builds - builds, max(0.0, time.perf_counter() - t0 - steps_s))
     plan = make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
                      step_tokens=step_tokens)
     return replace(plan, first_run_s=first), stats

@@ -12,7 +12,7 @@ from core import device as device_mod
 from core.device import DeviceInfo, speed_note
 from core.estimates import DatasetStats
 from core.kernels import matmul_tune
-from core.plan import LATER_BUILDS, first_run_seconds, make_plan
+from core.plan import LATER_PROGRAMS, first_run_seconds, make_plan
 
 
 def _info(name: str, kind: str = "CPU", problem: str = "") -> DeviceInfo:
@@ -60,7 +60,7 @@ def test_first_run_costs_are_counted_and_said(monkeypatch):
     monkeypatch.setattr(matmul_tune, "expected_seconds", lambda dev, build_s: 30.0)
     dev = SimpleNamespace()
     # planning built 10 programs in 20 s: those, the tuning and the programs still to build
-    assert first_run_seconds(dev, 10, 20.0) == pytest.approx(20.0 + 30.0 + LATER_BUILDS * 2.0)
+    assert first_run_seconds(dev, 10, 20.0) == pytest.approx(20.0 + 30.0 + LATER_PROGRAMS * 2.0)
     monkeypatch.setattr(matmul_tune, "expected_seconds", lambda dev, build_s: 0.0)
     assert first_run_seconds(dev, 10, 0.5) == 0.0  # everything cached: programs loaded in 0.05 s each
     plan = make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5)

@@ -258,8 +258,11 @@ class _Clock:
         self.given += n
         return self.start + self.budget_s * self.given / self.total
 
-    def allows(self, deadline: float) -> bool:
-        expected = sum(self.costs) / len(self.costs) if self.costs else 0.0
+    def allows(self, deadline: float, expected: float | None = None) -> bool:
+        """Whether a step expected to take ``expected`` seconds (default: the dearest of the last three
+        candidates, a compile included) ends by ``deadline``."""
+        if expected is None:
+            expected = max(self.costs[-3:], default=0.0)
         return time.perf_counter() + expected <= deadline
 
     def elapsed(self) -> float:
@@ -323,7 +326,7 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
 def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list, min_s: float, clock: _Clock,
           progress: Progress, state: dict, result: dict, fallbacks: list):
     """The fastest right configuration of ``configs`` within the clock's share for this group (see :func:`tune`)."""
-    scores, kernels = {}, {}
+    scores, kernels, timing_s = {}, {}, {}
     deadline = clock.group(len(configs))
     for i, cfg in enumerate(configs):
         over = i > 0 and not clock.allows(deadline)
@@ -337,7 +340,9 @@ def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list,
                 if i > 0 and isinstance(cfg, TiledConfig) and multiple and cfg.items % multiple:
                     raise KernelLimitError(f"{cfg.items} work-items per group are no multiple of the kernel's "
                                            f"preferred {multiple} (idle SIMD lanes)")
+                t1 = time.perf_counter()
                 score = _score(dev, kernel, operands, min_s)
+                timing_s[cfg] = time.perf_counter() - t1
                 if score > 0.0:
                     kernels[cfg], scores[cfg] = kernel, score
                 else:
@@ -351,7 +356,9 @@ def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list,
                  f"{clock.elapsed():.0f} s of at most {clock.budget_s:.0f} s" + (" (budget spent: skipped)" if over else ""))
     # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best (within the budget)
     leaders = sorted(scores, key=scores.get, reverse=True)[:RETIME]
-    for _ in range(2 if len(leaders) > 1 and clock.allows(deadline) else 0):
+    for _ in range(2 if len(leaders) > 1 else 0):
+        if not clock.allows(deadline, sum(timing_s[c] for c in leaders)):
+            break
         for cfg in leaders:
             scores[cfg] = max(scores[cfg], _score(dev, kernels[cfg], operands, min_s, check=False))
     if not scores:  # nothing right in time: the first safe default that builds and is right
