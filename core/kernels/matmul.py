@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
 PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
+PACK_LOCAL = 16  # work-items per group of the packing kernels (at most; the compiled kernel's limit decides)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 # matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
 # would idle): into parts at least SPLIT_MIN_K deep where C has fewer tiles than half the compute
@@ -373,9 +374,12 @@ class GemmKernel:
         else:
             if self._direct_a is not None:
                 dev.check_fits(self._direct_a, cfg.items, cfg)
-            dev.check_fits(self._pack_b, 1, cfg)
+            # packing launches get a fixed work-group (PoCL compiles a kernel per work-group size at its first
+            # launch: a size it picks itself follows the global size, and each new product shape compiled again)
+            self._pack_local = dev.work_group_size(self._pack_b, PACK_LOCAL)
             if self._pack_a is not None:
-                dev.check_fits(self._pack_a, 16 if trans_a else 1, cfg)
+                dev.check_fits(self._pack_a, PACK_KB if trans_a else 1, cfg)
+                self._pack_a_local = PACK_KB if trans_a else dev.work_group_size(self._pack_a, PACK_LOCAL)
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
                  a_offset: int, b_offset: int, c_offset: int) -> None:
@@ -408,12 +412,15 @@ class GemmKernel:
         for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
             n = i32(min(kc, K - k0))
             if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
-                self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
-                if pack_a is not None:  # a (K,M): 16 panels side by side per work-group
+                lb = self._pack_local  # rows past kc return at once
+                self._pack_b(q, (-(-int(n) // lb) * lb, n_panels), (lb, 1), bp, b, i32(N), i32(K), i32(b_offset),
+                             i32(k0), n)
+                if pack_a is not None:  # a (K,M): 16 panels side by side per work-group; panels past M return
+                    la = self._pack_a_local
                     if self._trans_a:
-                        grid, local = (-(-n_blocks // 16) * 16, -(-int(n) // PACK_KB)), (16, 1)
+                        grid, local = (-(-n_blocks // la) * la, -(-int(n) // PACK_KB)), (la, 1)
                     else:
-                        grid, local = (n_blocks,), None
+                        grid, local = (-(-n_blocks // la) * la,), (la,)
                     pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
             main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                        acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
