@@ -29,9 +29,9 @@ def test_the_faster_cpu_device_is_the_default_and_the_slower_says_why(monkeypatc
     ranked = device_mod._rank_by_speed(devices, ["llvmpipe", "pocl", "gpu", "broken"])
     assert [d.name for d in ranked] == ["gpu", "pocl", "llvmpipe", "broken"]
     assert sorted(measured) == ["llvmpipe", "pocl"]  # only competing, usable CPU devices are timed
-    assert speed_note(ranked[1], ranked) == "1.8 GFLOP/s measured: the fastest CPU device here"
-    assert speed_note(ranked[2], ranked) == ("0.8 GFLOP/s measured: slower than pocl (cpu, pocl platform) "
-                                             "(1.8 GFLOP/s), 2.2x")
+    assert speed_note(ranked[1], ranked) == "1.8 GFLOP per CPU second at a plain matmul: the fastest CPU device here"
+    assert speed_note(ranked[2], ranked) == ("0.8 GFLOP per CPU second at a plain matmul: 2.2x slower than pocl "
+                                             "(cpu, pocl platform) (1.8)")
     assert speed_note(ranked[0], ranked) == ""  # a GPU is not timed
     measured.clear()
     alone = device_mod._rank_by_speed([_info("pocl"), _info("gpu", kind="GPU")], ["pocl", "gpu"])

@@ -41,8 +41,10 @@ __kernel void cross_entropy_forward(__global float* losses, __global const float
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
-    if (get_local_id(0) == 0)
-        losses[r] = mk == 0.0f ? 0.0f : row_loss(row, targets[r], vocab_size, mk, st);
+    // every argument read outside branches (Mesa's llvmpipe warns about kernel arguments read in them)
+    const float loss = row_loss(row, targets[r], vocab_size, mk, st);
+    __global float* out = losses + r;
+    if (get_local_id(0) == 0) *out = mk == 0.0f ? 0.0f : loss;
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
@@ -61,18 +63,16 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
-    if (mk == 0.0f) {
-        for (int j = lid; j < vocab_size; j += L) drow[j] = 0.0f;
-        if (lid == 0) losses[r] = 0.0f;
-        return;
-    }
+    // a masked row (mk == 0) gets zeros; no early return: every argument is read outside branches
+    // (Mesa's llvmpipe warns about kernel arguments read in them)
     const int t = targets[r];
-    if (lid == 0) losses[r] = row_loss(row, t, vocab_size, mk, st);
+    const float g = mk * grad_scale, loss = row_loss(row, t, vocab_size, mk, st);
     const float inv = 1.0f / st.y;
-    const float g = mk * grad_scale;
+    __global float* out = losses + r;
+    if (lid == 0) *out = mk == 0.0f ? 0.0f : loss;
     for (int j = lid; j < vocab_size; j += L) {
         const float p = exp(row[j] - st.x) * inv;
-        drow[j] = (p - (j == t ? 1.0f : 0.0f)) * g;
+        drow[j] = mk == 0.0f ? 0.0f : (p - (j == t ? 1.0f : 0.0f)) * g;
     }
 }
 
