@@ -351,7 +351,7 @@ def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list,
                 log.info("matmul tuning %s: %s skipped: %s", name, cfg, str(e).splitlines()[0])
             clock.costs.append(time.perf_counter() - t0)
         state["done"] += 1
-        best = f"best {max(scores.values()):.1f} GFLOP/s" if scores else "none right yet"
+        best = f"best {max(scores.values()):.3g} GFLOP/s" if scores else "none right yet"  # llvmpipe's GEMV: 0.03
         progress(state["done"] / clock.total, f"matmul tuning {name}: {state['done']}/{clock.total}, {best}, "
                  f"{clock.elapsed():.0f} s of at most {clock.budget_s:.0f} s" + (" (budget spent: skipped)" if over else ""))
     # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best (within the budget)
