@@ -373,7 +373,7 @@ def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list,
         raise RuntimeError(f"no matmul configuration for {name} gives right results on {dev.info.name}")
     best = max(scores, key=scores.get)
     log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, scores[best])
-    result["gflops"][name] = round(scores[best], 2)
+    result["gflops"][name] = float(f"{scores[best]:.3g}")
     return best
 
 
