@@ -80,3 +80,24 @@ def test_the_tuning_estimate_is_bounded_by_the_budget(device, monkeypatch, tmp_p
         assert matmul_tune.expected_seconds(device, 1.0) == 0.0 and matmul_tune.tuned_configs(device) == {}
     monkeypatch.setenv("OPENCL_LLM_TUNE_BUDGET_S", "7")
     assert matmul_tune.budget_seconds(device) == 7.0
+
+
+def test_the_device_tab_says_why_a_device_is_slow_or_refused(studio_env, qtbot, monkeypatch):
+    """Two CPU devices timed (the slower says by how much) and one that cannot build kernels."""
+    import core.device
+    from gui.main_window import MainWindow
+
+    real = core.device.list_devices()[0]
+    fast = replace(real, index=0, gflops=1.8)
+    slow = replace(real, index=1, name="llvmpipe", platform="rusticl", gflops=0.8)
+    broken = replace(real, index=2, name="broken", problem="its OpenCL compiler cannot build kernels here (test)")
+    monkeypatch.setattr(core.device, "list_devices", lambda: [fast, slow, broken])
+    w = MainWindow()
+    qtbot.addWidget(w)
+    tab = w.device_tab
+    assert "the fastest CPU device here" in tab.detail_labels["Speed"].text()
+    tab.combo.setCurrentIndex(1)
+    assert "2.2x slower than" in tab.detail_labels["Speed"].text()
+    assert tab.combo.itemData(2, 3) == broken.problem  # Qt.ToolTipRole: why it is refused
+    assert "cannot build kernels here" in tab.combo.itemText(2)
+    w.close()
