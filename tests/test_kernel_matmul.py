@@ -363,8 +363,9 @@ def _limit_kernels(monkeypatch, device, names, max_items=None, extra_local=0):
         lim = real(self, kernel)
         if lim.name not in names:
             return lim
+        over = lim.device_local_mem_bytes + extra_local if extra_local else 0
         return replace(lim, max_items=min(lim.max_items, max_items or lim.max_items),
-                       local_mem_bytes=lim.local_mem_bytes + (lim.device_local_mem_bytes + extra_local if extra_local else 0))
+                       local_mem_bytes=lim.local_mem_bytes + over)
 
     monkeypatch.setattr(type(device), "kernel_limits", limited)
 
@@ -405,8 +406,8 @@ def test_tuner_skips_what_does_not_fit_and_never_keeps_a_wrong_result(device, mo
     small, big = TiledConfig(8, 8, 4, 2, 2, 2, 0, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1)
     kwargs = dict(shape_table={NT: [(9, 10, 11)]}, gemv_shapes=[(1, 10, 20)], min_s=0.001)
     with caplog.at_level("INFO", logger="core.kernels.matmul_tune"):
-        result = matmul_tune.tune(device, grid={NT: [small, big]}, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(64, 1, 4)],
-                                  **kwargs)
+        result = matmul_tune.tune(device, grid={NT: [small, big]},
+                                  gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(64, 1, 4)], **kwargs)
     assert result[NT] == small and result["gemv"] == GemvConfig(1, 2, 4) and not result["defaulted"]
     assert "allows 32" in caplog.text
     # every candidate wrong (as a miscompiled kernel would be): no "best 0.0", the safe default instead
@@ -422,7 +423,8 @@ def test_tuner_skips_what_does_not_fit_and_never_keeps_a_wrong_result(device, mo
 
 def test_tuner_keeps_to_its_budget(device):
     """With no budget left only each group's first candidate (the default) runs; the rest are counted."""
-    grid = {NT: [PackedConfig(4, 1, 4, 1, 4, True), PackedConfig(3, 1, 8, 2, 1, True), PackedConfig(5, 3, 4, 3, 2, False)]}
+    grid = {NT: [PackedConfig(4, 1, 4, 1, 4, True), PackedConfig(3, 1, 8, 2, 1, True),
+                 PackedConfig(5, 3, 4, 3, 2, False)]}
     seen = []
     result = matmul_tune.tune(device, progress=lambda f, m: seen.append(m), budget_s=0.0, grid=grid,
                               shape_table={NT: [(9, 10, 11)]}, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(1, 4, 4)],

@@ -251,7 +251,8 @@ class _Clock:
     whose expected cost (the mean of those so far) would pass that point is not started."""
 
     def __init__(self, budget_s: float, total: int):
-        self.start, self.budget_s, self.total, self.given, self.costs = time.perf_counter(), budget_s, max(total, 1), 0, []
+        self.start, self.budget_s, self.total = time.perf_counter(), budget_s, max(total, 1)
+        self.given, self.costs = 0, []
 
     def group(self, n: int) -> float:
         """The deadline (perf_counter seconds) of the next group of ``n`` candidates."""
@@ -353,7 +354,8 @@ def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list,
         state["done"] += 1
         best = f"best {max(scores.values()):.3g} GFLOP/s" if scores else "none right yet"  # llvmpipe's GEMV: 0.03
         progress(state["done"] / clock.total, f"matmul tuning {name}: {state['done']}/{clock.total}, {best}, "
-                 f"{clock.elapsed():.0f} s of at most {clock.budget_s:.0f} s" + (" (budget spent: skipped)" if over else ""))
+                 f"{clock.elapsed():.0f} s of at most {clock.budget_s:.0f} s"
+                 + (" (budget spent: skipped)" if over else ""))
     # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best (within the budget)
     leaders = sorted(scores, key=scores.get, reverse=True)[:RETIME]
     for _ in range(2 if len(leaders) > 1 else 0):
