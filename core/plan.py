@@ -125,8 +125,9 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     fact_exposures: float = 0.0
     first_run_s: float = 0.0
-    """One-time costs of this device in this run (:func:`first_run_seconds`): kernel compilation and the
-    first matmul tuning; 0 once both are cached."""
+    """One-time costs of this device in this run (:func:`first_run_seconds`): kernel compilation (also what the
+    planning itself spent on it: the estimate counts from the start of planning) and the first matmul tuning;
+    0 once both are cached."""
 
     @property
     def total_s(self) -> float:
