@@ -28,7 +28,7 @@ def _fail(msg: str) -> int:
 
 # ----------------------------------------------------------------------------- devices
 def cmd_devices(args: argparse.Namespace) -> int:
-    from core.device import list_devices, no_usable_device_message
+    from core.device import list_devices, no_usable_device_message, speed_note
 
     devices = list_devices()
     for d in devices:
@@ -36,6 +36,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"[{d.index}] {d.label}{default}")
         if d.problem:
             print(f"     unusable: {d.problem}")
+        if speed_note(d, devices):
+            print(f"     speed: {speed_note(d, devices)}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
         print(f"     compute units {d.compute_units}, global memory {memory_size(d.global_mem_bytes)}, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
@@ -56,7 +58,11 @@ def _tune_matmul(dev) -> None:
 
     result = matmul_tune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
-        print(f"matmul tuned in {result['seconds']:.1f} s (cached for this device and driver)", file=sys.stderr)
+        cut = (f"; {count(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
+               else "")
+        default = f"; defaults kept for {', '.join(result['defaulted'])}" if result.get("defaulted") else ""
+        print(f"matmul tuned in {result['seconds']:.1f} s{cut}{default} (cached for this device and driver)",
+              file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- train
@@ -382,13 +388,15 @@ def _train(args, out: Path) -> int:
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
-    _tune_matmul(dev)
+    if not auto:  # an Auto plan announces the first tuning and compiling first, then they run
+        _tune_matmul(dev)
     plan = None
     if auto:
         from core.plan import plan_for
 
         if not args.quiet:
-            print("planning: counting tokens and measuring this device's training speed…")
+            print("planning: counting tokens and measuring this device's training speed (on a device's first "
+                  "run this compiles the kernels too)…")
         plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
                            args.vocab_size or ModelConfig.vocab_size)
         try:
@@ -400,6 +408,8 @@ def _train(args, out: Path) -> int:
         print(f"plan: {plan.summary()}")
         for note in plan.notes:
             print(f"note: {note}")
+        _tune_matmul(dev)
+    builds, build_s = dev.builds, dev.build_seconds
     if base is not None or not args.resume:
         _print_memory(dev, mc, tc)
     if args.resume:
@@ -425,6 +435,9 @@ def _train(args, out: Path) -> int:
             _print_finetune_plan(trainer, dev, before)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
+    if dev.build_seconds - build_s >= 1.0:
+        print(f"compiled {count(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
+              "(first run on this device; cached for the next)")
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")
