@@ -301,21 +301,17 @@ def _print_line(lines: ProgressLines, ev, trainer) -> None:
 
 def _print_finetune_plan(trainer, dev: Device, resident_before: int | None) -> None:
     """``train --base``: the run's time (core.finetune.estimate_time) and, where this process's memory can
-    be read, its peak resident memory (core.estimates.peak_resident_bytes), before the first step."""
-    from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
-    from core.finetune import check_shape, estimate_time, longest_row
+    be read, its peak resident memory (core.finetune.estimate_resident), before the first step."""
+    from core.finetune import estimate_resident, estimate_time
 
     print(f"plan: {estimate_time(trainer).summary()}")
     if resident_before is None:
         return
-    tc, longest, mc = trainer.train_config, longest_row(trainer), trainer.model_config
-    rows, check = check_shape(trainer)
-    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
-                               dev.is_cpu, check, rows)
-    where = f"the device's buffers up to rows of {longest} tokens, " if dev.is_cpu else ""
-    print(f"resident memory: at most about {peak / 2**30:.2f} GiB in this process ({where}then a checkpoint "
-          f"save's {save_copy_bytes(mc, tc.freeze_embeddings) / 2**30:.2f} GiB copy of the weights and moments or "
-          f"a recall check's {check_copy_bytes(mc, rows, check) / 2**30:.2f} GiB of logits)")
+    r = estimate_resident(trainer, resident_before, dev.is_cpu)
+    where = f"the device's buffers up to rows of {r.longest} tokens, " if r.device_on_host else ""
+    print(f"resident memory: at most about {r.peak_bytes / 2**30:.2f} GiB in this process ({where}then a checkpoint "
+          f"save's {r.save_bytes / 2**30:.2f} GiB copy of the weights and moments or "
+          f"a recall check's {r.check_bytes / 2**30:.2f} GiB of logits)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -144,17 +144,29 @@ class Plan:
         ``LEARNED_SHARE`` of the planned time on the datasets measured (a run with checks only)."""
         return self.total_s * (LEARNED_SHARE if self.train_config.check_every else 1.0)
 
+    @property
+    def run_s(self) -> float:
+        """Seconds the run is expected to take on this device: :attr:`expected_s` and the one-time
+        :attr:`first_run_s`."""
+        return self.expected_s + self.first_run_s
+
+    def first_run_note(self) -> str:
+        """"first run on this device: +1:50 for tuning and compiling", or "" when that is under half a second
+        (cached)."""
+        if self.first_run_s < 0.5:
+            return ""
+        return f"first run on this device: +{format_duration(self.first_run_s)} for tuning and compiling"
+
     def summary(self) -> str:
         """One line for the CLI and the Hyperparameters tab."""
         p, t = self.planned_steps
         seen = f", each fact seen {self.fact_exposures:.0f} times" if self.fact_exposures else ""
         most = (f"; at most {format_duration(self.total_s)} for the planned steps, it stops once learned"
                 if self.expected_s < self.total_s else "")
-        first = (f"first run on this device: +{format_duration(self.first_run_s)} for tuning and compiling; "
-                 if self.first_run_s >= 0.5 else "")
+        first = f"{self.first_run_note()}; " if self.first_run_note() else ""
         return (f"{self.preset} model ({self.model_config.n_params():,} parameters); pretrain {p} steps "
                 f"({self.pretrain_passes:.0f} passes over the facts{seen}), tune {t} steps ({self.tune_passes:.0f} "
-                f"passes over the dialogues); estimated {format_duration(self.expected_s + self.first_run_s)} "
+                f"passes over the dialogues); estimated {format_duration(self.run_s)} "
                 f"({first}checks {format_duration(self.check_s)}{most})")
 
 

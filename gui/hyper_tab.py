@@ -505,8 +505,9 @@ class HyperTab(QWidget):
             self._show_memory_problem(*((self.plan.model_config, self.plan.train_config) if auto else (mc, tc)))
             self.plan_label.setText(to_html(self.summary_lines(mc, tc)))
             ok = True
+        planned = ok and self.preset.currentText() == AUTO and self.plan is not None and self.base_path() is None
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
-                                           self.base_path())
+                                           self.base_path(), self.plan if planned else None)
         self._valid = ok
         return ok
 
