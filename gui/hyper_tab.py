@@ -150,6 +150,7 @@ class HyperTab(QWidget):
         state.project_changed.connect(self._on_project)
         for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
             sig.connect(self._replan_timer.start)
+        state.busy_changed.connect(self._after_a_run)
         self.set_preset(AUTO)
         self._show_base_widgets()
 
@@ -340,6 +341,12 @@ class HyperTab(QWidget):
         elif name in PRESETS:
             self.plan = None
             self.set_values(_preset_values(name), preset=name)
+
+    def _after_a_run(self) -> None:
+        """A run has paid the plan's one-time costs of this device (tuning, compiling: Plan.first_run_s):
+        Auto plans again, so that the next run's time is not said to include them."""
+        if not self.app_state.is_training() and self.plan is not None and self.plan.first_run_s:
+            self._replan_timer.start()
 
     def _replan_if_auto(self) -> None:
         if self.preset.currentText() == AUTO and self.base_path() is None:

@@ -126,6 +126,7 @@ class TrainingTab(QWidget):
         self._check_s = 0.0  # seconds the last recall check took (for the ETA)
         self._check_t0 = 0.0
         self._estimate: RunStarted | None = None  # the run's start, with its estimate (estimate_text)
+        self._first_run = ""  # " (first run on this device: about 1:50 for tuning and compiling)" or ""
         # stages of this run that ended before their planned steps: (stage, why, steps done, planned)
         self._early: list[tuple[str, str, int, int]] = []
         # the bar shows at least this: the planned end of a stage that ended early (its last step is short of it)
@@ -550,7 +551,8 @@ class TrainingTab(QWidget):
             self.recall_label.setText("Shown when a stage ends.")
             val_every = validation_interval(tc)
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
-        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self._on_validation,
+        w.connect_slots(phase=self._on_phase, run_started=self._on_started, step=self._on_step,
+                        validation=self._on_validation,
                         stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
                         recall_progress=self._on_recall_progress,
                         run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
@@ -564,7 +566,10 @@ class TrainingTab(QWidget):
         self._early, self._progress_floor = [], 0
         self._estimate = None
         self._t0 = time.perf_counter()
-        self.stage_label.setText("Preparing: tokenizer, model and kernels…")
+        first = kw.get("plan_s") or (0.0, 0.0)
+        self._first_run = (f" (first run on this device: about {format_duration(first[1])} for tuning and "
+                           "compiling)" if first[1] else "")
+        self.stage_label.setText(f"Preparing: tokenizer, model and kernels{self._first_run}…")
         self.speed_label.setText("")
         self.progress.setRange(0, 0)  # busy until the first step
         self.append_log("INFO", "resuming training" if resume else "starting training")
@@ -595,6 +600,10 @@ class TrainingTab(QWidget):
             self.start()
 
     # ----------------------------------------------------------------------------- worker signals
+    def _on_phase(self, what: str) -> None:
+        """The run's work before its first step (TrainWorker.phase), with its first run's one-time costs."""
+        self.stage_label.setText(f"Preparing: {what}{self._first_run}…")
+
     def _on_started(self, info: RunStarted) -> None:
         self._stage_steps = list(info.stage_steps)
         total = sum(self._stage_steps)

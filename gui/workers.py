@@ -206,6 +206,7 @@ class TrainWorker(Worker):
             seconds it is expected to take and the one-time part of them (None: no plan).
     """
 
+    phase = Signal(str)  # (what the run does before its first step: "reading …", "estimating …", …)
     run_started = Signal(object)  # (gui.events.RunStarted)
     step = Signal(object)  # (gui.events.TrainingStep)
     validation = Signal(object)  # (gui.events.ValidationLoss)
@@ -270,6 +271,10 @@ class TrainWorker(Worker):
                                    self._replaced(), v.learned if v else False, v.text if v else "",
                                    v.advice if v else ""))
 
+    def _phase(self, what: str) -> None:
+        self.log_line.emit("INFO", what)
+        self.phase.emit(what)
+
     def _estimate(self, trainer, dev, resident_before: int | None) -> tuple[float, float, int]:
         """``(estimated_s, first_run_s, peak_resident_bytes)`` of RunStarted: a fine-tune's from its own
         model before the first step (core.finetune.estimate_time and estimate_resident, as ``train --base``
@@ -278,7 +283,7 @@ class TrainWorker(Worker):
             return (*self.plan_s, 0) if self.plan_s and not self.resume else (0.0, 0.0, 0)
         from core.finetune import estimate_resident, estimate_time
 
-        self.log_line.emit("INFO", "estimating the fine-tune: timing a few passes of the base model")
+        self._phase("estimating the fine-tune: timing a few passes of the base model")
         est = estimate_time(trainer)
         peak = estimate_resident(trainer, resident_before, dev.is_cpu).peak_bytes if resident_before else 0
         self.log_line.emit("INFO", f"plan: {est.summary()}")
@@ -305,14 +310,14 @@ class TrainWorker(Worker):
             if self.base:
                 from core.finetune import base_trainer, load_base
 
-                self.log_line.emit("INFO", f"reading {self.base}")
+                self._phase(f"reading {self.base}")
                 from core.estimates import resident_bytes
 
                 loaded, mc, meta = load_base(self.base, self.model_config.context_length)
                 before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
                 trainer = base_trainer(loaded, mc, meta, self.dataset, self.train_config, dev)
             else:
-                self.log_line.emit("INFO", "training the tokenizer and building the model")
+                self._phase("training the tokenizer and building the model")
                 trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
         self._trainer = trainer
         tc, mc = trainer.train_config, trainer.model_config

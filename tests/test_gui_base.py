@@ -93,9 +93,10 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
     spy("estimate_time")
     spy("estimate_resident")
     w, t = main_window, main_window.training_tab
-    started = []
-    shown = t._on_started
+    started, phases = [], []
+    shown, phase = t._on_started, t._on_phase
     monkeypatch.setattr(t, "_on_started", lambda info: (started.append(info), shown(info)))
+    monkeypatch.setattr(t, "_on_phase", lambda what: (phase(what), phases.append(t.stage_label.text())))
     configure_tiny(w, pretrain=2, tune=2, batch=2)
     h = w.hyper_tab
     h.set_base(str(tiny_base))
@@ -118,6 +119,8 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
                     f"{memory_size(mem.peak_bytes)}")
     assert f"this run: {text}" in t.log.toPlainText() and f"plan: {est.summary()}" in t.log.toPlainText()
     assert f"(estimated {format_duration(est.total_s)} in all)" in t.speed_label.text()
+    assert phases == [f"Preparing: reading {tiny_base}…",
+                      "Preparing: estimating the fine-tune: timing a few passes of the base model…"]
 
 
 def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dialogs, monkeypatch):

@@ -260,9 +260,15 @@ def test_the_training_tab_shows_the_plans_time_with_the_first_runs_costs(main_wi
     configure_tiny(w, pretrain=2, tune=2, batch=2)
     plan = dataclasses.replace(make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5), first_run_s=110.0)
     monkeypatch.setattr(w.state, "plan", lambda: plan)
+    labels = []  # the stage label after each phase before the first step, and at the start
+    for slot in ("_on_phase", "_on_started"):
+        monkeypatch.setattr(t, slot, lambda arg, shown=getattr(t, slot): (shown(arg),
+                                                                           labels.append(t.stage_label.text())))
     assert t.start(), t.banner_text.text()
     wait_idle(qtbot, t)
     assert t.banner.isHidden(), t.banner_text.text()
     said = f"estimated {format_duration(plan.run_s)} (first run on this device: +1:50 for tuning and compiling)"
     assert f"this run: {said}" in t.log.toPlainText()
+    assert labels == ["Preparing: training the tokenizer and building the model (first run on this device: about 1:50 "
+                      "for tuning and compiling)…", f"Training on {w.state.device_info().label} — {said}"]
     assert f"(estimated {format_duration(plan.run_s)} in all)" in t.speed_label.text()
