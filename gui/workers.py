@@ -279,8 +279,10 @@ class TrainWorker(Worker):
         """``(estimated_s, first_run_s, peak_resident_bytes)`` of RunStarted: a fine-tune's from its own
         model before the first step (core.finetune.estimate_time and estimate_resident, as ``train --base``
         prints them; its one-time costs are paid by then), a new model's from its plan, else zeros."""
-        if not self.base or self.resume:
-            return (*self.plan_s, 0) if self.plan_s and not self.resume else (0.0, 0.0, 0)
+        if self.resume:
+            return 0.0, 0.0, 0
+        if not self.base:
+            return (*self.plan_s, 0) if self.plan_s else (0.0, 0.0, 0)
         from core.finetune import estimate_resident, estimate_time
 
         self._phase("estimating the fine-tune: timing a few passes of the base model")
