@@ -28,7 +28,7 @@ def _fail(msg: str) -> int:
 
 # ----------------------------------------------------------------------------- devices
 def cmd_devices(args: argparse.Namespace) -> int:
-    from core.device import list_devices, no_usable_device_message
+    from core.device import list_devices, no_usable_device_message, speed_note
 
     devices = list_devices()
     for d in devices:
@@ -36,6 +36,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"[{d.index}] {d.label}{default}")
         if d.problem:
             print(f"     unusable: {d.problem}")
+        if speed_note(d, devices):
+            print(f"     speed: {speed_note(d, devices)}")
         print(f"     vendor {d.vendor.strip()}, {d.opencl_version.strip()}")
         print(f"     compute units {d.compute_units}, global memory {memory_size(d.global_mem_bytes)}, "
               f"local memory {d.local_mem_bytes // 1024} KiB, max work-group size {d.max_work_group_size}")
@@ -56,7 +58,11 @@ def _tune_matmul(dev) -> None:
 
     result = matmul_tune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
-        print(f"matmul tuned in {result['seconds']:.1f} s (cached for this device and driver)", file=sys.stderr)
+        cut = (f"; {count(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
+               else "")
+        default = f"; defaults kept for {', '.join(result['defaulted'])}" if result.get("defaulted") else ""
+        print(f"matmul tuned in {result['seconds']:.1f} s{cut}{default} (cached for this device and driver)",
+              file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- train
@@ -350,21 +356,17 @@ def _print_line(lines: ProgressLines, ev, trainer) -> None:
 
 def _print_finetune_plan(trainer, dev: Device, resident_before: int | None) -> None:
     """``train --base``: the run's time (core.finetune.estimate_time) and, where this process's memory can
-    be read, its peak resident memory (core.estimates.peak_resident_bytes), before the first step."""
-    from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
-    from core.finetune import check_shape, estimate_time, longest_row
+    be read, its peak resident memory (core.finetune.estimate_resident), before the first step."""
+    from core.finetune import estimate_resident, estimate_time
 
     print(f"plan: {estimate_time(trainer).summary()}")
     if resident_before is None:
         return
-    tc, longest, mc = trainer.train_config, longest_row(trainer), trainer.model_config
-    rows, check = check_shape(trainer)
-    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
-                               dev.is_cpu, check, rows)
-    where = f"the device's buffers up to rows of {longest} tokens, " if dev.is_cpu else ""
-    print(f"resident memory: at most about {peak / 2**30:.2f} GiB in this process ({where}then a checkpoint "
-          f"save's {save_copy_bytes(mc, tc.freeze_embeddings) / 2**30:.2f} GiB copy of the weights and moments or "
-          f"a recall check's {check_copy_bytes(mc, rows, check) / 2**30:.2f} GiB of logits)")
+    r = estimate_resident(trainer, resident_before, dev.is_cpu)
+    where = f"the device's buffers up to rows of {r.longest} tokens, " if r.device_on_host else ""
+    print(f"resident memory: at most about {r.peak_bytes / 2**30:.2f} GiB in this process ({where}then a checkpoint "
+          f"save's {r.save_bytes / 2**30:.2f} GiB copy of the weights and moments or "
+          f"a recall check's {r.check_bytes / 2**30:.2f} GiB of logits)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -440,13 +442,15 @@ def _train(args, out: Path) -> int:
     new_data = _load_data(args.data) if args.data else None
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
-    _tune_matmul(dev)
+    if not auto:  # an Auto plan announces the first tuning and compiling first, then they run
+        _tune_matmul(dev)
     plan = None
     if auto:
         from core.plan import plan_for
 
         if not args.quiet:
-            print("planning: counting tokens and measuring this device's training speed…")
+            print("planning: counting tokens and measuring this device's training speed (on a device's first "
+                  "run this compiles the kernels too)…")
         plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
                            args.vocab_size or ModelConfig.vocab_size)
         try:
@@ -458,6 +462,8 @@ def _train(args, out: Path) -> int:
         print(f"plan: {plan.summary()}")
         for note in plan.notes:
             print(f"note: {note}")
+        _tune_matmul(dev)
+    builds, build_s = dev.builds, dev.build_seconds
     if base is not None and lora is not None:
         _print_lora_memory(dev, mc, tc, lora)
     elif base is not None or not args.resume:
@@ -486,6 +492,9 @@ def _train(args, out: Path) -> int:
             _print_finetune_plan(trainer, dev, before)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
+    if dev.build_seconds - build_s >= 1.0:
+        print(f"compiled {count(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
+              "(first run on this device; cached for the next)")
     c = trainer.model_config
     print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")

@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,39 @@ class OpenCLUnavailableError(RuntimeError):
 
 class KernelBuildError(RuntimeError):
     """An OpenCL program failed to build; the message carries the compiler's build log."""
+
+
+class KernelLimitError(ValueError):
+    """A kernel configuration does not fit the compiled kernel's (or the device's) limits; the message
+    says which limit and by how much. The matmul tuner skips such configurations."""
+
+
+@dataclass(frozen=True)
+class KernelLimits:
+    """What one compiled kernel allows on one device (OpenCL's clGetKernelWorkGroupInfo).
+
+    Attributes:
+        name: the kernel's function name.
+        max_items: CL_KERNEL_WORK_GROUP_SIZE (capped at the device's maximum): most work-items per group.
+        local_mem_bytes: CL_KERNEL_LOCAL_MEM_SIZE, local memory the kernel uses (its __local arrays).
+        device_local_mem_bytes: CL_DEVICE_LOCAL_MEM_SIZE.
+        preferred_multiple: CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE (the SIMD width of a group).
+    """
+
+    name: str
+    max_items: int
+    local_mem_bytes: int
+    device_local_mem_bytes: int
+    preferred_multiple: int = 1
+
+    def problem(self, items: int) -> str:
+        """Why ``items`` work-items per group do not fit, or "" when they do."""
+        if items > self.max_items:
+            return f"needs {items} work-items per group; the compiled kernel {self.name} allows {self.max_items}"
+        if self.local_mem_bytes > self.device_local_mem_bytes:
+            return (f"the compiled kernel {self.name} needs {self.local_mem_bytes} bytes of local memory; "
+                    f"the device has {self.device_local_mem_bytes}")
+        return ""
 
 
 # ----------------------------------------------------------------------------- paths
@@ -134,6 +168,8 @@ class DeviceInfo:
     problem: str = ""
     """Why this device cannot be used (its compiler failed on a trivial kernel), else empty."""
     max_alloc_bytes: int | None = None
+    gflops: float | None = None
+    """Measured plain-matmul speed (:func:`device_speed`), only where several CPU devices compete."""
 
     @property
     def label(self) -> str:
@@ -194,6 +230,20 @@ def no_usable_device_message(devices: list[DeviceInfo]) -> str:
 
 _KIND_NAMES = {2: "CPU", 4: "GPU", 8: "ACCELERATOR"}
 
+# C (N,N) = A @ B, one output per work-item: the device's speed at a plain float32 matmul, measured when
+# several CPU devices (PoCL, Mesa's llvmpipe) compete for the default
+_SPEED_SOURCE = """
+__kernel void speed(__global const float* a, __global const float* b, __global float* c, const int n) {
+    const int i = get_global_id(1), j = get_global_id(0);
+    float s = 0.0f;
+    for (int k = 0; k < n; k++) s += a[i * n + k] * b[k * n + j];
+    c[i * n + j] = s;
+}
+"""
+SPEED_N = 256
+SPEED_FILE = "device-speed-cpu.json"
+_speed_results: dict[tuple[str, str, str, str], float | None] = {}
+
 _PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] *= 2.0f; }"
 _probe_results: dict[tuple[str, str, str, str], str] = {}
 
@@ -250,7 +300,7 @@ def _probe(cl_device: cl.Device) -> str:
     """
     import pyopencl as cl
 
-    key = (cl_device.platform.name, cl_device.platform.version, cl_device.name, cl_device.driver_version)
+    key = _device_key(cl_device)
     if key in _probe_results:
         return _probe_results[key]
     try:
@@ -265,10 +315,105 @@ def _probe(cl_device: cl.Device) -> str:
     return problem
 
 
+def _device_key(cl_device: cl.Device) -> tuple[str, str, str, str]:
+    return (cl_device.platform.name, cl_device.platform.version, cl_device.name, cl_device.driver_version)
+
+
+def _measure_speed(cl_device: cl.Device) -> float | None:
+    """GFLOP per CPU second of ``_SPEED_SOURCE`` at SPEED_N (best of 5 after a warm-up), or None when it
+    fails. CPU time, not wall time: CPU devices share the host's cores, and on a loaded machine a driver
+    with more threads (llvmpipe runs 8 on 2 cores) takes a larger share of them, which wall time would
+    count as speed."""
+    import pyopencl as cl
+
+    try:
+        ctx = cl.Context([cl_device])
+        queue = cl.CommandQueue(ctx)
+        knl = cl.Program(ctx, _SPEED_SOURCE).build().speed
+        n = SPEED_N
+        host = np.random.default_rng(0).standard_normal((2, n, n)).astype(np.float32)
+        mf = cl.mem_flags
+        a, b = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x) for x in host)
+        c = cl.Buffer(ctx, mf.WRITE_ONLY, host[0].nbytes)
+        allowed = int(knl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, cl_device))
+        side = next(s for s in (16, 8, 4, 2, 1) if s * s <= allowed)  # the compiled kernel's limit
+        best = float("inf")
+        for i in range(6):  # CPU seconds of this process (every driver thread): the same on a busy machine
+            t0 = time.process_time()
+            knl(queue, (n, n), (side, side), a, b, c, np.int32(n))
+            queue.finish()
+            best = min(best, time.process_time() - t0) if i else best
+        out = np.empty((n, n), np.float32)
+        cl.enqueue_copy(queue, out, c)
+        if not np.allclose(out, host[0].astype(np.float64) @ host[1], atol=1e-3 * np.sqrt(n)):
+            return None
+        return 2.0 * n ** 3 / max(best, 1e-6) / 1e9
+    except Exception as e:  # a driver that fails here is ranked by kind alone
+        log.info("could not time %s: %s", cl_device.name, e)
+        return None
+
+
+def device_speed(cl_device: cl.Device) -> float | None:
+    """This device's measured plain-matmul GFLOP per CPU second (:func:`_measure_speed`), cached per platform, device
+    and driver in the user cache folder (``SPEED_FILE``) and per process; None when it cannot run it."""
+    key = _device_key(cl_device)
+    if key in _speed_results:
+        return _speed_results[key]
+    import json
+
+    from core.atomic import atomic_write
+
+    path, text = user_cache_dir() / SPEED_FILE, " | ".join(key)
+    try:
+        data = json.loads(path.read_text("utf-8"))
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    value = data.get(text)
+    if not isinstance(value, (int, float)) or value <= 0:
+        value = _measure_speed(cl_device)
+        if value is not None:
+            data[text] = round(value, 3)
+            try:
+                atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
+            except OSError as e:
+                log.warning("could not save the device speed to %s: %s", path, e)
+    _speed_results[key] = value
+    return value
+
+
+def _rank_by_speed(devices: list[DeviceInfo], cl_devices: list) -> list[DeviceInfo]:
+    """``devices`` in preference order; where two or more usable CPU devices are listed, each gets its
+    measured speed (:func:`device_speed`) and the faster comes first among the CPUs."""
+    cpus = [i for i, d in enumerate(devices) if d.kind == "CPU" and not d.problem]
+    if len(cpus) > 1:
+        for i in cpus:
+            devices[i] = DeviceInfo(**{**devices[i].__dict__, "gflops": device_speed(cl_devices[i])})
+    return sorted(devices, key=lambda i: (i.rank(), -(i.gflops or 0.0) if i.kind == "CPU" else 0.0))
+
+
+def speed_note(info: DeviceInfo, devices: list[DeviceInfo]) -> str:
+    """Why ``info`` is (not) the default among ``devices`` by speed, for the Device tab and ``devices``:
+    "" when no speed was measured (a single CPU device)."""
+    if info.gflops is None:
+        return ""
+    rivals = [d for d in devices if d.kind == "CPU" and d.gflops and d is not info and not d.problem]
+    faster = [d for d in rivals if d.gflops > info.gflops]
+    if not faster:
+        return f"{info.gflops:.1f} GFLOP per CPU second at a plain matmul: the fastest CPU device here"
+    best = max(faster, key=lambda d: d.gflops)
+    if best.gflops < 1.05 * info.gflops:
+        return f"{info.gflops:.1f} GFLOP per CPU second at a plain matmul: as fast as {best.label}"
+    return (f"{info.gflops:.1f} GFLOP per CPU second at a plain matmul: {best.gflops / info.gflops:.1f}x slower "
+            f"than {best.label} ({best.gflops:.1f})")
+
+
 def list_devices() -> list[DeviceInfo]:
     """Every OpenCL device on every platform, preferred first.
 
-    Order: integrated GPUs, then other GPUs, then CPUs, then others; stable within a group. Each
+    Order: integrated GPUs, then other GPUs, then CPUs (the fastest first where there are several,
+    e.g. PoCL and Mesa's llvmpipe: measured once and cached, :func:`device_speed`), then others; stable
+    within a group. Each
     device builds a one-line kernel first (:func:`_probe`, once per process); one that cannot gets
     :attr:`DeviceInfo.problem` and goes last.
 
@@ -288,7 +433,7 @@ def list_devices() -> list[DeviceInfo]:
         platforms = cl.get_platforms()
     except cl.Error as e:  # PLATFORM_NOT_FOUND_KHR when the ICD loader finds no vendor file
         raise OpenCLUnavailableError(_no_opencl_message(f"no OpenCL platform: {e}")) from None
-    raw = []
+    raw, cl_devices = [], []
     for pi, p in enumerate(platforms):
         try:
             devs = p.get_devices()
@@ -310,9 +455,10 @@ def list_devices() -> list[DeviceInfo]:
                     max_alloc_bytes=int(d.max_mem_alloc_size),
                 )
             )
+            cl_devices.append(d)
     if not raw:
         raise OpenCLUnavailableError(_no_opencl_message("platforms found but no devices"))
-    ordered = sorted(raw, key=lambda i: i.rank())
+    ordered = _rank_by_speed(raw, cl_devices)
     return [DeviceInfo(**{**i.__dict__, "index": n}) for n, i in enumerate(ordered)]
 
 
@@ -413,6 +559,10 @@ class Device:
         self.allocated_bytes = 0
         self.profiling = False
         self._events: list[tuple[str, object]] = []
+        # programs built (or loaded from pyopencl's binary cache) and the seconds that took, since opening:
+        # the first run's compile time, which core.plan's estimate counts
+        self.builds = 0
+        self.build_seconds = 0.0
 
     # -- profiling ------------------------------------------------------------------------
     def start_profiling(self) -> None:
@@ -471,10 +621,14 @@ class Device:
             KernelBuildError: the message names ``label`` and the device and holds the build log.
         """
         opts = ["-cl-std=CL1.2", "-cl-kernel-arg-info", *(("-DCPU_DEVICE",) if self.is_cpu else ()), *options]
+        t0 = time.perf_counter()
         try:
             prg = self.cl.Program(self.context, source).build(options=opts, cache_dir=self.cache_dir)
         except self.cl.RuntimeError as e:
             raise KernelBuildError(f"building {label} for {self.info.name} failed:\n{e}") from None
+        finally:
+            self.builds += 1
+            self.build_seconds += time.perf_counter() - t0
         log.debug("built %s %s for %s", label, " ".join(options), self.info.name)
         return prg
 
@@ -528,16 +682,45 @@ class Device:
         return self.cl.enqueue_nd_range_kernel(self.queue, getattr(kernel, "_kernel", kernel), global_size,
                                                local_size)
 
+    def kernel_limits(self, kernel: cl.Kernel) -> KernelLimits:
+        """The compiled kernel's own limits on this device (CL_KERNEL_WORK_GROUP_SIZE,
+        CL_KERNEL_LOCAL_MEM_SIZE, CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE), which can be far
+        below the device's (registers, or local memory the compiler adds): see :class:`KernelLimits`."""
+        info, kwgi = getattr(kernel, "_kernel", kernel), self.cl.kernel_work_group_info
+
+        def get(what, default: int) -> int:
+            try:
+                return int(info.get_work_group_info(what, self.cl_device))
+            except (self.cl.Error, self.cl.LogicError):
+                return default
+
+        items = min(get(kwgi.WORK_GROUP_SIZE, self.max_work_group_size), self.max_work_group_size)
+        return KernelLimits(name=info.function_name, max_items=items, local_mem_bytes=get(kwgi.LOCAL_MEM_SIZE, 0),
+                            device_local_mem_bytes=self.local_mem_size,
+                            preferred_multiple=max(1, get(kwgi.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, 1)))
+
+    def check_fits(self, kernel: cl.Kernel, items: int, what: object = "") -> None:
+        """Raise :class:`KernelLimitError` (naming ``what``, the kernel and the limit) when a launch of
+        ``items`` work-items per group does not fit the compiled ``kernel`` on this device (its
+        work-group limit, or its local memory against the device's)."""
+        problem = self.kernel_limits(kernel).problem(items)
+        if problem:
+            raise KernelLimitError(f"{what or 'this launch'}: {problem} on {self.info.name}")
+
     def work_group_size(self, kernel: cl.Kernel, wanted: int | None = None) -> int:
-        """Largest power of two <= ``wanted`` that this kernel may use on this device.
+        """Largest power of two <= ``wanted`` that this compiled kernel may use on this device.
 
         Args:
             kernel: a ``cl.Kernel``.
             wanted: requested size, default the device's max work-group size.
+
+        Raises:
+            KernelLimitError: the kernel needs more local memory than the device has.
         """
-        limit = int(kernel.get_work_group_info(
-            self.cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
-        limit = min(limit, self.max_work_group_size, wanted or self.max_work_group_size)
+        limits = self.kernel_limits(kernel)
+        if limits.local_mem_bytes > limits.device_local_mem_bytes:
+            raise KernelLimitError(f"{limits.problem(1)} on {self.info.name}")
+        limit = min(limits.max_items, wanted or self.max_work_group_size)
         size = 1
         while size * 2 <= limit:
             size *= 2

@@ -202,6 +202,40 @@ def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
     return min(longest, trainer.model_config.context_length)
 
 
+@dataclass(frozen=True)
+class ResidentEstimate:
+    """Peak resident memory of a fine-tune's process (``train --base`` and the Training tab), in bytes.
+
+    Attributes:
+        peak_bytes: core.estimates.peak_resident_bytes of the run.
+        longest: padded tokens of the longest row (:func:`longest_row`): how far the device's buffers are
+            written where they live in host memory.
+        device_on_host: the device's buffers count (a CPU device).
+        save_bytes: a checkpoint save's copy of the weights and moments (core.estimates.save_copy_bytes).
+        check_bytes: a recall check's logits (core.estimates.check_copy_bytes).
+    """
+
+    peak_bytes: int
+    longest: int
+    device_on_host: bool
+    save_bytes: int
+    check_bytes: int
+
+
+def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bool) -> ResidentEstimate:
+    """The :class:`ResidentEstimate` of ``trainer``'s run, from ``resident_before`` (bytes this process held
+    before the trainer was built: core.estimates.resident_bytes after reading the base) and whether the
+    device's buffers live in host memory (core.device.Device.is_cpu)."""
+    from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
+
+    tc, mc, longest = trainer.train_config, trainer.model_config, longest_row(trainer)
+    rows, check = check_shape(trainer)
+    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
+                               device_on_host, check, rows)
+    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings),
+                            check_copy_bytes(mc, rows, check))
+
+
 def _check_prompts(trainer: Trainer) -> list:
     """The prompts of an end-of-stage recall check (every kind), shortest first."""
     from core.recall import KINDS, recall_prompts
@@ -295,4 +329,4 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
            "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
-           "longest_row", "LORA_LR", "lora_base_meta"]
+           "longest_row", "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

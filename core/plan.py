@@ -128,6 +128,10 @@ class Plan:
     seconds_per_token: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     fact_exposures: float = 0.0
+    first_run_s: float = 0.0
+    """One-time costs of this device in this run (:func:`first_run_seconds`): kernel compilation (also what the
+    planning itself spent on it: the estimate counts from the start of planning) and the first matmul tuning;
+    0 once both are cached."""
 
     @property
     def total_s(self) -> float:
@@ -140,16 +144,30 @@ class Plan:
         ``LEARNED_SHARE`` of the planned time on the datasets measured (a run with checks only)."""
         return self.total_s * (LEARNED_SHARE if self.train_config.check_every else 1.0)
 
+    @property
+    def run_s(self) -> float:
+        """Seconds the run is expected to take on this device: :attr:`expected_s` and the one-time
+        :attr:`first_run_s`."""
+        return self.expected_s + self.first_run_s
+
+    def first_run_note(self) -> str:
+        """"first run on this device: +1:50 for tuning and compiling", or "" when that is under half a second
+        (cached)."""
+        if self.first_run_s < 0.5:
+            return ""
+        return f"first run on this device: +{format_duration(self.first_run_s)} for tuning and compiling"
+
     def summary(self) -> str:
         """One line for the CLI and the Hyperparameters tab."""
         p, t = self.planned_steps
         seen = f", each fact seen {self.fact_exposures:.0f} times" if self.fact_exposures else ""
         most = (f"; at most {format_duration(self.total_s)} for the planned steps, it stops once learned"
                 if self.expected_s < self.total_s else "")
+        first = f"{self.first_run_note()}; " if self.first_run_note() else ""
         return (f"{self.preset} model ({self.model_config.n_params():,} parameters); pretrain {p} steps "
                 f"({self.pretrain_passes:.0f} passes over the facts{seen}), tune {t} steps ({self.tune_passes:.0f} "
-                f"passes over the dialogues); estimated {format_duration(self.expected_s)} "
-                f"(checks {format_duration(self.check_s)}{most})")
+                f"passes over the dialogues); estimated {format_duration(self.run_s)} "
+                f"({first}checks {format_duration(self.check_s)}{most})")
 
 
 def format_duration(seconds: float) -> str:
@@ -368,7 +386,12 @@ def store_speed(key: str, seconds_per_token: float) -> None:
     atomic_write(path, json.dumps(data, indent=1).encode(), sync_folder=False)
 
 
-def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = 5, use_cache: bool = True) -> float:
+SPEED_STEPS = 5
+"""Training steps :func:`measure_speed` times (after one warm-up step)."""
+
+
+def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = SPEED_STEPS,
+                  use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
     (``batch_size``, ``seq``) on ``dev``: the median of ``steps`` timed steps after one warm-up step.
     Cached per device and shape (:func:`cached_speed`)."""
@@ -396,6 +419,28 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     except OSError as e:  # a full disk: the cache is a convenience, the run goes on (it measures again next time)
         log.warning("could not save the measured speed to %s: %s", _speed_file(), e.strerror or e)
     return v
+
+
+BUILD_S_GUESS = 2.0
+"""Seconds per program (build and first launch) assumed when planning built none (the step's speed was cached)."""
+LATER_PROGRAMS = 7
+"""Programs a run builds and first launches after its plan's speed measurement: the tuned matmul's other
+transpose variants (3), its GEMV row counts 2, 4 and 8 (3) and the decode attention (1) of the recall checks."""
+
+
+def first_run_seconds(dev: Device, programs: int, compile_s: float) -> float:
+    """One-time seconds of a run on ``dev`` given the ``programs`` that planning built and first launched in
+    ``compile_s`` seconds (PoCL and llvmpipe compile a kernel for its work-group size at its first launch, so
+    this is the speed measurement's time beyond its steps): those seconds, the first matmul tuning
+    (core.kernels.matmul_tune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
+    and planning found its programs cached (< 0.2 s each) or built none (the speed was cached too)."""
+    from core.kernels import matmul_tune
+
+    per_program = compile_s / programs if programs else BUILD_S_GUESS
+    tuning = matmul_tune.expected_seconds(dev, per_program)
+    if not tuning and (not programs or per_program < 0.2):  # tuned, and the kernels cached (or not looked at)
+        return 0.0
+    return compile_s + tuning + LATER_PROGRAMS * per_program
 
 
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
@@ -430,11 +475,19 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
             kinds[k] = (len(ps), float(np.mean([len(p.ids) for p in ps])),
                         float(np.mean([p.max_new - ANSWER_SLACK + 1 for p in ps])))
     b = PRESETS[preset][1].pretrain.batch_size
-    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer)
-    spt = measure_speed(dev, mc, b, round(step_tokens[0] / b) if step_tokens[0] else
-                        int(padded_length(f_len or d_len, b)) or 16)
-    return make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
-                     step_tokens=step_tokens), stats
+    from core.kernels import matmul_tune
+
+    builds, t0 = dev.builds, time.perf_counter()
+    # timed at the padded length of a planned pretraining batch (questions mixed in make it longer), with the
+    # default matmul kernels before the first tuning (which the plan announces: first_run_s)
+    seq = round(step_tokens[0] / b) if step_tokens[0] else int(padded_length(f_len or d_len, b)) or 16
+    with matmul_tune.untuned():
+        spt = measure_speed(dev, mc, b, seq)
+    steps_s = (SPEED_STEPS + 1) * spt * b * max(2, min(seq, mc.context_length)) if dev.builds > builds else 0.0
+    first = first_run_seconds(dev, dev.builds - builds, max(0.0, time.perf_counter() - t0 - steps_s))
+    plan = make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
+                     step_tokens=step_tokens)
+    return replace(plan, first_run_s=first), stats
 
 
 # ----------------------------------------------------------------------------- verdict

@@ -19,6 +19,7 @@ from core.dataset import Dataset
 if TYPE_CHECKING:
     from core.config import TrainConfig
     from core.device import DeviceInfo
+    from core.plan import Plan
     from gui.project import Project
 
 
@@ -46,6 +47,7 @@ class AppState(QObject):
         self._config_error = ""
         self._limits = (ModelConfig.vocab_size, ModelConfig.context_length)  # the defaults
         self._base_model: str | None = None
+        self._plan: Plan | None = None
         self._training = False
         self._exporting = False
 
@@ -144,12 +146,17 @@ class AppState(QObject):
         """The GGUF file a new run starts from (Hyperparameters ▸ Start from), or None for a new model."""
         return self._base_model
 
+    def plan(self) -> Plan | None:
+        """The Auto plan (core.plan.Plan) the form's configs are, or None (a preset, your own settings, a
+        base model, or no plan yet)."""
+        return self._plan
+
     def set_hyperparameters(self, configs: tuple[ModelConfig, TrainConfig] | None, error: str,
-                            limits: tuple[int, int], base_model: str | None = None) -> None:
-        """The form changed: its configs (None when invalid, with ``error`` saying why), limits and the
-        base model file a new run starts from (None: a new model)."""
+                            limits: tuple[int, int], base_model: str | None = None, plan: Plan | None = None) -> None:
+        """The form changed: its configs (None when invalid, with ``error`` saying why), limits, the
+        base model file a new run starts from (None: a new model) and the Auto plan they are (None: none)."""
         self._configs, self._config_error, self._limits = configs, error, tuple(limits)
-        self._base_model = base_model
+        self._base_model, self._plan = base_model, plan
         self.hyperparameters_changed.emit()
 
     def train_blocker(self) -> str | None:

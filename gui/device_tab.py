@@ -69,7 +69,7 @@ class DeviceTab(QWidget):
         self.details = QFormLayout(box)
         self.detail_labels = {}
         for key in ("Name", "Kind", "Platform", "Vendor", "OpenCL", "Compute units", "Global memory",
-                    "Local memory", "Max work-group size"):
+                    "Local memory", "Max work-group size", "Speed"):
             lab = QLabel("-")
             lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.detail_labels[key] = lab
@@ -154,6 +154,8 @@ class DeviceTab(QWidget):
             self.combo.setCurrentIndex(i)
 
     def _on_selected(self, index: int) -> None:
+        from core.device import speed_note
+
         d = self.current()
         if d is None:
             return
@@ -162,10 +164,12 @@ class DeviceTab(QWidget):
         values = {"Name": d.name.strip(), "Kind": kind, "Platform": d.platform.strip(), "Vendor": d.vendor.strip(),
                   "OpenCL": d.opencl_version.strip(), "Compute units": str(d.compute_units),
                   "Global memory": memory_size(d.global_mem_bytes), "Local memory": f"{d.local_mem_bytes // 1024} KiB",
-                  "Max work-group size": str(d.max_work_group_size)}
+                  "Max work-group size": str(d.max_work_group_size),
+                  "Speed": speed_note(d, self.devices) or "-"}
         for k, val in values.items():
             self.detail_labels[k].setText(val)
-        self.test_status.setText(f"This device cannot be used: {d.problem}" if d.problem else "Not tested yet.")
+        self.test_status.setText(f"This device cannot be used (refused): {d.problem}" if d.problem
+                                 else "Not tested yet.")
         self.test_button.setEnabled(not d.problem)
         self.results.setRowCount(0)
         self.progress.setValue(0)

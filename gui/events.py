@@ -25,6 +25,9 @@ class RunStarted:
     stage_index: int  # the stage the run starts in (0 pretrain, 1 tune)
     stage_step: int  # steps already done in that stage (0 unless resumed)
     resumed: bool
+    estimated_s: float = 0.0  # seconds the run is expected to take, one-time costs included (0: not estimated)
+    first_run_s: float = 0.0  # of those, the one-time tuning and compiling on this device (core.plan.Plan)
+    peak_resident_bytes: int = 0  # at most this much resident memory (core.finetune.estimate_resident; 0: unknown)
 
 
 @dataclass(frozen=True)

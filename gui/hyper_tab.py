@@ -150,6 +150,7 @@ class HyperTab(QWidget):
         state.project_changed.connect(self._on_project)
         for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
             sig.connect(self._replan_timer.start)
+        state.busy_changed.connect(self._after_a_run)
         self.set_preset(AUTO)
         self._show_base_widgets()
 
@@ -341,6 +342,12 @@ class HyperTab(QWidget):
             self.plan = None
             self.set_values(_preset_values(name), preset=name)
 
+    def _after_a_run(self) -> None:
+        """A run has paid the plan's one-time costs of this device (tuning, compiling: Plan.first_run_s):
+        Auto plans again, so that the next run's time is not said to include them."""
+        if not self.app_state.is_training() and self.plan is not None and self.plan.first_run_s:
+            self._replan_timer.start()
+
     def _replan_if_auto(self) -> None:
         if self.preset.currentText() == AUTO and self.base_path() is None:
             self.apply_plan()
@@ -505,8 +512,9 @@ class HyperTab(QWidget):
             self._show_memory_problem(*((self.plan.model_config, self.plan.train_config) if auto else (mc, tc)))
             self.plan_label.setText(to_html(self.summary_lines(mc, tc)))
             ok = True
+        planned = ok and self.preset.currentText() == AUTO and self.plan is not None and self.base_path() is None
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
-                                           self.base_path())
+                                           self.base_path(), self.plan if planned else None)
         self._valid = ok
         return ok
 

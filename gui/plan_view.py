@@ -61,7 +61,8 @@ def _stages(steps: tuple[int, int], passes: tuple[float, float], seen: float = 0
 def plan_lines(plan: Plan) -> list[Line]:
     """The Auto plan in plain words; every number is one of ``plan``'s."""
     mc, tc = plan.model_config, plan.train_config
-    time = f"about {format_duration(plan.expected_s)}, recall checks included"
+    first = f" ({plan.first_run_note()})" if plan.first_run_note() else ""
+    time = f"about {format_duration(plan.run_s)}{first}, recall checks included"
     if plan.expected_s < plan.total_s:
         time += (f"; at most {format_duration(plan.total_s)} for the planned steps (checks "
                  f"{format_duration(plan.check_s)}): a stage stops once everything is learned")
@@ -87,8 +88,8 @@ def config_lines(mc: ModelConfig, tc: TrainConfig, name: str, passes: tuple[floa
     if base is not None:
         model = (f"fine-tunes {base}: {mc.n_params():,} parameters and the file's vocabulary of "
                  f"{mc.vocab_size:,} tokens; {_sizes(mc, tc)}.")
-        time = ("not estimated before a fine-tune starts: the Training tab shows it once the first steps are "
-                "timed.")
+        time = ("timed when the run starts: before its first step, a few passes of the base model on this device "
+                "give the Training tab its estimate and the process's resident memory at most.")
     else:
         what = "your settings" if name == "Custom" else f"the {name} preset"
         model = (f"{what}, at most {mc.n_params():,} parameters (with a full vocabulary of {mc.vocab_size:,} "

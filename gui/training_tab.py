@@ -14,7 +14,8 @@ from PySide6.QtWidgets import (QCheckBox, QFrame, QGroupBox, QHBoxLayout, QHeade
                                QProgressBar, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from core.wording import count
+from core.plan import format_duration
+from core.wording import count, memory_size
 from gui import dialogs
 from gui.app_state import AppState
 from gui.events import Comparison, RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
@@ -49,6 +50,17 @@ def _hms(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def estimate_text(info: RunStarted) -> str:
+    """"estimated 1:23 (first run on this device: +0:40 for tuning and compiling), resident memory at most
+    0.75 GiB" of a run's RunStarted (as ``train`` and ``train --base`` print them), or "" when not estimated."""
+    if not info.estimated_s:
+        return ""
+    first = (f" (first run on this device: +{format_duration(info.first_run_s)} for tuning and compiling)"
+             if info.first_run_s else "")
+    memory = f", resident memory at most {memory_size(info.peak_resident_bytes)}" if info.peak_resident_bytes else ""
+    return f"estimated {format_duration(info.estimated_s)}{first}{memory}"
 
 
 def validation_interval(train_config: TrainConfig) -> int:
@@ -113,6 +125,8 @@ class TrainingTab(QWidget):
         self._checking: RecallChecking | None = None  # the recall check running now
         self._check_s = 0.0  # seconds the last recall check took (for the ETA)
         self._check_t0 = 0.0
+        self._estimate: RunStarted | None = None  # the run's start, with its estimate (estimate_text)
+        self._first_run = ""  # " (first run on this device: about 1:50 for tuning and compiling)" or ""
         # stages of this run that ended before their planned steps: (stage, why, steps done, planned)
         self._early: list[tuple[str, str, int, int]] = []
         # the bar shows at least this: the planned end of a stage that ended early (its last step is short of it)
@@ -526,7 +540,10 @@ class TrainingTab(QWidget):
             run_dir = self.app_state.new_run_dir()
             if self._refuse_unwritable(run_dir):
                 return False
-            kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=self.app_state.base_model())
+            plan = self.app_state.plan()  # the Auto plan's time, its one-time costs included (core.plan.Plan)
+            plan_s = (plan.run_s, plan.first_run_s if plan.first_run_note() else 0.0) if plan is not None else None
+            kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=self.app_state.base_model(),
+                      plan_s=plan_s)
             self._new_run()
             self.plots.clear()
             self.plots.set_clip_threshold(tc.grad_clip)
@@ -534,7 +551,8 @@ class TrainingTab(QWidget):
             self.recall_label.setText("Shown when a stage ends.")
             val_every = validation_interval(tc)
         w = TrainWorker(device, checkpoint, resume=resume, val_every=val_every, run_dir=run_dir, **kw)
-        w.connect_slots(run_started=self._on_started, step=self._on_step, validation=self._on_validation,
+        w.connect_slots(phase=self._on_phase, run_started=self._on_started, step=self._on_step,
+                        validation=self._on_validation,
                         stage_done=self._on_stage_done, checkpoint_saved=self.app_state.notify_model_saved,
                         recall_progress=self._on_recall_progress,
                         run_done=self._on_run_done, log_line=self.append_log, failed=self._on_failed,
@@ -546,8 +564,12 @@ class TrainingTab(QWidget):
         self._rates.clear()
         self._last = None
         self._early, self._progress_floor = [], 0
+        self._estimate = None
         self._t0 = time.perf_counter()
-        self.stage_label.setText("Preparing: tokenizer, model and kernels…")
+        first = kw.get("plan_s") or (0.0, 0.0)
+        self._first_run = (f" (first run on this device: about {format_duration(first[1])} for tuning and "
+                           "compiling)" if first[1] else "")
+        self.stage_label.setText(f"Preparing: tokenizer, model and kernels{self._first_run}…")
         self.speed_label.setText("")
         self.progress.setRange(0, 0)  # busy until the first step
         self.append_log("INFO", "resuming training" if resume else "starting training")
@@ -578,6 +600,10 @@ class TrainingTab(QWidget):
             self.start()
 
     # ----------------------------------------------------------------------------- worker signals
+    def _on_phase(self, what: str) -> None:
+        """The run's work before its first step (TrainWorker.phase), with its first run's one-time costs."""
+        self.stage_label.setText(f"Preparing: {what}{self._first_run}…")
+
     def _on_started(self, info: RunStarted) -> None:
         self._stage_steps = list(info.stage_steps)
         total = sum(self._stage_steps)
@@ -586,7 +612,12 @@ class TrainingTab(QWidget):
         self.progress.setValue(offset + info.stage_step)
         if self._stage_steps[0] and self._stage_steps[1] and (not info.resumed or not self.plots.loss.x):
             self.plots.add_stage_marker(self._stage_steps[0] + 0.5, "tuning starts")
-        self.stage_label.setText(f"Training on {info.device}")
+        self._estimate = info if info.estimated_s else None
+        plan = f" — {estimate_text(info)}" if self._estimate else ""
+        self.stage_label.setText(f"Training on {info.device}{plan}")
+        self.speed_label.setText(estimate_text(info))
+        if self._estimate:
+            self.append_log("INFO", f"this run: {estimate_text(info)}")
 
     def _on_validation(self, d) -> None:
         self.plots.add_validation(d)
@@ -621,6 +652,10 @@ class TrainingTab(QWidget):
                 stages_left = 2 if d.stage == "pretrain" else 1
                 rest = (total - d.global_step) * (t1 - t0) / (s1 - s0) + stages_left * self._check_s
                 eta = f" · ETA {_hms(rest)} at most"
+        elif running and self._estimate is not None:  # not timed yet: what is left of the estimate
+            eta = f" · ETA about {_hms(self._estimate.estimated_s - (time.perf_counter() - self._t0))}"
+        if self._estimate is not None:
+            eta += f" (estimated {format_duration(self._estimate.estimated_s)} in all)"
         since = " since resuming" if self._resumed else ""
         early = f" (stopped early: {self._early[-1][1]})" if self._early and not running else ""
         self.speed_label.setText(f"step {d.global_step}/{total}{early} · {d.passes:.1f} passes{eta} · "

@@ -200,9 +200,13 @@ class TrainWorker(Worker):
         val_every: steps between validation-loss points (0: only at stage ends).
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
         base: a GGUF file (or checkpoint) a new run fine-tunes instead of training from scratch
-            (core.finetune); ``model_config`` then gives only the training context.
+            (core.finetune); ``model_config`` then gives only the training context. Its time and resident
+            memory are estimated before the first step, as ``train --base`` does (:meth:`_estimate`).
+        plan_s: ``(run_s, first_run_s)`` of the Auto plan (core.plan.Plan) a new model follows: the
+            seconds it is expected to take and the one-time part of them (None: no plan).
     """
 
+    phase = Signal(str)  # (what the run does before its first step: "reading …", "estimating …", …)
     run_started = Signal(object)  # (gui.events.RunStarted)
     step = Signal(object)  # (gui.events.TrainingStep)
     validation = Signal(object)  # (gui.events.ValidationLoss)
@@ -213,8 +217,10 @@ class TrainWorker(Worker):
 
     def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path, dataset: Dataset | None = None,
                  model_config: ModelConfig | None = None, train_config: TrainConfig | None = None, resume: bool = False, val_every: int = 0,
-                 run_dir: str | Path | None = None, base: str | None = None) -> None:
+                 run_dir: str | Path | None = None, base: str | None = None,
+                 plan_s: tuple[float, float] | None = None) -> None:
         super().__init__()
+        self.plan_s = plan_s
         self.device_info = device_info
         self.base = base
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -265,6 +271,26 @@ class TrainWorker(Worker):
                                    self._replaced(), v.learned if v else False, v.text if v else "",
                                    v.advice if v else ""))
 
+    def _phase(self, what: str) -> None:
+        self.log_line.emit("INFO", what)
+        self.phase.emit(what)
+
+    def _estimate(self, trainer, dev, resident_before: int | None) -> tuple[float, float, int]:
+        """``(estimated_s, first_run_s, peak_resident_bytes)`` of RunStarted: a fine-tune's from its own
+        model before the first step (core.finetune.estimate_time and estimate_resident, as ``train --base``
+        prints them; its one-time costs are paid by then), a new model's from its plan, else zeros."""
+        if self.resume:
+            return 0.0, 0.0, 0
+        if not self.base:
+            return (*self.plan_s, 0) if self.plan_s else (0.0, 0.0, 0)
+        from core.finetune import estimate_resident, estimate_time
+
+        self._phase("estimating the fine-tune: timing a few passes of the base model")
+        est = estimate_time(trainer)
+        peak = estimate_resident(trainer, resident_before, dev.is_cpu).peak_bytes if resident_before else 0
+        self.log_line.emit("INFO", f"plan: {est.summary()}")
+        return est.total_s, 0.0, peak
+
     def work(self) -> None:
         from core.checkpoint import check_output_folder, resume_trainer
         from core.device import open_device
@@ -275,6 +301,7 @@ class TrainWorker(Worker):
             check_output_folder(folder)
         dev = open_device(self.device_info)
         self.log_line.emit("INFO", f"device: {dev.info.label}")
+        before = None  # resident bytes before a fine-tune's trainer is built (core.estimates.resident_bytes)
         if self.resume:
             trainer = resume_trainer(self.run_dir, dev, train_config=self.train_config)
             self.log_line.emit("INFO", f"resuming {self.run_dir} at stage {trainer.stage_index + 1}, "
@@ -285,17 +312,21 @@ class TrainWorker(Worker):
             if self.base:
                 from core.finetune import base_trainer, load_base
 
-                self.log_line.emit("INFO", f"reading {self.base}")
+                self._phase(f"reading {self.base}")
+                from core.estimates import resident_bytes
+
                 loaded, mc, meta = load_base(self.base, self.model_config.context_length)
+                before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
                 trainer = base_trainer(loaded, mc, meta, self.dataset, self.train_config, dev)
             else:
-                self.log_line.emit("INFO", "training the tokenizer and building the model")
+                self._phase("training the tokenizer and building the model")
                 trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
         self._trainer = trainer
         tc, mc = trainer.train_config, trainer.model_config
         steps = [tc.pretrain.steps, tc.tune.steps]
+        estimate = self._estimate(trainer, dev, before)
         self.run_started.emit(RunStarted(dev.info.label, mc.n_params(), mc.vocab_size, (steps[0], steps[1]),
-                                         trainer.stage_index, trainer.stage_step, self.resume))
+                                         trainer.stage_index, trainer.stage_step, self.resume, *estimate))
         self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
         saved, stopped, progressed, final = "", False, False, None
         if self.stop_requested():

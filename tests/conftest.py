@@ -41,7 +41,24 @@ def _device_params():
     if not usable:  # listed, but none can build a kernel: fail loudly with the reasons
         reason = "; ".join(f"{d.label}: {d.problem}" for d in devices)
         return [pytest.param(None, id="no-usable-opencl", marks=pytest.mark.xfail(reason=reason, run=False))]
-    return [pytest.param(d, id=f"{d.kind.lower()}{d.index}") for d in usable]
+    return [pytest.param(d, id=_device_id(d)) for d in usable]
+
+
+_PLATFORM_IDS = {"portable computing language": "pocl", "nvidia cuda": "nvidia"}
+
+
+def _device_id(d) -> str:
+    """A test id naming the device, e.g. ``cpu0-pocl``, ``cpu2-rusticl``, ``gpu0-nvidia``."""
+    platform = d.platform.strip().lower()
+    short = _PLATFORM_IDS.get(platform) or "".join(ch for ch in platform.split()[0] if ch.isalnum())
+    return f"{d.kind.lower()}{d.index}-{short}"
+
+
+def pytest_report_header(config):
+    """The devices the device tests run on, in the header of every run."""
+    params = _device_params()
+    names = [f"{p.id}: {p.values[0].label}" for p in params if p.values[0] is not None]
+    return "OpenCL test devices: " + ("; ".join(names) or params[0].id)
 
 
 @pytest.fixture(params=_device_params(), scope="session")

@@ -71,6 +71,58 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     assert t.compare.item(0, 2).text() is not None and t.compare.horizontalHeaderItem(3).text() == "Tuned model"
 
 
+def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny_base, monkeypatch):
+    """Issue 24 item 6: the Training tab said nothing of a fine-tune's time or memory until its steps were
+    timed. Now the TrainWorker estimates both before the first step with what ``train --base`` prints
+    (core.finetune.estimate_time and estimate_resident, spied on here, not replaced) and the tab shows them."""
+    import core.finetune as finetune
+    from core.plan import format_duration
+    from core.wording import memory_size
+    from gui.training_tab import estimate_text
+
+    seen = {}
+
+    def spy(name):
+        real = getattr(finetune, name)
+
+        def called(*args, **kwargs):
+            seen[name] = real(*args, **kwargs)
+            return seen[name]
+        monkeypatch.setattr(finetune, name, called)
+
+    spy("estimate_time")
+    spy("estimate_resident")
+    w, t = main_window, main_window.training_tab
+    started, phases = [], []
+    shown, phase = t._on_started, t._on_phase
+    monkeypatch.setattr(t, "_on_started", lambda info: (started.append(info), shown(info)))
+    monkeypatch.setattr(t, "_on_phase", lambda what: (phase(what), phases.append(t.stage_label.text())))
+    configure_tiny(w, pretrain=2, tune=2, batch=2)
+    h = w.hyper_tab
+    h.set_base(str(tiny_base))
+    for stage in ("pretrain", "tune"):
+        h.widgets[f"{stage}.steps"].setValue(2)
+        h.widgets[f"{stage}.batch_size"].setValue(2)
+    h.widgets["context_length"].setValue(64)
+    assert h.is_valid(), h.error_label.text()
+    assert w.state.plan() is None  # a fine-tune follows no Auto plan
+    assert t.start(), t.banner_text.text()
+    wait_idle(qtbot, t, timeout=120_000)
+    assert t.banner.isHidden(), t.banner_text.text()
+    est, mem = seen["estimate_time"], seen["estimate_resident"]
+    assert est.steps == (2, 2) and est.total_s > 0 and mem.device_on_host and mem.longest <= 64
+    [info] = started
+    assert info.estimated_s == est.total_s and info.first_run_s == 0.0  # its one-time costs are paid by then
+    assert info.peak_resident_bytes == mem.peak_bytes > mem.save_bytes
+    text = estimate_text(info)
+    assert text == (f"estimated {format_duration(est.total_s)}, resident memory at most "
+                    f"{memory_size(mem.peak_bytes)}")
+    assert f"this run: {text}" in t.log.toPlainText() and f"plan: {est.summary()}" in t.log.toPlainText()
+    assert f"(estimated {format_duration(est.total_s)} in all)" in t.speed_label.text()
+    assert phases == [f"Preparing: reading {tiny_base}…",
+                      "Preparing: estimating the fine-tune: timing a few passes of the base model…"]
+
+
 def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dialogs, monkeypatch):
     """Issue 24: with SmolLM2 chosen the Plan line still said "Tiny model (187,456 parameters)…
     estimated 0:41", "Decay ends at step" stayed at 100/150 for 60 steps and the confirmation said the
@@ -93,7 +145,7 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
     text = shown_text(h)
     assert f"{auto.model_config.n_params():,}" not in text and "Tiny" not in text and "about 0:" not in text
     assert f"fine-tunes tiny smol: {mc.n_params():,} parameters" in text
-    assert f"vocabulary of {mc.vocab_size:,} tokens" in text and "not estimated before a fine-tune" in text
+    assert f"vocabulary of {mc.vocab_size:,} tokens" in text and "Time: timed when the run starts" in text
     steps = DEFAULTS["steps"]
     assert f"{steps} steps of pretraining" in text and f"{steps} steps of tuning" in text
     for stage in ("pretrain", "tune"):

@@ -247,3 +247,28 @@ def test_a_stage_that_learns_early_in_a_real_run_fills_the_bar(main_window, qtbo
     assert t.progress.value() == t.progress.maximum() == 10
     assert "tuning stopped early: learned at step 2 of 4" in t.stage_label.text(), t.stage_label.text()
     assert "pretraining stopped early: learned at step 2 of 6" in t.stage_label.text()
+
+
+def test_the_training_tab_shows_the_plans_time_with_the_first_runs_costs(main_window, qtbot, monkeypatch):
+    """Issue 24 item 1: the Training tab showed the same too short first-run estimate as the plan. The Auto
+    plan's time (Plan.run_s) and its one-time part (Plan.first_run_s, set here; the run itself is a small
+    one) go through the TrainWorker's RunStarted to the tab's label, log and ETA."""
+    from core.estimates import DatasetStats
+    from core.plan import format_duration, make_plan
+
+    w, t = main_window, main_window.training_tab
+    configure_tiny(w, pretrain=2, tune=2, batch=2)
+    plan = dataclasses.replace(make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5), first_run_s=110.0)
+    monkeypatch.setattr(w.state, "plan", lambda: plan)
+    labels = []  # the stage label after each phase before the first step, and at the start
+    for slot in ("_on_phase", "_on_started"):
+        monkeypatch.setattr(t, slot, lambda arg, shown=getattr(t, slot): (shown(arg),
+                                                                           labels.append(t.stage_label.text())))
+    assert t.start(), t.banner_text.text()
+    wait_idle(qtbot, t)
+    assert t.banner.isHidden(), t.banner_text.text()
+    said = f"estimated {format_duration(plan.run_s)} (first run on this device: +1:50 for tuning and compiling)"
+    assert f"this run: {said}" in t.log.toPlainText()
+    assert labels == ["Preparing: training the tokenizer and building the model (first run on this device: about 1:50 "
+                      "for tuning and compiling)…", f"Training on {w.state.device_info().label} — {said}"]
+    assert f"(estimated {format_duration(plan.run_s)} in all)" in t.speed_label.text()

@@ -1,10 +1,12 @@
 """Matmul against the float64 numpy reference: every kernel family, all transposes, ragged sizes,
 accumulate, offsets, the GEMV path, every tuner candidate, and the tuner's cache."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from core.device import KernelLimitError, KernelLimits
 from core.kernels import matmul, matmul_tune
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict)
@@ -30,11 +32,27 @@ SHAPES = [(1, 1, 1), (9, 7, 33), (7, 1, 257), (33, 257, 7), (257, 33, 65), (64, 
 _ops: dict = {}
 
 
+def fitted(device, cfg, variant):
+    """``cfg``, or where its compiled kernel allows fewer work-items (llvmpipe, iGPUs under register
+    pressure) the same tiling with C tiles halved until it fits: tests choose from what fits."""
+    while True:
+        try:
+            GemmKernel(device, cfg, *variant)
+            return cfg
+        except KernelLimitError as e:
+            if not isinstance(cfg, TiledConfig) or cfg.items == 1:
+                raise
+            assert "work-items" in str(e) or "local memory" in str(e), e  # refused with the reason
+            cfg = replace(cfg, tsm=max(cfg.wptm, cfg.tsm // 2), tsn=max(cfg.wptn, cfg.tsn // 2))
+
+
 def _op(device, name):
     """One Matmul per (device, config) for the whole run: each builds four programs."""
     key = (device.info.index, name)
     if key not in _ops:
-        _ops[key] = Matmul(device, configs=CONFIGS[name], gemv=False)
+        cfg = CONFIGS[name]
+        configs = None if cfg is None else {v: fitted(device, cfg, v) for v in VARIANTS}
+        _ops[key] = Matmul(device, configs=configs, gemv=False)
     return _ops[key]
 
 
@@ -215,11 +233,22 @@ GEMV_CONFIGS = [GemvConfig(1, 1, 4), GemvConfig(1, 4, 16), GemvConfig(4, 3, 8), 
                 GemvConfig(16, 2, 1)]
 
 
+def fitted_gemv(device, cfg):
+    """``cfg``, or with fewer work-items where its compiled kernel allows fewer (see :func:`fitted`)."""
+    while True:
+        try:
+            return GemvKernel(device, cfg)
+        except KernelLimitError:
+            if cfg.wg == 1:
+                raise
+            cfg = replace(cfg, wg=cfg.wg // 2)
+
+
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=lambda g: f"wg{g.wg}-rows{g.rows}-vw{g.vw}")
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 37, 129), (3, 130, 64), (8, 5, 1000), (2, 64, 3)])
 def test_gemv_against_numpy(device, rng, cfg, M, N, K):
     """matmul_gemv for x (M,K) @ W.T, W (N,K): overwrite, accumulate and offsets."""
-    op = GemvKernel(device, cfg)
+    op = fitted_gemv(device, cfg)
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = rng.standard_normal((N, K)).astype(np.float32)
     c0 = rng.standard_normal((M, N)).astype(np.float32)
@@ -257,9 +286,17 @@ def test_every_tuner_candidate_is_correct(device, rng, variant):
     cands = matmul_tune.candidates(device, variant)
     if not matmul_tune.uses_local_tiles(device) and variant == NT:
         cands += [c for c in matmul_tune.GPU_GRID if matmul_tune.fits(device, c)]
+    ran = 0
     for cfg in cands:
         for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
-            _check_overwrite_then_accumulate(device, rng, _launcher(GemmKernel(device, cfg, *v)), 19, 37, 23, *v, cfg)
+            try:
+                kernel = GemmKernel(device, cfg, *v)
+            except KernelLimitError as e:  # the tuner skips it alike (its compiled kernel allows fewer items)
+                assert "allows" in str(e) or "local memory" in str(e), e
+                continue
+            _check_overwrite_then_accumulate(device, rng, _launcher(kernel), 19, 37, 23, *v, cfg)
+            ran += 1
+    assert ran >= 1
 
 
 def test_every_gemv_candidate_is_correct(device, rng):
@@ -313,3 +350,84 @@ def test_tuner_survives_a_damaged_cache(device, tmp_path, monkeypatch):
     result = {v: PackedConfig() for v in VARIANTS} | {"gemv": GemvConfig(), "seconds": 1.0, "gflops": {}}
     matmul_tune.save(device, result)
     assert matmul_tune.load_cached(device)[NT] == PackedConfig()
+
+
+# ----------------------------------------------------------------------------- compiled kernels' limits
+
+def _limit_kernels(monkeypatch, device, names, max_items=None, extra_local=0):
+    """Make the compiled kernels ``names`` report at most ``max_items`` work-items (an iGPU under
+    register pressure; llvmpipe) or ``extra_local`` bytes of local memory beyond the device's."""
+    real = type(device).kernel_limits
+
+    def limited(self, kernel):
+        lim = real(self, kernel)
+        if lim.name not in names:
+            return lim
+        over = lim.device_local_mem_bytes + extra_local if extra_local else 0
+        return replace(lim, max_items=min(lim.max_items, max_items or lim.max_items),
+                       local_mem_bytes=lim.local_mem_bytes + over)
+
+    monkeypatch.setattr(type(device), "kernel_limits", limited)
+
+
+def test_compiled_kernel_limits_refuse_with_the_reason(device, monkeypatch):
+    _limit_kernels(monkeypatch, device, {"matmul_tiled", "matmul_gemv"}, max_items=32)
+    big = TiledConfig(64, 64, 16, 4, 4, 4, 4, 1)  # 256 work-items
+    with pytest.raises(KernelLimitError, match="needs 256 work-items per group; the compiled kernel matmul_tiled "
+                                               "allows 32"):
+        GemmKernel(device, big, False, True)
+    with pytest.raises(KernelLimitError, match="allows 32"):
+        Matmul(device, configs=big)  # a configuration given is refused, not replaced
+    with pytest.raises(KernelLimitError, match="needs 64 work-items"):
+        GemvKernel(device, GemvConfig(64, 1, 4))
+    assert isinstance(KernelLimitError("x"), ValueError)  # callers that catch ValueError keep working
+    lim = KernelLimits("k", 32, 40_000, 32_768)
+    assert "needs 40000 bytes of local memory; the device has 32768" in lim.problem(1)
+    _limit_kernels(monkeypatch, device, {"matmul_tiled"}, extra_local=1)
+    with pytest.raises(KernelLimitError, match="bytes of local memory"):
+        GemmKernel(device, TiledConfig(8, 8, 4, 2, 2, 2, 0, 1), False, False)
+
+
+def test_matmul_falls_back_to_what_the_compiled_kernels_allow(device, rng, monkeypatch):
+    """A tuned (or default) configuration whose compiled kernel allows fewer work-items is replaced by
+    the first default that fits, and the products stay right."""
+    _limit_kernels(monkeypatch, device, {"matmul_tiled", "matmul_gemv"}, max_items=32)
+    big = TiledConfig(64, 64, 16, 4, 4, 4, 4, 1)
+    op = Matmul(device, tuned={**{v: big for v in VARIANTS}, "gemv": GemvConfig(64, 1, 4)})
+    for v in VARIANTS:
+        assert op.config(*v).items <= 32 and op.config(*v) != big
+    assert op.gemv_config.items <= 32
+    _check_overwrite_then_accumulate(device, rng, op, 21, 13, 17, False, True, "fallback NT")
+    _check_overwrite_then_accumulate(device, rng, op, 3, 13, 17, False, True, "fallback GEMV")
+
+
+def test_tuner_skips_what_does_not_fit_and_never_keeps_a_wrong_result(device, monkeypatch, caplog):
+    _limit_kernels(monkeypatch, device, {"matmul_tiled", "matmul_gemv"}, max_items=32)
+    small, big = TiledConfig(8, 8, 4, 2, 2, 2, 0, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1)
+    kwargs = dict(shape_table={NT: [(9, 10, 11)]}, gemv_shapes=[(1, 10, 20)], min_s=0.001)
+    with caplog.at_level("INFO", logger="core.kernels.matmul_tune"):
+        result = matmul_tune.tune(device, grid={NT: [small, big]},
+                                  gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(64, 1, 4)], **kwargs)
+    assert result[NT] == small and result["gemv"] == GemvConfig(1, 2, 4) and not result["defaulted"]
+    assert "allows 32" in caplog.text
+    # every candidate wrong (as a miscompiled kernel would be): no "best 0.0", the safe default instead
+    monkeypatch.setattr(matmul_tune, "_score", lambda *a, **k: 0.0)
+    seen = []
+    result = matmul_tune.tune(device, progress=lambda f, m: seen.append(m), grid={NT: [small]},
+                              gemv_grid=[GemvConfig(1, 2, 4)], **kwargs)
+    gemm_defaults, gemv_defaults = matmul.fallback_configs(device)
+    assert result[NT] in gemm_defaults and result["gemv"] in gemv_defaults
+    assert result["defaulted"] == ["nt", "gemv"] and result["gflops"] == {}
+    assert not any("0.0 GFLOP/s" in m for m in seen) and "none right yet" in seen[-1]
+
+
+def test_tuner_keeps_to_its_budget(device):
+    """With no budget left only each group's first candidate (the default) runs; the rest are counted."""
+    grid = {NT: [PackedConfig(4, 1, 4, 1, 4, True), PackedConfig(3, 1, 8, 2, 1, True),
+                 PackedConfig(5, 3, 4, 3, 2, False)]}
+    seen = []
+    result = matmul_tune.tune(device, progress=lambda f, m: seen.append(m), budget_s=0.0, grid=grid,
+                              shape_table={NT: [(9, 10, 11)]}, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(1, 4, 4)],
+                              gemv_shapes=[(1, 10, 20)], min_s=0.001)
+    assert result[NT] == grid[NT][0] and result["gemv"] == GemvConfig(1, 2, 4)
+    assert result["skipped"] == 3 and "budget spent" in seen[-1] and "of at most 0 s" in seen[-1]

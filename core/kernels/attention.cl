@@ -30,6 +30,8 @@
 // PoCL does not inline builtins such as min or vloadN, so vectors are built from scalar loads
 // (LLVM merges contiguous ones) and clamps are ternaries.
 
+#include "inline_math.h"
+
 #ifndef HD
 #define HD 32
 #endif
@@ -198,7 +200,7 @@ void attention_forward(__global float* out, __global float* lse, __global const 
         if (i < seq_q) {
             store_row(out + (size_t)b * seq_q * q_stride + i * q_stride + (size_t)h * HD, acc[r],
                       l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-            lse[(size_t)bh * seq_q + i] = l[r] > 0.0f ? m[r] + log(l[r]) : -INFINITY;
+            lse[(size_t)bh * seq_q + i] = l[r] > 0.0f ? m[r] + LOG_SUM(l[r]) : -INFINITY;
         }
     }
 }

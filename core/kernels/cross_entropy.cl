@@ -9,6 +9,7 @@
 // One work-group per row; tree reductions in local memory, any power-of-two work-group size.
 
 #include "group_reduce.h"
+#include "inline_math.h"
 
 // Row max and sum_j exp(row[j] - max), identical in every item of the group.
 inline float2 row_softmax_stats(__global const float* row, const int vocab_size,
@@ -24,10 +25,13 @@ inline float2 row_softmax_stats(__global const float* row, const int vocab_size,
     return (float2)(m, s);
 }
 
+// Branch-free (no kernel argument is read behind an `if`: Mesa's llvmpipe warns that it treats such
+// reads as uniform): an out-of-range target reads row[0] and gives NaN.
 inline float row_loss(__global const float* row, const int t, const int vocab_size,
                       const float mk, const float2 st) {
-    if (t < 0 || t >= vocab_size) return NAN;
-    return mk * (st.x + log(st.y) - row[t]);
+    const int ok = t >= 0 && t < vocab_size;
+    const float row_t = row[ok ? t : 0];
+    return ok ? mk * (st.x + LOG_SUM(st.y) - row_t) : NAN;
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows) -> losses (n_rows)
@@ -41,8 +45,10 @@ __kernel void cross_entropy_forward(__global float* losses, __global const float
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
-    if (get_local_id(0) == 0)
-        losses[r] = mk == 0.0f ? 0.0f : row_loss(row, targets[r], vocab_size, mk, st);
+    // every argument read outside branches (Mesa's llvmpipe warns about kernel arguments read in them)
+    const float loss = row_loss(row, targets[r], vocab_size, mk, st);
+    __global float* out = losses + r;
+    if (get_local_id(0) == 0) *out = mk == 0.0f ? 0.0f : loss;
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
@@ -61,18 +67,16 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
-    if (mk == 0.0f) {
-        for (int j = lid; j < vocab_size; j += L) drow[j] = 0.0f;
-        if (lid == 0) losses[r] = 0.0f;
-        return;
-    }
+    // a masked row (mk == 0) gets zeros; no early return: every argument is read outside branches
+    // (Mesa's llvmpipe warns about kernel arguments read in them)
     const int t = targets[r];
-    if (lid == 0) losses[r] = row_loss(row, t, vocab_size, mk, st);
+    const float g = mk * grad_scale, loss = row_loss(row, t, vocab_size, mk, st);
     const float inv = 1.0f / st.y;
-    const float g = mk * grad_scale;
+    __global float* out = losses + r;
+    if (lid == 0) *out = mk == 0.0f ? 0.0f : loss;
     for (int j = lid; j < vocab_size; j += L) {
         const float p = exp(row[j] - st.x) * inv;
-        drow[j] = (p - (j == t ? 1.0f : 0.0f)) * g;
+        drow[j] = mk == 0.0f ? 0.0f : (p - (j == t ? 1.0f : 0.0f)) * g;
     }
 }
 
@@ -80,7 +84,6 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
 // tail; rows shared out as grid.h says. Same formulas as above.
 
 #include "grid.h"
-#include "inline_math.h"
 inline float2 row_softmax_stats_item(__global const float* row, const int vocab_size) {
     const int v4 = vocab_size / 4;
     float4 m4 = (float4)(-INFINITY);
@@ -95,6 +98,7 @@ inline float2 row_softmax_stats_item(__global const float* row, const int vocab_
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows) -> losses (n_rows)
+// A masked row's loops run 0 times (n = 0) instead of being skipped by an `if` (see row_loss).
 __kernel void cross_entropy_forward_rows(__global float* losses, __global const float* logits,
                                          __global const int* targets, __global const float* mask,
                                          const int n_rows, const int vocab_size,
@@ -102,8 +106,9 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
     for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
         const float mk = mask[r];
         __global const float* row = logits + (size_t)r * vocab_size;
-        losses[r] = mk == 0.0f ? 0.0f
-                               : row_loss(row, targets[r], vocab_size, mk, row_softmax_stats_item(row, vocab_size));
+        const int n = (mk != 0.0f) * vocab_size;
+        const float loss = row_loss(row, targets[r], vocab_size, mk, row_softmax_stats_item(row, n));
+        losses[r] = mk == 0.0f ? 0.0f : loss;
     }
 }
 
@@ -111,44 +116,43 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
 // -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
 // One exp per element: the row's exp(logits - max) go into d_logits while they are summed (the
 // same float4 partial sums as row_softmax_stats_item, so the loss is the forward's), then the row
-// (in L1 by then) is scaled in place.
+// (in L1 by then) is scaled in place. A masked row's loops run 0 times (n = 0) and its zeros are
+// written by the last loop, instead of an `if` (see row_loss).
 __kernel void cross_entropy_backward_rows(__global float* losses, __global float* d_logits,
                                           __global const float* logits, __global const int* targets,
                                           __global const float* mask, const int n_rows,
                                           const int vocab_size, const float grad_scale,
                                           const int contiguous) {
-    const int v4 = vocab_size / 4;
     for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
         const float mk = mask[r];
+        const int t = targets[r];
         __global const float* row = logits + (size_t)r * vocab_size;
         __global float* drow = d_logits + (size_t)r * vocab_size;
-        if (mk == 0.0f) {
-            for (int j = 0; j < vocab_size; j++) drow[j] = 0.0f;
-            losses[r] = 0.0f;
-            continue;
-        }
+        const int n = (mk != 0.0f) * vocab_size, n4 = n / 4;
         float4 m4 = (float4)(-INFINITY);
-        for (int j = 0; j < v4; j++) m4 = MAXF(m4, LOAD4(j, row));
+        for (int j = 0; j < n4; j++) m4 = MAXF(m4, LOAD4(j, row));
         float m = MAXF(MAXF(m4.x, m4.y), MAXF(m4.z, m4.w));
-        for (int j = 4 * v4; j < vocab_size; j++) m = MAXF(m, row[j]);
+        for (int j = 4 * n4; j < n; j++) m = MAXF(m, row[j]);
         float4 s4 = (float4)(0.0f);
-        for (int j = 0; j < v4; j++) {
+        for (int j = 0; j < n4; j++) {
             const float4 e = exp(LOAD4(j, row) - m);
             STORE4(e, j, drow);
             s4 += e;
         }
         float s = (s4.x + s4.y) + (s4.z + s4.w);
-        for (int j = 4 * v4; j < vocab_size; j++) {
+        for (int j = 4 * n4; j < n; j++) {
             const float e = exp(row[j] - m);
             drow[j] = e;
             s += e;
         }
-        const int t = targets[r];
-        losses[r] = row_loss(row, t, vocab_size, mk, (float2)(m, s));
+        const float loss = row_loss(row, t, vocab_size, mk, (float2)(m, s));
+        losses[r] = mk == 0.0f ? 0.0f : loss;
         const float g = mk * grad_scale;
         const float ig = g / s;
-        for (int j = 0; j < v4; j++) STORE4(LOAD4(j, drow) * ig, j, drow);
-        for (int j = 4 * v4; j < vocab_size; j++) drow[j] *= ig;
-        if (t >= 0 && t < vocab_size) drow[t] -= g;
+        for (int j = 0; j < n4; j++) STORE4(LOAD4(j, drow) * ig, j, drow);
+        for (int j = 4 * n4; j < n; j++) drow[j] *= ig;
+        for (int j = n; j < vocab_size; j++) drow[j] = 0.0f;  // a masked row: zeros
+        const int ok = n > 0 && t >= 0 && t < vocab_size;
+        drow[ok ? t : 0] -= ok ? g : 0.0f;
     }
 }

@@ -51,3 +51,23 @@ inline void store2_inline(const float2 v, const size_t i, __global float* p) {
 #define MAXF(a, b) fmax((a), (b))
 
 #endif
+
+// LOG_SUM(x): the natural log of a sum of exponentials (x >= 1 in a softmax's sum; any x works:
+// 0 -> -INFINITY, INFINITY -> INFINITY, NaN -> NaN), branch-free on every device. libclc's log()
+// branches inside, and Mesa's llvmpipe (rusticl) then reads the kernel arguments used after it in a
+// loop "in control flow", which it treats as uniform with a warning. x = 2^e m, m in [sqrt(1/2),
+// sqrt(2)): log m = 2 atanh(z) = 2 (z + z^3/3 + ... + z^9/9), z = (m - 1) / (m + 1), |z| < 0.172
+// (Abramowitz & Stegun 4.1.27; the series' remainder < 2e-9), ln 2 split in two for e ln 2.
+inline float log_sum(const float x) {
+    const int bits = as_int(x);
+    const float m1 = as_float((bits & 0x007fffff) | 0x3f800000);  // [1, 2)
+    const int big = m1 > 1.41421356f;
+    const float m = big ? 0.5f * m1 : m1;
+    const float e = (float)(((bits >> 23) & 0xff) - 127 + big);
+    const float z = (m - 1.0f) / (m + 1.0f), z2 = z * z;
+    const float p = z * (2.0f + z2 * (0.666666667f + z2 * (0.4f + z2 * (0.285714286f + z2 * 0.222222222f))));
+    const float r = (e * 0.693145751953125f + p) + e * 1.428606765330187e-06f;
+    const float normal = x >= 1.17549435e-38f && x < INFINITY ? r : x;  // NaN, INFINITY as they are
+    return x == 0.0f ? -INFINITY : normal;
+}
+#define LOG_SUM(x) log_sum(x)

@@ -367,8 +367,9 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
 #error "matmul_gemv serves a (M,K) @ b(N,K).T only"
 #endif
 
-// a (M,K) with M == GEMV_M, b (N,K) -> c (M,N) = a @ b^T, overwritten, or accumulated into when
-// accumulate != 0. Work-group g computes columns g*GEMV_ROWS ..; work-item l sums the chunks
+// a (M,K) with 1 <= M <= GEMV_M, b (N,K) -> c (M,N) = a @ b^T, overwritten, or accumulated into when
+// accumulate != 0 (rows M .. GEMV_M - 1 read row M - 1 and are not stored: one program serves
+// several M, see matmul.py's gemv_rows). Work-group g computes columns g*GEMV_ROWS ..; work-item l sums the chunks
 // k = (l + t*GEMV_WG) * VW of K, then the work-group adds its GEMV_WG partial sums in a tree.
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, 1, 1)))
 void matmul_gemv(__global float* c, __global const float* a, __global const float* b,
@@ -381,6 +382,8 @@ void matmul_gemv(__global float* c, __global const float* a, __global const floa
     c += c_offset;
     __global const float* brow[GEMV_ROWS];  // columns past N read column N - 1 (not stored)
     UNROLL for (int j = 0; j < GEMV_ROWS; j++) brow[j] = b + (n0 + j < N ? n0 + j : N - 1) * K;
+    __global const float* arow[GEMV_M];  // rows past M read row M - 1 (not stored)
+    UNROLL for (int i = 0; i < GEMV_M; i++) arow[i] = a + (i < M ? i : M - 1) * K;
 
     floatV acc[GEMV_M][GEMV_ROWS];
     UNROLL for (int i = 0; i < GEMV_M; i++)
@@ -390,7 +393,7 @@ void matmul_gemv(__global float* c, __global const float* a, __global const floa
         floatV w[GEMV_ROWS];
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) w[j] = LOADV(brow[j] + k);
         UNROLL for (int i = 0; i < GEMV_M; i++) {
-            const floatV x = LOADV(a + i * K + k);
+            const floatV x = LOADV(arow[i] + k);
             UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] += x * w[j];
         }
     }
@@ -400,7 +403,7 @@ void matmul_gemv(__global float* c, __global const float* a, __global const floa
             vec_parts v = {acc[i][j]};
             float s = 0.0f;
             UNROLL for (int q = 0; q < VW; q++) s += v.s[q];
-            for (int k = k_vec + l; k < K; k += GEMV_WG) s += a[i * K + k] * brow[j][k];  // K % VW tail
+            for (int k = k_vec + l; k < K; k += GEMV_WG) s += arow[i][k] * brow[j][k];  // K % VW tail
             sum[i][j] = s;
         }
     }
@@ -423,7 +426,7 @@ void matmul_gemv(__global float* c, __global const float* a, __global const floa
     if (l == 0) {
         UNROLL for (int i = 0; i < GEMV_M; i++)
             UNROLL for (int j = 0; j < GEMV_ROWS; j++)
-                if (n0 + j < N) STORE_C(i * N + n0 + j, sum[i][j]);
+                if (i < M && n0 + j < N) STORE_C(i * N + n0 + j, sum[i][j]);
     }
 }
 #endif  // GEMV_M

@@ -16,13 +16,13 @@ See the header of ``matmul.cl`` for the kernels themselves.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from core.device import Device
+from core.device import Device, KernelLimitError
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
 PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
+PACK_LOCAL = 16  # work-items per group of the packing kernels (at most; the compiled kernel's limit decides)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 # matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
 # would idle): into parts at least SPLIT_MIN_K deep where C has fewer tiles than half the compute
@@ -255,6 +256,37 @@ def fits(dev: Device, cfg: GemmConfig | GemvConfig, max_items: int | None = None
     return cfg.items <= limit and cfg.local_mem_bytes <= dev.local_mem_size
 
 
+def _check_fits(dev: Device, cfg: GemmConfig | GemvConfig, max_items: int | None) -> None:
+    """Raise KernelLimitError with the reason when ``cfg`` does not fit the device (or ``max_items``)."""
+    limit = min(dev.max_work_group_size, max_items or dev.max_work_group_size)
+    if cfg.items > limit:
+        raise KernelLimitError(f"{cfg}: needs {cfg.items} work-items per group; {dev.info.name} allows {limit}")
+    if cfg.local_mem_bytes > dev.local_mem_size:
+        raise KernelLimitError(f"{cfg}: needs {cfg.local_mem_bytes} bytes of local memory; {dev.info.name} "
+                               f"has {dev.local_mem_size}")
+
+
+_TILED_DEFAULTS = (TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
+                   TiledConfig(32, 32, 16, 4, 4, 4, 4, 0), TiledConfig(16, 16, 16, 4, 4, 4, 0, 0),
+                   TiledConfig(8, 8, 8, 4, 4, 4, 0, 0), TiledConfig(4, 4, 4, 4, 4, 4, 0, 0),
+                   TiledConfig(1, 1, 1, 1, 1, 1, 0, 0))
+_GEMV_DEFAULTS = (GemvConfig(128, 1, 4), GemvConfig(32, 1, 4), GemvConfig(1, 1, 4))
+
+
+def fallback_configs(dev: Device, max_items: int | None = None) -> tuple[list[GemmConfig], list[GemvConfig]]:
+    """Untuned configurations in order of preference that fit the device's limits (and ``max_items``):
+    (matrix-matrix, GEMV). The first of each is :func:`default_configs`'; the later ones, smaller,
+    are what :class:`Matmul` takes when a compiled kernel allows fewer work-items than the device
+    (registers: a compiled kernel's CL_KERNEL_WORK_GROUP_SIZE can be far below the device's maximum).
+    The last of each (one work-item) fits any device."""
+    if uses_local_tiles(dev):
+        return ([c for c in _TILED_DEFAULTS if fits(dev, c, max_items)],
+                [g for g in _GEMV_DEFAULTS if fits(dev, g, max_items)])
+    vw = cpu_vector_width(dev)
+    cfg = PackedConfig(mr=6, nb=4 if vw == 16 else 2, vw=vw, wg=1, super_rows=16, pack_a=True)
+    return [cfg, PackedConfig(4, 1, 4, 1, 16, True)], [GemvConfig(1, 4, vw), GemvConfig(1, 1, 4)]
+
+
 def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConfig, GemvConfig]:
     """Untuned defaults: (matrix-matrix configuration, GEMV configuration) for this device.
 
@@ -263,21 +295,11 @@ def default_configs(dev: Device, max_items: int | None = None) -> tuple[GemmConf
     the work-group and local memory limits. CPUs: blocks of 6 rows x 2 vectors of the device's
     vector width (12 accumulators, Goto's Haswell shape), or 6 x 4 vectors (24 of the 32
     registers) on AVX-512, both operands packed (measured best on PoCL, 2-core Xeon with
-    AVX-512); GEMV one work-item per 4 outputs with full-width vectors.
+    AVX-512); GEMV one work-item per 4 outputs with full-width vectors. A compiled kernel may allow
+    less than the device: :class:`Matmul` then goes down :func:`fallback_configs`.
     """
-    if uses_local_tiles(dev):
-        for cfg in (TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
-                    TiledConfig(32, 32, 16, 4, 4, 4, 4, 0), TiledConfig(16, 16, 16, 4, 4, 4, 0, 0),
-                    TiledConfig(8, 8, 8, 4, 4, 4, 0, 0), TiledConfig(4, 4, 4, 4, 4, 4, 0, 0),
-                    TiledConfig(1, 1, 1, 1, 1, 1, 0, 0)):
-            if fits(dev, cfg, max_items):
-                break
-        gemv = next(g for g in (GemvConfig(128, 1, 4), GemvConfig(32, 1, 4), GemvConfig(1, 1, 4))
-                    if fits(dev, g, max_items))
-        return cfg, gemv
-    vw = cpu_vector_width(dev)
-    cfg = PackedConfig(mr=6, nb=4 if vw == 16 else 2, vw=vw, wg=1, super_rows=16, pack_a=True)
-    return cfg, GemvConfig(1, 4, vw)
+    gemm, gemv = fallback_configs(dev, max_items)
+    return gemm[0], gemv[0]
 
 
 class _Scratch:
@@ -324,14 +346,13 @@ class GemmKernel:
         scratch: scratch-buffer pool to share (packed kernels); default a new one.
 
     Raises:
-        ValueError: ``cfg`` does not fit the device, ``max_items`` or the built kernel's limit.
+        KernelLimitError: ``cfg`` does not fit the device, ``max_items`` or a compiled kernel's limits.
         KernelBuildError: the kernel failed to build.
     """
 
     def __init__(self, dev: Device, cfg: GemmConfig, trans_a: bool, trans_b: bool,
                  max_items: int | None = None, scratch: _Scratch | None = None):
-        if not fits(dev, cfg, max_items):
-            raise ValueError(f"{cfg} does not fit {dev.info.name} (work-group or local memory)")
+        _check_fits(dev, cfg, max_items)
         self.dev, self.cfg, self.scratch = dev, cfg, scratch or _Scratch(dev)
         self._trans_a = trans_a
         opts = cfg.options(trans_a, trans_b)
@@ -345,11 +366,20 @@ class GemmKernel:
             # the micro-kernel reading an (M,K)-stored A in place, for products with few B panels
             self._direct_a = (dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=False).options(trans_a, trans_b))
                               if cfg.pack_a and not trans_a else None)
-        # a kernel can allow fewer work-items than the device (registers)
-        allowed = int(self._main.get_work_group_info(dev.cl.kernel_work_group_info.WORK_GROUP_SIZE,
-                                                     dev.cl_device))
-        if allowed < cfg.items:
-            raise ValueError(f"{cfg} needs {cfg.items} work-items; the kernel allows {allowed}")
+        # a compiled kernel can allow fewer work-items than the device (registers, as on iGPUs)
+        self.limits = dev.kernel_limits(self._main)
+        dev.check_fits(self._main, cfg.items, cfg)
+        if isinstance(cfg, TiledConfig):
+            self._reduce_wg = dev.work_group_size(self._reduce, 256)
+        else:
+            if self._direct_a is not None:
+                dev.check_fits(self._direct_a, cfg.items, cfg)
+            # packing launches get a fixed work-group (PoCL compiles a kernel per work-group size at its first
+            # launch: a size it picks itself follows the global size, and each new product shape compiled again)
+            self._pack_local = dev.work_group_size(self._pack_b, PACK_LOCAL)
+            if self._pack_a is not None:
+                dev.check_fits(self._pack_a, PACK_KB if trans_a else 1, cfg)
+                self._pack_a_local = PACK_KB if trans_a else dev.work_group_size(self._pack_a, PACK_LOCAL)
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
                  a_offset: int, b_offset: int, c_offset: int) -> None:
@@ -367,7 +397,7 @@ class GemmKernel:
             part = self.scratch.get("splits", self.scratch_floats(M, N, K)["splits"])
             self._main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
                        i32(b_offset), i32(0), i32(k_split))
-            wg = min(256, self.dev.max_work_group_size)
+            wg = self._reduce_wg
             self._reduce(q, (-(-(M * N) // wg) * wg,), (wg,), c, part, i32(M * N), i32(splits), acc,
                          i32(c_offset))
             return
@@ -382,12 +412,15 @@ class GemmKernel:
         for k0 in range(0, max(K, 1), kc):  # one round for K == 0: writes zeros (or keeps c)
             n = i32(min(kc, K - k0))
             if n > 0:  # in-order queue: a chunk's packing waits for the previous chunk's product
-                self._pack_b(q, (int(n), n_panels), None, bp, b, i32(N), i32(K), i32(b_offset), i32(k0), n)
-                if pack_a is not None:  # a (K,M): 16 panels side by side per work-group
+                lb = self._pack_local  # rows past kc return at once
+                self._pack_b(q, (-(-int(n) // lb) * lb, n_panels), (lb, 1), bp, b, i32(N), i32(K), i32(b_offset),
+                             i32(k0), n)
+                if pack_a is not None:  # a (K,M): 16 panels side by side per work-group; panels past M return
+                    la = self._pack_a_local
                     if self._trans_a:
-                        grid, local = (-(-n_blocks // 16) * 16, -(-int(n) // PACK_KB)), (16, 1)
+                        grid, local = (-(-n_blocks // la) * la, -(-int(n) // PACK_KB)), (la, 1)
                     else:
-                        grid, local = (n_blocks,), None
+                        grid, local = (-(-n_blocks // la) * la,), (la,)
                     pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
             main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                        acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
@@ -437,32 +470,64 @@ class GemmKernel:
         return max(1, min(kc, limit // width))
 
 
+def gemv_rows(M: int) -> int:
+    """The program (GEMV_M) that serves M rows: the next power of two, so that decode batches of 1 to
+    GEMV_MAX_M rows build four programs (1, 2, 4, 8), not eight (first-run compile time)."""
+    return 1 << max(0, int(M) - 1).bit_length()
+
+
 class GemvKernel:
-    """The GEMV configuration, built lazily for each row count M <= ``GEMV_MAX_M``.
+    """The GEMV configuration, built for M = 1 at once (its compiled kernel's limits checked) and
+    lazily for each other row count M <= ``GEMV_MAX_M``. A row count whose compiled kernel allows
+    fewer work-items than ``cfg.wg`` (more rows, more registers) gets the largest power of two it
+    allows instead (logged): the same sums, split over fewer work-items.
 
     Raises:
-        ValueError: ``cfg`` does not fit the device or ``max_items``.
+        KernelLimitError: ``cfg`` does not fit the device, ``max_items`` or its compiled kernel (M = 1).
     """
 
     def __init__(self, dev: Device, cfg: GemvConfig, max_items: int | None = None):
-        if not fits(dev, cfg, max_items):
-            raise ValueError(f"{cfg} does not fit {dev.info.name} (work-group or local memory)")
+        _check_fits(dev, cfg, max_items)
         self.dev, self.cfg = dev, cfg
-        self._kernels: dict[int, object] = {}
+        self._kernels: dict[int, tuple[GemvConfig, object]] = {}
+        knl = dev.kernel("matmul", "matmul_gemv", cfg.options(1))
+        dev.check_fits(knl, cfg.wg, cfg)
+        self._kernels[1] = (cfg, knl)
+
+    def _kernel(self, M: int) -> tuple[GemvConfig, object]:
+        M = gemv_rows(M)
+        if M not in self._kernels:
+            g = self.cfg
+            knl = self.dev.kernel("matmul", "matmul_gemv", g.options(M))
+            allowed = self.dev.work_group_size(knl, g.wg)
+            if allowed < g.wg:
+                log.warning("matmul gemv M=%d: %s allows %d work-items; using that many", M, g, allowed)
+                g = replace(g, wg=allowed)
+                knl = self.dev.kernel("matmul", "matmul_gemv", g.options(M))
+                self.dev.check_fits(knl, g.wg, g)
+            self._kernels[M] = (g, knl)
+        return self._kernels[M]
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
                  a_offset: int, b_offset: int, c_offset: int) -> None:
         """Enqueue C (M,N) = (or +=) a (M,K) @ b (N,K).T; 1 <= M <= GEMV_MAX_M, N >= 1."""
-        g, i32 = self.cfg, np.int32
-        knl = self._kernels.get(M)
-        if knl is None:
-            knl = self._kernels[M] = self.dev.kernel("matmul", "matmul_gemv", g.options(M))
-            allowed = int(knl.get_work_group_info(self.dev.cl.kernel_work_group_info.WORK_GROUP_SIZE,
-                                                  self.dev.cl_device))
-            if allowed < g.wg:
-                raise ValueError(f"{g} needs {g.wg} work-items; the kernel allows {allowed}")
+        g, knl = self._kernel(M)
+        i32 = np.int32
         knl(self.dev.queue, (-(-N // g.rows) * g.wg,), (g.wg,), c, a, b, i32(M), i32(N), i32(K),
             i32(1 if accumulate else 0), i32(a_offset), i32(b_offset), i32(c_offset))
+
+
+def _first_that_fits(configs: list, what: str, make: Callable):
+    """``make(cfg)`` of the first of ``configs`` whose compiled kernels fit (the others logged with
+    the reason); the last one's error is raised when none fits."""
+    for i, cfg in enumerate(configs):
+        try:
+            return make(cfg)
+        except KernelLimitError as e:
+            if i == len(configs) - 1:
+                raise
+            log.warning("%s: %s; trying %s", what, e, configs[i + 1])
+    raise ValueError(f"{what}: no configuration given")
 
 
 class Matmul:
@@ -487,7 +552,8 @@ class Matmul:
             None: :func:`default_configs`.
 
     Raises:
-        ValueError: a given configuration does not fit the device or this kernel's limits.
+        KernelLimitError: a given configuration does not fit the device or its compiled kernels' limits
+            (tuned and default ones fall back to smaller defaults that fit, logged).
         KernelBuildError: a kernel failed to build.
     """
 
@@ -496,24 +562,24 @@ class Matmul:
                  gemv: GemvConfig | bool | None = None, tuned: dict | None = None):
         self.dev = dev
         tuned = tuned if tuned is not None and local_size is None else {}
-        default_gemm, default_gemv = default_configs(dev, local_size)
+        fallback_gemm, fallback_gemv = fallback_configs(dev, local_size)
         scratch = self._scratch = _Scratch(dev)
         self._variants: dict[tuple[bool, bool], GemmKernel] = {}
         for v in VARIANTS:
             forced = configs.get(v) if isinstance(configs, dict) else configs
-            cfg = forced or tuned.get(v) or default_gemm
-            try:
-                self._variants[v] = GemmKernel(dev, cfg, *v, max_items=local_size, scratch=scratch)
-            except ValueError as e:
-                if forced is not None or cfg == default_gemm:
-                    raise
-                log.warning("matmul: %s; using %s", e, default_gemm)
-                self._variants[v] = GemmKernel(dev, default_gemm, *v, max_items=local_size, scratch=scratch)
+            if forced is not None:  # given: it fits or is refused with the reason
+                self._variants[v] = GemmKernel(dev, forced, *v, max_items=local_size, scratch=scratch)
+            else:
+                self._variants[v] = _first_that_fits(
+                    ([tuned[v]] if v in tuned else []) + fallback_gemm, f"matmul {v}",
+                    lambda c, v=v: GemmKernel(dev, c, *v, max_items=local_size, scratch=scratch))
             log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
         self._gemv = None
-        if gemv is not False:
-            g = gemv if isinstance(gemv, GemvConfig) else tuned.get("gemv") or default_gemv
-            self._gemv = GemvKernel(dev, g, local_size)
+        if isinstance(gemv, GemvConfig):
+            self._gemv = GemvKernel(dev, gemv, local_size)
+        elif gemv is not False:
+            self._gemv = _first_that_fits(([tuned["gemv"]] if "gemv" in tuned else []) + fallback_gemv, "matmul gemv",
+                                          lambda g: GemvKernel(dev, g, local_size))
 
     def config(self, trans_a: bool = False, trans_b: bool = False) -> GemmConfig:
         """The matrix-matrix configuration used for this transpose variant."""

@@ -21,6 +21,7 @@ geometric mean of GFLOP/s over a small-model shape and a large one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,10 +35,10 @@ from typing import Any, Callable
 import numpy as np
 
 from core.atomic import atomic_write
-from core.device import Device, KernelBuildError, kernel_source, user_cache_dir
+from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_vector_width,
-                                 default_configs, fits, uses_local_tiles)
+                                 default_configs, fallback_configs, fits, uses_local_tiles)
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,32 @@ Progress = Callable[[float, str], None]
 _lock = threading.Lock()
 
 
+_thread = threading.local()
+
+
 def enabled() -> bool:
-    """False when ``OPENCL_LLM_MATMUL_TUNE`` is 0/off/false/no (tests, reproducible runs)."""
+    """False when ``OPENCL_LLM_MATMUL_TUNE`` is 0/off/false/no (tests, reproducible runs), or inside
+    :func:`untuned` in this thread."""
+    if getattr(_thread, "untuned", False):
+        return False
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@contextlib.contextmanager
+def untuned():
+    """Within it, in this thread, :func:`tuned_configs` tunes nothing and returns ``{}`` (the defaults):
+    core.plan times a step this way before the first tuning, which the plan then announces."""
+    before = getattr(_thread, "untuned", False)
+    _thread.untuned = True
+    try:
+        yield
+    finally:
+        _thread.untuned = before
+
+
+def is_tuned(dev: Device) -> bool:
+    """Whether ``dev`` has a tuning result (this process's or the cache's), or tuning is off."""
+    return not enabled() or device_key(dev) in _memo or load_cached(dev) is not None
 
 
 def cache_path() -> Path:
@@ -199,7 +223,54 @@ def _score(dev: Device, kernel, operands: list[_Operands], min_s: float, check: 
     return math.exp(sum(logs) / len(logs))
 
 
-def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
+BUDGET_S = {"GPU": 60.0, "CPU": 30.0}
+"""Seconds the tuner may take on a device of each kind (others: the CPU's): it never starts a candidate
+it expects to end past its group's share of the budget (shares in proportion to the candidates)."""
+
+
+def budget_seconds(dev: Device) -> float:
+    """The tuning time budget of ``dev`` (``BUDGET_S`` by its kind; ``OPENCL_LLM_TUNE_BUDGET_S`` overrides)."""
+    try:
+        return max(0.0, float(os.environ["OPENCL_LLM_TUNE_BUDGET_S"]))
+    except (KeyError, ValueError):
+        return BUDGET_S.get(dev.info.kind, BUDGET_S["CPU"])
+
+
+def expected_seconds(dev: Device, build_s: float) -> float:
+    """Seconds a first tuning of ``dev`` is expected to take, given ``build_s`` seconds per matmul program
+    build measured on it: each candidate's builds (about two programs) and its timing (about a quarter
+    second), at most the budget (:func:`budget_seconds`). 0.0 when tuning is off or already cached."""
+    if is_tuned(dev):
+        return 0.0
+    n = sum(len(candidates(dev, v)) for v in tuned_variants(dev)) + len(gemv_candidates(dev))
+    return min(budget_seconds(dev), n * (2.0 * build_s + 0.25))
+
+
+class _Clock:
+    """The tuner's budget: each group of candidates may run until its share of it is spent; a candidate
+    whose expected cost (the mean of those so far) would pass that point is not started."""
+
+    def __init__(self, budget_s: float, total: int):
+        self.start, self.budget_s, self.total = time.perf_counter(), budget_s, max(total, 1)
+        self.given, self.costs = 0, []
+
+    def group(self, n: int) -> float:
+        """The deadline (perf_counter seconds) of the next group of ``n`` candidates."""
+        self.given += n
+        return self.start + self.budget_s * self.given / self.total
+
+    def allows(self, deadline: float, expected: float | None = None) -> bool:
+        """Whether a step expected to take ``expected`` seconds (default: the dearest of the last three
+        candidates, a compile included) ends by ``deadline``."""
+        if expected is None:
+            expected = max(self.costs[-3:], default=0.0)
+        return time.perf_counter() + expected <= deadline
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def tune(dev: Device, progress: Progress | None = None, budget_s: float | None = None,
          grid: dict | None = None, shape_table: dict | None = None,
          gemv_grid: list[GemvConfig] | None = None, gemv_shapes: list | None = None,
          min_s: float | None = None) -> dict:
@@ -208,16 +279,20 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
     Args:
         dev: the device.
         progress: ``progress(fraction 0..1, message)`` after each candidate.
-        budget_s: soft time limit; once spent, the remaining candidates are skipped (the default
-            configuration is always timed first, so a result always exists).
+        budget_s: time limit (default :func:`budget_seconds`): each group (a transpose variant, GEMV)
+            gets its share; a candidate expected to end past it is skipped. The first candidate of
+            each group (the default) always runs.
         grid, shape_table: ``{variant: [configs]}`` / ``{variant: [(M, N, K), ...]}`` overrides
             (tests use a tiny grid); default :func:`candidates` / :func:`shapes`.
         gemv_grid, gemv_shapes: the same for the GEMV kernel (shapes with M <= GEMV_MAX_M).
         min_s: seconds per timing round (default 0.02 on CPUs, 0.01 on GPUs).
 
     Returns:
-        ``{variant: config, ..., "gemv": GemvConfig, "gflops": {name: GFLOP/s}, "seconds": s}``
-        with variant keys for all four transpose cases (untimed ones: see :func:`tuned_variants`).
+        ``{variant: config, ..., "gemv": GemvConfig, "gflops": {name: GFLOP/s}, "seconds": s,
+        "skipped": n, "defaulted": [names]}`` with variant keys for all four transpose cases (untimed
+        ones: see :func:`tuned_variants`). A wrong or failing candidate is never kept: a group where
+        none was right and fast gets the first fallback configuration that builds (named in
+        ``"defaulted"``, no GFLOP/s); ``"skipped"`` counts candidates the budget left out.
     """
     progress = progress or (lambda f, m: None)
     shape_table = shape_table or shapes(dev)
@@ -225,55 +300,88 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float = 60.0,
     gemv_grid = gemv_grid or gemv_candidates(dev)
     gemv_shapes = gemv_shapes or GEMV_SHAPES
     min_s = min_s if min_s is not None else (0.01 if uses_local_tiles(dev) else 0.02)
+    budget_s = budget_seconds(dev) if budget_s is None else budget_s
     rng = np.random.default_rng(0)
-    total = sum(len(g) for g in grid.values()) + len(gemv_grid)
-    done, t_start = 0, time.perf_counter()
-    result: dict = {"gflops": {}}
-
-    def pick(name, configs, make, operands):
-        nonlocal done
-        scores, kernels = {}, {}
-        for cfg in configs:
-            over = time.perf_counter() - t_start > budget_s and scores
-            if not over:
-                try:
-                    kernels[cfg] = make(cfg)
-                    scores[cfg] = _score(dev, kernels[cfg], operands, min_s)
-                except (ValueError, KernelBuildError, dev.cl.Error) as e:
-                    log.info("matmul tuning %s: %s failed: %s", name, cfg, str(e).splitlines()[0])
-            done += 1
-            best_now = max(scores.values(), default=0.0)
-            progress(done / total, f"matmul tuning {name}: {done}/{total}, best {best_now:.1f} GFLOP/s"
-                     + (" (time budget spent)" if over else ""))
-        # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best
-        leaders = [c for c in sorted(scores, key=scores.get, reverse=True)[:RETIME] if scores[c] > 0]
-        for _ in range(2 if len(leaders) > 1 else 0):
-            for cfg in leaders:
-                scores[cfg] = max(scores[cfg], _score(dev, kernels[cfg], operands, min_s, check=False))
-        if not scores:  # nothing built (cannot happen with the defaults in the grid)
-            raise RuntimeError(f"no matmul configuration for {name} works on {dev.info.name}")
-        best = max(scores, key=scores.get)
-        log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, scores[best])
-        result["gflops"][name] = round(scores[best], 2)
-        return best
+    clock = _Clock(budget_s, sum(len(g) for g in grid.values()) + len(gemv_grid))
+    result: dict = {"gflops": {}, "skipped": 0, "defaulted": []}
+    state = {"done": 0}
 
     for variant, configs in grid.items():
         name = "nt" if variant == (False, True) else "".join("t" if t else "n" for t in variant)
         operands = [_Operands(dev, s, variant, rng) for s in shape_table[variant]]
-        result[variant] = pick(name, configs, lambda c, v=variant: GemmKernel(dev, c, *v), operands)
+        make = lambda c, v=variant: GemmKernel(dev, c, *v)  # noqa: E731
+        result[variant] = _pick(dev, name, configs, make, operands, min_s, clock, progress, state, result,
+                                fallback_configs(dev)[0])
     # untimed variants: TT takes TN's winner, the rest the NT winner (CPUs) or the default
     fallback = result.get((False, True), default_configs(dev)[0])
     for variant in MODEL_VARIANTS:
         result.setdefault(variant, fallback)
     result[(True, True)] = result[(True, False)]
     gemv_ops = [_Operands(dev, s, (False, True), rng) for s in gemv_shapes if s[0] <= GEMV_MAX_M]
-    result["gemv"] = pick("gemv", gemv_grid, lambda g: GemvKernel(dev, g), gemv_ops)
-    result["seconds"] = round(time.perf_counter() - t_start, 2)
+    result["gemv"] = _pick(dev, "gemv", gemv_grid, lambda g: GemvKernel(dev, g), gemv_ops, min_s, clock, progress,
+                           state, result, fallback_configs(dev)[1])
+    result["seconds"] = round(clock.elapsed(), 2)
     return result
 
 
+def _pick(dev: Device, name: str, configs: list, make: Callable, operands: list, min_s: float, clock: _Clock,
+          progress: Progress, state: dict, result: dict, fallbacks: list):
+    """The fastest right configuration of ``configs`` within the clock's share for this group (see :func:`tune`)."""
+    scores, kernels, timing_s = {}, {}, {}
+    deadline = clock.group(len(configs))
+    for i, cfg in enumerate(configs):
+        over = i > 0 and not clock.allows(deadline)
+        if over:
+            result["skipped"] += 1
+        else:
+            t0 = time.perf_counter()
+            try:
+                kernel = make(cfg)
+                multiple = getattr(kernel, "limits", None) and kernel.limits.preferred_multiple
+                if i > 0 and isinstance(cfg, TiledConfig) and multiple and cfg.items % multiple:
+                    raise KernelLimitError(f"{cfg.items} work-items per group are no multiple of the kernel's "
+                                           f"preferred {multiple} (idle SIMD lanes)")
+                t1 = time.perf_counter()
+                score = _score(dev, kernel, operands, min_s)
+                timing_s[cfg] = time.perf_counter() - t1
+                if score > 0.0:
+                    kernels[cfg], scores[cfg] = kernel, score
+                else:
+                    log.warning("matmul tuning %s: %s gave wrong results on %s; skipped", name, cfg, dev.info.name)
+            except (ValueError, KernelBuildError, dev.cl.Error) as e:
+                log.info("matmul tuning %s: %s skipped: %s", name, cfg, str(e).splitlines()[0])
+            clock.costs.append(time.perf_counter() - t0)
+        state["done"] += 1
+        best = f"best {max(scores.values()):.3g} GFLOP/s" if scores else "none right yet"  # llvmpipe's GEMV: 0.03
+        progress(state["done"] / clock.total, f"matmul tuning {name}: {state['done']}/{clock.total}, {best}, "
+                 f"{clock.elapsed():.0f} s of at most {clock.budget_s:.0f} s"
+                 + (" (budget spent: skipped)" if over else ""))
+    # a shared machine is noisy: re-time the leaders, alternating, and keep each one's best (within the budget)
+    leaders = sorted(scores, key=scores.get, reverse=True)[:RETIME]
+    for _ in range(2 if len(leaders) > 1 else 0):
+        if not clock.allows(deadline, sum(timing_s[c] for c in leaders)):
+            break
+        for cfg in leaders:
+            scores[cfg] = max(scores[cfg], _score(dev, kernels[cfg], operands, min_s, check=False))
+    if not scores:  # nothing right in time: the first safe default that builds and is right
+        result["defaulted"].append(name)
+        for cfg in fallbacks:
+            try:
+                if operands[0].correct(make(cfg)):
+                    log.warning("matmul tuning %s: no candidate right in time; using the default %s", name, cfg)
+                    return cfg
+            except (ValueError, KernelBuildError, dev.cl.Error) as e:
+                log.info("matmul tuning %s: fallback %s skipped: %s", name, cfg, str(e).splitlines()[0])
+        raise RuntimeError(f"no matmul configuration for {name} gives right results on {dev.info.name}")
+    best = max(scores, key=scores.get)
+    log.info("matmul tuning %s: %s at %.1f GFLOP/s", name, best, scores[best])
+    result["gflops"][name] = float(f"{scores[best]:.3g}")
+    return best
+
+
 def _encode(result: dict) -> dict:
-    out = {"seconds": result.get("seconds"), "gflops": result.get("gflops", {})}
+    out = {"seconds": result.get("seconds"), "gflops": result.get("gflops", {}),
+           "skipped": result.get("skipped", 0), "defaulted": result.get("defaulted", [])}
     for key, value in result.items():
         if isinstance(key, tuple):
             out["".join("t" if t else "n" for t in key)] = config_to_dict(value)
@@ -286,6 +394,7 @@ def _decode(entry: dict) -> dict:
     for name in ("nn", "nt", "tn", "tt"):
         out[(name[0] == "t", name[1] == "t")] = config_from_dict(entry[name])
     out["gemv"] = config_from_dict(entry["gemv"])
+    out["skipped"], out["defaulted"] = int(entry.get("skipped", 0)), list(entry.get("defaulted", []))
     return out
 
 
