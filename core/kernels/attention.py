@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.device import Device
+from core.device import Device, KernelLimitError
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -179,7 +179,7 @@ class Attention:
             if allowed >= t.items and allowed_bwd >= t.backward_items:
                 break
             if self._forced is not None:
-                raise ValueError(f"{t} needs {t.items} (backward {t.backward_items}) work-items per group; "
+                raise KernelLimitError(f"{t} needs {t.items} (backward {t.backward_items}) work-items per group; "
                                  f"{self.dev.info.name} allows {allowed} ({allowed_bwd}) for these kernels")
             t = replace(t, items=min(allowed, t.items),
                         bwd_items=min(allowed_bwd, t.backward_items) if staged else 0)

@@ -36,8 +36,8 @@ import numpy as np
 
 from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
-from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
-                                 TiledConfig, config_from_dict, config_to_dict, cpu_vector_width,
+from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig, TiledConfig,
+                                 config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
                                  default_configs, fallback_configs, fits, uses_local_tiles)
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,9 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
         blocks = [(6, 4), (8, 3), (8, 2), (12, 1)] if vw == 16 else [(6, 2), (4, 3), (8, 1)]
         grid = [PackedConfig(mr, nb, vw, 1, 16, True) for mr, nb in blocks]
         grid += [PackedConfig(*blocks[0], vw, 4, 64, True), PackedConfig(*blocks[0], vw, 1, 16, True, kc=256)]
+        if cpu_group_width(dev) > 1:  # SIMD across work-items (llvmpipe): wider groups
+            grid = [PackedConfig(mr, nb, vw, 8, 16, True) for mr, nb in blocks]
+            grid.append(PackedConfig(*blocks[0], vw, 32, 32, True))
     out = [default]
     for c in grid:
         if c not in out and fits(dev, c):
@@ -160,6 +163,8 @@ def gemv_candidates(dev: Device) -> list[GemvConfig]:
     else:
         vw = cpu_vector_width(dev)
         grid = [GemvConfig(1, rows, vw) for rows in (2, 4, 8)] + [GemvConfig(4, 4, vw)]
+        if cpu_group_width(dev) > 1:
+            grid = [GemvConfig(wg, rows, 4) for wg in (8, 32) for rows in (1, 2)]
     out = [default]
     for g in grid:
         if g not in out and fits(dev, g):
