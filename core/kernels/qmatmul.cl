@@ -26,8 +26,32 @@
 #define UNROLL _Pragma("unroll")
 #define QCH 32  // elements of a GEMV chunk: every format's (sub-)block holds a whole number of them
 
-// a half at byte p (2-byte aligned: every block size and field offset below is even)
+// a half at byte p (2-byte aligned: every block size and field offset below is even). CPUs: bit
+// arithmetic (PoCL calls vload_half as a function, per element: packing ran 2x slower); GPUs: vload_half.
+#ifdef CPU_DEVICE
+inline float half_bits(const uint h) {
+    const uint e = (h >> 10) & 31u, m = h & 1023u, sign = (h & 0x8000u) << 16;
+    if (e == 0u) return as_float(as_uint((float)m * 5.96046448e-8f) | sign);  // zero, subnormal: m * 2^-24
+    if (e == 31u) return as_float(sign | 0x7f800000u | (m << 13));            // inf, nan
+    return as_float(sign | ((e + 112u) << 23) | (m << 13));                  // exponent bias 15 -> 127
+}
+inline float ld_half(__global const uchar* p) { return half_bits(*(__global const ushort*)p); }
+#define HALF_AT(row, i) half_bits(((__global const ushort*)(row))[i])
+#else
 inline float ld_half(__global const uchar* p) { return vload_half(0, (__global const half*)p); }
+#define HALF_AT(row, i) vload_half(i, (__global const half*)(row))
+#endif
+
+// A 32-element chunk as two float16 vectors (elements 0-15, 16-31) or 32 floats.
+typedef union { float16 h[2]; float s[QCH]; } chunk_t;
+// 16 bytes from p widened to uint16, 16 floats from p: scalar loads, which LLVM merges into vector
+// loads (PoCL calls vload16 as a function)
+#define U16(p) ((uint16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
+                         (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#define F16V(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
+                           (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+// the floats of integers 0 <= u < 2^23 without a conversion call: the float 2^23 + u, less 2^23
+#define UFLOAT(u) (as_float16((u) | (uint16)(0x4B000000u)) - 8388608.0f)
 
 // ------------------------------------------------------------------------------- formats
 #if defined(QTYPE_Q8_0)  // block: half d, char qs[32]; x = d * q
@@ -37,10 +61,11 @@ inline float dq(__global const uchar* row, const int c) {
     __global const uchar* blk = row + (c / QK) * QB;
     return ld_half(blk) * (float)((char)blk[2 + c % QK]);
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const uchar* blk = row + u * QB;
-    const float d = ld_half(blk);
-    UNROLL for (int t = 0; t < QCH; t++) v[t] = d * (float)((char)blk[2 + t]);
+    const float d = ld_half(blk);  // q ^ 0x80 = q + 128 as a byte: 0 .. 255
+    v->h[0] = d * (as_float16((U16(blk + 2) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
+    v->h[1] = d * (as_float16((U16(blk + 18) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
 }
 #elif defined(QTYPE_Q4_0)  // block: half d, uchar qs[16]; element t < 16 low nibble, t >= 16 high; x = d * (q - 8)
 #define QK 32
@@ -50,14 +75,12 @@ inline float dq(__global const uchar* row, const int c) {
     const int j = c % QK, q = blk[2 + (j & 15)];
     return ld_half(blk) * (float)((j < 16 ? q & 15 : q >> 4) - 8);
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const uchar* blk = row + u * QB;
     const float d = ld_half(blk);
-    UNROLL for (int t = 0; t < 16; t++) {
-        const int q = blk[2 + t];
-        v[t] = d * (float)((q & 15) - 8);
-        v[t + 16] = d * (float)((q >> 4) - 8);
-    }
+    const uint16 q = U16(blk + 2);
+    v->h[0] = d * (UFLOAT(q & 15u) - 8.0f);
+    v->h[1] = d * (UFLOAT(q >> 4) - 8.0f);
 }
 #elif defined(QTYPE_Q4_1)  // block: half d, half m, uchar qs[16]; x = d * q + m
 #define QK 32
@@ -67,14 +90,12 @@ inline float dq(__global const uchar* row, const int c) {
     const int j = c % QK, q = blk[4 + (j & 15)];
     return ld_half(blk) * (float)(j < 16 ? q & 15 : q >> 4) + ld_half(blk + 2);
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const uchar* blk = row + u * QB;
     const float d = ld_half(blk), m = ld_half(blk + 2);
-    UNROLL for (int t = 0; t < 16; t++) {
-        const int q = blk[4 + t];
-        v[t] = d * (float)(q & 15) + m;
-        v[t + 16] = d * (float)(q >> 4) + m;
-    }
+    const uint16 q = U16(blk + 4);
+    v->h[0] = d * UFLOAT(q & 15u) + m;
+    v->h[1] = d * UFLOAT(q >> 4) + m;
 }
 #elif defined(QTYPE_Q4_K)  // 256-element super-block: half d, half dmin, uchar scales[12], uchar qs[128]
 #define QK 256
@@ -93,13 +114,15 @@ inline float dq(__global const uchar* row, const int c) {
     const int q = (blk[16 + (sb / 2) * 32 + j % 32] >> ((sb & 1) * 4)) & 15;
     return ld_half(blk) * sm.x * (float)q - ld_half(blk + 2) * sm.y;
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const uchar* blk = row + (u / 8) * QB;
-    const int sb = u % 8, shift = (sb & 1) * 4;
+    const int sb = u % 8;
+    const uint shift = (sb & 1) * 4;
     const float2 sm = q4k_scale_min(blk + 4, sb);
     const float d = ld_half(blk) * sm.x, m = ld_half(blk + 2) * sm.y;
     __global const uchar* qs = blk + 16 + (sb / 2) * 32;
-    UNROLL for (int t = 0; t < QCH; t++) v[t] = d * (float)((qs[t] >> shift) & 15) - m;
+    v->h[0] = d * UFLOAT((U16(qs) >> shift) & 15u) - m;
+    v->h[1] = d * UFLOAT((U16(qs + 16) >> shift) & 15u) - m;
 }
 #elif defined(QTYPE_Q6_K)  // 256-element super-block: uchar ql[128], uchar qh[64], char scales[16], half d
 #define QK 256
@@ -115,25 +138,23 @@ inline float dq(__global const uchar* row, const int c) {
     const float sc = (float)((char)blk[192 + h * 8 + 2 * s + l / 16]);
     return ld_half(blk + 208) * sc * (float)((lo | (hi << 4)) - 32);
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const uchar* blk = row + (u / 8) * QB;
     const int h = (u % 8) / 4, s = u % 4;
     __global const uchar* ql = blk + h * 64 + (s & 1) * 32;
     __global const uchar* qh = blk + 128 + h * 32;
-    const int ls = (s / 2) * 4, hs = 2 * s;
+    const uint ls = (s / 2) * 4, hs = 2 * s;
     const float d = ld_half(blk + 208);
     const float d0 = d * (float)((char)blk[192 + h * 8 + 2 * s]), d1 = d * (float)((char)blk[193 + h * 8 + 2 * s]);
-    UNROLL for (int t = 0; t < QCH; t++) {
-        const int q = (((ql[t] >> ls) & 15) | (((qh[t] >> hs) & 3) << 4)) - 32;
-        v[t] = (t < 16 ? d0 : d1) * (float)q;
-    }
+    v->h[0] = d0 * (UFLOAT(((U16(ql) >> ls) & 15u) | (((U16(qh) >> hs) & 3u) << 4)) - 32.0f);
+    v->h[1] = d1 * (UFLOAT(((U16(ql + 16) >> ls) & 15u) | (((U16(qh + 16) >> hs) & 3u) << 4)) - 32.0f);
 }
 #elif defined(QTYPE_F16)
 #define QK 1
 #define QB 2
-inline float dq(__global const uchar* row, const int c) { return vload_half(c, (__global const half*)row); }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
-    UNROLL for (int t = 0; t < QCH; t++) v[t] = vload_half(u * QCH + t, (__global const half*)row);
+inline float dq(__global const uchar* row, const int c) { return HALF_AT(row, c); }
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
+    UNROLL for (int t = 0; t < QCH; t++) v->s[t] = HALF_AT(row, u * QCH + t);
 }
 #elif defined(QTYPE_BF16)  // the high 16 bits of a float32
 #define QK 1
@@ -141,17 +162,19 @@ inline void dq_chunk(__global const uchar* row, const int u, float* v) {
 inline float dq(__global const uchar* row, const int c) {
     return as_float((uint)((__global const ushort*)row)[c] << 16);
 }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const ushort* p = (__global const ushort*)row + u * QCH;
-    UNROLL for (int t = 0; t < QCH; t++) v[t] = as_float((uint)p[t] << 16);
+    v->h[0] = as_float16(U16(p) << 16);
+    v->h[1] = as_float16(U16(p + 16) << 16);
 }
 #elif defined(QTYPE_F32)
 #define QK 1
 #define QB 4
 inline float dq(__global const uchar* row, const int c) { return ((__global const float*)row)[c]; }
-inline void dq_chunk(__global const uchar* row, const int u, float* v) {
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const float* p = (__global const float*)row + u * QCH;
-    UNROLL for (int t = 0; t < QCH; t++) v[t] = p[t];
+    v->h[0] = F16V(p);
+    v->h[1] = F16V(p + 16);
 }
 #else
 #error "qmatmul.cl needs one QTYPE_* option"
@@ -237,18 +260,50 @@ void qmatmul_tiled(__global float* c, __global const float* a, __global const uc
 
 // Rows k0 .. k0 + kc - 1 of op(W) (K,N) -> bp: panel p (columns p*NR ..) is kc rows of NR
 // contiguous floats, 0.0f past N (matmul.cl's matmul_pack_b layout and arguments; b_offset must
-// be 0). Work-item (kk, p). TRANS_B (the forward): W stored (N,K); else W stored (K,N).
+// be 0). TRANS_B (the forward), W stored (N,K): work-item (kb, p) fills rows kb*QCH .. + QCH - 1 of
+// panel p, one 32-element chunk of each of its NR rows of W at a time (the launcher's grid is
+// (ceil(kc / QCH), panels)). Else, W stored (K,N): work-item (kk, p) fills row kk, NR consecutive
+// elements of row k0 + kk of W, by whole chunks when NR is a multiple of QCH.
 __kernel void qmatmul_pack_b(__global float* bp, __global const uchar* w, const int N, const int K,
                              const int b_offset, const int k0, const int kc) {
-    const int kk = get_global_id(0), p = get_global_id(1);
-    if (kk >= kc) return;
-    const int k = k0 + kk, n0 = p * NR;
-    __global float* out = bp + ((size_t)p * kc + kk) * NR;
+    const int p = get_global_id(1), n0 = p * NR;
 #ifdef TRANS_B
-    UNROLL for (int j = 0; j < NR; j++)
-        out[j] = n0 + j < N ? dq(w + (size_t)(n0 + j) * ROW_BYTES(K), k) : 0.0f;
+    const int kk0 = get_global_id(0) * QCH;
+    if (kk0 >= kc) return;
+    const int k = k0 + kk0;
+    __global float* out = bp + ((size_t)p * kc + kk0) * NR;
+    if (k % QCH == 0 && kk0 + QCH <= kc) {  // a whole chunk of each row
+        for (int j = 0; j < NR; j++) {
+            chunk_t v;
+            if (n0 + j < N) {
+                dq_chunk(w + (size_t)(n0 + j) * ROW_BYTES(K), k / QCH, &v);
+            } else {
+                v.h[0] = v.h[1] = (float16)(0.0f);
+            }
+            UNROLL for (int t = 0; t < QCH; t++) out[t * NR + j] = v.s[t];
+        }
+        return;
+    }
+    const int n_k = kc - kk0 < QCH ? kc - kk0 : QCH;  // a tail of K (float formats)
+    for (int t = 0; t < n_k; t++)
+        for (int j = 0; j < NR; j++)
+            out[t * NR + j] = n0 + j < N ? dq(w + (size_t)(n0 + j) * ROW_BYTES(K), k + t) : 0.0f;
 #else
-    __global const uchar* row = w + (size_t)k * ROW_BYTES(N);
+    const int kk = get_global_id(0);
+    if (kk >= kc) return;
+    __global const uchar* row = w + (size_t)(k0 + kk) * ROW_BYTES(N);
+    __global float* out = bp + ((size_t)p * kc + kk) * NR;
+#if NR % QCH == 0
+    if (n0 + NR <= N) {  // n0 is a multiple of QCH: whole chunks
+        UNROLL for (int q = 0; q < NR / QCH; q++) {  // out is 128-byte aligned (NR * 4 bytes a row)
+            chunk_t v;
+            dq_chunk(row, n0 / QCH + q, &v);
+            ((__global float16*)out)[2 * q] = v.h[0];
+            ((__global float16*)out)[2 * q + 1] = v.h[1];
+        }
+        return;
+    }
+#endif
     UNROLL for (int j = 0; j < NR; j++) out[j] = n0 + j < N ? dq(row, n0 + j) : 0.0f;
 #endif
 }
@@ -270,20 +325,27 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
     c += c_offset;
     __global const uchar* wrow[GEMV_ROWS];  // rows past N read row N - 1 (not stored)
     UNROLL for (int j = 0; j < GEMV_ROWS; j++) wrow[j] = w + (size_t)(n0 + j < N ? n0 + j : N - 1) * ROW_BYTES(K);
-    float sum[GEMV_M][GEMV_ROWS];
+    float16 acc[GEMV_M][GEMV_ROWS];
     UNROLL for (int i = 0; i < GEMV_M; i++)
-        UNROLL for (int j = 0; j < GEMV_ROWS; j++) sum[i][j] = 0.0f;
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] = (float16)(0.0f);
     const int n_chunks = K / QCH;
     for (int u = l; u < n_chunks; u += GEMV_WG) {
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
-            float v[QCH];
-            dq_chunk(wrow[j], u, v);
+            chunk_t v;
+            dq_chunk(wrow[j], u, &v);
             UNROLL for (int i = 0; i < GEMV_M; i++) {
                 __global const float* x = a + (size_t)i * K + u * QCH;
-                float s = 0.0f;
-                UNROLL for (int t = 0; t < QCH; t++) s += x[t] * v[t];
-                sum[i][j] += s;
+                acc[i][j] += F16V(x) * v.h[0] + F16V(x + 16) * v.h[1];
             }
+        }
+    }
+    float sum[GEMV_M][GEMV_ROWS];  // the vectors' components added in a tree
+    UNROLL for (int i = 0; i < GEMV_M; i++) {
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+            const float8 s8 = acc[i][j].lo + acc[i][j].hi;
+            const float4 s4 = s8.lo + s8.hi;
+            const float2 s2 = s4.lo + s4.hi;
+            sum[i][j] = s2.x + s2.y;
         }
     }
     for (int k = n_chunks * QCH + l; k < K; k += GEMV_WG) {  // K % 32 tail (float formats only)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 Q = GGMLQuantizationType
 FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32)
 """The GGML types the kernels read (``-DQTYPE_<name>``)."""
+QCH = 32  # elements of qmatmul.cl's dequantization chunks
 PACK_KC = 256  # K rows of op(W) dequantized per packing round on CPUs (Goto's kc; bounds the scratch)
 
 
@@ -253,7 +254,8 @@ class QMatmul:
             _check_format(qtype)
             given = self._gemv_cfg if isinstance(self._gemv_cfg, QGemvConfig) else None
             cpu = not uses_local_tiles(self.dev)
-            cands = (given,) if given else ((QGemvConfig(1, 4),) if cpu else ()) + GEMV_CANDIDATES
+            # CPUs: one work-item per few outputs (float16 accumulators: M x rows of them in registers)
+            cands = (given,) if given else ((QGemvConfig(1, 4 if M <= 2 else 1),) if cpu else ()) + GEMV_CANDIDATES
             self._kernels[key] = self._first_fitting(cands, given is not None, lambda c: self.dev.kernel(
                 "qmatmul", "qmatmul_gemv", (f"-DQTYPE_{Q(qtype).name}", f"-DGEMV_M={M}", f"-DGEMV_WG={c.wg}",
                                             f"-DGEMV_ROWS={c.rows}")))
@@ -299,8 +301,14 @@ def _packed_kernel(op: QMatmul, qtype: GGMLQuantizationType, fwd: bool):
     takes ``matmul_pack_b``'s place (same arguments, same panels); ``matmul_packed`` (and
     ``matmul_pack_a``) run as for floats."""
     gk = GemmKernel(op.dev, op._packed, trans_a=False, trans_b=fwd, max_items=op._max_items, scratch=op._scratch)
-    gk._pack_b = op.dev.kernel("qmatmul", "qmatmul_pack_b",
-                               (*op._packed.options(False, fwd), f"-DQTYPE_{Q(qtype).name}"))
+    knl = op.dev.kernel("qmatmul", "qmatmul_pack_b", (*op._packed.options(False, fwd), f"-DQTYPE_{Q(qtype).name}"))
+
+    def pack_b(queue, grid, local, *args) -> None:  # called as matmul_pack_b: grid (kc, panels)
+        if fwd:  # a work-item per 32 rows of op(W) (one chunk of each row of W)
+            grid = (-(-grid[0] // QCH), grid[1])
+        op.dev.launch(knl, grid, local, *args)
+
+    gk._pack_b = pack_b
 
     def call(c, a, w, M: int, N: int, K: int, accumulate: bool, a_offset: int, c_offset: int) -> None:
         gk(c, a, w, M, N, K, accumulate, a_offset, 0, c_offset)
