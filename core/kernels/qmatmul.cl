@@ -46,8 +46,15 @@ inline float ld_half(__global const uchar* p) { return vload_half(0, (__global c
 typedef union { float16 h[2]; float s[QCH]; } chunk_t;
 // 16 bytes from p widened to uint16, 16 floats from p: scalar loads, which LLVM merges into vector
 // loads (PoCL calls vload16 as a function)
-#define U16(p) ((uint16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
+// 16 elements from p widened to uint16
+#define W16(p) ((uint16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
                          (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#define U16(p) u16_at((__global const ushort*)(p))
+inline uint16 u16_at(__global const ushort* p) {  // p 2-byte aligned
+    const uint16 w = (uint16)(p[0], p[0], p[1], p[1], p[2], p[2], p[3], p[3],
+                              p[4], p[4], p[5], p[5], p[6], p[6], p[7], p[7]);
+    return (w >> (uint16)(0u, 8u, 0u, 8u, 0u, 8u, 0u, 8u, 0u, 8u, 0u, 8u, 0u, 8u, 0u, 8u)) & 255u;
+}
 #define F16V(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
                            (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
 // the floats of integers 0 <= u < 2^23 without a conversion call: the float 2^23 + u, less 2^23
@@ -164,8 +171,8 @@ inline float dq(__global const uchar* row, const int c) {
 }
 inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     __global const ushort* p = (__global const ushort*)row + u * QCH;
-    v->h[0] = as_float16(U16(p) << 16);
-    v->h[1] = as_float16(U16(p + 16) << 16);
+    v->h[0] = as_float16(W16(p) << 16);
+    v->h[1] = as_float16(W16(p + 16) << 16);
 }
 #elif defined(QTYPE_F32)
 #define QK 1
