@@ -79,8 +79,11 @@ def _block(qtype):
     return max(32, quants.GGML_QUANT_SIZES[qtype][0])
 
 
+SLOW = pytest.mark.slow  # more sizes of the same kernels: `-m slow` (compiling them takes minutes on PoCL)
+
+
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("name", ["default", "tiled-16x8-k8", "packed-5x3x4-wg3"])
+@pytest.mark.parametrize("name", ["default", "tiled-16x8-k8", pytest.param("packed-5x3x4-wg3", marks=SLOW)])
 def test_every_format_both_directions(device, rng, qtype, name):
     op = _op(device, name, **CONFIGS[name])
     b = _block(qtype)
@@ -88,20 +91,42 @@ def test_every_format_both_directions(device, rng, qtype, name):
         _check(device, op, rng, qtype, M, n_out, n_in, f"{qtype.name} {name} M={M} {n_out}x{n_in}")
 
 
-@pytest.mark.parametrize("name", ["tiled-64x64", "tiled-1x1", "packed-6x2x8-pack-a"])
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("name", ["tiled-64x64", pytest.param("tiled-1x1", marks=SLOW), "packed-6x2x8-pack-a"])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, pytest.param(Q.Q6_K, marks=SLOW)], ids=lambda q: q.name)
 def test_work_group_sizes(device, rng, qtype, name):
     op = _op(device, name, **CONFIGS[name])
     _check(device, op, rng, qtype, 67, 129, 512, f"{qtype.name} {name}")
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("gemv", list(GEMVS))
+@pytest.mark.parametrize("gemv", ["gemv-wg64", pytest.param("gemv-wg8-rows3", marks=SLOW),
+                                  pytest.param("gemv-wg1-rows4", marks=SLOW)])
 def test_gemv_decode(device, rng, qtype, gemv):
     op = _op(device, gemv, gemv=GEMVS[gemv])
     b = _block(qtype)
-    for M in (1, 3, 8):  # 8 = GEMV_MAX_M
+    for M in (1, 8):  # 8 = GEMV_MAX_M
         _check(device, op, rng, qtype, M, 37, 2 * b, f"{qtype.name} {gemv} M={M}")
+
+
+@pytest.mark.parametrize("name", ["default", "tiled-16x8-k8"])
+def test_every_half_scale(device, rng, name):
+    """Q8_0 rows whose scale d takes every finite half value (zero, subnormals, negatives, 65504): the
+    kernels' half conversion (bit arithmetic on CPUs) against numpy's, one row each, relative error."""
+    d = np.arange(1 << 16, dtype=np.uint16)
+    d = d[(d & 0x7C00) != 0x7C00]  # no inf / nan
+    raw = rng.integers(0, 256, (d.size, 34), dtype=np.uint8)
+    raw[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    op, shape = _op(device, name, **CONFIGS[name]), (d.size, 32)
+    w = upload_weight(device, raw, Q.Q8_0, shape)
+    for M in (2, 9):  # GEMV, GEMM
+        x = rng.standard_normal((M, 32)).astype(np.float32)
+        (X,), Y = to_device(device, x), device.alloc(M * d.size)
+        op.forward(Y, X, w, M)
+        want = ref.qmatmul_forward(x, raw, Q.Q8_0, shape)
+        bound = np.abs(x).astype(np.float64) @ np.abs(ref.dequantize(raw, Q.Q8_0, shape)).T  # sum |x * w|
+        err = np.abs(from_device(device, Y, ((M, d.size), np.float32)) - want)
+        worst = np.unravel_index(np.argmax(err - 1e-5 * bound), err.shape)
+        assert np.all(err <= 1e-5 * bound), f"{name} M={M}: row {worst[1]} (d bits {d[worst[1]]:#06x}) off by {err[worst]:.3g}"
 
 
 def test_float_formats_any_n_in(device, rng):
