@@ -26,7 +26,7 @@ from gguf import quants  # noqa: E402
 
 from core.device import open_device  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
-from core.kernels.qmatmul import QMatmul, file_matrices, frozen_matrix_bytes, upload_weight  # noqa: E402
+from core.kernels.qmatmul import QMatmul, QTiledConfig, file_matrices, frozen_matrix_bytes, upload_weight  # noqa: E402
 
 
 def lora_memory(path: str, batch: int, seq: int, rank: int) -> dict[str, int]:
@@ -85,22 +85,28 @@ def main() -> None:
     ap.add_argument("--shapes", default="1536x576,576x1536,576x576")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--family", default=None, help="tiled or packed (default: the device's)")
+    ap.add_argument("--tiled", default=None, help="TSM,TSN,TSK,WPTM,WPTN of the tiled family, e.g. 128,128,16,8,8")
     ap.add_argument("--memory", default=None, help="a GGUF file: print the LoRA vs full memory figure")
     args = ap.parse_args()
     if args.memory:
-        m = lora_memory(args.memory, batch=8, seq=256, rank=16)
-        print(f"{args.memory}: frozen matrices {m['frozen_quant'] / 2**20:.1f} MiB in their formats, "
-              f"{m['frozen_f32'] / 2**20:.1f} MiB as float32 ({m['frozen_quant'] / m['frozen_f32']:.1%})")
-        print(f"batch 8 x 256: full fine-tune {m['full'] / 2**20:.0f} MiB, LoRA r=16 {m['lora'] / 2**20:.0f} MiB "
-              f"({m['lora'] / m['full']:.1%}); of which activations {m['activations'] / 2**20:.0f} MiB, "
-              f"adapter {m['adapter_params']} parameters")
+        for batch in (1, 4, 8):
+            m = lora_memory(args.memory, batch=batch, seq=256, rank=16)
+            if batch == 1:
+                print(f"{args.memory}: frozen matrices {m['frozen_quant'] / 2**20:.1f} MiB in their formats, "
+                      f"{m['frozen_f32'] / 2**20:.1f} MiB as float32 ({m['frozen_quant'] / m['frozen_f32']:.1%}); "
+                      f"LoRA r=16 adapter {m['adapter_params']} parameters")
+            print(f"batch {batch} x 256: full fine-tune {m['full'] / 2**20:.0f} MiB, LoRA {m['lora'] / 2**20:.0f} MiB "
+                  f"({m['lora'] / m['full']:.1%}); activations {m['activations'] / 2**20:.0f} MiB in both")
     dev = open_device(args.device)
     tuned = None
     if args.tune:
         from core.kernels import matmul_tune
         tuned = matmul_tune.tuned_configs(dev, progress=lambda f, m: None)
-    mm, qm = Matmul(dev, tuned=tuned), QMatmul(dev)
-    print(f"device: {dev.info.label}; float nt {mm.config(False, True)}; quantized family {qm.family}")
+    tiled = QTiledConfig(*map(int, args.tiled.split(","))) if args.tiled else None
+    mm, qm = Matmul(dev, tuned=tuned), QMatmul(dev, family=args.family, tiled=tiled)
+    print(f"device: {dev.info.label}; float nt {mm.config(False, True)}, nn {mm.config(False, False)}; "
+          f"quantized {qm.family} {qm.config(Q[args.formats.split(',')[0]])}")
     print(f"{'shape':>10s} {'M':>4s} {'fmt':>5s} {'fwd f32':>8s} {'fwd q':>8s} {'ratio':>6s} "
           f"{'dx f32':>8s} {'dx q':>8s} {'ratio':>6s}")
     rng = np.random.default_rng(0)

@@ -15,6 +15,7 @@ from tests.opcheck import assert_close, from_device, to_device
 # name -> QMatmul arguments. Both families run on every device (CI's PoCL covers the GPU kernel).
 CONFIGS = {
     "default": {},
+    "tiled-auto": {"family": "tiled", "gemv": False},  # the first candidate that fits the kernel's limits
     "tiled-64x64": {"family": "tiled", "tiled": QTiledConfig(64, 64, 16, 4, 4), "gemv": False},
     "tiled-16x8-k8": {"family": "tiled", "tiled": QTiledConfig(16, 8, 8, 2, 1), "gemv": False},
     "tiled-1x1": {"family": "tiled", "tiled": QTiledConfig(1, 1, 1, 1, 1), "gemv": False},
@@ -55,7 +56,19 @@ def _atol(K, scale):
     return (2e-5 * np.sqrt(K) + 1e-6) * scale  # float32 rounding of a K-term sum of products of size ~scale
 
 
+def _prepare_or_skip(device, op, qtype, M):
+    """Build the kernels; a forced configuration that the compiled kernel's limits refuse (rusticl:
+    CL_KERNEL_WORK_GROUP_SIZE 32) is skipped with the reason, as issue 22 asks."""
+    try:
+        op.prepare(qtype, M)
+    except ValueError as e:
+        if "the kernel allows" in str(e) or "does not fit" in str(e):
+            pytest.skip(f"{device.info.name}: {e}")
+        raise
+
+
 def _check(device, op, rng, qtype, M, n_out, n_in, what):
+    _prepare_or_skip(device, op, qtype, M)
     data, shape = random_weight(rng, qtype, n_out, n_in)
     wf = ref.dequantize(data, qtype, shape)
     w = upload_weight(device, data, qtype, shape)
@@ -83,7 +96,8 @@ SLOW = pytest.mark.slow  # more sizes of the same kernels: `-m slow` (compiling 
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("name", ["default", "tiled-16x8-k8", pytest.param("packed-5x3x4-wg3", marks=SLOW)])
+@pytest.mark.parametrize("name", ["default", "tiled-auto", pytest.param("tiled-16x8-k8", marks=SLOW),
+                                  pytest.param("packed-5x3x4-wg3", marks=SLOW)])
 def test_every_format_both_directions(device, rng, qtype, name):
     op = _op(device, name, **CONFIGS[name])
     b = _block(qtype)
@@ -99,16 +113,15 @@ def test_work_group_sizes(device, rng, qtype, name):
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("gemv", ["gemv-wg64", pytest.param("gemv-wg8-rows3", marks=SLOW),
-                                  pytest.param("gemv-wg1-rows4", marks=SLOW)])
+@pytest.mark.parametrize("gemv", ["gemv-wg64", "gemv-wg8-rows3", pytest.param("gemv-wg1-rows4", marks=SLOW)])
 def test_gemv_decode(device, rng, qtype, gemv):
     op = _op(device, gemv, gemv=GEMVS[gemv])
     b = _block(qtype)
-    for M in (1, 8):  # 8 = GEMV_MAX_M
+    for M in (1, 8) if gemv == "gemv-wg64" else (3,):  # 8 = GEMV_MAX_M
         _check(device, op, rng, qtype, M, 37, 2 * b, f"{qtype.name} {gemv} M={M}")
 
 
-@pytest.mark.parametrize("name", ["default", "tiled-16x8-k8"])
+@pytest.mark.parametrize("name", ["default", "tiled-auto"])
 def test_every_half_scale(device, rng, name):
     """Q8_0 rows whose scale d takes every finite half value (zero, subnormals, negatives, 65504): the
     kernels' half conversion (bit arithmetic on CPUs) against numpy's, one row each, relative error."""
@@ -117,6 +130,7 @@ def test_every_half_scale(device, rng, name):
     raw = rng.integers(0, 256, (d.size, 34), dtype=np.uint8)
     raw[:, :2] = d.view(np.uint8).reshape(-1, 2)
     op, shape = _op(device, name, **CONFIGS[name]), (d.size, 32)
+    _prepare_or_skip(device, op, Q.Q8_0, 2)
     w = upload_weight(device, raw, Q.Q8_0, shape)
     for M in (2, 9):  # GEMV, GEMM
         x = rng.standard_normal((M, 32)).astype(np.float32)

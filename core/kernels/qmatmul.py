@@ -131,6 +131,7 @@ class QTiledConfig:
         return 4 * self.tsk * (self.tsm + self.tsn)
 
     def options(self) -> tuple[str, ...]:
+        """Build options of this configuration."""
         return (f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}", f"-DWPTM={self.wptm}",
                 f"-DWPTN={self.wptn}")
 
@@ -148,10 +149,12 @@ class QGemvConfig:
 
     @property
     def items(self) -> int:
+        """Work-items per work-group."""
         return self.wg
 
     @property
     def local_mem_bytes(self) -> int:
+        """Local memory of the reduction for GEMV_MAX_M rows."""
         return 4 * GEMV_MAX_M * self.rows * self.wg if self.wg > 1 else 0
 
 
@@ -230,6 +233,19 @@ class QMatmul:
         if M <= 0:
             return
         self._gemm(w.qtype, False)(dx, dy, w.buf, M, w.n_in, w.n_out, accumulate, dy_offset, dx_offset)
+
+    def prepare(self, qtype: GGMLQuantizationType, M: int | None = None) -> None:
+        """Build now the kernels that ``forward`` and ``input_grad`` of this format use for M rows (both
+        GEMM directions; with M <= ``GEMV_MAX_M`` also the GEMV), so that a run fails before it starts.
+
+        Raises:
+            ValueError: the format is not read, or a given configuration does not fit (the reason).
+            KernelBuildError: a kernel failed to build.
+        """
+        self._gemm(qtype, True)
+        self._gemm(qtype, False)
+        if M is not None and 0 < M <= GEMV_MAX_M and self._gemv_cfg is not False:
+            self._gemv(qtype, M)
 
     def scratch_bytes(self) -> int:
         """Bytes of scratch the packed family holds now (one K chunk of dequantized panels, shared)."""
