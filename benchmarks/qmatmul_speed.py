@@ -132,8 +132,9 @@ def main() -> None:
                 for _ in range(args.reps):  # interleaved
                     for k, fn in runs.items():
                         best[k] = min(best[k], best_ms(fn, dev.finish, inner))
-                print(f"{shape:>10s} {M:4d} {name:>5s} {best['ff']:8.3f} {best['fq']:8.3f} {best['ff'] / best['fq']:6.2f} "
-                      f"{best['bf']:8.3f} {best['bq']:8.3f} {best['bf'] / best['bq']:6.2f}", flush=True)
+                print(f"{shape:>10s} {M:4d} {name:>5s} {best['ff']:8.3f} {best['fq']:8.3f} "
+                      f"{best['ff'] / best['fq']:6.2f} {best['bf']:8.3f} {best['bq']:8.3f} "
+                      f"{best['bf'] / best['bq']:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ def _check(device, op, rng, qtype, M, n_out, n_in, what):
                  atol=_atol(n_in, scale), what=f"{what} forward")
     op.input_grad(DX, DY, w, M)
     want_dx = ref.qmatmul_input_grad(dy, data, qtype, shape)
-    assert_close(from_device(device, DX, ((M, n_in), np.float32)), want_dx, atol=_atol(n_out, scale), what=f"{what} input_grad")
+    assert_close(from_device(device, DX, ((M, n_in), np.float32)), want_dx, atol=_atol(n_out, scale),
+                 what=f"{what} input_grad")
     op.input_grad(DX, DY, w, M, accumulate=True)
     assert_close(from_device(device, DX, ((M, n_in), np.float32)), 2 * want_dx, atol=2 * _atol(n_out, scale),
                  what=f"{what} input_grad accumulate")
@@ -140,15 +141,17 @@ def test_every_half_scale(device, rng, name):
         bound = np.abs(x).astype(np.float64) @ np.abs(ref.dequantize(raw, Q.Q8_0, shape)).T  # sum |x * w|
         err = np.abs(from_device(device, Y, ((M, d.size), np.float32)) - want)
         worst = np.unravel_index(np.argmax(err - 1e-5 * bound), err.shape)
-        assert np.all(err <= 1e-5 * bound), f"{name} M={M}: row {worst[1]} (d bits {d[worst[1]]:#06x}) off by {err[worst]:.3g}"
+        assert np.all(err <= 1e-5 * bound), \
+            f"{name} M={M}: row {worst[1]} (d bits {d[worst[1]]:#06x}) off by {err[worst]:.3g}"
 
 
 def test_float_formats_any_n_in(device, rng):
     """F16/BF16/F32 rows need not be multiples of 32 (the GEMV's chunk tail)."""
-    op = _op(device, "default", **CONFIGS["default"])
-    for qtype in (Q.F16, Q.BF16, Q.F32):
-        for M in (1, 20):
-            _check(device, op, rng, qtype, M, 9, 45, f"{qtype.name} M={M} n_in=45")
+    for name in ("default", "tiled-auto"):
+        op = _op(device, name, **CONFIGS[name])
+        for qtype in (Q.F16, Q.BF16, Q.F32):
+            for M in (1, 20):
+                _check(device, op, rng, qtype, M, 9, 45, f"{qtype.name} {name} M={M} n_in=45")
 
 
 def test_offsets_and_accumulate_forward(device, rng):

@@ -208,6 +208,21 @@ inline void load_tiles(__local float* As, __local float* Bs, __global const floa
         As[k * TSM + r] = (m0 + r < M && k0 + k < K) ? a[(size_t)(m0 + r) * K + k0 + k] : 0.0f;
     }
 #ifdef FWD  // op(W)(k, n) = W[n][k]: W stored (N,K)
+#if TSK % QCH == 0
+    if (K % QCH == 0) {  // whole 32-element chunks of each row (k0 is a multiple of TSK)
+        for (int e = tid; e < TSN * (TSK / QCH); e += THREADS) {
+            const int s = e / (TSK / QCH), q = e % (TSK / QCH);
+            chunk_t v;
+            if (n0 + s < N && k0 + q * QCH < K) {
+                dq_chunk(w + (size_t)(n0 + s) * ROW_BYTES(K), (k0 + q * QCH) / QCH, &v);
+            } else {
+                v.h[0] = v.h[1] = (float16)(0.0f);
+            }
+            UNROLL for (int t = 0; t < QCH; t++) Bs[(q * QCH + t) * TSN + s] = v.s[t];
+        }
+        return;
+    }
+#endif
     for (int e = tid; e < TSN * TSK; e += THREADS) {
         const int s = e / TSK, k = e % TSK;
         Bs[k * TSN + s] = (n0 + s < N && k0 + k < K) ? dq(w + (size_t)(n0 + s) * ROW_BYTES(K), k0 + k) : 0.0f;

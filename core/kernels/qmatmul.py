@@ -158,8 +158,11 @@ class QGemvConfig:
         return 4 * GEMV_MAX_M * self.rows * self.wg if self.wg > 1 else 0
 
 
-TILED_CANDIDATES = (QTiledConfig(64, 64, 16, 4, 4), QTiledConfig(32, 32, 16, 4, 4), QTiledConfig(16, 16, 16, 2, 2),
-                    QTiledConfig(8, 8, 8, 2, 2), QTiledConfig(4, 4, 4, 1, 1), QTiledConfig(1, 1, 1, 1, 1))
+TILED_CANDIDATES = (QTiledConfig(64, 64, 32, 4, 4), QTiledConfig(64, 64, 16, 4, 4), QTiledConfig(32, 32, 16, 4, 4),
+                    QTiledConfig(16, 16, 16, 2, 2), QTiledConfig(8, 8, 8, 2, 2), QTiledConfig(4, 4, 4, 1, 1),
+                    QTiledConfig(1, 1, 1, 1, 1))
+"""Tile configurations tried in order (the first that fits the device and the built kernel wins); a K tile
+of 32 dequantizes the forward's weight tiles by whole chunks."""
 GEMV_CANDIDATES = (QGemvConfig(64, 1), QGemvConfig(32, 1), QGemvConfig(1, 1))
 
 
