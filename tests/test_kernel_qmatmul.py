@@ -193,7 +193,13 @@ def test_device_holds_the_gguf_bytes(device):
         op.forward(Y, X, w, M)
         want = ref.qmatmul_forward(x, t.data, qtype, shape)
         assert_close(from_device(device, Y, ((M, shape[0]), np.float32)), want, atol=_atol(shape[1], 1.0), what=t.name)
-        assert op.scratch_bytes() < 4 * shape[0] * shape[1] or shape[0] * shape[1] < 4 * 65536
+        dy = np.random.default_rng(1).standard_normal((4, shape[0])).astype(np.float32)
+        (DY,), DX = to_device(device, dy), device.alloc(4 * shape[1])
+        op.input_grad(DX, DY, w, 4)
+        want = ref.qmatmul_input_grad(dy, t.data, qtype, shape)
+        assert_close(from_device(device, DX, ((4, shape[1]), np.float32)), want, atol=_atol(shape[0], 1.0),
+                     what=f"{t.name} input_grad")
+        assert op.scratch_bytes() < 4 * shape[0] * shape[1]  # (CPUs) one K chunk of panels, not W as floats
 
 
 def test_memory_figure_and_bad_input(device, rng):
