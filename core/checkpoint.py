@@ -293,7 +293,7 @@ def _with_lora_base(d: Path, meta: CheckpointMeta, tok, adapter: dict[str, np.nd
                               f"{meta.base['base_model']} (an adapter of another base)")
     merged = merge(base.weights, adapter, meta.lora)
     return LoadedModel(meta.model, tok, merged, dict(meta.base), directory, meta, lora=meta.lora, adapter=adapter,
-                       base_weights=base.weights)
+                       base_weights=base.weights, quantized=base.quantized)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -532,7 +532,7 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     _check_loaded_finite(d / "optimizer.npz", arrays)
     base = loaded.base_weights if loaded.lora else loaded.weights
     trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=base,
-                      lora=loaded.lora, adapter=loaded.adapter)
+                      lora=loaded.lora, adapter=loaded.adapter, quantized=loaded.quantized)
     trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": meta.adam_step})
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
     trainer.last_loss = meta.last_loss

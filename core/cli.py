@@ -307,19 +307,27 @@ def _general_replay(args, dev: Device, mc: ModelConfig, base, dataset):
     return known.with_replay(dataset, pairs, unfinished)
 
 
-def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora) -> None:
-    """The memory line of a LoRA run (core.model.memory_bytes with the adapters); refuses one that does not fit."""
+def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict) -> None:
+    """The memory line of a LoRA run (core.model.memory_bytes with the adapters and the base matrices
+    ``planned`` in their GGUF formats, core.model.quantized_plan); refuses one that does not fit."""
     from core.lora import adapter_params
     from core.model import memory_bytes, memory_problem
+    from core.quant_base import device_bytes
 
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     micro = -(-b // tc.grad_accum)
-    need = memory_bytes(mc, micro, True, lora=lora)[0]
+    if planned:
+        quant, floats = device_bytes(mc, planned)
+        kinds = ", ".join(sorted({q.name for _, q in planned.values()}))
+        print(f"base: {len(planned)} block matrices kept in {kinds} on the device ({quant / 2**20:.1f} MiB; "
+              f"float32: {4 * floats / 2**20:.1f} MiB)")
+    need = memory_bytes(mc, micro, True, lora=lora, quantized=planned)[0]
     full = memory_bytes(mc, micro, True)[0]
     print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(dev.global_mem_size)} on the device (LoRA rank "
           f"{lora.rank} on {', '.join(lora.targets)}: {adapter_params(mc, lora):,} trained parameters; a full "
           f"fine-tune needs {full / 2**30:.2f} GiB)")
-    problem = memory_problem(mc, micro, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name, lora=lora)
+    problem = memory_problem(mc, micro, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name, lora=lora,
+                             quantized=planned)
     if problem:
         raise ValueError(f"{problem} (or lower --lora-rank)")
 
@@ -465,7 +473,10 @@ def _train(args, out: Path) -> int:
         _tune_matmul(dev)
     builds, build_s = dev.builds, dev.build_seconds
     if base is not None and lora is not None:
-        _print_lora_memory(dev, mc, tc, lora)
+        from core.model import quantized_plan
+
+        keep = args.lora_base == "gguf"
+        _print_lora_memory(dev, mc, tc, lora, quantized_plan(mc, lora, base.quantized) if keep else {})
     elif base is not None or not args.resume:
         _print_memory(dev, mc, tc)
     if args.resume:
@@ -488,7 +499,8 @@ def _train(args, out: Path) -> int:
 
             dataset, replay = _general_replay(args, dev, mc, base, dataset)
             before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
-            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev, lora=lora)
+            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev, lora=lora,
+                                   quantized=getattr(args, "lora_base", "gguf") == "gguf")
             _print_finetune_plan(trainer, dev, before)
         else:
             trainer = Trainer(dataset, mc, tc, dev)
@@ -861,6 +873,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora", action="store_true", help="with --base: train LoRA adapters (Hu et al. 2021) on the "
                    "frozen base instead of every weight (less memory; the checkpoint holds only the adapters)")
     s.add_argument("--lora-rank", type=int, help="rank of every adapter (default 16)")
+    s.add_argument("--lora-base", choices=("gguf", "f32"), default="gguf", help="with --lora: keep the base "
+                   "file's quantized (and F16/BF16) block matrices in their GGUF formats on the device (gguf, "
+                   "the default: less memory) or dequantized to float32 (f32)")
     s.add_argument("--lora-alpha", type=finite_float, help="adapter scale alpha / rank (default alpha 32)")
     s.add_argument("--lora-targets", nargs="+", metavar="NAME", help="layers with adapters (default all: attn_q "
                    "attn_k attn_v attn_output ffn_gate ffn_up ffn_down; commas also separate)")

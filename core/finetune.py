@@ -68,13 +68,16 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
 
 
 def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
-                 train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None) -> Trainer:
+                 train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None,
+                 quantized: bool = True) -> Trainer:
     """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
-    ``lora``: trains adapters on the frozen weights; ``base_meta`` from :func:`lora_base_meta`)."""
+    ``lora``: trains adapters on the frozen weights, the base's block matrices kept in the file's GGUF
+    formats on the device unless ``quantized`` is False (core.quant_base); ``base_meta`` from
+    :func:`lora_base_meta`)."""
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
-                      weights=loaded.weights, lora=lora)
+                      weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None)
     trainer.base_meta = dict(base_meta)
     return trainer
 

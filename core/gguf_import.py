@@ -32,6 +32,7 @@ from gguf import Keys
 from core.checkpoint_meta import TrainingKeys
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
+from core.quant_base import KEPT, RawBase
 
 if TYPE_CHECKING:
     from core.gguf_tokenizer import GGUFVocab
@@ -442,7 +443,15 @@ def import_gguf(path: str | os.PathLike) -> LoadedModel:
                       ("adam_step", k.STEPS), ("saved", k.DATE)):
         if META_PREFIX + key in studio:
             meta[ours] = studio[META_PREFIX + key]
-    return LoadedModel(config, tok, weights, meta, p)
+    return LoadedModel(config, tok, weights, meta, p, quantized=_raw_base(p, by_name, tensor_types))
+
+
+def _raw_base(path: Path, by_name: dict[str, TensorInfo], tensor_types: dict[str, str]) -> RawBase:
+    """The file's 2-D tensors of a type :mod:`core.kernels.qmatmul` reads, as their stored bytes
+    (memory-mapped, read-only; a LoRA model keeps them so on the device: core.quant_base)."""
+    raw = {n: np.memmap(path, np.uint8, "r", t.offset, (t.nbytes,)) for n, t in by_name.items()
+           if len(t.shape) == 2 and tensor_types.get(n) in {q.name for q in KEPT}}
+    return RawBase(dict(tensor_types), raw)
 
 
 def check_tokenizer(kv: dict[str, Any], source: str) -> None:

@@ -44,3 +44,4 @@ class LoadedModel:
     lora: Any = field(default=None)
     adapter: dict[str, np.ndarray] | None = field(default=None)
     base_weights: dict[str, np.ndarray] | None = field(default=None)
+    quantized: Any = field(default=None)  # a GGUF file's core.quant_base.RawBase (its block bytes), else None

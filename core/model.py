@@ -36,6 +36,7 @@ from core.kernels.embedding import Embedding
 from core.kernels.grad_norm import GradNorm
 from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul, scratch_bound_floats
+from core.kernels.qmatmul import QMatmul
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
@@ -44,6 +45,8 @@ from core.lora import (TARGETS, AdapterPart, DenseFrozen, LoRAConfig, LoRALinear
                        adapter_shapes, base_name, init_adapter, lora_matmuls, merge, scratch_floats, target_shape,
                        widest_output)
 from core.params import Layout, TensorStore
+from core import quant_base
+from core.quant_base import QuantFrozen, RawBase
 
 
 class Ops:
@@ -66,7 +69,8 @@ def param_layout(dev: Device, config: ModelConfig, frozen: tuple[str, ...] = ())
     from ``blk.0.attn_norm.weight`` on); each layer's attn_q, attn_k, attn_v and its ffn_gate, ffn_up
     are stored back to back as the groups :func:`qkv_group` and :func:`gate_up_group` (one matmul each)."""
     shapes = [(n, s) for n, s in config.param_shapes() if n not in frozen]
-    return Layout(shapes, layout_align(dev), split_at=tensor_name(T.ATTN_NORM, 0), groups=param_groups(config))
+    groups = {g: m for g, m in param_groups(config).items() if not set(m) & set(frozen)}  # a quantized group: gone
+    return Layout(shapes, layout_align(dev), split_at=tensor_name(T.ATTN_NORM, 0), groups=groups)
 
 
 def qkv_group(block: int) -> str:
@@ -89,6 +93,22 @@ def param_groups(config: ModelConfig) -> dict[str, list[str]]:
         groups[qkv_group(i)] = [tensor_name(t, i) for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)]
         groups[gate_up_group(i)] = [tensor_name(t, i) for t in (T.FFN_GATE, T.FFN_UP)]
     return groups
+
+
+def block_matrices(config: ModelConfig) -> list[tuple[str, list[str]]]:
+    """``[(matrix name, [member tensor names]), ...]``: every block matrix as one product multiplies it
+    (:func:`qkv_group`, :func:`gate_up_group`, attn_output and ffn_down alone), in layer order."""
+    groups, out = param_groups(config), []
+    for i in range(config.n_layers):
+        out += [(qkv_group(i), groups[qkv_group(i)]), (gate_up_group(i), groups[gate_up_group(i)])]
+        out += [(tensor_name(t, i), [tensor_name(t, i)]) for t in (T.ATTN_OUT, T.FFN_DOWN)]
+    return out
+
+
+def quantized_plan(config: ModelConfig, lora: LoRAConfig | None, base: RawBase | None) -> dict:
+    """The block matrices a LoRA model keeps in their GGUF formats (:func:`core.quant_base.plan`); none
+    without LoRA or without a quantized base."""
+    return quant_base.plan(config, block_matrices(config), base.types) if lora and base else {}
 
 
 def layer_of(config: ModelConfig) -> dict[str, int]:
@@ -193,7 +213,8 @@ def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
 
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
-                 frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> tuple[int, int]:
+                 frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None,
+                 quantized: dict | None = None) -> tuple[int, int]:
     """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
     forward-only :class:`Model`) of ``batch_size`` sequences allocates, and of its largest single buffer:
     weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
@@ -201,7 +222,9 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     activations of :func:`activation_sizes`; the matmuls' scratch (``scratch_bound_floats`` of
     :func:`step_matmuls`, which :meth:`Model.__init__` reserves). With ``lora`` the whole base is frozen
     and the trained tensors are the adapters (``core.lora``: their weights, grads, moments, guard copies,
-    the products' scratch and :class:`core.lora.LoRAScratch`).
+    the products' scratch and :class:`core.lora.LoRAScratch`); ``quantized`` (:func:`quantized_plan`):
+    those base matrices are held in their GGUF formats instead of float32
+    (:func:`core.quant_base.device_bytes`).
     """
     acts = activation_sizes(config, batch_size, config.context_length, training)
     n_params, rows = config.n_params(), batch_size * config.context_length
@@ -215,9 +238,10 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
         trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
         params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
         guard = n_params + 2 * trained if training else 0  # copies of weights, m, v
+    quant, replaced = quant_base.device_bytes(config, quantized) if quantized else (0, 0)
     scratch = scratch_bound_floats(shapes)
-    total = 4 * (params + guard + scratch) + 4 * sum(sum(v) for v in acts.values())
-    largest = 4 * max([config.n_params()] + [max(v) for v in acts.values()])
+    total = 4 * (params - replaced + guard + scratch) + quant + 4 * sum(sum(v) for v in acts.values())
+    largest = 4 * max([n_params - replaced] + [max(v) for v in acts.values()])
     return total, largest
 
 
@@ -228,13 +252,13 @@ def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
 
 def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
                    device_name: str, training: bool = True, frozen: tuple[str, ...] = (),
-                   lora: LoRAConfig | None = None) -> str | None:
+                   lora: LoRAConfig | None = None, quantized: dict | None = None) -> str | None:
     """Why a device cannot hold a model's buffers (one line), or None when it can.
 
     The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
     known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
     """
-    total, largest = memory_bytes(config, batch_size, training, frozen, lora)
+    total, largest = memory_bytes(config, batch_size, training, frozen, lora, quantized)
     gib = 2 ** 30
     if max_alloc_bytes is not None and largest > max_alloc_bytes:
         return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
@@ -248,7 +272,7 @@ def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, 
 
 
 def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
-               frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> None:
+               frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None, quantized: dict | None = None) -> None:
     """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
     have no gradient and no AdamW moments).
 
@@ -256,7 +280,7 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
         ValueError: :func:`memory_problem`'s message.
     """
     problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
-                             training, frozen, lora)
+                             training, frozen, lora, quantized)
     if problem:
         raise ValueError(problem)
 
@@ -378,16 +402,15 @@ class Model:
     def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
                  freeze_embeddings: bool = False, lora: LoRAConfig | None = None,
-                 adapter: dict[str, np.ndarray] | None = None):
+                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
         self.lora = lora
         self.frozen = tuple(n for n, _ in config.param_shapes()) if lora else frozen_tensors(freeze_embeddings)
-        check_fits(dev, config, batch_size, training, self.frozen, lora)
+        self.quantized_plan = quantized_plan(config, lora, quantized)  # these stay in their GGUF formats
+        check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
-        self.layout = param_layout(dev, config)
-        self.params = TensorStore(dev, self.layout)
-        self.params.load(weights if weights is not None else init_weights(config, seed))
+        self._setup_params(weights if weights is not None else init_weights(config, seed), quantized)
         # Trained tensors: all, or all but token_embd (frozen). Their layout is the parameter layout
         # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
         self.train_layout, self._trained, self.trained = self.layout, self.params.flat, self.params
@@ -419,6 +442,20 @@ class Model:
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
         self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
+
+    def _setup_params(self, weights: dict[str, np.ndarray], quantized: RawBase | None) -> None:
+        """The float32 parameter store, without the matrices of :attr:`quantized_plan` (uploaded in
+        their GGUF bytes instead: ``self._qweights``; their host arrays are kept for :meth:`weights`)."""
+        in_quant = tuple(m for members, _ in self.quantized_plan.values() for m in members)
+        self.layout = param_layout(self.dev, self.config, in_quant)
+        self.params = TensorStore(self.dev, self.layout)
+        self.params.load(weights)
+        self._host_quantized = {n: weights[n] for n in in_quant}
+        self._qweights = quant_base.upload(self.dev, self.config, self.quantized_plan, quantized.raw) if in_quant else {}
+        if in_quant:
+            self.qmatmul = QMatmul(self.dev, scratch=self.ops.matmul._scratch)  # one scratch pool for both
+            for w in self._qweights.values():
+                self.qmatmul.prepare(w.qtype)  # builds the formats' kernels now, not mid-step
 
     # ------------------------------------------------------------------ LoRA
     def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:
@@ -456,7 +493,10 @@ class Model:
     def _frozen_matrix(self, name: str, n_out: int, n_in: int) -> DenseFrozen:
         """The frozen base matrix ``name`` (a weight or a fused group, (n_out, n_in)) as a
         :class:`core.lora.FrozenMatrix`: our float32 matmul over its view of the parameter buffer (the
-        one place a quantized matrix would be chosen instead)."""
+        one place a quantized matrix is chosen instead: :class:`core.quant_base.QuantFrozen` over its
+        GGUF block bytes when :attr:`quantized_plan` keeps it)."""
+        if name in self._qweights:
+            return QuantFrozen(self.qmatmul, self._qweights[name])
         return DenseFrozen(self.ops.matmul, self.params.views[name], n_out, n_in)
 
     def adapter_weights(self) -> dict[str, np.ndarray]:
@@ -658,8 +698,9 @@ class Model:
                             n_decay=self.train_layout.split)
 
     def weights(self) -> dict[str, np.ndarray]:
-        """Host copy of every weight, ``{gguf tensor name: float32 array}``."""
-        return self.params.to_numpy()
+        """Host copy of every weight, ``{gguf tensor name: float32 array}`` (a matrix kept quantized on the
+        device: the float32 host array it was built from)."""
+        return {**self._host_quantized, **self.params.to_numpy()}
 
     def optimizer_state(self) -> dict[str, object]:
         """Host copy of AdamW's moments and step counter, for checkpoints."""

@@ -47,6 +47,7 @@ from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from core.lora import LoRAConfig
+    from core.quant_base import RawBase
     from core.generate import Generator
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class Trainer:
     def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,
                  device: Device, tokenizer: Tokenizer | None = None,
                  weights: dict[str, np.ndarray] | None = None, lora: LoRAConfig | None = None,
-                 adapter: dict[str, np.ndarray] | None = None):
+                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None):
         if not dataset.facts and not dataset.dialogues:
             raise ValueError("the dataset has no facts and no dialogues")
         if not isinstance(device, Device):
@@ -202,7 +203,8 @@ class Trainer:
         batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
         micro = -(-batch // train_config.grad_accum)  # sequences per forward/backward
         self.model = Model(device, self.model_config, batch_size=micro, weights=weights, seed=train_config.seed,
-                           freeze_embeddings=train_config.freeze_embeddings, lora=lora, adapter=adapter)
+                           freeze_embeddings=train_config.freeze_embeddings, lora=lora, adapter=adapter,
+                           quantized=quantized)
         self.base_meta: dict = {}  # what a model imported from a GGUF file keeps for its export
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage

@@ -1,0 +1,141 @@
+"""LoRA on a quantized base (core/quant_base.py, ``Model(lora=..., quantized=...)``): the base's block
+matrices stay in the file's GGUF formats on the device. Logits and a training step's adapter
+gradients equal those of the same model on the base dequantized to float32; the device holds what
+the formats say (no float32 copy of those matrices); ``train --base Q.gguf --lora`` keeps the file
+quantized, and its adapter loads in llama.cpp on the ORIGINAL quantized file with the same top tokens."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import gguf
+from core.checkpoint import load_checkpoint
+from core.cli import main
+from core.gguf_import import import_gguf
+from core.lora import LoRAConfig
+from core.model import Model, memory_bytes, quantized_plan
+from core.quant_base import device_bytes
+from core.tokenizer import Tokenizer
+from tests.artifacts import open_llama
+from tests.test_finetune import DATA
+from tests.test_gguf_import import write_llama
+from tests.test_lora import random_adapter
+from tests.test_lora_cli import PROMPT, write_f32_smol
+from tests.test_model import batch
+
+T = gguf.GGMLQuantizationType
+# layer 0: [q;k;v] all Q8_0 (concatenated bytes), gate/up Q4_1, output F16, down Q4_K;
+# layer 1: q Q4_1 but k/v Q8_0 (mixed: the group stays float32), gate/up BF16, output Q4_0, down F32
+TYPES = {"blk.0.attn_q.weight": T.Q8_0, "blk.0.attn_k.weight": T.Q8_0, "blk.0.attn_v.weight": T.Q8_0,
+         "blk.0.ffn_gate.weight": T.Q4_1, "blk.0.ffn_up.weight": T.Q4_1, "blk.0.attn_output.weight": T.F16,
+         "blk.0.ffn_down.weight": T.Q4_K, "blk.1.attn_q.weight": T.Q4_1, "blk.1.attn_k.weight": T.Q8_0,
+         "blk.1.attn_v.weight": T.Q8_0, "blk.1.ffn_gate.weight": T.BF16, "blk.1.ffn_up.weight": T.BF16,
+         "blk.1.attn_output.weight": T.Q4_0, "blk.1.ffn_down.weight": T.F32, "token_embd.weight": T.Q8_0}
+KEPT = {"blk.0.attn_qkv", "blk.0.ffn_gate_up", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
+        "blk.1.ffn_gate_up", "blk.1.attn_output.weight"}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    texts = ["Brindlewick is a small town beside a slow green river.", "The mayor keeps bees and plays chess."] * 20
+    tok = Tokenizer.train(texts, vocab_size=300)
+    path = write_llama(tmp_path_factory.mktemp("qlora") / "mixed.gguf", tok, types=TYPES, seed=3)
+    return import_gguf(path)
+
+
+def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, device):
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    c = dataclasses.replace(mixed.config, context_length=16)
+    assert set(quantized_plan(c, lora, mixed.quantized)) == KEPT
+    ad = random_adapter(c, lora, 7)
+    before = device.allocated_bytes
+    q = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized)
+    q_bytes = device.allocated_bytes - before
+    before = device.allocated_bytes
+    f = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad)
+    f_bytes = device.allocated_bytes - before
+    quant, floats = device_bytes(c, q.quantized_plan)
+    assert quant < 4 * floats / 2  # the formats hold less than half of float32's bytes here
+    # the float32 copies are not on the device: what was saved is their float size less the formats' bytes
+    saved = f_bytes - q_bytes
+    assert 4 * floats - quant - 4096 <= saved <= 4 * floats - quant + 4096, (saved, 4 * floats - quant)
+    est_q, est_f = memory_bytes(c, 2, lora=lora, quantized=q.quantized_plan)[0], memory_bytes(c, 2, lora=lora)[0]
+    assert est_f - est_q == 4 * floats - quant
+    tokens, targets, mask = batch(c, 2, 13, 4)
+    np.testing.assert_allclose(q.logits(tokens), f.logits(tokens), atol=2e-4, rtol=1e-4)
+    sq, sf = q.forward_backward(tokens, targets, mask), f.forward_backward(tokens, targets, mask)
+    assert sq.loss == pytest.approx(sf.loss, rel=1e-5)
+    gq, gf = q.grads.to_numpy(), f.grads.to_numpy()
+    assert set(gq) == set(ad)
+    for name in gq:
+        scale = float(np.abs(gf[name]).max())
+        assert scale > 0, name
+        np.testing.assert_allclose(gq[name], gf[name], atol=1e-4 * scale + 1e-7, rtol=1e-3, err_msg=name)
+    host = q.weights()  # the host view still has every tensor: the matrices' float32 host arrays
+    assert set(host) == {n for n, _ in c.param_shapes()}
+    assert np.array_equal(host["blk.0.attn_q.weight"], mixed.weights["blk.0.attn_q.weight"])
+
+
+def write_quant_smol(path):
+    """``write_f32_smol``'s tiny llama (SmolLM2's tokenizer) with its block matrices in Q8_0 and Q4_1."""
+    f32 = import_gguf(write_f32_smol(path.with_name("f32-" + path.name)))
+    w = gguf.GGUFWriter(str(path), "llama")
+    r = gguf.GGUFReader(path.with_name("f32-" + path.name))
+    for field in r.fields.values():  # the keys as they are (architecture and alignment come from the writer)
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.alignment"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    for name, shape in f32.config.param_shapes():
+        a = f32.weights[name]
+        if len(shape) == 1 or name == "token_embd.weight":
+            w.add_tensor(name, a)
+            continue
+        qtype = T.Q8_0 if ".attn_" in name else T.Q4_1
+        w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_train_lora_on_a_quantized_file_and_llama_cpp_loads_its_adapter(tmp_path, capsys):
+    base = write_quant_smol(tmp_path / "tiny-smol-q.gguf")
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "run"
+    args = ["train", "--base", str(base), "--data", str(data), "--out", str(out), "--context-length", "64",
+            "--batch-size", "4", "--lora", "--lora-rank", "4", "--lora-alpha", "8", "--steps", "3",
+            "--pretrain-lr", "2e-2", "--tune-lr", "2e-2", "--no-general-questions"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "kept in Q4_1, Q8_0 on the device" in printed, printed
+    ad = tmp_path / "adapter.gguf"
+    assert main(["export", "--model", str(out), "--adapter", "--out", str(ad)]) == 0
+    ck = load_checkpoint(out)
+    ids = ck.tokenizer.encode(PROMPT, parse_special=True)
+    import core.device
+
+    dev = core.device.open_device(None)
+    loaded = import_gguf(base)
+    c = dataclasses.replace(ck.config, context_length=64)
+    ours = Model(dev, c, batch_size=1, weights=loaded.weights, lora=ck.lora, adapter=ck.adapter,
+                 training=False, quantized=loaded.quantized).logits(np.array([ids]))[0]
+    plain = Model(dev, c, batch_size=1, weights=loaded.weights, training=False).logits(np.array([ids]))[0]
+    assert np.abs(ours - plain).max() > 0.05  # the adapter matters
+    llm = open_llama(base, n_ctx=64, lora_path=str(ad))  # the ORIGINAL quantized file
+    llm.eval(ids)
+    theirs = np.array(llm.scores[:len(ids)])
+    llm.close()
+    tol = 0.05  # llama.cpp quantizes the activations to 8 bits for Q4_1/Q8_0 dot products
+    print(f"llama.cpp --lora on the quantized file: max |delta| {np.abs(ours - theirs).max():.3f}")
+    assert np.abs(ours - theirs).max() < 10 * tol
+    top2 = np.sort(ours, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > tol
+    assert clear.sum() >= len(ids) // 3, np.round(top2[:, 1] - top2[:, 0], 3)
+    assert np.array_equal(ours.argmax(-1)[clear], theirs.argmax(-1)[clear])
