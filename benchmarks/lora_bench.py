@@ -78,12 +78,15 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
     """Tokens/s of our LoRA step, our full step and torch+peft's LoRA step (best and median rounds),
     and the device memory our estimate gives for each of ours."""
     lora = LoRAConfig(rank=a.lora, alpha=2.0 * a.lora)
-    seq = min(a.seq, config.context_length)
+    from benchmarks.compare import SHAPE_BATCH
+
+    batch, seq = SHAPE_BATCH.get(name, (16, 128))
+    batch, seq = a.batch or batch, min(a.seq or seq, config.context_length)
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, config.vocab_size, size=(a.batch, seq + 1)).astype(np.int32)
-    x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((a.batch, seq), np.float32)
+    tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
+    x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
     weights = init_weights(config, 0)
-    engines = {"lora": OursStep(dev, config, a.batch, weights, lora), "full": OursStep(dev, config, a.batch, weights, None),
+    engines = {"lora": OursStep(dev, config, batch, weights, lora), "full": OursStep(dev, config, batch, weights, None),
                "peft": TorchPeftStep(config, weights, lora, x, y, a.torch_device)}
     for e in engines.values():
         for _ in range(a.warmup):
@@ -93,8 +96,8 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
     for _ in range(a.rounds):
         for k, e in engines.items():
             times[k].append(timed_round(e, (x, y, m), a.steps))
-    n = a.batch * seq
-    mem = {k: memory_bytes(config, a.batch, True, lora=lora if k == "lora" else None)[0] for k in ("lora", "full")}
+    n = batch * seq
+    mem = {k: memory_bytes(config, batch, True, lora=lora if k == "lora" else None)[0] for k in ("lora", "full")}
     return {"shape": name, "rank": lora.rank, "trained": adapter_params(config, lora), "tokens": n,
             **{k: n / min(v) for k, v in times.items()}, **{k + "_median": n / statistics.median(v) for k, v in times.items()},
             "mem_lora": mem["lora"], "mem_full": mem["full"]}

@@ -323,8 +323,11 @@ def _packed_kernel(op: QMatmul, qtype: GGMLQuantizationType, fwd: bool):
     knl = op.dev.kernel("qmatmul", "qmatmul_pack_b", (*op._packed.options(False, fwd), f"-DQTYPE_{Q(qtype).name}"))
 
     def pack_b(queue, grid, local, *args) -> None:  # called as matmul_pack_b: grid (kc, panels)
-        if fwd:  # a work-item per 32 rows of op(W) (one chunk of each row of W)
-            grid = (-(-grid[0] // QCH), grid[1])
+        if fwd:  # a work-item per 32 rows of op(W) (one chunk of each row of W); a whole number of
+            # work-groups (NVIDIA's OpenCL has no non-uniform work-groups), items past kc return at once
+            lb = local[0] if local else 1
+            items = -(-grid[0] // QCH)
+            grid = (-(-items // lb) * lb, grid[1])
         op.dev.launch(knl, grid, local, *args)
 
     gk._pack_b = pack_b
