@@ -65,10 +65,6 @@ MAX_STEPS_FACTOR = (3.6, 1.5)
 """Most steps of (pretraining, tuning) as a multiple of the planned ones. Pretraining runs its planned
 steps (tuning replays the facts): on the 2,000-fact towns data the fact count crept up by a few per check
 after them, for minutes; answers missing at the planned tuning steps are often learned soon after."""
-LEARNED_AFTER = 0.6
-"""Share of a stage's planned steps an Auto run trains before a check may end the stage "learned": its checks
-look at 64 items of each kind, and all 64 right says little about the other 1,700; on the five generated
-datasets the runs that stopped earliest took 0.45 and 0.50 of the planned time (an estimate 24-31 % high)."""
 LEARNED_SHARE = 0.65
 """Share of the planned steps' time an Auto run takes: its stages end once their checks find everything
 learned. Measured on the five generated datasets of tests/make_datasets.py on a 2-core CPU: 0.50, 0.64, 0.77,
@@ -293,7 +289,7 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
     tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
                  tune=replace(tc.tune, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
-                 patience=PATIENCE, learned_after=LEARNED_AFTER, time_budget_s=float(time_budget_s or max(RUN_BUDGET_S, 1.25 * (train_s + check_s))),
+                 patience=PATIENCE, time_budget_s=float(time_budget_s or max(RUN_BUDGET_S, 1.25 * (train_s + check_s))),
                  check_sample=CHECK_SAMPLE)
     replayed = 0.0
     if n_f and n_d:  # facts replayed in tuning's batches of questions (not its conversation batches)
