@@ -7,8 +7,8 @@ The :class:`Trainer` is an iterator API a GUI thread or the CLI drives::
         ...
         if user_pressed_stop: trainer.request_stop()   # honoured before the next step
 
-Stage 1 ("pretrain") learns every token of every fact (BOS + fact + EOS), with ``mix_share`` of each
-batch from the question-and-answer examples. Stage 2 ("tune") learns only the assistant tokens of each
+Stage 1 (Stage.PRETRAIN) learns every token of every fact (BOS + fact + EOS), with ``mix_share`` of each
+batch from the question-and-answer examples. Stage 2 (Stage.DIALOGUES) learns only the assistant tokens of each
 dialogue, and mixes ``replay_share`` of each batch from the facts again, because a tiny model otherwise
 forgets its facts during tuning. The question-and-answer examples are the dataset's dialogues and, with
 ``fact_questions``, questions written for the facts that have none (core.augment), ``fact_question_share``
@@ -43,6 +43,7 @@ from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check, sampled
+from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGES = ("pretrain", "tune")
 FACTS_KEPT = 0.97
 """Share of the facts pretraining's last check reproduced that tuning must keep to end "learned"."""
 STAGE_KINDS = (("fact",), ("fact", "dialogue", "chat"))
@@ -62,41 +62,56 @@ _NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a 
          "heldout": "held-out answers"}
 
 
-@dataclass
+def stage_line(report: StageReport) -> str:
+    """The log line of a stage's end: "pretrain done: facts recalled 9/10, dialogue answers 0/0" and what
+    the check left out (stopped early, only a sample)."""
+    f_ok, f_n = report.facts_recalled
+    d_ok, d_n = report.dialogues_recalled
+    cut = " (check stopped early)" if report.recall_stopped else ""
+    cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
+    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [count(report.recall, k)] if n)
+    return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
+
+
+@dataclass(frozen=True)
 class StepReport:
-    """Reported after every optimizer step (or skipped step).
+    """Reported after every optimizer step (or skipped step); the app plots it as it is.
 
     Attributes:
-        stage: "pretrain" or "tune"; step: 1-based within the stage; total_steps: of the stage.
+        stage: the :class:`core.stages.Stage`; step: 1-based within the stage; total_steps: of the stage;
+        global_step: 1-based over the run (the pretraining stage's planned steps, then the tuning steps).
         loss: mean cross-entropy in nats per learned token; grad_norm: global L2 norm before
         clipping; layer_grad_norms: [embedding, block 0..n-1, output]; lr: learning rate used;
         clipped: the gradient was scaled down; skipped: loss or gradient was not finite, weights kept;
-        tokens_per_s: learned tokens per second over this step; elapsed_s: since the run started.
+        tokens_per_s: learned tokens per second over this step; elapsed_s: since the run started;
+        passes: passes (epochs) over the stage's data so far (core.batches.stage_passes).
     """
 
-    stage: str
+    stage: Stage
     step: int
     total_steps: int
+    global_step: int
     loss: float
     grad_norm: float
-    layer_grad_norms: list[float]
+    layer_grad_norms: tuple[float, ...]
     lr: float
-    clipped: bool
-    skipped: bool
-    tokens_per_s: float
-    elapsed_s: float
+    clipped: bool = False
+    skipped: bool = False
+    tokens_per_s: float = 0.0
+    elapsed_s: float = 0.0
+    passes: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageFinished:
     """Reported the moment a stage has run all its steps, before its recall check: save now, so a stop
     (or a crash) during the recall check cannot lose the stage."""
 
-    stage: str
+    stage: Stage
     steps_done: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageReport:
     """Reported when a stage ends: its recall table over every fact and every dialogue turn.
 
@@ -106,10 +121,10 @@ class StageReport:
     (:data:`core.recall.FULL_CHECK_MAX`), ``{kind: (checked, prompts in all)}``.
     """
 
-    stage: str
+    stage: Stage
     steps_done: int
     stopped: bool
-    recall: list[RecallItem] = field(default_factory=list)
+    recall: tuple[RecallItem, ...] = ()
     recall_stopped: bool = False
     recall_sampled: dict = field(default_factory=dict)  # {kind: (checked, in all)}: kinds only sampled
     end_reason: str = "steps"  # "steps" (all run), "learned", "no progress", "time budget", "stopped"
@@ -134,22 +149,27 @@ class StageReport:
         """(held-out questions answered, asked): questions about facts no trained example asks about."""
         return count(self.recall, "heldout")
 
+    @property
+    def sampled(self) -> tuple[tuple[str, int, int], ...]:
+        """``recall_sampled`` as ``(kind, checked, in all)`` rows (the Training tab's note)."""
+        return tuple((k, c, n) for k, (c, n) in self.recall_sampled.items())
 
-@dataclass
+
+@dataclass(frozen=True)
 class RecallProgress:
     """Reported before and after every batch of a recall check ("checking recall…").
 
     ``step`` is the stage step the check is for; ``final`` is True for the end-of-stage check
     (False for a check during the stage, see ``TrainConfig.check_every``)."""
 
-    stage: str
+    stage: Stage
     step: int
     done: int  # prompts decoded so far
     total: int  # prompts in this check
     final: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogEvent:
     """A line for the log panel (level is a ``logging`` level name)."""
 
@@ -159,6 +179,49 @@ class LogEvent:
 
 class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite steps; lower the learning rate."""
+
+
+DIVERGED_AFTER = 25
+"""Non-finite steps in a row after which a run raises :class:`TrainingDiverged`."""
+
+
+class EarlyStop:
+    """Whether a stage ends before its last step, judged at each recall check during it (``check_every``).
+
+    A stage ends "learned" once a check reproduces, of every kind it looks at, what ``wanted(kind, n)``
+    asks (and ``learned_after`` of its planned steps are done), and "no progress" once ``patience`` checks
+    after the planned steps (``decay_steps``) bring no better sum of reproduced items.
+
+    Args:
+        train_config: ``check_every``, ``patience``, ``learned_after``.
+        stage_config: the stage's ``steps`` and ``decay_steps``.
+        wanted: ``(kind, n checked) -> items needed`` (Trainer._wanted).
+    """
+
+    def __init__(self, train_config: TrainConfig, stage_config: StageConfig,
+                 wanted: Callable[[str, int], int]) -> None:
+        self.tc, self.cfg, self.wanted = train_config, stage_config, wanted
+        self.best, self.since_best = -1, 0
+
+    def due(self, step: int) -> bool:
+        """Whether a recall check runs after step ``step`` (1-based; never after the stage's last step)."""
+        every = self.tc.check_every
+        return bool(every) and step % every == 0 and step < self.cfg.steps
+
+    def judge(self, step: int, counts: dict[str, tuple[int, int]]) -> str | None:
+        """"learned", "no progress" or None (go on), from one check's ``{kind: (reproduced, checked)}``."""
+        cfg = self.cfg
+        if all(o >= self.wanted(k, n) for k, (o, n) in counts.items()) \
+                and step >= self.tc.learned_after * (cfg.decay_steps or cfg.steps):
+            return "learned"
+        ok = sum(o for o, _ in counts.values())
+        if ok > self.best:
+            self.best, self.since_best = ok, 0
+        elif step > cfg.decay_steps:  # patience only once the planned steps are done
+            self.since_best += 1
+            if self.tc.patience and self.since_best >= self.tc.patience:
+                return "no progress"
+        return None
 
 
 class Trainer:
@@ -229,7 +292,7 @@ class Trainer:
         return self.stage_index >= len(STAGES)
 
     def stage_config(self, index: int) -> StageConfig:
-        """The settings of stage ``index`` (0 = pretrain, 1 = tune)."""
+        """The settings of stage ``index`` (``Stage.at(index)``: 0 pretraining, 1 the dialogues)."""
         return self.train_config.pretrain if index == 0 else self.train_config.tune
 
     # ------------------------------------------------------------------ batches
@@ -251,7 +314,8 @@ class Trainer:
         recall check (a :class:`RecallProgress` before and after each batch of prompts) and yields the
         :class:`StageReport`. With ``check_every``, a stage also checks recall of what it teaches every
         ``check_every`` steps and ends early when it is learned, when ``patience`` checks bring no
-        better count, or at its share of ``time_budget_s`` (``StageReport.end_reason`` says which).
+        better count (:class:`EarlyStop`), or at its share of ``time_budget_s`` (``StageReport.end_reason``
+        says which).
 
         Stops early, with a StageReport whose ``stopped`` is True, when :meth:`request_stop` was
         called (between two steps; during a recall check the check is cut short and the run stops
@@ -261,127 +325,133 @@ class Trainer:
         """
         self._stop = False
         t_start = time.perf_counter()
-        tc = self.train_config
         if self.stage_index == 0 and self.stage_step == 0:
             for msg in self.warnings():
                 yield LogEvent("WARNING", msg)
         while self.stage_index < len(STAGES):
-            si = self.stage_index
-            cfg, name = self.stage_config(si), STAGES[si]
-            if not self._stage_has_data(si) or cfg.steps == 0:
-                yield LogEvent("INFO", f"{name}: skipped ({'no steps' if cfg.steps == 0 else 'no data for this stage'})")
-                self.stage_index += 1
-                self.stage_step = 0
+            stage, cfg = Stage.at(self.stage_index), self.stage_config(self.stage_index)
+            if not self._stage_has_data(stage.index) or cfg.steps == 0:
+                yield LogEvent("INFO", f"{stage}: skipped ({'no steps' if cfg.steps == 0 else 'no data for this stage'})")
+                self.stage_index, self.stage_step = self.stage_index + 1, 0
                 continue
             if self.stage_step == 0:
                 planned = (f"{cfg.decay_steps} steps planned, at most {cfg.steps}"
                            if 0 < cfg.decay_steps < cfg.steps else f"{cfg.steps} steps")
-                yield LogEvent("INFO", f"{name}: {planned}, lr {cfg.lr:g}, batch {cfg.batch_size}")
-            bad_in_a_row = 0
-            deadline = self._deadline(si, t_start)
-            end_reason, best, since_best, last_check = "steps", -1, 0, None
-            while self.stage_step < cfg.steps:
-                if self._stop:
-                    yield StageReport(name, self.stage_step, stopped=True, end_reason="stopped")
-                    return
-                if deadline is not None and time.perf_counter() + self._check_s >= deadline:
-                    end_reason = "time budget"
-                    yield LogEvent("INFO", f"{name}: time budget reached at step {self.stage_step}")
-                    break
-                step = self.stage_step
-                t0 = time.perf_counter()
-                tokens, targets, mask = self._batch(si, step)
-                stats = self._forward_backward(tokens, targets, mask)
-                lr = lr_at(cfg, step)
-                finite = math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
-                clipped = undone = False
-                if finite:
-                    scale = 1.0
-                    if tc.grad_clip > 0 and stats.grad_norm > tc.grad_clip:
-                        scale, clipped = tc.grad_clip / (stats.grad_norm + 1e-6), True
-                    self._guard.save()
-                    self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale)
-                    if self._guard.finite():
-                        self.last_loss = stats.loss
-                        bad_in_a_row = 0
-                    else:  # the update itself overflowed: undo it, like a non-finite gradient step
-                        self._guard.restore()
-                        finite, undone = False, True
-                if not finite:
-                    bad_in_a_row += 1
-                self.stage_step += 1  # the step is taken: count it before anything can interrupt
-                self.dev.finish()
-                dt = time.perf_counter() - t0
-                rep = StepReport(name, self.stage_step, cfg.steps, stats.loss, stats.grad_norm,
-                                 stats.layer_grad_norms, lr, clipped, not finite,
-                                 stats.tokens / max(dt, 1e-9), time.perf_counter() - t_start)
-                yield rep
-                if undone:
-                    yield LogEvent("WARNING", f"{name} step {self.stage_step}: the update at lr {lr:g} made "
-                                              "weights non-finite; step undone, weights kept")
-                elif not finite:
-                    yield LogEvent("WARNING", f"{name} step {self.stage_step}: loss {stats.loss} / grad norm "
-                                              f"{stats.grad_norm} not finite; step skipped, weights kept")
-                if not finite and bad_in_a_row >= 25:
-                    raise TrainingDiverged(
-                        f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {lr:g}; "
-                        "lower the learning rate (the weights of the last good step are kept)")
-                if tc.check_every and self.stage_step % tc.check_every == 0 and self.stage_step < cfg.steps \
-                        and not self._stop:
-                    kinds = STAGE_KINDS[si]
-                    items = yield from self._check(name, kinds, final=False)
-                    if self._stop:
-                        continue  # the stop is reported at the top of the loop
-                    last_check = (self.stage_step, kinds, items)
-                    counts = {k: count(items, k) for k in kinds}
-                    yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
-                        f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
-                    ok = sum(o for o, _ in counts.values())
-                    if all(o >= self._wanted(k, n) for k, (o, n) in counts.items()) \
-                            and self.stage_step >= tc.learned_after * (cfg.decay_steps or cfg.steps):
-                        end_reason = "learned"
-                        break
-                    if ok > best:
-                        best, since_best = ok, 0
-                    elif self.stage_step > cfg.decay_steps:  # patience only once the planned steps are done
-                        since_best += 1
-                        if tc.patience and since_best >= tc.patience:
-                            end_reason = "no progress"
-                            yield LogEvent("INFO", f"{name}: no better recall in {since_best} checks; stage ends")
-                            break
-            if si == 0 and last_check is not None:
-                self._facts_kept = count(last_check[2], "fact")
-            report = StageReport(name, self.stage_step, stopped=False, end_reason=end_reason)
-            self.stage_index += 1
-            self.stage_step = 0
-            yield StageFinished(name, report.steps_done)
-            if recall and not self._stop:
-                kinds, reuse = KINDS, []
-                if last_check is not None and last_check[0] == report.steps_done and not tc.check_sample:
-                    # checked (all items) at this very step
-                    kinds = tuple(k for k in KINDS if k not in last_check[1])
-                    reuse = last_check[2]
-                last = si == len(STAGES) - 1 or not self._stage_has_data(si + 1) or self.stage_config(si + 1).steps == 0
-                items = yield from self._check(name, kinds, final=True, sample=0 if last else None)
-                report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
-                report.recall_stopped = self._stop
-                report.recall_sampled = sampled(self._check_sizes, report.recall)
-                if si == 0 and not self._stop and count(report.recall, "fact")[1]:
-                    self._facts_kept = count(report.recall, "fact")  # what pretraining ended with
-                f_ok, f_n = report.facts_recalled
-                d_ok, d_n = report.dialogues_recalled
-                cut = " (check stopped early)" if report.recall_stopped else ""
-                cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)"
-                               for k, (c, n) in report.recall_sampled.items())
-                more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout")
-                               for o, n in [count(report.recall, k)] if n)
-                yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}"
-                                       f"{more}{cut}")
-            else:
-                report.recall_stopped = recall
-            yield report
+                yield LogEvent("INFO", f"{stage}: {planned}, lr {cfg.lr:g}, batch {cfg.batch_size}")
+            ended = yield from self._stage_steps(stage, cfg, t_start)
+            if ended is None:  # stopped between two steps
+                return
+            yield from self.end_stage(stage, *ended, recall=recall)
             if self._stop:
                 return
+
+    def _stage_steps(self, stage: Stage, cfg: StageConfig, t_start: float):
+        """The steps of ``stage`` from ``stage_step`` on, with its checks during the stage, as a sub-generator.
+
+        Returns ``(end_reason, last_check)`` (``last_check``: ``(step, kinds, items)`` of the last check
+        during the stage, or None), or None when a stop request ended it (its StageReport yielded)."""
+        early = EarlyStop(self.train_config, cfg, self._wanted)
+        deadline = self._deadline(stage.index, t_start)
+        bad_in_a_row, last_check = 0, None
+        while self.stage_step < cfg.steps:
+            if self._stop:
+                yield StageReport(stage, self.stage_step, stopped=True, end_reason="stopped")
+                return None
+            if deadline is not None and time.perf_counter() + self._check_s >= deadline:
+                yield LogEvent("INFO", f"{stage}: time budget reached at step {self.stage_step}")
+                return "time budget", last_check
+            rep, undone = self.step(stage, t_start)
+            bad_in_a_row = bad_in_a_row + 1 if rep.skipped else 0
+            yield rep
+            if undone:
+                yield LogEvent("WARNING", f"{stage} step {rep.step}: the update at lr {rep.lr:g} made "
+                                          "weights non-finite; step undone, weights kept")
+            elif rep.skipped:
+                yield LogEvent("WARNING", f"{stage} step {rep.step}: loss {rep.loss} / grad norm "
+                                          f"{rep.grad_norm} not finite; step skipped, weights kept")
+            if rep.skipped and bad_in_a_row >= DIVERGED_AFTER:
+                raise TrainingDiverged(
+                    f"{bad_in_a_row} steps in a row had a non-finite loss, gradient or update at lr {rep.lr:g}; "
+                    "lower the learning rate (the weights of the last good step are kept)")
+            if not early.due(self.stage_step) or self._stop:
+                continue
+            kinds = STAGE_KINDS[stage.index]
+            items = yield from self._check(stage, kinds, final=False)
+            if self._stop:
+                continue  # the stop is reported at the top of the loop
+            last_check = (self.stage_step, kinds, items)
+            counts = {k: count(items, k) for k in kinds}
+            yield LogEvent("INFO", f"{stage} step {self.stage_step}: " + ", ".join(
+                f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
+            reason = early.judge(self.stage_step, counts)
+            if reason == "no progress":
+                yield LogEvent("INFO", f"{stage}: no better recall in {early.since_best} checks; stage ends")
+            if reason is not None:
+                return reason, last_check
+        return "steps", last_check
+
+    def step(self, stage: Stage, t_start: float | None = None) -> tuple[StepReport, bool]:
+        """One optimizer step of ``stage`` at ``stage_step`` (which it advances): gradients of the step's
+        batch, clipping to ``grad_clip``, the AdamW update (undone when it makes a weight non-finite).
+
+        Returns ``(report, undone)``: ``report.skipped`` when the loss, the gradient or the update was not
+        finite (the weights are those before the step); ``undone`` when it was the update. ``t_start``:
+        the run's start (perf_counter seconds) for ``elapsed_s`` (None: this step's start)."""
+        tc, cfg, step = self.train_config, self.stage_config(stage.index), self.stage_step
+        t0 = time.perf_counter()
+        stats = self._forward_backward(*self._batch(stage.index, step))
+        lr = lr_at(cfg, step)
+        finite = math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
+        clipped = undone = False
+        if finite:
+            scale = 1.0
+            if tc.grad_clip > 0 and stats.grad_norm > tc.grad_clip:
+                scale, clipped = tc.grad_clip / (stats.grad_norm + 1e-6), True
+            self._guard.save()
+            self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale)
+            if self._guard.finite():
+                self.last_loss = stats.loss
+            else:  # the update itself overflowed: undo it, like a non-finite gradient step
+                self._guard.restore()
+                finite, undone = False, True
+        self.stage_step += 1  # the step is taken: count it before anything can interrupt
+        self.dev.finish()
+        now = time.perf_counter()
+        offset = 0 if stage is Stage.PRETRAIN else tc.pretrain.steps
+        rep = StepReport(stage, self.stage_step, cfg.steps, offset + self.stage_step, stats.loss, stats.grad_norm,
+                         tuple(stats.layer_grad_norms), lr, clipped, not finite, stats.tokens / max(now - t0, 1e-9),
+                         now - (t0 if t_start is None else t_start), self.passes(stage.index, self.stage_step))
+        return rep, undone
+
+    def end_stage(self, stage: Stage, end_reason: str = "steps", last_check: tuple | None = None,
+                  recall: bool = True):
+        """End ``stage`` (its steps done, ``stage_index`` moves on): yields :class:`StageFinished` (save
+        then), the end-of-stage recall check (RecallProgress, skipped with ``recall=False``; the kinds the
+        ``last_check`` during the stage covered at this very step are reused), its LogEvent line and the
+        :class:`StageReport`."""
+        si, tc = stage.index, self.train_config
+        if si == 0 and last_check is not None:
+            self._facts_kept = count(last_check[2], "fact")
+        steps_done = self.stage_step
+        self.stage_index, self.stage_step = si + 1, 0
+        yield StageFinished(stage, steps_done)
+        if not recall or self._stop:
+            yield StageReport(stage, steps_done, stopped=False, recall_stopped=recall, end_reason=end_reason)
+            return
+        kinds, reuse = KINDS, []
+        if last_check is not None and last_check[0] == steps_done and not tc.check_sample:
+            # checked (all items) at this very step
+            kinds = tuple(k for k in KINDS if k not in last_check[1])
+            reuse = last_check[2]
+        last = si == len(STAGES) - 1 or not self._stage_has_data(si + 1) or self.stage_config(si + 1).steps == 0
+        items = yield from self._check(stage, kinds, final=True, sample=0 if last else None)
+        table = tuple(sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index)))
+        report = StageReport(stage, steps_done, False, table, self._stop, sampled(self._check_sizes, table),
+                             end_reason)
+        if si == 0 and not self._stop and count(table, "fact")[1]:
+            self._facts_kept = count(table, "fact")  # what pretraining ended with
+        yield LogEvent("INFO", stage_line(report))
+        yield report
 
     def _forward_backward(self, tokens, targets, mask):
         """Gradients of one batch, in ``grad_accum`` micro-batches when it is set (same result)."""
@@ -441,7 +511,7 @@ class Trainer:
             want = min(want, math.floor(FACTS_KEPT * kept[0]))
         return want
 
-    def _check(self, stage: str, kinds: tuple[str, ...], final: bool, sample: int | None = None):
+    def _check(self, stage: Stage, kinds: tuple[str, ...], final: bool, sample: int | None = None):
         """Recall check of ``kinds`` as a sub-generator: yields RecallProgress per batch, returns the items.
         Its duration is kept (``_check_s``) so a time budget leaves room for the next check. ``sample``:
         items per kind (core.recall.recall_prompts; None: ``check_sample``, 0: all)."""

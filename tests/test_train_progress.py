@@ -23,7 +23,7 @@ TINY = ["--preset", "Tiny", "--d-model", "32", "--ffn-dim", "64", "--context-len
 
 
 def step(stage: str, i: int, total: int) -> StepReport:
-    return StepReport(stage, i, total, 2.5, 1.0, [], 1e-3, False, False, 1000.0, float(i))
+    return StepReport(stage, i, total, i, 2.5, 1.0, (), 1e-3, False, False, 1000.0, float(i))
 
 
 class Clock:
