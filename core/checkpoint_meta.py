@@ -23,6 +23,7 @@ from pathlib import Path
 from core import __version__
 from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
+from core.stages import STAGES
 
 FORMAT = "opencl-llm-studio-checkpoint"
 FORMAT_VERSION = 3
@@ -32,7 +33,8 @@ MARKER = ".opencl-llm-checkpoint"
 """The file every save writes into a checkpoint folder: the folder is ours to replace."""
 CHECKPOINT_FILES = ("config.json", "weights.npz", "optimizer.npz", "tokenizer.json", "dataset.json", MARKER)
 """Every file a save writes; anything else in a checkpoint folder is someone else's."""
-STAGE_NAMES = ("pretrain", "tune")
+STAGE_NAMES = tuple(s.value for s in STAGES)
+"""The saved keys of the stages in config.json's ``train`` (core.stages.Stage values), in run order."""
 MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the commands import what they need when they run (a fast --
     from core.config import ModelConfig, TrainConfig
     from core.device import Device
 
+from core.stages import STAGES
 from core.wording import count, memory_size
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
@@ -113,18 +114,13 @@ def _resume_config(args, saved):
         raise ValueError(f"{what}: cannot change when resuming (the checkpoint fixes the model, dataset and "
                          "tokenizer); only steps, lr, batch size, clipping, weight decay and replay share can "
                          "(and the dataset, with --allow-new-data)")
-    pre, tune = saved.pretrain, saved.tune
-    for stage, prefix in ((0, "pretrain"), (1, "tune")):
-        st = pre if stage == 0 else tune
-        if getattr(args, f"{prefix}_steps") is not None:
-            st = replace(st, steps=getattr(args, f"{prefix}_steps"))
-        if getattr(args, f"{prefix}_lr") is not None:
-            st = replace(st, lr=getattr(args, f"{prefix}_lr"))
-        if args.batch_size is not None:
-            st = replace(st, batch_size=args.batch_size)
-        pre, tune = (st, tune) if stage == 0 else (pre, st)
+    stages = {}
+    for stage in STAGES:
+        given = {"steps": getattr(args, f"{stage.value}_steps"), "lr": getattr(args, f"{stage.value}_lr"),
+                 "batch_size": args.batch_size}
+        stages[stage.value] = replace(getattr(saved, stage.value), **{k: v for k, v in given.items() if v is not None})
     extra = {k: getattr(args, k) for k in ("replay_share", "grad_clip", "weight_decay") if getattr(args, k) is not None}
-    tc = replace(saved, pretrain=pre, tune=tune, **extra)
+    tc = replace(saved, **stages, **extra)
     if getattr(args, "learn_heldout", False):
         from core.plan import with_heldout_trained
 
@@ -192,18 +188,22 @@ STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 class _CtrlC:
     """A stop signal during training (:data:`STOP_SIGNALS`: Ctrl-C, SIGTERM, SIGHUP): the first asks the
-    trainer to stop between two steps (or recall prompts), so the checkpoint resumes exactly; a second
+    run to stop between two steps (or recall prompts), so the checkpoint resumes exactly; a second
     one interrupts at once, except during a save, which is finished first (a checkpoint is never left
-    half replaced, and a finished stage never lost)."""
+    half replaced, and a finished stage never lost).
 
-    def __init__(self, trainer):
-        self.trainer, self.count, self.saving, self.pending = trainer, 0, False, False
+    Args:
+        run: what to stop (core.run.Run, or anything with ``request_stop()``).
+    """
+
+    def __init__(self, run):
+        self.run, self.count, self.saving, self.pending = run, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
         self.saved_state = None  # (stage, step, AdamW step) of the last save: the same state is not saved twice
 
     def __call__(self, *_):
         self.count += 1
-        self.trainer.request_stop()
+        self.run.request_stop()
         if self.count >= 2:
             if self.saving:
                 self.pending = True
@@ -215,7 +215,8 @@ class _CtrlC:
         """What a save of ``trainer`` records that training changes: stage, step and AdamW step."""
         return trainer.stage_index, trainer.stage_step, trainer.model.adam_step
 
-    def save(self, trainer, out: Path) -> None:
+    def save(self, trainer, out: Path) -> str:
+        """Save ``trainer`` to ``out`` (a second signal waits until the save is whole); returns the folder."""
         from core.checkpoint import save_trainer
 
         self.saving = True
@@ -229,6 +230,7 @@ class _CtrlC:
             self.saving = False
         if self.pending:
             raise KeyboardInterrupt
+        return str(out)
 
 
 def _load_data(path: str):
@@ -242,31 +244,26 @@ def _load_data(path: str):
     return dataset
 
 
-def _base_setup(args):
-    """Base model, its config, TrainConfig and kept keys for ``train --base FILE`` (core.finetune)."""
-    from core.finetune import default_train_config, load_base
+def _base_config(args):
+    """The TrainConfig of ``train --base FILE`` (core.finetune's defaults with the options given)."""
+    from core.config import replace
+    from core.finetune import default_train_config
 
     shape = [f"--{n.replace('_', '-')}" for n in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
                                                   "rope_theta", "vocab_size") if getattr(args, n) is not None]
     if shape or args.preset:
         raise ValueError(f"{', '.join(shape + (['--preset'] if args.preset else []))}: the --base model fixes "
                          "the architecture and vocabulary")
-    base, mc, base_meta = load_base(args.base, args.context_length)
     tc = default_train_config(args.steps, _lora_lr(args), args.batch_size, grad_accum=args.grad_accum or 1,
                               freeze_embeddings=bool(args.freeze_embeddings),
                               **{k: getattr(args, k) for k in ("seed", "replay_share", "grad_clip", "weight_decay")
                                  if getattr(args, k) is not None})
-    from core.config import replace
-
-    pre, tune = tc.pretrain, tc.tune
-    for name, field, value in (("pre", "steps", args.pretrain_steps), ("tune", "steps", args.tune_steps),
-                               ("pre", "lr", args.pretrain_lr), ("tune", "lr", args.tune_lr)):
-        if value is not None:
-            if name == "pre":
-                pre = replace(pre, **{field: value})
-            else:
-                tune = replace(tune, **{field: value})
-    return base, mc, replace(tc, pretrain=pre, tune=tune), base_meta
+    stages = {}
+    for stage in STAGES:
+        steps, lr = getattr(args, f"{stage.value}_steps"), getattr(args, f"{stage.value}_lr")
+        given = {k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None}
+        stages[stage.value] = replace(getattr(tc, stage.value), **given)
+    return replace(tc, **stages)
 
 
 def _lora_lr(args) -> float | None:
@@ -276,35 +273,29 @@ def _lora_lr(args) -> float | None:
     return LORA_LR if getattr(args, "lora", False) else None
 
 
-def _lora_setup(args, base_meta: dict):
-    """``(LoRAConfig, base_meta with the LoRA keys)`` of ``train --base FILE --lora`` (else ``(None,
-    base_meta)``); raises core.lora.LoRAError (one line) for a bad setting or a base that is not a file."""
+def _lora_config(args):
+    """The LoRAConfig of ``train --base FILE --lora`` (None without --lora); raises ValueError or
+    core.lora.LoRAError (one line) for a bad setting."""
     if not args.lora:
         if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
             raise ValueError("--lora-rank, --lora-alpha and --lora-targets need --lora")
-        return None, base_meta
-    from core.finetune import lora_base_meta
+        return None
     from core.lora import TARGETS, LoRAConfig
 
     targets = tuple(t for item in (args.lora_targets or [",".join(TARGETS)]) for t in item.split(",") if t)
-    lora = LoRAConfig(rank=16 if args.lora_rank is None else args.lora_rank,
+    return LoRAConfig(rank=16 if args.lora_rank is None else args.lora_rank,
                       alpha=32.0 if args.lora_alpha is None else args.lora_alpha, targets=targets)
-    return lora, lora_base_meta(args.base, base_meta, lora)
 
 
-def _general_replay(args, dev: Device, mc: ModelConfig, base, dataset):
-    """``(dataset with the base model's answers to the general questions appended, core.known.Replay)`` of
-    ``train --base`` (core/known.py); ``(dataset, None)`` with --no-general-questions."""
+def _general_questions(args) -> tuple[str, ...] | None:
+    """The general questions whose base answers ``train --base`` replays (core/known.py); None with
+    --no-general-questions."""
     from core import known
 
     if args.no_general_questions:
-        return dataset, None
-    questions = known.GENERAL_QUESTIONS + (known.read_questions(args.general_questions) if args.general_questions
-                                           else ())
-    print(f"asking the base model {count(len(questions), 'general question')} (its answers are replayed and "
-          "checked, so it keeps what it knew)…")
-    pairs, unfinished = known.base_answers(dev, mc, base.weights, base.tokenizer, questions)
-    return known.with_replay(dataset, pairs, unfinished)
+        return None
+    return known.GENERAL_QUESTIONS + (known.read_questions(args.general_questions) if args.general_questions
+                                      else ())
 
 
 def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict) -> None:
@@ -349,32 +340,26 @@ def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
                          f"{lighter / 2**30:.2f} GiB (or lower --context-length / --batch-size)")
 
 
-def _print_line(lines: ProgressLines, ev, trainer) -> None:
+def _print_line(lines: ProgressLines, ev) -> None:
     """Print ``ev``'s progress line, if it has one now (output that is not a terminal)."""
-    from core.trainer import RecallProgress, StepReport
+    from core.events import RecallProgress, StepReport
 
     line = None
     if isinstance(ev, StepReport):
-        line = lines.step(ev, trainer.passes(0 if ev.stage == "pretrain" else 1, ev.step))
+        line = lines.step(ev, ev.passes)
     elif isinstance(ev, RecallProgress):
         line = lines.check(ev)
     if line:
         print(line, flush=True)
 
 
-def _print_finetune_plan(trainer, dev: Device, resident_before: int | None) -> None:
-    """``train --base``: the run's time (core.finetune.estimate_time) and, where this process's memory can
-    be read, its peak resident memory (core.finetune.estimate_resident), before the first step."""
-    from core.finetune import estimate_resident, estimate_time
 
-    print(f"plan: {estimate_time(trainer).summary()}")
-    if resident_before is None:
-        return
-    r = estimate_resident(trainer, resident_before, dev.is_cpu)
-    where = f"the device's buffers up to rows of {r.longest} tokens, " if r.device_on_host else ""
-    print(f"resident memory: at most about {r.peak_bytes / 2**30:.2f} GiB in this process ({where}then a checkpoint "
-          f"save's {r.save_bytes / 2**30:.2f} GiB copy of the weights and moments or "
-          f"a recall check's {r.check_bytes / 2**30:.2f} GiB of logits)")
+def _check_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict) -> None:
+    """The memory line before the trainer is built (core.run.RunHooks.check_memory); refuses what does not fit."""
+    if lora is not None:
+        _print_lora_memory(dev, mc, tc, lora, planned)
+    else:
+        _print_memory(dev, mc, tc)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -403,193 +388,191 @@ def cmd_train(args: argparse.Namespace) -> int:
             lk.release()
 
 
-def _train(args, out: Path) -> int:
-    import signal
+def _run_request(args):
+    """``train``'s options as a core.run.RunRequest; raises ValueError for options that do not go together
+    (a bad setting: "invalid setting FIELD: ...")."""
+    from core.checkpoint import load_checkpoint
+    from core.config import ConfigError, ModelConfig
+    from core.run import RunRequest
 
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from core import chat_format
-    from core.checkpoint import load_checkpoint, resume_trainer
-    from core.config import ConfigError, ModelConfig, replace
-    from core.dataset import default_dataset
-    from core.device import open_device
-    from core.trainer import (
-        LogEvent,
-        RecallProgress,
-        StageFinished,
-        StageReport,
-        StepReport,
-        Trainer,
-        TrainingDiverged,
-    )
-
-    base = lora = replay = None
+    if args.base and args.resume:
+        raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
+    if args.lora and not args.base:
+        raise ValueError("--lora needs --base FILE.gguf (the model whose adapters are trained)")
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
+    mc = tc = lora = questions = None
     try:
-        if args.base and args.resume:
-            raise ValueError("--base and --resume: give one (a resumed run already knows its base model)")
-        if args.lora and not args.base:
-            raise ValueError("--lora needs --base FILE.gguf (the model whose adapters are trained)")
         if args.base:
-            base, mc, tc, base_meta = _base_setup(args)
-            lora, base_meta = _lora_setup(args, base_meta)
+            tc, lora, questions = _base_config(args), _lora_config(args), _general_questions(args)
         elif args.resume:
-            saved = load_checkpoint(args.resume).checkpoint
-            tc = _resume_config(args, saved.train)
+            tc = _resume_config(args, load_checkpoint(args.resume).checkpoint.train)
         elif not auto:
             mc, tc = _configs(args)
     except ConfigError as e:
-        return _fail(f"invalid setting {e}")
-    new_data = _load_data(args.data) if args.data else None
-    dev = open_device(args.device)
-    print(f"device: {dev.info.label}")
-    if not auto:  # an Auto plan announces the first tuning and compiling first, then they run
-        _tune_matmul(dev)
-    plan = None
-    if auto:
-        from core.plan import plan_for
+        raise ValueError(f"invalid setting {e}") from None
+    return RunRequest(device=args.device, dataset=_load_data(args.data) if args.data else None, model_config=mc,
+                      train_config=tc, resume=args.resume, allow_new_data=args.allow_new_data, base=args.base,
+                      context_length=args.context_length, lora=lora, lora_base=args.lora_base,
+                      general_questions=questions, auto=auto,
+                      time_budget_s=60.0 * args.time_budget if args.time_budget else 0.0,
+                      vocab_size=args.vocab_size or ModelConfig.vocab_size, adjust=_plan_adjust(args),
+                      learn_heldout=bool(args.learn_heldout), preset=args.preset)
 
-        if not args.quiet:
-            print("planning: counting tokens and measuring this device's training speed (on a device's first "
-                  "run this compiles the kernels too)…")
-        plan, _ = plan_for(new_data or default_dataset(), dev, 60.0 * args.time_budget if args.time_budget else 0.0,
-                           args.vocab_size or ModelConfig.vocab_size)
+
+def _plan_adjust(args):
+    """The options given, applied to the Auto plan's configs (core.run.RunRequest.adjust)."""
+    from core.config import ConfigError
+
+    def adjust(mc, tc):
         try:
-            mc, tc = _configs(args, (plan.model_config, plan.train_config))
-            if args.learn_heldout:
-                tc = replace(tc, heldout=0)
+            return _configs(args, (mc, tc))
         except ConfigError as e:
-            return _fail(f"invalid setting {e}")
-        print(f"plan: {plan.summary()}")
-        for note in plan.notes:
-            print(f"note: {note}")
-        _tune_matmul(dev)
-    builds, build_s = dev.builds, dev.build_seconds
-    if base is not None and lora is not None:
-        from core.model import quantized_plan
+            raise ValueError(f"invalid setting {e}") from None
 
-        keep = args.lora_base == "gguf"
-        _print_lora_memory(dev, mc, tc, lora, quantized_plan(mc, lora, base.quantized) if keep else {})
-    elif base is not None or not args.resume:
-        _print_memory(dev, mc, tc)
-    if args.resume:
-        trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
-                                 allow_new_data=args.allow_new_data)
-        if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
-            print(f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
-                  f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
-        where = "both stages complete" if trainer.done else \
-            f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
-        print(f"resuming {args.resume} at {where}")
-    else:
-        dataset = new_data or default_dataset()
-        print(f"dataset: {count(len(dataset.facts), 'fact')}, {count(len(dataset.dialogues), 'dialogue')}")
-        if base is not None:
-            print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
-                  f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
-            from core.estimates import resident_bytes
-            from core.finetune import base_trainer
+    return adjust
 
-            dataset, replay = _general_replay(args, dev, mc, base, dataset)
-            before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
-            trainer = base_trainer(base, mc, base_meta, dataset, tc, dev, lora=lora,
-                                   quantized=getattr(args, "lora_base", "gguf") == "gguf")
-            _print_finetune_plan(trainer, dev, before)
-        else:
-            trainer = Trainer(dataset, mc, tc, dev)
-    if dev.build_seconds - build_s >= 1.0:
-        print(f"compiled {count(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
-              "(first run on this device; cached for the next)")
-    c = trainer.model_config
-    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
-          f"vocab {c.vocab_size}, context {c.context_length})")
-    if trainer.done:
+
+def _print_setup(ev, quiet: bool) -> None:
+    """Print an event of a run's setup (core.run.Run.events before RunStarted)."""
+    from core.events import LogEvent, Phase
+
+    if isinstance(ev, Phase) and (ev.name == "ask" or (ev.name == "plan" and not quiet)):
+        print(ev.text)
+    elif isinstance(ev, LogEvent):
+        print(("warning: " if ev.level == "WARNING" else "") + ev.message)
+
+
+def _train(args, out: Path) -> int:
+    """``train`` after its folders are locked: the run (core.run.Run) and its lines, bars and exit code."""
+    from core.events import RunStarted
+    from core.run import Run, RunHooks
+
+    ctrl_c = None
+    run = Run(_run_request(args), RunHooks(save=lambda trainer, _stage_end: ctrl_c.save(trainer, out),
+                                           tune=_tune_matmul, check_memory=_check_memory))
+    ctrl_c = _CtrlC(run)
+    events = run.events()
+    for ev in events:
+        _print_setup(ev, args.quiet)
+        if isinstance(ev, RunStarted):
+            break
+    if run.trainer.done:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
               "than it has done to continue)")
-    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
-               TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
-    tasks = {}
-    from core.plan import verdict_of
-    final = {}
-    check_task = None
-    ctrl_c = _CtrlC(trainer)
+    return _follow(args, out, run, events, ctrl_c)
+
+
+def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
+    """The run's training events as bars or lines, with stop signals caught; then its end (:func:`_finish`)."""
+    import signal
+
+    from rich.console import Console
+
+    from core.events import RunDone
+    from core.trainer import TrainingDiverged
+
     stops = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
     previous = {sig: signal.signal(sig, ctrl_c) for sig in stops}
     console = Console()  # a terminal gets rich's live bars; a file or a pipe plain lines (ProgressLines)
     console.soft_wrap = not console.is_terminal  # and whole lines, not wrapped at 80 columns
     lines = None if args.quiet or console.is_terminal else ProgressLines()
+    done = None
     try:
-        with Progress(*columns, console=console, disable=args.quiet or lines is not None) as progress:
-            for ev in trainer.run():
-                if lines is not None:
-                    _print_line(lines, ev, trainer)
-                if isinstance(ev, StepReport):
-                    if check_task is not None:
-                        progress.remove_task(check_task)
-                        check_task = None
-                    if ev.stage not in tasks:
-                        tasks[ev.stage] = progress.add_task(ev.stage, total=ev.total_steps, loss="-", tps="-",
-                                                            passes="")
-                    stage = 0 if ev.stage == "pretrain" else 1
-                    progress.update(tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
-                                    tps=f"{ev.tokens_per_s:,.0f}",
-                                    passes=f"{trainer.passes(stage, ev.step):.1f} passes")
-                elif isinstance(ev, RecallProgress):
-                    if check_task is None:
-                        check_task = progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
-                                                       loss="-", tps="-", passes="")
-                    progress.update(check_task, completed=ev.done, total=max(ev.total, 1))  # a new check: its own total
-                    if ev.final and ev.done == ev.total:
-                        progress.remove_task(check_task)
-                        check_task = None
-                elif isinstance(ev, LogEvent):
-                    progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
-                elif isinstance(ev, StageFinished):  # save before the recall check: a stop there loses nothing
-                    ctrl_c.save(trainer, out)
-                elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
-                    final = {"report": ev}
-                    if ev.end_reason != "steps":
-                        progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
-                elif isinstance(ev, StageReport) and ev.stopped:
-                    ctrl_c.save(trainer, out)
-                    print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
-                    return 130
-                elif isinstance(ev, StageReport) and ev.recall_stopped:
-                    print(f"stopped during the recall check; checkpoint of the finished {ev.stage} stage saved to "
-                          f"{out} (continue with: opencl-llm train --resume {out})")
-                    return 130
+        with _Bars(console, disabled=args.quiet or lines is not None) as bars:
+            for ev in events:
+                if isinstance(ev, RunDone):
+                    done = ev
+                elif lines is not None:
+                    _print_line(lines, ev)
+                bars.show(ev)
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
         what = "the checkpoint of the last completed stage" if ctrl_c.saved else "its previous checkpoint (if any)"
         print(f"interrupted; {out} keeps {what}")
         return 130
-    except TrainingDiverged as e:
-        ctrl_c.save(trainer, out)
+    except TrainingDiverged as e:  # the run saved the last good step's weights
         return _fail(f"{e}; checkpoint saved to {out}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return _finish(done, run.trainer, out, ctrl_c, bars.recall_stopped)
+
+
+def _finish(done, trainer, out: Path, ctrl_c: _CtrlC, recall_stopped) -> int:
+    """The end of ``train``: a stopped run's message (exit 130), or the last save, "model saved" and the verdict."""
+    if done.stopped:
+        if not done.checkpoint:  # stopped before its first step: the state it started from
+            ctrl_c.save(trainer, out)
+        print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+        return 130
+    if recall_stopped is not None:
+        print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
+              f"{out} (continue with: opencl-llm train --resume {out})")
+        return 130
     if ctrl_c.saved_state != ctrl_c.state(trainer):  # the last stage's save holds the end state already
         ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
-    if final:
-        v = verdict_of(final["report"], trainer.train_config.recall_target,
-                       plan.preset if plan is not None else args.preset)
-        print(v.text.replace(" — try the model on the Chat tab", ""))
-        if v.advice:
-            print(f"to learn the rest: {v.advice}")
-        if replay is not None and replay.pairs:
-            from core.known import verdict_line
-
-            print(verdict_line(final["report"].recall, replay))
+    if done.verdict:
+        print(done.verdict.replace(" — try the model on the Chat tab", ""))
+        if done.advice:
+            print(f"to learn the rest: {done.advice}")
+        if done.general:
+            print(done.general)
     return 0
+
+
+class _Bars:
+    """rich's live bars of a run: one per stage (steps, passes, loss, speed), one per recall check; the
+    log lines above them. ``recall_stopped``: the stage whose recall check a stop cut short (or None)."""
+
+    def __init__(self, console, disabled: bool):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
+                   TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+        self.progress = Progress(*columns, console=console, disable=disabled)
+        self.tasks, self.check_task, self.recall_stopped = {}, None, None
+
+    def __enter__(self) -> _Bars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def show(self, ev) -> None:
+        """Show one event of the run (core.events)."""
+        from core.events import LogEvent, RecallProgress, StageReport, StepReport
+
+        if isinstance(ev, StepReport):
+            self._step(ev)
+        elif isinstance(ev, RecallProgress):
+            self._check(ev)
+        elif isinstance(ev, LogEvent):
+            self.progress.console.print(("warning: " if ev.level == "WARNING" else "") + ev.message)
+        elif isinstance(ev, StageReport) and ev.recall_stopped:
+            self.recall_stopped = ev.stage
+        elif isinstance(ev, StageReport) and not ev.stopped and ev.recall and ev.end_reason != "steps":
+            self.progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
+
+    def _step(self, ev) -> None:
+        if self.check_task is not None:
+            self.progress.remove_task(self.check_task)
+            self.check_task = None
+        if ev.stage not in self.tasks:
+            self.tasks[ev.stage] = self.progress.add_task(str(ev.stage), total=ev.total_steps, loss="-", tps="-",
+                                                          passes="")
+        self.progress.update(self.tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
+                             tps=f"{ev.tokens_per_s:,.0f}", passes=f"{ev.passes:.1f} passes")
+
+    def _check(self, ev) -> None:
+        if self.check_task is None:
+            self.check_task = self.progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
+                                                     loss="-", tps="-", passes="")
+        self.progress.update(self.check_task, completed=ev.done, total=max(ev.total, 1))  # a new check: its own total
+        if ev.final and ev.done == ev.total:
+            self.progress.remove_task(self.check_task)
+            self.check_task = None
 
 
 # ----------------------------------------------------------------------------- chat

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
+from core.stages import STAGES, Stage
+
 # The tensors of one block in the order llama.cpp's converter writes them (the GGUF file order).
 BLOCK_TENSORS = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
                  MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM, MODEL_TENSOR.FFN_GATE, MODEL_TENSOR.FFN_UP,
@@ -169,7 +171,7 @@ class StageConfig:
     decay_steps: int = 0
 
     def validate(self, prefix: str) -> None:
-        """Check every field; ``prefix`` ("pretrain"/"tune") goes into the field name of a ConfigError.
+        """Check every field; ``prefix`` (the stage's key, core.stages.Stage) goes into the field name of a ConfigError.
 
         Raises:
             ConfigError: a field is out of range.
@@ -259,8 +261,8 @@ class TrainConfig:
     pack_facts: int = 1
 
     def __post_init__(self) -> None:
-        self.pretrain.validate("pretrain")
-        self.tune.validate("tune")
+        self.pretrain.validate(Stage.PRETRAIN.value)
+        self.tune.validate(Stage.DIALOGUES.value)
         if not (0 <= self.replay_share < 1):
             raise ConfigError("replay_share", f"must be within 0..1 (exclusive of 1), got {self.replay_share!r}")
         _positive_float("grad_clip", self.grad_clip, allow_zero=True)
@@ -273,7 +275,7 @@ class TrainConfig:
         _positive_int("seed", self.seed, 0)
         _positive_int("vocab_size", self.vocab_size, 260)
         _positive_int("grad_accum", self.grad_accum)
-        for st, prefix in ((self.pretrain, "pretrain"), (self.tune, "tune")):
+        for st, prefix in ((self.pretrain, Stage.PRETRAIN.value), (self.tune, Stage.DIALOGUES.value)):
             if self.grad_accum > st.batch_size:
                 raise ConfigError("grad_accum", f"{self.grad_accum} micro-batches do not fit a {prefix} batch of "
                                                 f"{st.batch_size} sequences")
@@ -301,7 +303,7 @@ class TrainConfig:
         """Build from a dict (as written by :meth:`to_dict`); raises ConfigError for bad values."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for stage in ("pretrain", "tune"):
+        for stage in (s.value for s in STAGES):
             if isinstance(kw.get(stage), dict):
                 sn = {f.name for f in fields(StageConfig)}
                 kw[stage] = StageConfig(**{k: v for k, v in kw[stage].items() if k in sn})

@@ -24,7 +24,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +42,7 @@ from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
 from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check, sampled
+from core.events import LogEvent, RecallProgress, StageFinished, StageReport, StepReport  # noqa: F401 (re-exported)
 from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
 from core.tokenizer import Tokenizer
 
@@ -71,110 +71,6 @@ def stage_line(report: StageReport) -> str:
     cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
     more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [count(report.recall, k)] if n)
     return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """Reported after every optimizer step (or skipped step); the app plots it as it is.
-
-    Attributes:
-        stage: the :class:`core.stages.Stage`; step: 1-based within the stage; total_steps: of the stage;
-        global_step: 1-based over the run (the pretraining stage's planned steps, then the tuning steps).
-        loss: mean cross-entropy in nats per learned token; grad_norm: global L2 norm before
-        clipping; layer_grad_norms: [embedding, block 0..n-1, output]; lr: learning rate used;
-        clipped: the gradient was scaled down; skipped: loss or gradient was not finite, weights kept;
-        tokens_per_s: learned tokens per second over this step; elapsed_s: since the run started;
-        passes: passes (epochs) over the stage's data so far (core.batches.stage_passes).
-    """
-
-    stage: Stage
-    step: int
-    total_steps: int
-    global_step: int
-    loss: float
-    grad_norm: float
-    layer_grad_norms: tuple[float, ...]
-    lr: float
-    clipped: bool = False
-    skipped: bool = False
-    tokens_per_s: float = 0.0
-    elapsed_s: float = 0.0
-    passes: float = 0.0
-
-
-@dataclass(frozen=True)
-class StageFinished:
-    """Reported the moment a stage has run all its steps, before its recall check: save now, so a stop
-    (or a crash) during the recall check cannot lose the stage."""
-
-    stage: Stage
-    steps_done: int
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """Reported when a stage ends: its recall table over every fact and every dialogue turn.
-
-    ``recall_stopped`` is True when a stop request cut the recall check short (the table is partial;
-    the stage itself is complete and was announced by :class:`StageFinished`). ``recall_sampled`` names the
-    kinds of which a huge dataset had only an evenly spaced sample checked
-    (:data:`core.recall.FULL_CHECK_MAX`), ``{kind: (checked, prompts in all)}``.
-    """
-
-    stage: Stage
-    steps_done: int
-    stopped: bool
-    recall: tuple[RecallItem, ...] = ()
-    recall_stopped: bool = False
-    recall_sampled: dict = field(default_factory=dict)  # {kind: (checked, in all)}: kinds only sampled
-    end_reason: str = "steps"  # "steps" (all run), "learned", "no progress", "time budget", "stopped"
-
-    @property
-    def facts_recalled(self) -> tuple[int, int]:
-        """(facts reproduced, facts checked)."""
-        return count(self.recall, "fact")
-
-    @property
-    def dialogues_recalled(self) -> tuple[int, int]:
-        """(dialogue answers reproduced, answers checked)."""
-        return count(self.recall, "dialogue")
-
-    @property
-    def chat_recalled(self) -> tuple[int, int]:
-        """(answers reproduced in the middle of a conversation, checked)."""
-        return count(self.recall, "chat")
-
-    @property
-    def heldout_recalled(self) -> tuple[int, int]:
-        """(held-out questions answered, asked): questions about facts no trained example asks about."""
-        return count(self.recall, "heldout")
-
-    @property
-    def sampled(self) -> tuple[tuple[str, int, int], ...]:
-        """``recall_sampled`` as ``(kind, checked, in all)`` rows (the Training tab's note)."""
-        return tuple((k, c, n) for k, (c, n) in self.recall_sampled.items())
-
-
-@dataclass(frozen=True)
-class RecallProgress:
-    """Reported before and after every batch of a recall check ("checking recall…").
-
-    ``step`` is the stage step the check is for; ``final`` is True for the end-of-stage check
-    (False for a check during the stage, see ``TrainConfig.check_every``)."""
-
-    stage: Stage
-    step: int
-    done: int  # prompts decoded so far
-    total: int  # prompts in this check
-    final: bool
-
-
-@dataclass(frozen=True)
-class LogEvent:
-    """A line for the log panel (level is a ``logging`` level name)."""
-
-    level: str
-    message: str
 
 
 class TrainingDiverged(RuntimeError):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from core.checkpoint_meta import CheckpointMeta
 from core.config import ModelConfig, StageConfig, TrainConfig, replace
 from core.dataset import Dataset, dataset_hash
+from core.stages import STAGES
 
 STAGE_KEYS = ("steps", "lr", "batch_size", "warmup_steps", "min_lr_ratio")
 # Settings a resumed run takes from the form; everything else comes from the checkpoint.
@@ -50,7 +51,7 @@ def resume_plan(meta: CheckpointMeta, form_model: ModelConfig, form_train: Train
         plan.ignored.append("the dataset: edited since the run started")
 
     stages = {}
-    for stage in ("pretrain", "tune"):
+    for stage in (s.value for s in STAGES):
         old, new = getattr(saved, stage), getattr(form_train, stage)
         for key in STAGE_KEYS:
             if getattr(old, key) != getattr(new, key):
@@ -62,5 +63,5 @@ def resume_plan(meta: CheckpointMeta, form_model: ModelConfig, form_train: Train
         if old != new:
             plan.applied.append(f"{key}: {_fmt(old)} → {_fmt(new)}")
         extra[key] = new
-    plan.train_config = replace(saved, pretrain=stages["pretrain"], tune=stages["tune"], **extra)
+    plan.train_config = replace(saved, **stages, **extra)
     return plan

@@ -1,0 +1,341 @@
+"""One training run, driven once for ``opencl-llm train`` and the app's TrainWorker.
+
+The caller turns its input (command-line options, the app's form) into a :class:`RunRequest`, gives the
+few things only it knows as :class:`RunHooks` (where a checkpoint is saved, how the first matmul tuning
+and the memory check are shown), and iterates :meth:`Run.events`::
+
+    run = Run(RunRequest(dataset=data, model_config=mc, train_config=tc), RunHooks(save=my_save))
+    for event in run.events():   # Phase, LogEvent, RunStarted, StepReport, RecallProgress, ValidationLoss,
+        show(event)              # StageFinished, StageReport, RunDone (core.events)
+    run.request_stop()           # from another thread or a signal handler: stops after the step
+
+The run opens the device, plans the model (Auto), builds the trainer (a new model, a fine-tune of a base
+model, with LoRA adapters, or a resumed checkpoint), trains, saves at every stage end (before the recall
+check: a stop during it loses nothing), on a stop and on divergence, and ends with the verdict.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.config import ModelConfig
+from core.events import (LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageFinished, StageReport,
+                         StepReport, ValidationLoss)
+from core.stages import Stage
+from core.wording import count
+
+if TYPE_CHECKING:
+    from core.config import TrainConfig
+    from core.dataset import Dataset
+    from core.device import Device
+    from core.lora import LoRAConfig
+    from core.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+Event = Phase | LogEvent | RunStarted | StepReport | RecallProgress | ValidationLoss | StageFinished | StageReport | RunDone
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to train, and how.
+
+    Attributes:
+        device: an index, a name, a core.device.DeviceInfo or an open Device (None: the best one found).
+        dataset: a new run's data (None: core.dataset.default_dataset()); for a resume, data that replaces
+            the checkpoint's (needs ``allow_new_data`` unless it is the same).
+        model_config, train_config: a new run's configs (``auto``: made by the plan); a fine-tune's
+            ``train_config``; a resume's settings to continue with (None: the saved ones).
+        resume: a checkpoint folder to continue exactly where it stopped.
+        base: a GGUF file or checkpoint folder to fine-tune (core.finetune), with ``context_length``
+            (None: core.finetune's default) and optionally ``lora`` adapters, whose base matrices stay in
+            the file's formats on the device unless ``lora_base`` is "f32".
+        general_questions: a fine-tune's questions whose base answers are replayed and checked
+            (core.known; None: none).
+        auto: plan the model and the steps (core.plan.plan_for, within ``time_budget_s``, 0: its default;
+            ``vocab_size``), then ``adjust(model_config, train_config)`` applies the caller's own options;
+            ``learn_heldout`` trains the fact questions the plan holds out.
+        val_every: None: no validation loss; 0: at each stage end; N: also every N steps.
+        preset: the preset's name for the verdict's advice (the plan's when ``auto``).
+        plan_s: ``(run_s, first_run_s)`` of a plan made before (the app's Auto plan) for RunStarted.
+    """
+
+    device: Any = None
+    dataset: Dataset | None = None
+    model_config: ModelConfig | None = None
+    train_config: TrainConfig | None = None
+    resume: str | Path | None = None
+    allow_new_data: bool = False
+    base: str | None = None
+    context_length: int | None = None
+    lora: LoRAConfig | None = None
+    lora_base: str = "gguf"
+    general_questions: tuple[str, ...] | None = None
+    auto: bool = False
+    time_budget_s: float = 0.0
+    vocab_size: int = ModelConfig.vocab_size
+    adjust: Callable[[ModelConfig, TrainConfig], tuple[ModelConfig, TrainConfig]] | None = None
+    learn_heldout: bool = False
+    val_every: int | None = None
+    preset: str | None = None
+    plan_s: tuple[float, float] | None = None
+
+
+def _no_memory_check(dev: Device, mc: ModelConfig, tc: TrainConfig, lora: LoRAConfig | None,
+                     planned: dict) -> None:
+    """The default: no check before the trainer (the Model refuses what does not fit, core.model.check_fits)."""
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What only the caller knows.
+
+    Attributes:
+        save: ``save(trainer, stage_end) -> folder`` writes a checkpoint (``stage_end``: the stage's steps
+            are all done; else a stop or a divergence) and returns the folder it wrote.
+        replaced: whether the last save went to the trained model the caller keeps (RunDone.replaced).
+        tune: the device's first matmul tuning, shown as the caller likes (default: done when first used).
+        check_memory: ``(device, model_config, train_config, lora, planned base formats)`` before a new
+            run's or a fine-tune's trainer is built; raises to refuse it.
+    """
+
+    save: Callable[[Trainer, bool], str]
+    replaced: Callable[[], bool] = field(default=lambda: True)
+    tune: Callable[[Device], None] = field(default=lambda dev: None)
+    check_memory: Callable[..., None] = field(default=_no_memory_check)
+
+
+class Run:
+    """One run of a :class:`RunRequest` (see the module's docstring). ``trainer`` is set once it is built."""
+
+    def __init__(self, request: RunRequest, hooks: RunHooks) -> None:
+        self.request, self.hooks = request, hooks
+        self.trainer: Trainer | None = None
+        self.plan = None  # the Auto plan (core.plan.Plan), when ``auto``
+        self.saved = ""  # the folder saved last
+        self._stop = False
+        self._replay = None  # core.known.Replay of a fine-tune's general questions
+        self._resident_before: int | None = None  # a fine-tune's resident bytes before its trainer
+
+    def request_stop(self) -> None:
+        """Stop after the step in progress (or the recall prompt), with a checkpoint (thread-safe flag)."""
+        self._stop = True
+        if self.trainer is not None:
+            self.trainer.request_stop()
+
+    def events(self) -> Iterator[Event]:
+        """Set up, train and end the run, as events (core.events). Raises what the setup or the
+        training raises (core.trainer.TrainingDiverged after a save of the last good weights)."""
+        base = yield from self._read_base()
+        from core.device import Device, open_device
+
+        req = self.request
+        dev = req.device if isinstance(req.device, Device) else open_device(req.device)
+        yield LogEvent("INFO", f"device: {dev.info.label}")
+        mc, tc = yield from self._configs(dev)
+        builds, build_s = dev.builds, dev.build_seconds
+        if not req.resume:
+            self._check_memory(dev, mc, tc, base)
+        trainer = yield from (self._resumed(dev) if req.resume else self._new(dev, mc, tc, base))
+        self.trainer = trainer
+        if self._stop:
+            trainer.request_stop()
+        yield from self._started(dev, trainer, base, (builds, build_s))
+        if self._stop:
+            yield self._done(True, None)
+            return
+        yield from self._train(trainer)
+
+    # ------------------------------------------------------------------ setup
+    def _read_base(self):
+        """``(loaded, model_config, base_meta)`` of a fine-tune's base model (None for any other run)."""
+        req = self.request
+        if not req.base or req.resume:
+            return None
+        from core.finetune import load_base, lora_base_meta
+
+        yield Phase("read", f"reading {req.base}")
+        loaded, mc, meta = load_base(req.base, req.context_length)
+        if req.lora is not None:
+            meta = lora_base_meta(req.base, meta, req.lora)
+        return loaded, mc, meta
+
+    def _configs(self, dev: Device):
+        """``(model_config, train_config)``: the request's, or the Auto plan's with ``adjust`` applied."""
+        req = self.request
+        if not req.auto:
+            self.hooks.tune(dev)
+            return req.model_config, req.train_config
+        from core.dataset import default_dataset
+        from core.plan import plan_for
+
+        yield Phase("plan", "planning: counting tokens and measuring this device's training speed (on a "
+                            "device's first run this compiles the kernels too)…")
+        self.plan, _ = plan_for(req.dataset or default_dataset(), dev, req.time_budget_s, req.vocab_size)
+        mc, tc = self.plan.model_config, self.plan.train_config
+        if req.adjust is not None:
+            mc, tc = req.adjust(mc, tc)
+        if req.learn_heldout:
+            tc = replace(tc, heldout=0)
+        yield LogEvent("INFO", f"plan: {self.plan.summary()}")
+        for note in self.plan.notes:
+            yield LogEvent("INFO", f"note: {note}")
+        self.hooks.tune(dev)
+        return mc, tc
+
+    def _check_memory(self, dev: Device, mc: ModelConfig, tc: TrainConfig, base) -> None:
+        req, planned = self.request, {}
+        if base is not None and req.lora is not None and req.lora_base == "gguf":
+            from core.model import quantized_plan
+
+            planned = quantized_plan(base[1], req.lora, base[0].quantized)
+        self.hooks.check_memory(dev, base[1] if base is not None else mc, tc, req.lora if base else None, planned)
+
+    def _resumed(self, dev: Device):
+        """The trainer of a resumed checkpoint, at its saved step."""
+        from core.checkpoint import resume_trainer
+        from core.checkpoint_meta import CheckpointMeta
+
+        req = self.request
+        earlier = CheckpointMeta.read(req.resume).previous_dataset_hashes
+        trainer = resume_trainer(req.resume, dev, train_config=req.train_config, dataset=req.dataset,
+                                 allow_new_data=req.allow_new_data)
+        if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
+            yield LogEvent("INFO", f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
+                                   f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
+        where = "both stages complete" if trainer.done else \
+            f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
+        yield LogEvent("INFO", f"resuming {req.resume} at {where}")
+        return trainer
+
+    def _new(self, dev: Device, mc: ModelConfig, tc: TrainConfig, base):
+        """The trainer of a new model, or of a fine-tune of ``base`` (with its general questions replayed)."""
+        from core.dataset import default_dataset
+        from core.trainer import Trainer
+
+        req = self.request
+        dataset = req.dataset or default_dataset()
+        yield LogEvent("INFO", f"dataset: {count(len(dataset.facts), 'fact')}, "
+                               f"{count(len(dataset.dialogues), 'dialogue')}")
+        if base is None:
+            yield Phase("build", "training the tokenizer and building the model")
+            return Trainer(dataset, mc, tc, dev)
+        from core import chat_format
+        from core.estimates import resident_bytes
+        from core.finetune import base_trainer
+
+        loaded, mc, meta = base
+        own = "its own chat template" if chat_format.uses_file_template(loaded.tokenizer) else "our chat format"
+        yield LogEvent("INFO", f"base: {req.base} ({type(loaded.tokenizer).__name__}, {own})")
+        dataset = yield from self._with_general_questions(dev, mc, loaded, dataset)
+        self._resident_before = resident_bytes()  # the base's weights and libraries, before the device's buffers
+        return base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf")
+
+    def _with_general_questions(self, dev: Device, mc: ModelConfig, loaded, dataset: Dataset):
+        """``dataset`` with the base model's answers to the general questions appended (core/known.py)."""
+        questions = self.request.general_questions
+        if questions is None:
+            return dataset
+        from core import known
+
+        yield Phase("ask", f"asking the base model {count(len(questions), 'general question')} (its answers are "
+                           "replayed and checked, so it keeps what it knew)…")
+        pairs, unfinished = known.base_answers(dev, mc, loaded.weights, loaded.tokenizer, questions)
+        dataset, self._replay = known.with_replay(dataset, pairs, unfinished)
+        return dataset
+
+    def _started(self, dev: Device, trainer: Trainer, base, built: tuple[int, float]):
+        """The estimate (a fine-tune's measured now, a plan's), the kernels compiled since ``built``
+        (``(dev.builds, dev.build_seconds)`` before), the model line and :class:`RunStarted`."""
+        req, estimate = self.request, (0.0, 0.0, 0)
+        if base is not None:
+            estimate = yield from self._finetune_estimate(dev, trainer)
+        elif self.plan is not None:
+            estimate = (self.plan.run_s, self.plan.first_run_s, 0)
+        elif req.plan_s and not req.resume:
+            estimate = (*req.plan_s, 0)
+        if dev.build_seconds - built[1] >= 1.0:
+            yield LogEvent("INFO", f"compiled {count(dev.builds - built[0], 'kernel program')} in "
+                                   f"{dev.build_seconds - built[1]:.0f} s (first run on this device; cached for the next)")
+        c, tc = trainer.model_config, trainer.train_config
+        yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, "
+                               f"{count(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
+        yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.tune.steps),
+                         trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
+
+    def _finetune_estimate(self, dev: Device, trainer: Trainer):
+        """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune, measured on its own model
+        before the first step (core.finetune.estimate_time, estimate_resident); its one-time costs are paid."""
+        from core.finetune import estimate_resident, estimate_time
+
+        yield Phase("estimate", "estimating the fine-tune: timing a few passes of the base model")
+        est = estimate_time(trainer)
+        yield LogEvent("INFO", f"plan: {est.summary()}")
+        before = self._resident_before
+        if before is None:
+            return est.total_s, 0.0, 0
+        r = estimate_resident(trainer, before, dev.is_cpu)
+        where = f"the device's buffers up to rows of {r.longest} tokens, " if r.device_on_host else ""
+        yield LogEvent("INFO", f"resident memory: at most about {r.peak_bytes / 2**30:.2f} GiB in this process "
+                               f"({where}then a checkpoint save's {r.save_bytes / 2**30:.2f} GiB copy of the weights "
+                               f"and moments or a recall check's {r.check_bytes / 2**30:.2f} GiB of logits)")
+        return est.total_s, 0.0, r.peak_bytes
+
+    # ------------------------------------------------------------------ training
+    def _train(self, trainer: Trainer):
+        """The trainer's events, with validation losses, saves at stage ends, on a stop and on divergence."""
+        from core.trainer import TrainingDiverged
+
+        stopped = progressed = False
+        final = None
+        try:
+            for ev in trainer.run():
+                if isinstance(ev, StepReport):
+                    progressed = True
+                    yield ev
+                    every = self.request.val_every
+                    if every and ev.step % every == 0 and ev.step < ev.total_steps and not self._stop:
+                        yield self._validation(trainer, ev.stage, ev.global_step)
+                elif isinstance(ev, StageFinished):  # saved before the recall check, so a stop cannot lose it
+                    self.saved = self.hooks.save(trainer, True)
+                    yield ev
+                elif isinstance(ev, StageReport):
+                    stopped, final = ev.stopped, ev
+                    if not ev.stopped and self.request.val_every is not None:
+                        offset = 0 if ev.stage is Stage.PRETRAIN else trainer.train_config.pretrain.steps
+                        yield self._validation(trainer, ev.stage, offset + ev.steps_done)
+                    yield ev
+                else:
+                    yield ev
+                if self._stop:
+                    trainer.request_stop()
+        except TrainingDiverged:
+            self.saved = self.hooks.save(trainer, False)  # the weights of the last good step are kept
+            raise
+        if stopped and progressed:
+            self.saved = self.hooks.save(trainer, False)
+        yield self._done(stopped, final)
+
+    @staticmethod
+    def _validation(trainer: Trainer, stage: Stage, global_step: int) -> ValidationLoss:
+        losses = trainer.validation_loss()
+        return ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues"))
+
+    def _done(self, stopped: bool, final: StageReport | None) -> RunDone:
+        """:class:`RunDone` with the verdict of the last stage's full recall table (core.plan.verdict_of)."""
+        from core.plan import verdict_of
+
+        t = self.trainer
+        v, general = None, ""
+        if final is not None and final.recall and not final.recall_stopped:
+            preset = self.plan.preset if self.plan is not None else self.request.preset
+            v = verdict_of(final, t.train_config.recall_target, preset)
+            if self._replay is not None and self._replay.pairs:
+                from core.known import verdict_line
+
+                general = verdict_line(final.recall, self._replay)
+        return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
+                       v.learned if v else False, v.text if v else "", v.advice if v else "", general)
