@@ -174,7 +174,8 @@ class Run:
 
         yield Phase("plan", "planning: counting tokens and measuring this device's training speed (on a "
                             "device's first run this compiles the kernels too)…")
-        self.plan, _ = plan_for(req.dataset or default_dataset(), dev, req.time_budget_s, req.vocab_size)
+        data = req.dataset if req.dataset is not None else default_dataset()
+        self.plan, _ = plan_for(data, dev, req.time_budget_s, req.vocab_size)
         mc, tc = self.plan.model_config, self.plan.train_config
         if req.adjust is not None:
             mc, tc = req.adjust(mc, tc)
@@ -217,7 +218,7 @@ class Run:
         from core.trainer import Trainer
 
         req = self.request
-        dataset = req.dataset or default_dataset()
+        dataset = req.dataset if req.dataset is not None else default_dataset()
         yield LogEvent("INFO", f"dataset: {count(len(dataset.facts), 'fact')}, "
                                f"{count(len(dataset.dialogues), 'dialogue')}")
         if base is None:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from PySide6.QtCore import QThread, Signal
 
-from gui.events import (AnswerDone, AnswerPiece, ComparedAnswer, Comparison, Exported, ModelLoaded, RecallChecking,
-                        RunDone, RunStarted, StageDone, TrainingStep, ValidationLoss)
+from core.events import LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageReport, StepReport, ValidationLoss
+from gui.events import AnswerDone, AnswerPiece, ComparedAnswer, Comparison, Exported, ModelLoaded
 
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
@@ -201,19 +201,19 @@ class TrainWorker(Worker):
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
         base: a GGUF file (or checkpoint) a new run fine-tunes instead of training from scratch
             (core.finetune); ``model_config`` then gives only the training context. Its time and resident
-            memory are estimated before the first step, as ``train --base`` does (:meth:`_estimate`).
+            memory are estimated before the first step, as ``train --base`` does (core.run.Run).
         plan_s: ``(run_s, first_run_s)`` of the Auto plan (core.plan.Plan) a new model follows: the
             seconds it is expected to take and the one-time part of them (None: no plan).
     """
 
     phase = Signal(str)  # (what the run does before its first step: "reading …", "estimating …", …)
-    run_started = Signal(object)  # (gui.events.RunStarted)
-    step = Signal(object)  # (gui.events.TrainingStep)
-    validation = Signal(object)  # (gui.events.ValidationLoss)
-    stage_done = Signal(object)  # (gui.events.StageDone)
-    recall_progress = Signal(object)  # (gui.events.RecallChecking)
+    run_started = Signal(object)  # (core.events.RunStarted)
+    step = Signal(object)  # (core.events.StepReport, also gui.events.TrainingStep)
+    validation = Signal(object)  # (core.events.ValidationLoss)
+    stage_done = Signal(object)  # (core.events.StageReport, also gui.events.StageDone)
+    recall_progress = Signal(object)  # (core.events.RecallProgress, also gui.events.RecallChecking)
     checkpoint_saved = Signal(str)  # (the trained model's folder, (re)written)
-    run_done = Signal(object)  # (gui.events.RunDone)
+    run_done = Signal(object)  # (core.events.RunDone)
 
     def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path, dataset: Dataset | None = None,
                  model_config: ModelConfig | None = None, train_config: TrainConfig | None = None, resume: bool = False, val_every: int = 0,
@@ -229,13 +229,13 @@ class TrainWorker(Worker):
         self.resume = resume
         self.val_every = val_every
         self.preset: str | None = None  # the model preset's name, for the verdict's advice
-        self._trainer = None
+        self._run = None  # the core.run.Run, once work() has made it
 
     def request_stop(self) -> None:
         super().request_stop()
-        trainer = self._trainer
-        if trainer is not None:
-            trainer.request_stop()
+        run = self._run
+        if run is not None:
+            run.request_stop()
 
     def _replaced(self) -> bool:
         return self.run_dir.resolve() == self.checkpoint_dir.resolve()
@@ -257,112 +257,48 @@ class TrainWorker(Worker):
                                        "until this run finishes a stage")
         return str(path)
 
-    def _validate(self, trainer, stage: str, global_step: int) -> None:
-        losses = trainer.validation_loss()
-        self.validation.emit(ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues")))
-
-    def _done(self, trainer, stopped: bool, saved: str, final=None) -> None:
-        from core.plan import verdict_of
-
-        v = None
-        if final is not None and final.recall and not final.recall_stopped:
-            v = verdict_of(final, trainer.train_config.recall_target, self.preset)
-        self.run_done.emit(RunDone(stopped, trainer.done, saved, trainer.stage_index, trainer.stage_step,
-                                   self._replaced(), v.learned if v else False, v.text if v else "",
-                                   v.advice if v else ""))
-
     def _phase(self, what: str) -> None:
         self.log_line.emit("INFO", what)
         self.phase.emit(what)
 
-    def _estimate(self, trainer, dev, resident_before: int | None) -> tuple[float, float, int]:
-        """``(estimated_s, first_run_s, peak_resident_bytes)`` of RunStarted: a fine-tune's from its own
-        model before the first step (core.finetune.estimate_time and estimate_resident, as ``train --base``
-        prints them; its one-time costs are paid by then), a new model's from its plan, else zeros."""
-        if self.resume:
-            return 0.0, 0.0, 0
-        if not self.base:
-            return (*self.plan_s, 0) if self.plan_s else (0.0, 0.0, 0)
-        from core.finetune import estimate_resident, estimate_time
+    def _request(self):
+        """This run as a core.run.RunRequest (a fine-tune's ``model_config`` gives only its context)."""
+        from core.run import RunRequest
 
-        self._phase("estimating the fine-tune: timing a few passes of the base model")
-        est = estimate_time(trainer)
-        peak = estimate_resident(trainer, resident_before, dev.is_cpu).peak_bytes if resident_before else 0
-        self.log_line.emit("INFO", f"plan: {est.summary()}")
-        return est.total_s, 0.0, peak
+        mc = self.model_config
+        return RunRequest(device=self.device_info, dataset=None if self.resume else self.dataset,
+                          model_config=mc, train_config=self.train_config,
+                          resume=self.run_dir if self.resume else None, base=None if self.resume else self.base,
+                          context_length=mc.context_length if self.base and mc is not None else None,
+                          val_every=self.val_every, preset=self.preset, plan_s=self.plan_s)
 
     def work(self) -> None:
-        from core.checkpoint import check_output_folder, resume_trainer
-        from core.device import open_device
-        from core.trainer import (LogEvent, RecallProgress, StageFinished, StageReport, StepReport, Trainer,
-                                  TrainingDiverged)
+        from core.checkpoint import check_output_folder
+        from core.run import Run, RunHooks
 
         for folder in dict.fromkeys((self.run_dir, self.checkpoint_dir)):  # ours or refused, before training
             check_output_folder(folder)
-        dev = open_device(self.device_info)
-        self.log_line.emit("INFO", f"device: {dev.info.label}")
-        before = None  # resident bytes before a fine-tune's trainer is built (core.estimates.resident_bytes)
-        if self.resume:
-            trainer = resume_trainer(self.run_dir, dev, train_config=self.train_config)
-            self.log_line.emit("INFO", f"resuming {self.run_dir} at stage {trainer.stage_index + 1}, "
-                                       f"step {trainer.stage_step}")
-        else:
-            if not self._replaced() and self.run_dir.exists():  # an older unfinished run: this one replaces it
-                shutil.rmtree(self.run_dir)
-            if self.base:
-                from core.finetune import base_trainer, load_base
-
-                self._phase(f"reading {self.base}")
-                from core.estimates import resident_bytes
-
-                loaded, mc, meta = load_base(self.base, self.model_config.context_length)
-                before = resident_bytes()  # the base's weights and the libraries, before the device's buffers
-                trainer = base_trainer(loaded, mc, meta, self.dataset, self.train_config, dev)
-            else:
-                self._phase("training the tokenizer and building the model")
-                trainer = Trainer(self.dataset, self.model_config, self.train_config, dev)
-        self._trainer = trainer
-        tc, mc = trainer.train_config, trainer.model_config
-        steps = [tc.pretrain.steps, tc.tune.steps]
-        estimate = self._estimate(trainer, dev, before)
-        self.run_started.emit(RunStarted(dev.info.label, mc.n_params(), mc.vocab_size, (steps[0], steps[1]),
-                                         trainer.stage_index, trainer.stage_step, self.resume, *estimate))
-        self.log_line.emit("INFO", f"model: {mc.n_params():,} parameters, vocabulary {mc.vocab_size}")
-        saved, stopped, progressed, final = "", False, False, None
+        if not self.resume and not self._replaced() and self.run_dir.exists():
+            shutil.rmtree(self.run_dir)  # an older unfinished run: this one replaces it
+        self._run = run = Run(self._request(), RunHooks(save=self._save, replaced=self._replaced))
         if self.stop_requested():
-            self._done(trainer, True, "")
-            return
-        try:
-            for ev in trainer.run():
-                if isinstance(ev, StepReport):
-                    progressed = True
-                    offset = 0 if ev.stage == "pretrain" else steps[0]
-                    stage = 0 if ev.stage == "pretrain" else 1
-                    self.step.emit(TrainingStep.from_report(ev, offset + ev.step, trainer.passes(stage, ev.step)))
-                    if (self.val_every and ev.step % self.val_every == 0 and ev.step < ev.total_steps
-                            and not self.stop_requested()):
-                        self._validate(trainer, ev.stage, offset + ev.step)
-                elif isinstance(ev, RecallProgress):
-                    self.recall_progress.emit(RecallChecking(ev.stage, ev.done, ev.total, ev.final))
-                elif isinstance(ev, StageReport):
-                    stopped = ev.stopped
-                    final = ev
-                    if not ev.stopped:
-                        offset = 0 if ev.stage == "pretrain" else steps[0]
-                        self._validate(trainer, ev.stage, offset + ev.steps_done)
-                    self.stage_done.emit(StageDone.from_report(ev))
-                elif isinstance(ev, StageFinished):  # saved before the recall check, so a stop cannot lose it
-                    saved = self._save(trainer, stage_end=True)
-                elif isinstance(ev, LogEvent):
-                    self.log_line.emit(ev.level, ev.message)
-                if self.stop_requested():
-                    trainer.request_stop()
-        except TrainingDiverged:
-            self._save(trainer, stage_end=False)  # the weights of the last good step are kept
-            raise
-        if stopped and progressed:
-            saved = self._save(trainer, stage_end=False)
-        self._done(trainer, stopped, saved, final)
+            run.request_stop()
+        for ev in run.events():
+            self._forward(ev)
+
+    def _forward(self, ev) -> None:
+        """Emit one event of the run (core.events) as it is, through its signal."""
+        if isinstance(ev, LogEvent):
+            self.log_line.emit(ev.level, ev.message)
+        elif isinstance(ev, Phase):
+            self._phase(ev.text)
+        elif type(ev) in _SIGNALS:
+            getattr(self, _SIGNALS[type(ev)]).emit(ev)
+
+
+_SIGNALS = {RunStarted: "run_started", StepReport: "step", ValidationLoss: "validation", StageReport: "stage_done",
+            RecallProgress: "recall_progress", RunDone: "run_done"}
+"""TrainWorker's signal of each event of core.run.Run (StageFinished: the run saves, no signal)."""
 
 
 # ------------------------------------------------------------------------------------- chat

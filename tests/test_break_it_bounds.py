@@ -592,6 +592,6 @@ def test_the_training_tab_says_when_the_table_is_a_sample(main_window):
     from gui.events import StageDone
 
     item = RecallItem("fact", 0, "Town 0", " lies here.", " lies here.", True)
-    main_window.training_tab._on_stage_done(StageDone("pretrain", 10, False, (item,), (1, 1), (0, 0),
-                                                      sampled=(("fact", 5_000, 100_000),)))
+    main_window.training_tab._on_stage_done(StageDone("pretrain", 10, False, (item,),
+                                                      recall_sampled={"fact": (5_000, 100_000)}))
     assert "Checked a sample of the facts: 5,000 of 100,000." in main_window.training_tab.recall_label.text()

@@ -217,10 +217,10 @@ def test_a_run_that_ends_early_because_it_learned_shows_a_full_bar_and_says_why(
         t._update_labels()
 
     step("pretrain", 200, 200, 200)
-    t._on_stage_done(StageDone("pretrain", 200, False, (), (16, 16), (0, 0), "steps"))
+    t._on_stage_done(StageDone("pretrain", 200, False, (), end_reason="steps"))
     assert t.progress.value() == 200 and "stopped early" not in t.log.toPlainText()
     step("tune", 100, 125, 300)
-    t._on_stage_done(StageDone("tune", 100, False, (), (16, 16), (16, 16), "learned"))
+    t._on_stage_done(StageDone("tune", 100, False, (), end_reason="learned"))
     assert t.progress.value() == t.progress.maximum() == 325
     t._on_run_done(RunDone(False, True, "ckpt", 2, 0, True, True, "Learned: 16 of 16 answers, 16 of 16 facts"))
     t._on_finished()
