@@ -814,16 +814,24 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from core.finetune import DEFAULTS as FT
-
+    """The ``opencl-llm`` parser: one sub-parser per command (``_add_<command>``)."""
     p = argparse.ArgumentParser(prog="opencl-llm", description="Train, chat with and export small llama-style "
                                 "language models on any OpenCL device.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_devices, _add_train, _add_chat, _add_recall, _add_export, _add_compare, _add_tokenize):
+        add(sub)
+    return p
 
+
+def _add_devices(sub) -> None:
+    """``devices``: list the OpenCL devices."""
     s = sub.add_parser("devices", help="list OpenCL devices", description="List every OpenCL device, preferred first.")
     s.set_defaults(func=cmd_devices)
 
+
+def _add_train(sub) -> None:
+    """``train``: its run options (the fine-tune's in :func:`_add_finetune_options`)."""
     s = sub.add_parser("train", help="train a model", description="Train a model from scratch: pretrain on facts, "
                        "then tune on dialogues. Uses the built-in default dataset when --data is not given.")
     s.add_argument("--data", help="dataset file: the app's .json, plain text, or chat .jsonl")
@@ -845,6 +853,18 @@ def build_parser() -> argparse.ArgumentParser:
                       ("batch-size", int), ("seed", non_negative_int), ("replay-share", finite_float),
                       ("grad-clip", finite_float), ("weight-decay", finite_float), ("vocab-size", int)):
         s.add_argument(f"--{name}", type=typ, help=f"override the preset's {name.replace('-', '_')}")
+    _add_finetune_options(s)
+    s.add_argument("--learn-heldout", action="store_true", help="also train the questions the Auto plan keeps out "
+                   "to measure answers about facts without a dialogue (with --resume: tuning goes on to learn them)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_train)
+
+
+def _add_finetune_options(s: argparse.ArgumentParser) -> None:
+    """``train``'s options of a fine-tune: --base, --steps, --grad-accum, --freeze-embeddings, LoRA, the general
+    questions."""
+    from core.finetune import DEFAULTS as FT
+
     s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
                    "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "
                    f"chat template; defaults: {FT['steps']} steps per stage, lr {FT['lr']:g}, "
@@ -866,11 +886,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "whose base answers are replayed and checked beside the built-in ten")
     s.add_argument("--no-general-questions", action="store_true", help="with --base: do not replay the base "
                    "model's answers to general questions")
-    s.add_argument("--learn-heldout", action="store_true", help="also train the questions the Auto plan keeps out "
-                   "to measure answers about facts without a dialogue (with --resume: tuning goes on to learn them)")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_train)
 
+
+def _add_chat(sub) -> None:
+    """``chat``: the model and its sampling settings."""
     s = sub.add_parser("chat", help="chat with a trained model", description="Chat with a checkpoint folder, a .gguf "
                        "file or a Hugging Face folder. With --prompt, print one answer and exit.")
     s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
@@ -889,6 +908,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampler (same seed, same answer)")
     s.set_defaults(func=cmd_chat)
 
+
+def _add_recall(sub) -> None:
+    """``recall``: a model against a dataset's answers."""
     s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",
                        description="Greedy answers of a model to every dialogue question (and fact) of a dataset "
                        "file, compared with the dataset's answers word for word: e.g. questions held out of "
@@ -900,6 +922,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
     s.set_defaults(func=cmd_recall)
 
+
+def _add_export(sub) -> None:
+    """``export``: GGUF or a Hugging Face folder."""
     s = sub.add_parser("export", help="export a GGUF file or a Hugging Face folder", description="Export a model "
                        "to GGUF for llama.cpp, Ollama and LM Studio, or (--format hf) to a Hugging Face "
                        "transformers folder for training at scale (docs/scale-out.md).")
@@ -918,6 +943,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "a PEFT folder; without --adapter the base with the adapter merged in is exported")
     s.set_defaults(func=cmd_export)
 
+
+def _add_compare(sub) -> None:
+    """``compare``: base and fine-tuned answers side by side."""
     s = sub.add_parser("compare", help="base vs fine-tuned answers", description="Greedy answers of the base "
                        "model and the fine-tuned one to every dataset question and a few general ones.")
     s.add_argument("--model", default=DEFAULT_MODEL_DIR, help="the fine-tuned checkpoint folder or .gguf")
@@ -927,6 +955,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=48, help="longest answer in tokens")
     s.set_defaults(func=cmd_compare)
 
+
+def _add_tokenize(sub) -> None:
+    """``tokenize``: a text's token ids."""
     s = sub.add_parser("tokenize", help="print the token ids of a text", description="Print the token ids of a "
                        "text, one per line, as llama.cpp tokenizes it for the model (BOS/EOS as the model says, "
                        "special-token text parsed).")
@@ -936,8 +967,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the model asks for them")
     s.add_argument("--no-parse-special", action="store_true", help="tokenize special-token text as plain text")
     s.set_defaults(func=cmd_tokenize)
-    return p
-
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``opencl-llm``; returns the process exit code."""

@@ -1,0 +1,116 @@
+"""The parts of Trainer.run, each alone: one step (Trainer.step), the early-stopping rule (EarlyStop, no
+device) and the end of a stage (Trainer.end_stage); and the run driver's saves (core.run.Run)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core.config import ModelConfig, StageConfig, TrainConfig
+from core.dataset import default_dataset
+from core.events import LogEvent, RecallProgress, RunDone, RunStarted, StageFinished, StageReport, StepReport
+from core.recall import KINDS
+from core.stages import Stage
+from core.trainer import EarlyStop, Trainer
+
+SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, context_length=64)
+
+
+def _tc(steps: int = 4, **kw) -> TrainConfig:
+    st = StageConfig(steps=steps, lr=3e-3, batch_size=4, warmup_steps=1)
+    return TrainConfig(pretrain=st, tune=st, vocab_size=300, **kw)
+
+
+# ----------------------------------------------------------------------------- EarlyStop (no device)
+def test_early_stop_checks_every_n_steps_but_never_after_the_last():
+    stop = EarlyStop(_tc(check_every=2), StageConfig(steps=6), lambda kind, n: n)
+    assert [s for s in range(1, 8) if stop.due(s)] == [2, 4]
+    assert not any(EarlyStop(_tc(check_every=0), StageConfig(steps=6), lambda k, n: n).due(s) for s in range(1, 8))
+
+
+def test_early_stop_ends_learned_once_every_kind_has_what_it_wants():
+    wanted = {"fact": 3, "dialogue": 2}
+    stop = EarlyStop(_tc(check_every=1, learned_after=0.5), StageConfig(steps=10), lambda kind, n: wanted[kind])
+    assert stop.judge(6, {"fact": (3, 4), "dialogue": (1, 2)}) is None  # dialogues short
+    assert stop.judge(4, {"fact": (3, 4), "dialogue": (2, 2)}) is None  # all there, but before half the steps
+    assert stop.judge(5, {"fact": (3, 4), "dialogue": (2, 2)}) == "learned"
+
+
+def test_early_stop_ends_after_patience_checks_without_a_better_count_past_the_planned_steps():
+    stop = EarlyStop(_tc(check_every=1, patience=2), StageConfig(steps=20, decay_steps=4), lambda k, n: n + 1)
+    counts = {"fact": (5, 10)}
+    assert stop.judge(2, counts) is None and stop.best == 5
+    assert stop.judge(3, counts) is None and stop.since_best == 0  # within the planned steps: no patience yet
+    assert stop.judge(5, counts) is None and stop.since_best == 1
+    assert stop.judge(6, {"fact": (6, 10)}) is None and (stop.best, stop.since_best) == (6, 0)  # better: again
+    assert stop.judge(7, {"fact": (6, 10)}) is None
+    assert stop.judge(8, {"fact": (4, 10)}) == "no progress"
+    never = EarlyStop(_tc(check_every=1, patience=0), StageConfig(steps=20), lambda k, n: n + 1)
+    assert all(never.judge(s, counts) is None for s in range(1, 20))
+
+
+# ----------------------------------------------------------------------------- one step
+def test_a_step_updates_the_weights_and_reports_its_place_in_the_run(device):
+    tr = Trainer(default_dataset(), SMALL, _tc(4), device)
+    before = tr.model.weights()["token_embd.weight"].copy()
+    rep, undone = tr.step(Stage.PRETRAIN)
+    assert isinstance(rep, StepReport) and not undone and not rep.skipped
+    assert (rep.stage, rep.step, rep.total_steps, rep.global_step) == (Stage.PRETRAIN, 1, 4, 1)
+    assert tr.stage_step == 1 and math.isfinite(rep.loss) and rep.tokens_per_s > 0
+    assert rep.passes == tr.passes(0, 1) > 0
+    assert not np.array_equal(before, tr.model.weights()["token_embd.weight"])
+    tr.stage_index, tr.stage_step = 1, 2
+    rep, _ = tr.step(Stage.DIALOGUES)
+    assert (rep.step, rep.global_step) == (3, 4 + 3)  # after the pretraining stage's planned steps
+
+
+def test_a_step_whose_update_is_not_finite_is_undone(device, monkeypatch):
+    import core.trainer
+
+    tr = Trainer(default_dataset(), SMALL, _tc(4), device)
+    before = tr.model.weights()["token_embd.weight"].copy()
+    monkeypatch.setattr(core.trainer, "lr_at", lambda stage, step: 1e308)
+    rep, undone = tr.step(Stage.PRETRAIN)
+    assert undone and rep.skipped and tr.stage_step == 1
+    np.testing.assert_array_equal(before, tr.model.weights()["token_embd.weight"])
+
+
+# ----------------------------------------------------------------------------- the end of a stage
+def test_the_end_of_a_stage_announces_the_save_then_checks_recall(device):
+    tr = Trainer(default_dataset(), SMALL, _tc(4), device)
+    tr.stage_step = 3
+    events = list(tr.end_stage(Stage.PRETRAIN, "learned"))
+    assert events[0] == StageFinished(Stage.PRETRAIN, 3) and (tr.stage_index, tr.stage_step) == (1, 0)
+    assert any(isinstance(e, RecallProgress) and e.final for e in events)
+    rep = events[-1]
+    assert isinstance(rep, StageReport) and (rep.steps_done, rep.end_reason, rep.stopped) == (3, "learned", False)
+    assert rep.recall and not rep.recall_stopped
+    keys = [(KINDS.index(r.kind), r.index) for r in rep.recall]
+    assert keys == sorted(keys)  # by kind, then by item
+    line = next(e for e in events if isinstance(e, LogEvent))
+    assert line.message.startswith(f"pretrain done: facts recalled {rep.facts_recalled[0]}/{rep.facts_recalled[1]}")
+
+
+def test_the_end_of_a_stage_without_recall_has_an_empty_table(device):
+    tr = Trainer(default_dataset(), SMALL, _tc(4), device)
+    tr.stage_index, tr.stage_step = 1, 4
+    events = list(tr.end_stage(Stage.DIALOGUES, recall=False))
+    assert events == [StageFinished(Stage.DIALOGUES, 4), StageReport(Stage.DIALOGUES, 4, False)]
+    assert tr.done
+
+
+# ----------------------------------------------------------------------------- the run driver
+def test_the_run_saves_at_each_stage_end_and_gives_the_verdict(device):
+    from core.run import Run, RunHooks, RunRequest
+
+    saves = []
+    run = Run(RunRequest(device=device, model_config=SMALL, train_config=_tc(2), val_every=0),
+              RunHooks(save=lambda trainer, stage_end: saves.append((trainer.stage_index, stage_end)) or "here"))
+    events = list(run.events())
+    started = next(e for e in events if isinstance(e, RunStarted))
+    assert (started.stage_steps, started.resumed) == ((2, 2), False)
+    assert saves == [(1, True), (2, True)]
+    done = events[-1]
+    assert isinstance(done, RunDone) and done.finished and not done.stopped and done.checkpoint == "here"
+    assert done.verdict  # the last stage's table was checked
+    assert [e.global_step for e in events if isinstance(e, StepReport)] == [1, 2, 3, 4]
