@@ -10,13 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
-
 import numpy as np
 
 from core.config import ModelConfig
 from core.device import Device
-from core.model import Ops, forward, param_layout, step_matmuls
+from core.model import Activations, Ops, check_fits, forward, param_layout, step_matmuls
 from core.params import TensorStore
 
 
@@ -117,9 +115,14 @@ class Generator:
         config: architecture.
         weights: ``{gguf tensor name: float32 array}``, or a ``core.params.TensorStore`` to copy
             on the device.
+
+    Raises:
+        ValueError: the device cannot hold the generator's buffers (core.model.check_fits, the memory rule
+            training uses, with ``generation``).
     """
 
     def __init__(self, dev: Device, config: ModelConfig, weights: TensorStore | dict[str, np.ndarray]):
+        check_fits(dev, config, 1, training=False, generation=True)
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
@@ -129,18 +132,9 @@ class Generator:
             self.params.copy_from(weights)
         else:
             self.params.load(weights)
-        c, a = config, dev.alloc
-        T, d, kv, f, L = c.context_length, c.d_model, c.kv_dim, c.ffn_dim, c.n_layers
         # the buffers core.model.forward reads and writes: one per kind, shared by all layers (nothing
-        # is kept for a backward), except the KV cache (a.k[i], a.v[i]: context_length rows per layer)
-        one = lambda size: [a(size)] * L  # noqa: E731
-        x, h_norm, rstd = a(T * d), a(T * d), a(T)
-        self.act = SimpleNamespace(
-            tokens=dev.zeros(T, np.int32), x=[x] * (L + 1), attn_in=[h_norm] * L, attn_rstd=[rstd] * L,
-            q=one(T * d), k=[a(T * kv) for _ in range(L)], v=[a(T * kv) for _ in range(L)],
-            lse=one(c.n_heads * T), attn_out=one(T * d), x_mid=one(T * d), ffn_in=[h_norm] * L,
-            ffn_rstd=[rstd] * L, gate_up=one(2 * T * f), h=one(T * f), tmp=a(T * d), final=h_norm,
-            final_rstd=rstd, logits=a(c.vocab_size), qkv=a(T * (d + 2 * kv)))
+        # is kept for a backward), except the KV cache (act.k[i], act.v[i]: context_length rows per layer)
+        self.act = Activations(dev, config, 1, config.context_length, training=False, generation=True)
         self.n_past = 0
 
     def reset(self) -> None:

@@ -159,14 +159,20 @@ class StepStats:
     tokens: int
 
 
-def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> dict[str, list[int]]:
+def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
+                     generation: bool = False) -> dict[str, list[int]]:
     """Every activation buffer one step needs: ``{name: [elements of each buffer]}``.
 
     Per-layer buffers have one entry per layer; ``x`` has ``n_layers + 1`` (the residual stream
     before each layer and after the last). All elements are 4 bytes (float32 or int32). The one
-    place these sizes are written: :class:`_Activations` allocates them and
-    ``core.estimates`` adds them up.
+    place these sizes are written: :class:`Activations` allocates them and :func:`memory_bytes`
+    (``core.estimates``) adds them up. With ``generation`` (core.generate.Generator, ``batch`` 1, ``seq``
+    the context): what a forward keeps nothing of for a backward is one buffer shared by all layers
+    (one entry), except the KV cache (``k``, ``v``: one per layer); :data:`GENERATION_ALIASES` reuse
+    buffers; no targets, mask or losses; ``logits`` of the last row only.
     """
+    if generation:
+        return _generation_sizes(c, seq)
     n = batch * seq
     d, f, kv, v, L = c.d_model, c.ffn_dim, c.kv_dim, c.vocab_size, c.n_layers
     rows = batch * c.n_heads * seq  # one float per query row and head (attention's lse, d_sum)
@@ -183,6 +189,19 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool) -> di
                    "d_qkv": n * (d + 2 * kv)}
     sizes |= {name: [size] for name, size in single.items()}
     return sizes
+
+
+GENERATION_ALIASES = {"ffn_in": "attn_in", "final": "attn_in", "ffn_rstd": "attn_rstd", "final_rstd": "attn_rstd"}
+"""Generation's buffers that are another one (a norm's output and rstd are read only by the next matmul)."""
+
+
+def _generation_sizes(c: ModelConfig, seq: int) -> dict[str, list[int]]:
+    """:func:`activation_sizes` of generation (see there)."""
+    full = activation_sizes(c, 1, seq, training=False)
+    out = {name: sizes[:1] for name, sizes in full.items()
+           if name not in ("targets", "mask", "losses") and name not in GENERATION_ALIASES}
+    out["k"], out["v"], out["logits"] = full["k"], full["v"], [c.vocab_size]
+    return out
 
 
 def step_matmuls(c: ModelConfig, n: int, training: bool) -> list[tuple[int, int, int, bool, bool]]:
@@ -214,7 +233,7 @@ def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
                  frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None,
-                 quantized: dict | None = None) -> tuple[int, int]:
+                 quantized: dict | None = None, generation: bool = False) -> tuple[int, int]:
     """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
     forward-only :class:`Model`) of ``batch_size`` sequences allocates, and of its largest single buffer:
     weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
@@ -224,9 +243,10 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     and the trained tensors are the adapters (``core.lora``: their weights, grads, moments, guard copies,
     the products' scratch and :class:`core.lora.LoRAScratch`); ``quantized`` (:func:`quantized_plan`):
     those base matrices are held in their GGUF formats instead of float32
-    (:func:`core.quant_base.device_bytes`).
+    (:func:`core.quant_base.device_bytes`). ``generation``: a core.generate.Generator's buffers (its
+    weights, its :func:`activation_sizes` with ``generation``, the matmuls' scratch of a full prompt).
     """
-    acts = activation_sizes(config, batch_size, config.context_length, training)
+    acts = activation_sizes(config, batch_size, config.context_length, training and not generation, generation)
     n_params, rows = config.n_params(), batch_size * config.context_length
     shapes = step_matmuls(config, rows, training)
     if lora:
@@ -252,27 +272,29 @@ def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
 
 def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
                    device_name: str, training: bool = True, frozen: tuple[str, ...] = (),
-                   lora: LoRAConfig | None = None, quantized: dict | None = None) -> str | None:
+                   lora: LoRAConfig | None = None, quantized: dict | None = None,
+                   generation: bool = False) -> str | None:
     """Why a device cannot hold a model's buffers (one line), or None when it can.
 
     The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
     known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
     """
-    total, largest = memory_bytes(config, batch_size, training, frozen, lora, quantized)
+    total, largest = memory_bytes(config, batch_size, training, frozen, lora, quantized, generation)
     gib = 2 ** 30
     if max_alloc_bytes is not None and largest > max_alloc_bytes:
         return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
                 f"{max_alloc_bytes / gib:.2f} GiB per buffer: lower batch_size, context_length, "
                 "vocab_size or d_model")
     if not fits_in(total, global_mem_bytes):
-        return (f"training needs about {total / gib:.2f} GiB of device memory but {device_name} has "
+        return (f"{'generation' if generation else 'training'} needs about {total / gib:.2f} GiB of device memory but {device_name} has "
                 f"{global_mem_bytes / gib:.2f} GiB: lower batch_size, context_length, d_model, "
                 "ffn_dim or n_layers")
     return None
 
 
 def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
-               frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None, quantized: dict | None = None) -> None:
+               frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None, quantized: dict | None = None,
+               generation: bool = False) -> None:
     """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
     have no gradient and no AdamW moments).
 
@@ -280,7 +302,7 @@ def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool
         ValueError: :func:`memory_problem`'s message.
     """
     problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
-                             training, frozen, lora, quantized)
+                             training, frozen, lora, quantized, generation)
     if problem:
         raise ValueError(problem)
 
@@ -366,22 +388,29 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
         o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)   # (n, vocab); tied: token_embd
 
 
-class _Activations:
-    """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes)."""
+class Activations:
+    """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes); with
+    ``generation``, a core.generate.Generator's (one buffer per kind shared by the layers, a KV cache of
+    ``seq`` rows per layer, :data:`GENERATION_ALIASES`)."""
 
     _INT32 = ("tokens", "targets")
     _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
                "d_norm", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate_up")
 
-    def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool):
-        for name, sizes in activation_sizes(c, batch, seq, training).items():
+    def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool, generation: bool = False):
+        for name, sizes in activation_sizes(c, batch, seq, training, generation).items():
             if name in self._INT32:
                 bufs = [dev.zeros(n, np.int32) for n in sizes]
             elif name == "mask":
                 bufs = [dev.zeros(n) for n in sizes]
             else:
                 bufs = [dev.alloc(n) for n in sizes]
+            if generation and name not in self._SINGLE and len(bufs) == 1:  # one buffer for every layer
+                bufs = bufs * (c.n_layers + 1 if name == "x" else c.n_layers)
             setattr(self, name, bufs[0] if name in self._SINGLE else bufs)
+        for alias, name in GENERATION_ALIASES.items() if generation else ():
+            bufs = getattr(self, name)
+            setattr(self, alias, bufs[0] if alias in self._SINGLE else bufs)
 
 
 class Model:
@@ -429,7 +458,7 @@ class Model:
             self.v = TensorStore(dev, self.train_layout)
         if lora:
             self._views = self._lora_views(lora)
-        self.act = _Activations(dev, config, batch_size, config.context_length, training)
+        self.act = Activations(dev, config, batch_size, config.context_length, training)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
         rows = batch_size * config.context_length
         self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows) if lora else []))
