@@ -199,7 +199,6 @@ class _CtrlC:
     def __init__(self, run):
         self.run, self.count, self.saving, self.pending = run, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
-        self.saved_state = None  # (stage, step, AdamW step) of the last save: the same state is not saved twice
 
     def __call__(self, *_):
         self.count += 1
@@ -210,11 +209,6 @@ class _CtrlC:
             else:
                 raise KeyboardInterrupt
 
-    @staticmethod
-    def state(trainer) -> tuple[int, int, int]:
-        """What a save of ``trainer`` records that training changes: stage, step and AdamW step."""
-        return trainer.stage_index, trainer.stage_step, trainer.model.adam_step
-
     def save(self, trainer, out: Path) -> str:
         """Save ``trainer`` to ``out`` (a second signal waits until the save is whole); returns the folder."""
         from core.checkpoint import save_trainer
@@ -222,7 +216,7 @@ class _CtrlC:
         self.saving = True
         try:
             save_trainer(trainer, out)
-            self.saved, self.saved_state = True, self.state(trainer)
+            self.saved = True
         except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
             raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
                           "its previous checkpoint (if any)") from None
@@ -416,7 +410,7 @@ def _run_request(args):
                       general_questions=questions, auto=auto,
                       time_budget_s=60.0 * args.time_budget if args.time_budget else 0.0,
                       vocab_size=args.vocab_size or ModelConfig.vocab_size, adjust=_plan_adjust(args),
-                      learn_heldout=bool(args.learn_heldout), preset=args.preset)
+                      learn_heldout=bool(args.learn_heldout), save_at_end=True, preset=args.preset)
 
 
 def _plan_adjust(args):
@@ -494,22 +488,19 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _finish(done, run.trainer, out, ctrl_c, bars.recall_stopped)
+    return _finish(done, out, bars.recall_stopped)
 
 
-def _finish(done, trainer, out: Path, ctrl_c: _CtrlC, recall_stopped) -> int:
-    """The end of ``train``: a stopped run's message (exit 130), or the last save, "model saved" and the verdict."""
+def _finish(done, out: Path, recall_stopped) -> int:
+    """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit 130), or
+    "model saved" and the verdict."""
     if done.stopped:
-        if not done.checkpoint:  # stopped before its first step: the state it started from
-            ctrl_c.save(trainer, out)
         print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
         return 130
     if recall_stopped is not None:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
               f"{out} (continue with: opencl-llm train --resume {out})")
         return 130
-    if ctrl_c.saved_state != ctrl_c.state(trainer):  # the last stage's save holds the end state already
-        ctrl_c.save(trainer, out)
     print(f"model saved to {out}")
     if done.verdict:
         print(done.verdict.replace(" — try the model on the Chat tab", ""))

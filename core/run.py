@@ -59,6 +59,9 @@ class RunRequest:
             ``vocab_size``), then ``adjust(model_config, train_config)`` applies the caller's own options;
             ``learn_heldout`` trains the fact questions the plan holds out.
         val_every: None: no validation loss; 0: at each stage end; N: also every N steps.
+        save_at_end: save once more at the end (and on a stop before the first step) when the trainer's
+            state (stage, step, AdamW step) is not the last save's, e.g. a resumed run with nothing left
+            to train (``train`` does; the app keeps the checkpoint it has).
         preset: the preset's name for the verdict's advice (the plan's when ``auto``).
         plan_s: ``(run_s, first_run_s)`` of a plan made before (the app's Auto plan) for RunStarted.
     """
@@ -80,6 +83,7 @@ class RunRequest:
     adjust: Callable[[ModelConfig, TrainConfig], tuple[ModelConfig, TrainConfig]] | None = None
     learn_heldout: bool = False
     val_every: int | None = None
+    save_at_end: bool = False
     preset: str | None = None
     plan_s: tuple[float, float] | None = None
 
@@ -119,6 +123,7 @@ class Run:
         self._stop = False
         self._replay = None  # core.known.Replay of a fine-tune's general questions
         self._resident_before: int | None = None  # a fine-tune's resident bytes before its trainer
+        self._saved_state: tuple[int, int, int] | None = None  # (stage, step, AdamW step) of the last save
 
     def request_stop(self) -> None:
         """Stop after the step in progress (or the recall prompt), with a checkpoint (thread-safe flag)."""
@@ -145,6 +150,8 @@ class Run:
             trainer.request_stop()
         yield from self._started(dev, trainer, base, (builds, build_s))
         if self._stop:
+            if self.request.save_at_end:
+                self._save(trainer, False)
             yield self._done(True, None)
             return
         yield from self._train(trainer)
@@ -301,7 +308,7 @@ class Run:
                     if every and ev.step % every == 0 and ev.step < ev.total_steps and not self._stop:
                         yield self._validation(trainer, ev.stage, ev.global_step)
                 elif isinstance(ev, StageFinished):  # saved before the recall check, so a stop cannot lose it
-                    self.saved = self.hooks.save(trainer, True)
+                    self._save(trainer, True)
                     yield ev
                 elif isinstance(ev, StageReport):
                     stopped, final = ev.stopped, ev
@@ -314,11 +321,16 @@ class Run:
                 if self._stop:
                     trainer.request_stop()
         except TrainingDiverged:
-            self.saved = self.hooks.save(trainer, False)  # the weights of the last good step are kept
+            self._save(trainer, False)  # the weights of the last good step are kept
             raise
-        if stopped and progressed:
-            self.saved = self.hooks.save(trainer, False)
+        changed = self._saved_state != (trainer.stage_index, trainer.stage_step, trainer.model.adam_step)
+        if (stopped and progressed) or (self.request.save_at_end and changed):
+            self._save(trainer, False)
         yield self._done(stopped, final)
+
+    def _save(self, trainer: Trainer, stage_end: bool) -> None:
+        self.saved = self.hooks.save(trainer, stage_end)
+        self._saved_state = (trainer.stage_index, trainer.stage_step, trainer.model.adam_step)
 
     @staticmethod
     def _validation(trainer: Trainer, stage: Stage, global_step: int) -> ValidationLoss:
