@@ -204,14 +204,14 @@ class Run:
 
     def _resumed(self, dev: Device):
         """The trainer of a resumed checkpoint, at its saved step."""
-        from core.checkpoint import resume_trainer
-        from core.checkpoint_meta import CheckpointMeta
+        from core.checkpoint import load_checkpoint, resume_trainer
 
         req = self.request
-        earlier = CheckpointMeta.read(req.resume).previous_dataset_hashes
+        # the datasets trained before (read as a load reads them: a folder a save left half swapped too)
+        earlier = load_checkpoint(req.resume).checkpoint.previous_dataset_hashes if req.allow_new_data else None
         trainer = resume_trainer(req.resume, dev, train_config=req.train_config, dataset=req.dataset,
                                  allow_new_data=req.allow_new_data)
-        if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
+        if earlier is not None and trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
             yield LogEvent("INFO", f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
                                    f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
