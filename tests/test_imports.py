@@ -140,3 +140,16 @@ def test_known_exceptions_are_still_needed():
     for pair in KNOWN_CYCLES:
         a, b = sorted(pair)
         assert b in graph[a] and a in graph[b], f"{a} <-> {b} is no longer a cycle: remove it from KNOWN_CYCLES"
+
+
+def test_the_cli_and_the_app_drive_a_run_through_core_run():
+    """Issue 23: one run driver. ``opencl-llm train`` and the app's TrainWorker both import core.run, and
+    neither builds a Trainer itself; core.run and core.events (the events the app emits) import no Qt."""
+    graph = import_graph()
+    for front in ("core.cli", "gui.workers"):
+        assert "core.run" in graph[front] and "core.events" in graph[front], front
+        source = _modules()[front].read_text("utf-8")
+        assert "Trainer(" not in source and "resume_trainer(" not in source and "base_trainer(" not in source
+    assert "core.events" in graph["gui.events"]
+    for mod in ("core.run", "core.events"):
+        assert not any(m.startswith("gui") for m in graph[mod]), mod
