@@ -30,8 +30,12 @@ FORMAT_VERSION = 3
 3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`."""
 MARKER = ".opencl-llm-checkpoint"
 """The file every save writes into a checkpoint folder: the folder is ours to replace."""
-CHECKPOINT_FILES = ("config.json", "weights.npz", "optimizer.npz", "tokenizer.json", "dataset.json", MARKER)
-"""Every file a save writes; anything else in a checkpoint folder is someone else's."""
+CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE = "config.json", "weights.npz", "optimizer.npz"
+TOKENIZER_FILE, DATASET_FILE = "tokenizer.json", "dataset.json"
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, DATASET_FILE, MARKER)
+"""Every file a save writes; anything else in a checkpoint folder is someone else's. Only this module
+and core/checkpoint.py name them; others ask :func:`has_checkpoint`, :func:`dataset_path`,
+:func:`has_our_weights`."""
 STAGE_NAMES = ("pretrain", "tune")
 MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
@@ -58,6 +62,23 @@ class TrainingKeys:
 class CheckpointError(ValueError):
     """A checkpoint folder is missing, incomplete, damaged or of another format (one line, naming the
     file and, where it applies, the field)."""
+
+
+# ------------------------------------------------------------------------------------ the file layout
+def has_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a saved checkpoint's config.json (not validated: see
+    :meth:`CheckpointMeta.read`)."""
+    return (Path(folder) / CONFIG_FILE).is_file()
+
+
+def has_our_weights(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` has a weights file of ours (tells a checkpoint from another tool's folder)."""
+    return (Path(folder) / WEIGHTS_FILE).exists()
+
+
+def dataset_path(folder: str | os.PathLike) -> Path:
+    """The dataset a checkpoint in ``folder`` was trained on (it may be missing)."""
+    return Path(folder) / DATASET_FILE
 
 
 # ------------------------------------------------------------------------------------ config.json

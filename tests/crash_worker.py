@@ -3,8 +3,8 @@
     python -m tests.crash_worker ROOT [--random N] [--seed S]
 
 It needs no OpenCL (a save takes plain data), so it can fork: for every file operation n of a save it
-forks a child that saves with ``OPENCL_LLM_CRASH_AT=n`` (the child SIGKILLs itself just before operation
-n) or ``enospc:n`` (operation n fails as on a full disk), waits for it, and checks the folder: it must
+forks a child that saves with ``OPENCL_LLM_CRASH_AT=n`` (tests/file_ops.py: the child SIGKILLs itself just before
+operation n) or ``enospc:n`` (operation n fails as on a full disk), waits for it, and checks the folder: it must
 hold the old or the new checkpoint, complete and consistent (weights, moments, dataset and tokenizer
 of one save), loadable, finite, with nothing left behind after the next load. ``--random N`` adds N
 kills from outside (SIGKILL after a random delay) of a child saving in a loop. Prints one JSON line of
@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from tests import file_ops
 
 FIXTURE = Path(__file__).parent / "data" / "checkpoint_v1"
 
@@ -103,13 +105,11 @@ def _child(folder: Path, state, spec: str | None, loop: bool = False) -> int:
     if pid == 0:
         code = 0
         try:
-            from core import atomic
-
-            atomic.reset_op_count()
+            file_ops.reset_op_count()
             if spec:
-                os.environ[atomic.CRASH_ENV] = spec
+                os.environ[file_ops.CRASH_ENV] = spec
             else:
-                os.environ.pop(atomic.CRASH_ENV, None)
+                os.environ.pop(file_ops.CRASH_ENV, None)
             while True:
                 _save(folder, state)
                 if not loop:
@@ -129,19 +129,17 @@ def _wait(pid: int) -> int:
 
 def count_ops(root: Path, states, fresh: bool) -> int:
     """File operations of one save of the new version (over the old one, or into a new folder)."""
-    from core import atomic
-
     log = root / f"ops-{fresh}.log"
     folder = root / "count"
     shutil.rmtree(folder, ignore_errors=True)
     if not fresh:
         _save(folder, states["old"])
-    os.environ[atomic.CRASH_LOG_ENV] = str(log)
+    os.environ[file_ops.CRASH_LOG_ENV] = str(log)
     try:
         pid = _child(folder, states["new"], None)
         assert _wait(pid) == 0
     finally:
-        os.environ.pop(atomic.CRASH_LOG_ENV, None)
+        os.environ.pop(file_ops.CRASH_LOG_ENV, None)
     n = len(log.read_text().splitlines())
     shutil.rmtree(folder)
     return n
@@ -154,6 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--readers", type=int, default=0, help="loads while another process saves in a loop")
     args = ap.parse_args(argv)
+    file_ops.install()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     states = {"old": _state("old"), "new": _state("new")}
@@ -175,11 +174,10 @@ def main(argv=None) -> int:
                 if leftovers and n % 3 == 0:  # a second crash, now during the recovery a load does
                     pid = os.fork()
                     if pid == 0:
-                        from core import atomic
                         from core.checkpoint import load_checkpoint
 
-                        atomic.reset_op_count()
-                        os.environ[atomic.CRASH_ENV] = "1"
+                        file_ops.reset_op_count()
+                        os.environ[file_ops.CRASH_ENV] = "1"
                         try:
                             load_checkpoint(folder)
                         except BaseException:  # noqa: BLE001
