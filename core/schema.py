@@ -100,6 +100,15 @@ def texts(name: str, value: Any) -> list[str]:
     return list(value)
 
 
+def items(check: Check) -> Check:
+    """A list whose every item passes ``check`` (the item named ``name[i]``)."""
+    def check_list(name: str, value: Any) -> list:
+        if not isinstance(value, list):
+            raise FieldError(name, f"must be a list, got {kind(value)}")
+        return [check(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    return check_list
+
+
 def mapping(name: str, value: Any) -> dict:
     """A JSON object."""
     if not isinstance(value, dict):
@@ -133,5 +142,5 @@ def check_dataclass(obj: object, prefix: str = "") -> None:
             check(prefix + f.name, getattr(obj, f.name))
 
 
-__all__ = ["FieldError", "Check", "MISSING", "kind", "whole", "number", "flag", "text", "texts", "mapping", "read",
+__all__ = ["FieldError", "Check", "MISSING", "kind", "whole", "number", "flag", "text", "texts", "items", "mapping", "read",
            "spec", "check_dataclass"]
