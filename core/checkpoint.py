@@ -42,9 +42,9 @@ from gguf import MODEL_TENSOR
 
 from core import __version__
 from core.atomic import atomic_write, backup_path, readable_folder, recover_folder, replace_folder
-from core.checkpoint_meta import (FORMAT, FORMAT_VERSION, MARKER, CheckpointError, CheckpointMeta,
-                                  check_export_target, check_output_folder, is_checkpoint_folder, is_file,
-                                  open_binary, pin_folder, read_text)
+from core.checkpoint_meta import (DATASET_FILE, FORMAT, FORMAT_VERSION, MARKER, OPTIMIZER_FILE, CheckpointError,
+                                  CheckpointMeta, check_export_target, check_output_folder, dataset_path,
+                                  is_checkpoint_folder, is_file, open_binary, pin_folder, read_text)
 from core.config import ModelConfig, TrainConfig, replace, tensor_name
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.loaded import LoadedModel
@@ -498,38 +498,12 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     loaded = load_checkpoint(directory)
     meta = loaded.checkpoint
     d = readable_folder(directory)
-    if not (d / "optimizer.npz").is_file() or not (d / "dataset.json").is_file():
-        raise CheckpointError(f"{d}: cannot resume training, optimizer.npz or dataset.json is missing")
-    if dataset is None:
-        try:
-            dataset, problems = load_dataset(d / "dataset.json")
-        except (DatasetError, OSError) as e:
-            raise CheckpointError(str(e)) from None
-        if problems:
-            raise CheckpointError(str(problems[0]))
-    new_hash = dataset_hash(dataset)
-    previous = meta.previous_dataset_hashes
-    if meta.dataset_hash and new_hash != meta.dataset_hash:
-        if not allow_new_data:
-            raise CheckpointError(f"{d / 'dataset.json'}: not the dataset this run was trained on (its hash "
-                                  f"{new_hash[:12]} differs from config.json's dataset_hash "
-                                  f"{meta.dataset_hash[:12]}); resume with --allow-new-data to continue on it")
-        previous = previous + (meta.dataset_hash,)
+    if not (d / OPTIMIZER_FILE).is_file() or not dataset_path(d).is_file():
+        raise CheckpointError(f"{d}: cannot resume training, {OPTIMIZER_FILE} or {DATASET_FILE} is missing")
+    dataset, previous = _resume_dataset(d, meta, dataset, allow_new_data)
     tc = train_config or meta.train
     stage_index, stage_step = resume_position(meta, tc)
-    if meta.version >= 3 and not meta.optimizer_sha256:
-        raise CheckpointError(f"{d / 'optimizer.npz'}: not written with this checkpoint (config.json has no "
-                              "optimizer_sha256: it was saved as a model only)")
-    arrays, digest = _read_arrays(d / "optimizer.npz", limit=_npz_limit(loaded.config, 2))
-    moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
-    moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
-    other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
-    if other:
-        raise CheckpointError(f"{d / 'optimizer.npz'}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
-    _check_tensors(d / "optimizer.npz", moment1, loaded.config, tensor_shapes(meta))
-    _check_tensors(d / "optimizer.npz", moment2, loaded.config, tensor_shapes(meta))
-    _check_hash(d / "optimizer.npz", digest, meta.optimizer_sha256, "optimizer_sha256")
-    _check_loaded_finite(d / "optimizer.npz", arrays)
+    moment1, moment2 = _read_moments(d / OPTIMIZER_FILE, meta, loaded.config)
     base = loaded.base_weights if loaded.lora else loaded.weights
     trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=base,
                       lora=loaded.lora, adapter=loaded.adapter, quantized=loaded.quantized)
@@ -539,6 +513,47 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     trainer.previous_dataset_hashes = previous
     trainer.base_meta = dict(meta.base)
     return trainer
+
+
+def _resume_dataset(d: Path, meta: CheckpointMeta, dataset: Dataset | None,
+                    allow_new_data: bool) -> tuple[Dataset, tuple[str, ...]]:
+    """The dataset a resumed run trains on (``dataset``, else the saved one) and its previous dataset
+    hashes; CheckpointError for an unreadable one, or another one without ``allow_new_data``."""
+    if dataset is None:
+        try:
+            dataset, problems = load_dataset(dataset_path(d))
+        except (DatasetError, OSError) as e:
+            raise CheckpointError(str(e)) from None
+        if problems:
+            raise CheckpointError(str(problems[0]))
+    new_hash = dataset_hash(dataset)
+    previous = meta.previous_dataset_hashes
+    if meta.dataset_hash and new_hash != meta.dataset_hash:
+        if not allow_new_data:
+            raise CheckpointError(f"{dataset_path(d)}: not the dataset this run was trained on (its hash "
+                                  f"{new_hash[:12]} differs from config.json's dataset_hash "
+                                  f"{meta.dataset_hash[:12]}); resume with --allow-new-data to continue on it")
+        previous = previous + (meta.dataset_hash,)
+    return dataset, previous
+
+
+def _read_moments(path: Path, meta: CheckpointMeta, config: ModelConfig) -> tuple[dict, dict]:
+    """The AdamW moments (m, v) of optimizer.npz, each ``{tensor name: float32 array}``, checked against
+    the model's tensors, config.json's optimizer_sha256 and for finiteness (CheckpointError)."""
+    if meta.version >= 3 and not meta.optimizer_sha256:
+        raise CheckpointError(f"{path}: not written with this checkpoint (config.json has no "
+                              "optimizer_sha256: it was saved as a model only)")
+    arrays, digest = _read_arrays(path, limit=_npz_limit(config, 2))
+    moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
+    moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
+    other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
+    if other:
+        raise CheckpointError(f"{path}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
+    _check_tensors(path, moment1, config, tensor_shapes(meta))
+    _check_tensors(path, moment2, config, tensor_shapes(meta))
+    _check_hash(path, digest, meta.optimizer_sha256, "optimizer_sha256")
+    _check_loaded_finite(path, arrays)
+    return moment1, moment2
 
 
 __all__ = ["check_output_folder", "check_export_target", "is_checkpoint_folder", "MARKER", "save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",
