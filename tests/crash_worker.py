@@ -145,6 +145,96 @@ def count_ops(root: Path, states, fresh: bool) -> int:
     return n
 
 
+def _kill_during_recovery(folder: Path) -> None:
+    """A second crash, now during the recovery a load does (at its first file operation)."""
+    pid = os.fork()
+    if pid == 0:
+        from core.checkpoint import load_checkpoint
+
+        file_ops.reset_op_count()
+        os.environ[file_ops.CRASH_ENV] = "1"
+        try:
+            load_checkpoint(folder)
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(0)
+    _wait(pid)
+
+
+def _kill_at_every_op(folder: Path, states, ops: dict, counts: dict) -> None:
+    """kill -9 before each file operation of a save over the old checkpoint and into a new folder."""
+    for fresh in (False, True):
+        n_ops = ops[fresh]
+        for n in range(1, n_ops + 2):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not fresh:
+                _save(folder, states["old"])
+            rc = _wait(_child(folder, states["new"], str(n)))
+            assert rc == (-signal.SIGKILL if n <= n_ops else 0), f"op {n}: child ended with {rc}"
+            if _leftovers(folder) and n % 3 == 0:
+                _kill_during_recovery(folder)
+                counts["kill_during_recovery"] += 1
+            got = check(folder, states, allow_none=fresh)
+            if n > n_ops:
+                assert got == "new", f"op {n}: a completed save left {got}"
+            counts["outcomes"][got] += 1
+            counts["kill_at_op_fresh" if fresh else "kill_at_op_overwrite"] += 1 if n <= n_ops else 0
+
+
+def _full_disk_at_every_op(folder: Path, states, n_ops: int, counts: dict) -> None:
+    """A full disk at each operation: an error and the old checkpoint, or (a failure the save may
+    ignore, such as a folder's fsync) the new one."""
+    for n in range(1, n_ops + 1):
+        shutil.rmtree(folder, ignore_errors=True)
+        _save(folder, states["old"])
+        rc = _wait(_child(folder, states["new"], f"enospc:{n}"))
+        assert rc in (0, 3), f"enospc at op {n}: child ended with {rc}"
+        assert rc == 0 or not _leftovers(folder), f"enospc at op {n}: left {_leftovers(folder)}"
+        got = check(folder, states, allow_none=False)
+        assert got == ("new" if rc == 0 else "old"), f"enospc at op {n}: exit {rc} but the folder holds {got}"
+        counts["enospc_at_op"] += 1
+        counts["outcomes"][got] += 1
+
+
+def _random_kills(folder: Path, states, n: int, seed: int, counts: dict) -> None:
+    """kill -9 from outside at a random moment of saves in a loop."""
+    rng = random.Random(seed)
+    for i in range(n):
+        shutil.rmtree(folder, ignore_errors=True)
+        _save(folder, states["old"])
+        pid = _child(folder, states["new" if i % 2 else "old"], None, loop=True)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+        got = check(folder, states, allow_none=False)
+        counts["random_kill"] += 1
+        counts["outcomes"][got] += 1
+
+
+def _reads_during_saves(folder: Path, states, n: int, counts: dict) -> None:
+    """A reader (chat, export) while a writer holding the folder's lock saves in a loop."""
+    shutil.rmtree(folder, ignore_errors=True)
+    _save(folder, states["old"])
+    pid = os.fork()
+    if pid == 0:
+        from core.folder_lock import FolderLock
+
+        FolderLock(folder, "crash_worker writer").acquire()
+        i = 0
+        while True:
+            _save(folder, states["new" if i % 2 else "old"])
+            i += 1
+    try:
+        for _ in range(n):
+            got = check(folder, states, allow_none=False, writer_alive=True)
+            counts["reads_during_saves"] += 1
+            counts["outcomes"][got] += 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+    check(folder, states, allow_none=False)  # and the dead writer's leftovers are recovered
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("root")
@@ -157,82 +247,16 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     states = {"old": _state("old"), "new": _state("new")}
     ops = {fresh: count_ops(root, states, fresh) for fresh in (False, True)}
-    n_ops = ops[False]
-    counts = {"file_ops_per_save": ops[False], "file_ops_first_save": ops[True], "kill_at_op_overwrite": 0, "kill_at_op_fresh": 0, "enospc_at_op": 0,
-              "kill_during_recovery": 0, "random_kill": 0, "reads_during_saves": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
+    counts = {"file_ops_per_save": ops[False], "file_ops_first_save": ops[True], "kill_at_op_overwrite": 0,
+              "kill_at_op_fresh": 0, "enospc_at_op": 0, "kill_during_recovery": 0, "random_kill": 0,
+              "reads_during_saves": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
     folder = root / "ck"
     try:
-        for fresh in (False, True):
-            n_ops = ops[fresh]
-            for n in range(1, n_ops + 2):
-                shutil.rmtree(folder, ignore_errors=True)
-                if not fresh:
-                    _save(folder, states["old"])
-                rc = _wait(_child(folder, states["new"], str(n)))
-                assert rc == (-signal.SIGKILL if n <= n_ops else 0), f"op {n}: child ended with {rc}"
-                leftovers = bool(_leftovers(folder))
-                if leftovers and n % 3 == 0:  # a second crash, now during the recovery a load does
-                    pid = os.fork()
-                    if pid == 0:
-                        from core.checkpoint import load_checkpoint
-
-                        file_ops.reset_op_count()
-                        os.environ[file_ops.CRASH_ENV] = "1"
-                        try:
-                            load_checkpoint(folder)
-                        except BaseException:  # noqa: BLE001
-                            pass
-                        os._exit(0)
-                    _wait(pid)
-                    counts["kill_during_recovery"] += 1
-                got = check(folder, states, allow_none=fresh)
-                if n > n_ops:
-                    assert got == "new", f"op {n}: a completed save left {got}"
-                counts["outcomes"][got] += 1
-                counts["kill_at_op_fresh" if fresh else "kill_at_op_overwrite"] += 1 if n <= n_ops else 0
-        n_ops = ops[False]
-        for n in range(1, n_ops + 1):  # a full disk at each operation: an error, and the old checkpoint
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            rc = _wait(_child(folder, states["new"], f"enospc:{n}"))
-            assert rc in (0, 3), f"enospc at op {n}: child ended with {rc}"
-            assert rc == 0 or not _leftovers(folder), f"enospc at op {n}: left {_leftovers(folder)}"
-            got = check(folder, states, allow_none=False)
-            assert got == ("new" if rc == 0 else "old"), f"enospc at op {n}: exit {rc} but the folder holds {got}"
-            counts["enospc_at_op"] += 1
-            counts["outcomes"][got] += 1
-        rng = random.Random(args.seed)
-        for i in range(args.random):  # kill -9 from outside at a random moment of saves in a loop
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            pid = _child(folder, states["new" if i % 2 else "old"], None, loop=True)
-            time.sleep(rng.uniform(0.0, 0.05))
-            os.kill(pid, signal.SIGKILL)
-            _wait(pid)
-            got = check(folder, states, allow_none=False)
-            counts["random_kill"] += 1
-            counts["outcomes"][got] += 1
-        if args.readers:  # a reader (chat, export) while a writer holding the folder's lock saves in a loop
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            pid = os.fork()
-            if pid == 0:
-                from core.folder_lock import FolderLock
-
-                FolderLock(folder, "crash_worker writer").acquire()
-                i = 0
-                while True:
-                    _save(folder, states["new" if i % 2 else "old"])
-                    i += 1
-            try:
-                for _ in range(args.readers):
-                    got = check(folder, states, allow_none=False, writer_alive=True)
-                    counts["reads_during_saves"] += 1
-                    counts["outcomes"][got] += 1
-            finally:
-                os.kill(pid, signal.SIGKILL)
-                _wait(pid)
-            check(folder, states, allow_none=False)  # and the dead writer's leftovers are recovered
+        _kill_at_every_op(folder, states, ops, counts)
+        _full_disk_at_every_op(folder, states, ops[False], counts)
+        _random_kills(folder, states, args.random, args.seed, counts)
+        if args.readers:
+            _reads_during_saves(folder, states, args.readers, counts)
     except AssertionError as e:
         print(f"FAIL: {e}", file=sys.stderr)
         print(json.dumps(counts))
