@@ -15,12 +15,8 @@ A folder (a checkpoint, after SQLite's atomic commit): :func:`replace_folder` wr
 writer, or by a reader when no writer holds the folder) finishes or discards what an interrupted swap
 left.
 
-Crash tests: every file operation passes :func:`file_op`, which counts it. With the environment variable
-``OPENCL_LLM_CRASH_AT=N`` the process kills itself (SIGKILL, like ``kill -9``) just before operation N
-(1-based, counted from the start of the process); ``OPENCL_LLM_CRASH_AT=enospc:N`` makes operation N
-fail with ``OSError(ENOSPC)`` instead (a full disk), and ``sigint2:N`` sends the process two SIGINTs there
-(a double Ctrl-C). ``OPENCL_LLM_CRASH_LOG=PATH`` appends one line per
-operation (its number and name) to PATH, so a test can count the operations of a save.
+Crash tests inject faults at each of these file operations from outside (tests/file_ops.py), so this
+module holds no test hook.
 """
 from __future__ import annotations
 
@@ -28,51 +24,10 @@ import errno
 import os
 import secrets
 import shutil
-import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-CRASH_ENV = "OPENCL_LLM_CRASH_AT"
-CRASH_LOG_ENV = "OPENCL_LLM_CRASH_LOG"
-
-_op_count = 0
-
-
-def file_op(name: str) -> None:
-    """Count one file operation (crash-test hook; see the module docstring).
-
-    Raises:
-        OSError: ENOSPC when ``OPENCL_LLM_CRASH_AT=enospc:N`` names this operation. Kills the process
-            (SIGKILL) when ``OPENCL_LLM_CRASH_AT=N`` does.
-    """
-    global _op_count
-    _op_count += 1
-    log = os.environ.get(CRASH_LOG_ENV)
-    if log:
-        with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"{_op_count} {name}\n")
-    spec = os.environ.get(CRASH_ENV, "")
-    if not spec:
-        return
-    kind, _, n = spec.rpartition(":")
-    if not n.isdigit() or int(n) != _op_count:
-        return
-    if kind == "enospc":
-        raise OSError(errno.ENOSPC, f"No space left on device (injected before file operation {n}: {name})")
-    if kind == "sigint2":  # a double Ctrl-C at this moment
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def reset_op_count() -> None:
-    """Restart the operation count at 0 (for tests that fork one child per injection point)."""
-    global _op_count
-    _op_count = 0
-
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -83,7 +38,6 @@ def _umask() -> int:
 def fsync_folder(folder: str | os.PathLike) -> None:
     """Flush a folder's entries (new, renamed, removed files) to disk; a no-op where folders cannot be
     opened (Windows)."""
-    file_op(f"fsync {folder}")
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -115,18 +69,15 @@ def atomic_path(path: str | os.PathLike, sync_folder: bool = True) -> Iterator[P
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    file_op(f"create {tmp.name}")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask() if os.name != "nt" else 0o666))
     try:
         yield tmp
-        file_op(f"fsync {tmp.name}")
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         try:
             os.chmod(tmp, path.stat().st_mode & 0o7777)  # keep the permissions of the file it replaces
         except FileNotFoundError:
             pass
-        file_op(f"rename {tmp.name} -> {path.name}")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -159,7 +110,6 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_fol
     """
     path = Path(path)
     with atomic_path(path, sync_folder) as tmp, open(tmp, "wb") as fh:
-        file_op(f"write {tmp.name}")
         if callable(data):
             data(fh)
         else:
@@ -196,7 +146,6 @@ def remove_tree(path: str | os.PathLike) -> None:
         OSError: the first file or folder that cannot be removed (its ``filename`` and ``strerror``
             say which and why, e.g. permission denied); what could be removed is gone.
     """
-    file_op(f"rmtree {Path(path).name}")
     shutil.rmtree(path)
 
 
@@ -266,14 +215,12 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     if bak.is_dir():
         if not folder.exists():
             try:
-                file_op(f"rename {bak.name} -> {folder.name}")
                 os.rename(bak, folder)
                 fsync_folder(folder.parent)
                 done.append(f"restored {folder} from the backup of an interrupted save")
             except OSError:
                 pass
         else:
-            file_op(f"rmtree {bak.name}")
             shutil.rmtree(bak, ignore_errors=True)
             done.append(f"removed {bak} (left by a save that had finished)")
     prefix = _temp_prefix(folder)
@@ -283,7 +230,6 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
         siblings = []
     for p in siblings:
         if p.name.startswith(prefix) and p.is_dir() and _temp_owner_dead(p.name, prefix):
-            file_op(f"rmtree {p.name}")
             shutil.rmtree(p, ignore_errors=True)
             done.append(f"removed {p} (an unfinished save)")
     for p in remove_stale_temp_files(folder) if folder.is_dir() else []:
@@ -314,12 +260,10 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
     recover_folder(folder)
     tmp = folder.with_name(f"{_temp_prefix(folder)}{_host()}-{os.getpid()}-{secrets.token_hex(3)}")
     try:
-        file_op(f"mkdir {tmp.name}")
         tmp.mkdir()
         write(tmp)
         for p in sorted(tmp.iterdir()):
             if p.is_file():
-                file_op(f"fsync {tmp.name}/{p.name}")
                 with open(p, "rb") as fh:
                     os.fsync(fh.fileno())
         fsync_folder(tmp)
@@ -355,10 +299,8 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
             raise OSError(e.errno, f"cannot remove the old backup {bak} ({e.strerror or e}: "
                           f"{e.filename or bak}); remove it by hand") from None
     if folder.exists():
-        file_op(f"rename {folder.name} -> {bak.name}")
         os.rename(folder, bak)
     try:
-        file_op(f"rename {source.name} -> {folder.name}")
         os.rename(source, folder)
     except BaseException:
         if bak.is_dir() and not folder.exists():
@@ -367,7 +309,6 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     try:  # the new folder is in place: what follows only tidies up, and may fail without harm
         fsync_folder(folder.parent)
         if bak.exists():
-            file_op(f"rmtree {bak.name}")
             shutil.rmtree(bak, ignore_errors=True)
     except OSError:
         pass  # a leftover .bak is removed by the next recover_folder
@@ -375,4 +316,4 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
 
 
 __all__ = ["atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
-           "remove_stale_temp_files", "remove_tree", "fsync_folder", "file_op", "reset_op_count", "CRASH_ENV", "CRASH_LOG_ENV"]
+           "remove_stale_temp_files", "remove_tree", "fsync_folder"]

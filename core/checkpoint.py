@@ -42,9 +42,10 @@ from gguf import MODEL_TENSOR
 
 from core import __version__
 from core.atomic import atomic_write, backup_path, readable_folder, recover_folder, replace_folder
-from core.checkpoint_meta import (FORMAT, FORMAT_VERSION, MARKER, CheckpointError, CheckpointMeta,
-                                  check_export_target, check_output_folder, is_checkpoint_folder, is_file,
-                                  open_binary, pin_folder, read_text)
+from core.checkpoint_meta import (CONFIG_FILE, DATASET_FILE, FORMAT, FORMAT_VERSION, MARKER, OPTIMIZER_FILE,
+                                  TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError,
+                                  CheckpointMeta, check_export_target, check_output_folder, dataset_path,
+                                  is_checkpoint_folder, is_file, open_binary, pin_folder, read_text)
 from core.config import ModelConfig, TrainConfig, replace, tensor_name
 from core.dataset import Dataset, DatasetError, dataset_hash, load_dataset, save_dataset
 from core.loaded import LoadedModel
@@ -118,18 +119,18 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
         raise CheckpointError(f"weights: tensor {extra[0]!r} is not one of the model's tensors (model.n_layers "
                               f"{meta.model.n_layers})")
     _check_finite("weight", weights)
-    files: dict[str, bytes] = {"weights.npz": _npz_bytes(weights)}
+    files: dict[str, bytes] = {WEIGHTS_FILE: _npz_bytes(weights)}
     if optimizer is not None:
         arrays = {f"m.{k}": v for k, v in optimizer["m"].items()} | {f"v.{k}": v for k, v in optimizer["v"].items()}
         _check_finite("optimizer moment", arrays)
-        files["optimizer.npz"] = _npz_bytes(arrays)
-        meta = _replace(meta, adam_step=int(optimizer["step"]))
+        files[OPTIMIZER_FILE] = _npz_bytes(arrays)
+        meta = replace(meta, adam_step=int(optimizer["step"]))
     tok_json = tokenizer.to_json()
-    files["tokenizer.json"] = tok_json.encode("utf-8")
+    files[TOKENIZER_FILE] = tok_json.encode("utf-8")
     files[MARKER] = f"{FORMAT}\n".encode("utf-8")
-    sha = {name: hashlib.sha256(files[name]).hexdigest() if name in files else "" for name in ("weights.npz", "optimizer.npz")}
-    meta = _replace(meta, tokenizer_hash=hashlib.sha256(files["tokenizer.json"]).hexdigest(),
-                    weights_sha256=sha["weights.npz"], optimizer_sha256=sha["optimizer.npz"],
+    sha = {name: hashlib.sha256(files[name]).hexdigest() if name in files else "" for name in (WEIGHTS_FILE, OPTIMIZER_FILE)}
+    meta = replace(meta, tokenizer_hash=hashlib.sha256(files[TOKENIZER_FILE]).hexdigest(),
+                    weights_sha256=sha[WEIGHTS_FILE], optimizer_sha256=sha[OPTIMIZER_FILE],
                     dataset_hash=dataset_hash(dataset), saved=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     app_version=__version__, version=FORMAT_VERSION)
     config_text = meta.to_json()
@@ -137,8 +138,8 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
     def write(tmp: Path) -> None:
         for name, data in files.items():
             atomic_write(tmp / name, data, sync_folder=False)
-        save_dataset(dataset, tmp / "dataset.json", sync_folder=False)
-        atomic_write(tmp / "config.json", config_text, sync_folder=False)
+        save_dataset(dataset, tmp / DATASET_FILE, sync_folder=False)
+        atomic_write(tmp / CONFIG_FILE, config_text, sync_folder=False)
 
     return replace_folder(d, write)
 
@@ -151,12 +152,6 @@ def tensor_shapes(meta: CheckpointMeta) -> list[tuple[str, tuple[int, ...]]]:
     from core.lora import adapter_shapes
 
     return adapter_shapes(meta.model, meta.lora)
-
-
-def _replace(meta: CheckpointMeta, **kw) -> CheckpointMeta:
-    from dataclasses import replace
-
-    return replace(meta, **kw)
 
 
 def trainer_meta(trainer: Trainer) -> CheckpointMeta:
@@ -254,10 +249,10 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
                               if not _is_gguf(d) else f"{d}: a GGUF file without the .gguf extension; rename "
                               "it to end in .gguf")
     meta = CheckpointMeta.read(d, dir_fd)
-    for f in ("weights.npz", "tokenizer.json"):
+    for f in (WEIGHTS_FILE, TOKENIZER_FILE):
         if not is_file(d / f, dir_fd):
             raise CheckpointError(f"{d}: incomplete checkpoint, {f} is missing")
-    tok_path = d / "tokenizer.json"
+    tok_path = d / TOKENIZER_FILE
     text = read_text(tok_path, MAX_TOKENIZER_BYTES, dir_fd)
     if meta.tokenizer_hash and hashlib.sha256(text.encode("utf-8")).hexdigest() != meta.tokenizer_hash:
         raise CheckpointError(f"{tok_path}: does not belong to this checkpoint (its hash differs from "
@@ -271,12 +266,13 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
     if tok.vocab_size != meta.model.vocab_size:
         raise CheckpointError(f"{tok_path}: has {tok.vocab_size} tokens, config.json's model.vocab_size is "
                               f"{meta.model.vocab_size} (a tokenizer of another model?)")
-    weights, digest = _read_arrays(d / "weights.npz", dir_fd, _npz_limit(meta.model, 1))
+    path = d / WEIGHTS_FILE
+    weights, digest = _read_arrays(path, dir_fd, _npz_limit(meta.model, 1))
     if meta.lora is None:
         _check_architecture(d, weights, meta.model)
-    _check_tensors(d / "weights.npz", weights, meta.model, tensor_shapes(meta))
-    _check_hash(d / "weights.npz", digest, meta.weights_sha256, "weights_sha256")
-    _check_loaded_finite(d / "weights.npz", weights)
+    _check_tensors(path, weights, meta.model, tensor_shapes(meta))
+    _check_hash(path, digest, meta.weights_sha256, "weights_sha256")
+    _check_loaded_finite(path, weights)
     if meta.lora is not None:
         return _with_lora_base(d, meta, tok, weights, directory)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
@@ -287,7 +283,7 @@ def _with_lora_base(d: Path, meta: CheckpointMeta, tok, adapter: dict[str, np.nd
     the adapters merged in, and both kept apart (``LoadedModel.base_weights`` / ``.adapter``)."""
     from core.lora import merge
 
-    base = load_lora_base(meta.base["base_model"], meta.base["base_sha256"], d / "config.json")
+    base = load_lora_base(meta.base["base_model"], meta.base["base_sha256"], d / CONFIG_FILE)
     if replace(base.config, context_length=meta.model.context_length) != meta.model:
         raise CheckpointError(f"{d / 'config.json'}: field 'model' does not describe the base file "
                               f"{meta.base['base_model']} (an adapter of another base)")
@@ -498,38 +494,12 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     loaded = load_checkpoint(directory)
     meta = loaded.checkpoint
     d = readable_folder(directory)
-    if not (d / "optimizer.npz").is_file() or not (d / "dataset.json").is_file():
-        raise CheckpointError(f"{d}: cannot resume training, optimizer.npz or dataset.json is missing")
-    if dataset is None:
-        try:
-            dataset, problems = load_dataset(d / "dataset.json")
-        except (DatasetError, OSError) as e:
-            raise CheckpointError(str(e)) from None
-        if problems:
-            raise CheckpointError(str(problems[0]))
-    new_hash = dataset_hash(dataset)
-    previous = meta.previous_dataset_hashes
-    if meta.dataset_hash and new_hash != meta.dataset_hash:
-        if not allow_new_data:
-            raise CheckpointError(f"{d / 'dataset.json'}: not the dataset this run was trained on (its hash "
-                                  f"{new_hash[:12]} differs from config.json's dataset_hash "
-                                  f"{meta.dataset_hash[:12]}); resume with --allow-new-data to continue on it")
-        previous = previous + (meta.dataset_hash,)
+    if not (d / OPTIMIZER_FILE).is_file() or not dataset_path(d).is_file():
+        raise CheckpointError(f"{d}: cannot resume training, {OPTIMIZER_FILE} or {DATASET_FILE} is missing")
+    dataset, previous = _resume_dataset(d, meta, dataset, allow_new_data)
     tc = train_config or meta.train
     stage_index, stage_step = resume_position(meta, tc)
-    if meta.version >= 3 and not meta.optimizer_sha256:
-        raise CheckpointError(f"{d / 'optimizer.npz'}: not written with this checkpoint (config.json has no "
-                              "optimizer_sha256: it was saved as a model only)")
-    arrays, digest = _read_arrays(d / "optimizer.npz", limit=_npz_limit(loaded.config, 2))
-    moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
-    moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
-    other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
-    if other:
-        raise CheckpointError(f"{d / 'optimizer.npz'}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
-    _check_tensors(d / "optimizer.npz", moment1, loaded.config, tensor_shapes(meta))
-    _check_tensors(d / "optimizer.npz", moment2, loaded.config, tensor_shapes(meta))
-    _check_hash(d / "optimizer.npz", digest, meta.optimizer_sha256, "optimizer_sha256")
-    _check_loaded_finite(d / "optimizer.npz", arrays)
+    moment1, moment2 = _read_moments(d / OPTIMIZER_FILE, meta, loaded.config)
     base = loaded.base_weights if loaded.lora else loaded.weights
     trainer = Trainer(dataset, loaded.config, tc, device, tokenizer=loaded.tokenizer, weights=base,
                       lora=loaded.lora, adapter=loaded.adapter, quantized=loaded.quantized)
@@ -539,6 +509,47 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
     trainer.previous_dataset_hashes = previous
     trainer.base_meta = dict(meta.base)
     return trainer
+
+
+def _resume_dataset(d: Path, meta: CheckpointMeta, dataset: Dataset | None,
+                    allow_new_data: bool) -> tuple[Dataset, tuple[str, ...]]:
+    """The dataset a resumed run trains on (``dataset``, else the saved one) and its previous dataset
+    hashes; CheckpointError for an unreadable one, or another one without ``allow_new_data``."""
+    if dataset is None:
+        try:
+            dataset, problems = load_dataset(dataset_path(d))
+        except (DatasetError, OSError) as e:
+            raise CheckpointError(str(e)) from None
+        if problems:
+            raise CheckpointError(str(problems[0]))
+    new_hash = dataset_hash(dataset)
+    previous = meta.previous_dataset_hashes
+    if meta.dataset_hash and new_hash != meta.dataset_hash:
+        if not allow_new_data:
+            raise CheckpointError(f"{dataset_path(d)}: not the dataset this run was trained on (its hash "
+                                  f"{new_hash[:12]} differs from config.json's dataset_hash "
+                                  f"{meta.dataset_hash[:12]}); resume with --allow-new-data to continue on it")
+        previous = previous + (meta.dataset_hash,)
+    return dataset, previous
+
+
+def _read_moments(path: Path, meta: CheckpointMeta, config: ModelConfig) -> tuple[dict, dict]:
+    """The AdamW moments (m, v) of optimizer.npz, each ``{tensor name: float32 array}``, checked against
+    the model's tensors, config.json's optimizer_sha256 and for finiteness (CheckpointError)."""
+    if meta.version >= 3 and not meta.optimizer_sha256:
+        raise CheckpointError(f"{path}: not written with this checkpoint (config.json has no "
+                              "optimizer_sha256: it was saved as a model only)")
+    arrays, digest = _read_arrays(path, limit=_npz_limit(config, 2))
+    moment1 = {k[2:]: a for k, a in arrays.items() if k.startswith("m.")}
+    moment2 = {k[2:]: a for k, a in arrays.items() if k.startswith("v.")}
+    other = sorted(k for k in arrays if k[:2] not in ("m.", "v."))
+    if other:
+        raise CheckpointError(f"{path}: member {other[0]!r} is not an AdamW moment (m.NAME, v.NAME)")
+    _check_tensors(path, moment1, config, tensor_shapes(meta))
+    _check_tensors(path, moment2, config, tensor_shapes(meta))
+    _check_hash(path, digest, meta.optimizer_sha256, "optimizer_sha256")
+    _check_loaded_finite(path, arrays)
+    return moment1, moment2
 
 
 __all__ = ["check_output_folder", "check_export_target", "is_checkpoint_folder", "MARKER", "save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",

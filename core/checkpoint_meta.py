@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core import __version__
-from core.config import ConfigError, ModelConfig, StageConfig, TrainConfig
+from core.config import ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
+from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
 from core.stages import STAGES
 
 FORMAT = "opencl-llm-studio-checkpoint"
@@ -31,10 +32,8 @@ FORMAT_VERSION = 3
 3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`."""
 MARKER = ".opencl-llm-checkpoint"
 """The file every save writes into a checkpoint folder: the folder is ours to replace."""
-CHECKPOINT_FILES = ("config.json", "weights.npz", "optimizer.npz", "tokenizer.json", "dataset.json", MARKER)
-"""Every file a save writes; anything else in a checkpoint folder is someone else's."""
-STAGE_NAMES = tuple(s.value for s in STAGES)
-"""The saved keys of the stages in config.json's ``train`` (core.stages.Stage values), in run order."""
+from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
+from core.stages import STAGES
 MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
@@ -62,12 +61,24 @@ class CheckpointError(ValueError):
     file and, where it applies, the field)."""
 
 
+# ------------------------------------------------------------------------------------ the file layout
+def has_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a saved checkpoint's config.json (not validated: see
+    :meth:`CheckpointMeta.read`)."""
+    return (Path(folder) / CONFIG_FILE).is_file()
+
+
+def has_our_weights(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` has a weights file of ours (tells a checkpoint from another tool's folder)."""
+    return (Path(folder) / WEIGHTS_FILE).exists()
+
+
+def dataset_path(folder: str | os.PathLike) -> Path:
+    """The dataset a checkpoint in ``folder`` was trained on (it may be missing)."""
+    return Path(folder) / DATASET_FILE
+
+
 # ------------------------------------------------------------------------------------ config.json
-class _FieldError(Exception):
-    def __init__(self, name: str, message: str):
-        super().__init__(f"field {name!r} {message}")
-
-
 def _check_lora_base(base: dict) -> None:
     """A LoRA checkpoint's ``base``: valid ``lora`` settings, the base file's path and sha256."""
     if "lora" not in base:
@@ -77,60 +88,16 @@ def _check_lora_base(base: dict) -> None:
     try:
         LoRAConfig.from_dict(base["lora"])
     except LoRAError as e:
-        raise _FieldError("base.lora", str(e)) from None
+        raise FieldError("base.lora", str(e)) from None
     for key in ("base_model", "base_sha256"):
         if not isinstance(base.get(key), str) or not base[key]:
-            raise _FieldError(f"base.{key}", "must be a non-empty string in a LoRA checkpoint")
+            raise FieldError(f"base.{key}", "must be a non-empty string in a LoRA checkpoint")
 
 
-def _obj(d, name: str) -> dict:
-    if not isinstance(d, dict):
-        raise _FieldError(name, f"must be an object, got {_kind(d)}")
-    return d
-
-
-def _kind(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def _int(d: dict, key: str, prefix: str = "", default=..., minimum: int = 0, maximum: int | None = None) -> int:
-    name = prefix + key
-    if key not in d:
-        if default is ...:
-            raise _FieldError(name, "is missing")
-        return default
-    v = d[key]
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise _FieldError(name, f"must be an integer, got {_kind(v)}")
-    if v < minimum or (maximum is not None and v > maximum):
-        raise _FieldError(name, f"must be within {minimum}..{maximum if maximum is not None else ''}, got {v}")
-    return v
-
-
-def _str(d: dict, key: str, default=...) -> str:
-    if key not in d:
-        if default is ...:
-            raise _FieldError(key, "is missing")
-        return default
-    if not isinstance(d[key], str):
-        raise _FieldError(key, f"must be a string, got {_kind(d[key])}")
-    return d[key]
-
-
-def _stage(d: dict, name: str) -> StageConfig:
-    _obj(d, name)
-    kw = {}
-    for f in fields(StageConfig):
-        if f.name in d:
-            kw[f.name] = d[f.name]
-    try:
-        st = StageConfig(**kw)
-        st.validate(name)
-    except ConfigError as e:
-        raise _FieldError(e.field if "." in e.field else f"{name}.{e.field}", str(e).split(": ", 1)[-1]) from None
-    except TypeError as e:
-        raise _FieldError(name, f"is not a stage config ({e})") from None
+def _stage(name: str, d) -> StageConfig:
+    names = {f.name for f in fields(StageConfig)}
+    st = StageConfig(**{k: v for k, v in mapping(name, d).items() if k in names})
+    st.validate(name)  # FieldError "train.tune.lr: ..."
     return st
 
 
@@ -140,40 +107,42 @@ _V1_MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads"
                     "rope_theta", "norm_eps")
 
 
-def _model_config(d) -> ModelConfig:
-    _obj(d, "model")
-    for f in fields(ModelConfig):
-        if f.name not in d and f.name in _V1_MODEL_FIELDS:
-            raise _FieldError(f"model.{f.name}", "is missing")
+def _model_config(name: str, d) -> ModelConfig:
+    for key in _V1_MODEL_FIELDS:
+        read(mapping(name, d), key, lambda _name, v: v, f"{name}.")  # present (ModelConfig checks the value)
     try:
         return ModelConfig.from_dict(d)
-    except ConfigError as e:
-        raise _FieldError(f"model.{e.field}", str(e).split(": ", 1)[-1]) from None
-    except TypeError as e:
-        raise _FieldError("model", f"is not a model config ({e})") from None
+    except FieldError as e:
+        raise FieldError(f"{name}.{e.field}", e.problem) from None
 
 
-def _train_config(d) -> TrainConfig:
-    _obj(d, "train")
-    for stage in STAGE_NAMES:
-        if stage not in d:
-            raise _FieldError(f"train.{stage}", "is missing")
-    kw = {stage: _stage(d[stage], f"train.{stage}") for stage in STAGE_NAMES}
-    flags = {f.name for f in fields(TrainConfig) if isinstance(f.default, bool)}  # e.g. freeze_embeddings
+def _train_config(name: str, d) -> TrainConfig:
+    kw = {stage: read(mapping(name, d), stage, _stage, f"{name}.") for stage in STAGE_NAMES}
     names = {f.name for f in fields(TrainConfig)} - set(STAGE_NAMES)
-    for k in names & d.keys():
-        v = d[k]
-        if k in flags:
-            if not isinstance(v, bool):
-                raise _FieldError(f"train.{k}", f"must be true or false, got {_kind(v)}")
-        elif not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise _FieldError(f"train.{k}", f"must be a number, got {_kind(v)}")
-        kw[k] = v
     try:
-        return TrainConfig(**kw)
-    except ConfigError as e:
-        raise _FieldError(e.field if e.field.startswith("train.") else f"train.{e.field}",
-                          str(e).split(": ", 1)[-1]) from None
+        return TrainConfig(**kw, **{k: d[k] for k in names & d.keys()})
+    except FieldError as e:
+        raise FieldError(f"{name}.{e.field}", e.problem) from None
+
+
+def _loss(name: str, v) -> float:
+    if v is None:
+        return float("nan")
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise FieldError(name, f"must be a number or null, got {kind(v)}")
+    return float(v)
+
+
+def _sha256(name: str, v) -> str:
+    if text(name, v) and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
+        raise FieldError(name, "must be a sha256 hex digest (64 characters 0-9a-f)")
+    return v
+
+
+def _base(name: str, v) -> dict:
+    base = {k: x for k, x in mapping(name, v).items() if k in BASE_META_KEYS}
+    _check_lora_base(base)
+    return base
 
 
 @dataclass(frozen=True)
@@ -282,43 +251,31 @@ class CheckpointMeta:
                 format; a newer version.
         """
         try:
-            d = _obj(d, "(top level)")
+            d = mapping("(top level)", d)
             fmt = d.get("format")
             if fmt != FORMAT:
-                raise _FieldError("format", f"is {fmt!r}, expected {FORMAT!r} (not a checkpoint of this app)")
-            version = _int(d, "version", minimum=1)
+                raise FieldError("format", f"is {fmt!r}, expected {FORMAT!r} (not a checkpoint of this app)")
+            version = read(d, "version", whole(1))
             if version > FORMAT_VERSION:
-                raise _FieldError("version", f"is {version}: written by a newer app version (this one reads "
-                                  f"up to {FORMAT_VERSION})")
-            model = _model_config(d.get("model")) if "model" in d else _missing("model")
-            train = _train_config(d.get("train")) if "train" in d else _missing("train")
-            stage_index = _int(d, "stage_index", maximum=len(STAGE_NAMES))
-            stage_step = _int(d, "stage_step")
+                raise FieldError("version", f"is {version}: written by a newer app version (this one reads "
+                                 f"up to {FORMAT_VERSION})")
+            model, train = read(d, "model", _model_config), read(d, "train", _train_config)
+            stage_index = read(d, "stage_index", whole(0, len(STAGE_NAMES)))
+            stage_step = read(d, "stage_step", whole(0))
             if stage_index == len(STAGE_NAMES) and stage_step:
-                raise _FieldError("stage_step", f"must be 0 when both stages are done, got {stage_step}")
-            adam_step = _int(d, "adam_step")
-            loss = d.get("last_loss")
-            if loss is None:
-                loss = float("nan")
-            elif not isinstance(loss, (int, float)) or isinstance(loss, bool):
-                raise _FieldError("last_loss", f"must be a number or null, got {_kind(loss)}")
-            prev = d.get("previous_dataset_hashes", [])
-            if not isinstance(prev, list) or not all(isinstance(h, str) for h in prev):
-                raise _FieldError("previous_dataset_hashes", "must be a list of strings")
-            base = d.get("base", {})
-            if not isinstance(base, dict):
-                raise _FieldError("base", f"must be an object, got {_kind(base)}")
-            base = {k: v for k, v in base.items() if k in BASE_META_KEYS}
-            _check_lora_base(base)
-            weights_sha256 = _sha256(d, "weights_sha256", required=version >= 3)
-            optimizer_sha256 = _sha256(d, "optimizer_sha256", required=False)
+                raise FieldError("stage_step", f"must be 0 when both stages are done, got {stage_step}")
             return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
-                       adam_step=adam_step, tokenizer_hash=_str(d, "tokenizer_hash", ""),
-                       dataset_hash=_str(d, "dataset_hash", ""), previous_dataset_hashes=tuple(prev),
-                       last_loss=float(loss), saved=_str(d, "saved", ""), base=base, app_version=_str(d, "app_version", ""),
-                       version=version, weights_sha256=weights_sha256, optimizer_sha256=optimizer_sha256)
-        except _FieldError as e:
-            raise CheckpointError(f"{path}: {e}") from None
+                       adam_step=read(d, "adam_step", whole(0)),
+                       tokenizer_hash=read(d, "tokenizer_hash", text, default=""),
+                       dataset_hash=read(d, "dataset_hash", text, default=""),
+                       previous_dataset_hashes=tuple(read(d, "previous_dataset_hashes", texts, default=[])),
+                       last_loss=read(d, "last_loss", _loss, default=float("nan")),
+                       saved=read(d, "saved", text, default=""), base=read(d, "base", _base, default={}),
+                       app_version=read(d, "app_version", text, default=""), version=version,
+                       weights_sha256=read(d, "weights_sha256", _sha256, default=MISSING if version >= 3 else ""),
+                       optimizer_sha256=read(d, "optimizer_sha256", _sha256, default=""))
+        except FieldError as e:
+            raise CheckpointError(e.at(path)) from None
 
     @classmethod
     def from_json(cls, text: str, path: str | os.PathLike = "config.json") -> "CheckpointMeta":
@@ -337,17 +294,6 @@ class CheckpointMeta:
         if not is_file(cfg, dir_fd):
             raise CheckpointError(f"{folder}: not a checkpoint folder (no config.json)")
         return cls.from_json(read_text(cfg, MAX_CONFIG_BYTES, dir_fd), cfg)
-
-
-def _missing(name: str):
-    raise _FieldError(name, "is missing")
-
-
-def _sha256(d: dict, key: str, required: bool) -> str:
-    v = _str(d, key, ... if required else "")
-    if v and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
-        raise _FieldError(key, "must be a sha256 hex digest (64 characters 0-9a-f)")
-    return v
 
 
 # ------------------------------------------------------------------------------------ reading a folder's files

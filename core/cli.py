@@ -724,13 +724,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = load_model(base_path)
     if base.config.param_shapes() != tuned.config.param_shapes():
         return _fail(f"{base_path} and {args.model} have different architectures")
+    from core.checkpoint_meta import dataset_path
     from core.dataset import Dataset, load_dataset
 
     dataset = Dataset()
     if args.data:
         dataset, _ = load_dataset(args.data)
-    elif (Path(args.model) / "dataset.json").is_file():
-        dataset, _ = load_dataset(Path(args.model) / "dataset.json")
+    elif dataset_path(args.model).is_file():
+        dataset, _ = load_dataset(dataset_path(args.model))
     dev = open_device(args.device)
     for kind, q, want, before, after in before_after(dev, base.weights, tuned.weights, tuned.config,
                                                      tuned.tokenizer, dataset, max_tokens=args.max_tokens):

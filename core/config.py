@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
+from core.schema import FieldError, check_dataclass, flag, number, spec, whole
 from core.stages import STAGES, Stage
 
 # The tensors of one block in the order llama.cpp's converter writes them (the GGUF file order).
@@ -23,27 +24,14 @@ def tensor_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
     return TENSOR_NAMES[tensor].format(bid=block) + ".weight"
 
 
-class ConfigError(ValueError):
-    """A configuration value is impossible. ``field`` names the offending field."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
-
-
-def _positive_float(name: str, value, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
-    if not ok:
-        raise ConfigError(name, f"must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
+ConfigError = FieldError
+"""A configuration value is impossible (:class:`core.schema.FieldError`: ``field`` names the field,
+``str()`` is ``"field: problem"``)."""
 
 
 MAX_LR = 1.0
 """Largest learning rate accepted: an AdamW step moves each weight by about lr."""
+_SHARE = number(minimum=0, below=1)  # a fraction 0 <= x < 1
 
 
 @dataclass(frozen=True)
@@ -64,35 +52,25 @@ class ModelConfig:
             as in SmolLM2 and other small models; its gradient adds into the embedding's.
     """
 
-    vocab_size: int = 1024
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 4
-    ffn_dim: int = 384
-    context_length: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
+    vocab_size: int = spec(1024, whole(1))
+    d_model: int = spec(128, whole(1))
+    n_layers: int = spec(2, whole(1))
+    n_heads: int = spec(4, whole(1))
+    n_kv_heads: int = spec(4, whole(1))
+    ffn_dim: int = spec(384, whole(1))
+    context_length: int = spec(128, whole(2, 8192))  # the longest the kernels support
+    rope_theta: float = spec(10000.0, number(minimum=1, why="the RoPE base; 10000 is usual"))
+    norm_eps: float = spec(1e-5, number(above=0))
+    tie_embeddings: bool = spec(False, flag)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("context_length", self.context_length, 2)
-        _positive_float("rope_theta", self.rope_theta)
-        if self.rope_theta < 1:
-            raise ConfigError("rope_theta", f"must be >= 1 (the RoPE base; 10000 is usual), got {self.rope_theta!r}")
-        _positive_float("norm_eps", self.norm_eps)
-        if not isinstance(self.tie_embeddings, bool):
-            raise ConfigError("tie_embeddings", f"must be true or false, got {self.tie_embeddings!r}")
+        check_dataclass(self)
         if self.d_model % self.n_heads:
             raise ConfigError("n_heads", f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if (self.d_model // self.n_heads) % 2:
             raise ConfigError("n_heads", f"head_dim = d_model / n_heads = {self.d_model // self.n_heads} must be even for RoPE")
         if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
             raise ConfigError("n_kv_heads", f"must divide n_heads ({self.n_heads}), got {self.n_kv_heads}")
-        if self.context_length > 8192:
-            raise ConfigError("context_length", f"at most 8192 is supported, got {self.context_length}")
 
     @property
     def head_dim(self) -> int:
@@ -163,12 +141,13 @@ class StageConfig:
             Train until learned: ``steps`` is a maximum, the decay fits the steps expected to learn.
     """
 
-    steps: int = 300
-    lr: float = 3e-3
-    batch_size: int = 16
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1
-    decay_steps: int = 0
+    steps: int = spec(300, whole(0))
+    lr: float = spec(3e-3, number(above=0, maximum=MAX_LR, why="AdamW steps of a larger size destroy the weights; "
+                                                          "1e-3 is usual"))
+    batch_size: int = spec(16, whole(1))
+    warmup_steps: int = spec(20, whole(0))
+    min_lr_ratio: float = spec(0.1, number(minimum=0, maximum=1))
+    decay_steps: int = spec(0, whole(0))
 
     def validate(self, prefix: str) -> None:
         """Check every field; ``prefix`` (the stage's key, core.stages.Stage) goes into the field name of a ConfigError.
@@ -176,16 +155,7 @@ class StageConfig:
         Raises:
             ConfigError: a field is out of range.
         """
-        _positive_int(f"{prefix}.steps", self.steps, 0)
-        _positive_float(f"{prefix}.lr", self.lr)
-        if self.lr > MAX_LR:
-            raise ConfigError(f"{prefix}.lr", f"must be <= {MAX_LR:g} (AdamW steps of a larger size destroy the "
-                              f"weights; 1e-3 is usual), got {self.lr!r}")
-        _positive_int(f"{prefix}.batch_size", self.batch_size)
-        _positive_int(f"{prefix}.warmup_steps", self.warmup_steps, 0)
-        _positive_int(f"{prefix}.decay_steps", self.decay_steps, 0)
-        if not (0 <= self.min_lr_ratio <= 1):
-            raise ConfigError(f"{prefix}.min_lr_ratio", f"must be within 0..1, got {self.min_lr_ratio!r}")
+        check_dataclass(self, f"{prefix}.")
 
 
 @dataclass(frozen=True)
@@ -237,62 +207,37 @@ class TrainConfig:
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
     tune: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=16, warmup_steps=10))
-    replay_share: float = 0.25
-    grad_clip: float = 1.0
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.98
-    adam_eps: float = 1e-8
-    seed: int = 0
-    vocab_size: int = 1024
-    grad_accum: int = 1
-    freeze_embeddings: bool = False
-    check_every: int = 0
-    recall_target: float = 1.0
-    patience: int = 3
-    learned_after: float = 0.0
-    time_budget_s: float = 0.0
-    mix_share: float = 0.0
-    fact_questions: int = 0
-    fact_question_share: float = 0.5
-    conversation_every: int = 0
-    heldout: int = 0
-    check_sample: int = 0
-    pack_facts: int = 1
+    replay_share: float = spec(0.25, _SHARE)
+    grad_clip: float = spec(1.0, number(minimum=0))
+    weight_decay: float = spec(0.01, number(minimum=0))
+    beta1: float = spec(0.9, _SHARE)
+    beta2: float = spec(0.98, _SHARE)
+    adam_eps: float = spec(1e-8, number(above=0))
+    seed: int = spec(0, whole(0))
+    vocab_size: int = spec(1024, whole(260))
+    grad_accum: int = spec(1, whole(1))
+    freeze_embeddings: bool = spec(False, flag)
+    check_every: int = spec(0, whole(0))
+    recall_target: float = spec(1.0, number(above=0, maximum=1, why="1: every item"))
+    patience: int = spec(3, whole(0))
+    learned_after: float = spec(0.0, _SHARE)
+    time_budget_s: float = spec(0.0, number(minimum=0))
+    mix_share: float = spec(0.0, _SHARE)
+    fact_questions: int = spec(0, whole(0))
+    fact_question_share: float = spec(0.5, _SHARE)
+    conversation_every: int = spec(0, whole(0))
+    heldout: int = spec(0, whole(0))
+    check_sample: int = spec(0, whole(0))
+    pack_facts: int = spec(1, whole(1))
 
     def __post_init__(self) -> None:
         self.pretrain.validate(Stage.PRETRAIN.value)
         self.tune.validate(Stage.DIALOGUES.value)
-        if not (0 <= self.replay_share < 1):
-            raise ConfigError("replay_share", f"must be within 0..1 (exclusive of 1), got {self.replay_share!r}")
-        _positive_float("grad_clip", self.grad_clip, allow_zero=True)
-        _positive_float("weight_decay", self.weight_decay, allow_zero=True)
-        for name in ("beta1", "beta2"):
-            v = getattr(self, name)
-            if not (0 <= v < 1):
-                raise ConfigError(name, f"must be within 0..1, got {v!r}")
-        _positive_float("adam_eps", self.adam_eps)
-        _positive_int("seed", self.seed, 0)
-        _positive_int("vocab_size", self.vocab_size, 260)
-        _positive_int("grad_accum", self.grad_accum)
+        check_dataclass(self)
         for st, prefix in ((self.pretrain, Stage.PRETRAIN.value), (self.tune, Stage.DIALOGUES.value)):
             if self.grad_accum > st.batch_size:
                 raise ConfigError("grad_accum", f"{self.grad_accum} micro-batches do not fit a {prefix} batch of "
                                                 f"{st.batch_size} sequences")
-        if not isinstance(self.freeze_embeddings, bool):
-            raise ConfigError("freeze_embeddings", f"must be true or false, got {self.freeze_embeddings!r}")
-        _positive_int("check_every", self.check_every, 0)
-        _positive_int("patience", self.patience, 0)
-        if not (isinstance(self.recall_target, (int, float)) and 0 < self.recall_target <= 1):
-            raise ConfigError("recall_target", f"must be within 0..1 (1: every item), got {self.recall_target!r}")
-        _positive_float("time_budget_s", self.time_budget_s, allow_zero=True)
-        for name in ("mix_share", "fact_question_share", "learned_after"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 <= v < 1):
-                raise ConfigError(name, f"must be within 0..1 (exclusive of 1), got {v!r}")
-        for name in ("fact_questions", "conversation_every", "heldout", "check_sample"):
-            _positive_int(name, getattr(self, name), 0)
-        _positive_int("pack_facts", self.pack_facts, 1)
 
     def to_dict(self) -> dict:
         """Plain dict of every field, stages as nested dicts (JSON-serialisable)."""

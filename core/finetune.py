@@ -118,7 +118,7 @@ class FinetuneEstimate:
 
 
 SAVE_BYTES_PER_S = 80e6
-"""Checkpoint bytes (weights.npz and optimizer.npz) a save writes per second, finite check, sha256 and fsync
+"""Checkpoint bytes (weights and AdamW moments) a save writes per second, finite check, sha256 and fsync
 included: 1.6 GB (SmolLM2-135M) in 19.5 s on the busy 2-core test machine."""
 SAMPLED_STEPS = 32
 """Batches of each stage whose padded tokens :func:`estimate_time` averages."""

@@ -11,6 +11,11 @@ A lock whose holder is gone (same host, pid no longer running, or running but st
 inside it is locked by another live process, so the app holding a project and ``opencl-llm train
 --out PROJECT/checkpoint`` exclude each other. The same process may lock a folder again (re-entrant).
 
+Why not the ``filelock`` library: its ``FileLock`` (flock) records no holder, so a refusal could not
+name the holder's pid and program; its ``SoftFileLock`` records a pid but not what the holder does, and
+neither sees a lock of a folder above or inside, nor tells a reader who holds a folder without taking
+it (:func:`live_holder`, which ``core.checkpoint.load_checkpoint`` asks before recovering a folder).
+
 This module imports nothing of the project but :mod:`core.atomic`.
 """
 from __future__ import annotations
@@ -81,6 +86,10 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
 
 
+def _mine(h: LockHolder) -> bool:
+    return h.pid == os.getpid() and h.host == socket.gethostname()
+
+
 def _is_live(h: LockHolder) -> bool:
     if h.host != socket.gethostname():
         return True  # another machine's lock on a shared folder: cannot check, so respect it
@@ -116,13 +125,44 @@ def live_holder(folder: str | os.PathLike, include_self: bool = False) -> LockHo
             except OSError:
                 pass
             continue
-        if h.pid == os.getpid() and h.host == socket.gethostname():
+        if _mine(h):
             if include_self:
                 return h
             continue
         if _is_live(h):
             return h
     return None
+
+
+def _write(path: Path, record: str, lock: Path, exclusive: bool = False) -> None:
+    """Write ``record`` to ``path`` (``exclusive``: only if it does not exist, else FileExistsError). Any
+    other OSError (a full disk) removes the part written and is one line naming ``lock``."""
+    try:
+        if not exclusive:
+            path.write_text(record, "utf-8")
+        else:
+            with open(path, "x", encoding="utf-8") as fh:
+                fh.write(record)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        _remove(path)
+        raise OSError(e.errno, f"cannot write the lock file {lock}: {e.strerror or e}") from None
+
+
+def _link(tmp: Path, lock: Path, record: str) -> bool:
+    """Give the written ``tmp`` the name ``lock`` in one step (a hard link, so it is never seen half
+    written); False when ``lock`` exists. Where there are no hard links, an exclusive create instead."""
+    try:
+        os.link(tmp, lock)
+    except FileExistsError:
+        return False
+    except OSError:
+        try:
+            _write(lock, record, lock, exclusive=True)
+        except FileExistsError:
+            return False
+    return True
 
 
 class FolderLock:
@@ -148,49 +188,32 @@ class FolderLock:
         """Take the lock (see the class); returns self."""
         holder = live_holder(self.folder)
         if holder is not None:
-            raise FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop "
-                                  f"it (lock file {holder.path})")
+            raise self._busy(holder)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = read_holder(self.path)
-        if mine is not None and mine.pid == os.getpid() and mine.host == socket.gethostname():
+        if mine is not None and _mine(mine):
             self._held, self._reentrant = True, True
             return self
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                             "proc_start": _proc_start(os.getpid()), "what": self.what})
+                             "proc_start": _proc_start(os.getpid()), "what": self.what}) + "\n"
         tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            tmp.write_text(record + "\n", "utf-8")
-        except OSError as e:  # a full disk: the empty temp file must not stay behind
-            _remove(tmp)
-            raise OSError(e.errno, f"cannot write the lock file {self.path}: {e.strerror or e}") from None
-        try:
+            _write(tmp, record, self.path)
             for _ in range(3):
-                try:
-                    os.link(tmp, self.path)
+                if _link(tmp, self.path, record):
                     self._held = True
                     return self
-                except FileExistsError:
-                    old = read_holder(self.path)
-                    if old is not None and _is_live(old) and not (old.pid == os.getpid()):
-                        raise FolderBusyError(f"{self.folder}: in use by {old.describe()}; wait for it to finish "
-                                              f"or stop it (lock file {self.path})") from None
-                    try:  # stale: a dead holder's lock; take it over
-                        os.unlink(self.path)
-                    except FileNotFoundError:
-                        pass
-                except OSError:  # a file system without hard links: exclusive create instead
-                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    try:
-                        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                            fh.write(record + "\n")
-                    except OSError as e:
-                        _remove(self.path)
-                        raise OSError(e.errno, f"cannot write the lock file {self.path}: {e.strerror or e}") from None
-                    self._held = True
-                    return self
+                old = read_holder(self.path)
+                if old is not None and _is_live(old) and old.pid != os.getpid():
+                    raise self._busy(old)
+                _remove(self.path)  # stale: a dead holder's lock; take it over
             raise FolderBusyError(f"{self.folder}: another process keeps taking the lock {self.path}")
         finally:
             _remove(tmp)
+
+    def _busy(self, holder: LockHolder) -> FolderBusyError:
+        return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop it "
+                               f"(lock file {holder.path})")
 
     def release(self) -> None:
         """Give the lock back (only if this process holds it)."""
@@ -200,11 +223,8 @@ class FolderLock:
         if self._reentrant:
             return
         h = read_holder(self.path)
-        if h is not None and h.pid == os.getpid() and h.host == socket.gethostname():
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+        if h is not None and _mine(h):
+            _remove(self.path)
 
     @property
     def held(self) -> bool:

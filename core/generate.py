@@ -7,7 +7,6 @@ Only the last position's logits are read back to the host, where the sampler pic
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 import numpy as np
@@ -16,6 +15,7 @@ from core.config import ModelConfig
 from core.device import Device
 from core.model import Activations, Ops, check_fits, forward, param_layout, step_matmuls
 from core.params import TensorStore
+from core.schema import check_dataclass, number, spec, whole
 
 
 class ContextFullError(ValueError):
@@ -38,26 +38,16 @@ class SamplingSettings:
         seed: seed of the sampler's random generator.
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    max_tokens: int = 64
-    seed: int = 0
+    temperature: float = spec(0.0, number(minimum=0))
+    top_k: int = spec(0, whole(0))
+    top_p: float = spec(1.0, number(above=0, maximum=1))
+    repetition_penalty: float = spec(1.0, number(above=0))
+    max_tokens: int = spec(64, whole(1))
+    seed: int = spec(0, whole(0))
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):  # NaN too
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        """Raises core.schema.FieldError (a ValueError) naming the field, e.g. ``top_p: must be <= 1, got 2``."""
+        check_dataclass(self)
 
 
 def sample_token(logits: np.ndarray, settings: SamplingSettings, history: list[int],

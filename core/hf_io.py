@@ -35,7 +35,7 @@ from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
 from core.atomic import replace_folder
-from core.checkpoint_meta import check_export_target
+from core.checkpoint_meta import check_export_target, has_our_weights
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
 
@@ -258,9 +258,10 @@ def _verify(folder: Path, loaded) -> None:
 
 # ---------------------------------------------------------------------------------------- import
 def is_hf_folder(path: str | os.PathLike) -> bool:
-    """True for a folder with a ``config.json`` and HF safetensors weights (and none of our ``weights.npz``)."""
+    """True for a folder with a ``config.json`` and HF safetensors weights (and no weights file of our
+    checkpoints)."""
     p = Path(path)
-    return (p.is_dir() and (p / "config.json").is_file() and not (p / "weights.npz").exists()
+    return (p.is_dir() and (p / "config.json").is_file() and not has_our_weights(p)
             and ((p / WEIGHTS_FILE).is_file() or (p / INDEX_FILE).is_file()))
 
 

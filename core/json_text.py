@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from core.schema import FieldError, read, whole
+
 
 def parse_json(text: str, path: str | os.PathLike, error: type[Exception], what: str) -> Any:
     """``json.loads(text)``; broken or too deeply nested JSON raises ``error`` with one line:
@@ -43,9 +45,10 @@ def read_format_json(path: str | os.PathLike, fmt: str, error: type[Exception], 
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise error(f"{path}: not an OpenCL LLM Studio {what}")
     if max_version is not None:
-        v = data.get("version")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise error(f"{path}: field 'version' must be an integer >= 1, got {v!r}")
+        try:
+            v = read(data, "version", whole(1))
+        except FieldError as e:
+            raise error(e.at(path)) from None
         if v > max_version:
             raise error(f"{path}: field 'version' is {v}: written by a newer app version (this one reads up to "
                         f"{max_version}); not opened, so that it is not rewritten without what it adds")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from core.atomic import atomic_write
 from core.json_text import read_format_json
+from core.schema import FieldError, flag, items, mapping, number, read
 
 HISTORY_FILE, CHAT_FILE = "training-history.json", "chat-transcript.json"  # names no other program uses
 HISTORY_FORMAT, CHAT_FORMAT = "opencl-llm-studio-history", "opencl-llm-studio-chat"
@@ -35,80 +36,61 @@ class HistoryError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------- checks
-def _series(value, where: str) -> list[list[float]]:
-    """``[xs, ys]``: two lists of finite numbers of one length."""
-    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, list) for v in value)
-            or len(value[0]) != len(value[1])):
-        raise HistoryError(f"{where}: not two lists [steps, values] of one length")
-    for v in value[0] + value[1]:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise HistoryError(f"{where}: {v!r} is not a finite number")
-    return [list(value[0]), list(value[1])]
-
-
-def _str(value, where: str) -> str:
+# core.schema checks: check(name, value) -> value, raising FieldError(name, problem); the file is named
+# once, by parse_history / parse_chat ("PATH: runs[0].series.loss: nan is not a finite number").
+def _text(name: str, value) -> str:
     if not isinstance(value, str):
-        raise HistoryError(f"{where}: not text")
+        raise FieldError(name, "not text")
     return value
 
 
-def _strs(value, where: str) -> list[str]:
-    if not isinstance(value, list):
-        raise HistoryError(f"{where}: not a list")
-    return [_str(v, f"{where}[{i}]") for i, v in enumerate(value)]
+def _series(name: str, value) -> list[list[float]]:
+    """``[xs, ys]``: two lists of finite numbers of one length."""
+    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, list) for v in value)
+            or len(value[0]) != len(value[1])):
+        raise FieldError(name, "not two lists [steps, values] of one length")
+    for v in value[0] + value[1]:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise FieldError(name, f"{v!r} is not a finite number")
+    return [list(value[0]), list(value[1])]
 
 
-def _run(value, where: str) -> dict:
+def _series_table(name: str, value) -> dict:
+    out = {}
+    for key, s in mapping(name, value).items():
+        if key not in SERIES:
+            raise FieldError(f"{name}.{key}", f"unknown series (known: {', '.join(SERIES)})")
+        out[key] = _series(f"{name}.{key}", s)
+    return out
+
+
+def _marker(name: str, m) -> list:
+    if (not isinstance(m, list) or len(m) != 2 or isinstance(m[0], bool) or not isinstance(m[0], (int, float))
+            or not math.isfinite(m[0]) or not isinstance(m[1], str)):
+        raise FieldError(name, "not [step, label]")
+    return [m[0], m[1]]
+
+
+def _recall_row(name: str, row) -> list:
+    if not isinstance(row, list) or len(row) != 6 or not isinstance(row[5], bool):
+        raise FieldError(name, "not [stage, kind, prompt, expected, got, ok]")
+    return [_text(name, v) for v in row[:5]] + [row[5]]
+
+
+def _run(name: str, value) -> dict:
     """One run, checked; missing fields get their empty values (a run saved before a field existed)."""
-    if not isinstance(value, dict):
-        raise HistoryError(f"{where}: not an object")
-    run = {"started": _str(value.get("started", ""), f"{where}.started"),
-           "series": {}, "layers": [], "markers": [], "clip_threshold": 0.0, "recall": [], "summary": [],
-           "status": _str(value.get("status", ""), f"{where}.status"),
-           "speed": _str(value.get("speed", ""), f"{where}.speed")}
-    series = value.get("series", {})
-    if not isinstance(series, dict):
-        raise HistoryError(f"{where}.series: not an object")
-    for name, s in series.items():
-        if name not in SERIES:
-            raise HistoryError(f"{where}.series.{name}: unknown series (known: {', '.join(SERIES)})")
-        run["series"][name] = _series(s, f"{where}.series.{name}")
-    layers = value.get("layers", [])
-    if not isinstance(layers, list):
-        raise HistoryError(f"{where}.layers: not a list")
-    run["layers"] = [_series(s, f"{where}.layers[{i}]") for i, s in enumerate(layers)]
-    markers = value.get("markers", [])
-    if not isinstance(markers, list):
-        raise HistoryError(f"{where}.markers: not a list")
-    for i, m in enumerate(markers):
-        if (not isinstance(m, list) or len(m) != 2 or isinstance(m[0], bool) or not isinstance(m[0], (int, float))
-                or not math.isfinite(m[0]) or not isinstance(m[1], str)):
-            raise HistoryError(f"{where}.markers[{i}]: not [step, label]")
-        run["markers"].append([m[0], m[1]])
-    clip = value.get("clip_threshold", 0.0)
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip):
-        raise HistoryError(f"{where}.clip_threshold: not a finite number")
-    run["clip_threshold"] = float(clip)
-    recall = value.get("recall", [])
-    if not isinstance(recall, list):
-        raise HistoryError(f"{where}.recall: not a list")
-    for i, row in enumerate(recall):
-        w = f"{where}.recall[{i}]"
-        if not isinstance(row, list) or len(row) != 6 or not isinstance(row[5], bool):
-            raise HistoryError(f"{w}: not [stage, kind, prompt, expected, got, ok]")
-        run["recall"].append([_str(v, w) for v in row[:5]] + [row[5]])
-    run["summary"] = _strs(value.get("summary", []), f"{where}.summary")
-    return run
+    d, p = mapping(name, value), f"{name}."
+    return {"started": read(d, "started", _text, p, ""), "series": read(d, "series", _series_table, p, {}),
+            "layers": read(d, "layers", items(_series), p, []), "markers": read(d, "markers", items(_marker), p, []),
+            "clip_threshold": float(read(d, "clip_threshold", number(), p, 0.0)),
+            "recall": read(d, "recall", items(_recall_row), p, []), "summary": read(d, "summary", items(_text), p, []),
+            "status": read(d, "status", _text, p, ""), "speed": read(d, "speed", _text, p, "")}
 
 
-def _chat_turn(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise HistoryError(f"{where}: not an object")
-    remembered = value.get("remembered", False)
-    if not isinstance(remembered, bool):
-        raise HistoryError(f"{where}.remembered: not true or false")
-    return {"user": _str(value.get("user"), f"{where}.user"), "model": _str(value.get("model", ""), f"{where}.model"),
-            "note": _str(value.get("note", ""), f"{where}.note"), "remembered": remembered}
+def _chat_turn(name: str, value) -> dict:
+    d, p = mapping(name, value), f"{name}."
+    return {"user": read(d, "user", _text, p), "model": read(d, "model", _text, p, ""),
+            "note": read(d, "note", _text, p, ""), "remembered": read(d, "remembered", flag, p, False)}
 
 
 def _read_json(path: Path, fmt: str) -> dict | None:
@@ -124,11 +106,10 @@ def parse_history(data: dict, path: str = HISTORY_FILE) -> dict:
     Raises:
         HistoryError: a field of the wrong type or a non-finite number; the message names it.
     """
-    runs = data.get("runs", [])
-    if not isinstance(runs, list):
-        raise HistoryError(f"{path}: runs: not a list")
-    return {"runs": [_run(r, f"{path}: runs[{i}]") for i, r in enumerate(runs)],
-            "log": _strs(data.get("log", []), f"{path}: log")}
+    try:
+        return {"runs": read(data, "runs", items(_run), default=[]), "log": read(data, "log", items(_text), default=[])}
+    except FieldError as e:
+        raise HistoryError(f"{path}: {e}") from None
 
 
 def parse_chat(data: dict, path: str = CHAT_FILE) -> list[dict]:
@@ -138,10 +119,10 @@ def parse_chat(data: dict, path: str = CHAT_FILE) -> list[dict]:
     ``remembered``: the turn is part of the model's conversation (an answer that ended by itself; a
     stopped or failed one is shown but not remembered). Raises HistoryError as :func:`parse_history`.
     """
-    turns = data.get("turns", [])
-    if not isinstance(turns, list):
-        raise HistoryError(f"{path}: turns: not a list")
-    return [_chat_turn(t, f"{path}: turns[{i}]") for i, t in enumerate(turns)]
+    try:
+        return read(data, "turns", items(_chat_turn), default=[])
+    except FieldError as e:
+        raise HistoryError(f"{path}: {e}") from None
 
 
 def _set_aside(path: Path) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.atomic import atomic_write, backup_path, recover_folder, swap_in_folder
-from core.checkpoint_meta import CheckpointError, CheckpointMeta
+from core.checkpoint_meta import CheckpointError, CheckpointMeta, has_checkpoint
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
 from core.json_text import read_format_json
@@ -84,7 +84,7 @@ def recover_project(folder: str | Path) -> None:
     checkpoint, pending = folder / CHECKPOINT, folder / PENDING
     legacy_old = checkpoint.with_name(checkpoint.name + ".old")
     aside = [p for p in (backup_path(checkpoint), legacy_old) if p.is_dir()]
-    if aside and not checkpoint.exists() and (pending / "config.json").is_file():
+    if aside and not checkpoint.exists() and has_checkpoint(pending):
         try:
             os.replace(pending, checkpoint)
         except OSError:
@@ -129,10 +129,10 @@ class Project:
         return self.folder / PENDING
 
     def has_checkpoint(self) -> bool:
-        return (self.checkpoint_dir / "config.json").is_file()
+        return has_checkpoint(self.checkpoint_dir)
 
     def has_pending(self) -> bool:
-        return (self.pending_dir / "config.json").is_file()
+        return has_checkpoint(self.pending_dir)
 
     def new_run_dir(self) -> Path:
         """Where a new run saves until its first stage end: beside the trained model if there is one."""
@@ -252,7 +252,7 @@ def copy_checkpoint(src: Project, dst_folder: str | Path) -> None:
             continue
         if d.exists():
             shutil.rmtree(d)
-        if (s / "config.json").is_file():
+        if has_checkpoint(s):
             shutil.copytree(s, d)
 
 

@@ -3,8 +3,8 @@
     python -m tests.crash_worker ROOT [--random N] [--seed S]
 
 It needs no OpenCL (a save takes plain data), so it can fork: for every file operation n of a save it
-forks a child that saves with ``OPENCL_LLM_CRASH_AT=n`` (the child SIGKILLs itself just before operation
-n) or ``enospc:n`` (operation n fails as on a full disk), waits for it, and checks the folder: it must
+forks a child that saves with ``OPENCL_LLM_CRASH_AT=n`` (tests/file_ops.py: the child SIGKILLs itself just before
+operation n) or ``enospc:n`` (operation n fails as on a full disk), waits for it, and checks the folder: it must
 hold the old or the new checkpoint, complete and consistent (weights, moments, dataset and tokenizer
 of one save), loadable, finite, with nothing left behind after the next load. ``--random N`` adds N
 kills from outside (SIGKILL after a random delay) of a child saving in a loop. Prints one JSON line of
@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from tests import file_ops
 
 FIXTURE = Path(__file__).parent / "data" / "checkpoint_v1"
 
@@ -103,13 +105,11 @@ def _child(folder: Path, state, spec: str | None, loop: bool = False) -> int:
     if pid == 0:
         code = 0
         try:
-            from core import atomic
-
-            atomic.reset_op_count()
+            file_ops.reset_op_count()
             if spec:
-                os.environ[atomic.CRASH_ENV] = spec
+                os.environ[file_ops.CRASH_ENV] = spec
             else:
-                os.environ.pop(atomic.CRASH_ENV, None)
+                os.environ.pop(file_ops.CRASH_ENV, None)
             while True:
                 _save(folder, state)
                 if not loop:
@@ -129,22 +129,110 @@ def _wait(pid: int) -> int:
 
 def count_ops(root: Path, states, fresh: bool) -> int:
     """File operations of one save of the new version (over the old one, or into a new folder)."""
-    from core import atomic
-
     log = root / f"ops-{fresh}.log"
     folder = root / "count"
     shutil.rmtree(folder, ignore_errors=True)
     if not fresh:
         _save(folder, states["old"])
-    os.environ[atomic.CRASH_LOG_ENV] = str(log)
+    os.environ[file_ops.CRASH_LOG_ENV] = str(log)
     try:
         pid = _child(folder, states["new"], None)
         assert _wait(pid) == 0
     finally:
-        os.environ.pop(atomic.CRASH_LOG_ENV, None)
+        os.environ.pop(file_ops.CRASH_LOG_ENV, None)
     n = len(log.read_text().splitlines())
     shutil.rmtree(folder)
     return n
+
+
+def _kill_during_recovery(folder: Path) -> None:
+    """A second crash, now during the recovery a load does (at its first file operation)."""
+    pid = os.fork()
+    if pid == 0:
+        from core.checkpoint import load_checkpoint
+
+        file_ops.reset_op_count()
+        os.environ[file_ops.CRASH_ENV] = "1"
+        try:
+            load_checkpoint(folder)
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(0)
+    _wait(pid)
+
+
+def _kill_at_every_op(folder: Path, states, ops: dict, counts: dict) -> None:
+    """kill -9 before each file operation of a save over the old checkpoint and into a new folder."""
+    for fresh in (False, True):
+        n_ops = ops[fresh]
+        for n in range(1, n_ops + 2):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not fresh:
+                _save(folder, states["old"])
+            rc = _wait(_child(folder, states["new"], str(n)))
+            assert rc == (-signal.SIGKILL if n <= n_ops else 0), f"op {n}: child ended with {rc}"
+            if _leftovers(folder) and n % 3 == 0:
+                _kill_during_recovery(folder)
+                counts["kill_during_recovery"] += 1
+            got = check(folder, states, allow_none=fresh)
+            if n > n_ops:
+                assert got == "new", f"op {n}: a completed save left {got}"
+            counts["outcomes"][got] += 1
+            counts["kill_at_op_fresh" if fresh else "kill_at_op_overwrite"] += 1 if n <= n_ops else 0
+
+
+def _full_disk_at_every_op(folder: Path, states, n_ops: int, counts: dict) -> None:
+    """A full disk at each operation: an error and the old checkpoint, or (a failure the save may
+    ignore, such as a folder's fsync) the new one."""
+    for n in range(1, n_ops + 1):
+        shutil.rmtree(folder, ignore_errors=True)
+        _save(folder, states["old"])
+        rc = _wait(_child(folder, states["new"], f"enospc:{n}"))
+        assert rc in (0, 3), f"enospc at op {n}: child ended with {rc}"
+        assert rc == 0 or not _leftovers(folder), f"enospc at op {n}: left {_leftovers(folder)}"
+        got = check(folder, states, allow_none=False)
+        assert got == ("new" if rc == 0 else "old"), f"enospc at op {n}: exit {rc} but the folder holds {got}"
+        counts["enospc_at_op"] += 1
+        counts["outcomes"][got] += 1
+
+
+def _random_kills(folder: Path, states, n: int, seed: int, counts: dict) -> None:
+    """kill -9 from outside at a random moment of saves in a loop."""
+    rng = random.Random(seed)
+    for i in range(n):
+        shutil.rmtree(folder, ignore_errors=True)
+        _save(folder, states["old"])
+        pid = _child(folder, states["new" if i % 2 else "old"], None, loop=True)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+        got = check(folder, states, allow_none=False)
+        counts["random_kill"] += 1
+        counts["outcomes"][got] += 1
+
+
+def _reads_during_saves(folder: Path, states, n: int, counts: dict) -> None:
+    """A reader (chat, export) while a writer holding the folder's lock saves in a loop."""
+    shutil.rmtree(folder, ignore_errors=True)
+    _save(folder, states["old"])
+    pid = os.fork()
+    if pid == 0:
+        from core.folder_lock import FolderLock
+
+        FolderLock(folder, "crash_worker writer").acquire()
+        i = 0
+        while True:
+            _save(folder, states["new" if i % 2 else "old"])
+            i += 1
+    try:
+        for _ in range(n):
+            got = check(folder, states, allow_none=False, writer_alive=True)
+            counts["reads_during_saves"] += 1
+            counts["outcomes"][got] += 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+    check(folder, states, allow_none=False)  # and the dead writer's leftovers are recovered
 
 
 def main(argv=None) -> int:
@@ -154,87 +242,21 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--readers", type=int, default=0, help="loads while another process saves in a loop")
     args = ap.parse_args(argv)
+    file_ops.install()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     states = {"old": _state("old"), "new": _state("new")}
     ops = {fresh: count_ops(root, states, fresh) for fresh in (False, True)}
-    n_ops = ops[False]
-    counts = {"file_ops_per_save": ops[False], "file_ops_first_save": ops[True], "kill_at_op_overwrite": 0, "kill_at_op_fresh": 0, "enospc_at_op": 0,
-              "kill_during_recovery": 0, "random_kill": 0, "reads_during_saves": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
+    counts = {"file_ops_per_save": ops[False], "file_ops_first_save": ops[True], "kill_at_op_overwrite": 0,
+              "kill_at_op_fresh": 0, "enospc_at_op": 0, "kill_during_recovery": 0, "random_kill": 0,
+              "reads_during_saves": 0, "outcomes": {"old": 0, "new": 0, "none": 0}}
     folder = root / "ck"
     try:
-        for fresh in (False, True):
-            n_ops = ops[fresh]
-            for n in range(1, n_ops + 2):
-                shutil.rmtree(folder, ignore_errors=True)
-                if not fresh:
-                    _save(folder, states["old"])
-                rc = _wait(_child(folder, states["new"], str(n)))
-                assert rc == (-signal.SIGKILL if n <= n_ops else 0), f"op {n}: child ended with {rc}"
-                leftovers = bool(_leftovers(folder))
-                if leftovers and n % 3 == 0:  # a second crash, now during the recovery a load does
-                    pid = os.fork()
-                    if pid == 0:
-                        from core import atomic
-                        from core.checkpoint import load_checkpoint
-
-                        atomic.reset_op_count()
-                        os.environ[atomic.CRASH_ENV] = "1"
-                        try:
-                            load_checkpoint(folder)
-                        except BaseException:  # noqa: BLE001
-                            pass
-                        os._exit(0)
-                    _wait(pid)
-                    counts["kill_during_recovery"] += 1
-                got = check(folder, states, allow_none=fresh)
-                if n > n_ops:
-                    assert got == "new", f"op {n}: a completed save left {got}"
-                counts["outcomes"][got] += 1
-                counts["kill_at_op_fresh" if fresh else "kill_at_op_overwrite"] += 1 if n <= n_ops else 0
-        n_ops = ops[False]
-        for n in range(1, n_ops + 1):  # a full disk at each operation: an error, and the old checkpoint
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            rc = _wait(_child(folder, states["new"], f"enospc:{n}"))
-            assert rc in (0, 3), f"enospc at op {n}: child ended with {rc}"
-            assert rc == 0 or not _leftovers(folder), f"enospc at op {n}: left {_leftovers(folder)}"
-            got = check(folder, states, allow_none=False)
-            assert got == ("new" if rc == 0 else "old"), f"enospc at op {n}: exit {rc} but the folder holds {got}"
-            counts["enospc_at_op"] += 1
-            counts["outcomes"][got] += 1
-        rng = random.Random(args.seed)
-        for i in range(args.random):  # kill -9 from outside at a random moment of saves in a loop
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            pid = _child(folder, states["new" if i % 2 else "old"], None, loop=True)
-            time.sleep(rng.uniform(0.0, 0.05))
-            os.kill(pid, signal.SIGKILL)
-            _wait(pid)
-            got = check(folder, states, allow_none=False)
-            counts["random_kill"] += 1
-            counts["outcomes"][got] += 1
-        if args.readers:  # a reader (chat, export) while a writer holding the folder's lock saves in a loop
-            shutil.rmtree(folder, ignore_errors=True)
-            _save(folder, states["old"])
-            pid = os.fork()
-            if pid == 0:
-                from core.folder_lock import FolderLock
-
-                FolderLock(folder, "crash_worker writer").acquire()
-                i = 0
-                while True:
-                    _save(folder, states["new" if i % 2 else "old"])
-                    i += 1
-            try:
-                for _ in range(args.readers):
-                    got = check(folder, states, allow_none=False, writer_alive=True)
-                    counts["reads_during_saves"] += 1
-                    counts["outcomes"][got] += 1
-            finally:
-                os.kill(pid, signal.SIGKILL)
-                _wait(pid)
-            check(folder, states, allow_none=False)  # and the dead writer's leftovers are recovered
+        _kill_at_every_op(folder, states, ops, counts)
+        _full_disk_at_every_op(folder, states, ops[False], counts)
+        _random_kills(folder, states, args.random, args.seed, counts)
+        if args.readers:
+            _reads_during_saves(folder, states, args.readers, counts)
     except AssertionError as e:
         print(f"FAIL: {e}", file=sys.stderr)
         print(json.dumps(counts))

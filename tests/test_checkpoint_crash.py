@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.atomic import CRASH_ENV, CRASH_LOG_ENV
 from core.checkpoint import CheckpointMeta, load_checkpoint
 from core.dataset import dataset_hash, load_dataset
+from tests.file_ops import CRASH_ENV, CRASH_LOG_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "data" / "checkpoint_v1"
@@ -36,7 +36,8 @@ def cli(*args, env=None, **kw) -> subprocess.Popen:
     e = dict(os.environ)
     e.pop(CRASH_ENV, None)
     e.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "core.cli", *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+    injected = ["tests.file_ops"] if {CRASH_ENV, CRASH_LOG_ENV} & set(env or {}) else []  # the fault injection
+    return subprocess.Popen([sys.executable, "-m", *injected, "core.cli", *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
