@@ -559,7 +559,7 @@ class UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.grad_norm.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
+        m.ops.sums.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:
