@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the commands import what they need when they run (a fast --
     from core.config import ModelConfig, TrainConfig
     from core.device import Device
 
-from core.wording import count, memory_size
+from core.wording import count_words, memory_size
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -58,7 +58,7 @@ def _tune_matmul(dev) -> None:
 
     result = matmul_tune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
-        cut = (f"; {count(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
+        cut = (f"; {count_words(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
                else "")
         default = f"; defaults kept for {', '.join(result['defaulted'])}" if result.get("defaulted") else ""
         print(f"matmul tuned in {result['seconds']:.1f} s{cut}{default} (cached for this device and driver)",
@@ -301,7 +301,7 @@ def _general_replay(args, dev: Device, mc: ModelConfig, base, dataset):
         return dataset, None
     questions = known.GENERAL_QUESTIONS + (known.read_questions(args.general_questions) if args.general_questions
                                            else ())
-    print(f"asking the base model {count(len(questions), 'general question')} (its answers are replayed and "
+    print(f"asking the base model {count_words(len(questions), 'general question')} (its answers are replayed and "
           "checked, so it keeps what it knew)…")
     pairs, unfinished = known.base_answers(dev, mc, base.weights, base.tokenizer, questions)
     return known.with_replay(dataset, pairs, unfinished)
@@ -483,14 +483,14 @@ def _train(args, out: Path) -> int:
         trainer = resume_trainer(args.resume, dev, train_config=tc, dataset=new_data,
                                  allow_new_data=args.allow_new_data)
         if trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != saved.previous_dataset_hashes:
-            print(f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
-                  f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
+            print(f"continuing on a new dataset ({count_words(len(trainer.dataset.facts), 'fact')}, "
+                  f"{count_words(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         print(f"resuming {args.resume} at {where}")
     else:
         dataset = new_data or default_dataset()
-        print(f"dataset: {count(len(dataset.facts), 'fact')}, {count(len(dataset.dialogues), 'dialogue')}")
+        print(f"dataset: {count_words(len(dataset.facts), 'fact')}, {count_words(len(dataset.dialogues), 'dialogue')}")
         if base is not None:
             print(f"base: {args.base} ({type(base.tokenizer).__name__}, "
                   f"{'its own chat template' if chat_format.uses_file_template(base.tokenizer) else 'our chat format'})")
@@ -505,10 +505,10 @@ def _train(args, out: Path) -> int:
         else:
             trainer = Trainer(dataset, mc, tc, dev)
     if dev.build_seconds - build_s >= 1.0:
-        print(f"compiled {count(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
+        print(f"compiled {count_words(dev.builds - builds, 'kernel program')} in {dev.build_seconds - build_s:.0f} s "
               "(first run on this device; cached for the next)")
     c = trainer.model_config
-    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, {count(c.n_heads, 'head')}, "
+    print(f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, {count_words(c.n_heads, 'head')}, "
           f"vocab {c.vocab_size}, context {c.context_length})")
     if trainer.done:
         print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
@@ -557,7 +557,7 @@ def _train(args, out: Path) -> int:
                 elif isinstance(ev, StageReport) and not ev.stopped and not ev.recall_stopped and ev.recall:
                     final = {"report": ev}
                     if ev.end_reason != "steps":
-                        progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
+                        progress.console.print(f"{ev.stage}: ended after {count_words(ev.steps_done, 'step')} ({ev.end_reason})")
                 elif isinstance(ev, StageReport) and ev.stopped:
                     ctrl_c.save(trainer, out)
                     print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
@@ -655,7 +655,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
-    from core.recall import count, recall_check, sampled
+    from core.recall import recall_check, sampled, tally
 
     loaded = load_model(args.model)
     dataset, problems = load_dataset(args.data)
@@ -674,7 +674,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
             if not r.ok:
                 print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
     for k, noun in (("dialogue", "answers"), ("fact", "facts")):
-        ok, n = count(items, k)
+        ok, n = tally(items, k)
         if n:
             some = f" (a sample: {n:,} of {of_all[k][1]:,} checked)" if k in of_all else ""
             print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}")

@@ -209,7 +209,7 @@ def sampled(sizes: dict[str, int], items: list[RecallItem]) -> dict[str, tuple[i
     """
     out = {}
     for k, n in sizes.items():
-        checked = count(items, k)[1]
+        checked = tally(items, k)[1]
         if checked < n:
             out[k] = (checked, n)
     return out
@@ -326,11 +326,11 @@ def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[i
         yield chunk
 
 
-def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
+def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
     """(items of ``kind`` reproduced, items of ``kind`` checked)."""
     of = [r for r in items if r.kind == kind]
     return sum(r.ok for r in of), len(of)
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "count", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

@@ -42,7 +42,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
-from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check, sampled
+from core.recall import KINDS, RecallItem, fact_prompt_words, fact_split, recall_check, sampled, tally
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -117,22 +117,22 @@ class StageReport:
     @property
     def facts_recalled(self) -> tuple[int, int]:
         """(facts reproduced, facts checked)."""
-        return count(self.recall, "fact")
+        return tally(self.recall, "fact")
 
     @property
     def dialogues_recalled(self) -> tuple[int, int]:
         """(dialogue answers reproduced, answers checked)."""
-        return count(self.recall, "dialogue")
+        return tally(self.recall, "dialogue")
 
     @property
     def chat_recalled(self) -> tuple[int, int]:
         """(answers reproduced in the middle of a conversation, checked)."""
-        return count(self.recall, "chat")
+        return tally(self.recall, "chat")
 
     @property
     def heldout_recalled(self) -> tuple[int, int]:
         """(held-out questions answered, asked): questions about facts no trained example asks about."""
-        return count(self.recall, "heldout")
+        return tally(self.recall, "heldout")
 
 
 @dataclass
@@ -333,7 +333,7 @@ class Trainer:
                     if self._stop:
                         continue  # the stop is reported at the top of the loop
                     last_check = (self.stage_step, kinds, items)
-                    counts = {k: count(items, k) for k in kinds}
+                    counts = {k: tally(items, k) for k in kinds}
                     yield LogEvent("INFO", f"{name} step {self.stage_step}: " + ", ".join(
                         f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
                     ok = sum(o for o, _ in counts.values())
@@ -350,7 +350,7 @@ class Trainer:
                             yield LogEvent("INFO", f"{name}: no better recall in {since_best} checks; stage ends")
                             break
             if si == 0 and last_check is not None:
-                self._facts_kept = count(last_check[2], "fact")
+                self._facts_kept = tally(last_check[2], "fact")
             report = StageReport(name, self.stage_step, stopped=False, end_reason=end_reason)
             self.stage_index += 1
             self.stage_step = 0
@@ -366,15 +366,15 @@ class Trainer:
                 report.recall = sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index))
                 report.recall_stopped = self._stop
                 report.recall_sampled = sampled(self._check_sizes, report.recall)
-                if si == 0 and not self._stop and count(report.recall, "fact")[1]:
-                    self._facts_kept = count(report.recall, "fact")  # what pretraining ended with
+                if si == 0 and not self._stop and tally(report.recall, "fact")[1]:
+                    self._facts_kept = tally(report.recall, "fact")  # what pretraining ended with
                 f_ok, f_n = report.facts_recalled
                 d_ok, d_n = report.dialogues_recalled
                 cut = " (check stopped early)" if report.recall_stopped else ""
                 cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)"
                                for k, (c, n) in report.recall_sampled.items())
                 more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout")
-                               for o, n in [count(report.recall, k)] if n)
+                               for o, n in [tally(report.recall, k)] if n)
                 yield LogEvent("INFO", f"{name} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}"
                                        f"{more}{cut}")
             else:
