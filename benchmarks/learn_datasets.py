@@ -64,7 +64,7 @@ def evaluate(ck: Path, g, device: str | None) -> dict:
     from core.device import open_device
     from core.generate import Generator, SamplingSettings
     from core.model import Model
-    from core.recall import count, recall_check
+    from core.recall import recall_check, tally
 
     loaded = load_model(ck)
     dev = open_device(device)
@@ -74,7 +74,7 @@ def evaluate(ck: Path, g, device: str | None) -> dict:
     items = []
     for _d, _n, items in recall_check(model, tok, ds, ("fact", "dialogue")):
         pass
-    res = {"facts": count(items, "fact"), "answers": count(items, "dialogue")}
+    res = {"facts": tally(items, "fact"), "answers": tally(items, "dialogue")}
     held = greedy_answers(model, tok, [q for q, _ in g.heldout])
     res["heldout"] = (sum(value_in(a, v) for a, (_, v) in zip(held, g.heldout)), len(g.heldout))
     res["heldout_wrong"] = [(q, v, a) for a, (q, v) in zip(held, g.heldout) if not value_in(a, v)][:5]

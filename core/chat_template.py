@@ -101,6 +101,21 @@ def _bounded_concat(*parts: Any) -> str:
     return "".join(texts)
 
 
+def _check_operands(operator: str, left: Any, right: Any) -> None:
+    """Before ``left operator right`` runs: refuse a text or list repeated (``*``) or joined (``+``)
+    past :data:`MAX_TEXT_CHARS` items and a power (``**``) of more than :data:`MAX_INT_BITS` bits."""
+    if operator == "*":
+        n, seq = (right, left) if isinstance(right, int) else (left, right)
+        if isinstance(n, int) and isinstance(seq, (str, list, tuple)) and len(seq) * max(n, 0) > MAX_TEXT_CHARS:
+            raise _OverBudget(f"it repeats a text or list to more than {MAX_TEXT_CHARS:,} items")
+    elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        if len(left) + len(right) > MAX_TEXT_CHARS:
+            raise _OverBudget(f"it built a text or list of more than {MAX_TEXT_CHARS:,} items")
+    elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1 \
+            and abs(left).bit_length() * right > MAX_INT_BITS:
+        raise _OverBudget(f"a power with more than {MAX_INT_BITS:,} bits (exponent {right})")
+
+
 def _environment():
     """The sandboxed Jinja2 environment with every repeated or growing construct bounded."""
     from jinja2 import nodes
@@ -139,16 +154,7 @@ def _environment():
         bounded_concat = staticmethod(_bounded_concat)
 
         def call_binop(self, context, operator, left, right):
-            if operator == "*":
-                n, seq = (right, left) if isinstance(right, int) else (left, right)
-                if isinstance(n, int) and isinstance(seq, (str, list, tuple)) and len(seq) * max(n, 0) > MAX_TEXT_CHARS:
-                    raise _OverBudget(f"it repeats a text or list to more than {MAX_TEXT_CHARS:,} items")
-            elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-                if len(left) + len(right) > MAX_TEXT_CHARS:
-                    raise _OverBudget(f"it built a text or list of more than {MAX_TEXT_CHARS:,} items")
-            elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1 \
-                    and abs(left).bit_length() * right > MAX_INT_BITS:
-                raise _OverBudget(f"a power with more than {MAX_INT_BITS:,} bits (exponent {right})")
+            _check_operands(operator, left, right)
             result = super().call_binop(context, operator, left, right)
             if _is_int(result) and result.bit_length() > MAX_INT_BITS:  # e.g. a number squared in a loop
                 raise _OverBudget(f"a number of more than {MAX_INT_BITS:,} bits")

@@ -32,8 +32,14 @@ FORMAT_VERSION = 3
 3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`."""
 MARKER = ".opencl-llm-checkpoint"
 """The file every save writes into a checkpoint folder: the folder is ours to replace."""
-from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
-from core.stages import STAGES
+CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE = "config.json", "weights.npz", "optimizer.npz"
+TOKENIZER_FILE, DATASET_FILE = "tokenizer.json", "dataset.json"
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, TOKENIZER_FILE, DATASET_FILE, MARKER)
+"""Every file a save writes; anything else in a checkpoint folder is someone else's. Only this module
+and core/checkpoint.py name them; others ask :func:`has_checkpoint`, :func:`dataset_path`,
+:func:`has_our_weights`."""
+STAGE_NAMES = tuple(s.value for s in STAGES)
+"""The saved keys of the stages in config.json's ``train`` (core.stages.Stage values), in run order."""
 MAX_CONFIG_BYTES = 1 << 20
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export

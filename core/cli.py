@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the commands import what they need when they run (a fast --
     from core.device import Device
 
 from core.stages import STAGES
-from core.wording import count, memory_size
+from core.wording import count_words, memory_size
 
 DEFAULT_MODEL_DIR = "opencl-llm-model"
 
@@ -59,7 +59,7 @@ def _tune_matmul(dev) -> None:
 
     result = matmul_tune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
-        cut = (f"; {count(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
+        cut = (f"; {count_words(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
                else "")
         default = f"; defaults kept for {', '.join(result['defaulted'])}" if result.get("defaulted") else ""
         print(f"matmul tuned in {result['seconds']:.1f} s{cut}{default} (cached for this device and driver)",
@@ -544,7 +544,7 @@ class _Bars:
         elif isinstance(ev, StageReport) and ev.recall_stopped:
             self.recall_stopped = ev.stage
         elif isinstance(ev, StageReport) and not ev.stopped and ev.recall and ev.end_reason != "steps":
-            self.progress.console.print(f"{ev.stage}: ended after {count(ev.steps_done, 'step')} ({ev.end_reason})")
+            self.progress.console.print(f"{ev.stage}: ended after {count_words(ev.steps_done, 'step')} ({ev.end_reason})")
 
     def _step(self, ev) -> None:
         if self.check_task is not None:
@@ -629,7 +629,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
-    from core.recall import count, recall_check, sampled
+    from core.recall import recall_check, sampled, tally
 
     loaded = load_model(args.model)
     dataset, problems = load_dataset(args.data)
@@ -648,7 +648,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
             if not r.ok:
                 print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
     for k, noun in (("dialogue", "answers"), ("fact", "facts")):
-        ok, n = count(items, k)
+        ok, n = tally(items, k)
         if n:
             some = f" (a sample: {n:,} of {of_all[k][1]:,} checked)" if k in of_all else ""
             print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.recall import RecallItem, count
+from core.recall import RecallItem, tally
 from core.stages import Stage
 
 
@@ -72,22 +72,22 @@ class StageReport:
     @property
     def facts_recalled(self) -> tuple[int, int]:
         """(facts reproduced, facts checked)."""
-        return count(self.recall, "fact")
+        return tally(self.recall, "fact")
 
     @property
     def dialogues_recalled(self) -> tuple[int, int]:
         """(dialogue answers reproduced, answers checked)."""
-        return count(self.recall, "dialogue")
+        return tally(self.recall, "dialogue")
 
     @property
     def chat_recalled(self) -> tuple[int, int]:
         """(answers reproduced in the middle of a conversation, checked)."""
-        return count(self.recall, "chat")
+        return tally(self.recall, "chat")
 
     @property
     def heldout_recalled(self) -> tuple[int, int]:
         """(held-out questions answered, asked): questions about facts no trained example asks about."""
-        return count(self.recall, "heldout")
+        return tally(self.recall, "heldout")
 
     @property
     def sampled(self) -> tuple[tuple[str, int, int], ...]:

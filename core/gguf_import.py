@@ -92,76 +92,10 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
         if version not in (2, 3):
             raise GGUFError(f"{p}: GGUF version {version} is not supported (2 or 3)")
-        off = 24
-
-        def string(o: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, o)
-            o += 8
-            if o + n > len(buf):
-                raise ValueError("string past the end of the file")
-            return buf[o:o + n].decode("utf-8", "replace"), o + n
-
-        def value(vtype: int, o: int) -> tuple[Any, int]:
-            if vtype == 8:
-                return string(o)
-            if vtype == 9:
-                etype, n = struct.unpack_from("<IQ", buf, o)
-                o += 12
-                if etype == 8:
-                    out = []
-                    for _ in range(n):
-                        s_, o = string(o)
-                        out.append(s_)
-                    return out, o
-                if etype not in _SCALAR:
-                    raise GGUFError(f"{p}: an array of value type {etype} is not supported")
-                dt = np.dtype(_SCALAR[etype])
-                arr = np.frombuffer(buf, dt, n, o)
-                return (arr.astype(bool).tolist() if etype == 7 else arr.tolist()), o + n * dt.itemsize
-            if vtype not in _SCALAR:
-                raise GGUFError(f"{p}: value type {vtype} is not supported")
-            dt = np.dtype(_SCALAR[vtype])
-            v = np.frombuffer(buf, dt, 1, o)[0].item()
-            return (bool(v) if vtype == 7 else v), o + dt.itemsize
-
-        values: dict[str, Any] = {}
-        types: dict[str, int] = {}
-        for _ in range(n_kv):
-            key, off = string(off)
-            if key in values:  # llama.cpp: "duplicate key"
-                raise GGUFError(f"{p}: key {key} appears twice (a damaged or hand-made file)")
-            (vtype,) = struct.unpack_from("<I", buf, off)
-            values[key], off = value(vtype, off + 4)
-            types[key] = vtype
+        h = _Header(p, buf)
+        values, types, off = h.key_values(24, n_kv)
         align = _alignment(p, values, types)
-        infos: list[TensorInfo] = []
-        if tensors:
-            raw = []
-            for _ in range(n_tensors):
-                name, off = string(off)
-                (n_dims,) = struct.unpack_from("<I", buf, off)
-                dims = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
-                ttype, toff = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
-                off += 4 + 8 * n_dims + 12
-                raw.append((name, tuple(int(d) for d in reversed(dims)), int(ttype), int(toff)))
-            seen: set[str] = set()
-            for name, _, _, toff in raw:  # llama.cpp refuses both
-                if name in seen:
-                    raise GGUFError(f"{p}: tensor {name} appears twice (a damaged or hand-made file)")
-                seen.add(name)
-                if toff % align:
-                    raise GGUFError(f"{p}: tensor {name} starts at offset {toff}, not a multiple of "
-                                    f"{Keys.General.ALIGNMENT} = {align}")
-            start = -(-off // align) * align
-            for name, shape, ttype, toff in raw:
-                try:
-                    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
-                except (ValueError, KeyError):
-                    block, type_size = 1, 0  # unknown type: refused when the tensor is read
-                nbytes = math.prod(shape) // block * type_size
-                if start + toff + nbytes > len(buf):
-                    raise GGUFError(f"{p}: tensor {name} extends past the end of the file (truncated download?)")
-                infos.append(TensorInfo(name, shape, ttype, start + toff, nbytes))
+        infos = h.tensor_infos(off, n_tensors, align) if tensors else []
         return values, types, infos
     except (struct.error, ValueError, IndexError, OverflowError) as e:
         if isinstance(e, GGUFError):
@@ -169,6 +103,93 @@ def read_gguf(path: str | os.PathLike, tensors: bool = True) -> tuple[dict[str, 
         raise GGUFError(f"{p}: not a readable GGUF file (truncated or damaged header: {e})") from None
     finally:
         buf.close()
+
+
+class _Header:
+    """The fields of a GGUF header in ``buf`` (little-endian), each read at an offset and returned
+    with the offset after it. ``path`` names the file in errors."""
+
+    def __init__(self, path: Path, buf):
+        self.path, self.buf = path, buf
+
+    def string(self, o: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", self.buf, o)
+        o += 8
+        if o + n > len(self.buf):
+            raise ValueError("string past the end of the file")
+        return self.buf[o:o + n].decode("utf-8", "replace"), o + n
+
+    def value(self, vtype: int, o: int) -> tuple[Any, int]:
+        """A value of GGUFValueType ``vtype``: arrays as lists, bools as bool."""
+        if vtype == 8:
+            return self.string(o)
+        if vtype == 9:
+            return self.array(o)
+        if vtype not in _SCALAR:
+            raise GGUFError(f"{self.path}: value type {vtype} is not supported")
+        dt = np.dtype(_SCALAR[vtype])
+        v = np.frombuffer(self.buf, dt, 1, o)[0].item()
+        return (bool(v) if vtype == 7 else v), o + dt.itemsize
+
+    def array(self, o: int) -> tuple[list, int]:
+        etype, n = struct.unpack_from("<IQ", self.buf, o)
+        o += 12
+        if etype == 8:
+            out = []
+            for _ in range(n):
+                s_, o = self.string(o)
+                out.append(s_)
+            return out, o
+        if etype not in _SCALAR:
+            raise GGUFError(f"{self.path}: an array of value type {etype} is not supported")
+        dt = np.dtype(_SCALAR[etype])
+        arr = np.frombuffer(self.buf, dt, n, o)
+        return (arr.astype(bool).tolist() if etype == 7 else arr.tolist()), o + n * dt.itemsize
+
+    def key_values(self, off: int, n_kv: int) -> tuple[dict[str, Any], dict[str, int], int]:
+        """``n_kv`` key/value pairs from ``off``: (values, value types, offset after them)."""
+        values: dict[str, Any] = {}
+        types: dict[str, int] = {}
+        for _ in range(n_kv):
+            key, off = self.string(off)
+            if key in values:  # llama.cpp: "duplicate key"
+                raise GGUFError(f"{self.path}: key {key} appears twice (a damaged or hand-made file)")
+            (vtype,) = struct.unpack_from("<I", self.buf, off)
+            values[key], off = self.value(vtype, off + 4)
+            types[key] = vtype
+        return values, types, off
+
+    def tensor_infos(self, off: int, n_tensors: int, align: int) -> list[TensorInfo]:
+        """``n_tensors`` tensor infos from ``off``, offsets made absolute (the data starts at the
+        next multiple of ``align``); a name twice, an offset off the alignment or data past the end
+        of the file is a GGUFError."""
+        buf, p, raw = self.buf, self.path, []
+        for _ in range(n_tensors):
+            name, off = self.string(off)
+            (n_dims,) = struct.unpack_from("<I", buf, off)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+            ttype, toff = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+            off += 4 + 8 * n_dims + 12
+            raw.append((name, tuple(int(d) for d in reversed(dims)), int(ttype), int(toff)))
+        seen: set[str] = set()
+        for name, _, _, toff in raw:  # llama.cpp refuses both
+            if name in seen:
+                raise GGUFError(f"{p}: tensor {name} appears twice (a damaged or hand-made file)")
+            seen.add(name)
+            if toff % align:
+                raise GGUFError(f"{p}: tensor {name} starts at offset {toff}, not a multiple of "
+                                f"{Keys.General.ALIGNMENT} = {align}")
+        start, infos = -(-off // align) * align, []
+        for name, shape, ttype, toff in raw:
+            try:
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
+            except (ValueError, KeyError):
+                block, type_size = 1, 0  # unknown type: refused when the tensor is read
+            nbytes = math.prod(shape) // block * type_size
+            if start + toff + nbytes > len(buf):
+                raise GGUFError(f"{p}: tensor {name} extends past the end of the file (truncated download?)")
+            infos.append(TensorInfo(name, shape, ttype, start + toff, nbytes))
+        return infos
 
 
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
@@ -240,43 +261,10 @@ def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelC
             does not compute (named, with its value).
     """
     K, f = _keys(ARCH)
-    arch = kv.get(K.General.ARCHITECTURE)
-    if arch is None:
-        raise GGUFError(f"{source}: required key {K.General.ARCHITECTURE} is missing")
-    if arch != ARCH:
-        raise GGUFError(f"{source}: architecture {arch!r} is not supported; this app runs '{ARCH}' models only "
-                        f"({K.General.ARCHITECTURE})")
-
-    def get(key: str, default: Any = ..., kind: type | tuple = (int, float)) -> Any:
-        key = f(key)
-        if key not in kv:
-            if default is ...:
-                raise GGUFError(f"{source}: required key {key} is missing")
-            return default
-        v = kv[key]
-        if isinstance(v, list) and kind != list:  # llama.cpp allows per-layer arrays; we need one value
-            if not v or any(x != v[0] for x in v):
-                raise GGUFError(f"{source}: {key} differs between layers ({str(v)[:60]}); not supported")
-            v = v[0]
-        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
-            raise GGUFError(f"{source}: key {key} has an unsupported value {str(v)[:60]!r}")
-        return v
-
+    _check_architecture(kv, source)
+    _refuse_unsupported(kv, source)
+    get = _KeyReader(kv, source)
     L, A, R = K.LLM, K.Attention, K.Rope
-    # What the engine does not compute: refused unless the value is the neutral one.
-    neutral = [(R.SCALING_TYPE, ("none", "")), (R.SCALING_FACTOR, (0.0, 1.0)), (R.SCALING_ATTN_FACTOR, (0.0, 1.0)),
-               (ROPE_SCALE_LINEAR, (0.0, 1.0)), (L.EXPERT_COUNT, (0,)), (L.EXPERT_USED_COUNT, (0,)),
-               (L.LOGIT_SCALE, (0.0, 1.0)), (L.EMBEDDING_SCALE, (0.0, 1.0)), (L.RESIDUAL_SCALE, (0.0, 1.0)),
-               (A.SCALE, (0.0,)), (A.SLIDING_WINDOW, (0,)), (A.CAUSAL, (True,)), (A.CLAMP_KQV, (0.0,)),
-               (L.ATTN_LOGIT_SOFTCAPPING, (0.0,)), (L.FINAL_LOGIT_SOFTCAPPING, (0.0,)), (L.POOLING_TYPE, (0,)),
-               (A.MAX_ALIBI_BIAS, (0.0,))]
-    for key, ok in neutral:
-        key = f(key)
-        if key in kv and kv[key] not in ok:
-            if key == f(R.SCALING_TYPE) and kv[key] == "linear" and kv.get(f(R.SCALING_FACTOR), 1.0) in (0.0, 1.0):
-                continue  # linear scaling by 1 changes nothing
-            raise GGUFError(f"{source}: {key} = {kv[key]!r} is not supported (the engine computes plain "
-                            "llama attention and RoPE)")
     n_heads = get(A.HEAD_COUNT, kind=int)
     ctx = get(L.CONTEXT_LENGTH, kind=int)
     notes = []
@@ -306,6 +294,61 @@ def model_config(kv: dict[str, Any], source: str, n_tokens: int) -> tuple[ModelC
             raise GGUFError(f"{source}: {f(key)} = {kv[f(key)]} differs from head_dim {config.head_dim} "
                             f"({f(L.EMBEDDING_LENGTH)} / {f(A.HEAD_COUNT)}); not supported")
     return config, notes
+
+
+def _check_architecture(kv: dict[str, Any], source: str) -> None:
+    """``general.architecture`` is present and ``llama`` (else a GGUFError naming the key)."""
+    key = gguf.Keys.General.ARCHITECTURE
+    arch = kv.get(key)
+    if arch is None:
+        raise GGUFError(f"{source}: required key {key} is missing")
+    if arch != ARCH:
+        raise GGUFError(f"{source}: architecture {arch!r} is not supported; this app runs '{ARCH}' models only "
+                        f"({key})")
+
+
+def _refuse_unsupported(kv: dict[str, Any], source: str) -> None:
+    """What the engine does not compute (RoPE scaling, experts, logit/embedding scales, ...): a
+    GGUFError naming the key unless its value is the neutral one (linear RoPE scaling by 1 passes)."""
+    K, f = _keys(ARCH)
+    L, A, R = K.LLM, K.Attention, K.Rope
+    neutral = [(R.SCALING_TYPE, ("none", "")), (R.SCALING_FACTOR, (0.0, 1.0)), (R.SCALING_ATTN_FACTOR, (0.0, 1.0)),
+               (ROPE_SCALE_LINEAR, (0.0, 1.0)), (L.EXPERT_COUNT, (0,)), (L.EXPERT_USED_COUNT, (0,)),
+               (L.LOGIT_SCALE, (0.0, 1.0)), (L.EMBEDDING_SCALE, (0.0, 1.0)), (L.RESIDUAL_SCALE, (0.0, 1.0)),
+               (A.SCALE, (0.0,)), (A.SLIDING_WINDOW, (0,)), (A.CAUSAL, (True,)), (A.CLAMP_KQV, (0.0,)),
+               (L.ATTN_LOGIT_SOFTCAPPING, (0.0,)), (L.FINAL_LOGIT_SOFTCAPPING, (0.0,)), (L.POOLING_TYPE, (0,)),
+               (A.MAX_ALIBI_BIAS, (0.0,))]
+    for key, ok in neutral:
+        key = f(key)
+        if key in kv and kv[key] not in ok:
+            if key == f(R.SCALING_TYPE) and kv[key] == "linear" and kv.get(f(R.SCALING_FACTOR), 1.0) in (0.0, 1.0):
+                continue  # linear scaling by 1 changes nothing
+            raise GGUFError(f"{source}: {key} = {kv[key]!r} is not supported (the engine computes plain "
+                            "llama attention and RoPE)")
+
+
+class _KeyReader:
+    """``get(key, default=..., kind=(int, float))``: the value of the llama key ``key`` (``{arch}``
+    filled in) of the type ``kind``; a per-layer array must hold one value. A missing key without
+    a default, another type, or layers that differ: a GGUFError naming the key."""
+
+    def __init__(self, kv: dict[str, Any], source: str):
+        self.kv, self.source = kv, source
+
+    def __call__(self, key: str, default: Any = ..., kind: type | tuple = (int, float)) -> Any:
+        key, source = key.format(arch=ARCH), self.source
+        if key not in self.kv:
+            if default is ...:
+                raise GGUFError(f"{source}: required key {key} is missing")
+            return default
+        v = self.kv[key]
+        if isinstance(v, list) and kind != list:  # llama.cpp allows per-layer arrays; we need one value
+            if not v or any(x != v[0] for x in v):
+                raise GGUFError(f"{source}: {key} differs between layers ({str(v)[:60]}); not supported")
+            v = v[0]
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+            raise GGUFError(f"{source}: key {key} has an unsupported value {str(v)[:60]!r}")
+        return v
 
 
 def read_config(path: str | os.PathLike) -> tuple[ModelConfig, list[str], dict[str, Any]]:
@@ -394,34 +437,52 @@ def import_gguf(path: str | os.PathLike) -> LoadedModel:
     tied = tensor_name(gguf.MODEL_TENSOR.OUTPUT) not in by_name
     config = ModelConfig(**{**config.to_dict(), "tie_embeddings": tied})
     shapes = dict(config.param_shapes())
+    _check_tensors(source, infos, shapes)
+    weights, tensor_types = _read_weights(p, by_name, shapes)
+    if tied:
+        notes.append(f"no {tensor_name(gguf.MODEL_TENSOR.OUTPUT)}: the output projection is tied to "
+                     f"{tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)}")
+    for n in notes:
+        log.info("gguf import: %s", n)
+    meta = _import_meta(kv, p, tensor_types, notes)
+    return LoadedModel(config, tok, weights, meta, p, quantized=_raw_base(p, by_name, tensor_types))
+
+
+def _check_tensors(source: str, infos: list[TensorInfo], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor of the file is one of the model's, of its shape, and none is missing (GGUFError)."""
     for t in infos:
         if t.name not in shapes:
             raise GGUFError(f"{source}: tensor {t.name!r} is not part of the llama model this engine computes; "
                             "not supported")
         if t.shape != shapes[t.name]:
             raise GGUFError(f"{source}: tensor {t.name} has shape {t.shape}, expected {shapes[t.name]}")
-    missing = [n for n in shapes if n not in by_name]
+    names = {t.name for t in infos}
+    missing = [n for n in shapes if n not in names]
     if missing:
         raise GGUFError(f"{source}: tensors {missing[:4]} are missing")
 
+
+def _read_weights(p: Path, by_name: dict[str, TensorInfo],
+                  shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """({name: float32 weights}, {name: ggml type name}) in ``shapes``' order; NaN/inf is a GGUFError."""
     weights: dict[str, np.ndarray] = {}
     tensor_types: dict[str, str] = {}
     for name in shapes:
         info = by_name[name]
         w = dequantize(p, info)
         if not np.all(np.isfinite(w)):
-            raise GGUFError(f"{source}: tensor {name} contains NaN or infinite values")
+            raise GGUFError(f"{p}: tensor {name} contains NaN or infinite values")
         weights[name] = w
         try:
             tensor_types[name] = gguf.GGMLQuantizationType(info.ggml_type).name
         except ValueError:
             tensor_types[name] = str(info.ggml_type)
-    if tied:
-        notes.append(f"no {tensor_name(gguf.MODEL_TENSOR.OUTPUT)}: the output projection is tied to "
-                     f"{tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)}")
-    for n in notes:
-        log.info("gguf import: %s", n)
+    return weights, tensor_types
 
+
+def _import_meta(kv: dict[str, Any], p: Path, tensor_types: dict[str, str], notes: list[str]) -> dict[str, Any]:
+    """``LoadedModel.meta`` of an imported file (see :func:`import_gguf`)."""
+    G = Keys.General
     studio = {k: v for k, v in kv.items() if k.startswith(META_PREFIX)}
     own = {G.ARCHITECTURE, G.NAME, G.FILE_TYPE, G.QUANTIZATION_VERSION, G.ALIGNMENT}
     general_prefix = G.NAME.split(".")[0] + "."  # "general."
@@ -443,7 +504,7 @@ def import_gguf(path: str | os.PathLike) -> LoadedModel:
                       ("adam_step", k.STEPS), ("saved", k.DATE)):
         if META_PREFIX + key in studio:
             meta[ours] = studio[META_PREFIX + key]
-    return LoadedModel(config, tok, weights, meta, p, quantized=_raw_base(p, by_name, tensor_types))
+    return meta
 
 
 def _raw_base(path: Path, by_name: dict[str, TensorInfo], tensor_types: dict[str, str]) -> RawBase:

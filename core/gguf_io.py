@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,15 +198,46 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     """
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    out = _export_target(out_path)
+    _check_model(loaded)
+    foreign, vocab = _vocabulary(loaded.tokenizer)
+    notes: list[str] = []
+    plan = []  # (name, numpy shape, array written, ggml type, original float32)
+    for tname, shape in loaded.config.gguf_tensors():  # llama.cpp's converter order
+        w = np.asarray(loaded.weights[tname], np.float32).reshape(shape)
+        data, qtype = _encode_tensor(tname, w, dtype, notes)
+        plan.append((tname, shape, data, qtype, w))
+    for n in notes:
+        log.warning("%s", n)
+    if name is None:
+        name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
+    hp = _hyperparameters(loaded, dtype, name or out.stem)
+    facts = _training_facts(loaded, training_meta)
+    _write_atomically(out, lambda tmp: _write_file(tmp, hp, loaded, foreign, vocab, facts, plan))
+    mf = _write_modelfile(out, loaded.config, ours=foreign is None) if modelfile else None
+    size = out.stat().st_size
+    log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
+    return ExportResult(out, size, mf, tuple(notes))
+
+
+def _export_target(out_path: str | os.PathLike) -> Path:
+    """The ``.gguf`` path to write (the suffix added when missing), checked: never inside a
+    checkpoint folder (its next save would delete the file), into a folder that exists."""
     out = Path(out_path)
     if out.suffix.lower() != ".gguf":
         out = out.with_name(out.name + ".gguf")
-    check_export_target(out)  # never into a checkpoint folder: its next save would delete the file
+    check_export_target(out)
     if not out.parent.is_dir():
         raise GGUFError(f"{out.parent}: folder does not exist")
-    _check_model(loaded)
-    c, tok = loaded.config, loaded.tokenizer
+    return out
 
+
+def _vocabulary(tok) -> tuple[Any, tuple[list, list, list]]:
+    """(the imported file's GGUFVocab or None, (tokens, token types, merges)) of the tokenizer.
+
+    Raises:
+        GGUFError: one of our tokenizers without merges (llama.cpp cannot load that vocabulary).
+    """
     foreign = getattr(tok, "vocab", None)  # a core.gguf_tokenizer.GGUFTokenizer: the imported file's vocabulary
     tokens, merges = tok.tokens(), tok.merges()
     if not merges and foreign is None:
@@ -216,28 +248,14 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     else:
         specials = set(tok.special_ids())
         types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    return foreign, (tokens, types, merges)
 
-    notes: list[str] = []
-    plan = []  # (name, numpy shape, array written, ggml type, original float32)
-    for tname, shape in c.gguf_tensors():  # llama.cpp's converter order
-        w = np.asarray(loaded.weights[tname], np.float32).reshape(shape)
-        data, qtype = _encode_tensor(tname, w, dtype, notes)
-        plan.append((tname, shape, data, qtype, w))
-    for n in notes:
-        log.warning("%s", n)
 
+def _hyperparameters(loaded: LoadedModel, dtype: str, name: str) -> list[tuple[str, Any, str]]:
+    """``[(gguf key, value, GGUFWriter method)]`` of the model's settings, in the writer's order."""
+    c = loaded.config
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[dtype]
-    if name is None:
-        name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
-    name = name or out.stem
-    facts = _training_facts(loaded, training_meta)
-
-    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):  # what a killed export of this file left
-        try:
-            stale.unlink()
-        except OSError:
-            pass
     K, arch = gguf.Keys, lambda key: key.format(arch=ARCH)
     context_length = int((loaded.meta or {}).get("gguf_context_length") or c.context_length)
     hp = [(K.General.NAME, name, "add_name"), (K.General.FILE_TYPE, int(file_type), "add_file_type"),
@@ -253,28 +271,37 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
           (arch(K.Attention.LAYERNORM_RMS_EPS), float(c.norm_eps), "add_layer_norm_rms_eps")]
     if dtype in ("q8_0", "q4_0"):
         hp.append((K.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION, "add_quantization_version"))
-    def disk_full(e: OSError) -> bool:  # numpy's tofile reports it as "4096 requested and 3016 written" (no errno)
-        return e.errno == errno.ENOSPC or " requested and " in str(e)
+    return hp
 
+
+def _disk_full(e: OSError) -> bool:
+    """numpy's tofile reports a full disk as "4096 requested and 3016 written" (no errno)."""
+    return e.errno == errno.ENOSPC or " requested and " in str(e)
+
+
+def _write_atomically(out: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a temporary file renamed to ``out`` when it returns (core.atomic.atomic_path),
+    after removing what a killed export of this file left. A full disk or an unwritable folder is
+    one OSError naming the file; nothing is left behind."""
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     stack = ExitStack()
     try:
         tmp = stack.enter_context(atomic_path(out))
     except OSError as e:
-        if disk_full(e):
+        if _disk_full(e):
             raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
         raise OSError(e.errno, f"cannot write into {out.parent}: {e.strerror}") from None
     try:
         with stack:  # renamed into place when the file reads back as written
-            _write_file(tmp, hp, loaded, foreign, (tokens, types, merges), facts, plan)
+            write(tmp)
     except OSError as e:
-        if disk_full(e):
+        if _disk_full(e):
             raise OSError(errno.ENOSPC, f"cannot write {out}: the disk is full (nothing was written)") from None
         raise
-
-    mf = _write_modelfile(out, c, ours=foreign is None) if modelfile else None
-    size = out.stat().st_size
-    log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
-    return ExportResult(out, size, mf, tuple(notes))
 
 
 def _write_file(tmp: Path, hp: list[tuple[str, Any, str]], loaded: LoadedModel, foreign,

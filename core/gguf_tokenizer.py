@@ -104,6 +104,56 @@ class UnsupportedTokenizer(ValueError):
 _BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 
 
+
+def _model_and_pre(kv: dict[str, Any], source: str) -> tuple[str, str]:
+    """(tokenizer.ggml.model, tokenizer.ggml.pre) of a vocabulary we tokenize, else an error naming the key."""
+    import gguf
+
+    K = gguf.Keys.Tokenizer
+    model = kv.get(K.MODEL)
+    if model is None:
+        raise ValueError(f"{source}: key {K.MODEL} is missing (the file has no tokenizer)")
+    pre = kv.get(K.PRE) or ""
+    if model == BPE_MODEL:
+        if pre not in PRE_TOKENIZERS:
+            raise UnsupportedTokenizer(
+                f"{source}: pre-tokenizer {K.PRE} = {pre or '(none: default)'!r} is not supported; supported: "
+                f"{', '.join(sorted(PRE_TOKENIZERS))}")
+    elif model != SPM_MODEL:
+        raise UnsupportedTokenizer(f"{source}: tokenizer {K.MODEL} = {model!r} is not supported; supported: "
+                                   f"'{BPE_MODEL}' (byte-level BPE) and '{SPM_MODEL}' (SentencePiece BPE)")
+    return model, pre
+
+
+def _added_tokens(kv: dict[str, Any], source: str, model: str, pre: str) -> tuple[bool, bool, bool]:
+    """(add_bos, add_eos, add_space_prefix): the file's keys, else llama.cpp's defaults for the model
+    and pre-tokenizer; what we do not tokenize (a space prefix with gpt2, extra-space removal) is refused."""
+    import gguf
+
+    K = gguf.Keys.Tokenizer
+    if model == SPM_MODEL:
+        add_bos, add_eos, add_space = True, False, True
+    else:
+        add_bos, add_eos, add_space = PRE_TOKENIZERS[pre].add_bos, False, False
+    add_bos = bool(kv.get(K.ADD_BOS, add_bos))
+    add_eos = bool(kv.get(K.ADD_EOS, add_eos))
+    add_space = bool(kv.get(K.ADD_PREFIX, add_space))
+    if model == BPE_MODEL and add_space:
+        raise UnsupportedTokenizer(f"{source}: {K.ADD_PREFIX} = true with a gpt2 vocabulary is not supported")
+    if kv.get(K.REMOVE_EXTRA_WS):
+        raise UnsupportedTokenizer(f"{source}: {K.REMOVE_EXTRA_WS} = true is not supported")
+    return add_bos, add_eos, add_space
+
+
+def _token_id(kv: dict[str, Any], source: str, key: str, n: int) -> int | None:
+    """The token id at ``key`` (None when absent); not an id in 0..n-1: ValueError naming the key."""
+    v = kv.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or not 0 <= v < n:
+        raise ValueError(f"{source}: {key} = {v!r} is not a token id (0..{n - 1})")
+    return int(v)
+
 @dataclass(frozen=True)
 class GGUFVocab:
     """The ``tokenizer.ggml.*`` keys of a GGUF file (plain data: saved in checkpoints as JSON).
@@ -147,18 +197,7 @@ class GGUFVocab:
         import gguf
 
         K = gguf.Keys.Tokenizer
-        model = kv.get(K.MODEL)
-        if model is None:
-            raise ValueError(f"{source}: key {K.MODEL} is missing (the file has no tokenizer)")
-        pre = kv.get(K.PRE) or ""
-        if model == BPE_MODEL:
-            if pre not in PRE_TOKENIZERS:
-                raise UnsupportedTokenizer(
-                    f"{source}: pre-tokenizer {K.PRE} = {pre or '(none: default)'!r} is not supported; supported: "
-                    f"{', '.join(sorted(PRE_TOKENIZERS))}")
-        elif model != SPM_MODEL:
-            raise UnsupportedTokenizer(f"{source}: tokenizer {K.MODEL} = {model!r} is not supported; supported: "
-                                       f"'{BPE_MODEL}' (byte-level BPE) and '{SPM_MODEL}' (SentencePiece BPE)")
+        model, pre = _model_and_pre(kv, source)
         tokens = kv.get(K.LIST)
         if not tokens:
             raise ValueError(f"{source}: key {K.LIST} is missing or empty")
@@ -170,26 +209,11 @@ class GGUFVocab:
         merges = list(kv.get(K.MERGES) or [])
         if model == BPE_MODEL and not merges:
             raise ValueError(f"{source}: key {K.MERGES} is missing (a gpt2 BPE vocabulary needs its merges)")
+        add_bos, add_eos, add_space = _added_tokens(kv, source, model, pre)
 
         def tid(key: str) -> int | None:
-            v = kv.get(key)
-            if v is None:
-                return None
-            if not isinstance(v, int) or not 0 <= v < n:
-                raise ValueError(f"{source}: {key} = {v!r} is not a token id (0..{n - 1})")
-            return int(v)
+            return _token_id(kv, source, key, n)
 
-        if model == SPM_MODEL:
-            add_bos, add_eos, add_space = True, False, True
-        else:
-            add_bos, add_eos, add_space = PRE_TOKENIZERS[pre].add_bos, False, False
-        add_bos = bool(kv.get(K.ADD_BOS, add_bos))
-        add_eos = bool(kv.get(K.ADD_EOS, add_eos))
-        add_space = bool(kv.get(K.ADD_PREFIX, add_space))
-        if model == BPE_MODEL and add_space:
-            raise UnsupportedTokenizer(f"{source}: {K.ADD_PREFIX} = true with a gpt2 vocabulary is not supported")
-        if kv.get(K.REMOVE_EXTRA_WS):
-            raise UnsupportedTokenizer(f"{source}: {K.REMOVE_EXTRA_WS} = true is not supported")
         vocab = cls(model=model, pre=pre, tokens=tuple(tokens), types=tuple(int(t) for t in types[:n]),
                     scores=tuple(float(s) for s in scores[:n]), merges=tuple(merges),
                     bos_id=tid(K.BOS_ID), eos_id=tid(K.EOS_ID), unk_id=tid(K.UNK_ID), pad_id=tid(K.PAD_ID),

@@ -198,20 +198,8 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     check_export_target(out)  # never a checkpoint folder (or one inside it)
     _prepare_target(out)
 
-    tensors = {}
-    heads = _rope_heads(c)
-    for ours, theirs in hf_names(c).items():
-        w = np.ascontiguousarray(loaded.weights[ours], dtype=np.float32)
-        if ours in heads:
-            w = to_hf_rows(w, heads[ours])
-        tensors[theirs] = np.ascontiguousarray(w)
-    texts = {"config.json": hf_config(c, tok.bos_id, tok.eos_id, tok.pad_id)}
-    texts["config.json"][STUDIO_KEY] = {"app_version": __version__,
-                                        "export_date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    texts["generation_config.json"] = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-                                       "pad_token_id": tok.pad_id, "do_sample": False,
-                                       "max_length": c.context_length}
-    texts = {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
+    tensors = _hf_tensors(loaded)
+    texts = _hf_texts(c, tok)
 
     def write(tmp: Path) -> None:
         try:
@@ -233,6 +221,30 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
         raise _write_error(out, e.strerror or str(e), e.errno) from None
     log.info("hf: wrote %s (%d tensors)", out, len(tensors))
     return out
+
+
+def _hf_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """{HF name: contiguous float32 weights}, Q and K rows permuted to HF's rotate_half layout."""
+    tensors = {}
+    heads = _rope_heads(loaded.config)
+    for ours, theirs in hf_names(loaded.config).items():
+        w = np.ascontiguousarray(loaded.weights[ours], dtype=np.float32)
+        if ours in heads:
+            w = to_hf_rows(w, heads[ours])
+        tensors[theirs] = np.ascontiguousarray(w)
+    return tensors
+
+
+def _hf_texts(c: ModelConfig, tok) -> dict[str, str]:
+    """{file name: text} of the export's JSON files: config.json (with our app's version and the
+    date), generation_config.json and the tokenizer's files."""
+    texts = {"config.json": hf_config(c, tok.bos_id, tok.eos_id, tok.pad_id)}
+    texts["config.json"][STUDIO_KEY] = {"app_version": __version__,
+                                        "export_date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    texts["generation_config.json"] = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+                                       "pad_token_id": tok.pad_id, "do_sample": False,
+                                       "max_length": c.context_length}
+    return {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
 
 
 def _write_error(path: Path, why: str, code: int | None = None) -> OSError:

@@ -33,7 +33,7 @@ from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.embedding import Embedding
-from core.kernels.grad_norm import GradNorm
+from core.kernels.sums import Sums
 from core.kernels import matmul_tune
 from core.kernels.matmul import Matmul, scratch_bound_floats
 from core.kernels.qmatmul import QMatmul
@@ -61,7 +61,7 @@ class Ops:
         self.swiglu = SwiGLU(dev)
         self.cross_entropy = CrossEntropy(dev)
         self.adamw = AdamW(dev)
-        self.grad_norm = GradNorm(dev)
+        self.sums = Sums(dev)
 
 
 def param_layout(dev: Device, config: ModelConfig, frozen: tuple[str, ...] = ()) -> Layout:
@@ -661,8 +661,8 @@ class Model:
         n = b * t
         o, a = self.ops, self.act
         o.cross_entropy.forward(a.losses, a.logits, a.targets, a.mask, n, self.config.vocab_size)
-        o.grad_norm.sum(self._stats, 0, a.losses, n)
-        o.grad_norm.sum(self._stats, 1, a.mask, n)
+        o.sums.sum(self._stats, 0, a.losses, n)
+        o.sums.sum(self._stats, 1, a.mask, n)
         s = self.dev.download(self._stats, (2,))
         return float(s[0] / max(s[1], 1.0)), float(s[1])
 
@@ -702,9 +702,9 @@ class Model:
         if not accumulate:
             self.grads.zero()
         self._backward(b, t)
-        o.grad_norm.sum(self._stats, 0, a.losses, n)
-        o.grad_norm.sum(self._stats, 1, a.mask, n)
-        o.grad_norm.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
+        o.sums.sum(self._stats, 0, a.losses, n)
+        o.sums.sum(self._stats, 1, a.mask, n)
+        o.sums.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
         per_layer = [0.0] * (self.config.n_layers + 2)

@@ -245,60 +245,99 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
     rows = step_rows(tc, stats)
     steps = [max(MIN_STEPS[0], math.ceil(PRETRAIN_PASSES * n_f / rows[0])) if n_f else 0,
              max(MIN_STEPS[1], math.ceil(TUNE_PASSES * n_d / rows[1])) if n_d else 0]
-    if lengths is None:
-        lengths = ([round(stats.fact_tokens / max(n_f, 1))] * n_f, [round(stats.dialogue_tokens / max(n_d, 1))] * n_d)
-    t_f = min(mc.context_length, padded_length(lengths[0], b))
-    t_d = min(mc.context_length, padded_length(lengths[1], b))
+    t_f, t_d = _padded_lengths(stats, mc.context_length, b, lengths)
     if step_tokens is None:
         step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
-    step_s = [t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens]
-    # one recall check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq)
-    check_one, sampled = {}, {}  # seconds of a full / a sampled (CHECK_SAMPLE per kind) check of each kind
-    for k, (n, prompt, answer) in _check_kinds(recall_prompts, answer_tokens).items():
-        t = prompt + answer / 2 if prompt else (t_f if k == "fact" else t_d)
-        for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
-            out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
-    during = [sampled.get("fact", 0.0), sum(sampled.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
-    full = sum(check_one.values())
-    pre_end = sum(sampled.values()) if n_d else full  # a stage before the last ends with a sampled table
-
-    def cost(st):
-        every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
-        every_all = min((e for e in every if e), default=25)  # one check_every for both stages
-        train = st[0] * step_s[0] + st[1] * step_s[1]
-        checks = sum(((st[i] - 1) // every_all) * during[i] for i in range(2) if st[i])
-        checks += (pre_end if st[0] else 0.0) + (full if st[1] else 0.0)
-        return train, checks, every
-
-    train_s, check_s, every = cost(steps)
-    if not time_budget_s and n_f and train_s + check_s > PLAN_BUDGET_S:
-        # fewer exposures of each fact (not below MIN_PASSES) so that the run takes what a user waits for
-        floor = max(MIN_STEPS[0], math.ceil(MIN_PASSES * n_f / rows[0]))
-        while steps[0] > floor and train_s + check_s > PLAN_BUDGET_S:
-            steps[0] = max(floor, int(steps[0] * 0.95))
-            train_s, check_s, every = cost(steps)
-        notes.append(f"each fact is seen {steps[0] * rows[0] / n_f:.0f} times (not {PRETRAIN_PASSES}) so that the run "
-                     f"takes about {format_duration(PLAN_BUDGET_S)}; give a time budget to learn more")
-    if time_budget_s and train_s + check_s > time_budget_s:
-        scale = max(0.05, (time_budget_s - pre_end - full) / max(train_s + check_s, 1e-9))
-        steps = [max(1, int(s * scale)) if s else 0 for s in steps]
-        train_s, check_s, every = cost(steps)
-        notes.append(f"the time budget ({format_duration(time_budget_s)}) allows about {scale:.0%} of the "
-                     "planned steps: the model may not learn everything; give more time")
+    cost = _RunCost([t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens],
+                    *_check_seconds(_check_kinds(recall_prompts, answer_tokens), (t_f, t_d), b, seconds_per_token,
+                                    n_d))
+    steps, (train_s, check_s, every) = _fit_budget(steps, cost, time_budget_s, n_f, rows[0], notes)
     max_steps = [math.ceil(s * f) for s, f in zip(steps, MAX_STEPS_FACTOR)]
     tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
                  tune=replace(tc.tune, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
                  patience=PATIENCE, time_budget_s=float(time_budget_s or max(RUN_BUDGET_S, 1.25 * (train_s + check_s))),
                  check_sample=CHECK_SAMPLE)
-    replayed = 0.0
-    if n_f and n_d:  # facts replayed in tuning's batches of questions (not its conversation batches)
-        bt = tc.tune.batch_size
-        q_steps = steps[1] - (steps[1] // tc.conversation_every if tc.conversation_every else 0)
-        replayed = q_steps * min(bt - 1, round(bt * tc.replay_share)) / n_f
-    return Plan(preset, mc, tc, (steps[0], steps[1]), steps[0] * rows[0] / n_f if n_f else 0.0,
-                steps[1] * rows[1] / n_d if n_d else 0.0, train_s, check_s, seconds_per_token, tuple(notes),
-                (steps[0] * rows[0] / n_f if n_f else 0.0) + replayed)
+    fact_passes = steps[0] * rows[0] / n_f if n_f else 0.0
+    return Plan(preset, mc, tc, (steps[0], steps[1]), fact_passes, steps[1] * rows[1] / n_d if n_d else 0.0,
+                train_s, check_s, seconds_per_token, tuple(notes), fact_passes + _replayed(tc, steps[1], n_f, n_d))
+
+
+def _replayed(tc: TrainConfig, tune_steps: int, n_f: int, n_d: int) -> float:
+    """Exposures of each fact replayed in tuning's batches of questions (not its conversation batches)."""
+    if not (n_f and n_d):
+        return 0.0
+    bt = tc.tune.batch_size
+    q_steps = tune_steps - (tune_steps // tc.conversation_every if tc.conversation_every else 0)
+    return q_steps * min(bt - 1, round(bt * tc.replay_share)) / n_f
+
+
+def _padded_lengths(stats: DatasetStats, context_length: int, b: int,
+                    lengths: tuple[list[int], list[int]] | None) -> tuple[float, float]:
+    """Mean padded (fact, dialogue) sequence length of a batch of ``b`` (:func:`padded_length`), at most
+    the context; without ``lengths``, every sequence is taken to have the dataset's mean length."""
+    n_f, n_d = stats.fact_sequences, stats.dialogue_sequences
+    if lengths is None:
+        lengths = ([round(stats.fact_tokens / max(n_f, 1))] * n_f, [round(stats.dialogue_tokens / max(n_d, 1))] * n_d)
+    return min(context_length, padded_length(lengths[0], b)), min(context_length, padded_length(lengths[1], b))
+
+
+def _check_seconds(kinds: dict[str, tuple[int, float, float]], padded: tuple[float, float], b: int,
+                   seconds_per_token: float, n_d: int) -> tuple[list[float], float, float]:
+    """Seconds of the recall checks: (a sampled check during pretraining, during tuning), the full
+    check at the run's end, and the check that ends pretraining (sampled when tuning follows).
+
+    One check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq);
+    ``padded`` is (fact, dialogue) sequence length where a kind's mean prompt length is unknown."""
+    check_one, sampled = {}, {}  # seconds of a full / a sampled (CHECK_SAMPLE per kind) check of each kind
+    for k, (n, prompt, answer) in kinds.items():
+        t = prompt + answer / 2 if prompt else (padded[0] if k == "fact" else padded[1])
+        for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
+            out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
+    during = [sampled.get("fact", 0.0), sum(sampled.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
+    full = sum(check_one.values())
+    pre_end = sum(sampled.values()) if n_d else full  # a stage before the last ends with a sampled table
+    return during, full, pre_end
+
+
+@dataclass(frozen=True)
+class _RunCost:
+    """``cost(steps)``: (training seconds, check seconds, check_every per stage) of (pretrain, tune) steps."""
+
+    step_s: list[float]
+    during: list[float]
+    full: float
+    pre_end: float
+
+    def __call__(self, st: list[int]) -> tuple[float, float, list[int]]:
+        every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
+        every_all = min((e for e in every if e), default=25)  # one check_every for both stages
+        train = st[0] * self.step_s[0] + st[1] * self.step_s[1]
+        checks = sum(((st[i] - 1) // every_all) * self.during[i] for i in range(2) if st[i])
+        checks += (self.pre_end if st[0] else 0.0) + (self.full if st[1] else 0.0)
+        return train, checks, every
+
+
+def _fit_budget(steps: list[int], cost: _RunCost, time_budget_s: float, n_f: int, fact_rows: int,
+                notes: list[str]) -> tuple[list[int], tuple[float, float, list[int]]]:
+    """The steps cut to the run's time: without a budget, fewer exposures of each fact (not below
+    MIN_PASSES) so that the run takes PLAN_BUDGET_S; with one, all steps scaled to it. Says so in
+    ``notes``. Returns (steps, cost(steps))."""
+    train_s, check_s, every = cost(steps)
+    if not time_budget_s and n_f and train_s + check_s > PLAN_BUDGET_S:
+        floor = max(MIN_STEPS[0], math.ceil(MIN_PASSES * n_f / fact_rows))
+        while steps[0] > floor and train_s + check_s > PLAN_BUDGET_S:
+            steps[0] = max(floor, int(steps[0] * 0.95))
+            train_s, check_s, every = cost(steps)
+        notes.append(f"each fact is seen {steps[0] * fact_rows / n_f:.0f} times (not {PRETRAIN_PASSES}) so that the run "
+                     f"takes about {format_duration(PLAN_BUDGET_S)}; give a time budget to learn more")
+    if time_budget_s and train_s + check_s > time_budget_s:
+        scale = max(0.05, (time_budget_s - cost.pre_end - cost.full) / max(train_s + check_s, 1e-9))
+        steps = [max(1, int(s * scale)) if s else 0 for s in steps]
+        train_s, check_s, every = cost(steps)
+        notes.append(f"the time budget ({format_duration(time_budget_s)}) allows about {scale:.0%} of the "
+                     "planned steps: the model may not learn everything; give more time")
+    return steps, (train_s, check_s, every)
 
 
 def data_mix(tc: TrainConfig, stats: DatasetStats) -> TrainConfig:

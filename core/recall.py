@@ -155,12 +155,7 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     """
     out = []
     if "fact" in kinds:
-        for i, (fact, k) in enumerate(zip(dataset.facts, fact_prompt_words(dataset.facts))):
-            prompt, expected = fact_split(fact, k)
-            if not expected:
-                continue
-            ids = [tok.bos_id] + tok.encode(prompt)
-            out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
+        out += _fact_prompts(tok, dataset.facts)
     if "dialogue" in kinds:
         for i, dlg in enumerate(dataset.dialogues):
             # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
@@ -169,20 +164,7 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
             for (user, answer), ids in zip(turns, chat_format.turn_prompt_ids(tok, turns, dlg.system, context_length)):
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
-        for i in range(0, len(dataset.dialogues), chat_every(len(dataset.dialogues))):
-            dlg = dataset.dialogues[i]
-            if not dlg.turns:
-                continue
-            user, answer = dlg.turns[0]
-            max_new = len(tok.encode(answer)) + ANSWER_SLACK
-            room = min(max(max_new, CHAT_ROOM), context_length - 1)
-            history = _fitting_tail(tok, chat_history(dataset.dialogues, i), context_length - room)
-            while True:
-                ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
-                if len(ids) + room <= context_length or not history:
-                    break
-                history = history[1:]
-            out.append(_Prompt("chat", i, user, answer, ids, max_new))
+        out += _chat_prompts(tok, dataset.dialogues, context_length)
     if "heldout" in kinds:
         for i, (user, answer) in enumerate(heldout):
             ids = chat_format.prompt_ids(tok, [], user)
@@ -194,6 +176,38 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     limit = sample or FULL_CHECK_MAX
     if any(len(v) > limit for v in by_kind.values()):
         out = [p for k in KINDS for p in _spaced(by_kind[k], limit)]
+    return out
+
+
+def _fact_prompts(tok: Tokenizer, facts: list[str]) -> list[_Prompt]:
+    """A fact's prompt: BOS + its first words (:func:`fact_prompt_words`); the rest is expected."""
+    out = []
+    for i, (fact, k) in enumerate(zip(facts, fact_prompt_words(facts))):
+        prompt, expected = fact_split(fact, k)
+        if expected:
+            ids = [tok.bos_id] + tok.encode(prompt)
+            out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
+    return out
+
+
+def _chat_prompts(tok: Tokenizer, dialogues: list, context_length: int) -> list[_Prompt]:
+    """Every :func:`chat_every`-th dialogue's first question after the turns of the dialogues before it
+    (:func:`chat_history`), oldest turns dropped until the answer fits, as core.chat.ChatSession does."""
+    out = []
+    for i in range(0, len(dialogues), chat_every(len(dialogues))):
+        dlg = dialogues[i]
+        if not dlg.turns:
+            continue
+        user, answer = dlg.turns[0]
+        max_new = len(tok.encode(answer)) + ANSWER_SLACK
+        room = min(max(max_new, CHAT_ROOM), context_length - 1)
+        history = _fitting_tail(tok, chat_history(dialogues, i), context_length - room)
+        while True:
+            ids = chat_format.prompt_ids(tok, history, user, system=dlg.system)
+            if len(ids) + room <= context_length or not history:
+                break
+            history = history[1:]
+        out.append(_Prompt("chat", i, user, answer, ids, max_new))
     return out
 
 
@@ -209,7 +223,7 @@ def sampled(sizes: dict[str, int], items: list[RecallItem]) -> dict[str, tuple[i
     """
     out = {}
     for k, n in sizes.items():
-        checked = count(items, k)[1]
+        checked = tally(items, k)[1]
         if checked < n:
             out[k] = (checked, n)
     return out
@@ -326,11 +340,11 @@ def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[i
         yield chunk
 
 
-def count(items: list[RecallItem], kind: str) -> tuple[int, int]:
+def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
     """(items of ``kind`` reproduced, items of ``kind`` checked)."""
     of = [r for r in items if r.kind == kind]
     return sum(r.ok for r in of), len(of)
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "count", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

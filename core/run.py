@@ -25,7 +25,7 @@ from core.config import ModelConfig
 from core.events import (LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageFinished, StageReport,
                          StepReport, ValidationLoss)
 from core.stages import Stage
-from core.wording import count
+from core.wording import count_words
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
@@ -212,8 +212,8 @@ class Run:
         trainer = resume_trainer(req.resume, dev, train_config=req.train_config, dataset=req.dataset,
                                  allow_new_data=req.allow_new_data)
         if earlier is not None and trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
-            yield LogEvent("INFO", f"continuing on a new dataset ({count(len(trainer.dataset.facts), 'fact')}, "
-                                   f"{count(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
+            yield LogEvent("INFO", f"continuing on a new dataset ({count_words(len(trainer.dataset.facts), 'fact')}, "
+                                   f"{count_words(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         yield LogEvent("INFO", f"resuming {req.resume} at {where}")
@@ -226,8 +226,8 @@ class Run:
 
         req = self.request
         dataset = req.dataset if req.dataset is not None else default_dataset()
-        yield LogEvent("INFO", f"dataset: {count(len(dataset.facts), 'fact')}, "
-                               f"{count(len(dataset.dialogues), 'dialogue')}")
+        yield LogEvent("INFO", f"dataset: {count_words(len(dataset.facts), 'fact')}, "
+                               f"{count_words(len(dataset.dialogues), 'dialogue')}")
         if base is None:
             yield Phase("build", "training the tokenizer and building the model")
             return Trainer(dataset, mc, tc, dev)
@@ -249,7 +249,7 @@ class Run:
             return dataset
         from core import known
 
-        yield Phase("ask", f"asking the base model {count(len(questions), 'general question')} (its answers are "
+        yield Phase("ask", f"asking the base model {count_words(len(questions), 'general question')} (its answers are "
                            "replayed and checked, so it keeps what it knew)…")
         pairs, unfinished = known.base_answers(dev, mc, loaded.weights, loaded.tokenizer, questions)
         dataset, self._replay = known.with_replay(dataset, pairs, unfinished)
@@ -266,11 +266,11 @@ class Run:
         elif req.plan_s and not req.resume:
             estimate = (*req.plan_s, 0)
         if dev.build_seconds - built[1] >= 1.0:
-            yield LogEvent("INFO", f"compiled {count(dev.builds - built[0], 'kernel program')} in "
+            yield LogEvent("INFO", f"compiled {count_words(dev.builds - built[0], 'kernel program')} in "
                                    f"{dev.build_seconds - built[1]:.0f} s (first run on this device; cached for the next)")
         c, tc = trainer.model_config, trainer.train_config
-        yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count(c.n_layers, 'layer')}, "
-                               f"{count(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
+        yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, "
+                               f"{count_words(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.tune.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 

@@ -1,29 +1,34 @@
 """Device check: build every kernel, compare the launches training and generation make with their
-numpy references, time a matmul.
+numpy references, time a matmul; and the installation's self-test built on it.
 
-The GUI's "Test device" button and ``gui.selftest`` (the bundle's ``--self-test``) call
-:func:`check_device`. Progress and cancellation go through plain callables, so no Qt is needed here.
+The GUI's "Test device" button calls :func:`check_device`. Progress and cancellation go through plain
+callables, so no Qt is needed here. :func:`run_self_test` is ``opencl-llm-studio --self-test`` (the
+bundle's too): it proves an installation (or the packaged executable) works, without a window.
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import math
+import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from core.device import Device
-from core.kernels import (adamw_ref, attention_ref, cross_entropy_ref, embedding_ref, grad_norm_ref, matmul_ref,
-                          rmsnorm_ref, rope_ref, swiglu_ref)
 
 log = logging.getLogger(__name__)
 
 # (module in core.kernels, launcher class) in the order they are built.
 LAUNCHERS = [("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
              ("matmul", "Matmul"), ("rope", "RoPE"), ("attention", "Attention"), ("swiglu", "SwiGLU"),
-             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("grad_norm", "GradNorm")]
+             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("sums", "Sums")]
 
 
 class CheckCancelled(Exception):
@@ -64,153 +69,17 @@ class DeviceCheck:
         return not self.build_errors and bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def _check_ops(dev: Device, ops: dict, rng: np.random.Generator) -> list[OpCheck]:
-    """Compare the launches of each available op that training and generation make (``core.model``)
-    with its numpy reference (``core/kernels/<op>_ref.py``, the one the tests use) on small random
-    inputs of odd sizes."""
+def _check_ops(dev: Device, ops: dict) -> list[OpCheck]:
+    """Each built op's ``selfcheck`` (``core/kernels/<op>_ref.py``, the one its test calls too): the
+    launches training and generation make (``core.model``) against the numpy reference on small
+    random inputs of odd sizes. An op whose check raises is reported by its module name."""
     out: list[OpCheck] = []
-
-    def run(name, tol, fn):
-        if fn is None:
-            return
+    for module, op in ops.items():
+        ref = importlib.import_module(f"core.kernels.{module}_ref")
         try:
-            err = float(fn())
-            out.append(OpCheck(name, err, tol, bool(np.isfinite(err) and err <= tol)))
+            out += [OpCheck(c.name, c.max_abs_err, c.tolerance, c.ok) for c in ref.selfcheck(dev, op)]
         except Exception as e:  # report, keep checking the other ops
-            out.append(OpCheck(name, float("nan"), tol, False, f"{type(e).__name__}: {e}"))
-
-    def f32(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def err(buf, want) -> float:
-        return float(np.abs(dev.download(buf, want.shape) - want).max())
-
-    if "embedding" in ops:
-        def embedding():
-            n, vocab, d = 13, 50, 24
-            tokens, w = rng.integers(0, vocab, n).astype(np.int32), f32(vocab, d)
-            o = dev.alloc(n * d)
-            ops["embedding"].forward(o, dev.upload(tokens), dev.upload(w), n, d, vocab)
-            return err(o, embedding_ref.embedding_forward(tokens, w))
-        run("embedding", 0.0, embedding)
-    if "matmul" in ops:
-        def matmul(trans_b):
-            M, N, K = 67, 45, 33
-            a, b = f32(M, K), f32(N, K) if trans_b else f32(K, N)
-            c = dev.alloc(M * N)
-            ops["matmul"](c, dev.upload(a), dev.upload(b), M, N, K, trans_b=trans_b)
-            return err(c, matmul_ref.matmul_forward(a, b, trans_b=trans_b))
-        run("matmul", 1e-4, lambda: matmul(False))
-        run("matmul (B transposed)", 1e-4, lambda: matmul(True))
-    if "rmsnorm" in ops:
-        def rmsnorm():
-            rows, dim = 7, 96
-            x, w = f32(rows, dim), f32(dim)
-            o, rstd = dev.alloc(rows * dim), dev.alloc(rows)
-            ops["rmsnorm"].forward(o, rstd, dev.upload(x), dev.upload(w), rows, dim, 1e-5)
-            return err(o, rmsnorm_ref.rmsnorm_forward(x, w, 1e-5)[0])
-
-        def rmsnorm_residual():  # x_sum = a + b, then the norm: every layer's two residual adds
-            rows, dim = 7, 96
-            a, b, w = f32(rows, dim), f32(rows, dim), f32(dim)
-            x_sum, o, rstd = dev.alloc(rows * dim), dev.alloc(rows * dim), dev.alloc(rows)
-            ops["rmsnorm"].forward_residual(x_sum, o, rstd, dev.upload(a), dev.upload(b), dev.upload(w), rows, dim,
-                                            1e-5)
-            return max(err(x_sum, a + b), err(o, rmsnorm_ref.rmsnorm_forward(a + b, w, 1e-5)[0]))
-
-        def rmsnorm_backward():  # d_x added to (the residual stream's gradient), d_weight accumulated
-            rows, dim = 7, 96
-            x, w, d_out, dx0 = f32(rows, dim), f32(dim), f32(rows, dim), f32(rows, dim)
-            want_y, want_rstd = rmsnorm_ref.rmsnorm_forward(x, w, 1e-5)
-            want_dx, want_dw = rmsnorm_ref.rmsnorm_backward(d_out, x, w, 1e-5)
-            dx, dw = dev.upload(dx0), dev.upload(np.zeros(dim, np.float32))
-            ops["rmsnorm"].backward(dx, dw, dev.upload(d_out), dev.upload(x), dev.upload(w), dev.upload(want_rstd),
-                                    rows, dim, accumulate=True)
-            return max(err(dx, dx0 + want_dx), err(dw, want_dw))
-        run("RMSNorm", 1e-4, rmsnorm)
-        run("RMSNorm after the residual add", 1e-4, rmsnorm_residual)
-        run("RMSNorm backward", 1e-4, rmsnorm_backward)
-    if "rope" in ops:
-        n, h, kvh, d, seq, pos, theta = 10, 3, 1, 16, 5, 2, 10000.0
-        qd, kd = h * d, kvh * d
-
-        def rope_split():  # the QKV matmul's rows -> q, k (rotated) and v
-            qkv = f32(n, qd + 2 * kd)
-            q, k, v = dev.alloc(n * qd), dev.alloc(n * kd), dev.alloc(n * kd)
-            ops["rope"].split_qkv(q, k, v, dev.upload(qkv), n, seq, h, kvh, d, pos, theta)
-            return max(err(q, rope_ref.rope_forward(qkv[:, :qd].reshape(n, h, d), seq, pos, theta)),
-                       err(k, rope_ref.rope_forward(qkv[:, qd:qd + kd].reshape(n, kvh, d), seq, pos, theta)),
-                       err(v, qkv[:, qd + kd:]))
-
-        def rope_join():  # the gradients of q, k, v -> rows of the QKV matmul's gradient
-            dq, dk, dv = f32(n, h, d), f32(n, kvh, d), f32(n, kd)
-            d_qkv = dev.alloc(n * (qd + 2 * kd))
-            ops["rope"].join_qkv(d_qkv, dev.upload(dq), dev.upload(dk), dev.upload(dv), n, seq, h, kvh, d, pos,
-                                 theta)
-            want = np.concatenate([rope_ref.rope_backward(dq, seq, pos, theta).reshape(n, qd),
-                                   rope_ref.rope_backward(dk, seq, pos, theta).reshape(n, kd), dv], axis=1)
-            return err(d_qkv, want)
-        run("RoPE (QKV split)", 1e-5, rope_split)
-        run("RoPE backward (QKV join)", 1e-5, rope_join)
-    if "swiglu" in ops:
-        rows, f = 5, 37
-
-        def swiglu():  # on the [gate | up] rows of the fused matmul
-            gu = f32(rows, 2 * f)
-            o = dev.alloc(rows * f)
-            ops["swiglu"].forward_fused(o, dev.upload(gu), rows, f)
-            return err(o, swiglu_ref.swiglu_forward(gu[:, :f], gu[:, f:]))
-
-        def swiglu_backward():
-            gu, d_out = f32(rows, 2 * f), f32(rows, f)
-            d_gu = dev.alloc(rows * 2 * f)
-            ops["swiglu"].backward_fused(d_gu, dev.upload(d_out), dev.upload(gu), rows, f)
-            return err(d_gu, np.concatenate(swiglu_ref.swiglu_backward(d_out, gu[:, :f], gu[:, f:]), axis=1))
-        run("SwiGLU", 1e-5, swiglu)
-        run("SwiGLU backward", 1e-5, swiglu_backward)
-    if "attention" in ops:
-        def attention():  # builds the kernels for head_dim 32 (the default model's), GQA 2
-            s, h, kvh, d = 21, 4, 2, 32
-            q, k, v = f32(1, s, h, d), f32(1, s, kvh, d), f32(1, s, kvh, d)
-            o, lse = dev.alloc(q.size), dev.alloc(h * s)
-            ops["attention"].forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d)
-            return err(o, attention_ref.attention_forward(q, k, v)[0])
-        run("attention", 1e-4, attention)
-    if "cross_entropy" in ops:
-        rows, vocab = 9, 300
-
-        def cross_entropy(backward: bool):  # training: losses and d_logits in one launch
-            logits = f32(rows, vocab) * 3
-            targets = rng.integers(0, vocab, rows).astype(np.int32)
-            mask = (np.arange(rows) % 4 != 3).astype(np.float32)
-            losses, d_logits = dev.alloc(rows), dev.alloc(rows * vocab)
-            args = (dev.upload(logits), dev.upload(targets), dev.upload(mask), rows, vocab)
-            want = cross_entropy_ref.cross_entropy_forward(logits, targets, mask)
-            if not backward:
-                ops["cross_entropy"].forward(losses, *args)
-                return err(losses, want)
-            ops["cross_entropy"].forward_backward(losses, d_logits, *args, 0.25)
-            return max(err(losses, want),
-                       err(d_logits, cross_entropy_ref.cross_entropy_backward(logits, targets, mask, 0.25)))
-        run("cross-entropy", 1e-4, lambda: cross_entropy(False))
-        run("cross-entropy with its gradient", 1e-4, lambda: cross_entropy(True))
-    if "adamw" in ops:
-        def adamw():
-            n, hp = 300, dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-            p, g, m, v = f32(n), f32(n), f32(n) * 0.1, np.abs(f32(n)) * 0.1
-            bufs = [dev.upload(a) for a in (p, g, m, v)]
-            ops["adamw"].step(*bufs, n, step=3, grad_scale=0.5, **hp)
-            want = adamw_ref.adamw_step(p, g, m, v, step=3, grad_scale=0.5, **hp)[0].astype(np.float32)
-            return err(bufs[0], want)
-        run("AdamW", 1e-5, adamw)
-    if "grad_norm" in ops:
-        def grad_norm():
-            x = f32(5000)
-            o = dev.alloc(1)
-            ops["grad_norm"].sum_squares(o, 0, dev.upload(x), x.size)
-            want = grad_norm_ref.sum_squares(x)
-            return abs(float(dev.download(o, (1,))[0]) - want) / want
-        run("gradient norm (relative)", 1e-5, grad_norm)
+            out.append(OpCheck(module, float("nan"), 0.0, False, f"{type(e).__name__}: {e}"))
     return out
 
 
@@ -275,7 +144,7 @@ def check_device(dev: Device, progress: Callable[[float, str], None] | None = No
     if should_stop():
         raise CheckCancelled()
     progress(0.8, "comparing results with numpy")
-    result.checks = _check_ops(dev, ops, np.random.default_rng(1234))
+    result.checks = _check_ops(dev, ops)
     if "matmul" in ops and should_stop() is False:
         progress(0.9, f"timing a {matmul_size}x{matmul_size} matmul")
         try:
@@ -286,3 +155,108 @@ def check_device(dev: Device, progress: Callable[[float, str], None] | None = No
         raise CheckCancelled()
     progress(1.0, "done")
     return result
+
+
+# ------------------------------------------------------------------------------------ self-test
+PRETRAIN_STEPS, TUNE_STEPS, BATCH = 6, 4, 4  # the self-test's Tiny training run
+
+Record = Callable[[str, bool, str], None]  # (step name, passed, detail)
+
+
+def _printer(stream) -> Callable[[str], None]:
+    def emit(line: str) -> None:
+        if stream is not None:  # a windowed executable on Windows may have no stdout
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    return emit
+
+
+def run_self_test(stream: TextIO | None = None, device: str | int | None = None) -> int:
+    """``opencl-llm-studio --self-test``: list devices; check the best device (kernels build, ops match
+    numpy, matmul speed); train the Tiny preset for a few steps on the default dataset; generate an
+    answer; save a checkpoint and export a GGUF into a temporary folder and read it back. Prints one
+    line per step and a summary to ``stream`` (default stdout).
+
+    Returns:
+        The exit code: 0 when every step passed, 1 otherwise (a failure is a line, never a bare traceback).
+    """
+    say = _printer(stream if stream is not None else sys.stdout)
+    t_start = time.perf_counter()
+    results: list[tuple[str, bool, str]] = []
+
+    def record(name: str, ok: bool, detail: str) -> None:
+        results.append((name, ok, detail))
+        say(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}")
+
+    try:
+        dev = _device_step(record, say, device)
+        trainer = _training_step(record, dev)
+        from core.chat import ChatSession
+        from core.generate import SamplingSettings
+
+        answer = ChatSession(trainer.generator(), trainer.tokenizer).answer(
+            "Where is Brindlewick?", SamplingSettings(max_tokens=12))
+        record("generation", True, f"answer {answer!r}")
+        _export_step(record, trainer)
+    except Exception as e:  # report any failure as a line, never a bare traceback
+        record("self-test", False, f"{type(e).__name__}: {e}")
+        say(traceback.format_exc())
+
+    ok = bool(results) and all(r[1] for r in results)
+    say(f"self-test {'passed' if ok else 'FAILED'}: {sum(r[1] for r in results)}/{len(results)} steps ok "
+        f"in {time.perf_counter() - t_start:.1f} s")
+    return 0 if ok else 1
+
+
+def _device_step(record: Record, say: Callable[[str], None], device: str | int | None) -> Device:
+    """The devices listed, the chosen one opened and checked (:func:`check_device`)."""
+    from core.device import list_devices, open_device, select_device
+
+    devices = list_devices()
+    for d in devices:
+        say(f"  device {d.index}: {d.label}")
+    record("devices", True, f"{len(devices)} found")
+    info = select_device(device)
+    dev = open_device(info)
+    check = check_device(dev, matmul_size=256, budget_s=0.3)
+    bad = [c.name for c in check.checks if not c.ok] + list(check.build_errors)
+    speed = f", matmul {check.matmul_gflops:.1f} GFLOP/s" if check.matmul_gflops else ""
+    record("device check", check.ok, f"{info.label}: kernels built in {check.build_s:.1f} s, "
+           + (f"failed: {', '.join(bad)}" if bad else f"{len(check.checks)} ops match numpy") + speed)
+    return dev
+
+
+def _training_step(record: Record, dev: Device):
+    """The Tiny preset trained PRETRAIN_STEPS + TUNE_STEPS steps on the default dataset; the Trainer."""
+    from core.config import PRESETS, replace
+    from core.dataset import default_dataset
+    from core.trainer import StepReport, Trainer
+
+    mc, tc = PRESETS["Tiny"]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=PRETRAIN_STEPS, batch_size=BATCH, warmup_steps=2),
+                 tune=replace(tc.tune, steps=TUNE_STEPS, batch_size=BATCH, warmup_steps=1))
+    t0 = time.perf_counter()
+    trainer = Trainer(default_dataset(), mc, tc, dev)
+    losses = [ev.loss for ev in trainer.run(recall=False) if isinstance(ev, StepReport)]
+    finite = bool(losses) and all(math.isfinite(x) for x in losses)
+    record("training", finite and len(losses) == PRETRAIN_STEPS + TUNE_STEPS,
+           f"{len(losses)} steps in {time.perf_counter() - t0:.1f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+           if losses else "no steps ran")
+    return trainer
+
+
+def _export_step(record: Record, trainer) -> None:
+    """A checkpoint saved, loaded and exported as an F16 GGUF, read back with the same shapes."""
+    from core.checkpoint import load_model, save_trainer
+    from core.gguf_io import export_gguf, import_gguf
+
+    with tempfile.TemporaryDirectory(prefix="opencl-llm-selftest-") as tmp:
+        ckpt = save_trainer(trainer, Path(tmp) / "checkpoint")
+        res = export_gguf(load_model(ckpt), Path(tmp) / "selftest.gguf", dtype="f16")
+        back = import_gguf(res.path)
+        same = back.config.n_params() == trainer.model_config.n_params()
+        record("GGUF export", same, f"{res.size_bytes / 1e6:.2f} MB F16, read back "
+               + ("with the same shapes" if same else "with DIFFERENT shapes"))

@@ -41,7 +41,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
-from core.recall import KINDS, RecallItem, count, fact_prompt_words, fact_split, recall_check, sampled
+from core.recall import KINDS, RecallItem, fact_prompt_words, fact_split, recall_check, sampled, tally
 from core.events import LogEvent, RecallProgress, StageFinished, StageReport, StepReport  # noqa: F401 (re-exported)
 from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
 from core.tokenizer import Tokenizer
@@ -69,7 +69,7 @@ def stage_line(report: StageReport) -> str:
     d_ok, d_n = report.dialogues_recalled
     cut = " (check stopped early)" if report.recall_stopped else ""
     cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
-    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [count(report.recall, k)] if n)
+    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [tally(report.recall, k)] if n)
     return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
 
 
@@ -276,7 +276,7 @@ class Trainer:
             if self._stop:
                 continue  # the stop is reported at the top of the loop
             last_check = (self.stage_step, kinds, items)
-            counts = {k: count(items, k) for k in kinds}
+            counts = {k: tally(items, k) for k in kinds}
             yield LogEvent("INFO", f"{stage} step {self.stage_step}: " + ", ".join(
                 f"{o} of {n} {_NOUN[k]}" for k, (o, n) in counts.items()) + " reproduced")
             reason = early.judge(self.stage_step, counts)
@@ -327,7 +327,7 @@ class Trainer:
         :class:`StageReport`."""
         si, tc = stage.index, self.train_config
         if si == 0 and last_check is not None:
-            self._facts_kept = count(last_check[2], "fact")
+            self._facts_kept = tally(last_check[2], "fact")
         steps_done = self.stage_step
         self.stage_index, self.stage_step = si + 1, 0
         yield StageFinished(stage, steps_done)
@@ -344,8 +344,8 @@ class Trainer:
         table = tuple(sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index)))
         report = StageReport(stage, steps_done, False, table, self._stop, sampled(self._check_sizes, table),
                              end_reason)
-        if si == 0 and not self._stop and count(table, "fact")[1]:
-            self._facts_kept = count(table, "fact")  # what pretraining ended with
+        if si == 0 and not self._stop and tally(table, "fact")[1]:
+            self._facts_kept = tally(table, "fact")  # what pretraining ended with
         yield LogEvent("INFO", stage_line(report))
         yield report
 
@@ -525,7 +525,7 @@ class UpdateGuard:
     def finite(self) -> bool:
         """Whether every weight is finite (one reduction and one float downloaded)."""
         m = self.model
-        m.ops.grad_norm.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
+        m.ops.sums.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
         return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
 
     def restore(self) -> None:

@@ -18,11 +18,11 @@ def plural(n: int, singular: str, plural_form: str | None = None) -> str:
     return singular + "s"
 
 
-def count(n: float, singular: str, plural_form: str | None = None, digits: int | None = None) -> str:
-    """``n`` with thousands separators and its noun: ``count(1, "entry")`` is "1 entry",
-    ``count(2000, "fact")`` "2,000 facts"; with ``digits`` the number is shown with that many decimals
-    and the noun is singular only when it reads "1" (``count(1.2, "pass", "passes", 0)`` is "1 pass",
-    ``count(1.0, "pass", "passes", 1)`` "1.0 passes")."""
+def count_words(n: float, singular: str, plural_form: str | None = None, digits: int | None = None) -> str:
+    """``n`` with thousands separators and its noun: ``count_words(1, "entry")`` is "1 entry",
+    ``count_words(2000, "fact")`` "2,000 facts"; with ``digits`` the number is shown with that many decimals
+    and the noun is singular only when it reads "1" (``count_words(1.2, "pass", "passes", 0)`` is "1 pass",
+    ``count_words(1.0, "pass", "passes", 1)`` "1.0 passes")."""
     text = f"{n:,}" if digits is None else f"{n:,.{digits}f}"
     return f"{text} {plural(1 if text == '1' else 2, singular, plural_form)}"
 

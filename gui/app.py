@@ -1,6 +1,6 @@
 """Entry point of the ``opencl-llm-studio`` GUI script and ``python -m gui``.
 
-``--self-test`` runs :mod:`gui.selftest` without opening a window (for the packaged executable).
+``--self-test`` runs :func:`core.selftest.run_self_test` without opening a window (for the packaged executable).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.self_test:
-        from gui.selftest import run_self_test
+        from core.selftest import run_self_test
 
         return run_self_test()
 

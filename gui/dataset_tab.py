@@ -19,7 +19,7 @@ from core.dataset import (Dataset, DatasetError, Dialogue, default_dataset, expo
                           save_dataset)
 from core.config import ModelConfig
 from core.estimates import DatasetStats, dataset_stats
-from core.wording import count, were
+from core.wording import count_words, were
 from gui import dialogs
 from gui.app_state import AppState
 from gui.dataset_models import NEW_TURN, DialoguesModel, FactsModel, SearchProxy, TurnsModel
@@ -613,11 +613,11 @@ class DatasetTab(QWidget):
     def _on_stats(self, s: DatasetStats) -> None:
         n_turns = sum(len(d.turns) for d in self._dataset.dialogues)
         self.stats_label.setText(
-            f"{count(len(self._dataset.facts), 'fact')}, {count(len(self._dataset.dialogues), 'dialogue')} "
-            f"({count(n_turns, 'turn')}) · "
+            f"{count_words(len(self._dataset.facts), 'fact')}, {count_words(len(self._dataset.dialogues), 'dialogue')} "
+            f"({count_words(n_turns, 'turn')}) · "
             f"{s.fact_tokens + s.dialogue_tokens:,} tokens ({s.fact_tokens:,} in facts, "
             f"{s.dialogue_tokens:,} in dialogues) · "
-            f"{count(s.fact_sequences + s.dialogue_sequences, 'training sequence')} · longest entry {count(s.longest, 'token')} (context {self._context_length}) · "
+            f"{count_words(s.fact_sequences + s.dialogue_sequences, 'training sequence')} · longest entry {count_words(s.longest, 'token')} (context {self._context_length}) · "
             f"vocabulary {s.vocab_size} tokens")
         self._too_long = list(s.too_long)
         self.validate_now()
@@ -648,7 +648,7 @@ class DatasetTab(QWidget):
         """
         ds, problems = load_dataset(path)
         if not ds.facts and not ds.dialogues:
-            why = (f"; {count(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems
+            why = (f"; {count_words(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems
                    else "")
             raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
         if replace:
@@ -690,7 +690,7 @@ class DatasetTab(QWidget):
             return
         if problems:
             more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-            dialogs.inform(self, "Import", f"{count(len(problems), 'entry')} {were(len(problems))} skipped:\n"
+            dialogs.inform(self, "Import", f"{count_words(len(problems), 'entry')} {were(len(problems))} skipped:\n"
                            + "\n".join(problems[:20]) + more)
 
     def _export_dialog(self) -> None:

@@ -11,7 +11,7 @@ import html
 from typing import TYPE_CHECKING
 
 from core.plan import format_duration
-from core.wording import count, memory_size
+from core.wording import count_words, memory_size
 
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
@@ -35,13 +35,13 @@ def _checked(tc: TrainConfig) -> str:
     """What the run checks, and when (the trainer's recall checks, core.trainer)."""
     if tc.check_every:
         sample = f" ({tc.check_sample} of each kind; all of them at a stage's end)" if tc.check_sample else ""
-        give_up = f", or after {count(tc.patience, 'check')} without progress" if tc.patience else ""
-        text = (f"every {count(tc.check_every, 'step')}, which facts and dialogue answers the model reproduces"
+        give_up = f", or after {count_words(tc.patience, 'check')} without progress" if tc.patience else ""
+        text = (f"every {count_words(tc.check_every, 'step')}, which facts and dialogue answers the model reproduces"
                 f"{sample}; a stage ends once all are learned{give_up}.")
     else:
         text = "after each stage, which facts and dialogue answers the model reproduces (the Training tab's table)."
     if tc.heldout:
-        text += (f" {count(tc.heldout, 'fact question')} {'is' if tc.heldout == 1 else 'are'} kept out of training "
+        text += (f" {count_words(tc.heldout, 'fact question')} {'is' if tc.heldout == 1 else 'are'} kept out of training "
                  "to measure answers about facts no dialogue asks about.")
     return text
 
@@ -51,10 +51,10 @@ def _stages(steps: tuple[int, int], passes: tuple[float, float], seen: float = 0
     parts = []
     if steps[0]:
         each = f"; each fact seen {seen:.0f} times" if seen else ""
-        parts.append(f"{count(steps[0], 'step')} of pretraining on the facts "
-                     f"({count(passes[0], 'pass', 'passes', 0)}{each})")
+        parts.append(f"{count_words(steps[0], 'step')} of pretraining on the facts "
+                     f"({count_words(passes[0], 'pass', 'passes', 0)}{each})")
     if steps[1]:
-        parts.append(f"{count(steps[1], 'step')} of tuning on the dialogues ({count(passes[1], 'pass', 'passes', 0)})")
+        parts.append(f"{count_words(steps[1], 'step')} of tuning on the dialogues ({count_words(passes[1], 'pass', 'passes', 0)})")
     return ", then ".join(parts) or "no steps (both stages have 0 steps)"
 
 

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QFrame, QGroupBox, QHBoxLayout, QHeade
                                QVBoxLayout, QWidget)
 
 from core.plan import format_duration
-from core.wording import count, memory_size
+from core.wording import count_words, memory_size
 from gui import dialogs
 from gui.app_state import AppState
 from gui.events import Comparison, RecallChecking, RunDone, RunStarted, StageDone, TrainingStep
@@ -534,7 +534,7 @@ class TrainingTab(QWidget):
                 return False
             problems = dataset.validate()
             if problems:
-                self._show_banner(f"Fix the dataset first ({count(len(problems), 'problem')}), e.g. {problems[0]}",
+                self._show_banner(f"Fix the dataset first ({count_words(len(problems), 'problem')}), e.g. {problems[0]}",
                                   False)
                 return False
             run_dir = self.app_state.new_run_dir()

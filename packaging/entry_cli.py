@@ -12,7 +12,7 @@ import sys
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["--self-test"]:
-        from gui.selftest import run_self_test
+        from core.selftest import run_self_test
 
         return run_self_test()
     from core.cli import main as cli_main

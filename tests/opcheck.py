@@ -43,3 +43,11 @@ def finite_differences(f, x, h):
         x[i] = old
         g[i] = (hi - lo) / (2 * h)
     return g
+
+
+def assert_selfcheck(checks):
+    """Every ``Check`` an op's ``selfcheck`` (core/kernels/<op>_ref.py, the Device tab's check too)
+    returned is within its tolerance, and there is at least one."""
+    assert checks, "selfcheck compared nothing"
+    bad = [(c.name, c.max_abs_err, c.tolerance) for c in checks if not c.ok]
+    assert not bad, f"over tolerance: {bad}"

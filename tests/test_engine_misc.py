@@ -253,12 +253,12 @@ def test_kernel_profiling_records_every_launch(device):
 
 
 def test_counts_are_worded_for_one_and_many():
-    from core.wording import count, plural, were
+    from core.wording import count_words, plural, were
 
-    assert count(1, "entry") == "1 entry" and count(2, "entry") == "2 entries"
-    assert count(0, "fact") == "0 facts" and count(2000, "fact") == "2,000 facts"
-    assert count(1, "day") == "1 day" and count(3, "day") == "3 days"  # a vowel before y: +s
-    assert count(1.2, "pass", "passes", 0) == "1 pass" and count(1.0, "pass", "passes", 1) == "1.0 passes"
+    assert count_words(1, "entry") == "1 entry" and count_words(2, "entry") == "2 entries"
+    assert count_words(0, "fact") == "0 facts" and count_words(2000, "fact") == "2,000 facts"
+    assert count_words(1, "day") == "1 day" and count_words(3, "day") == "3 days"  # a vowel before y: +s
+    assert count_words(1.2, "pass", "passes", 0) == "1 pass" and count_words(1.0, "pass", "passes", 1) == "1.0 passes"
     assert plural(1, "was", "were") == "was" and were(1) == "was" and were(5) == "were"
 
 

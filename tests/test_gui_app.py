@@ -109,10 +109,10 @@ def test_plot_updates_are_batched(qtbot):
 
 
 def test_main_parses_self_test_flag(monkeypatch):
-    import gui.selftest
+    import core.selftest
     from gui import app
 
-    monkeypatch.setattr(gui.selftest, "run_self_test", lambda: 0)
+    monkeypatch.setattr(core.selftest, "run_self_test", lambda: 0)
     assert app.main(["--self-test"]) == 0
 
 

@@ -196,7 +196,7 @@ def test_device_error_offers_the_cpu(main_window, qtbot, monkeypatch):
 
 
 def test_self_test_passes():
-    from gui.selftest import run_self_test
+    from core.selftest import run_self_test
 
     out = io.StringIO()
     code = run_self_test(out)

@@ -3,7 +3,7 @@ import pytest
 
 from core.kernels.adamw import AdamW
 from core.kernels import adamw_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 HP = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 
@@ -72,3 +72,8 @@ def test_adamw_one_launch_decay_mask(device, rng, n, n_decay, local, contiguous)
                                **(HP | {"weight_decay": 0.0}))[0]
     if n_decay:
         assert not np.allclose(p_ref[:n_decay], undecayed[:n_decay], rtol=0, atol=1e-7)
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

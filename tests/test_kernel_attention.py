@@ -7,7 +7,7 @@ from core.device import KernelLimitError
 
 from core.kernels.attention import Attention, AttentionTiles, default_tiles
 from core.kernels import attention_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 # (batch, seq, n_heads, n_kv_heads, head_dim): seq not a multiple of any tile, head_dim 6/10/24/64,
 # GQA ratios 1, 2 and 3, multi-query
@@ -205,3 +205,8 @@ def test_attention_reference_matches_finite_differences():
     for bi, hi, i in np.ndindex(b, h, s):
         scores = [q[bi, i, hi] @ kh[bi, j, hi] / np.sqrt(d) for j in range(i + 1)]
         np.testing.assert_allclose(ref.attention_lse(q, k, v)[bi, hi, i], np.log(np.sum(np.exp(scores))))
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

@@ -3,7 +3,7 @@ import pytest
 
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels import cross_entropy_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 SHAPES = [(1, 1), (7, 7), (5, 257), (3, 1000), (4, 5000)]  # (n_rows, vocab_size)
 
@@ -73,3 +73,8 @@ def test_cross_entropy_reference_matches_finite_differences():
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     want = [-np.log(p[0, 0]), -0.5 * np.log(p[1, 5]), 0.0, -2.0 * np.log(p[3, 2])]
     np.testing.assert_allclose(ref.cross_entropy_forward(logits, targets, mask), want, rtol=1e-12)
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

@@ -4,7 +4,7 @@ import pytest
 
 from core.kernels.embedding import Embedding
 from core.kernels import embedding_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 
 @pytest.mark.parametrize("n_tokens,d_model,vocab", [(1, 1, 1), (7, 33, 5), (257, 7, 40), (33, 257, 3)])
@@ -79,3 +79,8 @@ def test_embedding_backward_over_grouped_tokens_is_bit_identical(device, rng, n_
                  atol=1e-2, what="d_weight")
     with pytest.raises(ValueError, match="token index"):
         op.backward(DW2, G, T, n_tokens + 1, vocab, d_model, index=op.index_tokens(tokens, vocab))
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

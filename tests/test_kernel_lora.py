@@ -7,7 +7,7 @@ from core.kernels import lora_ref as ref
 from core.kernels.lora import LoRACols
 from core.kernels.matmul import Matmul
 from core.lora import AdapterPart, DenseFrozen, LoRALinear, LoRAScratch
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 
 @pytest.mark.parametrize("local", [1, 4, 16, None])
@@ -62,3 +62,8 @@ def test_lora_linear_on_a_fused_matrix_matches_numpy(device, rng):
         assert_close(from_device(device, p.grad_b, ((wd, r), np.float32)), db, atol=1e-4, what="dB")
     assert_close(from_device(device, Y, ((n, 16), np.float32)), want_y, atol=1e-4, what="y")
     assert_close(from_device(device, DX, ((n, n_in), np.float32)), want_dx, atol=1e-4, what="dx")
+
+
+def test_selfcheck(device):
+    """The op's launches as ``ref.selfcheck`` makes them (small shapes, for a device check) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

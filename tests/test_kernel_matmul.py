@@ -11,7 +11,7 @@ from core.kernels import matmul, matmul_tune
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict)
 from core.kernels import matmul_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 NT = (False, True)  # (trans_a, trans_b) of a linear layer's forward
 VARIANTS = [(False, False), (False, True), (True, False), (True, True)]
@@ -431,3 +431,8 @@ def test_tuner_keeps_to_its_budget(device):
                               gemv_shapes=[(1, 10, 20)], min_s=0.001)
     assert result[NT] == grid[NT][0] and result["gemv"] == GemvConfig(1, 2, 4)
     assert result["skipped"] == 3 and "budget spent" in seen[-1] and "of at most 0 s" in seen[-1]
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

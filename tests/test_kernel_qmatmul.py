@@ -10,7 +10,7 @@ from core.kernels import qmatmul_ref as ref
 from core.kernels.matmul import PackedConfig
 from core.kernels.qmatmul import (FORMATS, QGemvConfig, QMatmul, QTiledConfig, file_matrices, frozen_matrix_bytes,
                                   upload_weight, weight_nbytes)
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 # name -> QMatmul arguments. Both families run on every device (CI's PoCL covers the GPU kernel).
 CONFIGS = {
@@ -221,3 +221,8 @@ def test_file_matrices_of_smollm2():
     tensors = file_matrices(str(smollm2_path()))
     quant, f32 = frozen_matrix_bytes(tensors)
     assert len(tensors) == 272 and 0.1 < quant / f32 < 0.25, (len(tensors), quant, f32)
+
+
+def test_selfcheck(device):
+    """The op's launches as ``ref.selfcheck`` makes them (small shapes, for a device check) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

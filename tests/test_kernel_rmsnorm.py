@@ -5,7 +5,7 @@ import pytest
 
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels import rmsnorm_ref as ref
-from tests.opcheck import assert_close, finite_differences, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, finite_differences, from_device, to_device
 
 EPS = 1e-5
 # work layouts: one group per row; rows per item in blocks (CPU default) or interleaved (GPU order)
@@ -119,3 +119,8 @@ def test_rmsnorm_backward_accumulates_into_d_x(device, rng, rows, dim, local, pe
     op.backward(DX, DW, G, X, W, R, rows, dim, accumulate=True)
     want_dx, _ = ref.rmsnorm_backward(d_out, x, w, EPS)
     assert_close(from_device(device, DX, x), dx0 + want_dx, atol=1e-4, what="d_x accumulated")
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

@@ -5,7 +5,7 @@ import pytest
 
 from core.kernels.rope import RoPE
 from core.kernels import rope_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 
 def test_rope_reference_is_adjacent_pair_rotation():
@@ -113,3 +113,8 @@ def test_rope_rejects_odd_head_dim(device):
         op.split_qkv(*bufs, 1, 1, 1, 1, 3, 0, 10000.0)
     with pytest.raises(ValueError, match="even head_dim"):
         op.join_qkv(*bufs, 1, 1, 1, 1, 3, 0, 10000.0)
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

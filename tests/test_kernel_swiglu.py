@@ -6,7 +6,7 @@ import pytest
 
 from core.kernels.swiglu import SwiGLU
 from core.kernels import swiglu_ref as ref
-from tests.opcheck import assert_close, finite_differences, from_device, to_device
+from tests.opcheck import assert_selfcheck, assert_close, finite_differences, from_device, to_device
 
 LAYOUTS = pytest.mark.parametrize("per_row", [False, True], ids=["float4-units", "rows-per-item"])
 
@@ -82,3 +82,8 @@ def test_swiglu_fused_gate_up_rows(device, rng, rows, ffn_dim, local, contiguous
     got = from_device(device, DGU, gu)
     assert_close(got[:, :ffn_dim], want_dg, what="d_gate half")
     assert_close(got[:, ffn_dim:], want_du, what="d_up half")
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

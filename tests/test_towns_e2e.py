@@ -13,7 +13,7 @@ from core.chat import ChatSession
 from core.dataset import Dataset, Dialogue
 from core.generate import SamplingSettings
 from core.plan import plan_for, verdict_of
-from core.recall import count, recall_check
+from core.recall import recall_check, tally
 from core.trainer import StageReport, Trainer
 from tests.make_towns_dataset import make_towns
 
@@ -39,7 +39,7 @@ def _heldout(tr, towns) -> tuple[int, int]:
     for _d, _t, items in recall_check(tr.model, tr.tokenizer, Dataset([], [Dialogue([qa]) for qa in towns.heldout]),
                                       ("dialogue",)):
         pass
-    return count(items, "dialogue")
+    return tally(items, "dialogue")
 
 
 def test_a_few_towns_learned_and_ten_questions_in_one_chat_answered(device):

@@ -6,7 +6,15 @@ compare the launcher in ``adamw.py`` with it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from core.kernels._selfcheck import Check, Inputs
+
+if TYPE_CHECKING:
+    from core.device import Device
+    from core.kernels.adamw import AdamW
 
 
 def adamw_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float, beta1: float,
@@ -21,3 +29,17 @@ def adamw_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: f
     vhat = v / (1 - beta2 ** step)
     p = p - lr * (mhat / (np.sqrt(vhat) + eps) + weight_decay * p)
     return p, m, v
+
+
+def selfcheck(dev: Device, op: AdamW | None = None, rng: np.random.Generator | None = None) -> list[Check]:
+    """One AdamW step (the third) of 300 parameters with grad_scale 0.5, against :func:`adamw_step`
+    (1e-5). ``op`` defaults to a new ``AdamW(dev)``; the errors are returned, not raised."""
+    from core.kernels.adamw import AdamW
+
+    op, t = op or AdamW(dev), Inputs(dev, rng)
+    n, hp = 300, dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    p, g, m, v = t.f32(n), t.f32(n), t.f32(n) * 0.1, np.abs(t.f32(n)) * 0.1
+    bufs = [dev.upload(a) for a in (p, g, m, v)]
+    op.step(*bufs, n, step=3, grad_scale=0.5, **hp)
+    want = adamw_step(p, g, m, v, step=3, grad_scale=0.5, **hp)[0].astype(np.float32)
+    return [Check("AdamW", t.err(bufs[0], want), 1e-5)]

@@ -208,6 +208,13 @@ void attention_forward(__global float* out, __global float* lse, __global const 
 // ---------------------------------------------------------------------------------- backward
 // Training only: seq_q = seq_k = seq, q_pos_start = 0. Three kernels, in this order.
 
+// What the dK/dV and dQ kernels of both layouts take after their outputs, in this order: q (B, seq,
+// n_heads, HD), k, v (B, seq, n_kv_heads, HD), d_out (B, seq, n_heads, HD), lse, d_sum (B, n_heads,
+// seq), then the sizes and scale = 1/sqrt(HD).
+#define BACKWARD_INPUTS __global const float* q, __global const float* k, __global const float* v, \
+    __global const float* d_out, __global const float* lse, __global const float* d_sum, const int seq, \
+    const int n_heads, const int n_kv_heads, const float scale
+
 // 1 of 3. d_out, out (B, seq, n_heads, HD) -> d_sum (B, n_heads, seq) = rowsum(d_out * out).
 // BQ rows per work-item, work-item (x, bh) (CPUs: a work-group of one item per row cost more to
 // schedule than its dot product).
@@ -230,11 +237,7 @@ void attention_backward_dsum(__global float* d_sum, __global const float* d_out,
 // keys x*BKV .. x*BKV+BKV-1 of (b, kvh) = (bkv / n_kv_heads, bkv % n_kv_heads) and loops over
 // every query row i >= its first key of every query head of the group.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void attention_backward_dkdv(__global float* d_k, __global float* d_v, __global const float* q,
-                             __global const float* k, __global const float* v,
-                             __global const float* d_out, __global const float* lse,
-                             __global const float* d_sum, const int seq, const int n_heads,
-                             const int n_kv_heads, const float scale) {
+void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
     const int bkv = get_global_id(1);
     const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
     const int group = n_heads / n_kv_heads;
@@ -287,11 +290,7 @@ void attention_backward_dkdv(__global float* d_k, __global float* d_v, __global 
 // (B, n_heads, seq) -> d_q (B, seq, n_heads, HD), overwritten. Work-item (x, bh) owns query rows
 // x*BQ .. x*BQ+BQ-1 of (b, h) and loops over their visible keys in chunks of BK.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void attention_backward_dq(__global float* d_q, __global const float* q,
-                           __global const float* k, __global const float* v,
-                           __global const float* d_out, __global const float* lse,
-                           __global const float* d_sum, const int seq, const int n_heads,
-                           const int n_kv_heads, const float scale) {
+void attention_backward_dq(__global float* d_q, BACKWARD_INPUTS) {
     const int bh = get_global_id(1);
     const int h = bh % n_heads, b = bh / n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
@@ -388,11 +387,7 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
 // x*BT .. x*BT+BT-1 of (b, kvh); it walks the query blocks that see them, for every query head
 // of the group.
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, __global const float* q,
-                                   __global const float* k, __global const float* v,
-                                   __global const float* d_out, __global const float* lse,
-                                   __global const float* d_sum, const int seq, const int n_heads,
-                                   const int n_kv_heads, const float scale) {
+void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
     const int lid = get_local_id(0), bkv = get_group_id(1);
     const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
     const int group = n_heads / n_kv_heads;
@@ -448,11 +443,7 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, __g
 // as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows
 // x*BT .. x*BT+BT-1 of (b, h) and walks the key blocks they see.
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dq_tiled(__global float* d_q, __global const float* q,
-                                 __global const float* k, __global const float* v,
-                                 __global const float* d_out, __global const float* lse,
-                                 __global const float* d_sum, const int seq, const int n_heads,
-                                 const int n_kv_heads, const float scale) {
+void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const int lid = get_local_id(0), bh = get_group_id(1);
     const int h = bh % n_heads, b = bh / n_heads;
     const int kvh = h / (n_heads / n_kv_heads);

@@ -6,7 +6,15 @@ compare the launcher in ``attention.py`` with it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from core.kernels._selfcheck import Check, Inputs
+
+if TYPE_CHECKING:
+    from core.device import Device
+    from core.kernels.attention import Attention
 
 
 def _attention_heads(q: np.ndarray, k: np.ndarray,
@@ -73,3 +81,17 @@ def attention_backward(d_out: np.ndarray, q: np.ndarray, k: np.ndarray,
     t = (0, 2, 1, 3)
     return (dq.transpose(t).astype(q.dtype), dk.transpose(t).astype(q.dtype),
             dv.transpose(t).astype(q.dtype))
+
+
+def selfcheck(dev: Device, op: Attention | None = None, rng: np.random.Generator | None = None) -> list[Check]:
+    """Causal attention over 21 positions, 4 query heads on 2 kv heads, head_dim 32 (the default
+    model's, so its kernels get built), against :func:`attention_forward` (1e-4). ``op`` defaults to
+    a new ``Attention(dev)``; the errors are returned, not raised."""
+    from core.kernels.attention import Attention
+
+    op, t = op or Attention(dev), Inputs(dev, rng)
+    s, h, kvh, d = 21, 4, 2, 32
+    q, k, v = t.f32(1, s, h, d), t.f32(1, s, kvh, d), t.f32(1, s, kvh, d)
+    o, lse = dev.alloc(q.size), dev.alloc(h * s)
+    op.forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d)
+    return [Check("attention", t.err(o, attention_forward(q, k, v)[0]), 1e-4)]

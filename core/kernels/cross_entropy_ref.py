@@ -6,7 +6,15 @@ compare the launcher in ``cross_entropy.py`` with it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from core.kernels._selfcheck import Check, Inputs
+
+if TYPE_CHECKING:
+    from core.device import Device
+    from core.kernels.cross_entropy import CrossEntropy
 
 
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -33,3 +41,30 @@ def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray, mask: np.nda
     p[rows, targets[rows]] -= 1.0
     g = p * (np.where(keep, mask, 0.0) * grad_scale)[:, None]
     return g.astype(logits.dtype)
+
+
+def selfcheck(dev: Device, op: CrossEntropy | None = None,
+              rng: np.random.Generator | None = None) -> list[Check]:
+    """Losses of 9 rows over a vocabulary of 300 (every fourth row masked), and training's losses
+    with d_logits in one launch (grad_scale 0.25), against :func:`cross_entropy_forward` and
+    :func:`cross_entropy_backward` (1e-4). ``op`` defaults to a new ``CrossEntropy(dev)``; the
+    errors are returned, not raised."""
+    from core.kernels.cross_entropy import CrossEntropy
+
+    op, t = op or CrossEntropy(dev), Inputs(dev, rng)
+    rows, vocab = 9, 300
+    mask = (np.arange(rows) % 4 != 3).astype(np.float32)
+    out = []
+    for backward in (False, True):
+        logits, targets = t.f32(rows, vocab) * 3, t.ints(vocab, rows)
+        losses, d_logits = dev.alloc(rows), dev.alloc(rows * vocab)
+        args = (dev.upload(logits), dev.upload(targets), dev.upload(mask), rows, vocab)
+        want = cross_entropy_forward(logits, targets, mask)
+        if not backward:
+            op.forward(losses, *args)
+            out.append(Check("cross-entropy", t.err(losses, want), 1e-4))
+            continue
+        op.forward_backward(losses, d_logits, *args, 0.25)
+        err = max(t.err(losses, want), t.err(d_logits, cross_entropy_backward(logits, targets, mask, 0.25)))
+        out.append(Check("cross-entropy with its gradient", err, 1e-4))
+    return out

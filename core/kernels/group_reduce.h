@@ -1,4 +1,4 @@
-// Work-group reductions shared by the row kernels (attention, cross_entropy, grad_norm, rmsnorm).
+// Work-group reductions shared by the row kernels (attention, cross_entropy, rmsnorm, sums).
 // Tree reductions in local memory with a barrier after every level: correct for any power-of-two
 // work-group size, never assuming lock-step execution. `red` holds get_local_size(0) floats.
 // Every work-item of the group must call them (no early return before), and every work-item gets

@@ -51,7 +51,7 @@
 #define B_AT(k, col) b[(k) * N + (col)]
 #endif
 
-#define UNROLL _Pragma("unroll")
+#include "matmul_common.h"
 
 // floatV: a vector of VW floats; LOADV(p) reads p[0 .. VW-1] (any alignment of p); EXTRACT(v, q)
 // its component q (q a compile-time constant after unrolling).
@@ -77,14 +77,8 @@
 #endif
 typedef union { floatV v; float s[VW]; } vec_parts;
 
-// c[idx] = value, or c[idx] += value when accumulating
-#define STORE_C(idx, value) c[idx] = accumulate ? c[idx] + (value) : (value)
-
 // =============================================================================== matmul_tiled
 #ifdef TSM
-#define RTSM (TSM / WPTM)  // work-items along M
-#define RTSN (TSN / WPTN)  // work-items along N
-#define THREADS (RTSM * RTSN)
 #ifndef PAD
 #define PAD 0
 #endif
@@ -407,26 +401,7 @@ void matmul_gemv(__global float* c, __global const float* a, __global const floa
             sum[i][j] = s;
         }
     }
-#if GEMV_WG > 1
-    __local float part[GEMV_M * GEMV_ROWS][GEMV_WG];
-    UNROLL for (int i = 0; i < GEMV_M; i++)
-        UNROLL for (int j = 0; j < GEMV_ROWS; j++) part[i * GEMV_ROWS + j][l] = sum[i][j];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int step = GEMV_WG / 2; step > 0; step /= 2) {  // GEMV_WG is a power of two
-        if (l < step) {
-            UNROLL for (int e = 0; e < GEMV_M * GEMV_ROWS; e++) part[e][l] += part[e][l + step];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (l == 0) {
-        UNROLL for (int i = 0; i < GEMV_M; i++)
-            UNROLL for (int j = 0; j < GEMV_ROWS; j++) sum[i][j] = part[i * GEMV_ROWS + j][0];
-    }
-#endif
-    if (l == 0) {
-        UNROLL for (int i = 0; i < GEMV_M; i++)
-            UNROLL for (int j = 0; j < GEMV_ROWS; j++)
-                if (i < M && n0 + j < N) STORE_C(i * N + n0 + j, sum[i][j]);
-    }
+    __local float part[GEMV_M * GEMV_ROWS][GEMV_WG];  // the group's partial sums
+    gemv_finish(c, sum, part, accumulate, M, N, n0, l);
 }
 #endif  // GEMV_M

@@ -55,8 +55,29 @@ def _check(cond: bool, cfg, why: str) -> None:
         raise ValueError(f"{type(cfg).__name__}: {why}: {cfg}")
 
 
+class TileGrid:
+    """What a tiled kernel's configuration (``matmul_tiled``'s :class:`TiledConfig`, ``qmatmul_tiled``'s
+    ``QTiledConfig``) derives from its sizes ``tsm`` x ``tsn`` (C per work-group), ``tsk`` (K tile
+    depth) and ``wptm`` x ``wptn`` (C per work-item): the work-group and the ``-D`` tile options."""
+
+    @property
+    def local(self) -> tuple[int, int]:
+        """Work-group shape (along N, along M)."""
+        return self.tsn // self.wptn, self.tsm // self.wptm
+
+    @property
+    def items(self) -> int:
+        """Work-items per work-group."""
+        return self.local[0] * self.local[1]
+
+    def tile_options(self) -> tuple[str, ...]:
+        """``-DTSM= -DTSN= -DTSK= -DWPTM= -DWPTN=`` of these sizes."""
+        return (f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}", f"-DWPTM={self.wptm}",
+                f"-DWPTN={self.wptn}")
+
+
 @dataclass(frozen=True)
-class TiledConfig:
+class TiledConfig(TileGrid):
     """``matmul_tiled``: a ``tsm`` x ``tsn`` tile of C per work-group staged through local memory.
 
     Attributes:
@@ -89,24 +110,13 @@ class TiledConfig:
         _check(self.dbuf in (0, 1) and self.pad >= 0, self, "dbuf must be 0 or 1, pad >= 0")
 
     @property
-    def local(self) -> tuple[int, ...]:
-        """Work-group shape (along N, along M)."""
-        return self.tsn // self.wptn, self.tsm // self.wptm
-
-    @property
-    def items(self) -> int:
-        """Work-items per work-group."""
-        return self.local[0] * self.local[1]
-
-    @property
     def local_mem_bytes(self) -> int:
         """Local memory the kernel declares (the A and B tiles, twice when ping-pong buffered)."""
         return (self.dbuf + 1) * self.tsk * (self.tsm + self.tsn + 2 * self.pad) * 4
 
     def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
         """Build options for this configuration and transpose variant."""
-        return (f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}", f"-DWPTM={self.wptm}",
-                f"-DWPTN={self.wptn}", f"-DVW={self.vw}", f"-DPAD={self.pad}", f"-DDBUF={self.dbuf}",
+        return (*self.tile_options(), f"-DVW={self.vw}", f"-DPAD={self.pad}", f"-DDBUF={self.dbuf}",
                 *_trans_options(trans_a, trans_b))
 
 

@@ -6,7 +6,15 @@ compare the launcher in ``matmul.py`` with it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from core.kernels._selfcheck import Check, Inputs
+
+if TYPE_CHECKING:
+    from core.device import Device
+    from core.kernels.matmul import Matmul
 
 
 def matmul_forward(a: np.ndarray, b: np.ndarray, trans_a: bool = False, trans_b: bool = False,
@@ -21,3 +29,20 @@ def matmul_forward(a: np.ndarray, b: np.ndarray, trans_a: bool = False, trans_b:
     if c is not None:
         out = out + c
     return out.astype(np.float32)
+
+
+def selfcheck(dev: Device, op: Matmul | None = None, rng: np.random.Generator | None = None) -> list[Check]:
+    """C (67, 45) = A (67, 33) @ B, B stored (33, 45) and transposed (45, 33), against
+    :func:`matmul_forward` (1e-4). ``op`` defaults to a new ``Matmul(dev)`` (the Device tab passes its
+    tuned one); the errors are returned, not raised."""
+    from core.kernels.matmul import Matmul
+
+    op, t = op or Matmul(dev), Inputs(dev, rng)
+    M, N, K = 67, 45, 33
+    out = []
+    for trans_b, name in ((False, "matmul"), (True, "matmul (B transposed)")):
+        a, b = t.f32(M, K), t.f32(N, K) if trans_b else t.f32(K, N)
+        c = dev.alloc(M * N)
+        op(c, dev.upload(a), dev.upload(b), M, N, K, trans_b=trans_b)
+        out.append(Check(name, t.err(c, matmul_forward(a, b, trans_b=trans_b)), 1e-4))
+    return out

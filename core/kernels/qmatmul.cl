@@ -23,7 +23,7 @@
 //                   outputs, each work-item a strided share of the row's 32-element chunks,
 //                   combined by a local-memory tree reduction (llama.cpp's mul_mat_vec shape).
 
-#define UNROLL _Pragma("unroll")
+#include "matmul_common.h"
 #define QCH 32  // elements of a GEMV chunk: every format's (sub-)block holds a whole number of them
 
 // a half at byte p (2-byte aligned: every block size and field offset below is even). CPUs: bit
@@ -189,14 +189,9 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 
 // bytes of a row of n elements
 #define ROW_BYTES(n) ((size_t)((n) / QK) * QB)
-// c[idx] = value, or c[idx] += value when accumulating
-#define STORE_C(idx, value) c[idx] = accumulate ? c[idx] + (value) : (value)
 
 // =============================================================================== qmatmul_tiled
 #ifdef TSM
-#define RTSM (TSM / WPTM)  // work-items along M
-#define RTSN (TSN / WPTN)  // work-items along N
-#define THREADS (RTSM * RTSN)
 
 // Stage K tile k0 of A (TSM x TSK) into As[k][r] and of op(W) (TSK x TSN) into Bs[k][s], 0.0f
 // outside the matrices. Consecutive work-items take consecutive elements along the stored rows.
@@ -376,26 +371,7 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
             UNROLL for (int i = 0; i < GEMV_M; i++) sum[i][j] += a[(size_t)i * K + k] * v;
         }
     }
-#if GEMV_WG > 1
-    __local float part[GEMV_M * GEMV_ROWS][GEMV_WG];
-    UNROLL for (int i = 0; i < GEMV_M; i++)
-        UNROLL for (int j = 0; j < GEMV_ROWS; j++) part[i * GEMV_ROWS + j][l] = sum[i][j];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int step = GEMV_WG / 2; step > 0; step /= 2) {
-        if (l < step) {
-            UNROLL for (int e = 0; e < GEMV_M * GEMV_ROWS; e++) part[e][l] += part[e][l + step];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (l == 0) {
-        UNROLL for (int i = 0; i < GEMV_M; i++)
-            UNROLL for (int j = 0; j < GEMV_ROWS; j++) sum[i][j] = part[i * GEMV_ROWS + j][0];
-    }
-#endif
-    if (l == 0) {
-        UNROLL for (int i = 0; i < GEMV_M; i++)
-            UNROLL for (int j = 0; j < GEMV_ROWS; j++)
-                if (n0 + j < N) STORE_C((size_t)i * N + n0 + j, sum[i][j]);
-    }
+    __local float part[GEMV_M * GEMV_ROWS][GEMV_WG];  // the group's partial sums
+    gemv_finish(c, sum, part, accumulate, M, N, n0, l);
 }
 #endif  // GEMV_M

@@ -24,7 +24,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from core.device import Device
-from core.kernels.matmul import GEMV_MAX_M, GemmKernel, PackedConfig, _Scratch, default_configs, uses_local_tiles
+from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, PackedConfig, TileGrid, _Scratch, default_configs,
+                                 uses_local_tiles)
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -101,7 +102,7 @@ def upload_weight(dev: Device, data: np.ndarray, qtype: GGMLQuantizationType, sh
 
 
 @dataclass(frozen=True)
-class QTiledConfig:
+class QTiledConfig(TileGrid):
     """``qmatmul_tiled``: a ``tsm`` x ``tsn`` tile of C per work-group, ``tsk``-deep local tiles,
     ``wptm`` x ``wptn`` outputs per work-item (work-group ``(tsn // wptn, tsm // wptm)``)."""
 
@@ -116,24 +117,13 @@ class QTiledConfig:
             raise ValueError(f"QTiledConfig: sizes >= 1, tsm/tsn multiples of wptm/wptn: {self}")
 
     @property
-    def local(self) -> tuple[int, int]:
-        """Work-group shape (along N, along M)."""
-        return self.tsn // self.wptn, self.tsm // self.wptm
-
-    @property
-    def items(self) -> int:
-        """Work-items per work-group."""
-        return self.local[0] * self.local[1]
-
-    @property
     def local_mem_bytes(self) -> int:
         """Local memory of the two tiles."""
         return 4 * self.tsk * (self.tsm + self.tsn)
 
     def options(self) -> tuple[str, ...]:
         """Build options of this configuration."""
-        return (f"-DTSM={self.tsm}", f"-DTSN={self.tsn}", f"-DTSK={self.tsk}", f"-DWPTM={self.wptm}",
-                f"-DWPTN={self.wptn}")
+        return self.tile_options()
 
 
 @dataclass(frozen=True)

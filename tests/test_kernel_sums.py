@@ -1,15 +1,15 @@
 import numpy as np
 import pytest
 
-from core.kernels.grad_norm import GradNorm
-from core.kernels import grad_norm_ref as ref
-from tests.opcheck import assert_close, from_device, to_device
+from core.kernels.sums import Sums
+from core.kernels import sums_ref as ref
+from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 
 @pytest.mark.parametrize("n", [1, 7, 257, 1_000_000])
 @pytest.mark.parametrize("local", [1, 32, 256])
 def test_reduce_sum_squares_and_sum(device, rng, n, local):
-    op = GradNorm(device, local_size=local)
+    op = Sums(device, local_size=local)
     x = rng.standard_normal(n).astype(np.float32)
     (X,) = to_device(device, x)
     out = device.upload(np.full(4, -1.0, np.float32))
@@ -25,7 +25,7 @@ def test_reduce_sum_squares_and_sum(device, rng, n, local):
 
 
 def test_reduce_empty_is_zero(device):
-    op = GradNorm(device)
+    op = Sums(device)
     out = device.upload(np.full(1, 7.0, np.float32))
     op.sum(out, 0, device.alloc(1), 0)
     assert from_device(device, out, ((1,), np.float32))[0] == 0.0
@@ -35,7 +35,7 @@ def test_reduce_empty_is_zero(device):
 def test_per_layer_norms(device, rng, local):
     """Per-layer sums of squares through sub-buffers, and the global norm."""
     cl = device.cl
-    op = GradNorm(device, local_size=local)
+    op = Sums(device, local_size=local)
     align = device.base_align_bytes // 4
     sizes = [5, 300, 1, 4099]
     offsets, off = [], 0
@@ -62,9 +62,9 @@ def test_per_layer_norms(device, rng, local):
 def test_sum_squares_segments_one_launch(device, rng, local):
     """Per-tensor sums of squares of a flat buffer in one pass: odd sizes, an empty segment, segments
     longer than one chunk (CHUNK) and not ending on a chunk boundary, gaps (padding) skipped."""
-    from core.kernels.grad_norm import CHUNK
+    from core.kernels.sums import CHUNK
 
-    op = GradNorm(device, local_size=local)
+    op = Sums(device, local_size=local)
     sizes = [7, 0, 1, CHUNK, 2 * CHUNK + 5, 300]
     segments, off = [], 3
     for s in sizes:
@@ -81,3 +81,8 @@ def test_sum_squares_segments_one_launch(device, rng, local):
     assert_close(got[2:2 + len(sizes)], want, atol=1e-6, rtol=1e-5, what="segment sums of squares")
     op.sum_squares_segments(out, 2, X, segments)  # deterministic: bitwise the same again
     assert np.array_equal(from_device(device, out, ((len(sizes) + 3,), np.float32)), got)
+
+
+def test_selfcheck(device):
+    """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
+    assert_selfcheck(ref.selfcheck(device))

@@ -1,4 +1,5 @@
-"""Launcher for ``grad_norm.cl``: deterministic sums (gradient norms, loss sum)."""
+"""Launcher for ``sums.cl``: deterministic sums and sums of squares (gradient norms, the finite-weights
+check, loss and mask sums)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -17,22 +18,22 @@ MAX_GROUPS = 256
 CHUNK = 16384
 
 
-class GradNorm:
+class Sums:
     """Two-pass deterministic reductions into a slot of a small result buffer: the per-tensor
     gradient norms (sums of squares), the finite-weights check and the loss and mask sums.
 
     Results land in ``out[out_index]`` on the device, so several (per-layer norms, the loss sum)
     can be computed and then downloaded in one copy. The pass-1 partials buffer belongs to this
-    launcher (grown as needed): use one ``GradNorm`` per thread / queue.
+    launcher (grown as needed): use one ``Sums`` per thread / queue.
     """
 
     def __init__(self, dev: Device, local_size: int | None = None):
         self.dev = dev
-        self._sq = dev.kernel("grad_norm", "sum_squares_partial")
-        self._sum = dev.kernel("grad_norm", "sum_partial")
-        self._final = dev.kernel("grad_norm", "sum_final")
-        self._chunks = dev.kernel("grad_norm", "sum_squares_chunks")
-        self._segments = dev.kernel("grad_norm", "sum_segments")
+        self._sq = dev.kernel("sums", "sum_squares_partial")
+        self._sum = dev.kernel("sums", "sum_partial")
+        self._final = dev.kernel("sums", "sum_final")
+        self._chunks = dev.kernel("sums", "sum_squares_chunks")
+        self._segments = dev.kernel("sums", "sum_segments")
         wanted = local_size or 256
         self.local = min(dev.work_group_size(self._sq, wanted),
                          dev.work_group_size(self._sum, wanted))
