@@ -15,10 +15,11 @@ from PySide6.QtCore import QObject, Signal
 
 from core.config import ModelConfig
 from core.dataset import Dataset
+from gui.busy_flags import BusyFlags
+from gui.device_choice import DeviceChoice
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
-    from core.device import DeviceInfo
     from core.plan import Plan
     from gui.project import Project
 
@@ -41,15 +42,20 @@ class AppState(QObject):
         super().__init__(parent)
         self._project: Project | None = None
         self._dataset = Dataset()
-        self._devices: list[DeviceInfo] = []
-        self._device: DeviceInfo | None = None
+        # the devices (gui.device_choice) and the busy flags (gui.busy_flags), called as the state's own methods
+        self.devices_part = DeviceChoice(self.devices_changed.emit, self.device_changed.emit, self.message.emit)
+        self.devices, self.set_devices = self.devices_part.devices, self.devices_part.set_devices
+        self.device_info, self.set_device = self.devices_part.device_info, self.devices_part.set_device
+        self.has_cpu_device, self.switch_to_cpu = self.devices_part.has_cpu_device, self.devices_part.switch_to_cpu
+        self.busy_part = BusyFlags(self.busy_changed.emit)
+        self.is_training, self.is_exporting, self.busy = (self.busy_part.is_training, self.busy_part.is_exporting,
+                                                          self.busy_part.busy)
+        self.set_training, self.set_exporting = self.busy_part.set_training, self.busy_part.set_exporting
         self._configs: tuple[ModelConfig, TrainConfig] | None = None
         self._config_error = ""
         self._limits = (ModelConfig.vocab_size, ModelConfig.context_length)  # the defaults
         self._base_model: str | None = None
         self._plan: Plan | None = None
-        self._training = False
-        self._exporting = False
 
     # ----------------------------------------------------------------------------- project, dataset
     @property
@@ -94,40 +100,6 @@ class AppState(QObject):
     def mark_history_changed(self) -> None:
         """A run's plots, log or recall table, or the chat transcript, changed (the project saves it)."""
         self.history_changed.emit()
-
-    # ----------------------------------------------------------------------------- device
-    def devices(self) -> list[DeviceInfo]:
-        """Every OpenCL device the Device tab found (preferred first)."""
-        return list(self._devices)
-
-    def set_devices(self, devices: list[DeviceInfo]) -> None:
-        """The devices were listed (again)."""
-        self._devices = list(devices)
-        self.devices_changed.emit(self.devices())
-
-    def device_info(self) -> DeviceInfo | None:
-        """The chosen device, or None when there is no OpenCL device."""
-        return self._device
-
-    def set_device(self, info: DeviceInfo | None) -> None:
-        """Train and chat on ``info`` from now on (None: there is no device)."""
-        if info == self._device and info is not None:
-            return
-        self._device = info
-        self.device_changed.emit(info)
-
-    def has_cpu_device(self) -> bool:
-        """True when a CPU device is listed (the fallback when a GPU runs out of memory)."""
-        return any(d.kind == "CPU" and not d.problem for d in self._devices)
-
-    def switch_to_cpu(self) -> bool:
-        """Choose the first CPU device; False when there is none."""
-        cpu = next((d for d in self._devices if d.kind == "CPU" and not d.problem), None)
-        if cpu is None:
-            return False
-        self.set_device(cpu)
-        self.message.emit(f"switched to {cpu.label}")
-        return True
 
     # ----------------------------------------------------------------------------- hyperparameters
     def configs(self) -> tuple[ModelConfig, TrainConfig] | None:
@@ -189,28 +161,3 @@ class AppState(QObject):
     def notify_model_saved(self, path: str) -> None:
         """Training (re)wrote the project's trained model at ``path``."""
         self.model_saved.emit(str(path))
-
-    # ----------------------------------------------------------------------------- busy flags
-    def is_training(self) -> bool:
-        """True from the start of a run until its worker's last signal has been handled."""
-        return self._training
-
-    def is_exporting(self) -> bool:
-        """True from the start of an export until its worker's last signal has been handled."""
-        return self._exporting
-
-    def busy(self) -> bool:
-        """True while training or an export runs (the project must not change under them)."""
-        return self._training or self._exporting
-
-    def set_training(self, running: bool) -> None:
-        """The Training tab started (True) or finished (False) a run."""
-        if running != self._training:
-            self._training = running
-            self.busy_changed.emit()
-
-    def set_exporting(self, running: bool) -> None:
-        """The Export tab started (True) or finished (False) an export."""
-        if running != self._exporting:
-            self._exporting = running
-            self.busy_changed.emit()

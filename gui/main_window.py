@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSettings, QTimer
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QFrame, QMainWindow, QMessageBox, QScrollArea, QTabWidget, QVBoxLayout,
+from PySide6.QtWidgets import (QFrame, QMainWindow, QScrollArea, QTabWidget, QVBoxLayout,
                                QWidget)
 
 from gui import dialogs
@@ -17,6 +16,7 @@ from gui.chat_tab import ChatTab
 from gui.dataset_tab import DatasetTab
 from gui.device_tab import DeviceTab
 from gui.export_tab import ExportTab
+from gui.file_menu import APP_TITLE, ProjectMenus
 from gui.history import CHAT_FILE, HISTORY_FILE, chat_text, history_text, load_history, write_if_changed
 from gui.hyper_tab import HyperTab
 from gui.paths import inside, untitled_dir
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
     from core.device import DeviceInfo
 
-APP_TITLE = "OpenCL LLM Studio"
-MAX_RECENT = 8
 
 
 class _NoHeightForWidth(QVBoxLayout):
@@ -123,10 +121,13 @@ class MainWindow(QMainWindow):
         self.state.dataset_edited.connect(self._autosave_timer.start)
         self.state.history_changed.connect(self._autosave_timer.start)
         self.hyper_tab.changed.connect(self._autosave_timer.start)
-        self.state.busy_changed.connect(self._on_busy_changed)
         self.state.message.connect(lambda text: self.show_status(text, 8000))
-
-        self._build_menu()
+        self.menus = ProjectMenus(self, self.dataset_tab.undo_stack)
+        self.state.busy_changed.connect(lambda: self.menus.set_busy(self.state.busy()))
+        for name in ("new_action", "open_action", "save_as_action", "recent_menu", "undo_action", "redo_action"):
+            setattr(self, name, getattr(self.menus, name))
+        self.recent_projects, self._open_with_message = self.menus.recent_projects, self.menus.open_with_message
+        self._save_as_dialog, self._new_project_dialog = self.menus.save_as_dialog, self.menus.new_project_dialog
         settings = QSettings()
         geometry = settings.value("window/geometry")
         if geometry is not None:
@@ -138,72 +139,6 @@ class MainWindow(QMainWindow):
 
         self.device_tab.refresh()
         self._open_initial(project_dir)
-
-    # ----------------------------------------------------------------------------- menu
-    def _build_menu(self) -> None:
-        m = self.menuBar().addMenu("&File")
-
-        def action(text, slot, shortcut=None):
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(shortcut)
-            a.triggered.connect(slot)
-            m.addAction(a)
-            return a
-
-        self.new_action = action("&New project", self._new_project_dialog, QKeySequence.StandardKey.New)
-        self.open_action = action("&Open project…", self._open_project_dialog, QKeySequence.StandardKey.Open)
-        self.recent_menu = m.addMenu("Open &recent")
-        action("&Save", self.save, QKeySequence.StandardKey.Save)
-        self.save_as_action = action("Save project &as…", self._save_as_dialog, QKeySequence.StandardKey.SaveAs)
-        m.addSeparator()
-        action("&Quit", self.close, QKeySequence.StandardKey.Quit)
-        # Edit: undo / redo of the dataset's edits (gui.dataset_undo); a text field's own Ctrl+Z wins
-        # while it has the focus
-        e = self.menuBar().addMenu("&Edit")
-        stack = self.dataset_tab.undo_stack
-        self.undo_action = stack.createUndoAction(self, "&Undo")
-        self.undo_action.setShortcuts([QKeySequence(QKeySequence.StandardKey.Undo)])
-        self.redo_action = stack.createRedoAction(self, "&Redo")
-        redo_keys = [QKeySequence("Ctrl+Shift+Z")]
-        redo_keys += [k for k in QKeySequence.keyBindings(QKeySequence.StandardKey.Redo) if k not in redo_keys]
-        self.redo_action.setShortcuts(redo_keys)
-        e.addAction(self.undo_action)
-        e.addAction(self.redo_action)
-        h = self.menuBar().addMenu("&Help")
-        a = QAction("&About", self)
-        a.triggered.connect(self._about)
-        h.addAction(a)
-        self._update_recent_menu()
-
-    def _about(self) -> None:
-        from core import __version__
-
-        QMessageBox.about(self, APP_TITLE, f"<b>{APP_TITLE}</b> {__version__}<br>Train a tiny llama-style "
-                          "language model from scratch on any OpenCL device, chat with it, export GGUF.")
-
-    def recent_projects(self) -> list[str]:
-        value = QSettings().value("project/recent", [])
-        if isinstance(value, str):
-            value = [value]
-        return [p for p in (value or []) if isinstance(p, str)]
-
-    def _remember(self, folder: Path) -> None:
-        settings = QSettings()
-        settings.setValue("project/last", str(folder))
-        if folder.resolve() == untitled_dir().resolve():
-            return
-        recent = [str(folder)] + [p for p in self.recent_projects() if p != str(folder)]
-        settings.setValue("project/recent", recent[:MAX_RECENT])
-        self._update_recent_menu()
-
-    def _update_recent_menu(self) -> None:
-        self.recent_menu.clear()
-        recent = self.recent_projects()
-        for p in recent:
-            a = self.recent_menu.addAction(p)
-            a.triggered.connect(lambda checked=False, path=p: self._open_with_message(path))
-        self.recent_menu.setEnabled(bool(recent))
 
     # ----------------------------------------------------------------------------- projects
     def _warn_soon(self, title: str, text: str) -> None:
@@ -269,7 +204,7 @@ class MainWindow(QMainWindow):
         self._written = {}
         self.state.set_project(project)
         self.save()
-        self._remember(project.folder)
+        self.menus.remember(project.folder)
         self._update_title()
         for w in warnings or []:
             self.training_tab.append_log("WARNING", w)
@@ -284,16 +219,13 @@ class MainWindow(QMainWindow):
     def is_untitled(self) -> bool:
         return self.project is not None and self.project.folder.resolve() == untitled_dir().resolve()
 
-    def _busy(self) -> bool:
-        return self.state.busy()
-
     def open_project(self, folder: str | os.PathLike) -> None:
         """Open a project folder (saving the current one first).
 
         Raises:
             ProjectError: not a project folder. RuntimeError: training or export is running.
         """
-        if self._busy():
+        if self.state.busy():
             raise RuntimeError("stop training or export before opening another project")
         if self._project_lock is None or self._project_lock.folder != Path(os.path.abspath(folder)):
             lock_project(folder).release()  # refuse a project another process holds before reading it
@@ -331,7 +263,7 @@ class MainWindow(QMainWindow):
                 overwrite, or holds another project and ``replace`` is False. RuntimeError: busy.
             OSError: writing failed.
         """
-        if self._busy():
+        if self.state.busy():
             raise RuntimeError("stop training or export before saving the project elsewhere")
         folder = Path(folder)
         old = self.project
@@ -349,56 +281,12 @@ class MainWindow(QMainWindow):
     def new_project(self) -> None:
         """Start a new untitled project with the example dataset. The untitled folder's project files
         (dataset, settings, trained model) are replaced; other files there are kept."""
-        if self._busy():
+        if self.state.busy():
             raise RuntimeError("stop training or export before starting a new project")
         self.save()
         u = untitled_dir()
         remove_project_files(u)
         self._set_project(new_project(u))
-
-    def _open_with_message(self, folder: str) -> None:
-        try:
-            self.open_project(folder)
-        except (ProjectError, RuntimeError) as e:
-            dialogs.warn(self, "Open project", f"Could not open the project:\n{e}")
-
-    def _open_project_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Open a project folder")
-        if folder:
-            self._open_with_message(folder)
-
-    def _save_as_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Save the project into a folder")
-        if not folder:
-            return
-        try:
-            replace = check_save_as_target(self.project, folder)
-        except ProjectError as e:
-            dialogs.warn(self, "Save project as", str(e))
-            return
-        if replace and not dialogs.ask(self, "Save project as", f"{folder} already holds a project. Replace its "
-                                       "dataset, settings and trained model with this project's?", yes="Replace"):
-            return
-        try:
-            self.save_project_as(folder, replace=replace)
-        except (OSError, RuntimeError, ProjectError) as e:
-            dialogs.warn(self, "Save project as", str(e))
-
-    def _new_project_dialog(self) -> None:
-        u = untitled_dir()
-        if is_project(u):
-            if self.is_untitled():
-                text = ("Discard the untitled project (its dataset, settings and trained model)? Use “Save project "
-                        "as” to keep it.")
-            else:
-                text = (f"Start a new untitled project? This discards the earlier untitled project in {u} (its "
-                        "dataset, settings and trained model); open it and use “Save project as” to keep it.")
-            if not dialogs.ask(self, "New project", text + f"\n\nOther files in {u} are kept.", yes="Discard"):
-                return
-        try:
-            self.new_project()
-        except RuntimeError as e:
-            dialogs.warn(self, "New project", str(e))
 
     def show_status(self, text: str, ms: int = 8000) -> None:
         """A line in the status bar for ``ms`` milliseconds (elided to fit, whole in its tooltip)."""
@@ -417,14 +305,6 @@ class MainWindow(QMainWindow):
     def trained_model_path(self) -> Path | None:
         """The project's trained model (the state's), or None."""
         return self.state.trained_model_path()
-
-    # ----------------------------------------------------------------------------- signals
-    def _on_busy_changed(self) -> None:
-        """No other project while training or an export runs."""
-        busy = self.state.busy()
-        for a in (self.new_action, self.open_action, self.save_as_action):
-            a.setEnabled(not busy)
-        self.recent_menu.setEnabled(not busy and bool(self.recent_projects()))
 
     # ----------------------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

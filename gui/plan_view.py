@@ -10,11 +10,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from core.plan import format_duration
+from core.plan import AUTO, format_duration
 from core.wording import count_words, memory_size
 
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
+    from core.dataset import Dataset
     from core.plan import Plan
 
 Line = tuple[str, str]
@@ -111,3 +112,27 @@ def to_text(lines: list[Line]) -> str:
 
 
 __all__ = ["plan_lines", "config_lines", "to_html", "to_text"]
+
+
+def dataset_passes(tc: TrainConfig, dataset: Dataset) -> tuple[float, float]:
+    """Passes over the facts and over the dialogues of the stages' steps, in the run's data mix
+    (core.batches.stage_passes; 0 without such data)."""
+    from core.batches import stage_passes
+
+    questions = bool(tc.fact_questions and dataset.facts and dataset.dialogues)
+    conversations = bool(tc.conversation_every and dataset.dialogues)
+    return tuple(stage_passes(tc, i, st.steps, len(dataset.facts), len(dataset.dialogues), questions, conversations)
+                 for i, st in enumerate((tc.pretrain, tc.tune)))
+
+
+def form_lines(mc: ModelConfig, tc: TrainConfig, preset: str, plan: Plan | None, dataset: Dataset,
+               base_name: str | None, no_plan: str) -> list[Line]:
+    """The plan in plain words for the Hyperparameters form's configs: the Auto plan's own numbers while
+    the form shows it, else the configs' (a base model's, named ``base_name``, when one is chosen);
+    ``no_plan``: why Auto has no plan now ("" when it has one)."""
+    if base_name is not None:
+        return config_lines(mc, tc, preset, dataset_passes(tc, dataset), base_name)
+    if preset == AUTO and plan is not None:
+        return plan_lines(plan)
+    lines = config_lines(mc, tc, preset, dataset_passes(tc, dataset))
+    return lines + ([("Note", no_plan)] if preset == AUTO and no_plan else [])

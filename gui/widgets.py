@@ -1,9 +1,11 @@
 """Small widgets the tabs and the main window share."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QWidget
 
 
 class ElidedLabel(QLabel):
@@ -52,3 +54,34 @@ class ElidedLabel(QLabel):
         shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width)
         super().setText(shown)
         self.setToolTip(self._full if shown != self._full else "")
+
+
+class Banner(QFrame):
+    """A yellow message strip over a tab: the text (``text_label``), an optional action button and Dismiss.
+
+    Args:
+        action: the action button's text (hidden unless ``show_message(..., action=True)``).
+        on_action: called when it is clicked (the banner hides first).
+    """
+
+    def __init__(self, action: str, on_action: Callable[[], None], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setStyleSheet("QFrame { background: #fff3cd; border: 1px solid #e0c060; border-radius: 4px; }")
+        row = QHBoxLayout(self)
+        self.text_label = QLabel()
+        self.text_label.setWordWrap(True)
+        row.addWidget(self.text_label, 1)
+        self.action_button = QPushButton(action)
+        self.action_button.clicked.connect(self.hide)
+        self.action_button.clicked.connect(on_action)
+        row.addWidget(self.action_button)
+        close = QPushButton("Dismiss")
+        close.clicked.connect(self.hide)
+        row.addWidget(close)
+        self.hide()
+
+    def show_message(self, text: str, action: bool) -> None:
+        """Show ``text``, with the action button when ``action``."""
+        self.text_label.setText(text)
+        self.action_button.setVisible(action)
+        self.show()

@@ -70,7 +70,7 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     assert t.plots.point_count() == 50
     assert t.plots.val["facts"].x and t.plots.val["dialogues"].x
     assert t.plots.layer_curves and t.plots.lr.x
-    stages = {t.recall.item(r, 0).text() for r in range(t.recall.rowCount())}
+    stages = {t.recall.cell(r, 0) for r in range(t.recall.rowCount())}
     assert stages == {"pretrain", "tune"}
     assert "facts" in t.recall_label.text()
     # the honest verdict, never "Training finished — try the model" when it was not learned

@@ -22,7 +22,7 @@ def _strict_json(path):
 
 
 def _recall_rows(t) -> list[list[str]]:
-    return [[t.recall.item(r, c).text() for c in range(6)] for r in range(t.recall.rowCount())]
+    return [[t.recall.cell(r, c) for c in range(6)] for r in range(t.recall.rowCount())]
 
 
 def test_plots_recall_log_and_chat_come_back_in_a_new_window(main_window, studio_env, qtbot, dialogs):
