@@ -163,6 +163,7 @@ class CompareWorker(Worker):
 
     def work(self) -> None:
         from core.checkpoint import load_checkpoint, load_model
+        from core.checkpoint_meta import dataset_path
         from core.dataset import load_dataset
         from core.device import open_device
         from core.finetune import before_after
@@ -173,7 +174,7 @@ class CompareWorker(Worker):
             raise ValueError(f"{self.checkpoint_dir}: this model was not fine-tuned from a base model")
         self.log_line.emit("INFO", f"comparing with the base model {base_path}")
         base = load_model(base_path)
-        dataset, _ = load_dataset(self.checkpoint_dir / "dataset.json")
+        dataset, _ = load_dataset(dataset_path(self.checkpoint_dir))
         dev = open_device(self.device_info)
         rows = before_after(dev, base.weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
         self.result.emit(Comparison(tuple(ComparedAnswer(kind, question, taught, before, after)
