@@ -38,7 +38,14 @@ class DeviceTab(QWidget):
         self._active = False
 
         self.stack = QStackedWidget()
-        # page 0: no OpenCL
+        self.stack.addWidget(self._build_missing())
+        self.stack.addWidget(self._build_devices())
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.stack)
+        state.device_changed.connect(self._show_device)
+
+    def _build_missing(self) -> QWidget:
+        """Page 0: no OpenCL device, why, and a retry button."""
         self.missing = QWidget()
         m = QVBoxLayout(self.missing)
         title = QLabel("<h2>No OpenCL device found</h2>")
@@ -51,7 +58,10 @@ class DeviceTab(QWidget):
         m.addWidget(self.missing_text)
         m.addWidget(self.retry_button)
         m.addStretch(1)
-        # page 1: devices
+        return self.missing
+
+    def _build_devices(self) -> QWidget:
+        """Page 1: the device list, its details and the test."""
         page = QWidget()
         v = QVBoxLayout(page)
         row = QHBoxLayout()
@@ -75,7 +85,11 @@ class DeviceTab(QWidget):
             self.detail_labels[key] = lab
             self.details.addRow(key + ":", lab)
         v.addWidget(box)
+        v.addWidget(self._build_test(), 1)
+        return page
 
+    def _build_test(self) -> QGroupBox:
+        """The "Test device" button, its progress and the results table."""
         test_box = QGroupBox("Test")
         t = QVBoxLayout(test_box)
         trow = QHBoxLayout()
@@ -97,12 +111,7 @@ class DeviceTab(QWidget):
         self.results.verticalHeader().setVisible(False)
         self.results.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         t.addWidget(self.results, 1)
-        v.addWidget(test_box, 1)
-        self.stack.addWidget(self.missing)
-        self.stack.addWidget(page)
-        lay = QVBoxLayout(self)
-        lay.addWidget(self.stack)
-        state.device_changed.connect(self._show_device)
+        return test_box
 
     # ----------------------------------------------------------------------------- devices
     def refresh(self) -> None:

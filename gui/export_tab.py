@@ -41,6 +41,25 @@ class ExportTab(QWidget):
 
         box = QGroupBox("Export (GGUF for llama.cpp, Ollama, LM Studio; or a Hugging Face folder)")
         form = QFormLayout(box)
+        self._build_choices(form)
+        self._build_run(form)
+        self.hint = QLabel()
+        self.hint.setWordWrap(True)
+        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.modelfile.toggled.connect(self._update_hint)
+        self.format.currentIndexChanged.connect(self._format_changed)
+        lay = QVBoxLayout(self)
+        lay.addWidget(box)
+        lay.addWidget(self.hint)
+        lay.addStretch(1)
+        self._update_hint()
+        self.refresh()
+        state.project_changed.connect(self._on_project)
+        state.model_saved.connect(self.refresh)
+        state.busy_changed.connect(self.refresh)
+
+    def _build_choices(self, form: QFormLayout) -> None:
+        """The model, format, file, weights and Modelfile rows."""
         self.source_label = QLabel("No trained model yet.")
         self.source_label.setWordWrap(True)
         form.addRow("Model:", self.source_label)
@@ -64,6 +83,9 @@ class ExportTab(QWidget):
         form.addRow("Weights:", self.dtype)
         self.modelfile = QCheckBox("Also write an Ollama Modelfile next to it")
         form.addRow("", self.modelfile)
+
+    def _build_run(self, form: QFormLayout) -> None:
+        """The Export button with its progress, status and result rows."""
         brow = QHBoxLayout()
         self.export_button = QPushButton("Export")
         self.export_button.clicked.connect(self.export)
@@ -80,20 +102,6 @@ class ExportTab(QWidget):
         self.result.setWordWrap(True)
         self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         form.addRow("Result:", self.result)
-        self.hint = QLabel()
-        self.hint.setWordWrap(True)
-        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.modelfile.toggled.connect(self._update_hint)
-        self.format.currentIndexChanged.connect(self._format_changed)
-        lay = QVBoxLayout(self)
-        lay.addWidget(box)
-        lay.addWidget(self.hint)
-        lay.addStretch(1)
-        self._update_hint()
-        self.refresh()
-        state.project_changed.connect(self._on_project)
-        state.model_saved.connect(self.refresh)
-        state.busy_changed.connect(self.refresh)
 
     def is_hf(self) -> bool:
         """True when the chosen format is a Hugging Face folder."""
