@@ -573,12 +573,12 @@ def test_the_table_has_cases_that_already_worked():
 
 
 def test_the_training_tab_refuses_a_read_only_project(main_window, dialogs, monkeypatch):
-    import gui.training_tab
+    import gui.run_setup
 
     from tests.test_gui_e2e import configure_tiny
 
     configure_tiny(main_window)
-    monkeypatch.setattr(gui.training_tab, "folder_write_problem",
+    monkeypatch.setattr(gui.run_setup, "folder_write_problem",  # the Training tab's run checks (gui/run_setup.py)
                         lambda folder: f"{folder}: cannot write here (Read-only file system)")
     t = main_window.training_tab
     assert not t.start()
