@@ -14,7 +14,7 @@ import numpy as np
 from core.config import ModelConfig
 from core.device import Device
 from core.model import Activations, Ops, check_fits, forward, param_layout, step_matmuls
-from core.params import TensorStore
+from core.tensor_store import TensorStore
 from core.schema import check_dataclass, number, spec, whole
 
 
@@ -103,7 +103,7 @@ class Generator:
     Args:
         dev: OpenCL device.
         config: architecture.
-        weights: ``{gguf tensor name: float32 array}``, or a ``core.params.TensorStore`` to copy
+        weights: ``{gguf tensor name: float32 array}``, or a ``core.tensor_store.TensorStore`` to copy
             on the device.
 
     Raises:

@@ -44,7 +44,7 @@ from core.kernels.lora import LoRACols
 from core.lora import (TARGETS, AdapterPart, DenseFrozen, LoRAConfig, LoRALinear, LoRAScratch, adapter_params,
                        adapter_shapes, base_name, init_adapter, lora_matmuls, merge, scratch_floats, target_shape,
                        widest_output)
-from core.params import Layout, TensorStore
+from core.tensor_store import Layout, TensorStore
 from core import quant_base
 from core.quant_base import QuantFrozen, RawBase
 

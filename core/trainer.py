@@ -505,7 +505,7 @@ class UpdateGuard:
     weights either) tells whether to put them back."""
 
     def __init__(self, model: Model):
-        from core.params import TensorStore
+        from core.tensor_store import TensorStore
 
         self.model = model
         self.copies = [TensorStore(model.dev, s.layout) for s in self._stores()]

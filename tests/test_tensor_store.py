@@ -1,8 +1,8 @@
-"""core/params.py: the flat layout, aligned tensors, groups stored back to back."""
+"""core/tensor_store.py: the flat layout, aligned tensors, groups stored back to back."""
 import numpy as np
 import pytest
 
-from core.params import Layout, TensorStore
+from core.tensor_store import Layout, TensorStore
 
 SHAPES = [("a", (3, 5)), ("g", (7, 3)), ("u", (7, 3)), ("z", (4,))]
 
