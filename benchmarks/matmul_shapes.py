@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.compare import SHAPES  # noqa: E402
 from core.device import open_device  # noqa: E402
-from core.kernels import matmul, matmul_tune  # noqa: E402
+from core.kernels import matmul, matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = open_device(args.device)
-    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, m: None))
+    mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, m: None))
     print(f"device: {dev.info.label}; configs nn {mm.config(False, False)}, nt {mm.config(False, True)}, "
           f"tn {mm.config(True, False)}")
     rng = np.random.default_rng(0)

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 from core.device import open_device  # noqa: E402
-from core.kernels import matmul_tune  # noqa: E402
+from core.kernels import matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
 
 VARIANTS = {"nn": (False, False), "nt": (False, True), "tn": (True, False), "tt": (True, True)}
@@ -117,11 +117,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="alternating timing rounds per shape")
     args = ap.parse_args()
     if args.untuned:
-        os.environ[matmul_tune.ENV_VAR] = "0"
+        os.environ[matmul_autotune.ENV_VAR] = "0"
     dev = open_device(args.device)
     print(f"device: {dev.info.label}")
     t0 = time.perf_counter()
-    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, msg: print(f"\r  {msg}", end="", flush=True)))
+    mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, msg: print(f"\r  {msg}", end="", flush=True)))
     print(f"\rconfigurations ({'untuned' if args.untuned else 'tuned'}; set up in {time.perf_counter() - t0:.1f} s):")
     for name in ("nn", "nt", "tn"):
         print(f"  {name}: {mm.config(*VARIANTS[name])}")

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 from core.device import open_device  # noqa: E402
-from core.kernels import matmul_tune  # noqa: E402
+from core.kernels import matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = open_device(args.device)
-    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev, progress=lambda f, m: print(f"  {m}", flush=True)))
+    mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, m: print(f"  {m}", flush=True)))
     print(f"device: {dev.info.label}; tiled config NT: {mm.config(False, True)}")
     rng = np.random.default_rng(0)
     for n in (int(s) for s in args.sizes.split(",")):

@@ -101,8 +101,8 @@ def main() -> None:
     dev = open_device(args.device)
     tuned = None
     if args.tune:
-        from core.kernels import matmul_tune
-        tuned = matmul_tune.tuned_configs(dev, progress=lambda f, m: None)
+        from core.kernels import matmul_autotune
+        tuned = matmul_autotune.tuned_configs(dev, progress=lambda f, m: None)
     tiled = QTiledConfig(*map(int, args.tiled.split(","))) if args.tiled else None
     mm, qm = Matmul(dev, tuned=tuned), QMatmul(dev, family=args.family, tiled=tiled)
     print(f"device: {dev.info.label}; float nt {mm.config(False, True)}, nn {mm.config(False, False)}; "

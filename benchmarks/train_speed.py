@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 from core.config import ModelConfig  # noqa: E402
 from core.device import open_device  # noqa: E402
-from core.kernels import matmul_tune  # noqa: E402
+from core.kernels import matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
 from core.model import Model  # noqa: E402
 
@@ -46,7 +46,7 @@ def bench_matmul(dev, m: int, n: int, k: int, reps: int = 5) -> tuple[float, flo
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((n, k)).astype(np.float32)
-    mm = Matmul(dev, tuned=matmul_tune.tuned_configs(dev))
+    mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev))
     A, B, C = dev.upload(a), dev.upload(b), dev.alloc(m * n)
     mm(C, A, B, m, n, k, trans_b=True)
     dev.finish()

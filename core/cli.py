@@ -49,7 +49,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _tune_matmul(dev) -> None:
     """First use of a device: time the matmul kernels once (cached), with a progress line."""
-    from core.kernels import matmul_tune
+    from core.kernels import matmul_autotune
 
     shown = []
 
@@ -57,7 +57,7 @@ def _tune_matmul(dev) -> None:
         shown.append(message)
         print(f"\r{message:<72s}", end="" if fraction < 1.0 else "\n", file=sys.stderr, flush=True)
 
-    result = matmul_tune.tuned_configs(dev, progress=line)
+    result = matmul_autotune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:
         cut = (f"; {count_words(result['skipped'], 'candidate')} left out by the time budget" if result.get("skipped")
                else "")

@@ -34,7 +34,7 @@ from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.embedding import Embedding
 from core.kernels.sums import Sums
-from core.kernels import matmul_tune
+from core.kernels import matmul_autotune
 from core.kernels.matmul import Matmul, scratch_bound_floats
 from core.kernels.qmatmul import QMatmul
 from core.kernels.rmsnorm import RMSNorm
@@ -55,7 +55,7 @@ class Ops:
     def __init__(self, dev: Device):
         self.embedding = Embedding(dev)
         self.rmsnorm = RMSNorm(dev)
-        self.matmul = Matmul(dev, tuned=matmul_tune.tuned_configs(dev))  # tuned once per device (cached)
+        self.matmul = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev))  # tuned once per device (cached)
         self.rope = RoPE(dev)
         self.attention = Attention(dev)
         self.swiglu = SwiGLU(dev)

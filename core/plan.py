@@ -467,12 +467,12 @@ def first_run_seconds(dev: Device, programs: int, compile_s: float) -> float:
     """One-time seconds of a run on ``dev`` given the ``programs`` that planning built and first launched in
     ``compile_s`` seconds (PoCL and llvmpipe compile a kernel for its work-group size at its first launch, so
     this is the speed measurement's time beyond its steps): those seconds, the first matmul tuning
-    (core.kernels.matmul_tune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
+    (core.kernels.matmul_autotune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
     and planning found its programs cached (< 0.2 s each) or built none (the speed was cached too)."""
-    from core.kernels import matmul_tune
+    from core.kernels import matmul_autotune
 
     per_program = compile_s / programs if programs else BUILD_S_GUESS
-    tuning = matmul_tune.expected_seconds(dev, per_program)
+    tuning = matmul_autotune.expected_seconds(dev, per_program)
     if not tuning and (not programs or per_program < 0.2):  # tuned, and the kernels cached (or not looked at)
         return 0.0
     return compile_s + tuning + LATER_PROGRAMS * per_program
@@ -510,13 +510,13 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
             kinds[k] = (len(ps), float(np.mean([len(p.ids) for p in ps])),
                         float(np.mean([p.max_new - ANSWER_SLACK + 1 for p in ps])))
     b = PRESETS[preset][1].pretrain.batch_size
-    from core.kernels import matmul_tune
+    from core.kernels import matmul_autotune
 
     builds, t0 = dev.builds, time.perf_counter()
     # timed at the padded length of a planned pretraining batch (questions mixed in make it longer), with the
     # default matmul kernels before the first tuning (which the plan announces: first_run_s)
     seq = round(step_tokens[0] / b) if step_tokens[0] else int(padded_length(f_len or d_len, b)) or 16
-    with matmul_tune.untuned():
+    with matmul_autotune.untuned():
         spt = measure_speed(dev, mc, b, seq)
     steps_s = (SPEED_STEPS + 1) * spt * b * max(2, min(seq, mc.context_length)) if dev.builds > builds else 0.0
     first = first_run_seconds(dev, dev.builds - builds, max(0.0, time.perf_counter() - t0 - steps_s))

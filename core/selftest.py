@@ -131,9 +131,9 @@ def check_device(dev: Device, progress: Callable[[float, str], None] | None = No
         try:
             launcher = getattr(importlib.import_module(f"core.kernels.{module}"), cls)
             if module == "matmul":  # its first use on a device tunes it (cached): show that
-                from core.kernels import matmul_tune
+                from core.kernels import matmul_autotune
 
-                tuned = matmul_tune.tuned_configs(dev, progress=lambda f, m, i=i: progress(0.8 * (i + f) / n, m))
+                tuned = matmul_autotune.tuned_configs(dev, progress=lambda f, m, i=i: progress(0.8 * (i + f) / n, m))
                 ops[module] = launcher(dev, tuned=tuned)
             else:
                 ops[module] = launcher(dev)

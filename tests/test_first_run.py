@@ -11,7 +11,7 @@ import pytest
 from core import device as device_mod
 from core.device import DeviceInfo, speed_note
 from core.estimates import DatasetStats
-from core.kernels import matmul_tune
+from core.kernels import matmul_autotune
 from core.plan import LATER_PROGRAMS, first_run_seconds, make_plan
 
 
@@ -57,11 +57,11 @@ def test_a_real_device_speed_is_positive(device, monkeypatch, tmp_path):
 
 
 def test_first_run_costs_are_counted_and_said(monkeypatch):
-    monkeypatch.setattr(matmul_tune, "expected_seconds", lambda dev, build_s: 30.0)
+    monkeypatch.setattr(matmul_autotune, "expected_seconds", lambda dev, build_s: 30.0)
     dev = SimpleNamespace()
     # planning built 10 programs in 20 s: those, the tuning and the programs still to build
     assert first_run_seconds(dev, 10, 20.0) == pytest.approx(20.0 + 30.0 + LATER_PROGRAMS * 2.0)
-    monkeypatch.setattr(matmul_tune, "expected_seconds", lambda dev, build_s: 0.0)
+    monkeypatch.setattr(matmul_autotune, "expected_seconds", lambda dev, build_s: 0.0)
     assert first_run_seconds(dev, 10, 0.5) == 0.0  # everything cached: programs loaded in 0.05 s each
     plan = make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5)
     assert "first run" not in plan.summary()
@@ -72,14 +72,14 @@ def test_first_run_costs_are_counted_and_said(monkeypatch):
 
 def test_the_tuning_estimate_is_bounded_by_the_budget(device, monkeypatch, tmp_path):
     monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(matmul_tune.ENV_VAR, "1")
-    monkeypatch.setattr(matmul_tune, "_memo", {})
-    assert 0.0 < matmul_tune.expected_seconds(device, 1.0) <= matmul_tune.budget_seconds(device)
-    assert matmul_tune.expected_seconds(device, 1000.0) == matmul_tune.budget_seconds(device)
-    with matmul_tune.untuned():
-        assert matmul_tune.expected_seconds(device, 1.0) == 0.0 and matmul_tune.tuned_configs(device) == {}
+    monkeypatch.setenv(matmul_autotune.ENV_VAR, "1")
+    monkeypatch.setattr(matmul_autotune, "_memo", {})
+    assert 0.0 < matmul_autotune.expected_seconds(device, 1.0) <= matmul_autotune.budget_seconds(device)
+    assert matmul_autotune.expected_seconds(device, 1000.0) == matmul_autotune.budget_seconds(device)
+    with matmul_autotune.untuned():
+        assert matmul_autotune.expected_seconds(device, 1.0) == 0.0 and matmul_autotune.tuned_configs(device) == {}
     monkeypatch.setenv("OPENCL_LLM_TUNE_BUDGET_S", "7")
-    assert matmul_tune.budget_seconds(device) == 7.0
+    assert matmul_autotune.budget_seconds(device) == 7.0
 
 
 def test_the_device_tab_says_why_a_device_is_slow_or_refused(studio_env, qtbot, monkeypatch):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.device import KernelLimitError, KernelLimits
-from core.kernels import matmul, matmul_tune
+from core.kernels import matmul, matmul_autotune
 from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, Matmul, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict)
 from core.kernels import matmul_ref as ref
@@ -277,15 +277,15 @@ def test_matmul_uses_gemv_for_few_rows_only(device, rng):
 
 # ----------------------------------------------------------------------------- tuner
 
-@pytest.mark.parametrize("variant", matmul_tune.MODEL_VARIANTS)
+@pytest.mark.parametrize("variant", matmul_autotune.MODEL_VARIANTS)
 def test_every_tuner_candidate_is_correct(device, rng, variant):
     """Every configuration the tuner may pick on this device on a tiny ragged shape, for each
     transpose case it serves. On a CPU the GPU grid runs too (for NT, the linear layers' forward;
     the other transposes of the tiled kernel run in test_matmul_overwrite_then_accumulate), so CI
     on PoCL checks what a GPU may pick; its big register tiles are slow to compile there."""
-    cands = matmul_tune.candidates(device, variant)
-    if not matmul_tune.uses_local_tiles(device) and variant == NT:
-        cands += [c for c in matmul_tune.GPU_GRID if matmul_tune.fits(device, c)]
+    cands = matmul_autotune.candidates(device, variant)
+    if not matmul_autotune.uses_local_tiles(device) and variant == NT:
+        cands += [c for c in matmul_autotune.GPU_GRID if matmul_autotune.fits(device, c)]
     ran = 0
     for cfg in cands:
         for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
@@ -300,7 +300,7 @@ def test_every_tuner_candidate_is_correct(device, rng, variant):
 
 
 def test_every_gemv_candidate_is_correct(device, rng):
-    for cfg in matmul_tune.gemv_candidates(device):
+    for cfg in matmul_autotune.gemv_candidates(device):
         _check_overwrite_then_accumulate(device, rng, _launcher(GemvKernel(device, cfg)), 2, 37, 45, False, True, cfg)
 
 
@@ -309,8 +309,8 @@ def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
     is written to the cache file under this device's key, reloaded by a fresh process's lookup,
     and used by Matmul; OPENCL_LLM_MATMUL_TUNE=0 ignores it."""
     monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(matmul_tune.ENV_VAR, "1")
-    monkeypatch.setattr(matmul_tune, "_memo", {})
+    monkeypatch.setenv(matmul_autotune.ENV_VAR, "1")
+    monkeypatch.setattr(matmul_autotune, "_memo", {})
     impossible = TiledConfig(256, 256, 16, 1, 1, 1)  # 65536 work-items: never fits
     good = [PackedConfig(4, 1, 4, 1, 4, True), TiledConfig(8, 8, 4, 2, 2, 2, 0, 1)]
     grid = {NT: [impossible, *good], (True, False): [good[1], impossible]}
@@ -318,38 +318,38 @@ def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
     seen = []
     kwargs = dict(grid=grid, shape_table=shape_table, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(2, 1, 4)],
                   gemv_shapes=[(1, 10, 20)], min_s=0.001)
-    result = matmul_tune.tuned_configs(device, progress=lambda f, m: seen.append((f, m)), **kwargs)
+    result = matmul_autotune.tuned_configs(device, progress=lambda f, m: seen.append((f, m)), **kwargs)
     assert result[NT] in good and result[(True, False)] == good[1] and result[(True, True)] == good[1]
     assert result["gemv"] in kwargs["gemv_grid"] and result["gflops"]["nt"] > 0
     assert seen[-1][0] == 1.0 and all("matmul" in m for _, m in seen)
     assert [f for f, _ in seen] == sorted(f for f, _ in seen)
 
-    data = json.loads((tmp_path / matmul_tune.CACHE_FILE).read_text())
-    assert list(data) == [matmul_tune.device_key(device)]
-    monkeypatch.setattr(matmul_tune, "_memo", {})  # as a new process would: read the file
-    reloaded = matmul_tune.tuned_configs(device, progress=lambda f, m: pytest.fail("tuned again"))
+    data = json.loads((tmp_path / matmul_autotune.CACHE_FILE).read_text())
+    assert list(data) == [matmul_autotune.device_key(device)]
+    monkeypatch.setattr(matmul_autotune, "_memo", {})  # as a new process would: read the file
+    reloaded = matmul_autotune.tuned_configs(device, progress=lambda f, m: pytest.fail("tuned again"))
     assert {k: v for k, v in reloaded.items() if k not in ("gflops", "seconds")} == \
         {k: v for k, v in result.items() if k not in ("gflops", "seconds")}
     op = Matmul(device, tuned=reloaded)
     assert op.config(*NT) == result[NT] and op.gemv_config == result["gemv"]
     _check_overwrite_then_accumulate(device, rng, op, 21, 13, 17, False, True, "tuned NT")
 
-    monkeypatch.setenv(matmul_tune.ENV_VAR, "0")
-    assert matmul_tune.tuned_configs(device) == {}
-    assert Matmul(device, tuned=matmul_tune.tuned_configs(device)).config(*NT) == \
-        matmul_tune.default_configs(device)[0]
+    monkeypatch.setenv(matmul_autotune.ENV_VAR, "0")
+    assert matmul_autotune.tuned_configs(device) == {}
+    assert Matmul(device, tuned=matmul_autotune.tuned_configs(device)).config(*NT) == \
+        matmul_autotune.default_configs(device)[0]
 
 
 def test_tuner_survives_a_damaged_cache(device, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(matmul_tune, "_memo", {})
-    (tmp_path / matmul_tune.CACHE_FILE).write_text("{not json")
-    assert matmul_tune.load_cached(device) is None
-    (tmp_path / matmul_tune.CACHE_FILE).write_text(json.dumps({matmul_tune.device_key(device): {"nn": 3}}))
-    assert matmul_tune.load_cached(device) is None
+    monkeypatch.setattr(matmul_autotune, "_memo", {})
+    (tmp_path / matmul_autotune.CACHE_FILE).write_text("{not json")
+    assert matmul_autotune.load_cached(device) is None
+    (tmp_path / matmul_autotune.CACHE_FILE).write_text(json.dumps({matmul_autotune.device_key(device): {"nn": 3}}))
+    assert matmul_autotune.load_cached(device) is None
     result = {v: PackedConfig() for v in VARIANTS} | {"gemv": GemvConfig(), "seconds": 1.0, "gflops": {}}
-    matmul_tune.save(device, result)
-    assert matmul_tune.load_cached(device)[NT] == PackedConfig()
+    matmul_autotune.save(device, result)
+    assert matmul_autotune.load_cached(device)[NT] == PackedConfig()
 
 
 # ----------------------------------------------------------------------------- compiled kernels' limits
@@ -405,15 +405,15 @@ def test_tuner_skips_what_does_not_fit_and_never_keeps_a_wrong_result(device, mo
     _limit_kernels(monkeypatch, device, {"matmul_tiled", "matmul_gemv"}, max_items=32)
     small, big = TiledConfig(8, 8, 4, 2, 2, 2, 0, 1), TiledConfig(64, 64, 16, 4, 4, 4, 4, 1)
     kwargs = dict(shape_table={NT: [(9, 10, 11)]}, gemv_shapes=[(1, 10, 20)], min_s=0.001)
-    with caplog.at_level("INFO", logger="core.kernels.matmul_tune"):
-        result = matmul_tune.tune(device, grid={NT: [small, big]},
+    with caplog.at_level("INFO", logger="core.kernels.matmul_autotune"):
+        result = matmul_autotune.tune(device, grid={NT: [small, big]},
                                   gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(64, 1, 4)], **kwargs)
     assert result[NT] == small and result["gemv"] == GemvConfig(1, 2, 4) and not result["defaulted"]
     assert "allows 32" in caplog.text
     # every candidate wrong (as a miscompiled kernel would be): no "best 0.0", the safe default instead
-    monkeypatch.setattr(matmul_tune, "_score", lambda *a, **k: 0.0)
+    monkeypatch.setattr(matmul_autotune, "_score", lambda *a, **k: 0.0)
     seen = []
-    result = matmul_tune.tune(device, progress=lambda f, m: seen.append(m), grid={NT: [small]},
+    result = matmul_autotune.tune(device, progress=lambda f, m: seen.append(m), grid={NT: [small]},
                               gemv_grid=[GemvConfig(1, 2, 4)], **kwargs)
     gemm_defaults, gemv_defaults = matmul.fallback_configs(device)
     assert result[NT] in gemm_defaults and result["gemv"] in gemv_defaults
@@ -426,7 +426,7 @@ def test_tuner_keeps_to_its_budget(device):
     grid = {NT: [PackedConfig(4, 1, 4, 1, 4, True), PackedConfig(3, 1, 8, 2, 1, True),
                  PackedConfig(5, 3, 4, 3, 2, False)]}
     seen = []
-    result = matmul_tune.tune(device, progress=lambda f, m: seen.append(m), budget_s=0.0, grid=grid,
+    result = matmul_autotune.tune(device, progress=lambda f, m: seen.append(m), budget_s=0.0, grid=grid,
                               shape_table={NT: [(9, 10, 11)]}, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(1, 4, 4)],
                               gemv_shapes=[(1, 10, 20)], min_s=0.001)
     assert result[NT] == grid[NT][0] and result["gemv"] == GemvConfig(1, 2, 4)

@@ -9,7 +9,7 @@ Every size is a compile-time ``-D`` option described by one of three configurati
 * :class:`GemvConfig` — ``matmul_gemv`` for ``M <= GEMV_MAX_M`` rows times ``b`` stored (N,K)
   (decode), chosen automatically when M is small.
 
-Which configuration a device gets: the winner of :mod:`core.kernels.matmul_tune` (timed once per
+Which configuration a device gets: the winner of :mod:`core.kernels.matmul_autotune` (timed once per
 device, driver and kernel source, cached in the user cache folder), else :func:`default_configs`.
 See the header of ``matmul.cl`` for the kernels themselves.
 """
@@ -568,7 +568,7 @@ class Matmul:
             dict ``{(trans_a, trans_b): config}`` for some (tests use this). Default: the tuned
             ``tuned`` configuration, else :func:`default_configs`.
         gemv: override the GEMV configuration; ``False`` disables the GEMV path.
-        tuned: this device's tuning result (``core.kernels.matmul_tune.tuned_configs``, which the
+        tuned: this device's tuning result (``core.kernels.matmul_autotune.tuned_configs``, which the
             caller runs: the tuner builds this module's kernels, so this module does not import it);
             None: :func:`default_configs`.
 
