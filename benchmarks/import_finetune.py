@@ -28,7 +28,7 @@ def main() -> None:
     from core.dataset import default_dataset
     from core.device import open_device
     from core.estimates import training_memory_bytes
-    from core.finetune import base_trainer, default_train_config
+    from core.from_base import base_trainer, default_train_config
     from core.generate import Generator, SamplingSettings
     from core.gguf_import import import_gguf
     from tests.artifacts import smollm2_path

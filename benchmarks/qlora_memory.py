@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def main() -> None:
-    from core.finetune import DEFAULTS, load_base
+    from core.from_base import DEFAULTS, load_base
     from core.lora import LoRAConfig
     from core.model import Model, activation_sizes, memory_bytes, quantized_plan
     from core.quant_base import device_bytes

@@ -239,9 +239,9 @@ def _load_data(path: str):
 
 
 def _base_config(args):
-    """The TrainConfig of ``train --base FILE`` (core.finetune's defaults with the options given)."""
+    """The TrainConfig of ``train --base FILE`` (core.from_base's defaults with the options given)."""
     from core.config import replace
-    from core.finetune import default_train_config
+    from core.from_base import default_train_config
 
     shape = [f"--{n.replace('_', '-')}" for n in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
                                                   "rope_theta", "vocab_size") if getattr(args, n) is not None]
@@ -261,8 +261,8 @@ def _base_config(args):
 
 
 def _lora_lr(args) -> float | None:
-    """The default peak lr of ``train --base --lora`` (core.finetune.LORA_LR); None without --lora."""
-    from core.finetune import LORA_LR
+    """The default peak lr of ``train --base --lora`` (core.from_base.LORA_LR); None without --lora."""
+    from core.from_base import LORA_LR
 
     return LORA_LR if getattr(args, "lora", False) else None
 
@@ -715,7 +715,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Greedy answers of a base model and a model fine-tuned from it, side by side."""
     from core.checkpoint import load_model
     from core.device import open_device
-    from core.finetune import before_after
+    from core.from_base import before_after
 
     tuned = load_model(args.model)
     base_path = args.base or (tuned.meta or {}).get("base_model")
@@ -855,7 +855,7 @@ def _add_train(sub) -> None:
 def _add_finetune_options(s: argparse.ArgumentParser) -> None:
     """``train``'s options of a fine-tune: --base, --steps, --grad-accum, --freeze-embeddings, LoRA, the general
     questions."""
-    from core.finetune import DEFAULTS as FT
+    from core.from_base import DEFAULTS as FT
 
     s.add_argument("--base", metavar="FILE.gguf", help="fine-tune this model (a llama GGUF file, e.g. SmolLM2, or a "
                    "checkpoint folder) instead of training from scratch: facts as plain text, dialogues in its "

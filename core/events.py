@@ -138,7 +138,7 @@ class RunStarted:
     resumed: bool
     estimated_s: float = 0.0  # seconds the run is expected to take, one-time costs included (0: not estimated)
     first_run_s: float = 0.0  # of those, the one-time tuning and compiling on this device (core.plan.Plan)
-    peak_resident_bytes: int = 0  # at most this much resident memory (core.finetune.estimate_resident; 0: unknown)
+    peak_resident_bytes: int = 0  # at most this much resident memory (core.from_base.estimate_resident; 0: unknown)
 
 
 @dataclass(frozen=True)

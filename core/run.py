@@ -50,8 +50,8 @@ class RunRequest:
         model_config, train_config: a new run's configs (``auto``: made by the plan); a fine-tune's
             ``train_config``; a resume's settings to continue with (None: the saved ones).
         resume: a checkpoint folder to continue exactly where it stopped.
-        base: a GGUF file or checkpoint folder to fine-tune (core.finetune), with ``context_length``
-            (None: core.finetune's default) and optionally ``lora`` adapters, whose base matrices stay in
+        base: a GGUF file or checkpoint folder to fine-tune (core.from_base), with ``context_length``
+            (None: core.from_base's default) and optionally ``lora`` adapters, whose base matrices stay in
             the file's formats on the device unless ``lora_base`` is "f32".
         general_questions: a fine-tune's questions whose base answers are replayed and checked
             (core.known; None: none).
@@ -162,7 +162,7 @@ class Run:
         req = self.request
         if not req.base or req.resume:
             return None
-        from core.finetune import load_base, lora_base_meta
+        from core.from_base import load_base, lora_base_meta
 
         yield Phase("read", f"reading {req.base}")
         loaded, mc, meta = load_base(req.base, req.context_length)
@@ -233,7 +233,7 @@ class Run:
             return Trainer(dataset, mc, tc, dev)
         from core import chat_format
         from core.estimates import resident_bytes
-        from core.finetune import base_trainer
+        from core.from_base import base_trainer
 
         loaded, mc, meta = base
         own = "its own chat template" if chat_format.uses_file_template(loaded.tokenizer) else "our chat format"
@@ -276,8 +276,8 @@ class Run:
 
     def _finetune_estimate(self, dev: Device, trainer: Trainer):
         """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune, measured on its own model
-        before the first step (core.finetune.estimate_time, estimate_resident); its one-time costs are paid."""
-        from core.finetune import estimate_resident, estimate_time
+        before the first step (core.from_base.estimate_time, estimate_resident); its one-time costs are paid."""
+        from core.from_base import estimate_resident, estimate_time
 
         yield Phase("estimate", "estimating the fine-tune: timing a few passes of the base model")
         est = estimate_time(trainer)

@@ -18,7 +18,7 @@ from core.events import StepReport as TrainingStep  # noqa: F401
 
 @dataclass(frozen=True)
 class ComparedAnswer:
-    """One question put to the base model and to the model fine-tuned from it (core.finetune.before_after)."""
+    """One question put to the base model and to the model fine-tuned from it (core.from_base.before_after)."""
 
     kind: str  # "dataset" (a dialogue's first question) or "general" (one the dataset does not teach)
     question: str

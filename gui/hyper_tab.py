@@ -140,7 +140,7 @@ class HyperTab(QWidget):
 
     def set_base(self, path: str | None) -> None:
         """Start from ``path`` (a llama GGUF file; None: a new model). Reads only the file's header: the
-        architecture fields show the file's values and are locked, the training fields core.finetune's
+        architecture fields show the file's values and are locked, the training fields core.from_base's
         defaults (Auto) and the plan describes the fine-tune; a file the engine cannot use is explained
         (naming the key) and blocks Start. Back to a new model, Auto plans again."""
         from core.gguf_import import GGUFError, check_tokenizer, read_config
@@ -168,9 +168,9 @@ class HyperTab(QWidget):
         self.changed.emit()
 
     def _apply_base_defaults(self) -> None:
-        """The form of a fine-tune of the base: its architecture, core.finetune's training defaults (as
+        """The form of a fine-tune of the base: its architecture, core.from_base's training defaults (as
         ``opencl-llm train --base``), the decay ending at each stage's last step."""
-        from core.finetune import DEFAULTS, default_train_config
+        from core.from_base import DEFAULTS, default_train_config
 
         mc = self._base_config
         values = config_values(mc, default_train_config())

@@ -152,7 +152,7 @@ class DeviceTestWorker(Worker):
 
 # ------------------------------------------------------------------------------------- before / after
 class CompareWorker(Worker):
-    """Greedy answers of the base model and of the model fine-tuned from it (core.finetune.before_after)."""
+    """Greedy answers of the base model and of the model fine-tuned from it (core.from_base.before_after)."""
 
     result = Signal(object)  # (gui.events.Comparison)
 
@@ -166,7 +166,7 @@ class CompareWorker(Worker):
         from core.checkpoint_meta import dataset_path
         from core.dataset import load_dataset
         from core.device import open_device
-        from core.finetune import before_after
+        from core.from_base import before_after
 
         tuned = load_checkpoint(self.checkpoint_dir)
         base_path = (tuned.meta or {}).get("base_model")
@@ -201,7 +201,7 @@ class TrainWorker(Worker):
         val_every: steps between validation-loss points (0: only at stage ends).
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
         base: a GGUF file (or checkpoint) a new run fine-tunes instead of training from scratch
-            (core.finetune); ``model_config`` then gives only the training context. Its time and resident
+            (core.from_base); ``model_config`` then gives only the training context. Its time and resident
             memory are estimated before the first step, as ``train --base`` does (core.run.Run).
         plan_s: ``(run_s, first_run_s)`` of the Auto plan (core.plan.Plan) a new model follows: the
             seconds it is expected to take and the one-time part of them (None: no plan).

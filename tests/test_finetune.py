@@ -15,7 +15,7 @@ import gguf
 from core.checkpoint import load_checkpoint
 from core.cli import main
 from core.config import ModelConfig
-from core.finetune import GENERAL_QUESTIONS
+from core.from_base import GENERAL_QUESTIONS
 from core.gguf_import import import_gguf
 from core.gguf_io import _write_vocab
 from core.gguf_import import read_vocab

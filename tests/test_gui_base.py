@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.finetune import DEFAULTS
+from core.from_base import DEFAULTS
 from gui.hyper_tab import BAD_STYLE, EXISTING, NEW_MODEL
 from tests.artifacts import vocab_dir
 from tests.test_finetune import write_tiny_smol
@@ -74,8 +74,8 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
 def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny_base, monkeypatch):
     """Issue 24 item 6: the Training tab said nothing of a fine-tune's time or memory until its steps were
     timed. Now the TrainWorker estimates both before the first step with what ``train --base`` prints
-    (core.finetune.estimate_time and estimate_resident, spied on here, not replaced) and the tab shows them."""
-    import core.finetune as finetune
+    (core.from_base.estimate_time and estimate_resident, spied on here, not replaced) and the tab shows them."""
+    import core.from_base as from_base
     from core.plan import format_duration
     from core.wording import memory_size
     from gui.training_tab import estimate_text
@@ -83,12 +83,12 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
     seen = {}
 
     def spy(name):
-        real = getattr(finetune, name)
+        real = getattr(from_base, name)
 
         def called(*args, **kwargs):
             seen[name] = real(*args, **kwargs)
             return seen[name]
-        monkeypatch.setattr(finetune, name, called)
+        monkeypatch.setattr(from_base, name, called)
 
     spy("estimate_time")
     spy("estimate_resident")
@@ -127,7 +127,7 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
     """Issue 24: with SmolLM2 chosen the Plan line still said "Tiny model (187,456 parameters)…
     estimated 0:41", "Decay ends at step" stayed at 100/150 for 60 steps and the confirmation said the
     run "trains one from scratch". Now the plan describes the fine-tune of the file (its parameters and
-    vocabulary, core.finetune's steps), the decay ends at each stage's last step, the model presets are
+    vocabulary, core.from_base's steps), the decay ends at each stage's last step, the model presets are
     off, and Start asks about fine-tuning it; back to a new model, Auto plans again."""
     from core.device import list_devices
     from core.config import PRESETS
@@ -152,7 +152,7 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
         field = h.widgets[f"{stage}.decay_steps"]
         assert field.value() == 0 and field.text() == "the last step"  # it follows the stage's steps
         assert getattr(tc, stage).steps == steps and getattr(tc, stage).decay_steps == 0
-    assert tc.check_every == 0 and tc.heldout == 0 and tc.time_budget_s == 0  # core.finetune's, not Auto's
+    assert tc.check_every == 0 and tc.heldout == 0 and tc.time_budget_s == 0  # core.from_base's, not Auto's
     model = h.preset.model()
     assert not any(model.item(h.preset.findText(n)).isEnabled() for n in PRESETS)
 

@@ -40,7 +40,7 @@ def test_user_questions_file_is_read_or_refused_in_one_line(tmp_path):
 def test_smollm2_with_a_fresh_adapter_answers_every_general_question_as_before(device):
     """B = 0: the LoRA model is the base, so the recall check must find every replayed answer (the check's
     prompts and decoding are the chat's; a difference would show here). SmolLM2-135M Q4_1, ~2 min on PoCL."""
-    from core.finetune import default_train_config, load_base
+    from core.from_base import default_train_config, load_base
     from core.known import base_answers
     from core.lora import LoRAConfig
     from core.trainer import Trainer

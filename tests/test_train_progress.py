@@ -1,7 +1,7 @@
 """What `opencl-llm train` prints when its output is not a terminal (a log file, a pipe): progress lines
 (core.cli.ProgressLines), for training from scratch and for fine-tuning; and fine-tuning's plan before its
 first step: a time estimate and a resident-memory estimate that the process's measured peak stays within
-20 % of (core.finetune.estimate_time, core.estimates.peak_resident_bytes)."""
+20 % of (core.from_base.estimate_time, core.estimates.peak_resident_bytes)."""
 from __future__ import annotations
 
 import json
@@ -137,7 +137,7 @@ def test_finetune_prints_its_plan_and_its_peak_memory_stays_within_20_percent(ti
 
 
 def test_speed_is_the_line_through_two_timed_lengths():
-    from core.finetune import Speed
+    from core.from_base import Speed
 
     s = Speed.through([(376, 6.0), (104, 2.0)])
     assert s.per_token == pytest.approx(4.0 / 272) and s(104) == pytest.approx(2.0) and s(376) == pytest.approx(6.0)
