@@ -138,7 +138,7 @@ class Batches:
         self.conversations = self._conversations(cl)
 
     def stage_config(self, index: int) -> StageConfig:
-        return self.train_config.pretrain if index == 0 else self.train_config.tune
+        return self.train_config.pretrain if index == 0 else self.train_config.dialogues
 
     def _fact_questions(self, cl: int) -> tuple[list[Example], list[tuple[str, str]]]:
         """Training examples of the fact questions (core.augment) and the held-out (question, answer)
@@ -247,7 +247,7 @@ def stage_passes(tc: TrainConfig, stage: int, steps: int, n_facts: int, n_dialog
     ``conversation_every``). ``questions``/``conversations``: the mix has fact questions / conversation
     batches. 0.0 without facts (stage 0) or dialogues (stage 1). The Hyperparameters tab and the
     training progress both show this number."""
-    b = (tc.pretrain if stage == 0 else tc.tune).batch_size
+    b = (tc.pretrain if stage == 0 else tc.dialogues).batch_size
     if stage == 0:  # a fact as text (``pack_facts`` of them a row) or as the answer of a fact question
         mix = min(b - 1, int(round(b * tc.mix_share))) if (n_dialogues or questions) else 0
         asked = min(mix, int(round(mix * tc.fact_question_share))) if questions and mix else 0

@@ -460,7 +460,7 @@ def resume_position(meta: CheckpointMeta, train_config: TrainConfig) -> tuple[in
     """
     si, ss = meta.stage_index, meta.stage_step
     pre_done, tune_done = meta.stage_steps_done()
-    new_pre, new_tune = train_config.pretrain.steps, train_config.tune.steps
+    new_pre, new_tune = train_config.pretrain.steps, train_config.dialogues.steps
     if si >= 1 and new_pre > pre_done and meta.train.pretrain.steps < new_pre:
         if si == 1 and ss == 0:
             return 0, pre_done

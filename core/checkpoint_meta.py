@@ -27,9 +27,10 @@ from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, w
 from core.stages import STAGES
 
 FORMAT = "opencl-llm-studio-checkpoint"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """1: files replaced one by one, no tokenizer hash; 2: the folder is swapped as a whole, tokenizer hash;
-3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`."""
+3: sha256 of weights.npz and optimizer.npz in config.json, the marker file :data:`MARKER`; 4: the dialogue
+stage's settings under ``train.dialogues`` (before: core.stages.OLD_VALUES' key, still read)."""
 MARKER = ".opencl-llm-checkpoint"
 """The file every save writes into a checkpoint folder: the folder is ours to replace."""
 CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE = "config.json", "weights.npz", "optimizer.npz"
@@ -56,7 +57,7 @@ class TrainingKeys:
     DATE = "training.date"
     STEPS = "training.steps"  # AdamW updates (CheckpointMeta.adam_step)
     PRETRAIN_STEPS = "training.pretrain_steps"
-    TUNE_STEPS = "training.tune_steps"
+    DIALOGUES_STEPS = "training.tune_steps"  # the dialogue stage's steps (the key as exports have always named it)
     FINAL_LOSS = "training.final_loss"
     DATASET_SHA256 = "training.dataset_sha256"
     CONFIG = "training.config"  # TrainConfig.to_dict() as JSON
@@ -103,7 +104,7 @@ def _check_lora_base(base: dict) -> None:
 def _stage(name: str, d) -> StageConfig:
     names = {f.name for f in fields(StageConfig)}
     st = StageConfig(**{k: v for k, v in mapping(name, d).items() if k in names})
-    st.validate(name)  # FieldError "train.tune.lr: ..."
+    st.validate(name)  # FieldError "train.dialogues.lr: ..."
     return st
 
 
@@ -123,7 +124,8 @@ def _model_config(name: str, d) -> ModelConfig:
 
 
 def _train_config(name: str, d) -> TrainConfig:
-    kw = {stage: read(mapping(name, d), stage, _stage, f"{name}.") for stage in STAGE_NAMES}
+    d = mapping(name, d)  # a stage under its key, or an older version's (version 3 and before: Stage.key_in)
+    kw = {stage.value: read(d, stage.key_in(d), _stage, f"{name}.") for stage in STAGES}
     names = {f.name for f in fields(TrainConfig)} - set(STAGE_NAMES)
     try:
         return TrainConfig(**kw, **{k: d[k] for k in names & d.keys()})
@@ -158,7 +160,7 @@ class CheckpointMeta:
     Attributes:
         model: the architecture (vocab_size is the tokenizer's).
         train: the training settings of the run (both stages).
-        stage_index: the next stage to run: 0 pretrain, 1 tune, 2 both done.
+        stage_index: the next stage to run: 0 pretrain, 1 dialogues, 2 both done.
         stage_step: steps done in that stage.
         adam_step: AdamW updates so far (bias-correction counter).
         tokenizer_hash: sha256 of tokenizer.json's text ("" in version-1 checkpoints).
@@ -209,22 +211,22 @@ class CheckpointMeta:
         return LoRAConfig.from_dict(self.base["lora"])
 
     def stage_steps_done(self) -> tuple[int, int]:
-        """(pretrain steps done, tune steps done)."""
-        pre, tune = self.train.pretrain.steps, self.train.tune.steps
+        """(pretrain steps done, dialogue stage's steps done)."""
+        pre, dialogues = self.train.pretrain.steps, self.train.dialogues.steps
         if self.stage_index == 0:
             return self.stage_step, 0
         if self.stage_index == 1:
             return pre, self.stage_step
-        return pre, tune
+        return pre, dialogues
 
     def training_summary(self) -> dict:
         """What a GGUF export records of the training (keys without the ``opencl_llm_studio.`` prefix);
         entries without a value (a NaN loss, no date) are left out."""
-        pre, tune = self.stage_steps_done()
+        pre, dialogues = self.stage_steps_done()
         k = TrainingKeys
         values = {
             k.APP_VERSION: self.app_version, k.DATE: self.saved or None,
-            k.STEPS: self.adam_step, k.PRETRAIN_STEPS: pre, k.TUNE_STEPS: tune,
+            k.STEPS: self.adam_step, k.PRETRAIN_STEPS: pre, k.DIALOGUES_STEPS: dialogues,
             k.FINAL_LOSS: self.last_loss if math.isfinite(self.last_loss) else None,
             k.DATASET_SHA256: self.dataset_hash or None,
             k.CONFIG: json.dumps(self.train.to_dict(), sort_keys=True),
@@ -253,7 +255,7 @@ class CheckpointMeta:
         """Validate a parsed config.json.
 
         Raises:
-            CheckpointError: ``"<path>: field 'train.tune' must be an object"`` and the like; another
+            CheckpointError: ``"<path>: field 'train.dialogues' must be an object"`` and the like; another
                 format; a newer version.
         """
         try:

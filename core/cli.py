@@ -76,7 +76,7 @@ def _configs(args, planned=None):
                "n_kv_heads": args.n_kv_heads, "ffn_dim": args.ffn_dim, "context_length": args.context_length,
                "rope_theta": args.rope_theta}
     mc = replace(mc, **{k: v for k, v in mfields.items() if v is not None})
-    pre, tune = tc.pretrain, tc.tune
+    pre, tune = tc.pretrain, tc.dialogues
     if getattr(args, "steps", None) is not None:
         pre, tune = replace(pre, steps=args.steps), replace(tune, steps=args.steps)
     if args.pretrain_steps is not None:
@@ -93,7 +93,7 @@ def _configs(args, planned=None):
                "weight_decay": args.weight_decay, "vocab_size": args.vocab_size,
                "grad_accum": getattr(args, "grad_accum", None),
                "freeze_embeddings": True if getattr(args, "freeze_embeddings", False) else None}
-    tc = replace(tc, pretrain=pre, tune=tune, **{k: v for k, v in tfields.items() if v is not None})
+    tc = replace(tc, pretrain=pre, dialogues=tune, **{k: v for k, v in tfields.items() if v is not None})
     if args.time_budget is not None:
         tc = replace(tc, time_budget_s=60.0 * args.time_budget)
     return mc, tc
@@ -116,7 +116,7 @@ def _resume_config(args, saved):
                          "(and the dataset, with --allow-new-data)")
     stages = {}
     for stage in STAGES:
-        given = {"steps": getattr(args, f"{stage.value}_steps"), "lr": getattr(args, f"{stage.value}_lr"),
+        given = {"steps": getattr(args, f"{stage.flag}_steps"), "lr": getattr(args, f"{stage.flag}_lr"),
                  "batch_size": args.batch_size}
         stages[stage.value] = replace(getattr(saved, stage.value), **{k: v for k, v in given.items() if v is not None})
     extra = {k: getattr(args, k) for k in ("replay_share", "grad_clip", "weight_decay") if getattr(args, k) is not None}
@@ -254,7 +254,7 @@ def _base_config(args):
                                  if getattr(args, k) is not None})
     stages = {}
     for stage in STAGES:
-        steps, lr = getattr(args, f"{stage.value}_steps"), getattr(args, f"{stage.value}_lr")
+        steps, lr = getattr(args, f"{stage.flag}_steps"), getattr(args, f"{stage.flag}_lr")
         given = {k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None}
         stages[stage.value] = replace(getattr(tc, stage.value), **given)
     return replace(tc, **stages)
@@ -299,7 +299,7 @@ def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, plan
     from core.model import memory_bytes, memory_problem
     from core.quant_base import device_bytes
 
-    b = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    b = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
     micro = -(-b // tc.grad_accum)
     if planned:
         quant, floats = device_bytes(mc, planned)
@@ -320,7 +320,7 @@ def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, plan
 def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
     from core.estimates import training_memory_bytes, training_memory_problem
 
-    b = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    b = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
     have = dev.global_mem_size
     print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(have)} on the device "

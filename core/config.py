@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
 from core.schema import FieldError, check_dataclass, flag, number, spec, whole
-from core.stages import STAGES, Stage
+from core.stages import STAGES, Stage, upgrade_keys
 
 # The tensors of one block in the order llama.cpp's converter writes them (the GGUF file order).
 BLOCK_TENSORS = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
@@ -164,7 +164,8 @@ class TrainConfig:
 
     Attributes:
         pretrain: stage 1, next-token loss on facts.
-        tune: stage 2, loss on assistant tokens of dialogues, with facts replayed.
+        dialogues: stage 2, loss on assistant tokens of dialogues, with facts replayed (earlier versions
+            saved it under core.stages.OLD_VALUES' key; :meth:`from_dict` reads either).
         replay_share: fraction of each tuning batch drawn from facts (0 disables replay).
         grad_clip: max global gradient L2 norm (0 disables clipping).
         weight_decay: AdamW decoupled weight decay on matrices (not on norm weights).
@@ -176,7 +177,7 @@ class TrainConfig:
         freeze_embeddings: do not train ``token_embd.weight`` (no gradient, no AdamW moments: less
             memory; for fine-tuning a large-vocabulary model on a small device).
         check_every: train until learned: every ``check_every`` steps a stage checks recall of what it
-            must reproduce (pretrain: facts, tune: dialogue answers and facts) and ends early when ``recall_target`` of
+            must reproduce (pretrain: facts, dialogues: dialogue answers and facts) and ends early when ``recall_target`` of
             them is reproduced; its ``steps`` are then a maximum. 0: no checks during a stage.
         recall_target: share (0..1] of the stage's items that counts as learned (1: every one).
         patience: with ``check_every``, end a stage after this many checks in a row without a new best
@@ -206,7 +207,7 @@ class TrainConfig:
     """
 
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=250, lr=3e-3, batch_size=16, warmup_steps=20))
-    tune: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=16, warmup_steps=10))
+    dialogues: StageConfig = field(default_factory=lambda: StageConfig(steps=200, lr=2e-3, batch_size=16, warmup_steps=10))
     replay_share: float = spec(0.25, _SHARE)
     grad_clip: float = spec(1.0, number(minimum=0))
     weight_decay: float = spec(0.01, number(minimum=0))
@@ -232,9 +233,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.pretrain.validate(Stage.PRETRAIN.value)
-        self.tune.validate(Stage.DIALOGUES.value)
+        self.dialogues.validate(Stage.DIALOGUES.value)
         check_dataclass(self)
-        for st, prefix in ((self.pretrain, Stage.PRETRAIN.value), (self.tune, Stage.DIALOGUES.value)):
+        for st, prefix in ((self.pretrain, Stage.PRETRAIN.value), (self.dialogues, Stage.DIALOGUES.value)):
             if self.grad_accum > st.batch_size:
                 raise ConfigError("grad_accum", f"{self.grad_accum} micro-batches do not fit a {prefix} batch of "
                                                 f"{st.batch_size} sequences")
@@ -245,9 +246,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """Build from a dict (as written by :meth:`to_dict`); raises ConfigError for bad values."""
+        """Build from a dict (as written by :meth:`to_dict`, or by an earlier version: a stage under its old
+        key, core.stages.upgrade_keys); raises ConfigError for bad values."""
         names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
+        kw = {k: v for k, v in upgrade_keys(d).items() if k in names}
         for stage in (s.value for s in STAGES):
             if isinstance(kw.get(stage), dict):
                 sn = {f.name for f in fields(StageConfig)}
@@ -258,11 +260,11 @@ class TrainConfig:
 PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
     "Tiny": (ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=192, context_length=128),
              TrainConfig(pretrain=StageConfig(steps=200, lr=4e-3, batch_size=16, warmup_steps=20),
-                         tune=StageConfig(steps=150, lr=3e-3, batch_size=16, warmup_steps=10))),
+                         dialogues=StageConfig(steps=150, lr=3e-3, batch_size=16, warmup_steps=10))),
     "Small": (ModelConfig(), TrainConfig()),
     "Larger": (ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=768, context_length=256),
                TrainConfig(pretrain=StageConfig(steps=400, lr=2e-3, batch_size=16, warmup_steps=40),
-                           tune=StageConfig(steps=300, lr=1e-3, batch_size=16, warmup_steps=20))),
+                           dialogues=StageConfig(steps=300, lr=1e-3, batch_size=16, warmup_steps=20))),
 }
 """Named model/training presets offered by the GUI (the default is "Small")."""
 
@@ -284,7 +286,7 @@ def lr_at(stage: StageConfig, step: int) -> float:
 
 # Checks that read another field: their message names that field's value (see config_errors).
 _READS_OTHER = {"n_heads": ("d_model",), "n_kv_heads": ("n_heads",),
-                "grad_accum": ("pretrain.batch_size", "tune.batch_size")}
+                "grad_accum": tuple(f"{s.value}.batch_size" for s in STAGES)}
 
 
 def config_errors(build: Callable[[dict], object], values: dict, defaults: dict) -> list[ConfigError]:

@@ -37,7 +37,7 @@ def default_train_config(steps: int | None = None, lr: float | None = None, batc
     stage = StageConfig(steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULTS["lr"],
                         batch_size=batch_size or DEFAULTS["batch_size"], warmup_steps=DEFAULTS["warmup_steps"])
     kw.setdefault("weight_decay", DEFAULTS["weight_decay"])
-    return TrainConfig(pretrain=stage, tune=stage, **kw)
+    return TrainConfig(pretrain=stage, dialogues=stage, **kw)
 
 
 def load_base(path: str | os.PathLike, context_length: int | None = None) -> tuple[LoadedModel, ModelConfig, dict]:

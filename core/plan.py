@@ -254,7 +254,7 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
     steps, (train_s, check_s, every) = _fit_budget(steps, cost, time_budget_s, n_f, rows[0], notes)
     max_steps = [math.ceil(s * f) for s, f in zip(steps, MAX_STEPS_FACTOR)]
     tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
-                 tune=replace(tc.tune, steps=max_steps[1], decay_steps=steps[1]),
+                 dialogues=replace(tc.dialogues, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
                  patience=PATIENCE, time_budget_s=float(time_budget_s or max(RUN_BUDGET_S, 1.25 * (train_s + check_s))),
                  check_sample=CHECK_SAMPLE)
@@ -267,7 +267,7 @@ def _replayed(tc: TrainConfig, tune_steps: int, n_f: int, n_d: int) -> float:
     """Exposures of each fact replayed in tuning's batches of questions (not its conversation batches)."""
     if not (n_f and n_d):
         return 0.0
-    bt = tc.tune.batch_size
+    bt = tc.dialogues.batch_size
     q_steps = tune_steps - (tune_steps // tc.conversation_every if tc.conversation_every else 0)
     return q_steps * min(bt - 1, round(bt * tc.replay_share)) / n_f
 
@@ -362,10 +362,10 @@ def with_heldout_trained(tc: TrainConfig) -> TrainConfig:
     --learn-heldout``, the Training tab's "Learn held-out questions"): ``heldout`` 0, and tuning a third of
     its planned steps longer (at least 50) so that a finished run goes on to learn them. Unchanged when
     nothing was held out or the run has no tuning stage (0 steps)."""
-    if not tc.heldout or not tc.tune.steps:  # nothing held out, or no tuning stage to go on with
+    if not tc.heldout or not tc.dialogues.steps:  # nothing held out, or no tuning stage to go on with
         return tc
-    tune = tc.tune
-    return replace(tc, heldout=0, tune=replace(tune, steps=tune.steps + max(50, (tune.decay_steps or tune.steps) // 3)))
+    tune = tc.dialogues
+    return replace(tc, heldout=0, dialogues=replace(tune, steps=tune.steps + max(50, (tune.decay_steps or tune.steps) // 3)))
 
 
 def step_rows(tc: TrainConfig, stats: DatasetStats) -> tuple[float, float]:
@@ -375,7 +375,7 @@ def step_rows(tc: TrainConfig, stats: DatasetStats) -> tuple[float, float]:
     b = tc.pretrain.batch_size
     mix = min(b - 1, round(b * tc.mix_share)) if stats.dialogue_sequences else 0
     asked = min(mix, round(mix * tc.fact_question_share)) if tc.fact_questions else 0  # a fact as an answer
-    bt = tc.tune.batch_size
+    bt = tc.dialogues.batch_size
     q = bt - (min(bt - 1, round(bt * tc.replay_share)) if stats.fact_sequences else 0)
     d = q - min(q, round(q * tc.fact_question_share)) if tc.fact_questions else q
     if tc.conversation_every:

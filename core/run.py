@@ -271,7 +271,7 @@ class Run:
         c, tc = trainer.model_config, trainer.train_config
         yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, "
                                f"{count_words(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
-        yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.tune.steps),
+        yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 
     def _finetune_estimate(self, dev: Device, trainer: Trainer):

@@ -237,7 +237,7 @@ def _training_step(record: Record, dev: Device):
 
     mc, tc = PRESETS["Tiny"]
     tc = replace(tc, pretrain=replace(tc.pretrain, steps=PRETRAIN_STEPS, batch_size=BATCH, warmup_steps=2),
-                 tune=replace(tc.tune, steps=TUNE_STEPS, batch_size=BATCH, warmup_steps=1))
+                 dialogues=replace(tc.dialogues, steps=TUNE_STEPS, batch_size=BATCH, warmup_steps=1))
     t0 = time.perf_counter()
     trainer = Trainer(default_dataset(), mc, tc, dev)
     losses = [ev.loss for ev in trainer.run(recall=False) if isinstance(ev, StepReport)]

@@ -159,7 +159,7 @@ class Trainer:
         self.heldout_pairs = self.batches.heldout_pairs
         if not self.facts and not self.dialogues:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
-        batch = max(train_config.pretrain.batch_size, train_config.tune.batch_size)
+        batch = max(train_config.pretrain.batch_size, train_config.dialogues.batch_size)
         micro = -(-batch // train_config.grad_accum)  # sequences per forward/backward
         self.model = Model(device, self.model_config, batch_size=micro, weights=weights, seed=train_config.seed,
                            freeze_embeddings=train_config.freeze_embeddings, lora=lora, adapter=adapter,
@@ -189,7 +189,7 @@ class Trainer:
 
     def stage_config(self, index: int) -> StageConfig:
         """The settings of stage ``index`` (``Stage.at(index)``: 0 pretraining, 1 the dialogues)."""
-        return self.train_config.pretrain if index == 0 else self.train_config.tune
+        return self.train_config.pretrain if index == 0 else self.train_config.dialogues
 
     # ------------------------------------------------------------------ batches
     def _batch(self, stage: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -431,7 +431,7 @@ class Trainer:
             return None
         if stage == 1:
             return t_start + tc.time_budget_s
-        steps = [tc.pretrain.steps if self.facts else 0, tc.tune.steps if self.dialogues else 0]
+        steps = [tc.pretrain.steps if self.facts else 0, tc.dialogues.steps if self.dialogues else 0]
         return t_start + tc.time_budget_s * steps[0] / max(1, sum(steps))
 
     def validation_loss(self) -> dict[str, float]:

@@ -75,8 +75,8 @@ def main() -> int:
     else:
         h.set_preset(args.preset)
         h.widgets["pretrain.steps"].setValue(args.pretrain_steps)
-        h.widgets["tune.steps"].setValue(args.tune_steps)
-        for s in ("pretrain", "tune"):
+        h.widgets["dialogues.steps"].setValue(args.tune_steps)
+        for s in ("pretrain", "dialogues"):
             h.widgets[f"{s}.batch_size"].setValue(8)
 
     # Training
@@ -133,7 +133,7 @@ def many_layers(w, steps: int) -> None:
     h = w.hyper_tab
     h.set_preset("Tiny")
     h.set_values({"d_model": 32, "n_layers": 30, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64,
-                  "pretrain.steps": steps, "tune.steps": steps, "pretrain.batch_size": 8, "tune.batch_size": 8,
+                  "pretrain.steps": steps, "dialogues.steps": steps, "pretrain.batch_size": 8, "dialogues.batch_size": 8,
                   "check_every": 0}, preset="Custom")
     t = w.training_tab
     w.tabs.setCurrentWidget(t)

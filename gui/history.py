@@ -22,6 +22,7 @@ from pathlib import Path
 from core.atomic import atomic_write
 from core.json_text import read_format_json
 from core.schema import FieldError, flag, items, mapping, number, read
+from core.stages import Stage
 
 HISTORY_FILE, CHAT_FILE = "training-history.json", "chat-transcript.json"  # names no other program uses
 HISTORY_FORMAT, CHAT_FORMAT = "opencl-llm-studio-history", "opencl-llm-studio-chat"
@@ -74,7 +75,12 @@ def _marker(name: str, m) -> list:
 def _recall_row(name: str, row) -> list:
     if not isinstance(row, list) or len(row) != 6 or not isinstance(row[5], bool):
         raise FieldError(name, "not [stage, kind, prompt, expected, got, ok]")
-    return [_text(name, v) for v in row[:5]] + [row[5]]
+    texts = [_text(name, v) for v in row[:5]]
+    try:  # an older version's name of a stage reads as today's (core.stages.OLD_VALUES)
+        texts[0] = Stage.parse(texts[0]).value
+    except ValueError as e:
+        raise FieldError(f"{name}[0]", str(e)) from None
+    return texts + [row[5]]
 
 
 def _run(name: str, value) -> dict:

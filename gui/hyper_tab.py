@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QL
 
 from core.config import PRESETS, ConfigError, ModelConfig, TrainConfig, config_errors
 from core.plan import AUTO
+from core.stages import upgrade_keys
 from gui.app_state import AppState
 from gui.plan_box import PlanBox
 from gui.plan_view import form_lines
@@ -255,7 +256,7 @@ class HyperTab(QWidget):
             if isinstance(state.get("base"), str):
                 self.set_base(state["base"])
             self.freeze.setChecked(bool(state.get("freeze_embeddings")))
-            self.set_values(values, preset=state.get("preset", CUSTOM))
+            self.set_values(upgrade_keys(values), preset=state.get("preset", CUSTOM))  # an older project's keys too
 
     def build(self, values: dict | None = None) -> tuple[ModelConfig, TrainConfig]:
         """The configs the form describes (or ``values``, the form's fields by key).

@@ -42,7 +42,7 @@ class PlanBox(QGroupBox):
         from core.estimates import training_memory_problem
 
         self.error_label.setText("")
-        batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+        batch = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
         problem = None if device is None else training_memory_problem(
             mc, batch, tc.grad_accum, tc.freeze_embeddings, device.global_mem_bytes, device.max_alloc_bytes,
             device.label)

@@ -25,7 +25,7 @@ def _sizes(mc: ModelConfig, tc: TrainConfig) -> str:
     """Device memory of training and the GGUF file's size in each export type."""
     from core.estimates import gguf_size_bytes, training_memory_bytes
 
-    batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    batch = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
     mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
     files = ", ".join(f"{gguf_size_bytes(mc, d) / 1e6:.2f} MB ({d.upper()})" for d in ("f32", "f16", "q8_0"))
     return (f"training needs about {memory_size(mem)} of device memory (batch {batch}, context "
@@ -72,9 +72,9 @@ def plan_lines(plan: Plan) -> list[Line]:
     if tc.time_budget_s:
         time += f". The run ends after {format_duration(tc.time_budget_s)} at the latest"
     training = _stages(plan.planned_steps, (plan.pretrain_passes, plan.tune_passes), plan.fact_exposures) + "."
-    if (tc.pretrain.steps, tc.tune.steps) != plan.planned_steps:
+    if (tc.pretrain.steps, tc.dialogues.steps) != plan.planned_steps:
         training += (f" A stage that has not learned by then goes on while recall improves, to at most "
-                     f"{tc.pretrain.steps:,} + {tc.tune.steps:,} steps.")
+                     f"{tc.pretrain.steps:,} + {tc.dialogues.steps:,} steps.")
     lines = [("Model", f"the {plan.preset} preset, {mc.n_params():,} parameters with the vocabulary of "
                        f"{mc.vocab_size:,} tokens your data needs; {_sizes(mc, tc)}."),
              ("Time", time + "."), ("Training", training), ("Checked", _checked(tc))]
@@ -85,7 +85,7 @@ def config_lines(mc: ModelConfig, tc: TrainConfig, name: str, passes: tuple[floa
                  base: str | None = None) -> list[Line]:
     """A run of the form's configs in plain words: ``name`` is the preset (or "Custom"); ``passes`` the
     stages' passes (core.batches.stage_passes); ``base`` the base model's name when it fine-tunes one."""
-    steps = (tc.pretrain.steps, tc.tune.steps)
+    steps = (tc.pretrain.steps, tc.dialogues.steps)
     if base is not None:
         model = (f"fine-tunes {base}: {mc.n_params():,} parameters and the file's vocabulary of "
                  f"{mc.vocab_size:,} tokens; {_sizes(mc, tc)}.")
@@ -96,7 +96,7 @@ def config_lines(mc: ModelConfig, tc: TrainConfig, name: str, passes: tuple[floa
         model = (f"{what}, at most {mc.n_params():,} parameters (with a full vocabulary of {mc.vocab_size:,} "
                  f"tokens; your data may need fewer); {_sizes(mc, tc)}.")
         time = "the Training tab shows it once the first steps are timed (Auto plans it before the run)."
-    lrs = f" Learning rate {tc.pretrain.lr:g} and {tc.tune.lr:g}." if all(steps) else ""
+    lrs = f" Learning rate {tc.pretrain.lr:g} and {tc.dialogues.lr:g}." if all(steps) else ""
     return [("Model", model), ("Time", time), ("Training", _stages(steps, passes) + "." + lrs),
             ("Checked", _checked(tc))]
 
@@ -122,7 +122,7 @@ def dataset_passes(tc: TrainConfig, dataset: Dataset) -> tuple[float, float]:
     questions = bool(tc.fact_questions and dataset.facts and dataset.dialogues)
     conversations = bool(tc.conversation_every and dataset.dialogues)
     return tuple(stage_passes(tc, i, st.steps, len(dataset.facts), len(dataset.dialogues), questions, conversations)
-                 for i, st in enumerate((tc.pretrain, tc.tune)))
+                 for i, st in enumerate((tc.pretrain, tc.dialogues)))
 
 
 def form_lines(mc: ModelConfig, tc: TrainConfig, preset: str, plan: Plan | None, dataset: Dataset,

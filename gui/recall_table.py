@@ -23,7 +23,7 @@ Index = QModelIndex | QPersistentModelIndex
 
 @dataclass(frozen=True)
 class RecallRow:
-    """One prompt of a recall check: the stage's saved key ("pretrain"/"tune"), the kind ("fact",
+    """One prompt of a recall check: the stage's saved key (a core.stages.Stage value), the kind ("fact",
     "dialogue", "chat", "heldout"), the prompt, the expected and the generated text, and whether they match."""
 
     stage: str

@@ -38,14 +38,14 @@ class Launch:
 
 def validation_interval(train_config: TrainConfig) -> int:
     """Steps between validation points: about 15 per run, at least 10 steps apart."""
-    return max(10, (train_config.pretrain.steps + train_config.tune.steps) // 15)
+    return max(10, (train_config.pretrain.steps + train_config.dialogues.steps) // 15)
 
 
 def saved_position(meta) -> tuple[int, int, list[int]] | None:
     """(stage_index, stage_step, [pretrain steps, tune steps]) of a checkpoint's CheckpointMeta (None: none)."""
     if meta is None:
         return None
-    return meta.stage_index, meta.stage_step, [meta.train.pretrain.steps, meta.train.tune.steps]
+    return meta.stage_index, meta.stage_step, [meta.train.pretrain.steps, meta.train.dialogues.steps]
 
 
 def folder_write_problem(folder: Path) -> str | None:

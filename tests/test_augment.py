@@ -209,7 +209,7 @@ def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
     tc = p.train_config
     assert tc.mix_share > 0 and tc.fact_questions == 1 and tc.conversation_every > 0 and tc.heldout == 100
     assert tc.pretrain.decay_steps == p.planned_steps[0] <= tc.pretrain.steps and tc.check_sample > 0
-    assert tc.tune.decay_steps == p.planned_steps[1] < tc.tune.steps  # tuning may go on until learned
+    assert tc.dialogues.decay_steps == p.planned_steps[1] < tc.dialogues.steps  # tuning may go on until learned
     no_dialogues = make_plan(DatasetStats(1024, 26000, 0, 2000, 0, 34, []), 1e-5)
     assert no_dialogues.train_config.mix_share == 0 and no_dialogues.train_config.heldout == 0
     assert tc.pack_facts == 2  # a question row (26 tokens) is two fact rows (13 tokens) long

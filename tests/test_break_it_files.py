@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from core.checkpoint import MARKER, CheckpointMeta, load_checkpoint
+from core.checkpoint import FORMAT_VERSION, MARKER, CheckpointMeta, load_checkpoint
 from core.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,14 +88,14 @@ def perturb_npz(path: Path) -> None:
 
 def stage_state(folder: Path) -> tuple[int, int, int]:
     m = CheckpointMeta.read(folder)
-    return m.stage_index, m.stage_step, m.train.tune.steps
+    return m.stage_index, m.stage_step, m.train.dialogues.steps
 
 
 def assert_ours(folder: Path) -> CheckpointMeta:
     """A complete checkpoint of this version: the marker, both file hashes, and it loads."""
     assert (folder / MARKER).is_file()
     m = load_checkpoint(folder).checkpoint
-    assert m.version == 3 and len(m.weights_sha256) == 64 and len(m.optimizer_sha256) == 64
+    assert m.version == FORMAT_VERSION and len(m.weights_sha256) == 64 and len(m.optimizer_sha256) == 64
     return m
 
 
@@ -259,7 +259,7 @@ def _v1_with_notes(ws, base):
 
 def _check_v1(ws):
     m = assert_ours(ws / "v1")  # read by its files, written back with the marker and hashes
-    assert m.train.tune.steps == 4
+    assert m.train.dialogues.steps == 4
 
 
 RESUME2 = ["--tune-steps", "2", "-q"]

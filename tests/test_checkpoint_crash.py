@@ -254,7 +254,7 @@ def test_an_update_that_overflows_is_undone(device, monkeypatch, tmp_path):
     ds, _ = load_dataset(FIXTURE / "dataset.json")
     mc = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, context_length=64)
     tc = TrainConfig(pretrain=StageConfig(steps=40, lr=1e-3, batch_size=4, warmup_steps=0),
-                     tune=StageConfig(steps=0, lr=1e-3, batch_size=4), vocab_size=300)
+                     dialogues=StageConfig(steps=0, lr=1e-3, batch_size=4), vocab_size=300)
     t = trainer_mod.Trainer(ds, mc, tc, device)
     good = t.model.weights()
     monkeypatch.setattr(trainer_mod, "lr_at", lambda stage, step: 1e308)

@@ -50,7 +50,7 @@ def test_version_1_fixture_loads_with_its_state():
     m = loaded.checkpoint
     assert m.version == 1 and m.tokenizer_hash == ""  # written by the app before this format
     assert (m.stage_index, m.stage_step, m.adam_step) == (2, 0, 6) and m.done
-    assert m.model.d_model == 32 and m.train.tune.steps == 3 and loaded.tokenizer.vocab_size == 300
+    assert m.model.d_model == 32 and m.train.dialogues.steps == 3 and loaded.tokenizer.vocab_size == 300
     assert all(np.all(np.isfinite(w)) for w in loaded.weights.values())
 
 
@@ -215,7 +215,7 @@ def test_out_folder_with_user_files_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, message", [
     (["--pretrain-lr", "1e308", "--tune-lr", "1e308"], "pretrain.lr: must be <= 1"),
-    (["--tune-lr", "1e30"], "tune.lr: must be <= 1"),
+    (["--tune-lr", "1e30"], "dialogues.lr: must be <= 1"),
     (["--rope-theta", "1e-30"], "rope_theta: must be >= 1"),
 ])
 def test_learning_rate_and_rope_theta_bounds(tmp_path, capsys, flag, message):
@@ -268,7 +268,7 @@ def test_export_on_full_disk_message(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------ resume rules
 def test_resume_position_rules():
     m = CheckpointMeta.read(FIXTURE)  # finished: 3 pretrain + 3 tune steps
-    more_tune = replace(m.train, tune=replace(m.train.tune, steps=5))
+    more_tune = replace(m.train, dialogues=replace(m.train.dialogues, steps=5))
     assert resume_position(m, m.train) == (2, 0)
     assert resume_position(m, more_tune) == (1, 3)
     more_pre = replace(m.train, pretrain=replace(m.train.pretrain, steps=5))
@@ -285,7 +285,7 @@ def test_v1_fixture_chats_and_resumes_with_more_steps(ck, device, capsys):
     out = capsys.readouterr().out
     assert "stage 2 of 2, step 3" in out and "stage 3" not in out
     m = CheckpointMeta.read(ck)
-    assert m.version == FORMAT_VERSION and m.adam_step == 8 and m.done and m.train.tune.steps == 5
+    assert m.version == FORMAT_VERSION and m.adam_step == 8 and m.done and m.train.dialogues.steps == 5
     assert m.tokenizer_hash and load_checkpoint(ck).checkpoint == m
     # a finished run resumed without more steps trains nothing and says so
     assert main(["train", "--resume", str(ck), "-q"]) == 0

@@ -18,7 +18,7 @@ def stage_state(folder):
     from core.checkpoint import CheckpointMeta
 
     meta = CheckpointMeta.read(folder)
-    return meta.stage_index, meta.stage_step, meta.train.tune.steps
+    return meta.stage_index, meta.stage_step, meta.train.dialogues.steps
 
 
 def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):

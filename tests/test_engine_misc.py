@@ -142,15 +142,15 @@ def test_model_config_names_the_bad_field(kwargs, field):
 
 def test_train_config_names_the_bad_field():
     with pytest.raises(ConfigError) as e:
-        TrainConfig(tune=StageConfig(lr=0.0))
-    assert e.value.field == "tune.lr"
+        TrainConfig(dialogues=StageConfig(lr=0.0))
+    assert e.value.field == "dialogues.lr"
     with pytest.raises(ConfigError) as e:
         TrainConfig(replay_share=1.5)
     assert e.value.field == "replay_share"
 
 
 def test_config_round_trips_through_dicts():
-    tc = TrainConfig(seed=7, tune=StageConfig(steps=3))
+    tc = TrainConfig(seed=7, dialogues=StageConfig(steps=3))
     assert TrainConfig.from_dict(tc.to_dict()) == tc
     mc = ModelConfig(d_model=64, n_kv_heads=2)
     assert ModelConfig.from_dict(mc.to_dict()) == mc

@@ -114,7 +114,7 @@ def get_trained(device, tmp_path_factory) -> Trained:
 
         ds = default_dataset()
         tc = TrainConfig(pretrain=StageConfig(steps=60, lr=1e-2, batch_size=8, warmup_steps=3),
-                         tune=StageConfig(steps=60, lr=5e-3, batch_size=8, warmup_steps=3), vocab_size=512, seed=0)
+                         dialogues=StageConfig(steps=60, lr=5e-3, batch_size=8, warmup_steps=3), vocab_size=512, seed=0)
         trainer = Trainer(ds, ModelConfig(**TINY), tc, device)
         steps = [e for e in trainer.run(recall=False) if isinstance(e, StepReport)]
         assert len(steps) == 120 and not any(s.skipped for s in steps)
@@ -355,7 +355,7 @@ def test_export_import_export_is_identical(trained, tmp_path, dtype):
     assert kv1[META_PREFIX + "training.pretrain_steps"][0] == 60 and kv1[META_PREFIX + "training.tune_steps"][0] == 60
     assert kv1[META_PREFIX + "training.dataset_sha256"][0] == meta.dataset_hash
     assert kv1[META_PREFIX + "training.final_loss"][0] == pytest.approx(meta.last_loss)
-    assert json.loads(kv1[META_PREFIX + "training.config"][0])["tune"]["steps"] == 60
+    assert json.loads(kv1[META_PREFIX + "training.config"][0])["dialogues"]["steps"] == 60
     assert back.meta["dataset_hash"] == meta.dataset_hash and back.meta["name"] == first.stem
     if dtype == "f32":
         for n, w in trained.loaded.weights.items():

@@ -50,10 +50,10 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     from core.gguf_tokenizer import GGUFTokenizer
 
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=2, tune=2, batch=2)
+    configure_tiny(w, pretrain=2, dialogues=2, batch=2)
     w.hyper_tab.set_base(str(tiny_base))
     h = w.hyper_tab
-    for stage in ("pretrain", "tune"):
+    for stage in ("pretrain", "dialogues"):
         h.widgets[f"{stage}.steps"].setValue(2)
         h.widgets[f"{stage}.batch_size"].setValue(2)
     h.widgets["context_length"].setValue(64)
@@ -97,10 +97,10 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
     shown, phase = t._on_started, t._on_phase
     monkeypatch.setattr(t, "_on_started", lambda info: (started.append(info), shown(info)))
     monkeypatch.setattr(t, "_on_phase", lambda what: (phase(what), phases.append(t.stage_label.text())))
-    configure_tiny(w, pretrain=2, tune=2, batch=2)
+    configure_tiny(w, pretrain=2, dialogues=2, batch=2)
     h = w.hyper_tab
     h.set_base(str(tiny_base))
-    for stage in ("pretrain", "tune"):
+    for stage in ("pretrain", "dialogues"):
         h.widgets[f"{stage}.steps"].setValue(2)
         h.widgets[f"{stage}.batch_size"].setValue(2)
     h.widgets["context_length"].setValue(64)
@@ -148,7 +148,7 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
     assert f"vocabulary of {mc.vocab_size:,} tokens" in text and "Time: timed when the run starts" in text
     steps = DEFAULTS["steps"]
     assert f"{steps} steps of pretraining" in text and f"{steps} steps of tuning" in text
-    for stage in ("pretrain", "tune"):
+    for stage in ("pretrain", "dialogues"):
         field = h.widgets[f"{stage}.decay_steps"]
         assert field.value() == 0 and field.text() == "the last step"  # it follows the stage's steps
         assert getattr(tc, stage).steps == steps and getattr(tc, stage).decay_steps == 0

@@ -19,7 +19,7 @@ from PySide6.QtCore import QPoint, Qt
 TRAIN_TIMEOUT_MS = 240_000
 
 
-def configure_tiny(window, pretrain: int = 30, tune: int = 20, batch: int = 4) -> None:
+def configure_tiny(window, pretrain: int = 30, dialogues: int = 20, batch: int = 4) -> None:
     """PoCL device, default dataset, Tiny preset with few steps."""
     dev = window.device_tab
     pocl = next((i for i, d in enumerate(dev.devices) if "portable" in d.platform.lower()), None)
@@ -27,7 +27,7 @@ def configure_tiny(window, pretrain: int = 30, tune: int = 20, batch: int = 4) -
     dev.combo.setCurrentIndex(pocl if pocl is not None else cpu)
     h = window.hyper_tab
     h.set_preset("Tiny")
-    for stage, steps in (("pretrain", pretrain), ("tune", tune)):
+    for stage, steps in (("pretrain", pretrain), ("dialogues", dialogues)):
         h.widgets[f"{stage}.steps"].setValue(steps)
         h.widgets[f"{stage}.batch_size"].setValue(batch)
         h.widgets[f"{stage}.warmup_steps"].setValue(3)
@@ -43,7 +43,7 @@ def save_tiny_checkpoint(folder: Path) -> None:
     from core.trainer import Trainer
 
     mc, tc = PRESETS["Tiny"]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=1, batch_size=2), tune=replace(tc.tune, steps=0))
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=1, batch_size=2), dialogues=replace(tc.dialogues, steps=0))
     trainer = Trainer(default_dataset(), mc, tc, open_device())
     for _ in trainer.run(recall=False):
         pass
@@ -71,7 +71,7 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
     assert t.plots.val["facts"].x and t.plots.val["dialogues"].x
     assert t.plots.layer_curves and t.plots.lr.x
     stages = {t.recall.cell(r, 0) for r in range(t.recall.rowCount())}
-    assert stages == {"pretrain", "tune"}
+    assert stages == {"pretrain", "dialogues"}
     assert "facts" in t.recall_label.text()
     # the honest verdict, never "Training finished — try the model" when it was not learned
     verdict = t.stage_label.text()
@@ -129,7 +129,7 @@ def test_train_chat_export(main_window, qtbot, tmp_path):
 
 def test_start_stop_twenty_times_then_resume(main_window, qtbot, dialogs):
     w = main_window
-    configure_tiny(w, pretrain=200, tune=0)
+    configure_tiny(w, pretrain=200, dialogues=0)
     t = w.training_tab
     dialogs.answer = True  # "Replace the trained model?" once a stop has saved one
     for i in range(20):
@@ -151,7 +151,7 @@ def test_start_stop_twenty_times_then_resume(main_window, qtbot, dialogs):
 
 
 def test_close_during_training_in_process(main_window, qtbot):
-    configure_tiny(main_window, pretrain=5000, tune=0)
+    configure_tiny(main_window, pretrain=5000, dialogues=0)
     t = main_window.training_tab
     assert t.start()
     qtbot.waitUntil(lambda: t.plots.point_count() > 0 or t._last is not None, timeout=60_000)
@@ -219,7 +219,7 @@ CLOSE_SCRIPT = textwrap.dedent("""
     h = w.hyper_tab
     h.set_preset("Tiny")
     h.widgets["pretrain.steps"].setValue(5000)
-    h.widgets["tune.steps"].setValue(0)
+    h.widgets["dialogues.steps"].setValue(0)
     h.widgets["pretrain.batch_size"].setValue(4)
 
     def close_soon(*args):

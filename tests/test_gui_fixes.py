@@ -39,7 +39,7 @@ def test_the_lr_plot_has_no_legend_over_its_curve(main_window):
 
 def test_no_eta_is_left_standing_after_stop(main_window, qtbot):
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=400, tune=0, batch=2)
+    configure_tiny(w, pretrain=400, dialogues=0, batch=2)
     assert t.start()
     qtbot.waitUntil(lambda: "ETA" in t.speed_label.text(), timeout=120_000)
     t.stop()

@@ -29,7 +29,7 @@ def test_plots_recall_log_and_chat_come_back_in_a_new_window(main_window, studio
     from gui.main_window import MainWindow
 
     w, t, c = main_window, main_window.training_tab, main_window.chat_tab
-    configure_tiny(w, pretrain=4, tune=2, batch=2)
+    configure_tiny(w, pretrain=4, dialogues=2, batch=2)
     assert t.start()
     wait_idle(qtbot, t)
     assert t.banner.isHidden(), t.banner_text.text()
@@ -71,7 +71,7 @@ def test_plots_recall_log_and_chat_come_back_in_a_new_window(main_window, studio
         # a second run: the first one's loss can be overlaid faintly
         assert not t2.earlier_check.isEnabled()
         dialogs.answer = True
-        configure_tiny(again, pretrain=3, tune=0, batch=2)
+        configure_tiny(again, pretrain=3, dialogues=0, batch=2)
         assert t2.start()
         wait_idle(qtbot, t2)
         assert t2.plots.point_count() == 3
@@ -94,7 +94,7 @@ def test_a_model_without_kept_plots_does_not_say_training_finished(main_window, 
     from gui.training_tab import NO_PLOTS_NOTE
 
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=2, tune=1, batch=2)
+    configure_tiny(w, pretrain=2, dialogues=1, batch=2)
     assert t.start()
     wait_idle(qtbot, t)
     folder = w.project.folder
@@ -137,7 +137,7 @@ def test_history_refuses_non_finite_numbers_and_names_the_field():
 
 def test_history_keeps_the_latest_run_whole_and_earlier_losses():
     runs = [{"started": str(i), "series": {"loss": [[1, 2], [3.0, 2.0 - i / 100]], "lr": [[1, 2], [0.1, 0.2]]},
-             "recall": [["tune", "dialogue", "q", "a", "b", False]], "status": f"run {i}"} for i in range(MAX_RUNS + 5)]
+             "recall": [["dialogues", "dialogue", "q", "a", "b", False]], "status": f"run {i}"} for i in range(MAX_RUNS + 5)]
     data = json.loads(history_text({"runs": runs, "log": ["a", "b"]}))
     back = parse_history(data)["runs"]
     assert len(back) == MAX_RUNS and back[-1]["started"] == str(MAX_RUNS + 4)

@@ -32,7 +32,7 @@ def test_presets_build_the_preset_configs(tab, name):
     assert tab.is_valid()
     shown = shown_text(tab)
     assert f"the {name} preset, at most {mc.n_params():,} parameters" in shown
-    assert f"{tc.pretrain.steps} steps of pretraining" in shown and f"{tc.tune.steps} steps of tuning" in shown
+    assert f"{tc.pretrain.steps} steps of pretraining" in shown and f"{tc.dialogues.steps} steps of tuning" in shown
 
 
 def test_editing_a_value_switches_to_custom(tab):
@@ -46,7 +46,7 @@ def test_editing_a_value_switches_to_custom(tab):
     ("n_heads", 3, "n_heads"),            # 64 / 3 is not an integer
     ("n_kv_heads", 3, "n_kv_heads"),      # does not divide 4 heads
     ("pretrain.batch_size", 0, "pretrain.batch_size"),
-    ("tune.lr", "abc", "tune.lr"),
+    ("dialogues.lr", "abc", "dialogues.lr"),
     ("pretrain.lr", "-1", "pretrain.lr"),
     ("replay_share", "1.5", "replay_share"),
     ("vocab_size", 100, "vocab_size"),
@@ -107,10 +107,10 @@ def test_every_invalid_field_is_shown_at_once(main_window, tab):
     tab.set_preset("Tiny")
     tab.widgets["n_heads"].setValue(3)  # 64 / 3
     tab.widgets["pretrain.batch_size"].setValue(0)
-    tab.widgets["tune.lr"].setText("abc")
+    tab.widgets["dialogues.lr"].setText("abc")
     tab.widgets["replay_share"].setText("1.5")
     assert not tab.is_valid()
-    assert set(tab.error_fields()) == {"n_heads", "pretrain.batch_size", "tune.lr", "replay_share"}
+    assert set(tab.error_fields()) == {"n_heads", "pretrain.batch_size", "dialogues.lr", "replay_share"}
     for f in tab.error_fields():
         assert tab.widgets[f].styleSheet() == BAD_STYLE and f"({f})" in tab.error_label.text()
     assert tab.error_label.text().startswith("4 invalid settings:")
@@ -158,14 +158,14 @@ def test_every_number_shown_is_the_plans(tab, main_window):
     text = shown_text(tab)
     assert _numbers(r"([\d,]+) parameters", text) == [f"{mc.n_params():,}"]
     assert _numbers(r"vocabulary of ([\d,]+) tokens", text) == [f"{mc.vocab_size:,}"]
-    batch = max(tc.pretrain.batch_size, tc.tune.batch_size)
+    batch = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
     assert _numbers(r"about ([\d.]+ [MG]iB) of device memory", text) == [
         memory_size(training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings))]
     assert _numbers(r"([\d.]+) MB \((F32|F16|Q8_0)\)", text) == [
         (f"{gguf_size_bytes(mc, d) / 1e6:.2f}", d.upper()) for d in ("f32", "f16", "q8_0")]
     assert _numbers(r"(\d+) steps of pretraining", text) == [str(p.planned_steps[0])]
     assert _numbers(r"(\d+) steps of tuning", text) == [str(p.planned_steps[1])]
-    assert _numbers(r"to at most ([\d,]+) \+ ([\d,]+) steps", text) == [(f"{tc.pretrain.steps:,}", f"{tc.tune.steps:,}")]
+    assert _numbers(r"to at most ([\d,]+) \+ ([\d,]+) steps", text) == [(f"{tc.pretrain.steps:,}", f"{tc.dialogues.steps:,}")]
     assert _numbers(r"facts \((\d+) passes", text) == [f"{p.pretrain_passes:.0f}"]
     assert _numbers(r"dialogues \((\d+) passes", text) == [f"{p.tune_passes:.0f}"]
     assert _numbers(r"each fact seen (\d+) times", text) == [f"{p.fact_exposures:.0f}"]
@@ -176,8 +176,8 @@ def test_every_number_shown_is_the_plans(tab, main_window):
     assert _numbers(r"every (\d+) steps", text) == [str(tc.check_every)]
     # the form's fields are the plan's too (the vocabulary field is the target the tokenizer may reach)
     v = tab.values()
-    assert (v["pretrain.steps"], v["tune.steps"]) == (tc.pretrain.steps, tc.tune.steps)
-    assert (v["pretrain.decay_steps"], v["tune.decay_steps"]) == p.planned_steps
+    assert (v["pretrain.steps"], v["dialogues.steps"]) == (tc.pretrain.steps, tc.dialogues.steps)
+    assert (v["pretrain.decay_steps"], v["dialogues.decay_steps"]) == p.planned_steps
     assert (v["d_model"], v["n_layers"], v["check_every"]) == (mc.d_model, mc.n_layers, tc.check_every)
 
 
@@ -250,3 +250,13 @@ def test_advanced_is_folded_and_everything_fits_at_the_default_size(tab, main_wi
     tab.advanced.collapse(animate=False)
     qtbot.wait(50)
     _page_fits(w, tab)
+
+
+def test_a_project_saved_with_the_old_stage_keys_fills_the_dialogue_stage(tab):
+    """A project an earlier version saved names the dialogue stage's fields "tune.*" (core.stages.OLD_VALUES)."""
+    tab.set_preset("Tiny")
+    old = {(f"tune.{k.split('.', 1)[1]}" if k.startswith("dialogues.") else k): v for k, v in tab.values().items()}
+    assert "tune.steps" in old and not any(k.startswith("dialogues.") for k in old)
+    old["tune.steps"] = 17
+    tab.set_state({"preset": "Custom", "values": old})
+    assert tab.build()[1].dialogues.steps == 17 and tab.is_valid()

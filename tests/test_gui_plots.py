@@ -15,7 +15,7 @@ from gui.plots import HEATMAP_LAYERS, TrainingPlots
 def _feed(plots: TrainingPlots, norms: np.ndarray, tune_from: int | None = None) -> None:
     """One TrainingStep per row of ``norms`` (steps, layers), global steps 1, 2, ..."""
     for i, row in enumerate(norms, start=1):
-        stage = "tune" if tune_from and i > tune_from else "pretrain"
+        stage = "dialogues" if tune_from and i > tune_from else "pretrain"
         plots.add_step(TrainingStep(stage=stage, step=i, total_steps=len(norms), global_step=i, loss=4.0 / i,
                                     grad_norm=float(np.nansum(row)), lr=1e-3, layer_grad_norms=tuple(map(float, row))))
     plots.flush()

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from core.dataset import Dataset
+from core.stages import Stage
 from gui.events import ComparedAnswer, Comparison, TrainingStep
 from tests.test_gui_e2e import configure_tiny, wait_idle
 
@@ -26,7 +27,7 @@ def _run_and_stop(qtbot, t) -> None:
 
 def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(main_window, qtbot, dialogs):
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=4, tune=2, batch=2)
+    configure_tiny(w, pretrain=4, dialogues=2, batch=2)
     assert t.start()
     wait_idle(qtbot, t)
     assert not dialogs.asked  # nothing to replace yet
@@ -38,7 +39,7 @@ def test_a_new_run_asks_and_keeps_the_trained_model_until_its_first_stage_ends(m
     assert not t.start() and not t.is_running()
     assert dialogs.asked[-1][0] == "Replace the trained model?"
 
-    configure_tiny(w, pretrain=300, tune=2, batch=2)
+    configure_tiny(w, pretrain=300, dialogues=2, batch=2)
     dialogs.answer = True
     _run_and_stop(qtbot, t)
     assert (ckpt / "weights.npz").read_bytes() == weights and _meta(ckpt).stage_index == 2
@@ -65,7 +66,7 @@ def test_resume_says_what_it_does_not_use_and_applies_training_settings(main_win
     from gui.training_tab import validation_interval
 
     w, t, h = main_window, main_window.training_tab, main_window.hyper_tab
-    configure_tiny(w, pretrain=200, tune=0, batch=2)
+    configure_tiny(w, pretrain=200, dialogues=0, batch=2)
     _run_and_stop(qtbot, t)
     ckpt = w.project.checkpoint_dir
     h.widgets["d_model"].setValue(128)
@@ -106,7 +107,7 @@ def test_start_says_why_it_is_disabled(main_window):
 def test_a_stopped_run_shows_its_position_after_a_restart(main_window, studio_env, qtbot):
     from gui.main_window import MainWindow
 
-    configure_tiny(main_window, pretrain=200, tune=0, batch=2)
+    configure_tiny(main_window, pretrain=200, dialogues=0, batch=2)
     _run_and_stop(qtbot, main_window.training_tab)
     step = _meta(main_window.project.checkpoint_dir).stage_step
     main_window.close()
@@ -167,7 +168,7 @@ def test_the_recall_check_is_shown_and_passes_next_to_steps(main_window, qtbot):
     """Each batch of a recall check updates the stage label ("checking recall…"), so the bar never sits
     silent through a check; steps are shown with passes; after the run no ETA is left standing."""
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=4, tune=2, batch=2)
+    configure_tiny(w, pretrain=4, dialogues=2, batch=2)
     labels, speeds = [], []
     assert t.start()
     t._worker.recall_progress.connect(lambda c: labels.append(t.stage_label.text()))
@@ -219,8 +220,8 @@ def test_a_run_that_ends_early_because_it_learned_shows_a_full_bar_and_says_why(
     step("pretrain", 200, 200, 200)
     t._on_stage_done(StageDone("pretrain", 200, False, (), end_reason="steps"))
     assert t.progress.value() == 200 and "stopped early" not in t.log.toPlainText()
-    step("tune", 100, 125, 300)
-    t._on_stage_done(StageDone("tune", 100, False, (), end_reason="learned"))
+    step(Stage.DIALOGUES, 100, 125, 300)
+    t._on_stage_done(StageDone(Stage.DIALOGUES, 100, False, (), end_reason="learned"))
     assert t.progress.value() == t.progress.maximum() == 325
     t._on_run_done(RunDone(False, True, "ckpt", 2, 0, True, True, "Learned: 16 of 16 answers, 16 of 16 facts"))
     t._on_finished()
@@ -228,7 +229,7 @@ def test_a_run_that_ends_early_because_it_learned_shows_a_full_bar_and_says_why(
     assert t.stage_label.text().startswith("Learned: 16 of 16 answers")
     assert "tuning stopped early: learned at step 100 of 125" in t.stage_label.text()
     assert "step 300/325 (stopped early: learned)" in t.speed_label.text()
-    assert "tune stopped early: learned at step 100 of 125" in t.log.toPlainText()
+    assert "dialogues stopped early: learned at step 100 of 125" in t.log.toPlainText()
     assert t.saved_history()["runs"][-1]["status"] == t.stage_label.text()
 
 
@@ -239,7 +240,7 @@ def test_a_stage_that_learns_early_in_a_real_run_fills_the_bar(main_window, qtbo
 
     monkeypatch.setattr(Trainer, "_wanted", lambda self, kind, n: 0)
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=6, tune=4, batch=2)
+    configure_tiny(w, pretrain=6, dialogues=4, batch=2)
     w.hyper_tab.widgets["check_every"].setValue(2)
     assert w.hyper_tab.is_valid(), w.hyper_tab.error_label.text()
     assert t.start(), t.banner_text.text()
@@ -257,7 +258,7 @@ def test_the_training_tab_shows_the_plans_time_with_the_first_runs_costs(main_wi
     from core.plan import format_duration, make_plan
 
     w, t = main_window, main_window.training_tab
-    configure_tiny(w, pretrain=2, tune=2, batch=2)
+    configure_tiny(w, pretrain=2, dialogues=2, batch=2)
     plan = dataclasses.replace(make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5), first_run_s=110.0)
     monkeypatch.setattr(w.state, "plan", lambda: plan)
     labels = []  # the stage label after each phase before the first step, and at the start

@@ -175,7 +175,7 @@ def ckpt(tok, device, tmp_path_factory):
 
     m = random_model(tok, seed=3, **GQA)
     tc = TrainConfig(pretrain=StageConfig(steps=1, batch_size=2, warmup_steps=0),
-                     tune=StageConfig(steps=1, batch_size=2, warmup_steps=0))
+                     dialogues=StageConfig(steps=1, batch_size=2, warmup_steps=0))
     trainer = Trainer(default_dataset(), m.config, tc, device, tokenizer=tok, weights=m.weights)
     return save_trainer(trainer, tmp_path_factory.mktemp("ckpt") / "model"), m
 

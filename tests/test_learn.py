@@ -17,7 +17,7 @@ SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64,
 
 def _tc(steps, lr=3e-3, **kw):
     return TrainConfig(pretrain=StageConfig(steps=steps, lr=lr, batch_size=8, warmup_steps=2),
-                       tune=StageConfig(steps=steps, lr=lr, batch_size=8, warmup_steps=2), vocab_size=300, **kw)
+                       dialogues=StageConfig(steps=steps, lr=lr, batch_size=8, warmup_steps=2), vocab_size=300, **kw)
 
 
 def test_batched_greedy_matches_one_row_at_a_time(device):
@@ -39,7 +39,7 @@ def test_batched_recall_agrees_with_the_per_prompt_check(device):
     """Part-trained (some items right, some wrong): the batched check marks the same items right as the
     chat's one-prompt-at-a-time decoding; a wrong answer is cut a few tokens past the expected length."""
     mc, tc = PRESETS["Tiny"]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=70), tune=replace(tc.tune, steps=40))
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=70), dialogues=replace(tc.dialogues, steps=40))
     tr = Trainer(default_dataset(), mc, tc, device)
     for _ in tr.run(recall=False):
         pass
@@ -67,7 +67,7 @@ def test_a_stage_ends_when_its_facts_are_learned(device):
     """check_every: pretraining stops well before its maximum once every fact is reproduced; the
     end-of-stage table agrees, and the checks were reported as RecallProgress events."""
     mc, tc = PRESETS["Tiny"]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), tune=StageConfig(steps=0), check_every=25, patience=0)
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), dialogues=StageConfig(steps=0), check_every=25, patience=0)
     tr = Trainer(default_dataset(), mc, tc, device)
     events = list(tr.run())
     rep = next(e for e in events if isinstance(e, StageReport) and e.stage == "pretrain")
@@ -83,7 +83,7 @@ def test_a_stage_is_not_learned_before_its_learned_after_share_of_steps(device):
     """learned_after: a check that finds every fact before that share of the stage's planned steps does
     not end the stage; the first one after it does."""
     mc, tc = PRESETS["Tiny"]
-    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), tune=StageConfig(steps=0), check_every=25, patience=0)
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=600), dialogues=StageConfig(steps=0), check_every=25, patience=0)
 
     def pretrain_report(t):
         return next(e for e in Trainer(default_dataset(), mc, t, device).run(recall=False)
@@ -95,7 +95,7 @@ def test_a_stage_is_not_learned_before_its_learned_after_share_of_steps(device):
 
 
 def test_patience_ends_a_stage_that_does_not_improve(device):
-    tc = replace(_tc(200, lr=1e-7, check_every=5, patience=2), tune=StageConfig(steps=0))
+    tc = replace(_tc(200, lr=1e-7, check_every=5, patience=2), dialogues=StageConfig(steps=0))
     tr = Trainer(default_dataset(), SMALL, tc, device)
     rep = next(e for e in tr.run(recall=False) if isinstance(e, StageReport))
     assert rep.end_reason == "no progress" and rep.steps_done == 15  # best at 5, no better at 10 and 15
@@ -137,7 +137,7 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     rows = step_rows(p2.train_config, big)
     assert p2.planned_steps[0] == math.ceil(PRETRAIN_PASSES * 2000 / rows[0])
     assert round(p2.pretrain_passes) == PRETRAIN_PASSES and round(p2.tune_passes) == TUNE_PASSES
-    assert p2.train_config.tune.steps > p2.planned_steps[1] and p2.train_config.check_every > 0
+    assert p2.train_config.dialogues.steps > p2.planned_steps[1] and p2.train_config.check_every > 0
     assert p2.total_s > p1.total_s > 0
     fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
     assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
@@ -205,7 +205,7 @@ def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, devi
 def test_patience_waits_for_the_planned_steps(device):
     """With ``decay_steps`` (the Auto plan's planned steps), checks before it never end a stage."""
     tc = _tc(200, lr=1e-7, check_every=5, patience=2)
-    tc = replace(tc, pretrain=replace(tc.pretrain, decay_steps=10), tune=StageConfig(steps=0))
+    tc = replace(tc, pretrain=replace(tc.pretrain, decay_steps=10), dialogues=StageConfig(steps=0))
     tr = Trainer(default_dataset(), SMALL, tc, device)
     rep = next(e for e in tr.run(recall=False) if isinstance(e, StageReport))
     assert rep.end_reason == "no progress" and rep.steps_done == 20  # 15 and 20 count, 5 and 10 do not

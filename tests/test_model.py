@@ -13,6 +13,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, Dialogue, default_dataset
 from core.generate import Generator, SamplingSettings
 from core.model import Model, init_weights
+from core.stages import Stage
 from core.trainer import StageReport, StepReport, Trainer, UpdateGuard
 from tests import reference as ref
 
@@ -133,7 +134,7 @@ def test_generation_stops_at_context_length(device):
 
 def small_run_config(steps=6):
     return TrainConfig(pretrain=StageConfig(steps=steps, lr=3e-3, batch_size=4, warmup_steps=2),
-                       tune=StageConfig(steps=steps, lr=2e-3, batch_size=4, warmup_steps=2), vocab_size=300)
+                       dialogues=StageConfig(steps=steps, lr=2e-3, batch_size=4, warmup_steps=2), vocab_size=300)
 
 
 SMALL = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, context_length=64)
@@ -162,7 +163,7 @@ def test_checkpoint_resume_is_exact(device, tmp_path):
     it = part.run(recall=False)
     steps = 0
     for ev in it:  # stop in the middle of the tuning stage
-        if isinstance(ev, StepReport) and ev.stage == "tune" and ev.step == 3:
+        if isinstance(ev, StepReport) and ev.stage is Stage.DIALOGUES and ev.step == 3:
             part.request_stop()
         steps += isinstance(ev, StepReport)
     assert steps == 9
@@ -250,7 +251,7 @@ def test_default_dataset_answers_and_facts_after_training(device, tmp_path, caps
 def test_every_tuning_batch_has_a_dialogue(device):
     for batch_size, share in ((2, 0.75), (3, 0.9), (16, 0.97)):
         tc = dataclasses.replace(small_run_config(), replay_share=share,
-                                 tune=StageConfig(steps=3, lr=1e-3, batch_size=batch_size, warmup_steps=0))
+                                 dialogues=StageConfig(steps=3, lr=1e-3, batch_size=batch_size, warmup_steps=0))
         tr = Trainer(default_dataset(), SMALL, tc, device)
         for step in range(3):
             _, _, mask = tr._batch(1, step)

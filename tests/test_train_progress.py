@@ -47,7 +47,7 @@ def test_lines_at_a_stages_ends_and_every_interval_between():
     assert shown[51].endswith(", about 0:49 left")  # 50 steps in 50 s since the first, 49 to go
     assert "left" not in shown[100]
     clock.t = 200.0  # a new stage prints its first step at once
-    assert lines.step(step("tune", 1, 5), 0.5).startswith("tune step 1/5:")
+    assert lines.step(step("dialogues", 1, 5), 0.5).startswith("dialogues step 1/5:")
 
 
 def test_a_recall_check_says_it_starts_and_how_far_it_is():
@@ -60,7 +60,7 @@ def test_a_recall_check_says_it_starts_and_how_far_it_is():
     assert lines.check(RecallProgress("pretrain", 0, 32, 40, True)) == "pretrain: checking recall, 32 of 40 prompts"
     assert lines.check(RecallProgress("pretrain", 0, 40, 40, True)) is None  # its end: the stage's report says it
     clock.t = 13.0
-    assert lines.check(RecallProgress("tune", 0, 0, 8, True)).startswith("tune: checking recall, 0 of 8")
+    assert lines.check(RecallProgress("dialogues", 0, 0, 8, True)).startswith("dialogues: checking recall, 0 of 8")
 
 
 def small_data(tmp_path) -> Path:
@@ -73,7 +73,7 @@ def test_training_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_pa
     assert main(["train", *TINY, "--data", str(small_data(tmp_path)), "--out", str(tmp_path / "m"),
                  "--pretrain-steps", "3", "--tune-steps", "2"]) == 0
     out = capsys.readouterr().out
-    for line in ("pretrain step 1/3: loss ", "pretrain step 3/3: loss ", "tune step 1/2: loss ", "tune step 2/2: loss ",
+    for line in ("pretrain step 1/3: loss ", "pretrain step 3/3: loss ", "dialogues step 1/2: loss ", "dialogues step 2/2: loss ",
                  "pretrain: checking recall, 0 of "):
         assert line in out
     assert "━" not in out  # no bar drawn at the end instead
@@ -97,7 +97,7 @@ def test_finetune_plan_of_a_dataset_with_one_stage(tiny_base, tmp_path, capsys, 
     assert main(["train", "--base", str(tiny_base), "--data", str(data), "--out", str(tmp_path / "m"), "--steps", "2",
                  "--context-length", "64", "--no-general-questions", "-q"]) == 0  # replayed general answers: dialogues
     plan = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plan: "))
-    stage, other = ("pretrain", "tune") if kind == "facts" else ("tune", "pretrain")
+    stage, other = ("pretrain", "dialogues") if kind == "facts" else ("dialogues", "pretrain")
     assert f"({stage} 2 steps of about " in plan and other not in plan, plan
 
 
@@ -129,11 +129,11 @@ def test_finetune_prints_its_plan_and_its_peak_memory_stays_within_20_percent(ti
     peak, out = peak_rss_of(["core.cli", "train", "--base", str(base), "--data",
                              str(small_data(tmp_path)), "--out", str(tmp_path / "tuned"), "--steps", "2",
                              "--context-length", "64"], env=env, cwd=tmp_path)
-    assert re.search(r"plan: estimated \d+:\d\d \(pretrain 2 steps of about [\d.]+ s, tune 2 steps of about", out)
+    assert re.search(r"plan: estimated \d+:\d\d \(pretrain 2 steps of about [\d.]+ s, dialogues 2 steps of about", out)
     estimate = float(re.search(r"resident memory: at most about ([\d.]+) GiB in this process", out).group(1)) * 2**30
     print(f"estimated {estimate / 2**30:.3f} GiB, peak {peak / 2**30:.3f} GiB")
     assert abs(peak - estimate) <= 0.2 * estimate
-    assert "pretrain step 2/2: loss " in out and "tune step 2/2: loss " in out  # its output is a pipe
+    assert "pretrain step 2/2: loss " in out and "dialogues step 2/2: loss " in out  # its output is a pipe
 
 
 def test_speed_is_the_line_through_two_timed_lengths():

@@ -18,7 +18,7 @@ SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64,
 
 def _tc(steps: int = 4, **kw) -> TrainConfig:
     st = StageConfig(steps=steps, lr=3e-3, batch_size=4, warmup_steps=1)
-    return TrainConfig(pretrain=st, tune=st, vocab_size=300, **kw)
+    return TrainConfig(pretrain=st, dialogues=st, vocab_size=300, **kw)
 
 
 # ----------------------------------------------------------------------------- EarlyStop (no device)
