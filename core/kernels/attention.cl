@@ -26,7 +26,7 @@
 //   STAGE_KV  (forward) the work-group stages each chunk of BK keys and values in local memory
 //        (GPUs); without it every work-item reads them straight from global memory (CPUs: PoCL
 //        keeps values that live across a barrier in memory, so a barrier-free kernel keeps its
-//        accumulators in registers, as matmul_direct does).
+//        accumulators in registers, as matmul.cl's matmul_packed does).
 // PoCL does not inline builtins such as min or vloadN, so vectors are built from scalar loads
 // (LLVM merges contiguous ones) and clamps are ternaries.
 
