@@ -108,8 +108,15 @@ def test_min_gain_ends_a_stage_one_complete_check_after_its_planned_steps(device
     end-of-stage table of pretraining asked a sample of)."""
     st = StageConfig(steps=80, decay_steps=20, lr=1e-7, batch_size=4, warmup_steps=1)
     tc = TrainConfig(pretrain=st, tune=st, vocab_size=300, check_every=10, check_sample=4, min_gain=0.99,
-                     heldout=3, fact_questions=1, patience=0)
-    reps = [e for e in Trainer(default_dataset(), SMALL, tc, device).run() if isinstance(e, StageReport)]
+                     heldout=8, fact_questions=1, patience=0)
+    from core.dataset import Dataset, Dialogue
+    from tests.make_datasets import make_dataset
+
+    g = make_dataset("people", items=20, dialogues=30)
+    ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues])
+    tr = Trainer(ds, SMALL, tc, device)
+    assert len(tr.heldout_pairs) > tc.check_sample  # the held-out kind is sampled at pretraining's end
+    reps = [e for e in tr.run() if isinstance(e, StageReport)]
     assert [(r.stage, r.end_reason, r.steps_done) for r in reps] == [
         ("pretrain", "no progress", 30), ("tune", "no progress", 30)]
 
