@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 CONVERSATIONS = 1000
 """Most conversations of several dialogues built for tuning (``conversation_every``)."""
+CONVERSATION_DIALOGUES = (2, 12)
+"""Dialogues drawn for one tuning conversation; those that do not fit the context are dropped from its start,
+so most fill it as the chat's history does (core.chat.ChatSession keeps the latest whole turns that fit). With
+2-4, the ten questions of one conversation (benchmarks/learn_datasets.py) were answered 9 of 10 on two of the
+five generated datasets: the chat held more turns than any conversation trained."""
 
 
 @dataclass
@@ -179,7 +184,7 @@ class Batches:
             def fits(turns) -> bool:
                 return 1 + sum(turn_tokens[t] for t in turns) <= cl + 1
 
-        convs = augment.conversations(singles, CONVERSATIONS, seed=tc.seed, fits=fits)
+        convs = augment.conversations(singles, CONVERSATIONS, CONVERSATION_DIALOGUES, seed=tc.seed, fits=fits)
         return dialogue_examples(self.tokenizer, [Dialogue(t) for t in convs], cl)
 
     def _questions_part(self, stage: int, step: int, n: int) -> list[Example]:

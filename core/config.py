@@ -186,6 +186,9 @@ class TrainConfig:
         learned_after: with ``check_every``, a check ends a stage "learned" only once this share (0..1) of
             the stage's planned steps (``decay_steps``, or ``steps``) is done: a sampled check that finds
             everything early says little about the items it did not look at (0: any check may).
+        min_gain: with ``check_every``, once a stage's planned steps (``decay_steps``) are done its checks look
+            at every item, and it goes on only while each check reproduces at least this share (0..1) of the
+            checked items more than the check before (0: ``patience`` decides, on any check).
         time_budget_s: wall-clock seconds for the whole run (0: none); pretraining may use its share of
             the steps of both stages, tuning the rest; a stage at its limit ends as if its steps were done.
         mix_share: share (0..1) of each pretraining batch taken from the question-and-answer examples
@@ -200,8 +203,9 @@ class TrainConfig:
             question of a chat; 0: none.
         heldout: fact questions kept out of training to measure how well questions about facts without
             a dialogue are answered (the recall check's "heldout" kind); 0: none.
-        check_sample: checks during a stage look at most this many items of each kind, evenly spaced (a
-            stage then ends "learned" when they are; the end-of-stage table checks all); 0: all.
+        check_sample: checks during a stage look at most this many items of each kind, evenly spaced; only a
+            check that looked at every item of a kind ends a stage "learned" (the check at the planned steps'
+            end and those after it look at all); the end-of-stage table checks all; 0: all.
         pack_facts: facts one after another in each pretraining row of facts (core.batches.pack): a
             batch is padded to its longest row, and a question row is about as long as two facts.
     """
@@ -222,6 +226,7 @@ class TrainConfig:
     recall_target: float = spec(1.0, number(above=0, maximum=1, why="1: every item"))
     patience: int = spec(3, whole(0))
     learned_after: float = spec(0.0, _SHARE)
+    min_gain: float = spec(0.0, _SHARE)
     time_budget_s: float = spec(0.0, number(minimum=0))
     mix_share: float = spec(0.0, _SHARE)
     fact_questions: int = spec(0, whole(0))

@@ -66,10 +66,16 @@ MAX_STEPS_FACTOR = (3.6, 1.5)
 steps (tuning replays the facts): on the 2,000-fact towns data the fact count crept up by a few per check
 after them, for minutes; answers missing at the planned tuning steps are often learned soon after."""
 LEARNED_SHARE = 0.65
-"""Share of the planned steps' time an Auto run takes: its stages end once their checks find everything
-learned. Measured on the five generated datasets of tests/make_datasets.py on a 2-core CPU: 0.50, 0.64, 0.77,
-0.56 and 0.87 of the planned time (benchmarks/learn_datasets.py, the median); a dataset that learns slowly
-takes longer, up to the planned steps' time and then, while recall still improves, the time budget."""
+"""Share of a stage's planned time it is expected to take when every one of its checks looks at all items
+(small datasets: at most ``CHECK_SAMPLE`` of each kind), so that the first check finding everything learned
+ends it. Measured 0.50-0.87 on the five generated datasets of tests/make_datasets.py when sampled checks could
+end a stage too (benchmarks/learn_datasets.py, the median); the bundled example ends at 0.5. A stage whose
+checks sample runs its planned steps and one check interval more (``MIN_GAIN``)."""
+MIN_GAIN = 0.01
+"""Past its planned steps a stage goes on only while each check (of every item) reproduces at least this share
+of the items more than the one before: a gain under 1 % per check interval (a sixth of the planned steps or
+less) would need the planned time again to learn a few percent more. On tests/make_datasets.py "events" the
+sampled count stayed at 58-63 of 64 for 1,600 steps past the planned ones, and tuning's for 600."""
 CHECKS_PER_STAGE = 6
 PATIENCE = 4
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
@@ -124,6 +130,8 @@ class Plan:
     seconds_per_token: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     fact_exposures: float = 0.0
+    expected_run_s: float = 0.0
+    """Seconds the run's stages and checks are expected to take (:meth:`_RunCost.expected`); 0: ``total_s``."""
     first_run_s: float = 0.0
     """One-time costs of this device in this run (:func:`first_run_seconds`): kernel compilation (also what the
     planning itself spent on it: the estimate counts from the start of planning) and the first matmul tuning;
@@ -136,9 +144,10 @@ class Plan:
 
     @property
     def expected_s(self) -> float:
-        """Seconds the run is expected to take: a stage ends once its check finds everything learned,
-        ``LEARNED_SHARE`` of the planned time on the datasets measured (a run with checks only)."""
-        return self.total_s * (LEARNED_SHARE if self.train_config.check_every else 1.0)
+        """Seconds the run is expected to take: a stage whose checks look at every item ends at the first that
+        finds everything learned (``LEARNED_SHARE`` of its planned time), one whose checks sample runs its
+        planned steps and one check interval after them (``MIN_GAIN``)."""
+        return self.expected_run_s or self.total_s
 
     @property
     def run_s(self) -> float:
@@ -249,18 +258,19 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
     if step_tokens is None:
         step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
     cost = _RunCost([t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens],
-                    *_check_seconds(_check_kinds(recall_prompts, answer_tokens), (t_f, t_d), b, seconds_per_token,
-                                    n_d))
+                    **_check_seconds(_check_kinds(recall_prompts, answer_tokens), (t_f, t_d), b, seconds_per_token,
+                                     n_d))
     steps, (train_s, check_s, every) = _fit_budget(steps, cost, time_budget_s, n_f, rows[0], notes)
     max_steps = [math.ceil(s * f) for s, f in zip(steps, MAX_STEPS_FACTOR)]
     tc = replace(tc, pretrain=replace(tc.pretrain, steps=max_steps[0], decay_steps=steps[0]),
                  dialogues=replace(tc.dialogues, steps=max_steps[1], decay_steps=steps[1]),
                  check_every=max(1, min(e for e in every if e) if any(every) else 25),
                  patience=PATIENCE, time_budget_s=float(time_budget_s or max(RUN_BUDGET_S, 1.25 * (train_s + check_s))),
-                 check_sample=CHECK_SAMPLE)
+                 check_sample=CHECK_SAMPLE, min_gain=MIN_GAIN)
     fact_passes = steps[0] * rows[0] / n_f if n_f else 0.0
     return Plan(preset, mc, tc, (steps[0], steps[1]), fact_passes, steps[1] * rows[1] / n_d if n_d else 0.0,
-                train_s, check_s, seconds_per_token, tuple(notes), fact_passes + _replayed(tc, steps[1], n_f, n_d))
+                train_s, check_s, seconds_per_token, tuple(notes), fact_passes + _replayed(tc, steps[1], n_f, n_d),
+                cost.expected(steps))
 
 
 def _replayed(tc: TrainConfig, tune_steps: int, n_f: int, n_d: int) -> float:
@@ -283,9 +293,11 @@ def _padded_lengths(stats: DatasetStats, context_length: int, b: int,
 
 
 def _check_seconds(kinds: dict[str, tuple[int, float, float]], padded: tuple[float, float], b: int,
-                   seconds_per_token: float, n_d: int) -> tuple[list[float], float, float]:
-    """Seconds of the recall checks: (a sampled check during pretraining, during tuning), the full
-    check at the run's end, and the check that ends pretraining (sampled when tuning follows).
+                   seconds_per_token: float, n_d: int) -> dict:
+    """Seconds of the recall checks, as :class:`_RunCost`'s fields: ``during`` (a sampled check during
+    pretraining, during tuning), ``full`` (the check at the run's end), ``pre_end`` (the check that ends
+    pretraining: sampled when tuning follows), ``complete`` (a check of every item of each stage's kinds,
+    core.trainer.STAGE_KINDS) and ``sampled`` (whether a stage's checks sample).
 
     One check of kind k: ceil(prompts / batch) batches x answer tokens forwards of (batch, seq);
     ``padded`` is (fact, dialogue) sequence length where a kind's mean prompt length is unknown."""
@@ -294,20 +306,25 @@ def _check_seconds(kinds: dict[str, tuple[int, float, float]], padded: tuple[flo
         t = prompt + answer / 2 if prompt else (padded[0] if k == "fact" else padded[1])
         for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
             out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
-    during = [sampled.get("fact", 0.0), sum(sampled.get(k, 0.0) for k in ("fact", "dialogue", "chat"))]
-    full = sum(check_one.values())
-    pre_end = sum(sampled.values()) if n_d else full  # a stage before the last ends with a sampled table
-    return during, full, pre_end
+    stage_kinds = (("fact",), ("fact", "dialogue", "chat"))  # core.trainer.STAGE_KINDS
+    return dict(during=[sum(sampled.get(k, 0.0) for k in ks) for ks in stage_kinds],
+                full=sum(check_one.values()),
+                pre_end=sum(sampled.values()) if n_d else sum(check_one.values()),
+                complete=[sum(check_one.get(k, 0.0) for k in ks) for ks in stage_kinds],
+                sampled=[any(kinds.get(k, (0,))[0] > CHECK_SAMPLE for k in ks) for ks in stage_kinds])
 
 
 @dataclass(frozen=True)
 class _RunCost:
-    """``cost(steps)``: (training seconds, check seconds, check_every per stage) of (pretrain, tune) steps."""
+    """``cost(steps)``: (training seconds, check seconds, check_every per stage) of (pretrain, tune) steps;
+    :meth:`expected` the seconds the run is expected to take."""
 
     step_s: list[float]
     during: list[float]
     full: float
     pre_end: float
+    complete: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    sampled: list[bool] = field(default_factory=lambda: [False, False])
 
     def __call__(self, st: list[int]) -> tuple[float, float, list[int]]:
         every = [max(25, math.ceil(s / CHECKS_PER_STAGE)) if s else 0 for s in st]
@@ -316,6 +333,23 @@ class _RunCost:
         checks = sum(((st[i] - 1) // every_all) * self.during[i] for i in range(2) if st[i])
         checks += (self.pre_end if st[0] else 0.0) + (self.full if st[1] else 0.0)
         return train, checks, every
+
+    def expected(self, st: list[int]) -> float:
+        """Seconds the run of planned steps ``st`` is expected to take (core.trainer.EarlyStop): a stage whose
+        checks look at every item, ``LEARNED_SHARE`` of its steps and checks; one whose checks sample, its
+        planned steps, a check of every item at their end and one check interval later (``MIN_GAIN``), and
+        the steps between; then the end-of-stage checks."""
+        every_all = min((max(25, math.ceil(s / CHECKS_PER_STAGE)) for s in st if s), default=25)
+        total = (self.pre_end if st[0] else 0.0) + (self.full if st[1] else 0.0)
+        for i in range(2):
+            if not st[i]:
+                continue
+            stage = st[i] * self.step_s[i] + ((st[i] - 1) // every_all) * self.during[i]
+            if self.sampled[i]:
+                total += stage + every_all * self.step_s[i] + 2 * self.complete[i]
+            else:
+                total += LEARNED_SHARE * stage
+        return total
 
 
 def _fit_budget(steps: list[int], cost: _RunCost, time_budget_s: float, n_f: int, fact_rows: int,

@@ -35,8 +35,12 @@ def _sizes(mc: ModelConfig, tc: TrainConfig) -> str:
 def _checked(tc: TrainConfig) -> str:
     """What the run checks, and when (the trainer's recall checks, core.trainer)."""
     if tc.check_every:
-        sample = f" ({tc.check_sample} of each kind; all of them at a stage's end)" if tc.check_sample else ""
-        give_up = f", or after {count_words(tc.patience, 'check')} without progress" if tc.patience else ""
+        sample = (f" ({tc.check_sample} of each kind, which show progress; all of them at the planned steps' end "
+                  "and after, and only those end a stage)") if tc.check_sample else ""
+        if tc.min_gain:
+            give_up = f", or past its planned steps once a check gains less than {tc.min_gain:.0%} of the items"
+        else:
+            give_up = f", or after {count_words(tc.patience, 'check')} without progress" if tc.patience else ""
         text = (f"every {count_words(tc.check_every, 'step')}, which facts and dialogue answers the model reproduces"
                 f"{sample}; a stage ends once all are learned{give_up}.")
     else:

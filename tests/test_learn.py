@@ -101,6 +101,26 @@ def test_patience_ends_a_stage_that_does_not_improve(device):
     assert rep.end_reason == "no progress" and rep.steps_done == 15  # best at 5, no better at 10 and 15
 
 
+def test_min_gain_ends_a_stage_one_complete_check_after_its_planned_steps(device):
+    """min_gain (an Auto plan's rule): past the planned steps every check looks at all items, and a stage ends
+    "no progress" at the first that gains too little: here nothing can gain 99 %, so both stages end one
+    check interval after their planned steps, tuning too (whose checks leave out the held-out kind, which the
+    end-of-stage table of pretraining asked a sample of)."""
+    st = StageConfig(steps=80, decay_steps=20, lr=1e-7, batch_size=4, warmup_steps=1)
+    tc = TrainConfig(pretrain=st, tune=st, vocab_size=300, check_every=10, check_sample=4, min_gain=0.99,
+                     heldout=8, fact_questions=1, patience=0)
+    from core.dataset import Dataset, Dialogue
+    from tests.make_datasets import make_dataset
+
+    g = make_dataset("people", items=20, dialogues=30)
+    ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues])
+    tr = Trainer(ds, SMALL, tc, device)
+    assert len(tr.heldout_pairs) > tc.check_sample  # the held-out kind is sampled at pretraining's end
+    reps = [e for e in tr.run() if isinstance(e, StageReport)]
+    assert [(r.stage, r.end_reason, r.steps_done) for r in reps] == [
+        ("pretrain", "no progress", 30), ("tune", "no progress", 30)]
+
+
 def test_time_budget_ends_the_run(device):
     tc = _tc(100000, time_budget_s=1.5)
     tr = Trainer(default_dataset(), SMALL, tc, device)
@@ -141,6 +161,23 @@ def test_plan_scales_with_the_data_and_fits_a_time_budget():
     assert p2.total_s > p1.total_s > 0
     fit = make_plan(big, 1e-5, time_budget_s=p2.total_s / 3)
     assert fit.total_s <= p2.total_s / 3 * 1.05 and fit.notes and fit.train_config.time_budget_s == p2.total_s / 3
+
+
+def test_the_estimate_runs_the_planned_steps_when_checks_sample_and_less_when_they_see_everything():
+    """A stage whose checks sample cannot end "learned" on them (core.trainer.EarlyStop): it is expected to
+    run its planned steps, a check interval more and two complete checks; a small one ends early."""
+    from core.estimates import DatasetStats
+    from core.plan import LEARNED_SHARE, MIN_GAIN, make_plan
+
+    small = make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5, recall_prompts=(25, 13))
+    big = make_plan(DatasetStats(1024, 30000, 8000, 2000, 200, 60, []), 1e-5, recall_prompts=(2000, 200))
+    assert small.expected_s == pytest.approx(LEARNED_SHARE * (small.total_s - small.check_s), rel=0.3)
+    assert small.expected_s < small.total_s
+    tc = big.train_config
+    every = tc.check_every
+    steps_s = big.train_s / sum(big.planned_steps)
+    assert big.expected_s > big.total_s + every * steps_s * 0.5  # the planned steps and one interval after them
+    assert tc.min_gain == MIN_GAIN and tc.pretrain.steps > tc.pretrain.decay_steps == big.planned_steps[0]
 
 
 def test_speed_is_measured_once_and_cached(device, tmp_path, monkeypatch):

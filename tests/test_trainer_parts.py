@@ -49,6 +49,27 @@ def test_early_stop_ends_after_patience_checks_without_a_better_count_past_the_p
     assert all(never.judge(s, counts) is None for s in range(1, 20))
 
 
+def test_a_sampled_check_never_ends_a_stage_learned():
+    stop = EarlyStop(_tc(check_every=1), StageConfig(steps=10), lambda kind, n: n)
+    assert stop.judge(3, {"fact": (64, 64)}, complete=False) is None  # 64 of a sample of 64: not proof
+    assert stop.judge(4, {"fact": (64, 64)}, complete=True) == "learned"
+
+
+def test_past_the_planned_steps_min_gain_goes_on_only_while_a_complete_check_gains_enough():
+    stop = EarlyStop(_tc(check_every=3, min_gain=0.01, patience=1), StageConfig(steps=40, decay_steps=10),
+                     lambda k, n: n)
+    assert [s for s in range(1, 16) if stop.due(s)] == [3, 6, 9, 10, 12, 15]  # one at the planned end too
+    assert not stop.complete_due(9) and stop.complete_due(10) and stop.complete_due(12)
+    assert stop.judge(9, {"fact": (60, 64)}, complete=False) is None  # within the planned steps
+    assert stop.judge(10, {"fact": (900, 1000)}) is None  # the first complete check: the baseline
+    assert stop.judge(12, {"fact": (950, 1000)}) is None  # +5 % of the items: go on
+    assert stop.judge(15, {"fact": (959, 1000)}) == "no progress" and "+9 of 1,000" in stop.why  # < 1 %
+    once = EarlyStop(_tc(check_every=3, min_gain=0.01), StageConfig(steps=40, decay_steps=10), lambda k, n: n)
+    assert once.judge(10, {"fact": (900, 1000)}) is None
+    assert once.judge(12, {"fact": (905, 1000)}, complete=False) is None  # only complete checks count
+    assert once.judge(15, {"fact": (1000, 1000)}) == "learned"
+
+
 # ----------------------------------------------------------------------------- one step
 def test_a_step_updates_the_weights_and_reports_its_place_in_the_run(device):
     tr = Trainer(default_dataset(), SMALL, _tc(4), device)
