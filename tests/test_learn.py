@@ -107,7 +107,7 @@ def test_min_gain_ends_a_stage_one_complete_check_after_its_planned_steps(device
     check interval after their planned steps, tuning too (whose checks leave out the held-out kind, which the
     end-of-stage table of pretraining asked a sample of)."""
     st = StageConfig(steps=80, decay_steps=20, lr=1e-7, batch_size=4, warmup_steps=1)
-    tc = TrainConfig(pretrain=st, tune=st, vocab_size=300, check_every=10, check_sample=4, min_gain=0.99,
+    tc = TrainConfig(pretrain=st, dialogues=st, vocab_size=300, check_every=10, check_sample=4, min_gain=0.99,
                      heldout=8, fact_questions=1, patience=0)
     from core.dataset import Dataset, Dialogue
     from tests.make_datasets import make_dataset
@@ -118,7 +118,7 @@ def test_min_gain_ends_a_stage_one_complete_check_after_its_planned_steps(device
     assert len(tr.heldout_pairs) > tc.check_sample  # the held-out kind is sampled at pretraining's end
     reps = [e for e in tr.run() if isinstance(e, StageReport)]
     assert [(r.stage, r.end_reason, r.steps_done) for r in reps] == [
-        ("pretrain", "no progress", 30), ("tune", "no progress", 30)]
+        ("pretrain", "no progress", 30), ("dialogues", "no progress", 30)]
 
 
 def test_time_budget_ends_the_run(device):
