@@ -13,6 +13,7 @@ import pytest
 from core.lora import TARGETS, LoRAConfig
 from gui.lora_choice import FULL, LORA
 from tests.test_gui_e2e import configure_tiny, wait_idle
+from tests.test_finetune import DATA
 from tests.test_gui_hyper import shown_text
 from tests.test_lora_cli import PROMPT, write_f32_smol
 
@@ -93,10 +94,15 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
     """Start from the file with LoRA rank 4 (alpha 8) on every layer, 2 + 2 steps; returns the RunStarted,
     the run's core.finetune.estimate_resident and the same estimate of a full fine-tune."""
     import core.finetune as finetune
+    from core.dataset import Dataset, Dialogue
     from core.estimates import peak_resident_bytes
+    from gui.run_setup import new_run_does
 
     w, h, t = main_window, main_window.hyper_tab, main_window.training_tab
     configure_tiny(w, pretrain=2, tune=2, batch=2)
+    # two facts and two dialogues (tests/test_finetune.py's): the recall checks of 49,152 logits stay short
+    w.state.set_dataset(Dataset(facts=list(DATA["facts"]), dialogues=[
+        Dialogue(turns=[(t["user"], t["assistant"]) for t in d["turns"]]) for d in DATA["dialogues"]]))
     h.set_base(str(f32_base))
     h.lora_choice.rank.setValue(4)
     h.lora_choice.alpha.setValue(8.0)
@@ -107,6 +113,7 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
     h.widgets["context_length"].setValue(64)
     assert h.is_valid(), h.error_message()
     assert w.state.lora() == LoRAConfig(rank=4, alpha=8.0)
+    assert new_run_does(w.state) == f"fine-tunes {f32_base.name} with LoRA adapters of rank 4"
     seen, started = {}, []
     real = finetune.estimate_resident
 
@@ -143,7 +150,7 @@ def test_lora_run_compare_export_and_llama_cpp_loads_the_adapter(main_window, qt
     # before / after: the base (the checkpoint's own, checked by sha256) and the merged model
     assert not t.compare_button.isHidden() and t.compare_with_base()
     qtbot.waitUntil(lambda: not t.comparing(), timeout=120_000)
-    assert not t.compare.isHidden() and t.compare.rowCount() >= 3
+    assert not t.compare.isHidden() and t.compare.rowCount() == 2 + 10  # the dialogues', the general questions
 
     # Export: merged, adapter or both (only for a LoRA checkpoint); both, with their Modelfiles
     e = w.export_tab
@@ -219,3 +226,12 @@ def test_a_model_without_adapters_exports_merged_only(studio_env, qtbot, tmp_pat
     d = _export(qtbot, tab)
     assert d.path == str(tmp_path / "out" / "tiny.gguf") and not d.adapter
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tiny.gguf"]
+
+
+def test_the_verdict_says_how_many_general_questions_were_answered_as_before(main_window):
+    from core.events import RunDone
+
+    t = main_window.training_tab
+    t.status.run_done(RunDone(False, True, "folder", 2, 0, True, True, "Learned: 5 of 5 answers",
+                              general="general questions: 9 of 10 answered as before"))
+    assert t.stage_label.text() == "Learned: 5 of 5 answers; general questions: 9 of 10 answered as before"
