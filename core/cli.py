@@ -277,8 +277,8 @@ def _lora_config(args):
     from core.lora import TARGETS, LoRAConfig
 
     targets = tuple(t for item in (args.lora_targets or [",".join(TARGETS)]) for t in item.split(",") if t)
-    return LoRAConfig(rank=16 if args.lora_rank is None else args.lora_rank,
-                      alpha=32.0 if args.lora_alpha is None else args.lora_alpha, targets=targets)
+    return LoRAConfig(rank=LoRAConfig.rank if args.lora_rank is None else args.lora_rank,
+                      alpha=LoRAConfig.alpha if args.lora_alpha is None else args.lora_alpha, targets=targets)
 
 
 def _general_questions(args) -> tuple[str, ...] | None:

@@ -15,38 +15,56 @@ from core.config import ModelConfig
 
 if TYPE_CHECKING:
     from core.dataset import Dataset
+    from core.lora import LoRAConfig
 
 # Bytes per stored value in a GGUF file. Q8_0 stores blocks of 32 int8 values and one f16 scale.
 GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.0 / 32.0}
 
 
 def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int = 1,
-                          freeze_embeddings: bool = False) -> int:
-    """Device memory of a training run in bytes (4-byte elements everywhere).
+                          freeze_embeddings: bool = False, lora: LoRAConfig | None = None,
+                          base_types: dict[str, str] | None = None) -> int:
+    """Device memory of a training run in bytes (4-byte elements everywhere but a quantized base's).
 
     Weights, gradients and AdamW m and v (16 bytes per parameter; 4 for a frozen embedding) plus
     every activation buffer :class:`core.model.Model` allocates for one micro-batch of
     ``ceil(batch_size / grad_accum) x context_length`` tokens: :func:`core.model.memory_bytes`, the
-    figure :func:`core.model.check_fits` checks with :func:`core.model.fits_in`.
+    figure :func:`core.model.check_fits` checks with :func:`core.model.fits_in`. With ``lora`` the base
+    is frozen and only the adapters are trained; ``base_types`` (the base file's tensor types,
+    core.gguf_import.read_tensor_types) keeps its block matrices in their GGUF formats, as a LoRA run of
+    that file does (:func:`lora_base_plan`).
     """
     from core.model import frozen_tensors, memory_bytes
 
     return memory_bytes(config, _micro_batch(batch_size, grad_accum), training=True,
-                        frozen=frozen_tensors(freeze_embeddings))[0]
+                        frozen=frozen_tensors(freeze_embeddings), lora=lora,
+                        quantized=lora_base_plan(config, lora, base_types))[0]
 
 
 def training_memory_problem(config: ModelConfig, batch_size: int, grad_accum: int, freeze_embeddings: bool,
-                            global_mem_bytes: int, max_alloc_bytes: int | None, device_name: str) -> str | None:
+                            global_mem_bytes: int, max_alloc_bytes: int | None, device_name: str,
+                            lora: LoRAConfig | None = None, base_types: dict[str, str] | None = None) -> str | None:
     """Why a device cannot hold a training run (one line), or None when it can: the one memory rule,
     :func:`core.model.memory_problem` (every buffer together within :data:`core.model.MEMORY_SHARE` of
     ``global_mem_bytes``, the largest within ``max_alloc_bytes``), for the Model the trainer builds (one
-    micro-batch of ``ceil(batch_size / grad_accum)`` sequences, ``token_embd`` frozen or not). The GUI
-    and the CLI ask this before a run, so they refuse what :func:`core.model.check_fits` would refuse.
+    micro-batch of ``ceil(batch_size / grad_accum)`` sequences, ``token_embd`` frozen or not; ``lora`` and
+    ``base_types`` as :func:`training_memory_bytes`). The GUI and the CLI ask this before a run, so they
+    refuse what :func:`core.model.check_fits` would refuse.
     """
     from core.model import frozen_tensors, memory_problem
 
     return memory_problem(config, _micro_batch(batch_size, grad_accum), global_mem_bytes, max_alloc_bytes,
-                          device_name, training=True, frozen=frozen_tensors(freeze_embeddings))
+                          device_name, training=True, frozen=frozen_tensors(freeze_embeddings), lora=lora,
+                          quantized=lora_base_plan(config, lora, base_types))
+
+
+def lora_base_plan(config: ModelConfig, lora: LoRAConfig | None, base_types: dict[str, str] | None) -> dict:
+    """The block matrices a LoRA run keeps in their GGUF formats (core.model.quantized_plan) for a base file
+    whose tensors have ``base_types`` (``{tensor name: ggml type name}``); ``{}`` without LoRA or types."""
+    from core.model import quantized_plan
+    from core.quant_base import RawBase
+
+    return quantized_plan(config, lora, RawBase(dict(base_types), {})) if lora and base_types else {}
 
 
 def resident_bytes() -> int | None:
@@ -61,12 +79,17 @@ def resident_bytes() -> int | None:
         return None
 
 
-def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False) -> int:
+def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False, lora: LoRAConfig | None = None) -> int:
     """Host bytes a checkpoint save (core.checkpoint.save_trainer) holds at once: the weights and the
     AdamW moments read back from the device (4 + 8 bytes per trained parameter, 4 per frozen one) and
-    the ``.npz`` bytes of each, as large again."""
+    the ``.npz`` bytes of each, as large again; with ``lora`` only the adapters and their moments (a LoRA
+    checkpoint does not hold its base)."""
     from core.model import frozen_tensors
 
+    if lora is not None:
+        from core.lora import adapter_params
+
+        return 2 * 4 * 3 * adapter_params(config, lora)
     n = config.n_params()
     frozen = sum(math.prod(s) for name, s in config.param_shapes() if name in frozen_tensors(freeze_embeddings))
     return 2 * 4 * (n + 2 * (n - frozen))
@@ -85,7 +108,8 @@ def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
 
 def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: int, longest: int,
                         freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0,
-                        check_rows: int | None = None) -> int:
+                        check_rows: int | None = None, lora: LoRAConfig | None = None,
+                        quantized: dict | None = None) -> int:
     """Peak resident memory of a training process in bytes.
 
     What the process holds before its trainer is built (``resident_before``: Python, the OpenCL driver,
@@ -94,7 +118,8 @@ def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: 
     activation pages past it are never written, so never resident), plus the larger of a checkpoint
     save's copies (:func:`save_copy_bytes`) and a recall check's logits of ``check_rows`` (default
     ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`; the check runs after the
-    save), plus :data:`KERNEL_BUILD_BYTES`.
+    save), plus :data:`KERNEL_BUILD_BYTES`. A LoRA run (``lora``, its base matrices ``quantized`` as
+    core.model.quantized_plan keeps them) counts the Model's LoRA buffers and a save of the adapters only.
     Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
     3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
     """
@@ -105,9 +130,9 @@ def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: 
     if device_on_host:
         seq = max(1, min(longest, config.context_length))
         device = memory_bytes(replace(config, context_length=seq), micro_batch, True,
-                              frozen_tensors(freeze_embeddings))[0]
+                              frozen_tensors(freeze_embeddings), lora=lora, quantized=quantized)[0]
     rows = micro_batch if check_rows is None else check_rows
-    copies = max(save_copy_bytes(config, freeze_embeddings), check_copy_bytes(config, rows, check_seq))
+    copies = max(save_copy_bytes(config, freeze_embeddings, lora), check_copy_bytes(config, rows, check_seq))
     return resident_before + device + copies + KERNEL_BUILD_BYTES
 
 

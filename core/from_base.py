@@ -189,7 +189,8 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
             step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
     forwards, tokens = check_forwards(trainer)
-    file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files
+    file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings,
+                                 trainer.model.lora) / 2  # the .npz files
     check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
     return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
 
@@ -234,9 +235,10 @@ def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bo
 
     tc, mc, longest = trainer.train_config, trainer.model_config, longest_row(trainer)
     rows, check = check_shape(trainer)
-    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
-                               device_on_host, check, rows)
-    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings),
+    m = trainer.model
+    peak = peak_resident_bytes(resident_before, mc, m.batch_size, longest, tc.freeze_embeddings,
+                               device_on_host, check, rows, lora=m.lora, quantized=m.quantized_plan)
+    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings, m.lora),
                             check_copy_bytes(mc, rows, check))
 
 

@@ -473,11 +473,28 @@ def _read_weights(p: Path, by_name: dict[str, TensorInfo],
         if not np.all(np.isfinite(w)):
             raise GGUFError(f"{p}: tensor {name} contains NaN or infinite values")
         weights[name] = w
-        try:
-            tensor_types[name] = gguf.GGMLQuantizationType(info.ggml_type).name
-        except ValueError:
-            tensor_types[name] = str(info.ggml_type)
+        tensor_types[name] = _type_name(info)
     return weights, tensor_types
+
+
+def _type_name(info: TensorInfo) -> str:
+    """The ggml type name of a tensor ("Q8_0"), or its number as text for a type gguf-py does not know."""
+    try:
+        return gguf.GGMLQuantizationType(info.ggml_type).name
+    except ValueError:
+        return str(info.ggml_type)
+
+
+def read_tensor_types(path: str | os.PathLike) -> dict[str, str]:
+    """``{tensor name: ggml type name}`` of a GGUF file from its header only (no tensor data is read), as
+    :func:`import_gguf`'s ``meta["tensor_types"]`` names them: for the memory a LoRA run's base needs in
+    its file's formats before the file is loaded (core.estimates.training_memory_bytes).
+
+    Raises:
+        GGUFError: the header cannot be read (the file is named).
+    """
+    _kv, _types, infos = read_gguf(path)
+    return {t.name: _type_name(t) for t in infos}
 
 
 def _import_meta(kv: dict[str, Any], p: Path, tensor_types: dict[str, str], notes: list[str]) -> dict[str, Any]:
@@ -541,6 +558,6 @@ def read_vocab(path: str | os.PathLike) -> GGUFVocab:
     return GGUFVocab.from_fields(read_fields(path), str(path))
 
 
-__all__ = ["ARCH", "META_PREFIX", "TOKENIZER_MODEL", "TOKENIZER_PRE", "GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_vocab", "read_config", "dequantize", "model_config",
+__all__ = ["ARCH", "META_PREFIX", "TOKENIZER_MODEL", "TOKENIZER_PRE", "GGUFError", "TensorInfo", "read_gguf", "read_fields", "read_vocab", "read_config", "read_tensor_types", "dequantize", "model_config",
            "check_tokenizer",
            "import_gguf"]

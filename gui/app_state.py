@@ -20,6 +20,7 @@ from gui.device_choice import DeviceChoice
 
 if TYPE_CHECKING:
     from core.config import TrainConfig
+    from core.lora import LoRAConfig
     from core.plan import Plan
     from gui.project import Project
 
@@ -56,6 +57,7 @@ class AppState(QObject):
         self._limits = (ModelConfig.vocab_size, ModelConfig.context_length)  # the defaults
         self._base_model: str | None = None
         self._plan: Plan | None = None
+        self._lora: LoRAConfig | None = None
 
     # ----------------------------------------------------------------------------- project, dataset
     @property
@@ -123,12 +125,19 @@ class AppState(QObject):
         base model, or no plan yet)."""
         return self._plan
 
+    def lora(self) -> LoRAConfig | None:
+        """The LoRA adapters a fine-tune of :meth:`base_model` trains (core.lora.LoRAConfig), or None (every
+        parameter, or no base model)."""
+        return self._lora if self._base_model else None
+
     def set_hyperparameters(self, configs: tuple[ModelConfig, TrainConfig] | None, error: str,
-                            limits: tuple[int, int], base_model: str | None = None, plan: Plan | None = None) -> None:
+                            limits: tuple[int, int], base_model: str | None = None, plan: Plan | None = None,
+                            lora: LoRAConfig | None = None) -> None:
         """The form changed: its configs (None when invalid, with ``error`` saying why), limits, the
-        base model file a new run starts from (None: a new model) and the Auto plan they are (None: none)."""
+        base model file a new run starts from (None: a new model), the Auto plan they are (None: none) and
+        the fine-tune's LoRA adapters (None: every parameter)."""
         self._configs, self._config_error, self._limits = configs, error, tuple(limits)
-        self._base_model, self._plan = base_model, plan
+        self._base_model, self._plan, self._lora = base_model, plan, lora
         self.hyperparameters_changed.emit()
 
     def train_blocker(self) -> str | None:

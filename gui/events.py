@@ -71,9 +71,13 @@ class AnswerDone:
 
 @dataclass(frozen=True)
 class Exported:
-    """A GGUF file (and maybe an Ollama Modelfile) or a Hugging Face folder was written."""
+    """A GGUF file (and maybe an Ollama Modelfile) or a Hugging Face folder was written, and/or a LoRA
+    checkpoint's adapter (llama.cpp's adapter GGUF or a PEFT folder)."""
 
-    path: str
+    path: str  # the merged model's file or folder; the adapter's when only the adapter was written
     size_bytes: int
     modelfile: str  # its path, "" when none was asked for
     notes: tuple[str, ...]  # what the user should know (e.g. tensors kept in F16)
+    adapter: str = ""  # the adapter file or folder written ("" when none; ``path`` when only it was)
+    adapter_bytes: int = 0
+    adapter_modelfile: str = ""  # the adapter's Ollama Modelfile (FROM the base, ADAPTER the file), "" when none

@@ -1,5 +1,6 @@
 """Export tab: write the model as a GGUF file (F32, F16, Q8_0 or Q4_0), optionally with an Ollama Modelfile,
-or as a Hugging Face folder (transformers, multi-GPU training: docs/scale-out.md)."""
+or as a Hugging Face folder (transformers, multi-GPU training: docs/scale-out.md); a LoRA checkpoint's as the
+merged model, its adapter (llama.cpp's adapter GGUF, or a PEFT folder), or both."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,16 @@ DTYPES = [("F32", "f32", "full precision, largest"), ("F16", "f16", "half precis
           ("Q4_0", "q4_0", "4-bit quantized, about an eighth of F32, noticeably less exact")]
 FORMATS = [("GGUF file — llama.cpp, Ollama, LM Studio", "gguf"),
            ("Hugging Face folder — transformers, training on many GPUs", "hf")]
+WHAT = [("Merged model — the base with the adapters added in: one model", "merged"),
+        ("LoRA adapter — a small file used with the base model (llama.cpp --lora, Ollama ADAPTER, PEFT)", "adapter"),
+        ("Both — the merged model and, beside it, the adapter (NAME-lora)", "both")]
+"""What a LoRA checkpoint exports (the choice is not shown for any other model)."""
+
+
+def adapter_beside(out: Path, hf: bool) -> Path:
+    """Where "Both" writes the adapter beside the merged export ``out``: ``NAME-lora.gguf``, or for a
+    Hugging Face folder the PEFT folder ``NAME-lora``."""
+    return out.with_name(out.name + "-lora") if hf else out.with_name(out.stem + "-lora.gguf")
 
 
 class ExportTab(QWidget):
@@ -35,8 +46,7 @@ class ExportTab(QWidget):
         self.app_state = state
         self._worker: ExportWorker | None = None
         self._active = False
-        self._confirmed: str | None = None  # an existing file the user agreed to replace
-        self._confirmed_modelfile: str | None = None  # likewise the Modelfile beside it
+        self._confirmed: set[str] = set()  # existing files (Modelfiles, folders) the user agreed to replace
         self.last_result: Exported | None = None
 
         box = QGroupBox("Export (GGUF for llama.cpp, Ollama, LM Studio; or a Hugging Face folder)")
@@ -48,6 +58,7 @@ class ExportTab(QWidget):
         self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.modelfile.toggled.connect(self._update_hint)
         self.format.currentIndexChanged.connect(self._format_changed)
+        self.what.currentIndexChanged.connect(self._format_changed)
         lay = QVBoxLayout(self)
         lay.addWidget(box)
         lay.addWidget(self.hint)
@@ -63,6 +74,12 @@ class ExportTab(QWidget):
         self.source_label = QLabel("No trained model yet.")
         self.source_label.setWordWrap(True)
         form.addRow("Model:", self.source_label)
+        self.what = QComboBox()
+        self.what.setObjectName("export_what")
+        for name, key in WHAT:
+            self.what.addItem(name, key)
+        form.addRow("Export:", self.what)
+        self._what_label = form.labelForField(self.what)
         self.format = QComboBox()
         for name, key in FORMATS:
             self.format.addItem(name, key)
@@ -112,9 +129,26 @@ class ExportTab(QWidget):
         if i >= 0:
             self.format.setCurrentIndex(i)
 
+    def is_lora(self) -> bool:
+        """True when the model is a LoRA checkpoint (it exports merged, as its adapter, or both)."""
+        src = self.source()
+        meta = checkpoint_meta(src) if src else None
+        return meta is not None and meta.lora is not None
+
+    def exports(self) -> str:
+        """What Export writes: "merged" (every model but a LoRA checkpoint), "adapter" or "both"."""
+        return self.what.currentData() if self.is_lora() else "merged"
+
+    def _targets(self, out: str) -> tuple[str | None, str | None]:
+        """``(merged export, adapter export)`` of the path ``out`` for :meth:`exports` (None: not written)."""
+        what = self.exports()
+        if what == "merged":
+            return out, None
+        return (None, out) if what == "adapter" else (out, str(adapter_beside(Path(out), self.is_hf())))
+
     def _format_changed(self) -> None:
         hf = self.is_hf()
-        self.dtype.setEnabled(not hf)  # a Hugging Face folder is float32
+        self.dtype.setEnabled(not hf and self.exports() != "adapter")  # Hugging Face and adapters: float32
         self.modelfile.setEnabled(not hf)
         self.path.setPlaceholderText("hf-model" if hf else "model.gguf")
         if self._path_label is not None:
@@ -124,7 +158,7 @@ class ExportTab(QWidget):
             self.path.setText(text[:-5])
         elif not hf and text and not text.lower().endswith(".gguf"):
             self.path.setText(text + ".gguf")
-        self._confirmed = self._confirmed_modelfile = None
+        self._confirmed = set()
         self._update_hint()
 
     def _update_hint(self) -> None:
@@ -141,7 +175,10 @@ class ExportTab(QWidget):
                 "With transformers: <code>" + escape(f"AutoModelForCausalLM.from_pretrained({folder!r})", quote=False)
                 + "</code>. "
                 f"To train it on many GPUs: {code('accelerate', 'launch', 'examples/train_accelerate.py', '--model', folder, '--data', 'dataset.json', '--out', folder + '-tuned')} "
-                f"(docs/scale-out.md); {code('opencl-llm', 'chat', '--model', folder + '-tuned')} brings it back.")
+                f"(docs/scale-out.md); {code('opencl-llm', 'chat', '--model', folder + '-tuned')} brings it back."
+                + ("" if self.exports() == "merged" else " The adapter's folder loads with PEFT: <code>" + escape(
+                    f"PeftModel.from_pretrained(model, {self._targets(folder)[1]!r})", quote=False) + "</code> on "
+                    "the Hugging Face export of the base model."))
             return
         from core.gguf_io import ollama_name
 
@@ -155,7 +192,13 @@ class ExportTab(QWidget):
         # greedy, as the Chat tab and the recall check answer; the model's own context (no warning)
         meta = checkpoint_meta(self.source()) if self.source() else None
         ctx = ["-c", str(meta.model.context_length)] if meta is not None else []
-        self.hint.setText(ollama + f"With llama.cpp: {code('llama-cli', '-m', gguf, '-cnv', '--temp', '0', *ctx)}.")
+        run = ["-cnv", "--temp", "0", *ctx]
+        line = code('llama-cli', '-m', gguf, *run) if self.exports() != "adapter" else ""
+        if self.exports() != "merged" and meta is not None:  # the adapter on the base file it was trained on
+            lora = code('llama-cli', '-m', str(meta.base.get("base_model", "base.gguf")), '--lora',
+                        Path(self._targets(gguf)[1]).name, *run)
+            line = f"{line}, or the adapter on its base: {lora}" if line else lora
+        self.hint.setText(ollama + f"With llama.cpp: {line}.")
 
     def source(self) -> str | None:
         p = self.app_state.trained_model_path()
@@ -182,6 +225,11 @@ class ExportTab(QWidget):
         src = self.source()
         self.source_label.setText(src or "No trained model yet: train one on the Training tab.")
         self.export_button.setEnabled(src is not None and not self.is_exporting())
+        lora = self.is_lora()  # only a LoRA checkpoint has an adapter to offer
+        self.what.setVisible(lora)
+        if self._what_label is not None:
+            self._what_label.setVisible(lora)
+        self.dtype.setEnabled(not self.is_hf() and self.exports() != "adapter")
         self._update_hint()  # the llama.cpp line names the model's context length
 
     def set_dtype(self, key: str) -> None:
@@ -205,7 +253,7 @@ class ExportTab(QWidget):
             if not path.lower().endswith(".gguf"):
                 path += ".gguf"
             self.path.setText(path)
-            self._confirmed = path  # the file dialog asked about replacing it
+            self._confirmed = {path}  # the file dialog asked about replacing it
 
     def export(self) -> bool:
         """Start the export; False when there is no model or no file name."""
@@ -221,48 +269,52 @@ class ExportTab(QWidget):
         if not out.lower().endswith(".gguf"):
             out += ".gguf"
             self.path.setText(out)
-        if Path(out).is_dir():
-            self.status.setText(f"{out} is a folder: choose a file name.")
+        merged, adapter = self._targets(out)
+        files = [Path(p) for p in (merged, adapter) if p]
+        if any(p.is_dir() for p in files):
+            self.status.setText(f"{next(p for p in files if p.is_dir())} is a folder: choose a file name.")
             return False
-        # every existing file the export would replace, asked about once (the GGUF file when the file
-        # dialog has not asked already, and the Modelfile beside it)
-        modelfile = Path(out).with_name(Path(out).stem + ".Modelfile")
-        replaced = [p for p, asked in ((Path(out), out == self._confirmed),
-                                       (modelfile, self._confirmed_modelfile == str(modelfile)))
-                    if p.exists() and not asked and (p != modelfile or self.modelfile.isChecked())]
+        # every existing file the export would replace, asked about once (a GGUF file when the file
+        # dialog has not asked already, and the Modelfile beside each)
+        if self.modelfile.isChecked():
+            files += [p.with_name(p.stem + ".Modelfile") for p in files]
+        replaced = [p for p in files if p.exists() and str(p) not in self._confirmed]
         if replaced:
             one = len(replaced) == 1
             text = (" and ".join(str(p) for p in replaced)
                     + (" already exists. Replace it?" if one else " already exist. Replace them?"))
             if not dialogs.ask(self, "Replace the file?", text, yes="Replace"):
                 return False
-        self._confirmed = out  # exporting again to the same file replaces it without asking
-        if self.modelfile.isChecked():
-            self._confirmed_modelfile = str(modelfile)
+        self._confirmed = {str(p) for p in files}  # exporting again to the same files replaces them without asking
         try:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             self.status.setText(f"Export failed: {e}")
             return False
-        self._start(ExportWorker(src, out, self.dtype.currentData(), self.modelfile.isChecked()))
+        self._start(ExportWorker(src, merged, self.dtype.currentData(), self.modelfile.isChecked(),
+                                 adapter_path=adapter))
         return True
 
     def _export_hf(self, src: str, out: str) -> bool:
-        p = Path(out)
-        if p.exists() and not p.is_dir():
-            self.status.setText(f"{out} is a file: choose a folder name.")
-            return False
-        if p.is_dir() and any(p.iterdir()) and out != self._confirmed:
-            if not dialogs.ask(self, "Replace the folder?", f"{out} already holds an export. Replace it?",
-                               yes="Replace"):
+        merged, adapter = self._targets(out)
+        folders = [Path(p) for p in (merged, adapter) if p]
+        for p in folders:
+            if p.exists() and not p.is_dir():
+                self.status.setText(f"{p} is a file: choose a folder name.")
                 return False
-        self._confirmed = out
+        full = [p for p in folders if p.is_dir() and any(p.iterdir()) and str(p) not in self._confirmed]
+        if full:
+            text = " and ".join(map(str, full)) + (" already holds an export. Replace it?" if len(full) == 1
+                                                   else " already hold exports. Replace them?")
+            if not dialogs.ask(self, "Replace the folder?", text, yes="Replace"):
+                return False
+        self._confirmed = {str(p) for p in folders}
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             self.status.setText(f"Export failed: {e}")
             return False
-        self._start(ExportWorker(src, out, "f32", False, fmt="hf"))
+        self._start(ExportWorker(src, merged, "f32", False, fmt="hf", adapter_path=adapter))
         return True
 
     def _start(self, w: ExportWorker) -> None:
@@ -287,6 +339,10 @@ class ExportTab(QWidget):
         text = f"{d.path} — {d.size_bytes / 1e6:.2f} MB"
         if d.modelfile:
             text += f"\nModelfile: {d.modelfile}"
+        if d.adapter and d.adapter != d.path:
+            text += f"\nAdapter: {d.adapter} — {d.adapter_bytes / 1e6:.2f} MB"
+        if d.adapter_modelfile and d.adapter_modelfile != d.modelfile:
+            text += f"\nAdapter's Modelfile: {d.adapter_modelfile}"
         for note in d.notes:
             text += f"\nNote: {note}"
         self.result.setText(text)

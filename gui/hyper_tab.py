@@ -16,9 +16,10 @@ from core.config import PRESETS, ConfigError, ModelConfig, TrainConfig, config_e
 from core.plan import AUTO
 from core.stages import upgrade_keys
 from gui.app_state import AppState
+from gui.lora_choice import LoRAChoice
 from gui.plan_box import PlanBox
 from gui.plan_view import form_lines
-from gui.settings_form import BAD_STYLE, SettingsForm, build_configs, config_values, preset_values
+from gui.settings_form import BAD_STYLE, SettingsForm, base_values, build_configs, config_values, preset_values
 
 if TYPE_CHECKING:
     from core.device import DeviceInfo
@@ -59,6 +60,7 @@ class HyperTab(QWidget):
         self._base_config: ModelConfig | None = None
         self._base_error = ""
         self._base_name: str | None = None  # the base model's general.name (or its file name)
+        self._base_types: dict[str, str] | None = None  # its tensors' GGUF types (a LoRA run keeps them)
         self._no_plan = ""  # why Auto has no plan now ("" when it has one)
         self.form = SettingsForm(self._on_edit)
         self.widgets, self.types, self.advanced = self.form.widgets, self.form.types, self.form.advanced
@@ -68,6 +70,9 @@ class HyperTab(QWidget):
                                                                 self.plan_box.error_label)
         lay = QVBoxLayout(self)
         lay.addLayout(self._top_row())
+        self.lora_choice = LoRAChoice()  # LoRA or full, shown once a base file is chosen
+        self.lora_choice.changed.connect(self._on_start_from)
+        lay.addWidget(self.lora_choice)
         # the plan in plain words first (gui.plan_view: every number from core), then the expert fields, folded
         lay.addWidget(self.plan_box)
         lay.addWidget(self.advanced)
@@ -119,12 +124,16 @@ class HyperTab(QWidget):
         existing = self.start_from.currentText() == EXISTING
         for w in (self.base_edit, self.base_browse):
             w.setVisible(existing)
+        self.lora_choice.setVisible(existing and self._base is not None)
         for key in BASE_FIXED:
             self.widgets[key].setEnabled(not (existing and self._base_config is not None))
 
-    def _on_start_from(self, text: str) -> None:
-        if text == NEW_MODEL:
+    def _on_start_from(self, *_: object) -> None:
+        """Start from changed, or how the base is taught (LoRA or full): Auto takes that method's defaults."""
+        if self.start_from.currentText() == NEW_MODEL:
             self.set_base(None)
+        elif self.preset.currentText() == AUTO and self._base_config is not None:
+            self._apply_base_defaults()
         else:
             self._show_base_widgets()
             self.validate()
@@ -144,9 +153,10 @@ class HyperTab(QWidget):
         architecture fields show the file's values and are locked, the training fields core.from_base's
         defaults (Auto) and the plan describes the fine-tune; a file the engine cannot use is explained
         (naming the key) and blocks Start. Back to a new model, Auto plans again."""
-        from core.gguf_import import GGUFError, check_tokenizer, read_config
+        from core.gguf_import import GGUFError, check_tokenizer, read_config, read_tensor_types
 
         self._base, self._base_config, self._base_error, self._base_name = path, None, "", None
+        self._base_types = None
         self._filling = True
         self.start_from.setCurrentText(EXISTING if path else NEW_MODEL)
         self.base_edit.setText(path or "")
@@ -157,6 +167,7 @@ class HyperTab(QWidget):
             try:
                 mc, _notes, kv = read_config(path)
                 check_tokenizer(kv, path)  # refuses a tokenizer we do not support, by name
+                self._base_types = read_tensor_types(path)
                 self._base_config = mc
                 self._base_name = str(kv.get("general.name") or Path(path).name)
                 self._apply_base_defaults()
@@ -170,15 +181,9 @@ class HyperTab(QWidget):
 
     def _apply_base_defaults(self) -> None:
         """The form of a fine-tune of the base: its architecture, core.from_base's training defaults (as
-        ``opencl-llm train --base``), the decay ending at each stage's last step."""
-        from core.from_base import DEFAULTS, default_train_config
-
-        mc = self._base_config
-        values = config_values(mc, default_train_config())
-        values["context_length"] = min(mc.context_length, DEFAULTS["context_length"])
-        del values["vocab_size"]  # the file's: the form's target vocabulary is not used
+        ``opencl-llm train --base``, with LoRA as ``--lora``), the decay ending at each stage's last step."""
         self.plan = None
-        self.set_values(values, preset=AUTO)
+        self.set_values(base_values(self._base_config, self.lora_choice.is_lora()), preset=AUTO)
 
     # ----------------------------------------------------------------------------- values
     def set_preset(self, name: str) -> None:
@@ -241,9 +246,10 @@ class HyperTab(QWidget):
         self.changed.emit()
 
     def state(self) -> dict:
-        """What a project saves: preset name, form values, the base model file and frozen embeddings."""
+        """What a project saves: preset name, form values, the base model file, frozen embeddings and the
+        fine-tune's method (gui.lora_choice)."""
         return {"preset": self.preset.currentText(), "values": self.values(), "base": self.base_path(),
-                "freeze_embeddings": self.freeze.isChecked()}
+                "freeze_embeddings": self.freeze.isChecked(), "lora": self.lora_choice.state()}
 
     def set_state(self, state: dict | None) -> None:
         """Show a project's saved form (``state()``'s dict; one without values changes nothing); None or
@@ -253,6 +259,8 @@ class HyperTab(QWidget):
             return
         values = state.get("values")
         if isinstance(values, dict):
+            # a project saved before LoRA was offered fine-tuned every parameter
+            self.lora_choice.set_state(state.get("lora", {"method": "full"} if state.get("base") else None))
             if isinstance(state.get("base"), str):
                 self.set_base(state["base"])
             self.freeze.setChecked(bool(state.get("freeze_embeddings")))
@@ -311,6 +319,8 @@ class HyperTab(QWidget):
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
         auto = self.preset.currentText() == AUTO and self.plan is not None and self.base_path() is None
+        # a fine-tune's LoRA adapters (None: every parameter), with the file's formats its base keeps
+        base = (self.lora_choice.config(), self._base_types) if self.base_path() is not None else (None, None)
         try:
             mc, tc = self.build()
         except ConfigError:
@@ -320,11 +330,11 @@ class HyperTab(QWidget):
             self._error_fields, self._error_field, self._error_message = [], None, ""
             memory = (self.plan.model_config, self.plan.train_config) if auto else (mc, tc)
             lines = form_lines(mc, tc, self.preset.currentText(), self.plan, self.app_state.dataset(),
-                               self._base_name if self.base_path() is not None else None, self._no_plan)
-            self.plan_box.show_plan(lines, *memory, self._device)
+                               self._base_name if self.base_path() is not None else None, self._no_plan, *base)
+            self.plan_box.show_plan(lines, *memory, self._device, *base)
             ok = True
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
-                                           self.base_path(), self.plan if ok and auto else None)
+                                           self.base_path(), self.plan if ok and auto else None, base[0])
         self._valid = ok
         return ok
 

@@ -11,6 +11,7 @@ from gui.plan_view import Line, to_html
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
     from core.device import DeviceInfo
+    from core.lora import LoRAConfig
 
 WARNING_STYLE = "color: #b00020; font-weight: bold;"
 
@@ -37,15 +38,17 @@ class PlanBox(QGroupBox):
         self.error_label.setStyleSheet(WARNING_STYLE)
         lay.addWidget(self.error_label)
 
-    def show_plan(self, lines: list[Line], mc: ModelConfig, tc: TrainConfig, device: DeviceInfo | None) -> None:
-        """A valid form: its plan, and a warning when training ``mc`` with ``tc`` would not fit ``device``."""
+    def show_plan(self, lines: list[Line], mc: ModelConfig, tc: TrainConfig, device: DeviceInfo | None,
+                  lora: LoRAConfig | None = None, base_types: dict[str, str] | None = None) -> None:
+        """A valid form: its plan, and a warning when training ``mc`` with ``tc`` (LoRA adapters ``lora`` on a
+        base of ``base_types``, core.estimates.training_memory_problem) would not fit ``device``."""
         from core.estimates import training_memory_problem
 
         self.error_label.setText("")
         batch = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
         problem = None if device is None else training_memory_problem(
             mc, batch, tc.grad_accum, tc.freeze_embeddings, device.global_mem_bytes, device.max_alloc_bytes,
-            device.label)
+            device.label, lora, base_types)
         self.memory_label.setText(f"⚠ {problem[0].upper()}{problem[1:]}; or choose another device." if problem else "")
         self.memory_label.setVisible(bool(problem))
         self.plan_label.setText(to_html(lines))

@@ -16,20 +16,37 @@ from core.wording import count_words, memory_size
 if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
     from core.dataset import Dataset
+    from core.lora import LoRAConfig
     from core.plan import Plan
 
 Line = tuple[str, str]
 
 
-def _sizes(mc: ModelConfig, tc: TrainConfig) -> str:
-    """Device memory of training and the GGUF file's size in each export type."""
+def _sizes(mc: ModelConfig, tc: TrainConfig, lora: LoRAConfig | None = None,
+           base_types: dict[str, str] | None = None) -> str:
+    """Device memory of training (with ``lora``: of the adapters on a base of ``base_types``, and of a full
+    fine-tune beside it) and the GGUF file's size in each export type."""
     from core.estimates import gguf_size_bytes, training_memory_bytes
 
     batch = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
-    mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings)
+    mem = training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings, lora, base_types)
+    full = (f"; a full fine-tune: {memory_size(training_memory_bytes(mc, batch, tc.grad_accum, tc.freeze_embeddings))}"
+            if lora else "")
     files = ", ".join(f"{gguf_size_bytes(mc, d) / 1e6:.2f} MB ({d.upper()})" for d in ("f32", "f16", "q8_0"))
     return (f"training needs about {memory_size(mem)} of device memory (batch {batch}, context "
-            f"{mc.context_length} tokens); the GGUF file is {files}")
+            f"{mc.context_length} tokens{full}); the {'merged ' if lora else ''}GGUF file is {files}")
+
+
+def _lora_text(mc: ModelConfig, lora: LoRAConfig, base_types: dict[str, str] | None) -> str:
+    """"LoRA adapters of rank 16 (alpha 32) on attn_q, …: 1,234 trained parameters; the base's block matrices
+    stay in Q4_1 on the device" (core.lora.adapter_params, core.estimates.lora_base_plan)."""
+    from core.estimates import lora_base_plan
+    from core.lora import adapter_params
+
+    kinds = sorted({qtype.name for _, qtype in lora_base_plan(mc, lora, base_types).values()})
+    kept = f"; its block matrices stay in {', '.join(kinds)} on the device" if kinds else ""
+    return (f"LoRA adapters of rank {lora.rank} (alpha {lora.alpha:g}) on {', '.join(lora.targets)}: "
+            f"{adapter_params(mc, lora):,} trained parameters, the base frozen{kept}")
 
 
 def _checked(tc: TrainConfig) -> str:
@@ -86,13 +103,16 @@ def plan_lines(plan: Plan) -> list[Line]:
 
 
 def config_lines(mc: ModelConfig, tc: TrainConfig, name: str, passes: tuple[float, float],
-                 base: str | None = None) -> list[Line]:
+                 base: str | None = None, lora: LoRAConfig | None = None,
+                 base_types: dict[str, str] | None = None) -> list[Line]:
     """A run of the form's configs in plain words: ``name`` is the preset (or "Custom"); ``passes`` the
-    stages' passes (core.batches.stage_passes); ``base`` the base model's name when it fine-tunes one."""
+    stages' passes (core.batches.stage_passes); ``base`` the base model's name when it fine-tunes one,
+    with ``lora`` adapters (None: every parameter) on a file of ``base_types``."""
     steps = (tc.pretrain.steps, tc.dialogues.steps)
     if base is not None:
+        how = f"; {_lora_text(mc, lora, base_types)}" if lora else " (every parameter)"
         model = (f"fine-tunes {base}: {mc.n_params():,} parameters and the file's vocabulary of "
-                 f"{mc.vocab_size:,} tokens; {_sizes(mc, tc)}.")
+                 f"{mc.vocab_size:,} tokens{how}; {_sizes(mc, tc, lora, base_types)}.")
         time = ("timed when the run starts: before its first step, a few passes of the base model on this device "
                 "give the Training tab its estimate and the process's resident memory at most.")
     else:
@@ -130,12 +150,14 @@ def dataset_passes(tc: TrainConfig, dataset: Dataset) -> tuple[float, float]:
 
 
 def form_lines(mc: ModelConfig, tc: TrainConfig, preset: str, plan: Plan | None, dataset: Dataset,
-               base_name: str | None, no_plan: str) -> list[Line]:
+               base_name: str | None, no_plan: str, lora: LoRAConfig | None = None,
+               base_types: dict[str, str] | None = None) -> list[Line]:
     """The plan in plain words for the Hyperparameters form's configs: the Auto plan's own numbers while
-    the form shows it, else the configs' (a base model's, named ``base_name``, when one is chosen);
-    ``no_plan``: why Auto has no plan now ("" when it has one)."""
+    the form shows it, else the configs' (a base model's, named ``base_name``, when one is chosen, taught
+    through ``lora`` adapters on a file of ``base_types`` or in full); ``no_plan``: why Auto has no plan now
+    ("" when it has one)."""
     if base_name is not None:
-        return config_lines(mc, tc, preset, dataset_passes(tc, dataset), base_name)
+        return config_lines(mc, tc, preset, dataset_passes(tc, dataset), base_name, lora, base_types)
     if preset == AUTO and plan is not None:
         return plan_lines(plan)
     lines = config_lines(mc, tc, preset, dataset_passes(tc, dataset))

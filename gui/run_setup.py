@@ -74,9 +74,11 @@ def folder_write_problem(folder: Path) -> str | None:
 
 def new_run_does(state: AppState, model: str = "a new model") -> str:
     """What Start does: "trains <model> from scratch", or "fine-tunes <the base file>" (Hyperparameters ▸
-    Start from)."""
-    base = state.base_model()
-    return f"fine-tunes {Path(base).name}" if base else f"trains {model} from scratch"
+    Start from; "… with LoRA adapters of rank r" when it trains adapters)."""
+    base, lora = state.base_model(), state.lora()
+    if not base:
+        return f"trains {model} from scratch"
+    return f"fine-tunes {Path(base).name}" + (f" with LoRA adapters of rank {lora.rank}" if lora else "")
 
 
 def heldout_offered(state: AppState) -> bool:
@@ -138,7 +140,8 @@ def _new(state: AppState, parent: QWidget, mc: ModelConfig, tc: TrainConfig) -> 
     _refuse_unwritable(parent, run_dir)
     plan = state.plan()  # the Auto plan's time, its one-time costs included (core.plan.Plan)
     plan_s = (plan.run_s, plan.first_run_s if plan.first_run_note() else 0.0) if plan is not None else None
-    kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=state.base_model(), plan_s=plan_s)
+    kw = dict(dataset=dataset, model_config=mc, train_config=tc, base=state.base_model(), lora=state.lora(),
+              plan_s=plan_s)
     return Launch(run_dir, False, tc, kw, first_run_s=plan_s[1] if plan_s else 0.0)
 
 

@@ -88,7 +88,7 @@ class RunStatus:
 
     def phase(self, what: str) -> None:
         """The run's work before its first step (TrainWorker.phase), with its first run's one-time costs."""
-        self.stage_label.setText(f"Preparing: {what}{self._first_run}…")
+        self.stage_label.setText(f"Preparing: {what.rstrip('…')}{self._first_run}…")  # core's may end in "…"
 
     def started(self, info: RunStarted) -> str:
         """The run's first report: the bar's range and position, the estimate; returns the estimate's text."""
@@ -177,7 +177,7 @@ class RunStatus:
         """The run's end: its verdict, or where it stopped."""
         self._checking = None
         if d.finished and d.verdict:
-            self.stage_label.setText(d.verdict + self._early_note()
+            self.stage_label.setText(d.verdict + (f"; {d.general}" if d.general else "") + self._early_note()
                                      + ("" if d.learned else f" — to learn the rest: {d.advice}"))
         elif d.finished:
             self.stage_label.setText("Training finished (no recall check) — try the model on the Chat tab")

@@ -65,6 +65,18 @@ def preset_values(name: str) -> dict:
     return config_values(*PRESETS[name])
 
 
+def base_values(base: ModelConfig, lora: bool) -> dict:
+    """The form's values of a fine-tune of ``base`` (its architecture; vocab_size left out: the file's):
+    core.from_base's training defaults as ``opencl-llm train --base`` takes them (with ``lora``, as
+    ``--lora``: its learning rate core.from_base.LORA_LR), the context at most core.from_base's."""
+    from core.from_base import DEFAULTS, LORA_LR, default_train_config
+
+    values = config_values(base, default_train_config(lr=LORA_LR if lora else None))
+    values["context_length"] = min(base.context_length, DEFAULTS["context_length"])
+    del values["vocab_size"]  # the file's: the form's target vocabulary is not used
+    return values
+
+
 def build_configs(v: dict, base: ModelConfig | None, freeze: bool) -> tuple[ModelConfig, TrainConfig]:
     """The configs of the form's values ``v`` (numbers by field key); ``base``: the architecture of the file
     a fine-tune starts from (its context is the form's). Raises ConfigError naming the first bad field."""

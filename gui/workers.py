@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from core.config import ModelConfig, TrainConfig
     from core.dataset import Dataset
     from core.device import DeviceInfo
+    from core.lora import LoRAConfig
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class DeviceTestWorker(Worker):
 
 # ------------------------------------------------------------------------------------- before / after
 class CompareWorker(Worker):
-    """Greedy answers of the base model and of the model fine-tuned from it (core.from_base.before_after)."""
+    """Greedy answers of the base model and of the model fine-tuned from it (core.from_base.before_after); a
+    LoRA checkpoint's base is the one its load read (and checked by sha256), its tuned weights the merge."""
 
     result = Signal(object)  # (gui.events.Comparison)
 
@@ -173,10 +175,10 @@ class CompareWorker(Worker):
         if not base_path:
             raise ValueError(f"{self.checkpoint_dir}: this model was not fine-tuned from a base model")
         self.log_line.emit("INFO", f"comparing with the base model {base_path}")
-        base = load_model(base_path)
+        base_weights = tuned.base_weights if tuned.lora is not None else load_model(base_path).weights
         dataset, _ = load_dataset(dataset_path(self.checkpoint_dir))
         dev = open_device(self.device_info)
-        rows = before_after(dev, base.weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
+        rows = before_after(dev, base_weights, tuned.weights, tuned.config, tuned.tokenizer, dataset)
         self.result.emit(Comparison(tuple(ComparedAnswer(kind, question, taught, before, after)
                                           for kind, question, taught, before, after in rows)))
 
@@ -202,7 +204,10 @@ class TrainWorker(Worker):
         run_dir: where this run saves until it replaces the trained model (default ``checkpoint_dir``).
         base: a GGUF file (or checkpoint) a new run fine-tunes instead of training from scratch
             (core.from_base); ``model_config`` then gives only the training context. Its time and resident
-            memory are estimated before the first step, as ``train --base`` does (core.run.Run).
+            memory are estimated before the first step, as ``train --base`` does (core.run.Run), and the
+            base's answers to core.known's general questions are replayed and checked, as there.
+        lora: with ``base``, the LoRA adapters trained on the frozen base (core.lora.LoRAConfig; its block
+            matrices kept in the file's formats, as ``train --base --lora``); None: every parameter.
         plan_s: ``(run_s, first_run_s)`` of the Auto plan (core.plan.Plan) a new model follows: the
             seconds it is expected to take and the one-time part of them (None: no plan).
     """
@@ -219,11 +224,11 @@ class TrainWorker(Worker):
     def __init__(self, device_info: DeviceInfo, checkpoint_dir: str | Path, dataset: Dataset | None = None,
                  model_config: ModelConfig | None = None, train_config: TrainConfig | None = None, resume: bool = False, val_every: int = 0,
                  run_dir: str | Path | None = None, base: str | None = None,
-                 plan_s: tuple[float, float] | None = None) -> None:
+                 plan_s: tuple[float, float] | None = None, lora: LoRAConfig | None = None) -> None:
         super().__init__()
         self.plan_s = plan_s
         self.device_info = device_info
-        self.base = base
+        self.base, self.lora = base, lora
         self.checkpoint_dir = Path(checkpoint_dir)
         self.run_dir = Path(run_dir) if run_dir is not None else self.checkpoint_dir
         self.dataset, self.model_config, self.train_config = dataset, model_config, train_config
@@ -263,14 +268,17 @@ class TrainWorker(Worker):
         self.phase.emit(what)
 
     def _request(self):
-        """This run as a core.run.RunRequest (a fine-tune's ``model_config`` gives only its context)."""
+        """This run as a core.run.RunRequest, as ``train`` makes it (a fine-tune's ``model_config`` gives only
+        its context; it replays the general questions and trains ``lora``'s adapters, if any)."""
+        from core.known import GENERAL_QUESTIONS
         from core.run import RunRequest
 
-        mc = self.model_config
+        mc, base = self.model_config, None if self.resume else self.base
         return RunRequest(device=self.device_info, dataset=None if self.resume else self.dataset,
                           model_config=mc, train_config=self.train_config,
-                          resume=self.run_dir if self.resume else None, base=None if self.resume else self.base,
-                          context_length=mc.context_length if self.base and mc is not None else None,
+                          resume=self.run_dir if self.resume else None, base=base,
+                          context_length=mc.context_length if base and mc is not None else None,
+                          lora=self.lora if base else None, general_questions=GENERAL_QUESTIONS if base else None,
                           val_every=self.val_every, preset=self.preset, plan_s=self.plan_s)
 
     def work(self) -> None:
@@ -442,35 +450,65 @@ class ChatWorker(Worker):
 
 class ExportWorker(Worker):
     """Writes a GGUF file (and optionally an Ollama Modelfile), or with ``fmt="hf"`` a Hugging Face
-    folder, from a checkpoint, GGUF or Hugging Face folder."""
+    folder, from a checkpoint, GGUF or Hugging Face folder; with ``adapter_path`` also (or, when
+    ``out_path`` is None, only) a LoRA checkpoint's adapter: llama.cpp's adapter GGUF (core.lora_io,
+    its Modelfile with ``modelfile``) or, with ``fmt="hf"``, a PEFT folder."""
 
     progress = Signal(str)  # what is happening
     exported = Signal(object)  # (gui.events.Exported)
 
-    def __init__(self, model_path: str, out_path: str, dtype: str, modelfile: bool, fmt: str = "gguf") -> None:
+    def __init__(self, model_path: str, out_path: str | None, dtype: str, modelfile: bool, fmt: str = "gguf",
+                 adapter_path: str | None = None) -> None:
         super().__init__()
         self.model_path, self.out_path, self.dtype, self.modelfile = model_path, out_path, dtype, modelfile
-        self.fmt = fmt
+        self.fmt, self.adapter_path = fmt, adapter_path
 
     def work(self) -> None:
+        from dataclasses import replace
+
         from core.checkpoint import load_model
-        from core.gguf_io import export_gguf
 
         self.progress.emit(f"reading {self.model_path}")
         loaded = load_model(self.model_path)
         if self.stop_requested():
             return
+        done = self._merged(loaded) if self.out_path else None
+        if self.adapter_path and not self.stop_requested():
+            path, size, mf = self._adapter(loaded)
+            done = (Exported(path, size, mf, ()) if done is None else done)
+            done = replace(done, adapter=path, adapter_bytes=size, adapter_modelfile=mf)
+        if done is not None:
+            self.exported.emit(done)
+
+    def _merged(self, loaded) -> Exported:
+        """The whole model (a LoRA checkpoint's merged weights) as GGUF or a Hugging Face folder."""
+        from core.gguf_io import export_gguf
+
         self.progress.emit(f"writing {self.out_path}")
         if self.fmt == "hf":
             from core.hf_io import export_hf
 
             folder = export_hf(loaded, self.out_path)
-            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            self.exported.emit(Exported(str(folder), int(size), "", ()))
-            return
+            return Exported(str(folder), _folder_bytes(folder), "", ())
         res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile)
-        self.exported.emit(Exported(str(res.path), int(res.size_bytes), str(res.modelfile) if res.modelfile else "",
-                                    tuple(str(n) for n in res.notes)))
+        return Exported(str(res.path), int(res.size_bytes), str(res.modelfile) if res.modelfile else "",
+                        tuple(str(n) for n in res.notes))
+
+    def _adapter(self, loaded) -> tuple[str, int, str]:
+        """``(path, bytes, Modelfile or "")`` of the adapter written (core.lora_io; a PEFT folder for "hf")."""
+        from core.lora_io import export_adapter_gguf, export_peft
+
+        self.progress.emit(f"writing the adapter {self.adapter_path}")
+        if self.fmt == "hf":
+            folder = export_peft(loaded, self.adapter_path)
+            return str(folder), _folder_bytes(folder), ""
+        path, mf = export_adapter_gguf(loaded, self.adapter_path, modelfile=self.modelfile)
+        return str(path), path.stat().st_size, str(mf) if mf else ""
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files directly in ``folder`` (an export's)."""
+    return int(sum(f.stat().st_size for f in folder.iterdir() if f.is_file()))
 
 
 # ------------------------------------------------------------------------------------- generic

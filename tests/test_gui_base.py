@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.from_base import DEFAULTS
+from core.from_base import DEFAULTS, LORA_LR
 from gui.hyper_tab import BAD_STYLE, EXISTING, NEW_MODEL
+from gui.lora_choice import FULL
 from tests.artifacts import vocab_dir
 from tests.test_finetune import write_tiny_smol
 from tests.test_gui_e2e import configure_tiny, wait_idle
@@ -23,7 +24,10 @@ def test_start_from_a_gguf_file_locks_the_architecture(main_window, tiny_base):
     assert h.is_valid(), h.error_label.text()
     mc, tc = h.build()
     assert mc.tie_embeddings and (mc.d_model, mc.n_layers, mc.vocab_size) == (64, 2, 49152)
-    assert mc.context_length == DEFAULTS["context_length"] and tc.pretrain.lr == DEFAULTS["lr"]
+    # LoRA is the default (core.from_base.LORA_LR, as train --base --lora); a full fine-tune has core.from_base's lr
+    assert mc.context_length == DEFAULTS["context_length"] and tc.pretrain.lr == LORA_LR
+    h.lora_choice.method.setCurrentText(FULL)
+    assert h.build()[1].pretrain.lr == DEFAULTS["lr"] and main_window.state.lora() is None
     assert not h.widgets["d_model"].isEnabled() and h.widgets["context_length"].isEnabled()
     h.freeze.setChecked(True)
     h.widgets["grad_accum"].setValue(2)
@@ -33,7 +37,7 @@ def test_start_from_a_gguf_file_locks_the_architecture(main_window, tiny_base):
     h.set_base(None)
     assert h.start_from.currentText() == NEW_MODEL and h.base_path() is None and h.widgets["d_model"].isEnabled()
     h.set_state(state)
-    assert h.base_path() == str(tiny_base) and h.build()[1].freeze_embeddings
+    assert h.base_path() == str(tiny_base) and h.build()[1].freeze_embeddings and not h.lora_choice.is_lora()
 
 
 def test_a_file_the_engine_cannot_use_is_explained(main_window):
@@ -53,6 +57,7 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     configure_tiny(w, pretrain=2, dialogues=2, batch=2)
     w.hyper_tab.set_base(str(tiny_base))
     h = w.hyper_tab
+    h.lora_choice.method.setCurrentText(FULL)  # every parameter (LoRA runs: tests/test_gui_lora.py)
     for stage in ("pretrain", "dialogues"):
         h.widgets[f"{stage}.steps"].setValue(2)
         h.widgets[f"{stage}.batch_size"].setValue(2)
@@ -62,6 +67,7 @@ def test_a_run_fine_tunes_the_base_model(main_window, qtbot, tiny_base):
     wait_idle(qtbot, t, timeout=120_000)
     ck = load_checkpoint(w.project.checkpoint_dir)
     assert isinstance(ck.tokenizer, GGUFTokenizer) and ck.config.tie_embeddings and ck.checkpoint.stage_index == 2
+    assert ck.lora is None and ck.meta["base_model"] == str(tiny_base.resolve())
     assert ck.meta["base_model"] == str(tiny_base.resolve())
 
     # before / after: the base model's and the tuned model's answers side by side
@@ -120,6 +126,8 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
     assert f"this run: {text}" in t.log.toPlainText() and f"plan: {est.summary()}" in t.log.toPlainText()
     assert f"(estimated {format_duration(est.total_s)} in all)" in t.speed_label.text()
     assert phases == [f"Preparing: reading {tiny_base}…",
+                      "Preparing: asking the base model 10 general questions (its answers are replayed and checked, "
+                      "so it keeps what it knew)…",
                       "Preparing: estimating the fine-tune: timing a few passes of the base model…"]
 
 

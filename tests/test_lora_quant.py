@@ -139,3 +139,27 @@ def test_train_lora_on_a_quantized_file_and_llama_cpp_loads_its_adapter(tmp_path
     clear = top2[:, 1] - top2[:, 0] > tol
     assert clear.sum() >= len(ids) // 3, np.round(top2[:, 1] - top2[:, 0], 3)
     assert np.array_equal(ours.argmax(-1)[clear], theirs.argmax(-1)[clear])
+
+
+def test_the_estimate_before_a_lora_run_counts_the_files_formats(tmp_path):
+    """What the Hyperparameters tab shows before a LoRA run (core.estimates.training_memory_bytes with the
+    header's tensor types, core.gguf_import.read_tensor_types) is the figure the Model checks for the loaded
+    file (core.model.memory_bytes with its quantized plan): less than the adapters on a float32 base, which
+    is less than a full fine-tune; a LoRA save copies only the adapters."""
+    from core.estimates import lora_base_plan, peak_resident_bytes, save_copy_bytes, training_memory_bytes
+    from core.gguf_import import read_tensor_types
+
+    base = write_quant_smol(tmp_path / "tiny-smol-q.gguf")
+    loaded = import_gguf(base)
+    types = read_tensor_types(base)
+    assert types == loaded.meta["tensor_types"]
+    mc, lora = dataclasses.replace(loaded.config, context_length=64), LoRAConfig(rank=4, alpha=8.0)
+    planned = quantized_plan(mc, lora, loaded.quantized)
+    assert lora_base_plan(mc, lora, types) == planned and len(planned) == 4 * mc.n_layers
+    est = training_memory_bytes(mc, 4, lora=lora, base_types=types)
+    assert est == memory_bytes(mc, 4, True, lora=lora, quantized=planned)[0]
+    assert est < training_memory_bytes(mc, 4, lora=lora) < training_memory_bytes(mc, 4)
+    assert training_memory_bytes(mc, 4, base_types=types) == training_memory_bytes(mc, 4)  # no LoRA: float32
+    assert 0 < save_copy_bytes(mc, lora=lora) < save_copy_bytes(mc) / 10
+    lora_peak = peak_resident_bytes(0, mc, 4, 64, False, True, lora=lora, quantized=planned)
+    assert lora_peak < peak_resident_bytes(0, mc, 4, 64, False, True)
