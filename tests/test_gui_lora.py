@@ -106,7 +106,7 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
     h.set_base(str(f32_base))
     h.lora_choice.rank.setValue(4)
     h.lora_choice.alpha.setValue(8.0)
-    for stage in ("pretrain", "tune"):
+    for stage in ("pretrain", "dialogues"):
         h.widgets[f"{stage}.steps"].setValue(2)
         h.widgets[f"{stage}.batch_size"].setValue(2)
         h.widgets[f"{stage}.lr"].setText("2e-2")  # large: the adapters must move the logits in 4 steps
