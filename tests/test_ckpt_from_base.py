@@ -117,6 +117,11 @@ def test_resume_reads_the_base_and_keeps_leaving_it_out(frozen_run, tiny_base, t
     ck = load_checkpoint(run)
     assert np.array_equal(ck.weights[EMBD], import_gguf(tiny_base).weights[EMBD])
     assert not np.array_equal(ck.weights["blk.0.attn_q.weight"], frozen_run[2]["blk.0.attn_q.weight"])
+    mixed = tmp_path / "mixed"  # the weights of one save beside the config of another: refused (format 3's sha256)
+    shutil.copytree(frozen_run[0], mixed)
+    shutil.copy(run / "weights.npz", mixed / "weights.npz")
+    with pytest.raises(CheckpointError, match="weights_sha256"):
+        load_checkpoint(mixed)
 
 
 def test_resumed_unfrozen_the_embedding_is_trained_and_saved(frozen_run, tiny_base, device, tmp_path):
