@@ -2,8 +2,8 @@
 
     DIR/config.json      :class:`CheckpointMeta`: format and version, model and training config,
                          stage/step, adam step, tokenizer and dataset hashes, last loss, app version
-    DIR/weights.npz      every weight under its GGUF tensor name, float32
-    DIR/optimizer.npz    AdamW moments m.<name>, v.<name>
+    DIR/weights.npz      every weight under its GGUF tensor name, float32 (but those read from a base file)
+    DIR/optimizer.npz    AdamW moments m.<name>, v.<name> (of the same tensors)
     DIR/tokenizer.json   the `tokenizers` BPE
     DIR/dataset.json     the dataset the model was trained on
     DIR/.opencl-llm-checkpoint  the marker: this folder is a checkpoint of ours (format version 3)
@@ -22,6 +22,12 @@ mix; what an interrupted save left is finished or removed by the next save or lo
 :class:`core.checkpoint_meta.CheckpointMeta` is the one reader and writer of ``config.json``: everything
 else uses its typed fields. It validates what it reads into a one-line :class:`CheckpointError` naming the
 file and field.
+A fine-tune does not copy what its base file holds: a LoRA checkpoint's weights.npz holds only the
+adapters, and a full fine-tune's leaves out the tensors frozen since the base (``--freeze-embeddings``:
+``token_embd.weight``, config.json's ``base.from_base``). Both name the base file by path and sha256
+(``base.base_model``, ``base.base_sha256``); a load reads the rest from it (:func:`load_base_file`) and
+refuses, in one line naming the field, a base file that is missing or has changed.
+
 Format versions 1 (written before the atomic swap, without a tokenizer hash) and 2 (without file hashes
 and marker) still load and resume; their next save writes version 3.
 
@@ -145,30 +151,57 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, np.ndarray]
 
 
 def tensor_shapes(meta: CheckpointMeta) -> list[tuple[str, tuple[int, ...]]]:
-    """The tensors of a checkpoint's weights.npz (and moments): the model's, or a LoRA checkpoint's
-    adapters (``core.lora.adapter_shapes``)."""
+    """The tensors of a checkpoint's weights.npz (and moments): the model's but those read from the base
+    file (``meta.from_base``), or a LoRA checkpoint's adapters (``core.lora.adapter_shapes``)."""
     if meta.lora is None:
-        return meta.model.param_shapes()
+        return [(n, s) for n, s in meta.model.param_shapes() if n not in meta.from_base]
     from core.lora import adapter_shapes
 
     return adapter_shapes(meta.model, meta.lora)
 
 
 def trainer_meta(trainer: Trainer) -> CheckpointMeta:
-    """The :class:`CheckpointMeta` of a :class:`core.trainer.Trainer`'s current state."""
+    """The :class:`CheckpointMeta` of a :class:`core.trainer.Trainer`'s current state. Its ``from_base``
+    keeps only the trainer's frozen tensors: one trained since (a run resumed without
+    ``freeze_embeddings``) is no longer the base's, is saved, and stays saved by every later save."""
+    base = dict(trainer.base_meta)
+    if "from_base" in base:
+        base["from_base"] = [n for n in base["from_base"] if n in trainer.model.frozen]
+        if not base["from_base"] or trainer.model.lora:
+            del base["from_base"]
     return CheckpointMeta(model=trainer.model_config, train=trainer.train_config, stage_index=trainer.stage_index,
                           stage_step=trainer.stage_step, adam_step=trainer.model.adam_step,
                           dataset_hash=trainer.dataset_hash,
                           previous_dataset_hashes=tuple(trainer.previous_dataset_hashes),
-                          last_loss=float(trainer.last_loss), base=dict(trainer.base_meta))
+                          last_loss=float(trainer.last_loss), base=base)
 
 
 def save_trainer(trainer: Trainer, directory: str | os.PathLike) -> Path:
-    """Convenience: :func:`save_checkpoint` of a Trainer's weights, moments, state, tokenizer and dataset."""
+    """Convenience: :func:`save_checkpoint` of a Trainer's weights, moments, state, tokenizer and dataset
+    (of a fine-tune, only what its base file does not hold: LoRA's adapters, a full fine-tune's tensors but
+    its ``base_meta["from_base"]``)."""
     m = trainer.model
+    meta = trainer_meta(trainer)
     weights = m.adapter_weights() if m.lora else m.weights()  # LoRA: only the adapters (the base is a file)
-    return save_checkpoint(directory, weights, m.optimizer_state(), trainer_meta(trainer),
-                           trainer.tokenizer, trainer.dataset)
+    state = m.optimizer_state()
+    for name in meta.from_base:  # frozen since the base: the base file holds the weight, its moments are zeros
+        del weights[name], state["m"][name], state["v"][name]
+    return save_checkpoint(directory, weights, state, meta, trainer.tokenizer, trainer.dataset)
+
+
+def from_base_meta(base_meta: dict, frozen: tuple[str, ...]) -> dict:
+    """``base_meta`` of a full fine-tune (``core.finetune.load_base``) with what lets its checkpoints leave
+    out its ``frozen`` tensors, which stay the base's: their names (``from_base``) and the base file's
+    sha256 (``base_sha256``, checked by every load). Unchanged when nothing is frozen or the base is no
+    GGUF file (a checkpoint or Hugging Face folder: every tensor is saved).
+
+    Raises:
+        OSError: the base file cannot be read.
+    """
+    p = Path(base_meta.get("base_model") or "")
+    if not frozen or not p.is_file() or not _is_gguf(p):
+        return dict(base_meta)
+    return dict(base_meta) | {"from_base": list(frozen), "base_sha256": file_sha256(p)}
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -273,46 +306,59 @@ def _load_folder(d: Path, directory: Path, dir_fd: int | None = None) -> LoadedM
     _check_tensors(path, weights, meta.model, tensor_shapes(meta))
     _check_hash(path, digest, meta.weights_sha256, "weights_sha256")
     _check_loaded_finite(path, weights)
-    if meta.lora is not None:
-        return _with_lora_base(d, meta, tok, weights, directory)
+    if meta.lora is not None or meta.from_base:
+        return _with_base(d, meta, tok, weights, directory)
     return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
 
 
-def _with_lora_base(d: Path, meta: CheckpointMeta, tok, adapter: dict[str, np.ndarray], directory: Path) -> LoadedModel:
-    """A LoRA checkpoint's model: its base file (sha256 checked: config.json's ``base.base_sha256``) with
-    the adapters merged in, and both kept apart (``LoadedModel.base_weights`` / ``.adapter``)."""
+def _with_base(d: Path, meta: CheckpointMeta, tok, stored: dict[str, np.ndarray], directory: Path) -> LoadedModel:
+    """The model of a checkpoint that keeps part of it in its base file (sha256 checked: config.json's
+    ``base.base_sha256``): LoRA's base with the adapters ``stored`` merged in, both kept apart
+    (``LoadedModel.base_weights`` / ``.adapter``); a full fine-tune's ``stored`` tensors with its
+    ``from_base`` ones read from the file."""
     from core.lora import merge
 
-    base = load_lora_base(meta.base["base_model"], meta.base["base_sha256"], d / CONFIG_FILE)
+    base = load_base_file(meta.base["base_model"], meta.base["base_sha256"], d / CONFIG_FILE,
+                          None if meta.lora else meta.from_base)
     if replace(base.config, context_length=meta.model.context_length) != meta.model:
         raise CheckpointError(f"{d / 'config.json'}: field 'model' does not describe the base file "
-                              f"{meta.base['base_model']} (an adapter of another base)")
-    merged = merge(base.weights, adapter, meta.lora)
-    return LoadedModel(meta.model, tok, merged, dict(meta.base), directory, meta, lora=meta.lora, adapter=adapter,
+                              f"{meta.base['base_model']} (a checkpoint of another base)")
+    if meta.lora is None:
+        weights = {n: stored[n] if n in stored else base.weights[n] for n, _ in meta.model.param_shapes()}
+        return LoadedModel(meta.model, tok, weights, dict(meta.base), directory, meta)
+    merged = merge(base.weights, stored, meta.lora)
+    return LoadedModel(meta.model, tok, merged, dict(meta.base), directory, meta, lora=meta.lora, adapter=stored,
                        base_weights=base.weights, quantized=base.quantized)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 (hex) of a file's bytes (a LoRA checkpoint's reference to its base file)."""
+    """sha256 (hex) of a file's bytes (a fine-tune's checkpoint's reference to its base file)."""
     with open(path, "rb") as fh:
         return _file_sha256(fh)
 
 
-def load_lora_base(path: str, sha256: str, config_path: Path) -> LoadedModel:
-    """The GGUF base file of a LoRA checkpoint, refused (one line naming ``config_path``'s field) when
-    it is missing or its sha256 is not the one recorded at training."""
+def load_base_file(path: str, sha256: str, config_path: Path, tensors: tuple[str, ...] | None = None) -> LoadedModel:
+    """The GGUF base file of a checkpoint (LoRA's, or a full fine-tune's with ``base.from_base``; only
+    ``tensors`` dequantized when given), refused (one line naming ``config_path``'s field) when it is
+    missing or its sha256 is not the one recorded at training.
+
+    Raises:
+        CheckpointError: the file cannot be read or has changed; ``core.gguf_io.GGUFError`` when it is
+            no longer a model this engine reads.
+    """
     from core.gguf_io import import_gguf
 
     p = Path(path)
+    needs = "the adapters' base" if tensors is None else ", ".join(tensors)
     try:
         digest = file_sha256(p)
     except OSError as e:
         raise CheckpointError(f"{config_path}: field 'base.base_model': the base file {p} cannot be read "
-                              f"({e.strerror or e}); a LoRA checkpoint needs it") from None
+                              f"({e.strerror or e}); the checkpoint reads {needs} from it") from None
     if digest != sha256:
         raise CheckpointError(f"{config_path}: field 'base.base_sha256': the base file {p} has changed since "
-                              "training (its sha256 differs); the adapters belong to another base")
-    return import_gguf(p)
+                              f"training (its sha256 differs); the checkpoint's {needs} came from another base")
+    return import_gguf(p, tensors)
 
 
 def _is_gguf(p: Path) -> bool:
@@ -549,9 +595,13 @@ def _read_moments(path: Path, meta: CheckpointMeta, config: ModelConfig) -> tupl
     _check_tensors(path, moment2, config, tensor_shapes(meta))
     _check_hash(path, digest, meta.optimizer_sha256, "optimizer_sha256")
     _check_loaded_finite(path, arrays)
+    for name, shape in config.param_shapes():  # frozen since the base: AdamW never moved them (zeros)
+        if name in meta.from_base:
+            moment1[name], moment2[name] = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
     return moment1, moment2
 
 
 __all__ = ["check_output_folder", "check_export_target", "is_checkpoint_folder", "MARKER", "save_checkpoint", "save_trainer", "trainer_meta", "load_checkpoint", "load_model", "resume_trainer",
+           "from_base_meta", "load_base_file", "file_sha256",
            "resume_position", "tokenizer_hash", "LoadedModel", "CheckpointMeta", "CheckpointError",
            "NonFiniteError", "Dataset", "FORMAT", "FORMAT_VERSION"]

@@ -42,11 +42,14 @@ and core/checkpoint.py name them; others ask :func:`has_checkpoint`, :func:`data
 STAGE_NAMES = tuple(s.value for s in STAGES)
 """The saved keys of the stages in config.json's ``train`` (core.stages.Stage values), in run order."""
 MAX_CONFIG_BYTES = 1 << 20
-BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256")
+BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256",
+                  "from_base")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
 writes back (general.* keys, the file's context length, its name); for LoRA (core/lora.py) the
 adapters' settings (``lora``: rank, alpha, targets) and the sha256 of the base file, which a LoRA
-checkpoint does not copy (its weights.npz holds only the adapters)."""
+checkpoint does not copy (its weights.npz holds only the adapters); for a full fine-tune whose frozen
+tensors are still the base's (``--freeze-embeddings``), their names (``from_base``) and the base file's
+sha256: its weights.npz and optimizer.npz leave them out, a load reads them from the base file."""
 
 
 class TrainingKeys:
@@ -99,6 +102,25 @@ def _check_lora_base(base: dict) -> None:
     for key in ("base_model", "base_sha256"):
         if not isinstance(base.get(key), str) or not base[key]:
             raise FieldError(f"base.{key}", "must be a non-empty string in a LoRA checkpoint")
+
+
+def _check_from_base(base: dict, model: ModelConfig) -> None:
+    """A full fine-tune's ``base.from_base``: distinct tensors of ``model``, with the base file's path and
+    sha256 to read them from; never with LoRA (whose base is the whole model but the adapters)."""
+    if "from_base" not in base:
+        return
+    names = texts("base.from_base", base["from_base"])
+    if "lora" in base:
+        raise FieldError("base.from_base", "must not be set in a LoRA checkpoint (its base is read whole)")
+    known = {n for n, _ in model.param_shapes()}
+    for i, name in enumerate(names):
+        if name not in known:
+            raise FieldError(f"base.from_base[{i}]", f"is {name!r}, not one of the model's tensors")
+        if name in names[:i]:
+            raise FieldError(f"base.from_base[{i}]", f"names {name!r} a second time")
+    for key in ("base_model", "base_sha256"):
+        if not isinstance(base.get(key), str) or not base[key]:
+            raise FieldError(f"base.{key}", "must be a non-empty string when base.from_base names tensors")
 
 
 def _stage(name: str, d) -> StageConfig:
@@ -169,8 +191,9 @@ class CheckpointMeta:
         last_loss: loss of the last good step in nats/token (NaN before the first one).
         saved: local time of the save, ISO 8601.
         base: for a model fine-tuned from a GGUF file, what its export writes back (keys
-            :data:`BASE_META_KEYS`: the base file's path, ``general.*`` keys, context length, name);
-            empty for a model trained from scratch.
+            :data:`BASE_META_KEYS`: the base file's path, ``general.*`` keys, context length, name)
+            and what a load reads from the base file (LoRA's base, a full fine-tune's
+            :attr:`from_base` tensors); empty for a model trained from scratch.
         app_version: the app that wrote it.
         version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
         weights_sha256: sha256 hex digest of weights.npz ("" before version 3).
@@ -199,6 +222,12 @@ class CheckpointMeta:
     def done(self) -> bool:
         """Both stages have run all their steps."""
         return self.stage_index >= len(STAGE_NAMES)
+
+    @property
+    def from_base(self) -> tuple[str, ...]:
+        """The tensors a full fine-tune's checkpoint leaves out of weights.npz and optimizer.npz: frozen
+        since the base, they are read from the base file ``base["base_model"]`` (empty otherwise)."""
+        return tuple(self.base.get("from_base", ()))
 
     @property
     def lora(self):
@@ -272,13 +301,15 @@ class CheckpointMeta:
             stage_step = read(d, "stage_step", whole(0))
             if stage_index == len(STAGE_NAMES) and stage_step:
                 raise FieldError("stage_step", f"must be 0 when both stages are done, got {stage_step}")
+            base = read(d, "base", _base, default={})
+            _check_from_base(base, model)
             return cls(model=model, train=train, stage_index=stage_index, stage_step=stage_step,
                        adam_step=read(d, "adam_step", whole(0)),
                        tokenizer_hash=read(d, "tokenizer_hash", text, default=""),
                        dataset_hash=read(d, "dataset_hash", text, default=""),
                        previous_dataset_hashes=tuple(read(d, "previous_dataset_hashes", texts, default=[])),
                        last_loss=read(d, "last_loss", _loss, default=float("nan")),
-                       saved=read(d, "saved", text, default=""), base=read(d, "base", _base, default={}),
+                       saved=read(d, "saved", text, default=""), base=base,
                        app_version=read(d, "app_version", text, default=""), version=version,
                        weights_sha256=read(d, "weights_sha256", _sha256, default=MISSING if version >= 3 else ""),
                        optimizer_sha256=read(d, "optimizer_sha256", _sha256, default=""))

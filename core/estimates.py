@@ -79,10 +79,23 @@ def resident_bytes() -> int | None:
         return None
 
 
-def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False, lora: LoRAConfig | None = None) -> int:
-    """Host bytes a checkpoint save (core.checkpoint.save_trainer) holds at once: the weights and the
-    AdamW moments read back from the device (4 + 8 bytes per trained parameter, 4 per frozen one) and
-    the ``.npz`` bytes of each, as large again; with ``lora`` only the adapters and their moments (a LoRA
+def _values(config: ModelConfig, names: tuple[str, ...]) -> int:
+    return sum(math.prod(s) for name, s in config.param_shapes() if name in names)
+
+
+def checkpoint_file_bytes(config: ModelConfig, from_base: tuple[str, ...] = ()) -> int:
+    """Bytes of a full model's checkpoint's weights.npz and optimizer.npz (their headers aside): 4 bytes a
+    weight and 8 its two AdamW moments (zeros for a frozen tensor), but for the ``from_base`` tensors
+    (core.checkpoint_meta.CheckpointMeta.from_base: read back from the base file, neither saved)."""
+    return 12 * (config.n_params() - _values(config, from_base))
+
+
+def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False, from_base: tuple[str, ...] = (),
+                    lora: LoRAConfig | None = None) -> int:
+    """Host bytes a checkpoint save (core.checkpoint.save_trainer) holds at once: the weights it saves and
+    the trained tensors' AdamW moments read back from the device (4 bytes a weight but the ``from_base``
+    ones, 8 a trained parameter; a frozen tensor's zero moments are never written to) and the ``.npz``
+    bytes (:func:`checkpoint_file_bytes`); with ``lora`` only the adapters and their moments (a LoRA
     checkpoint does not hold its base)."""
     from core.model import frozen_tensors
 
@@ -91,8 +104,8 @@ def save_copy_bytes(config: ModelConfig, freeze_embeddings: bool = False, lora: 
 
         return 2 * 4 * 3 * adapter_params(config, lora)
     n = config.n_params()
-    frozen = sum(math.prod(s) for name, s in config.param_shapes() if name in frozen_tensors(freeze_embeddings))
-    return 2 * 4 * (n + 2 * (n - frozen))
+    frozen = _values(config, frozen_tensors(freeze_embeddings))
+    return 4 * (n - _values(config, from_base)) + 8 * (n - frozen) + checkpoint_file_bytes(config, from_base)
 
 
 KERNEL_BUILD_BYTES = 100 << 20
@@ -108,18 +121,19 @@ def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
 
 def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: int, longest: int,
                         freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0,
-                        check_rows: int | None = None, lora: LoRAConfig | None = None,
-                        quantized: dict | None = None) -> int:
+                        check_rows: int | None = None, from_base: tuple[str, ...] = (),
+                        lora: LoRAConfig | None = None, quantized: dict | None = None) -> int:
     """Peak resident memory of a training process in bytes.
 
     What the process holds before its trainer is built (``resident_before``: Python, the OpenCL driver,
     a base model's float32 weights), plus, when the device's buffers live in host memory (a CPU
     device), :func:`core.model.memory_bytes` at ``longest`` tokens a row (the longest padded batch:
     activation pages past it are never written, so never resident), plus the larger of a checkpoint
-    save's copies (:func:`save_copy_bytes`) and a recall check's logits of ``check_rows`` (default
-    ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`; the check runs after the
-    save), plus :data:`KERNEL_BUILD_BYTES`. A LoRA run (``lora``, its base matrices ``quantized`` as
-    core.model.quantized_plan keeps them) counts the Model's LoRA buffers and a save of the adapters only.
+    save's copies (:func:`save_copy_bytes`; the ``from_base`` tensors are not saved) and a recall check's
+    logits of ``check_rows`` (default ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`;
+    the check runs after the save), plus :data:`KERNEL_BUILD_BYTES`. A LoRA run (``lora``, its base matrices
+    ``quantized`` as core.model.quantized_plan keeps them) counts the Model's LoRA buffers and a save of the
+    adapters only.
     Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
     3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
     """
@@ -132,7 +146,7 @@ def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: 
         device = memory_bytes(replace(config, context_length=seq), micro_batch, True,
                               frozen_tensors(freeze_embeddings), lora=lora, quantized=quantized)[0]
     rows = micro_batch if check_rows is None else check_rows
-    copies = max(save_copy_bytes(config, freeze_embeddings, lora), check_copy_bytes(config, rows, check_seq))
+    copies = max(save_copy_bytes(config, freeze_embeddings, from_base, lora), check_copy_bytes(config, rows, check_seq))
     return resident_before + device + copies + KERNEL_BUILD_BYTES
 
 

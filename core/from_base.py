@@ -74,12 +74,14 @@ def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict
     """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
     ``lora``: trains adapters on the frozen weights, the base's block matrices kept in the file's GGUF
     formats on the device unless ``quantized`` is False (core.quant_base); ``base_meta`` from
-    :func:`lora_base_meta`)."""
+    :func:`lora_base_meta`). Without ``lora`` the tensors it freezes are left out of its checkpoints
+    when the base is a GGUF file (core.checkpoint.from_base_meta: read back from the file)."""
+    from core.checkpoint import from_base_meta
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
                       weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None)
-    trainer.base_meta = dict(base_meta)
+    trainer.base_meta = dict(base_meta) if lora else from_base_meta(base_meta, trainer.model.frozen)
     return trainer
 
 
@@ -171,7 +173,7 @@ def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, 
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
     (:func:`gradient_seconds`: five passes, the update guard once) and the padded tokens of its batches."""
-    from core.estimates import save_copy_bytes
+    from core.estimates import checkpoint_file_bytes, save_copy_bytes
 
     has = (bool(trainer.facts), bool(trainer.dialogues))
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
@@ -189,8 +191,8 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
             step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
     forwards, tokens = check_forwards(trainer)
-    file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings,
-                                 trainer.model.lora) / 2  # the .npz files
+    file_bytes = (save_copy_bytes(trainer.model_config, lora=trainer.model.lora) / 2 if trainer.model.lora
+                  else checkpoint_file_bytes(trainer.model_config, _from_base(trainer)))  # the .npz files
     check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
     return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
 
@@ -216,7 +218,7 @@ class ResidentEstimate:
         longest: padded tokens of the longest row (:func:`longest_row`): how far the device's buffers are
             written where they live in host memory.
         device_on_host: the device's buffers count (a CPU device).
-        save_bytes: a checkpoint save's copy of the weights and moments (core.estimates.save_copy_bytes).
+        save_bytes: a checkpoint save's copy of the weights and moments it writes (core.estimates.save_copy_bytes).
         check_bytes: a recall check's logits (core.estimates.check_copy_bytes).
     """
 
@@ -235,11 +237,18 @@ def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bo
 
     tc, mc, longest = trainer.train_config, trainer.model_config, longest_row(trainer)
     rows, check = check_shape(trainer)
-    m = trainer.model
+    m, from_base = trainer.model, _from_base(trainer)
     peak = peak_resident_bytes(resident_before, mc, m.batch_size, longest, tc.freeze_embeddings,
-                               device_on_host, check, rows, lora=m.lora, quantized=m.quantized_plan)
-    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings, m.lora),
+                               device_on_host, check, rows, from_base, lora=m.lora, quantized=m.quantized_plan)
+    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings, from_base, m.lora),
                             check_copy_bytes(mc, rows, check))
+
+
+def _from_base(trainer: Trainer) -> tuple[str, ...]:
+    """The tensors ``trainer``'s checkpoints leave out: its base file holds them (core.checkpoint.trainer_meta)."""
+    from core.checkpoint import trainer_meta
+
+    return trainer_meta(trainer).from_base
 
 
 def _check_prompts(trainer: Trainer) -> list:

@@ -23,6 +23,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import gguf
@@ -403,8 +404,10 @@ def _tokenizer(kv: dict[str, Any], source: str):
 
 
 # ----------------------------------------------------------------------------- import
-def import_gguf(path: str | os.PathLike) -> LoadedModel:
-    """Load any ``llama``-architecture GGUF file as float32 weights.
+def import_gguf(path: str | os.PathLike, tensors: Collection[str] | None = None) -> LoadedModel:
+    """Load any ``llama``-architecture GGUF file as float32 weights (with ``tensors``: only those are
+    dequantized into ``weights``, e.g. what a checkpoint reads back from its base file; every tensor is
+    still checked against the config).
 
     Returns:
         :class:`core.loaded.LoadedModel`: config (``tie_embeddings`` when the file has no
@@ -438,7 +441,7 @@ def import_gguf(path: str | os.PathLike) -> LoadedModel:
     config = ModelConfig(**{**config.to_dict(), "tie_embeddings": tied})
     shapes = dict(config.param_shapes())
     _check_tensors(source, infos, shapes)
-    weights, tensor_types = _read_weights(p, by_name, shapes)
+    weights, tensor_types = _read_weights(p, by_name, shapes, tensors)
     if tied:
         notes.append(f"no {tensor_name(gguf.MODEL_TENSOR.OUTPUT)}: the output projection is tied to "
                      f"{tensor_name(gguf.MODEL_TENSOR.TOKEN_EMBD)}")
@@ -462,17 +465,19 @@ def _check_tensors(source: str, infos: list[TensorInfo], shapes: dict[str, tuple
         raise GGUFError(f"{source}: tensors {missing[:4]} are missing")
 
 
-def _read_weights(p: Path, by_name: dict[str, TensorInfo],
-                  shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """({name: float32 weights}, {name: ggml type name}) in ``shapes``' order; NaN/inf is a GGUFError."""
+def _read_weights(p: Path, by_name: dict[str, TensorInfo], shapes: dict[str, tuple[int, ...]],
+                  only: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """({name: float32 weights} of the tensors in ``only`` (None: all), {name: ggml type name} of all) in
+    ``shapes``' order; NaN/inf is a GGUFError."""
     weights: dict[str, np.ndarray] = {}
     tensor_types: dict[str, str] = {}
     for name in shapes:
         info = by_name[name]
-        w = dequantize(p, info)
-        if not np.all(np.isfinite(w)):
-            raise GGUFError(f"{p}: tensor {name} contains NaN or infinite values")
-        weights[name] = w
+        if only is None or name in only:
+            w = dequantize(p, info)
+            if not np.all(np.isfinite(w)):
+                raise GGUFError(f"{p}: tensor {name} contains NaN or infinite values")
+            weights[name] = w
         tensor_types[name] = _type_name(info)
     return weights, tensor_types
 
