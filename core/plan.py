@@ -217,7 +217,7 @@ def _check_kinds(recall_prompts: tuple[int, int] | dict,
 def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list[int], list[int]] | None = None,
               recall_prompts: tuple[int, int] | dict = (0, 0), answer_tokens: tuple[float, float] = (12.0, 12.0),
               time_budget_s: float = 0.0, preset: str | None = None,
-              step_tokens: tuple[float, float] | None = None) -> Plan:
+              step_tokens: tuple[float, float] | None = None, tune_seconds_per_token: float | None = None) -> Plan:
     """Plan a run.
 
     Args:
@@ -234,6 +234,8 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
         preset: force a preset (None: :func:`choose_preset`).
         step_tokens: mean padded tokens of a (pretraining, tuning) step as the planned data mix makes
             them (core.trainer.Batches.padded_tokens); when None, estimated from ``lengths``.
+        tune_seconds_per_token: the speed of a tuning step (measured at its rows, longer than
+            pretraining's); None: ``seconds_per_token``.
 
     Returns:
         A :class:`Plan`.
@@ -257,7 +259,8 @@ def make_plan(stats: DatasetStats, seconds_per_token: float, lengths: tuple[list
     t_f, t_d = _padded_lengths(stats, mc.context_length, b, lengths)
     if step_tokens is None:
         step_tokens = (b * (max(t_f, t_d) if tc.mix_share and n_d else t_f), b * max(t_d, t_f))
-    cost = _RunCost([t * seconds_per_token * TRAINER_OVERHEAD for t in step_tokens],
+    spts = (seconds_per_token, tune_seconds_per_token or seconds_per_token)
+    cost = _RunCost([t * v * TRAINER_OVERHEAD for t, v in zip(step_tokens, spts)],
                     **_check_seconds(_check_kinds(recall_prompts, answer_tokens), (t_f, t_d), b, seconds_per_token,
                                      n_d))
     steps, (train_s, check_s, every) = _fit_budget(steps, cost, time_budget_s, n_f, rows[0], notes)
@@ -425,10 +428,14 @@ def _speed_file():
     return user_cache_dir() / "train_speed.json"
 
 
-def speed_key(device_label: str, mc: ModelConfig, batch_size: int) -> str:
-    """Cache key of a measured speed: the device and the shape of the step."""
+def speed_key(device_label: str, mc: ModelConfig, batch_size: int, seq: int) -> str:
+    """Cache key of a measured speed: the device and the shape of the step (``seq``: tokens a row)."""
     return (f"{device_label}|d{mc.d_model}|l{mc.n_layers}|h{mc.n_heads}/{mc.n_kv_heads}|f{mc.ffn_dim}"
-            f"|v{mc.vocab_size}|b{batch_size}")
+            f"|v{mc.vocab_size}|b{batch_size}|s{seq}")
+
+
+SPEED_SEQ_STEP = 8
+"""Row lengths a speed is measured at are rounded up to a multiple of this (fewer measurements to cache)."""
 
 
 def cached_speed(key: str) -> float | None:
@@ -462,14 +469,16 @@ SPEED_STEPS = 5
 def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps: int = SPEED_STEPS,
                   use_cache: bool = True) -> float:
     """Seconds per padded token of a training step (forward, backward, AdamW) of ``mc`` at
-    (``batch_size``, ``seq``) on ``dev``: the median of ``steps`` timed steps after one warm-up step.
-    Cached per device and shape (:func:`cached_speed`)."""
+    (``batch_size``, ``seq`` rounded up to ``SPEED_SEQ_STEP``) on ``dev``: the median of ``steps`` timed steps
+    after one warm-up step. Cached per device and shape (:func:`cached_speed`). A token of a short row costs
+    more (the step's fixed launches): on the 2-core Xeon VM the Small preset measured 5.6e-5 s a token at rows
+    of 24, 3.5-4.3e-5 at 48-128, so a plan times each stage at its own rows."""
     from core.model import Model
 
-    key = speed_key(dev.info.label, mc, batch_size)
+    seq = max(2, min(-(-seq // SPEED_SEQ_STEP) * SPEED_SEQ_STEP, mc.context_length))
+    key = speed_key(dev.info.label, mc, batch_size, seq)
     if use_cache and (v := cached_speed(key)) is not None:
         return v
-    seq = max(2, min(seq, mc.context_length))
     model = Model(dev, mc, batch_size=batch_size, seed=0)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, mc.vocab_size, (batch_size, seq), dtype=np.int32)
@@ -550,12 +559,17 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
     # timed at the padded length of a planned pretraining batch (questions mixed in make it longer), with the
     # default matmul kernels before the first tuning (which the plan announces: first_run_s)
     seq = round(step_tokens[0] / b) if step_tokens[0] else int(padded_length(f_len or d_len, b)) or 16
+    b_tune = PRESETS[preset][1].dialogues.batch_size
+    seq_tune = round(step_tokens[1] / b_tune) if step_tokens[1] else 0
     with matmul_autotune.untuned():
         spt = measure_speed(dev, mc, b, seq)
-    steps_s = (SPEED_STEPS + 1) * spt * b * max(2, min(seq, mc.context_length)) if dev.builds > builds else 0.0
+        spt_tune = measure_speed(dev, mc, b_tune, seq_tune) if seq_tune else spt  # each stage at its own rows
+    steps_s = (SPEED_STEPS + 1) * (spt * b * max(2, min(seq, mc.context_length))
+                                   + (spt_tune * b_tune * min(seq_tune, mc.context_length) if seq_tune else 0.0)) \
+        if dev.builds > builds else 0.0
     first = first_run_seconds(dev, dev.builds - builds, max(0.0, time.perf_counter() - t0 - steps_s))
     plan = make_plan(stats, spt, (f_len, d_len), kinds, time_budget_s=time_budget_s, preset=preset,
-                     step_tokens=step_tokens)
+                     step_tokens=step_tokens, tune_seconds_per_token=spt_tune)
     return replace(plan, first_run_s=first), stats
 
 

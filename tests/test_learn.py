@@ -180,13 +180,25 @@ def test_the_estimate_runs_the_planned_steps_when_checks_sample_and_less_when_th
     assert tc.min_gain == MIN_GAIN and tc.pretrain.steps > tc.pretrain.decay_steps == big.planned_steps[0]
 
 
+def test_a_plan_times_each_stage_at_its_own_speed():
+    """Tuning's rows are longer than pretraining's, and a token of a long row costs less: its measured speed
+    (tune_seconds_per_token) times the tuning steps, the pretraining speed the rest."""
+    from core.estimates import DatasetStats
+    from core.plan import make_plan
+
+    stats = DatasetStats(1024, 30000, 8000, 2000, 200, 60, [])
+    same, faster = make_plan(stats, 1e-5), make_plan(stats, 1e-5, tune_seconds_per_token=0.5e-5)
+    assert same.planned_steps == faster.planned_steps and faster.train_s < same.train_s
+    assert make_plan(stats, 1e-5, tune_seconds_per_token=1e-5).train_s == pytest.approx(same.train_s)
+
+
 def test_speed_is_measured_once_and_cached(device, tmp_path, monkeypatch):
     from core import plan
 
     monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
     mc = replace(SMALL, vocab_size=300)
     v = plan.measure_speed(device, mc, 4, 16, steps=2)
-    assert v > 0 and plan.cached_speed(plan.speed_key(device.info.label, mc, 4)) == v
+    assert v > 0 and plan.cached_speed(plan.speed_key(device.info.label, mc, 4, 16)) == v
     assert plan.measure_speed(device, mc, 4, 16) == v  # from the cache, not measured again
 
 
