@@ -79,6 +79,31 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     assert np.array_equal(host["blk.0.attn_q.weight"], mixed.weights["blk.0.attn_q.weight"])
 
 
+def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients(mixed, device):
+    """``max_seq`` also sizes the adapters' scratch (core.lora.LoRAScratch) and the quantized matmuls':
+    a LoRA model on the quantized base built for rows of 6 tokens holds less and gives the loss and the
+    adapter gradients of the one built for the whole context, bit for bit."""
+    from core.trainer import UpdateGuard
+
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    c = dataclasses.replace(mixed.config, context_length=16)
+    ad = random_adapter(c, lora, 5)
+    tokens, targets, mask = batch(c, 2, 6, 9)
+    got = []
+    for max_seq in (None, 6):
+        before = device.allocated_bytes
+        m = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized,
+                  max_seq=max_seq)
+        UpdateGuard(m)
+        got.append((device.allocated_bytes - before, m.memory_estimate(), m.forward_backward(tokens, targets, mask),
+                    m.grads.to_numpy()))
+    (a_full, e_full, s_full, g_full), (a_short, e_short, s_short, g_short) = got
+    assert a_short < a_full and e_short < e_full and abs(a_short - e_short) <= 0.2 * e_short
+    assert s_short.loss == s_full.loss
+    for name in g_full:
+        np.testing.assert_array_equal(g_short[name], g_full[name], err_msg=name)
+
+
 def write_quant_smol(path):
     """``write_f32_smol``'s tiny llama (SmolLM2's tokenizer) with its block matrices in Q8_0 and Q4_1."""
     f32 = import_gguf(write_f32_smol(path.with_name("f32-" + path.name)))
