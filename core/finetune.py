@@ -9,6 +9,7 @@ short context (the memory of activations grows with it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,15 +71,16 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
 
 def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
                  train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None,
-                 quantized: bool = True) -> Trainer:
+                 quantized: bool = True, check_memory: Callable[[int], None] | None = None) -> Trainer:
     """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
     ``lora``: trains adapters on the frozen weights, the base's block matrices kept in the file's GGUF
     formats on the device unless ``quantized`` is False (core.quant_base); ``base_meta`` from
-    :func:`lora_base_meta`)."""
+    :func:`lora_base_meta`; ``check_memory`` as the Trainer's)."""
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
-                      weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None)
+                      weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None,
+                      check_memory=check_memory)
     trainer.base_meta = dict(base_meta)
     return trainer
 
@@ -194,26 +196,14 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
 
 
-def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
-    """Padded tokens of a row in the longest batch of ``trainer``'s run (its first ``most_steps`` steps of
-    each stage): how far its activation buffers are ever written."""
-    longest = 1
-    for stage in (0, 1):
-        if not (trainer.facts if stage == 0 else trainer.dialogues):
-            continue
-        for step in range(min(trainer.stage_config(stage).steps, most_steps)):
-            longest = max(longest, max(len(e.ids) for e in trainer.batches.examples(stage, step)) - 1)
-    return min(longest, trainer.model_config.context_length)
-
-
 @dataclass(frozen=True)
 class ResidentEstimate:
     """Peak resident memory of a fine-tune's process (``train --base`` and the Training tab), in bytes.
 
     Attributes:
         peak_bytes: core.estimates.peak_resident_bytes of the run.
-        longest: padded tokens of the longest row (:func:`longest_row`): how far the device's buffers are
-            written where they live in host memory.
+        longest: the longest row of a full batch the trainer's model is built for (``Model.max_seq``,
+            core.trainer.max_seq_of its data): its device buffers hold that many tokens a row.
         device_on_host: the device's buffers count (a CPU device).
         save_bytes: a checkpoint save's copy of the weights and moments (core.estimates.save_copy_bytes).
         check_bytes: a recall check's logits (core.estimates.check_copy_bytes).
@@ -232,11 +222,11 @@ def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bo
     device's buffers live in host memory (core.device.Device.is_cpu)."""
     from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
 
-    tc, mc, longest = trainer.train_config, trainer.model_config, longest_row(trainer)
+    tc, mc, model = trainer.train_config, trainer.model_config, trainer.model
     rows, check = check_shape(trainer)
-    peak = peak_resident_bytes(resident_before, mc, trainer.model.batch_size, longest, tc.freeze_embeddings,
-                               device_on_host, check, rows)
-    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings),
+    peak = peak_resident_bytes(resident_before, mc, model.memory_estimate(), device_on_host, tc.freeze_embeddings,
+                               check, rows)
+    return ResidentEstimate(peak, model.max_seq, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings),
                             check_copy_bytes(mc, rows, check))
 
 
@@ -333,4 +323,4 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
            "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
-           "longest_row", "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]
+           "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

@@ -436,7 +436,7 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     if use_cache and (v := cached_speed(key)) is not None:
         return v
     seq = max(2, min(seq, mc.context_length))
-    model = Model(dev, mc, batch_size=batch_size, seed=0)
+    model = Model(dev, mc, batch_size=batch_size, seed=0, max_seq=seq)  # buffers for the timed rows only
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, mc.vocab_size, (batch_size, seq), dtype=np.int32)
     mask = np.ones((batch_size, seq), np.float32)

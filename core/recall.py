@@ -298,9 +298,10 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
-        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``); the last yield holds the whole table, items in the order of :data:`KINDS`, each in
-        dataset order. ``should_stop()``, asked before each batch, ends the check early (the last
-        yield then holds a partial table).
+        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``, and no more
+        tokens a forward than the model holds, ``Model.rows``); the last yield holds the whole table,
+        items in the order of :data:`KINDS`, each in dataset order. ``should_stop()``, asked before each
+        batch, ends the check early (the last yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
     prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes)
@@ -311,7 +312,8 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         return [results[i] for i in sorted(results)]
 
     yield 0, len(prompts), []
-    for chunk in _chunks(order, prompts, model.batch_size):
+    # batches within the model's tokens (Model.rows); core.trainer.max_seq_of makes room for the longest prompt
+    for chunk in _chunks(order, prompts, model.batch_size, model.config.context_length, model.rows):
         if stop():
             return
         outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
@@ -325,16 +327,34 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         yield len(results), len(prompts), table()
 
 
-def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[int]]:
+def forward_length(prompt: _Prompt, context_length: int) -> int:
+    """Tokens of the longest row :func:`greedy_batch` gives the model for ``prompt``: the prompt and all
+    but the last of its ``max_new`` tokens, never ``context_length`` (a row ends one token before)."""
+    return min(len(prompt.ids) + prompt.max_new - 1, context_length - 1)
+
+
+def longest_forward(prompts: list[_Prompt], context_length: int) -> int:
+    """The longest row a check of ``prompts`` (or of any sample of them) gives the model (1 without any):
+    a model must hold one row that long (:func:`recall_check` puts the others in batches of at most
+    the model's ``rows`` tokens)."""
+    return max((forward_length(p, context_length) for p in prompts), default=1)
+
+
+def _chunks(order: list[int], prompts: list[_Prompt], b: int, context_length: int,
+            tokens: int | None = None) -> Iterator[list[int]]:
     """Batches of ``order`` (prompts sorted by length): at most ``b`` rows and about ``b`` x
     ``ROW_TOKENS`` tokens of prompt plus answer, so a batch of long conversation prompts takes no longer
-    than one of short fact prompts (each batch is one "checking recall" progress event)."""
+    than one of short fact prompts (each batch is one "checking recall" progress event), and no forward
+    of more than ``tokens`` (rows x :func:`forward_length` of its longest; None: no limit) unless the
+    batch is one prompt."""
     chunk: list[int] = []
+    longest = 0
     for i in order:
-        rows = len(chunk) + 1
-        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS):
+        rows, longest = len(chunk) + 1, max(longest, forward_length(prompts[i], context_length))
+        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS
+                      or (tokens is not None and rows * longest > tokens)):
             yield chunk
-            chunk = []
+            chunk, longest = [], forward_length(prompts[i], context_length)
         chunk.append(i)
     if chunk:
         yield chunk
@@ -347,4 +367,4 @@ def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "forward_length", "longest_forward", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
