@@ -180,12 +180,13 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
 
 
 def _fact_prompts(tok: Tokenizer, facts: list[str]) -> list[_Prompt]:
-    """A fact's prompt: BOS + its first words (:func:`fact_prompt_words`); the rest is expected."""
+    """A fact's prompt: BOS + its first words (:func:`fact_prompt_words`), as the fact was trained (a file
+    whose ``add_bos_token`` is false: no BOS; core.chat_format.fact_prompt_ids); the rest is expected."""
     out = []
     for i, (fact, k) in enumerate(zip(facts, fact_prompt_words(facts))):
         prompt, expected = fact_split(fact, k)
         if expected:
-            ids = [tok.bos_id] + tok.encode(prompt)
+            ids = chat_format.fact_prompt_ids(tok, prompt)
             out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
     return out
 
