@@ -94,15 +94,17 @@ class FinetuneEstimate:
         step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
             (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update
             guard's copy and check (timed) once more for AdamW's pass over the same buffers.
-        check_s: seconds of the recall checks at the stages' ends (:func:`check_forwards` at the timed
-            speed of a forward whose logits are read back, as the check's are).
+        check_s: seconds of the recall checks at the stages' ends (core.recall.check_seconds at ``forward``).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
+        forward: the timed speed of a forward whose logits are read back, as a recall check's are (the
+            trainer's ``check_speed``: how its checks decode); None without steps.
     """
 
     steps: tuple[int, int]
     step_s: tuple[float, float]
     check_s: float
     save_s: float = 0.0
+    forward: Speed | None = None
 
     @property
     def total_s(self) -> float:
@@ -174,6 +176,7 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
     (:func:`gradient_seconds`: five passes, the update guard once) and the padded tokens of its batches."""
     from core.estimates import save_copy_bytes
+    from core.recall import check_seconds
 
     has = (bool(trainer.facts), bool(trainer.dialogues))
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
@@ -190,10 +193,10 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
             passes = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # micro-batches
             step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
-    forwards, tokens = check_forwards(trainer)
     file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files
-    check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
-    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
+    m, cl = trainer.model, trainer.model_config.context_length
+    check_s = stages * check_seconds(_check_prompts(trainer), m.batch_size, cl, m.rows, logits)
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S, logits)
 
 
 @dataclass(frozen=True)
@@ -244,20 +247,6 @@ def check_shape(trainer: Trainer) -> tuple[int, int]:
     prompts = _check_prompts(trainer)
     longest = max((len(p.ids) + p.max_new for p in prompts), default=1)
     return min(len(prompts), trainer.model.batch_size), min(trainer.model_config.context_length, longest)
-
-
-def check_forwards(trainer: Trainer) -> tuple[int, int]:
-    """``(forwards, tokens)`` of one end-of-stage recall check of ``trainer``'s run (core.recall.greedy_batch:
-    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's whole
-    sequences, as many as its longest answer)."""
-    prompts = _check_prompts(trainer)
-    b, forwards, total = trainer.model.batch_size, 0, 0
-    for i in range(0, len(prompts), b):
-        chunk = prompts[i:i + b]
-        t0, new = max(len(p.ids) for p in chunk), max(p.max_new for p in chunk)
-        forwards += new
-        total += len(chunk) * (new * t0 + new * (new - 1) // 2)  # lengths t0, t0 + 1, ..., t0 + new - 1
-    return forwards, total
 
 
 LORA_LR = 1e-3
@@ -322,5 +311,5 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
-           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
+           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_shape",
            "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

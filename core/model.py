@@ -678,6 +678,29 @@ class Model:
         self._forward(b, t)
         return self.dev.download(self.act.logits, (b, t, self.config.vocab_size))
 
+    def next_logits(self, ids: list[int], pos: int) -> np.ndarray:
+        """Logits after the last of ``ids``, one sequence decoded with this model's K/V buffers as its cache
+        (core.recall's cached greedy decoding; what core.generate.Generator.feed does with its own).
+
+        Args:
+            ids: the sequence's next tokens (at least one).
+            pos: its tokens before them, fed by the calls since the one with ``pos`` 0 (which starts it);
+                the activations of any other batch in between are lost.
+
+        Returns:
+            float32 (vocab_size,) logits predicting the token after ``ids[-1]``.
+
+        Raises:
+            ValueError: ids out of range, or ``pos + len(ids)`` beyond the context or ``Model.rows``.
+        """
+        t = len(ids)
+        if t == 0 or pos < 0 or pos + t > min(self.rows, self.config.context_length):
+            raise ValueError(f"{pos} + {t} tokens do not fit the model's {min(self.rows, self.config.context_length)} "
+                             "rows of K/V")
+        self._load_batch(np.asarray([ids], np.int32), None, None)
+        forward(self.ops, self.config, self._views, self.act, 1, t, pos=pos, last_row_only=True)
+        return self.dev.download(self.act.logits, (self.config.vocab_size,))
+
     def loss(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
         """Masked mean cross-entropy (nats/token) of a batch, without gradients.
 

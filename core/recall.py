@@ -283,10 +283,44 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
     return outs
 
 
+def greedy_cached(model: Model, prompts: list[list[int]], max_new: list[int], eos_id: int) -> list[list[int]]:
+    """:func:`greedy_batch`'s continuations (the same rule of ending), decoded one prompt at a time with the
+    model's K/V buffers as the cache (``Model.next_logits``): one forward of the prompt, then one of each
+    new token, as the chat decodes (core.generate.Generator). Fewer tokens computed than by
+    :func:`greedy_batch`, in more forwards of fewer rows: :func:`decode_seconds` says which is faster."""
+    cl = model.config.context_length
+    outs: list[list[int]] = []
+    for ids, most in zip(prompts, max_new):
+        out: list[int] = []
+        if most > 0 and len(ids) < cl:
+            logits = model.next_logits(list(ids), 0)
+            while True:
+                out.append(int(np.argmax(logits)))
+                if out[-1] == eos_id or len(out) >= most or len(ids) + len(out) >= cl:
+                    break
+                logits = model.next_logits(out[-1:], len(ids) + len(out) - 1)
+        outs.append(out)
+    return outs
+
+
+def decode_seconds(prompts: list[_Prompt], context_length: int, speed: Callable[[float], float]) -> tuple[float, float]:
+    """``(together, one by one)``: seconds of decoding ``prompts`` with :func:`greedy_batch` and with
+    :func:`greedy_cached`, every row running to its ``max_new`` (a right answer ends sooner), at ``speed``
+    (seconds of one forward of ``n`` tokens, core.finetune.Speed)."""
+    together, k = 0.0, 0
+    while active := [p for p in prompts if k < p.max_new and len(p.ids) + k < context_length]:
+        together += speed(len(active) * max(len(p.ids) + k for p in active))
+        k += 1
+    alone = sum(speed(len(p.ids)) + (forward_length(p, context_length) - len(p.ids)) * speed(1)
+                for p in prompts if p.max_new > 0 and len(p.ids) < context_length)
+    return together, alone
+
+
 def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
-                 sample: int = 0, sizes: dict[str, int] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 sample: int = 0, sizes: dict[str, int] | None = None,
+                 speed: Callable[[float], float] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
@@ -295,7 +329,9 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
     ``sample``, ``sizes``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
-    prompts per kind).
+    prompts per kind). ``speed``: seconds of a forward of ``n`` tokens of this model (core.finetune.Speed,
+    measured); a batch then decodes its prompts one by one (:func:`greedy_cached`) where
+    :func:`decode_seconds` says that is faster (a large model on a CPU), else together (None: always).
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
@@ -317,8 +353,11 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     for chunk in _chunks(order, prompts, model.batch_size, model.config.context_length, model.rows):
         if stop():
             return
-        outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
-                            tok.eos_id, tok.pad_id)
+        ids, most = [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk]
+        if speed is not None and one_by_one([prompts[i] for i in chunk], model.config.context_length, speed):
+            outs = greedy_cached(model, ids, most, tok.eos_id)
+        else:
+            outs = greedy_batch(model, ids, most, tok.eos_id, tok.pad_id)
         for i, out in zip(chunk, outs):
             p = prompts[i]
             got = tok.decode([t for t in out if t != tok.eos_id])
@@ -339,6 +378,22 @@ def longest_forward(prompts: list[_Prompt], context_length: int) -> int:
     a model must hold one row that long (:func:`recall_check` puts the others in batches of at most
     the model's ``rows`` tokens)."""
     return max((forward_length(p, context_length) for p in prompts), default=1)
+
+
+def one_by_one(prompts: list[_Prompt], context_length: int, speed: Callable[[float], float]) -> bool:
+    """Whether a batch of ``prompts`` decodes faster one prompt at a time (:func:`decode_seconds`)."""
+    together, alone = decode_seconds(prompts, context_length, speed)
+    return alone < together
+
+
+def check_seconds(prompts: list[_Prompt], batch_size: int, context_length: int, rows: int,
+                  speed: Callable[[float], float]) -> float:
+    """Seconds of a :func:`recall_check` of ``prompts`` on a model of ``batch_size`` rows and ``rows`` tokens
+    whose forwards take ``speed`` seconds, each batch decoded as the check decodes it, every answer to its
+    ``max_new`` (an upper bound: a right answer ends at its EOS)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+    return sum(min(decode_seconds([prompts[i] for i in chunk], context_length, speed))
+               for chunk in _chunks(order, prompts, batch_size, context_length, rows))
 
 
 def _chunks(order: list[int], prompts: list[_Prompt], b: int, context_length: int,
@@ -368,4 +423,5 @@ def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "forward_length", "longest_forward", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "forward_length", "longest_forward", "greedy_cached", "decode_seconds", "one_by_one",
+           "check_seconds", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

@@ -195,6 +195,9 @@ class Trainer:
         self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
+        # seconds of a forward of n tokens (core.finetune.Speed, measured by core.finetune.estimate_time): the
+        # recall checks then decode each batch together or one prompt at a time, whichever is faster (core.recall)
+        self.check_speed: Callable[[float], float] | None = None
         self._check_sizes: dict[str, int] = {}  # prompts per kind before sampling (core.recall.recall_prompts)
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")
@@ -413,7 +416,8 @@ class Trainer:
         is called."""
         items = []
         for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs):
+                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs,
+                                                 speed=self.check_speed):
             pass
         return items
 
@@ -439,7 +443,7 @@ class Trainer:
         sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                should_stop=lambda: self._stop, heldout=self.heldout_pairs,
-                                               sample=sample, sizes=self._check_sizes):
+                                               sample=sample, sizes=self._check_sizes, speed=self.check_speed):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

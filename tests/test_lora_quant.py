@@ -104,6 +104,22 @@ def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients
         np.testing.assert_array_equal(g_short[name], g_full[name], err_msg=name)
 
 
+def test_cached_greedy_on_a_quantized_lora_model_gives_the_batched_tokens(mixed, device):
+    """One prompt at a time over the model's K/V buffers (core.recall.greedy_cached, single-row forwards
+    through the quantized matmuls and the adapters) decodes what greedy_batch decodes."""
+    from core.recall import greedy_batch, greedy_cached
+
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    c = dataclasses.replace(mixed.config, context_length=16)
+    m = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=random_adapter(c, lora, 3),
+              quantized=mixed.quantized, training=False, max_seq=8)
+    rng = np.random.default_rng(4)
+    prompts, most = [rng.integers(3, c.vocab_size, n).tolist() for n in (2, 9, 5)], [7, 6, 3]
+    want = [greedy_batch(m, [p], [k], eos_id=-1, pad_id=0)[0] for p, k in zip(prompts, most)]
+    assert greedy_cached(m, prompts, most, eos_id=-1) == want and [len(o) for o in want] == most
+    assert len({t for o in want for t in o}) > 2  # not one token over and over
+
+
 def write_quant_smol(path):
     """``write_f32_smol``'s tiny llama (SmolLM2's tokenizer) with its block matrices in Q8_0 and Q4_1."""
     f32 = import_gguf(write_f32_smol(path.with_name("f32-" + path.name)))
