@@ -61,6 +61,13 @@ def instrument(seconds: dict, calls: dict) -> None:
         setattr(owner, leaf, _timed(seconds, calls, name, fn, inspect.isgeneratorfunction(fn)))
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)  # the OpenCL CPU driver's threads are this process's
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> int:
     from tests.artifacts import smollm2_path
 
@@ -76,11 +83,12 @@ def main() -> int:
 
     load0 = os.getloadavg()
     out = a.out or tempfile.mkdtemp(prefix="five-facts-")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
     rc = cli(["train", "--base", a.model or str(smollm2_path()), "--lora", "--data", a.data, "--out", out, *a.extra])
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
     print(f"\nwall {wall // 60:.0f}:{wall % 60:04.1f} (exit {rc}); load average before {load0[0]:.1f}, after "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; CPU {cpu:.0f} s (user + system, every thread: "
+          f"{cpu / wall:.0%} of one core)")
     for _, _, name in PARTS:
         if calls[name]:
             print(f"  {name:30s} {seconds[name]:7.1f} s  {seconds[name] / wall:6.1%}  ({calls[name]} calls)")
