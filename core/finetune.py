@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from core.device import Device
     from core.loaded import LoadedModel
     from core.lora import LoRAConfig
+    from core.recall import CheckSpeed
     from core.trainer import Trainer
 
 DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
@@ -96,7 +97,7 @@ class FinetuneEstimate:
             guard's copy and check (timed) once more for AdamW's pass over the same buffers.
         check_s: seconds of the recall checks at the stages' ends (core.recall.check_seconds at ``forward``).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
-        forward: the timed speed of a forward whose logits are read back, as a recall check's are (the
+        decoding: how fast the trainer's model decodes a recall check (core.recall.CheckSpeed, timed; the
             trainer's ``check_speed``: how its checks decode); None without steps.
     """
 
@@ -104,7 +105,7 @@ class FinetuneEstimate:
     step_s: tuple[float, float]
     check_s: float
     save_s: float = 0.0
-    forward: Speed | None = None
+    decoding: CheckSpeed | None = None
 
     @property
     def total_s(self) -> float:
@@ -157,19 +158,31 @@ def _seconds(fn) -> float:
     return time.perf_counter() - t0
 
 
-def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, Speed]:
-    """``(gradients, logits)``: the speed of a forward and backward pass of ``trainer``'s model (its
-    gradients, as a step computes them) and of a forward whose logits are read back (a recall check's),
-    each timed on the first micro-batch of every stage in ``stages`` (its real sequences) after one
-    untimed pass that builds the kernels. Gradients and activations are overwritten, as the next step
-    overwrites them; weights and moments stay as they are.
+DECODE_STEPS = 4
+"""Single-token steps :func:`gradient_seconds` times (after one untimed step)."""
+
+
+def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, CheckSpeed]:
+    """``(gradients, decoding)``: the speed of a forward and backward pass of ``trainer``'s model (its
+    gradients, as a step computes them), each timed on the first micro-batch of every stage in ``stages``
+    (its real sequences) after one untimed pass that builds the kernels, and how fast it decodes a recall
+    check (core.recall.CheckSpeed: a forward whose logits are read back, timed on the same batches, and
+    the median of :data:`DECODE_STEPS` single-token steps of its first row over its K/V buffers).
+    Gradients and activations are overwritten, as the next step overwrites them; weights and moments stay.
     """
+    import statistics
+
+    from core.recall import CheckSpeed
+
     m = trainer.model
     batches = [tuple(a[:m.batch_size] for a in trainer.batches.batch(stage, 0)) for stage in stages]
     m.forward_backward(*batches[0])  # builds the kernels (the first step then does not)
     grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
     logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
-    return Speed.through(grads), Speed.through(logits)
+    row = [int(t) for t in batches[0][0][0][:max(1, min(8, m.rows - DECODE_STEPS - 1))]]
+    m.next_logits(row, 0)
+    steps = [_seconds(lambda k=k: m.next_logits(row[-1:], len(row) + k)) for k in range(DECODE_STEPS + 1)]
+    return Speed.through(grads), CheckSpeed(Speed.through(logits), statistics.median(steps[1:]))
 
 
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
@@ -182,7 +195,7 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
     if not any(steps):
         return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
-    grads, logits = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
+    grads, decoding = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
     guard = trainer._guard  # the update guard's copy and check, as every step makes them (nothing changes)
     update = 2 * _seconds(lambda: (guard.save(), guard.finite()))  # and AdamW's pass over the same buffers
     step_s = [0.0, 0.0]
@@ -195,8 +208,8 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
     file_bytes = save_copy_bytes(trainer.model_config, trainer.train_config.freeze_embeddings) / 2  # the .npz files
     m, cl = trainer.model, trainer.model_config.context_length
-    check_s = stages * check_seconds(_check_prompts(trainer), m.batch_size, cl, m.rows, logits)
-    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S, logits)
+    check_s = stages * check_seconds(_check_prompts(trainer), m.batch_size, cl, m.rows, decoding)
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S, decoding)
 
 
 @dataclass(frozen=True)

@@ -303,15 +303,25 @@ def greedy_cached(model: Model, prompts: list[list[int]], max_new: list[int], eo
     return outs
 
 
-def decode_seconds(prompts: list[_Prompt], context_length: int, speed: Callable[[float], float]) -> tuple[float, float]:
-    """``(together, one by one)``: seconds of decoding ``prompts`` with :func:`greedy_batch` and with
-    :func:`greedy_cached`, every row running to its ``max_new`` (a right answer ends sooner), at ``speed``
-    (seconds of one forward of ``n`` tokens, core.finetune.Speed)."""
+@dataclass(frozen=True)
+class CheckSpeed:
+    """How fast a model decodes, measured (core.finetune.gradient_seconds): ``forward(n)`` seconds of a forward
+    of ``n`` tokens whose logits are read back (core.finetune.Speed), ``step_s`` seconds of one new token of one
+    row over its K/V buffers (``Model.next_logits``)."""
+
+    forward: Callable[[float], float]
+    step_s: float
+
+
+def decode_seconds(prompts: list[_Prompt], context_length: int, speed: CheckSpeed) -> tuple[float, float]:
+    """``(together, one by one)``: seconds of decoding ``prompts`` with :func:`greedy_batch` (a forward of the
+    active rows per new token) and with :func:`greedy_cached` (a forward of each prompt, then one step per new
+    token), every row running to its ``max_new`` (a right answer ends sooner), at ``speed``."""
     together, k = 0.0, 0
     while active := [p for p in prompts if k < p.max_new and len(p.ids) + k < context_length]:
-        together += speed(len(active) * max(len(p.ids) + k for p in active))
+        together += speed.forward(len(active) * max(len(p.ids) + k for p in active))
         k += 1
-    alone = sum(speed(len(p.ids)) + (forward_length(p, context_length) - len(p.ids)) * speed(1)
+    alone = sum(speed.forward(len(p.ids)) + (forward_length(p, context_length) - len(p.ids)) * speed.step_s
                 for p in prompts if p.max_new > 0 and len(p.ids) < context_length)
     return together, alone
 
@@ -320,7 +330,7 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
                  sample: int = 0, sizes: dict[str, int] | None = None,
-                 speed: Callable[[float], float] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 speed: CheckSpeed | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
@@ -329,9 +339,9 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
     ``sample``, ``sizes``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
-    prompts per kind). ``speed``: seconds of a forward of ``n`` tokens of this model (core.finetune.Speed,
-    measured); a batch then decodes its prompts one by one (:func:`greedy_cached`) where
-    :func:`decode_seconds` says that is faster (a large model on a CPU), else together (None: always).
+    prompts per kind). ``speed``: how fast this model decodes (:class:`CheckSpeed`, measured); a batch then
+    decodes its prompts one by one (:func:`greedy_cached`) where :func:`decode_seconds` says that is faster
+    (a large model on a CPU), else together (None: always).
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
@@ -380,16 +390,16 @@ def longest_forward(prompts: list[_Prompt], context_length: int) -> int:
     return max((forward_length(p, context_length) for p in prompts), default=1)
 
 
-def one_by_one(prompts: list[_Prompt], context_length: int, speed: Callable[[float], float]) -> bool:
+def one_by_one(prompts: list[_Prompt], context_length: int, speed: CheckSpeed) -> bool:
     """Whether a batch of ``prompts`` decodes faster one prompt at a time (:func:`decode_seconds`)."""
     together, alone = decode_seconds(prompts, context_length, speed)
     return alone < together
 
 
 def check_seconds(prompts: list[_Prompt], batch_size: int, context_length: int, rows: int,
-                  speed: Callable[[float], float]) -> float:
+                  speed: CheckSpeed) -> float:
     """Seconds of a :func:`recall_check` of ``prompts`` on a model of ``batch_size`` rows and ``rows`` tokens
-    whose forwards take ``speed`` seconds, each batch decoded as the check decodes it, every answer to its
+    that decodes at ``speed``, each batch decoded as the check decodes it, every answer to its
     ``max_new`` (an upper bound: a right answer ends at its EOS)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     return sum(min(decode_seconds([prompts[i] for i in chunk], context_length, speed))
@@ -423,5 +433,5 @@ def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "forward_length", "longest_forward", "greedy_cached", "decode_seconds", "one_by_one",
+           "recall_check", "forward_length", "longest_forward", "greedy_cached", "CheckSpeed", "decode_seconds", "one_by_one",
            "check_seconds", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

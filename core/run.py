@@ -284,7 +284,7 @@ class Run:
 
         yield Phase("estimate", "estimating the fine-tune: timing a few passes of the base model")
         est = estimate_time(trainer)
-        trainer.check_speed = est.forward  # its recall checks decode as this speed says is faster (core.recall)
+        trainer.check_speed = est.decoding  # its recall checks decode as this speed says is faster (core.recall)
         yield LogEvent("INFO", f"plan: {est.summary()}")
         before = self._resident_before
         if before is None:

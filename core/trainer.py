@@ -50,6 +50,7 @@ from core.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from core.lora import LoRAConfig
     from core.quant_base import RawBase
+    from core.recall import CheckSpeed
     from core.generate import Generator
 
 log = logging.getLogger(__name__)
@@ -195,9 +196,9 @@ class Trainer:
         self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
-        # seconds of a forward of n tokens (core.finetune.Speed, measured by core.finetune.estimate_time): the
+        # how fast the model decodes (core.recall.CheckSpeed, measured by core.finetune.estimate_time): the
         # recall checks then decode each batch together or one prompt at a time, whichever is faster (core.recall)
-        self.check_speed: Callable[[float], float] | None = None
+        self.check_speed: CheckSpeed | None = None
         self._check_sizes: dict[str, int] = {}  # prompts per kind before sampling (core.recall.recall_prompts)
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")

@@ -40,7 +40,7 @@ def test_cached_greedy_gives_the_batched_tokens_in_rows_within_max_seq(device):
     tokens, with the same rule of ending; a model built for short rows (max_seq 4 x 5 rows) decodes a row of
     up to its 20 tokens; the cost model picks one by one when tokens cost and together when forwards do."""
     from core.finetune import Speed
-    from core.recall import _Prompt, decode_seconds, greedy_cached, one_by_one
+    from core.recall import CheckSpeed, _Prompt, decode_seconds, greedy_cached, one_by_one
 
     cfg = replace(SMALL, vocab_size=50)
     model = Model(device, cfg, batch_size=5, seed=3, training=False, max_seq=4)
@@ -54,12 +54,13 @@ def test_cached_greedy_gives_the_batched_tokens_in_rows_within_max_seq(device):
     assert greedy_cached(model, prompts, max_new, eos_id=eos) == [greedy_batch(model, [p], [m], eos, 0)[0]
                                                                   for p, m in zip(prompts, max_new)]
     asked = [_Prompt("fact", i, "", "", p, m) for i, (p, m) in enumerate(zip(prompts[:4], max_new))]
-    together, one = decode_seconds(asked, cfg.context_length, Speed(0.0, 1.0))
+    per_token = CheckSpeed(Speed(0.0, 1.0), 1.0)  # seconds a token, however many in a forward
+    together, one = decode_seconds(asked, cfg.context_length, per_token)
     assert together == sum(len([p for p in asked if k < p.max_new]) * max(len(p.ids) + k for p in asked if k < p.max_new)
                            for k in range(9))
     assert one == sum(len(p.ids) + p.max_new - 1 for p in asked)
-    assert one_by_one(asked, cfg.context_length, Speed(0.0, 1.0))
-    assert not one_by_one(asked, cfg.context_length, Speed(1.0, 0.0))
+    assert one_by_one(asked, cfg.context_length, per_token)
+    assert not one_by_one(asked, cfg.context_length, CheckSpeed(Speed(1.0, 0.0), 1.0))  # a second a forward
 
 
 def test_batched_recall_agrees_with_the_per_prompt_check(device):
