@@ -318,10 +318,12 @@ def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, plan
         raise ValueError(f"{problem} (or lower --lora-rank)")
 
 
-def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, max_seq: int) -> None:
-    """The memory line of a full training run (rows of ``max_seq`` tokens); refuses one that does not fit."""
+def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, max_seq: int | None = None) -> None:
+    """The memory line of a full training run (rows of ``max_seq`` tokens, None: the context); refuses one
+    that does not fit."""
     from core.estimates import training_memory_bytes, training_memory_problem
 
+    max_seq = mc.context_length if max_seq is None else max_seq
     b = max(tc.pretrain.batch_size, tc.tune.batch_size)
     need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings, max_seq)
     have = dev.global_mem_size
