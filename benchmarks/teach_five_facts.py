@@ -23,7 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PARTS = (("core.finetune", "load_base", "read the base"), ("core.known", "base_answers", "general questions (base)"),
          ("core.trainer", "Trainer.__init__", "trainer and model built"),
          ("core.finetune", "estimate_time", "time estimate (timed passes)"),
-         ("core.finetune", "estimate_resident", "resident estimate"), ("core.trainer", "Trainer.step", "training steps"),
+         ("core.finetune", "estimate_resident", "resident estimate"),
+         ("core.trainer", "Trainer.step", "training steps"),
          ("core.trainer", "Trainer._check", "recall checks"), ("core.checkpoint", "save_trainer", "saves"))
 
 

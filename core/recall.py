@@ -433,5 +433,5 @@ def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "forward_length", "longest_forward", "greedy_cached", "CheckSpeed", "decode_seconds", "one_by_one",
-           "check_seconds", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "forward_length", "longest_forward", "greedy_cached", "CheckSpeed", "decode_seconds",
+           "one_by_one", "check_seconds", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

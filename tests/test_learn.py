@@ -56,8 +56,8 @@ def test_cached_greedy_gives_the_batched_tokens_in_rows_within_max_seq(device):
     asked = [_Prompt("fact", i, "", "", p, m) for i, (p, m) in enumerate(zip(prompts[:4], max_new))]
     per_token = CheckSpeed(Speed(0.0, 1.0), 1.0)  # seconds a token, however many in a forward
     together, one = decode_seconds(asked, cfg.context_length, per_token)
-    assert together == sum(len([p for p in asked if k < p.max_new]) * max(len(p.ids) + k for p in asked if k < p.max_new)
-                           for k in range(9))
+    live = [[p for p in asked if k < p.max_new] for k in range(9)]  # the rows still decoding at step k
+    assert together == sum(len(rows) * max(len(p.ids) + k for p in rows) for k, rows in enumerate(live))
     assert one == sum(len(p.ids) + p.max_new - 1 for p in asked)
     assert one_by_one(asked, cfg.context_length, per_token)
     assert not one_by_one(asked, cfg.context_length, CheckSpeed(Speed(1.0, 0.0), 1.0))  # a second a forward
