@@ -292,9 +292,10 @@ def _general_questions(args) -> tuple[str, ...] | None:
                                       else ())
 
 
-def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict) -> None:
+def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict, max_seq: int) -> None:
     """The memory line of a LoRA run (core.model.memory_bytes with the adapters and the base matrices
-    ``planned`` in their GGUF formats, core.model.quantized_plan); refuses one that does not fit."""
+    ``planned`` in their GGUF formats, core.model.quantized_plan, rows of ``max_seq`` tokens), beside a full
+    fine-tune of the same rows; refuses one that does not fit."""
     from core.lora import adapter_params
     from core.model import memory_bytes, memory_problem
     from core.quant_base import device_bytes
@@ -306,30 +307,33 @@ def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, plan
         kinds = ", ".join(sorted({q.name for _, q in planned.values()}))
         print(f"base: {len(planned)} block matrices kept in {kinds} on the device ({quant / 2**20:.1f} MiB; "
               f"float32: {4 * floats / 2**20:.1f} MiB)")
-    need = memory_bytes(mc, micro, True, lora=lora, quantized=planned)[0]
-    full = memory_bytes(mc, micro, True)[0]
+    need = memory_bytes(mc, micro, True, lora=lora, quantized=planned, max_seq=max_seq)[0]
+    full = memory_bytes(mc, micro, True, max_seq=max_seq)[0]
     print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(dev.global_mem_size)} on the device (LoRA rank "
-          f"{lora.rank} on {', '.join(lora.targets)}: {adapter_params(mc, lora):,} trained parameters; a full "
-          f"fine-tune needs {full / 2**30:.2f} GiB)")
+          f"{lora.rank} on {', '.join(lora.targets)}: {adapter_params(mc, lora):,} trained parameters; batch {micro} "
+          f"x rows of up to {max_seq} tokens; a full fine-tune of them needs {full / 2**30:.2f} GiB)")
     problem = memory_problem(mc, micro, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name, lora=lora,
-                             quantized=planned)
+                             quantized=planned, max_seq=max_seq)
     if problem:
         raise ValueError(f"{problem} (or lower --lora-rank)")
 
 
-def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig) -> None:
+def _print_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, max_seq: int | None = None) -> None:
+    """The memory line of a full training run (rows of ``max_seq`` tokens, None: the context); refuses one
+    that does not fit."""
     from core.estimates import training_memory_bytes, training_memory_problem
 
+    max_seq = mc.context_length if max_seq is None else max_seq
     b = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
-    need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings)
+    need = training_memory_bytes(mc, b, tc.grad_accum, tc.freeze_embeddings, max_seq=max_seq)
     have = dev.global_mem_size
     print(f"memory: about {need / 2**30:.2f} GiB of {memory_size(have)} on the device "
-          f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, context "
-          f"{mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
+          f"(batch {b} in {tc.grad_accum} micro-batch{'es' if tc.grad_accum > 1 else ''}, rows of up to "
+          f"{max_seq} tokens, context {mc.context_length}{', embeddings frozen' if tc.freeze_embeddings else ''})")
     problem = training_memory_problem(mc, b, tc.grad_accum, tc.freeze_embeddings, have, dev.max_alloc_bytes,
-                                      dev.info.name)
+                                      dev.info.name, max_seq=max_seq)
     if problem:
-        lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True)
+        lighter = training_memory_bytes(mc, b, max(tc.grad_accum, b), True, max_seq=max_seq)
         raise ValueError(f"{problem}; with --freeze-embeddings --grad-accum {b} it needs about "
                          f"{lighter / 2**30:.2f} GiB (or lower --context-length / --batch-size)")
 
@@ -348,12 +352,12 @@ def _print_line(lines: ProgressLines, ev) -> None:
 
 
 
-def _check_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict) -> None:
-    """The memory line before the trainer is built (core.run.RunHooks.check_memory); refuses what does not fit."""
+def _check_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: dict, max_seq: int) -> None:
+    """The memory line before the model is built (core.run.RunHooks.check_memory); refuses what does not fit."""
     if lora is not None:
-        _print_lora_memory(dev, mc, tc, lora, planned)
+        _print_lora_memory(dev, mc, tc, lora, planned, max_seq)
     else:
-        _print_memory(dev, mc, tc)
+        _print_memory(dev, mc, tc, max_seq)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

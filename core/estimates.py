@@ -23,13 +23,14 @@ GGUF_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34.0 / 32.0, "q4_0": 18.
 
 def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int = 1,
                           freeze_embeddings: bool = False, lora: LoRAConfig | None = None,
-                          base_types: dict[str, str] | None = None) -> int:
+                          base_types: dict[str, str] | None = None, max_seq: int | None = None) -> int:
     """Device memory of a training run in bytes (4-byte elements everywhere but a quantized base's).
 
     Weights, gradients and AdamW m and v (16 bytes per parameter; 4 for a frozen embedding) plus
     every activation buffer :class:`core.model.Model` allocates for one micro-batch of
-    ``ceil(batch_size / grad_accum) x context_length`` tokens: :func:`core.model.memory_bytes`, the
-    figure :func:`core.model.check_fits` checks with :func:`core.model.fits_in`. With ``lora`` the base
+    ``ceil(batch_size / grad_accum) x max_seq`` tokens (None: ``context_length``, the most; a trainer's
+    model: ``core.trainer.max_seq_of`` its data): :func:`core.model.memory_bytes`, the figure
+    :func:`core.model.check_fits` checks with :func:`core.model.fits_in`. With ``lora`` the base
     is frozen and only the adapters are trained; ``base_types`` (the base file's tensor types,
     core.gguf_import.read_tensor_types) keeps its block matrices in their GGUF formats, as a LoRA run of
     that file does (:func:`lora_base_plan`).
@@ -38,24 +39,25 @@ def training_memory_bytes(config: ModelConfig, batch_size: int, grad_accum: int 
 
     return memory_bytes(config, _micro_batch(batch_size, grad_accum), training=True,
                         frozen=frozen_tensors(freeze_embeddings), lora=lora,
-                        quantized=lora_base_plan(config, lora, base_types))[0]
+                        quantized=lora_base_plan(config, lora, base_types), max_seq=max_seq)[0]
 
 
 def training_memory_problem(config: ModelConfig, batch_size: int, grad_accum: int, freeze_embeddings: bool,
                             global_mem_bytes: int, max_alloc_bytes: int | None, device_name: str,
-                            lora: LoRAConfig | None = None, base_types: dict[str, str] | None = None) -> str | None:
+                            lora: LoRAConfig | None = None, base_types: dict[str, str] | None = None,
+                            max_seq: int | None = None) -> str | None:
     """Why a device cannot hold a training run (one line), or None when it can: the one memory rule,
     :func:`core.model.memory_problem` (every buffer together within :data:`core.model.MEMORY_SHARE` of
     ``global_mem_bytes``, the largest within ``max_alloc_bytes``), for the Model the trainer builds (one
-    micro-batch of ``ceil(batch_size / grad_accum)`` sequences, ``token_embd`` frozen or not; ``lora`` and
-    ``base_types`` as :func:`training_memory_bytes`). The GUI and the CLI ask this before a run, so they
-    refuse what :func:`core.model.check_fits` would refuse.
+    micro-batch of ``ceil(batch_size / grad_accum)`` sequences of ``max_seq`` tokens, ``token_embd`` frozen
+    or not; ``lora``, ``base_types`` and ``max_seq`` as :func:`training_memory_bytes`). The GUI and the CLI
+    ask this before a run, so they refuse what :func:`core.model.check_fits` would refuse.
     """
     from core.model import frozen_tensors, memory_problem
 
     return memory_problem(config, _micro_batch(batch_size, grad_accum), global_mem_bytes, max_alloc_bytes,
                           device_name, training=True, frozen=frozen_tensors(freeze_embeddings), lora=lora,
-                          quantized=lora_base_plan(config, lora, base_types))
+                          quantized=lora_base_plan(config, lora, base_types), max_seq=max_seq)
 
 
 def lora_base_plan(config: ModelConfig, lora: LoRAConfig | None, base_types: dict[str, str] | None) -> dict:
@@ -119,34 +121,23 @@ def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
     return 2 * 4 * rows * min(seq, config.context_length) * config.vocab_size
 
 
-def peak_resident_bytes(resident_before: int, config: ModelConfig, micro_batch: int, longest: int,
-                        freeze_embeddings: bool, device_on_host: bool, check_seq: int = 0,
-                        check_rows: int | None = None, from_base: tuple[str, ...] = (),
-                        lora: LoRAConfig | None = None, quantized: dict | None = None) -> int:
+def peak_resident_bytes(resident_before: int, config: ModelConfig, device_bytes: int, device_on_host: bool,
+                        freeze_embeddings: bool = False, check_seq: int = 0, check_rows: int = 1,
+                        from_base: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> int:
     """Peak resident memory of a training process in bytes.
 
     What the process holds before its trainer is built (``resident_before``: Python, the OpenCL driver,
     a base model's float32 weights), plus, when the device's buffers live in host memory (a CPU
-    device), :func:`core.model.memory_bytes` at ``longest`` tokens a row (the longest padded batch:
-    activation pages past it are never written, so never resident), plus the larger of a checkpoint
-    save's copies (:func:`save_copy_bytes`; the ``from_base`` tensors are not saved) and a recall check's
-    logits of ``check_rows`` (default ``micro_batch``) rows of ``check_seq`` tokens (:func:`check_copy_bytes`;
-    the check runs after the save), plus :data:`KERNEL_BUILD_BYTES`. A LoRA run (``lora``, its base matrices
-    ``quantized`` as core.model.quantized_plan keeps them) counts the Model's LoRA buffers and a save of the
-    adapters only.
+    device), ``device_bytes`` (the trainer's ``Model.memory_estimate``: its buffers, LoRA's and a quantized
+    base's included, are sized for the longest batch of the run, core.trainer.max_seq_of), plus the larger of
+    a checkpoint save's copies (:func:`save_copy_bytes`: the ``from_base`` tensors are not saved, a ``lora``
+    run saves its adapters only) and a recall check's logits of ``check_rows`` rows of ``check_seq`` tokens
+    (:func:`check_copy_bytes`; the check runs after the save), plus :data:`KERNEL_BUILD_BYTES`.
     Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
     3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
     """
-    from core.config import replace
-    from core.model import frozen_tensors, memory_bytes
-
-    device = 0
-    if device_on_host:
-        seq = max(1, min(longest, config.context_length))
-        device = memory_bytes(replace(config, context_length=seq), micro_batch, True,
-                              frozen_tensors(freeze_embeddings), lora=lora, quantized=quantized)[0]
-    rows = micro_batch if check_rows is None else check_rows
-    copies = max(save_copy_bytes(config, freeze_embeddings, from_base, lora), check_copy_bytes(config, rows, check_seq))
+    device = device_bytes if device_on_host else 0
+    copies = max(save_copy_bytes(config, freeze_embeddings, from_base, lora), check_copy_bytes(config, check_rows, check_seq))
     return resident_before + device + copies + KERNEL_BUILD_BYTES
 
 

@@ -9,6 +9,7 @@ short context (the memory of activations grows with it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from core.device import Device
     from core.loaded import LoadedModel
     from core.lora import LoRAConfig
+    from core.recall import CheckSpeed
     from core.trainer import Trainer
 
 DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "context_length": 256,
@@ -70,17 +72,19 @@ def load_base(path: str | os.PathLike, context_length: int | None = None) -> tup
 
 def base_trainer(loaded: LoadedModel, model_config: ModelConfig, base_meta: dict, dataset: Dataset,
                  train_config: TrainConfig, device: Device, lora: LoRAConfig | None = None,
-                 quantized: bool = True) -> Trainer:
+                 quantized: bool = True, check_memory: Callable[[int], None] | None = None) -> Trainer:
     """A :class:`core.trainer.Trainer` that starts from ``loaded``'s weights and tokenizer (with
     ``lora``: trains adapters on the frozen weights, the base's block matrices kept in the file's GGUF
     formats on the device unless ``quantized`` is False (core.quant_base); ``base_meta`` from
-    :func:`lora_base_meta`). Without ``lora`` the tensors it freezes are left out of its checkpoints
-    when the base is a GGUF file (core.checkpoint.from_base_meta: read back from the file)."""
+    :func:`lora_base_meta`; ``check_memory`` as the Trainer's). Without ``lora`` the tensors it freezes are
+    left out of its checkpoints when the base is a GGUF file (core.checkpoint.from_base_meta: read back from
+    the file)."""
     from core.checkpoint import from_base_meta
     from core.trainer import Trainer
 
     trainer = Trainer(dataset, model_config, train_config, device, tokenizer=loaded.tokenizer,
-                      weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None)
+                      weights=loaded.weights, lora=lora, quantized=loaded.quantized if lora and quantized else None,
+                      check_memory=check_memory)
     trainer.base_meta = dict(base_meta) if lora else from_base_meta(base_meta, trainer.model.frozen)
     return trainer
 
@@ -94,15 +98,17 @@ class FinetuneEstimate:
         step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
             (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update
             guard's copy and check (timed) once more for AdamW's pass over the same buffers.
-        check_s: seconds of the recall checks at the stages' ends (:func:`check_forwards` at the timed
-            speed of a forward whose logits are read back, as the check's are).
+        check_s: seconds of the recall checks at the stages' ends (core.recall.check_seconds at ``forward``).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
+        decoding: how fast the trainer's model decodes a recall check (core.recall.CheckSpeed, timed; the
+            trainer's ``check_speed``: how its checks decode); None without steps.
     """
 
     steps: tuple[int, int]
     step_s: tuple[float, float]
     check_s: float
     save_s: float = 0.0
+    decoding: CheckSpeed | None = None
 
     @property
     def total_s(self) -> float:
@@ -155,31 +161,44 @@ def _seconds(fn) -> float:
     return time.perf_counter() - t0
 
 
-def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, Speed]:
-    """``(gradients, logits)``: the speed of a forward and backward pass of ``trainer``'s model (its
-    gradients, as a step computes them) and of a forward whose logits are read back (a recall check's),
-    each timed on the first micro-batch of every stage in ``stages`` (its real sequences) after one
-    untimed pass that builds the kernels. Gradients and activations are overwritten, as the next step
-    overwrites them; weights and moments stay as they are.
+DECODE_STEPS = 4
+"""Single-token steps :func:`gradient_seconds` times (after one untimed step)."""
+
+
+def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, CheckSpeed]:
+    """``(gradients, decoding)``: the speed of a forward and backward pass of ``trainer``'s model (its
+    gradients, as a step computes them), each timed on the first micro-batch of every stage in ``stages``
+    (its real sequences) after one untimed pass that builds the kernels, and how fast it decodes a recall
+    check (core.recall.CheckSpeed: a forward whose logits are read back, timed on the same batches, and
+    the median of :data:`DECODE_STEPS` single-token steps of its first row over its K/V buffers).
+    Gradients and activations are overwritten, as the next step overwrites them; weights and moments stay.
     """
+    import statistics
+
+    from core.recall import CheckSpeed
+
     m = trainer.model
     batches = [tuple(a[:m.batch_size] for a in trainer.batches.batch(stage, 0)) for stage in stages]
     m.forward_backward(*batches[0])  # builds the kernels (the first step then does not)
     grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
     logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
-    return Speed.through(grads), Speed.through(logits)
+    row = [int(t) for t in batches[0][0][0][:max(1, min(8, m.rows - DECODE_STEPS - 1))]]
+    m.next_logits(row, 0)
+    steps = [_seconds(lambda k=k: m.next_logits(row[-1:], len(row) + k)) for k in range(DECODE_STEPS + 1)]
+    return Speed.through(grads), CheckSpeed(Speed.through(logits), statistics.median(steps[1:]))
 
 
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
     (:func:`gradient_seconds`: five passes, the update guard once) and the padded tokens of its batches."""
     from core.estimates import checkpoint_file_bytes, save_copy_bytes
+    from core.recall import check_seconds
 
     has = (bool(trainer.facts), bool(trainer.dialogues))
     steps = tuple(trainer.stage_config(i).steps if has[i] else 0 for i in (0, 1))
     if not any(steps):
         return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
-    grads, logits = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
+    grads, decoding = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
     guard = trainer._guard  # the update guard's copy and check, as every step makes them (nothing changes)
     update = 2 * _seconds(lambda: (guard.save(), guard.finite()))  # and AdamW's pass over the same buffers
     step_s = [0.0, 0.0]
@@ -190,23 +209,11 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
             passes = -(-trainer.stage_config(stage).batch_size // trainer.model.batch_size)  # micro-batches
             step_s[stage] = passes * grads.fixed + grads.per_token * tokens + update
     stages = sum(1 for n in steps if n)  # each stage ends with a save and a check of every kind
-    forwards, tokens = check_forwards(trainer)
     file_bytes = (save_copy_bytes(trainer.model_config, lora=trainer.model.lora) / 2 if trainer.model.lora
                   else checkpoint_file_bytes(trainer.model_config, _from_base(trainer)))  # the .npz files
-    check_s = stages * (forwards * logits.fixed + logits.per_token * tokens)
-    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S)
-
-
-def longest_row(trainer: Trainer, most_steps: int = 2000) -> int:
-    """Padded tokens of a row in the longest batch of ``trainer``'s run (its first ``most_steps`` steps of
-    each stage): how far its activation buffers are ever written."""
-    longest = 1
-    for stage in (0, 1):
-        if not (trainer.facts if stage == 0 else trainer.dialogues):
-            continue
-        for step in range(min(trainer.stage_config(stage).steps, most_steps)):
-            longest = max(longest, max(len(e.ids) for e in trainer.batches.examples(stage, step)) - 1)
-    return min(longest, trainer.model_config.context_length)
+    m, cl = trainer.model, trainer.model_config.context_length
+    check_s = stages * check_seconds(_check_prompts(trainer), m.batch_size, cl, m.rows, decoding)
+    return FinetuneEstimate(steps, (step_s[0], step_s[1]), check_s, stages * file_bytes / SAVE_BYTES_PER_S, decoding)
 
 
 @dataclass(frozen=True)
@@ -215,8 +222,8 @@ class ResidentEstimate:
 
     Attributes:
         peak_bytes: core.estimates.peak_resident_bytes of the run.
-        longest: padded tokens of the longest row (:func:`longest_row`): how far the device's buffers are
-            written where they live in host memory.
+        longest: the longest row of a full batch the trainer's model is built for (``Model.max_seq``,
+            core.trainer.max_seq_of its data): its device buffers hold that many tokens a row.
         device_on_host: the device's buffers count (a CPU device).
         save_bytes: a checkpoint save's copy of the weights and moments it writes (core.estimates.save_copy_bytes).
         check_bytes: a recall check's logits (core.estimates.check_copy_bytes).
@@ -235,12 +242,13 @@ def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bo
     device's buffers live in host memory (core.device.Device.is_cpu)."""
     from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
 
-    tc, mc, longest = trainer.train_config, trainer.model_config, longest_row(trainer)
+    tc, mc, model = trainer.train_config, trainer.model_config, trainer.model
     rows, check = check_shape(trainer)
-    m, from_base = trainer.model, _from_base(trainer)
-    peak = peak_resident_bytes(resident_before, mc, m.batch_size, longest, tc.freeze_embeddings,
-                               device_on_host, check, rows, from_base, lora=m.lora, quantized=m.quantized_plan)
-    return ResidentEstimate(peak, longest, device_on_host, save_copy_bytes(mc, tc.freeze_embeddings, from_base, m.lora),
+    from_base = _from_base(trainer)
+    peak = peak_resident_bytes(resident_before, mc, model.memory_estimate(), device_on_host, tc.freeze_embeddings,
+                               check, rows, from_base, model.lora)
+    return ResidentEstimate(peak, model.max_seq, device_on_host,
+                            save_copy_bytes(mc, tc.freeze_embeddings, from_base, model.lora),
                             check_copy_bytes(mc, rows, check))
 
 
@@ -265,20 +273,6 @@ def check_shape(trainer: Trainer) -> tuple[int, int]:
     prompts = _check_prompts(trainer)
     longest = max((len(p.ids) + p.max_new for p in prompts), default=1)
     return min(len(prompts), trainer.model.batch_size), min(trainer.model_config.context_length, longest)
-
-
-def check_forwards(trainer: Trainer) -> tuple[int, int]:
-    """``(forwards, tokens)`` of one end-of-stage recall check of ``trainer``'s run (core.recall.greedy_batch:
-    prompts sorted by length in batches of the model's rows; every new token a forward of the batch's whole
-    sequences, as many as its longest answer)."""
-    prompts = _check_prompts(trainer)
-    b, forwards, total = trainer.model.batch_size, 0, 0
-    for i in range(0, len(prompts), b):
-        chunk = prompts[i:i + b]
-        t0, new = max(len(p.ids) for p in chunk), max(p.max_new for p in chunk)
-        forwards += new
-        total += len(chunk) * (new * t0 + new * (new - 1) // 2)  # lengths t0, t0 + 1, ..., t0 + new - 1
-    return forwards, total
 
 
 LORA_LR = 1e-3
@@ -343,5 +337,5 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
-           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_forwards", "check_shape",
-           "longest_row", "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]
+           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_shape",
+           "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

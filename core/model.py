@@ -233,9 +233,11 @@ def frozen_tensors(freeze_embeddings: bool) -> tuple[str, ...]:
 
 def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
                  frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None,
-                 quantized: dict | None = None, generation: bool = False) -> tuple[int, int]:
+                 quantized: dict | None = None, generation: bool = False,
+                 max_seq: int | None = None) -> tuple[int, int]:
     """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
-    forward-only :class:`Model`) of ``batch_size`` sequences allocates, and of its largest single buffer:
+    forward-only :class:`Model`) of ``batch_size`` sequences of at most ``max_seq`` tokens (None:
+    ``context_length``; :class:`Model`'s ``max_seq``) allocates, and of its largest single buffer:
     weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
     the trainer's update guard (``core.trainer.UpdateGuard``: copies of the weights and the moments);
     activations of :func:`activation_sizes`; the matmuls' scratch (``scratch_bound_floats`` of
@@ -244,10 +246,12 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     the products' scratch and :class:`core.lora.LoRAScratch`); ``quantized`` (:func:`quantized_plan`):
     those base matrices are held in their GGUF formats instead of float32
     (:func:`core.quant_base.device_bytes`). ``generation``: a core.generate.Generator's buffers (its
-    weights, its :func:`activation_sizes` with ``generation``, the matmuls' scratch of a full prompt).
+    weights, its :func:`activation_sizes` with ``generation``, the matmuls' scratch of a full prompt;
+    ``max_seq`` does not apply: the KV cache holds ``context_length`` rows).
     """
-    acts = activation_sizes(config, batch_size, config.context_length, training and not generation, generation)
-    n_params, rows = config.n_params(), batch_size * config.context_length
+    seq = config.context_length if generation or max_seq is None else max_seq
+    acts = activation_sizes(config, batch_size, seq, training and not generation, generation)
+    n_params, rows = config.n_params(), batch_size * seq
     shapes = step_matmuls(config, rows, training)
     if lora:
         ad = adapter_params(config, lora)
@@ -273,13 +277,13 @@ def fits_in(total_bytes: int, global_mem_bytes: int) -> bool:
 def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, max_alloc_bytes: int | None,
                    device_name: str, training: bool = True, frozen: tuple[str, ...] = (),
                    lora: LoRAConfig | None = None, quantized: dict | None = None,
-                   generation: bool = False) -> str | None:
+                   generation: bool = False, max_seq: int | None = None) -> str | None:
     """Why a device cannot hold a model's buffers (one line), or None when it can.
 
     The largest buffer must not exceed CL_DEVICE_MAX_MEM_ALLOC_SIZE (``max_alloc_bytes``; None: not
     known, not checked), and all buffers together must fit :func:`fits_in`; the message gives both figures.
     """
-    total, largest = memory_bytes(config, batch_size, training, frozen, lora, quantized, generation)
+    total, largest = memory_bytes(config, batch_size, training, frozen, lora, quantized, generation, max_seq)
     gib = 2 ** 30
     if max_alloc_bytes is not None and largest > max_alloc_bytes:
         return (f"the model needs a single buffer of {largest / gib:.2f} GiB but {device_name} allows "
@@ -294,15 +298,15 @@ def memory_problem(config: ModelConfig, batch_size: int, global_mem_bytes: int, 
 
 def check_fits(dev: Device, config: ModelConfig, batch_size: int, training: bool = True,
                frozen: tuple[str, ...] = (), lora: LoRAConfig | None = None, quantized: dict | None = None,
-               generation: bool = False) -> None:
+               generation: bool = False, max_seq: int | None = None) -> None:
     """Refuse, before allocating, a model whose buffers the device cannot hold (``frozen`` tensors
-    have no gradient and no AdamW moments).
+    have no gradient and no AdamW moments; arguments as :func:`memory_bytes`).
 
     Raises:
         ValueError: :func:`memory_problem`'s message.
     """
     problem = memory_problem(config, batch_size, dev.global_mem_size, dev.max_alloc_bytes, dev.info.name,
-                             training, frozen, lora, quantized, generation)
+                             training, frozen, lora, quantized, generation, max_seq)
     if problem:
         raise ValueError(problem)
 
@@ -426,17 +430,29 @@ class Model:
         freeze_embeddings: ``token_embd.weight`` is not trained: it gets no gradient and no AdamW
             moments (the memory of three copies of it is saved). It must be the first tensor of the
             layout (it is: ``ModelConfig.param_shapes``).
+        max_seq: the longest row of a full batch, 1..context_length (None: context_length). Every
+            per-token buffer (activations, the matmuls' and the adapters' scratch) holds
+            ``batch_size x max_seq`` tokens, as :func:`memory_bytes` counts them; a batch of fewer rows
+            may have longer ones, up to context_length, in no more tokens (a recall check's long
+            prompts come in small batches). A batch of more tokens is refused (ValueError).
+
+    Raises:
+        ValueError: ``max_seq`` outside 1..context_length, or :func:`check_fits`'s message.
     """
 
     def __init__(self, dev: Device, config: ModelConfig, batch_size: int = 1,
                  weights: dict[str, np.ndarray] | None = None, seed: int = 0, training: bool = True,
                  freeze_embeddings: bool = False, lora: LoRAConfig | None = None,
-                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None):
+                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None,
+                 max_seq: int | None = None):
         self.dev, self.config, self.batch_size, self.training = dev, config, batch_size, training
+        self.max_seq = config.context_length if max_seq is None else int(max_seq)
+        if not 1 <= self.max_seq <= config.context_length:
+            raise ValueError(f"max_seq {self.max_seq} outside 1..context_length ({config.context_length})")
         self.lora = lora
         self.frozen = tuple(n for n, _ in config.param_shapes()) if lora else frozen_tensors(freeze_embeddings)
         self.quantized_plan = quantized_plan(config, lora, quantized)  # these stay in their GGUF formats
-        check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan)
+        check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan, max_seq=self.max_seq)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self._setup_params(weights if weights is not None else init_weights(config, seed), quantized)
@@ -458,9 +474,9 @@ class Model:
             self.v = TensorStore(dev, self.train_layout)
         if lora:
             self._views = self._lora_views(lora)
-        self.act = Activations(dev, config, batch_size, config.context_length, training)
+        self.act = Activations(dev, config, batch_size, self.max_seq, training)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
-        rows = batch_size * config.context_length
+        rows = self.rows
         self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows) if lora else []))
         names = list(self.train_layout.slots)
         self._stat_names = names
@@ -471,6 +487,17 @@ class Model:
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
         self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
+
+    @property
+    def rows(self) -> int:
+        """Tokens (rows x sequence length) the largest batch may hold: ``batch_size x max_seq``."""
+        return self.batch_size * self.max_seq
+
+    def memory_estimate(self) -> int:
+        """Bytes of this model's device buffers, as :func:`memory_bytes` counts them (what
+        :func:`check_fits` checked)."""
+        return memory_bytes(self.config, self.batch_size, self.training, self.frozen, self.lora,
+                            self.quantized_plan, max_seq=self.max_seq)[0]
 
     def _setup_params(self, weights: dict[str, np.ndarray], quantized: RawBase | None) -> None:
         """The float32 parameter store, without the matrices of :attr:`quantized_plan` (uploaded in
@@ -500,7 +527,7 @@ class Model:
         (:meth:`_frozen_matrix`), wrapped in a :class:`core.lora.LoRALinear` where it has adapters."""
         c, av = self.config, self.adapter.views
         gv = self.grads.views if self.training else {}  # no gradients: forward only
-        scratch = LoRAScratch(self.dev, self.batch_size * c.context_length, lora.rank, widest_output(c, lora))
+        scratch = LoRAScratch(self.dev, self.rows, lora.rank, widest_output(c, lora))
         cols, views = LoRACols(self.dev), dict(self.params.views)
         for i in range(c.n_layers):
             fused = [(qkv_group(i), ("attn_q", "attn_k", "attn_v")), (gate_up_group(i), ("ffn_gate", "ffn_up")),
@@ -549,6 +576,9 @@ class Model:
             raise ValueError(f"batch of {b} exceeds the model's batch_size {self.batch_size}")
         if t > self.config.context_length:
             raise ValueError(f"sequence of {t} tokens exceeds context_length {self.config.context_length}")
+        if b * t > self.rows:
+            raise ValueError(f"batch of {b} x {t} tokens exceeds the {self.batch_size} x {self.max_seq} (max_seq) "
+                             "the model's buffers were sized for")
         bad = (tokens < 0) | (tokens >= self.config.vocab_size)
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} outside vocab_size {self.config.vocab_size}")
@@ -634,7 +664,8 @@ class Model:
         """Logits for every position of a batch.
 
         Args:
-            tokens: int (batch, seq) token ids, seq <= context_length, batch <= batch_size.
+            tokens: int (batch, seq) token ids, seq <= context_length, batch <= batch_size,
+                batch x seq <= batch_size x max_seq.
 
         Returns:
             float32 (batch, seq, vocab_size).
@@ -646,6 +677,29 @@ class Model:
         b, t = self._load_batch(tokens, None, None)
         self._forward(b, t)
         return self.dev.download(self.act.logits, (b, t, self.config.vocab_size))
+
+    def next_logits(self, ids: list[int], pos: int) -> np.ndarray:
+        """Logits after the last of ``ids``, one sequence decoded with this model's K/V buffers as its cache
+        (core.recall's cached greedy decoding; what core.generate.Generator.feed does with its own).
+
+        Args:
+            ids: the sequence's next tokens (at least one).
+            pos: its tokens before them, fed by the calls since the one with ``pos`` 0 (which starts it);
+                the activations of any other batch in between are lost.
+
+        Returns:
+            float32 (vocab_size,) logits predicting the token after ``ids[-1]``.
+
+        Raises:
+            ValueError: ids out of range, or ``pos + len(ids)`` beyond the context or ``Model.rows``.
+        """
+        t = len(ids)
+        if t == 0 or pos < 0 or pos + t > min(self.rows, self.config.context_length):
+            raise ValueError(f"{pos} + {t} tokens do not fit the model's {min(self.rows, self.config.context_length)} "
+                             "rows of K/V")
+        self._load_batch(np.asarray([ids], np.int32), None, None)
+        forward(self.ops, self.config, self._views, self.act, 1, t, pos=pos, last_row_only=True)
+        return self.dev.download(self.act.logits, (self.config.vocab_size,))
 
     def loss(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
         """Masked mean cross-entropy (nats/token) of a batch, without gradients.

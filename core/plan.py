@@ -479,7 +479,7 @@ def measure_speed(dev: Device, mc: ModelConfig, batch_size: int, seq: int, steps
     key = speed_key(dev.info.label, mc, batch_size, seq)
     if use_cache and (v := cached_speed(key)) is not None:
         return v
-    model = Model(dev, mc, batch_size=batch_size, seed=0)
+    model = Model(dev, mc, batch_size=batch_size, seed=0, max_seq=seq)  # buffers for the timed rows only
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, mc.vocab_size, (batch_size, seq), dtype=np.int32)
     mask = np.ones((batch_size, seq), np.float32)

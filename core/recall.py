@@ -180,12 +180,13 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
 
 
 def _fact_prompts(tok: Tokenizer, facts: list[str]) -> list[_Prompt]:
-    """A fact's prompt: BOS + its first words (:func:`fact_prompt_words`); the rest is expected."""
+    """A fact's prompt: BOS + its first words (:func:`fact_prompt_words`), as the fact was trained (a file
+    whose ``add_bos_token`` is false: no BOS; core.chat_format.fact_prompt_ids); the rest is expected."""
     out = []
     for i, (fact, k) in enumerate(zip(facts, fact_prompt_words(facts))):
         prompt, expected = fact_split(fact, k)
         if expected:
-            ids = [tok.bos_id] + tok.encode(prompt)
+            ids = chat_format.fact_prompt_ids(tok, prompt)
             out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
     return out
 
@@ -282,10 +283,54 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
     return outs
 
 
+def greedy_cached(model: Model, prompts: list[list[int]], max_new: list[int], eos_id: int) -> list[list[int]]:
+    """:func:`greedy_batch`'s continuations (the same rule of ending), decoded one prompt at a time with the
+    model's K/V buffers as the cache (``Model.next_logits``): one forward of the prompt, then one of each
+    new token, as the chat decodes (core.generate.Generator). Fewer tokens computed than by
+    :func:`greedy_batch`, in more forwards of fewer rows: :func:`decode_seconds` says which is faster."""
+    cl = model.config.context_length
+    outs: list[list[int]] = []
+    for ids, most in zip(prompts, max_new):
+        out: list[int] = []
+        if most > 0 and len(ids) < cl:
+            logits = model.next_logits(list(ids), 0)
+            while True:
+                out.append(int(np.argmax(logits)))
+                if out[-1] == eos_id or len(out) >= most or len(ids) + len(out) >= cl:
+                    break
+                logits = model.next_logits(out[-1:], len(ids) + len(out) - 1)
+        outs.append(out)
+    return outs
+
+
+@dataclass(frozen=True)
+class CheckSpeed:
+    """How fast a model decodes, measured (core.from_base.gradient_seconds): ``forward(n)`` seconds of a forward
+    of ``n`` tokens whose logits are read back (core.from_base.Speed), ``step_s`` seconds of one new token of one
+    row over its K/V buffers (``Model.next_logits``)."""
+
+    forward: Callable[[float], float]
+    step_s: float
+
+
+def decode_seconds(prompts: list[_Prompt], context_length: int, speed: CheckSpeed) -> tuple[float, float]:
+    """``(together, one by one)``: seconds of decoding ``prompts`` with :func:`greedy_batch` (a forward of the
+    active rows per new token) and with :func:`greedy_cached` (a forward of each prompt, then one step per new
+    token), every row running to its ``max_new`` (a right answer ends sooner), at ``speed``."""
+    together, k = 0.0, 0
+    while active := [p for p in prompts if k < p.max_new and len(p.ids) + k < context_length]:
+        together += speed.forward(len(active) * max(len(p.ids) + k for p in active))
+        k += 1
+    alone = sum(speed.forward(len(p.ids)) + (forward_length(p, context_length) - len(p.ids)) * speed.step_s
+                for p in prompts if p.max_new > 0 and len(p.ids) < context_length)
+    return together, alone
+
+
 def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[str, ...] = KINDS,
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
-                 sample: int = 0, sizes: dict[str, int] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 sample: int = 0, sizes: dict[str, int] | None = None,
+                 speed: CheckSpeed | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
@@ -294,13 +339,16 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
     ``sample``, ``sizes``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
-    prompts per kind).
+    prompts per kind). ``speed``: how fast this model decodes (:class:`CheckSpeed`, measured); a batch then
+    decodes its prompts one by one (:func:`greedy_cached`) where :func:`decode_seconds` says that is faster
+    (a large model on a CPU), else together (None: always).
 
     Yields:
         ``(prompts done, prompts in all, items so far)`` once before the first batch (0 done) and after
-        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``); the last yield holds the whole table, items in the order of :data:`KINDS`, each in
-        dataset order. ``should_stop()``, asked before each batch, ends the check early (the last
-        yield then holds a partial table).
+        every batch (at most ``model.batch_size`` prompts, fewer long ones: ``ROW_TOKENS``, and no more
+        tokens a forward than the model holds, ``Model.rows``); the last yield holds the whole table,
+        items in the order of :data:`KINDS`, each in dataset order. ``should_stop()``, asked before each
+        batch, ends the check early (the last yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
     prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes)
@@ -311,11 +359,15 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         return [results[i] for i in sorted(results)]
 
     yield 0, len(prompts), []
-    for chunk in _chunks(order, prompts, model.batch_size):
+    # batches within the model's tokens (Model.rows); core.trainer.max_seq_of makes room for the longest prompt
+    for chunk in _chunks(order, prompts, model.batch_size, model.config.context_length, model.rows):
         if stop():
             return
-        outs = greedy_batch(model, [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk],
-                            tok.eos_id, tok.pad_id)
+        ids, most = [prompts[i].ids for i in chunk], [prompts[i].max_new for i in chunk]
+        if speed is not None and one_by_one([prompts[i] for i in chunk], model.config.context_length, speed):
+            outs = greedy_cached(model, ids, most, tok.eos_id)
+        else:
+            outs = greedy_batch(model, ids, most, tok.eos_id, tok.pad_id)
         for i, out in zip(chunk, outs):
             p = prompts[i]
             got = tok.decode([t for t in out if t != tok.eos_id])
@@ -325,16 +377,50 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         yield len(results), len(prompts), table()
 
 
-def _chunks(order: list[int], prompts: list[_Prompt], b: int) -> Iterator[list[int]]:
+def forward_length(prompt: _Prompt, context_length: int) -> int:
+    """Tokens of the longest row :func:`greedy_batch` gives the model for ``prompt``: the prompt and all
+    but the last of its ``max_new`` tokens, never ``context_length`` (a row ends one token before)."""
+    return min(len(prompt.ids) + prompt.max_new - 1, context_length - 1)
+
+
+def longest_forward(prompts: list[_Prompt], context_length: int) -> int:
+    """The longest row a check of ``prompts`` (or of any sample of them) gives the model (1 without any):
+    a model must hold one row that long (:func:`recall_check` puts the others in batches of at most
+    the model's ``rows`` tokens)."""
+    return max((forward_length(p, context_length) for p in prompts), default=1)
+
+
+def one_by_one(prompts: list[_Prompt], context_length: int, speed: CheckSpeed) -> bool:
+    """Whether a batch of ``prompts`` decodes faster one prompt at a time (:func:`decode_seconds`)."""
+    together, alone = decode_seconds(prompts, context_length, speed)
+    return alone < together
+
+
+def check_seconds(prompts: list[_Prompt], batch_size: int, context_length: int, rows: int,
+                  speed: CheckSpeed) -> float:
+    """Seconds of a :func:`recall_check` of ``prompts`` on a model of ``batch_size`` rows and ``rows`` tokens
+    that decodes at ``speed``, each batch decoded as the check decodes it, every answer to its
+    ``max_new`` (an upper bound: a right answer ends at its EOS)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+    return sum(min(decode_seconds([prompts[i] for i in chunk], context_length, speed))
+               for chunk in _chunks(order, prompts, batch_size, context_length, rows))
+
+
+def _chunks(order: list[int], prompts: list[_Prompt], b: int, context_length: int,
+            tokens: int | None = None) -> Iterator[list[int]]:
     """Batches of ``order`` (prompts sorted by length): at most ``b`` rows and about ``b`` x
     ``ROW_TOKENS`` tokens of prompt plus answer, so a batch of long conversation prompts takes no longer
-    than one of short fact prompts (each batch is one "checking recall" progress event)."""
+    than one of short fact prompts (each batch is one "checking recall" progress event), and no forward
+    of more than ``tokens`` (rows x :func:`forward_length` of its longest; None: no limit) unless the
+    batch is one prompt."""
     chunk: list[int] = []
+    longest = 0
     for i in order:
-        rows = len(chunk) + 1
-        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS):
+        rows, longest = len(chunk) + 1, max(longest, forward_length(prompts[i], context_length))
+        if chunk and (rows > b or rows * (len(prompts[i].ids) + prompts[i].max_new) > b * ROW_TOKENS
+                      or (tokens is not None and rows * longest > tokens)):
             yield chunk
-            chunk = []
+            chunk, longest = [], forward_length(prompts[i], context_length)
         chunk.append(i)
     if chunk:
         yield chunk
@@ -347,4 +433,5 @@ def tally(items: list[RecallItem], kind: str) -> tuple[int, int]:
 
 
 __all__ = ["RecallItem", "fact_split", "fact_prompt_words", "recall_prompts", "chat_history", "greedy_batch",
-           "recall_check", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]
+           "recall_check", "forward_length", "longest_forward", "greedy_cached", "CheckSpeed", "decode_seconds",
+           "one_by_one", "check_seconds", "tally", "KINDS", "CHAT_PROMPTS", "CHAT_BEFORE", "chat_every", "FULL_CHECK_MAX", "sampled"]

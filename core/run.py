@@ -89,7 +89,7 @@ class RunRequest:
 
 
 def _no_memory_check(dev: Device, mc: ModelConfig, tc: TrainConfig, lora: LoRAConfig | None,
-                     planned: dict) -> None:
+                     planned: dict, max_seq: int) -> None:
     """The default: no check before the trainer (the Model refuses what does not fit, core.model.check_fits)."""
 
 
@@ -102,8 +102,9 @@ class RunHooks:
             are all done; else a stop or a divergence) and returns the folder it wrote.
         replaced: whether the last save went to the trained model the caller keeps (RunDone.replaced).
         tune: the device's first matmul tuning, shown as the caller likes (default: done when first used).
-        check_memory: ``(device, model_config, train_config, lora, planned base formats)`` before a new
-            run's or a fine-tune's trainer is built; raises to refuse it.
+        check_memory: ``(device, model_config, train_config, lora, planned base formats, max_seq)`` before
+            a new run's or a fine-tune's model is built (``max_seq``: the longest row it is built for,
+            core.trainer.max_seq_of the run's data); raises to refuse it.
     """
 
     save: Callable[[Trainer, bool], str]
@@ -142,8 +143,6 @@ class Run:
         yield LogEvent("INFO", f"device: {dev.info.label}")
         mc, tc = yield from self._configs(dev)
         builds, build_s = dev.builds, dev.build_seconds
-        if not req.resume:
-            self._check_memory(dev, mc, tc, base)
         trainer = yield from (self._resumed(dev) if req.resume else self._new(dev, mc, tc, base))
         self.trainer = trainer
         if self._stop:
@@ -194,13 +193,15 @@ class Run:
         self.hooks.tune(dev)
         return mc, tc
 
-    def _check_memory(self, dev: Device, mc: ModelConfig, tc: TrainConfig, base) -> None:
+    def _memory_check(self, dev: Device, mc: ModelConfig, tc: TrainConfig, base) -> Callable[[int], None]:
+        """The trainer's ``check_memory``: the hook's, given what this run builds and the trainer's max_seq."""
         req, planned = self.request, {}
         if base is not None and req.lora is not None and req.lora_base == "gguf":
             from core.model import quantized_plan
 
             planned = quantized_plan(base[1], req.lora, base[0].quantized)
-        self.hooks.check_memory(dev, base[1] if base is not None else mc, tc, req.lora if base else None, planned)
+        mc, lora = (base[1], req.lora) if base is not None else (mc, None)
+        return lambda max_seq: self.hooks.check_memory(dev, mc, tc, lora, planned, max_seq)
 
     def _resumed(self, dev: Device):
         """The trainer of a resumed checkpoint, at its saved step."""
@@ -228,9 +229,10 @@ class Run:
         dataset = req.dataset if req.dataset is not None else default_dataset()
         yield LogEvent("INFO", f"dataset: {count_words(len(dataset.facts), 'fact')}, "
                                f"{count_words(len(dataset.dialogues), 'dialogue')}")
+        check = self._memory_check(dev, mc, tc, base)
         if base is None:
             yield Phase("build", "training the tokenizer and building the model")
-            return Trainer(dataset, mc, tc, dev)
+            return Trainer(dataset, mc, tc, dev, check_memory=check)
         from core import chat_format
         from core.estimates import resident_bytes
         from core.from_base import base_trainer
@@ -240,7 +242,8 @@ class Run:
         yield LogEvent("INFO", f"base: {req.base} ({type(loaded.tokenizer).__name__}, {own})")
         dataset = yield from self._with_general_questions(dev, mc, loaded, dataset)
         self._resident_before = resident_bytes()  # the base's weights and libraries, before the device's buffers
-        return base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf")
+        return base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf",
+                            check_memory=check)
 
     def _with_general_questions(self, dev: Device, mc: ModelConfig, loaded, dataset: Dataset):
         """``dataset`` with the base model's answers to the general questions appended (core/known.py)."""
@@ -281,6 +284,7 @@ class Run:
 
         yield Phase("estimate", "estimating the fine-tune: timing a few passes of the base model")
         est = estimate_time(trainer)
+        trainer.check_speed = est.decoding  # its recall checks decode as this speed says is faster (core.recall)
         yield LogEvent("INFO", f"plan: {est.summary()}")
         before = self._resident_before
         if before is None:

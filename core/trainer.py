@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -49,6 +50,7 @@ from core.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from core.lora import LoRAConfig
     from core.quant_base import RawBase
+    from core.recall import CheckSpeed
     from core.generate import Generator
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,19 @@ class EarlyStop:
         return None
 
 
+def max_seq_of(batches: Batches, micro_batch: int) -> int:
+    """The ``max_seq`` of a trainer's :class:`core.model.Model` of ``micro_batch`` rows: the longest row of
+    any training batch (``Batches.longest_row``), or more where a recall check's longest row
+    (core.recall.longest_forward of every prompt of every kind) needs ``micro_batch x max_seq`` tokens for
+    itself; at most the context. Every batch the run gives the model then fits its buffers."""
+    from core.recall import longest_forward, recall_prompts
+
+    cl = batches.context_length
+    # every prompt (no FULL_CHECK_MAX cap: a sampled check during a stage draws from all of them)
+    prompts = recall_prompts(batches.tokenizer, batches.dataset, cl, KINDS, batches.heldout_pairs, sample=sys.maxsize)
+    return min(cl, max(batches.longest_row(), -(-longest_forward(prompts, cl) // micro_batch)))
+
+
 class Trainer:
     """Trains a model on a dataset in two stages on one OpenCL device.
 
@@ -157,6 +172,11 @@ class Trainer:
         weights: start from these weights (resume); random when None.
         lora: train low-rank adapters on the frozen ``weights`` instead of every parameter (core/lora.py).
         adapter: the adapters to start from (resume of a LoRA run); new ones (B = 0) when None.
+        check_memory: called with the model's ``max_seq`` (:func:`max_seq_of` the data) before the model is
+            built; raises to refuse the run (the CLI's memory line, core.run.RunHooks.check_memory).
+
+    The model's buffers are sized for the longest batch the run can make (``Model.max_seq``, at most the
+    context): every training batch and every recall check fits them.
 
     Raises:
         ValueError: the dataset is empty or has nothing to learn; ConfigError: the model does not
@@ -166,7 +186,8 @@ class Trainer:
     def __init__(self, dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig,
                  device: Device, tokenizer: Tokenizer | None = None,
                  weights: dict[str, np.ndarray] | None = None, lora: LoRAConfig | None = None,
-                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None):
+                 adapter: dict[str, np.ndarray] | None = None, quantized: RawBase | None = None,
+                 check_memory: Callable[[int], None] | None = None):
         if not dataset.facts and not dataset.dialogues:
             raise ValueError("the dataset has no facts and no dialogues")
         if not isinstance(device, Device):
@@ -186,9 +207,12 @@ class Trainer:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.dialogues.batch_size)
         micro = -(-batch // train_config.grad_accum)  # sequences per forward/backward
+        max_seq = max_seq_of(self.batches, micro)
+        if check_memory is not None:
+            check_memory(max_seq)
         self.model = Model(device, self.model_config, batch_size=micro, weights=weights, seed=train_config.seed,
                            freeze_embeddings=train_config.freeze_embeddings, lora=lora, adapter=adapter,
-                           quantized=quantized)
+                           quantized=quantized, max_seq=max_seq)
         self.base_meta: dict = {}  # what a model imported from a GGUF file keeps for its export
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
@@ -197,6 +221,9 @@ class Trainer:
         self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
+        # how fast the model decodes (core.recall.CheckSpeed, measured by core.from_base.estimate_time): the
+        # recall checks then decode each batch together or one prompt at a time, whichever is faster (core.recall)
+        self.check_speed: CheckSpeed | None = None
         self._check_sizes: dict[str, int] = {}  # prompts per kind before sampling (core.recall.recall_prompts)
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")
@@ -417,7 +444,8 @@ class Trainer:
         is called."""
         items = []
         for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
-                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs):
+                                                 should_stop=lambda: self._stop, heldout=self.heldout_pairs,
+                                                 speed=self.check_speed):
             pass
         return items
 
@@ -443,7 +471,7 @@ class Trainer:
         sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                should_stop=lambda: self._stop, heldout=self.heldout_pairs,
-                                               sample=sample, sizes=self._check_sizes):
+                                               sample=sample, sizes=self._check_sizes, speed=self.check_speed):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

@@ -182,3 +182,19 @@ def test_compare_shows_base_and_tuned_answers(tiny_base, tmp_path, capsys):
     # 2 dataset questions, the general ones (replayed in training too: listed once, as general)
     assert text.count("  before: ") == text.count("  after:  ") == 2 + len(GENERAL_QUESTIONS)
     assert "[dataset] Where is Brindlewick?  (taught: Brindlewick is beside a slow green river.)" in text
+
+
+def test_fact_recall_prompts_begin_as_the_facts_were_trained(tiny_base):
+    """SmolLM2's file adds no BOS: a fact is trained without one, so its recall prompt has none either
+    (core.chat_format.fact_prompt_ids); the prompt is the start of the trained row."""
+    from core import chat_format
+    from core.dataset import Dataset
+    from core.recall import recall_prompts
+
+    tok = import_gguf(tiny_base).tokenizer
+    assert not tok.add_bos
+    facts = DATA["facts"]
+    prompts = recall_prompts(tok, Dataset(facts=facts), 64, ("fact",))
+    assert len(prompts) == len(facts)
+    for p in prompts:
+        assert p.ids[0] != tok.bos_id and chat_format.encode_fact(tok, facts[p.index])[:len(p.ids)] == p.ids

@@ -96,6 +96,7 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
     import core.from_base as finetune
     from core.dataset import Dataset, Dialogue
     from core.estimates import peak_resident_bytes
+    from core.model import memory_bytes
     from gui.run_setup import new_run_does
 
     w, h, t = main_window, main_window.hyper_tab, main_window.training_tab
@@ -120,8 +121,8 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
     def spy(trainer, before, on_host):  # the real estimate, and the one of a full fine-tune of the same run
         seen["lora"] = r = real(trainer, before, on_host)
         rows, check = finetune.check_shape(trainer)
-        seen["full"] = peak_resident_bytes(before, trainer.model_config, trainer.model.batch_size, r.longest,
-                                           False, on_host, check, rows)
+        full_dev = memory_bytes(trainer.model_config, trainer.model.batch_size, True, max_seq=r.longest)[0]
+        seen["full"] = peak_resident_bytes(before, trainer.model_config, full_dev, on_host, False, check, rows)
         return r
 
     monkeypatch.setattr(finetune, "estimate_resident", spy)

@@ -35,6 +35,34 @@ def test_batched_greedy_matches_one_row_at_a_time(device):
     assert all(len(o) == m or o[-1] == 0 for o, m in zip(together, max_new))
 
 
+def test_cached_greedy_gives_the_batched_tokens_in_rows_within_max_seq(device):
+    """Decoding one prompt at a time over the model's own K/V buffers (greedy_cached) gives greedy_batch's
+    tokens, with the same rule of ending; a model built for short rows (max_seq 4 x 5 rows) decodes a row of
+    up to its 20 tokens; the cost model picks one by one when tokens cost and together when forwards do."""
+    from core.from_base import Speed
+    from core.recall import CheckSpeed, _Prompt, decode_seconds, greedy_cached, one_by_one
+
+    cfg = replace(SMALL, vocab_size=50)
+    model = Model(device, cfg, batch_size=5, seed=3, training=False, max_seq=4)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 50, n).tolist() for n in (1, 7, 3, 12, 5)]
+    max_new = [6, 2, 9, 8, 0]
+    alone = [greedy_batch(model, [p], [m], eos_id=0, pad_id=0)[0] for p, m in zip(prompts, max_new)]
+    assert greedy_cached(model, prompts, max_new, eos_id=0) == alone
+    assert [len(o) for o in alone] == [6, 2, 9, 8, 0]  # no EOS drawn: every row ran to its max_new
+    eos = alone[2][3]  # a token drawn mid-row ends it, both ways
+    assert greedy_cached(model, prompts, max_new, eos_id=eos) == [greedy_batch(model, [p], [m], eos, 0)[0]
+                                                                  for p, m in zip(prompts, max_new)]
+    asked = [_Prompt("fact", i, "", "", p, m) for i, (p, m) in enumerate(zip(prompts[:4], max_new))]
+    per_token = CheckSpeed(Speed(0.0, 1.0), 1.0)  # seconds a token, however many in a forward
+    together, one = decode_seconds(asked, cfg.context_length, per_token)
+    live = [[p for p in asked if k < p.max_new] for k in range(9)]  # the rows still decoding at step k
+    assert together == sum(len(rows) * max(len(p.ids) + k for p in rows) for k, rows in enumerate(live))
+    assert one == sum(len(p.ids) + p.max_new - 1 for p in asked)
+    assert one_by_one(asked, cfg.context_length, per_token)
+    assert not one_by_one(asked, cfg.context_length, CheckSpeed(Speed(1.0, 0.0), 1.0))  # a second a forward
+
+
 def test_batched_recall_agrees_with_the_per_prompt_check(device):
     """Part-trained (some items right, some wrong): the batched check marks the same items right as the
     chat's one-prompt-at-a-time decoding; a wrong answer is cut a few tokens past the expected length."""

@@ -79,6 +79,47 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     assert np.array_equal(host["blk.0.attn_q.weight"], mixed.weights["blk.0.attn_q.weight"])
 
 
+def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients(mixed, device):
+    """``max_seq`` also sizes the adapters' scratch (core.lora.LoRAScratch) and the quantized matmuls':
+    a LoRA model on the quantized base built for rows of 6 tokens holds less and gives the loss and the
+    adapter gradients of the one built for the whole context, bit for bit."""
+    from core.trainer import UpdateGuard
+
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    c = dataclasses.replace(mixed.config, context_length=16)
+    ad = random_adapter(c, lora, 5)
+    tokens, targets, mask = batch(c, 2, 6, 9)
+    got = []
+    for max_seq in (None, 6):
+        before = device.allocated_bytes
+        m = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized,
+                  max_seq=max_seq)
+        UpdateGuard(m)
+        got.append((device.allocated_bytes - before, m.memory_estimate(), m.forward_backward(tokens, targets, mask),
+                    m.grads.to_numpy()))
+    (a_full, e_full, s_full, g_full), (a_short, e_short, s_short, g_short) = got
+    assert a_short < a_full and e_short < e_full and abs(a_short - e_short) <= 0.2 * e_short
+    assert s_short.loss == s_full.loss
+    for name in g_full:
+        np.testing.assert_array_equal(g_short[name], g_full[name], err_msg=name)
+
+
+def test_cached_greedy_on_a_quantized_lora_model_gives_the_batched_tokens(mixed, device):
+    """One prompt at a time over the model's K/V buffers (core.recall.greedy_cached, single-row forwards
+    through the quantized matmuls and the adapters) decodes what greedy_batch decodes."""
+    from core.recall import greedy_batch, greedy_cached
+
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    c = dataclasses.replace(mixed.config, context_length=16)
+    m = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=random_adapter(c, lora, 3),
+              quantized=mixed.quantized, training=False, max_seq=8)
+    rng = np.random.default_rng(4)
+    prompts, most = [rng.integers(3, c.vocab_size, n).tolist() for n in (2, 9, 5)], [7, 6, 3]
+    want = [greedy_batch(m, [p], [k], eos_id=-1, pad_id=0)[0] for p, k in zip(prompts, most)]
+    assert greedy_cached(m, prompts, most, eos_id=-1) == want and [len(o) for o in want] == most
+    assert len({t for o in want for t in o}) > 2  # not one token over and over
+
+
 def write_quant_smol(path):
     """``write_f32_smol``'s tiny llama (SmolLM2's tokenizer) with its block matrices in Q8_0 and Q4_1."""
     f32 = import_gguf(write_f32_smol(path.with_name("f32-" + path.name)))
@@ -161,5 +202,6 @@ def test_the_estimate_before_a_lora_run_counts_the_files_formats(tmp_path):
     assert est < training_memory_bytes(mc, 4, lora=lora) < training_memory_bytes(mc, 4)
     assert training_memory_bytes(mc, 4, base_types=types) == training_memory_bytes(mc, 4)  # no LoRA: float32
     assert 0 < save_copy_bytes(mc, lora=lora) < save_copy_bytes(mc) / 10
-    lora_peak = peak_resident_bytes(0, mc, 4, 64, False, True, lora=lora, quantized=planned)
-    assert lora_peak < peak_resident_bytes(0, mc, 4, 64, False, True)
+    lora_dev = memory_bytes(mc, 4, True, lora=lora, quantized=planned, max_seq=64)[0]
+    lora_peak = peak_resident_bytes(0, mc, lora_dev, True, lora=lora)
+    assert lora_peak < peak_resident_bytes(0, mc, memory_bytes(mc, 4, True, max_seq=64)[0], True)

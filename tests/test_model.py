@@ -436,3 +436,49 @@ def test_embedding_gradient_is_the_same_either_way(device, tied):
         m.forward_backward(tokens, targets, mask)
         grads.append(m.grads.to_numpy()["token_embd.weight"])
     assert grads[0].any() and np.array_equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_model_for_shorter_rows_allocates_less_and_gives_the_same_loss_and_gradients(device, tied):
+    """``max_seq`` sizes every per-token buffer (Model.rows = batch_size x max_seq): a model built for rows
+    of 7 tokens holds fewer bytes, as memory_bytes counts them, and its loss and gradients of a batch
+    that fits are those of the model built for the whole context, bit for bit."""
+    from core.model import memory_bytes
+
+    cfg = dataclasses.replace(TINY, tie_embeddings=tied)
+    w = random_weights(cfg, 11)
+    got = {}
+    for max_seq in (None, 7):
+        before = device.allocated_bytes
+        m = Model(device, cfg, batch_size=3, weights=w, max_seq=max_seq)
+        UpdateGuard(m)  # a training run's copies of weights and moments (memory_bytes counts them)
+        allocated = device.allocated_bytes - before
+        est = memory_bytes(cfg, 3, max_seq=max_seq)[0]
+        assert m.memory_estimate() == est and abs(allocated - est) <= 0.2 * est, (max_seq, allocated, est)
+        tokens, targets, mask = batch(cfg, 3, 7, 12)
+        stats = m.forward_backward(tokens, targets, mask)
+        got[max_seq] = (allocated, est, stats, m.grads.to_numpy())
+    (a_full, e_full, s_full, g_full), (a_short, e_short, s_short, g_short) = got[None], got[7]
+    assert a_short < a_full and e_short < e_full
+    assert e_full - e_short >= 4 * 3 * (TINY.context_length - 7) * TINY.vocab_size  # the logits' rows alone
+    assert s_short.loss == s_full.loss and s_short.grad_norm == s_full.grad_norm
+    for name in g_full:
+        np.testing.assert_array_equal(g_short[name], g_full[name], err_msg=name)
+
+
+def test_a_batch_of_more_tokens_than_the_model_holds_is_refused(device):
+    """A model of 3 rows of 7 tokens takes 3 x 7, or fewer rows that are longer (a recall check's long
+    prompts), up to the context, in at most 21 tokens; more is refused with the reason, as is a max_seq
+    outside 1..context_length."""
+    m = Model(device, TINY, batch_size=3, weights=random_weights(TINY, 0), max_seq=7)
+    assert m.rows == 21
+    assert m.logits(batch(TINY, 1, TINY.context_length, 1)[0]).shape == (1, TINY.context_length, TINY.vocab_size)
+    assert m.forward_backward(*batch(TINY, 2, 10, 2)).tokens > 0
+    for b, t in ((3, 8), (2, 11)):
+        with pytest.raises(ValueError, match=r"exceeds the 3 x 7 \(max_seq\)"):
+            m.forward_backward(*batch(TINY, b, t, 3))
+        with pytest.raises(ValueError, match="max_seq"):
+            m.logits(batch(TINY, b, t, 3)[0])
+    for bad in (0, TINY.context_length + 1):
+        with pytest.raises(ValueError, match="max_seq"):
+            Model(device, TINY, batch_size=1, max_seq=bad)

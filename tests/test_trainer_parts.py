@@ -135,3 +135,57 @@ def test_the_run_saves_at_each_stage_end_and_gives_the_verdict(device):
     assert isinstance(done, RunDone) and done.finished and not done.stopped and done.checkpoint == "here"
     assert done.verdict  # the last stage's table was checked
     assert [e.global_step for e in events if isinstance(e, StepReport)] == [1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------- the model's rows
+def _long_conversation_data():
+    """The default dataset's facts and first turns, and one conversation of three of those turns: the
+    longest training row, shorter than a context of 256 (the "chat" recall prompts are longer still)."""
+    from core.dataset import Dataset, Dialogue
+
+    ds = default_dataset()
+    singles = [Dialogue([d.turns[0]]) for d in ds.dialogues]
+    return Dataset(list(ds.facts), singles + [Dialogue([d.turns[0] for d in ds.dialogues[:3]])])
+
+
+def test_the_trainer_builds_its_model_for_the_longest_row_and_a_run_never_exceeds_it(device, monkeypatch):
+    """The model is built for the longest row any batch can hold (the long conversation), less than the
+    context; a whole run (steps, recall checks at both stage ends, validation loss) gives it nothing it was
+    not built for: longer check prompts come in fewer rows, within batch_size x max_seq tokens."""
+    from dataclasses import replace
+
+    from core.model import Model
+    from core.trainer import max_seq_of
+
+    seen: list[tuple[int, int]] = []
+    load = Model._load_batch
+    monkeypatch.setattr(Model, "_load_batch", lambda self, tokens, *a: seen.append(np.shape(tokens)) or
+                        load(self, tokens, *a))
+    cl, ds = 256, _long_conversation_data()
+    checked: list[int] = []
+    tr = Trainer(ds, replace(SMALL, context_length=cl), _tc(6), device, check_memory=checked.append)
+    m, rows = tr.model, [len(e.ids) - 1 for e in tr.dialogues]
+    assert checked == [m.max_seq] == [max_seq_of(tr.batches, m.batch_size)]
+    assert m.max_seq == max(rows) == len(tr.dialogues[-1].ids) - 1 < cl
+    assert max(len(e.ids) - 1 for s in range(6) for e in tr.batches.examples(1, s)) == m.max_seq  # it is trained
+    events = list(tr.run())
+    assert tr.done and sum(isinstance(e, StageReport) and bool(e.recall) for e in events) == 2
+    tr.validation_loss()
+    assert seen and all(b * t <= m.rows and t <= cl for b, t in seen), max(seen, key=lambda s: s[0] * s[1])
+    assert max(t for _, t in seen) > m.max_seq  # a "chat" prompt, in a smaller batch
+
+
+def test_no_batch_has_a_row_longer_than_the_batches_longest_row():
+    """Batches.longest_row bounds every row of every step, packed facts and conversations included (no
+    device: the batches are a pure function of the step)."""
+    from core.batches import Batches
+    from core.tokenizer import Tokenizer
+
+    ds = _long_conversation_data()
+    tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=300)
+    for tc in (_tc(), _tc(pack_facts=3, conversation_every=2, mix_share=0.25)):
+        b = Batches(tok, ds, 256, tc)
+        longest = max(len(e.ids) - 1 for st in (0, 1) for s in range(40) for e in b.examples(st, s))
+        assert longest <= b.longest_row()
+        if tc.pack_facts == 1:
+            assert longest == b.longest_row()
