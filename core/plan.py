@@ -309,7 +309,7 @@ def _check_seconds(kinds: dict[str, tuple[int, float, float]], padded: tuple[flo
         t = prompt + answer / 2 if prompt else (padded[0] if k == "fact" else padded[1])
         for out, m in ((check_one, n), (sampled, min(n, CHECK_SAMPLE))):
             out[k] = math.ceil(m / b) * answer * b * t * seconds_per_token * FORWARD_SHARE if m else 0.0
-    stage_kinds = (("fact",), ("fact", "dialogue", "chat"))  # core.trainer.STAGE_KINDS
+    from core.trainer import STAGE_KINDS as stage_kinds  # what each stage's checks look at
     return dict(during=[sum(sampled.get(k, 0.0) for k in ks) for ks in stage_kinds],
                 full=sum(check_one.values()),
                 pre_end=sum(sampled.values()) if n_d else sum(check_one.values()),
