@@ -531,7 +531,8 @@ OTHER_CASES = [
     Case("folder lock: disk full", _lock_disk_full, OSError, ("cannot write the lock file", ".m.lock",
                                                               "No space left on device")),
     Case("gguf export: q8_0 of weights beyond its range", _q8_out_of_range),
-    Case("plan: a full disk under the speed cache does not end the run", _speed_cache_disk_full),
+    # builds a new model's kernels: on a fresh clone with a cold PoCL cache that took 21.4 s (of the 20 s bound)
+    Case("plan: a full disk under the speed cache does not end the run", _speed_cache_disk_full, seconds=60.0),
     Case("cli: --repetition-penalty nan", _cli_error("chat", "--repetition-penalty", "nan"), _ArgError,
          ("argument --repetition-penalty", "'nan' is not a finite number")),
     Case("cli: --seed -1", _cli_error("chat", "--seed", "-1"), _ArgError, ("argument --seed", "-1 is negative")),
