@@ -275,6 +275,19 @@ def test_matmul_uses_gemv_for_few_rows_only(device, rng):
     assert 2 not in op._gemv._kernels
 
 
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_narrow_products_get_narrow_panels_and_read_a_in_place(device, rng, trans_a, trans_b):
+    """A product whose N fills fewer vectors than a B panel (LoRA's rank-16 products) runs a configuration
+    with panels of just enough vectors, reading A in place when B is one panel; wide products keep the
+    configuration. Both stay right against numpy, overwrite and accumulate."""
+    op = Matmul(device, configs=PackedConfig(5, 4, 4, 1, 3, True), gemv=False)  # panels of 16 columns
+    for N, nb in ((3, 1), (4, 1), (9, 3), (12, 3), (13, 4), (40, 4)):
+        kernel = op._kernel(11, N, trans_a, trans_b)
+        assert kernel.cfg.nb == nb, (N, kernel.cfg)
+        panels = -(-N // kernel.cfg.nr)  # A is packed for 2+ panels when stored (K,M), for 5+ when (M,K)
+        assert ("a" in kernel.scratch_floats(11, N, 19)) == (panels >= (2 if trans_a else 5)), N
+        _check_overwrite_then_accumulate(device, rng, op, 11, N, 19, trans_a, trans_b, f"N={N}")
+
 # ----------------------------------------------------------------------------- tuner
 
 @pytest.mark.parametrize("variant", matmul_autotune.MODEL_VARIANTS)

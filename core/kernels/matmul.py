@@ -47,6 +47,11 @@ SPLIT_DEEP_K = 512
 # a read and a write of all of A for nothing (measured on PoCL: N = 128 products 3-20 % faster
 # unpacked, N = 384 and A stored (K,M) faster packed)
 PACK_A_MIN_PANELS = 5
+# A stored (K,M) (trans_a) is read in place only when op(B) is a single panel: each A element is then
+# used once, and packing it is a read and a write for nothing (measured on PoCL, 2-core Xeon: the
+# LoRA gradient products (1536,16,256) and (576,16,256) TN 2.6-3.1x faster); with more panels the
+# packed panel wins (strided reads of a (K,M) A repeat for every panel)
+PACK_A_T_MIN_PANELS = 2
 _VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 
@@ -384,9 +389,10 @@ class GemmKernel:
             self._main = dev.kernel("matmul", "matmul_packed", opts)
             self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
             self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if cfg.pack_a else None
-            # the micro-kernel reading an (M,K)-stored A in place, for products with few B panels
+            # the micro-kernel reading A in place, for products with few B panels
             self._direct_a = (dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=False).options(trans_a, trans_b))
-                              if cfg.pack_a and not trans_a else None)
+                              if cfg.pack_a else None)
+            self._direct_below = PACK_A_T_MIN_PANELS if trans_a else PACK_A_MIN_PANELS
         # a compiled kernel can allow fewer work-items than the device (registers, as on iGPUs)
         self.limits = dev.kernel_limits(self._main)
         dev.check_fits(self._main, cfg.items, cfg)
@@ -477,7 +483,7 @@ class GemmKernel:
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
         need = {"b": n_panels * cfg.nr * kc}
-        if self._pack_a is not None and not (self._direct_a is not None and n_panels < PACK_A_MIN_PANELS):
+        if self._pack_a is not None and not (self._direct_a is not None and n_panels < self._direct_below):
             need["a"] = n_blocks * cfg.mr * kc
         return kc, need
 
@@ -581,7 +587,8 @@ class Matmul:
     def __init__(self, dev: Device, local_size: int | None = None,
                  configs: GemmConfig | dict[tuple[bool, bool], GemmConfig] | None = None,
                  gemv: GemvConfig | bool | None = None, tuned: dict | None = None):
-        self.dev = dev
+        self.dev, self._local_size = dev, local_size
+        self._narrow_kernels: dict[tuple[bool, bool, int], GemmKernel] = {}
         tuned = tuned if tuned is not None and local_size is None else {}
         fallback_gemm, fallback_gemv = fallback_configs(dev, local_size)
         scratch = self._scratch = _Scratch(dev)
@@ -611,10 +618,29 @@ class Matmul:
         """The GEMV configuration (None when the GEMV path is off)."""
         return self._gemv.cfg if self._gemv is not None else None
 
-    def _kernel(self, M: int, trans_a: bool, trans_b: bool) -> GemmKernel | GemvKernel:
+    def _kernel(self, M: int, N: int, trans_a: bool, trans_b: bool) -> GemmKernel | GemvKernel:
         if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
             return self._gemv
-        return self._variants[(bool(trans_a), bool(trans_b))]
+        v = (bool(trans_a), bool(trans_b))
+        kernel = self._variants[v]
+        cfg = kernel.cfg
+        if isinstance(cfg, PackedConfig) and N <= (cfg.nb - 1) * cfg.vw:
+            return self._narrow(v, kernel, -(-N // cfg.vw))
+        return kernel
+
+    def _narrow(self, v: tuple[bool, bool], kernel: GemmKernel, nb: int) -> GemmKernel:
+        """The packed configuration of variant ``v`` with B panels of ``nb`` vectors, for products whose N
+        fills fewer than the configuration's (LoRA's rank-wide products: a 64-column panel for N = 16
+        computes 4x the products, measured 2.4x slower on PoCL), built once; ``kernel`` if it does not fit."""
+        key = (*v, nb)
+        if key not in self._narrow_kernels:
+            try:
+                self._narrow_kernels[key] = GemmKernel(self.dev, replace(kernel.cfg, nb=nb), *v,
+                                                       max_items=self._local_size, scratch=self._scratch)
+            except KernelLimitError as e:
+                log.warning("matmul %s nb=%d: %s; using %s", v, nb, e, kernel.cfg)
+                self._narrow_kernels[key] = kernel
+        return self._narrow_kernels[key]
 
     def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
         """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
@@ -625,7 +651,7 @@ class Matmul:
         """
         need: dict[str, int] = {}
         for M, N, K, trans_a, trans_b in shapes:
-            kernel = self._kernel(M, trans_a, trans_b)
+            kernel = self._kernel(M, N, trans_a, trans_b)
             if M > 0 and N > 0 and isinstance(kernel, GemmKernel):
                 for name, n in kernel.scratch_floats(M, N, K).items():
                     need[name] = max(need.get(name, 0), n)
@@ -647,4 +673,4 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
-        self._kernel(M, trans_a, trans_b)(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
+        self._kernel(M, N, trans_a, trans_b)(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
