@@ -165,11 +165,15 @@ def encode_dialogue(tokenizer: TokenizerLike, dialogue: DialogueLike) -> tuple[l
 def encode_fact(tokenizer: TokenizerLike, text: str) -> list[int]:
     """``[BOS] + encode(text) + [EOS]`` for a pretraining fact (special-token text stays plain text).
 
-    A model imported from a GGUF file (``tokenizer.add_bos`` exists) gets BOS / EOS as its file's
-    ``add_bos_token`` / ``add_eos_token`` say, as llama.cpp tokenizes plain text.
+    A model imported from a GGUF file (``tokenizer.add_bos`` exists) gets BOS as its file's
+    ``add_bos_token`` says, as llama.cpp tokenizes plain text, and always ends with the file's EOS: a fact is
+    a document, and without its end a taught fact runs on into made-up text (SmolLM2-135M-Instruct, whose
+    file sets ``add_eos_token`` false, reproduced 0 of 5 taught facts at a pretraining loss of 0.07, each
+    continued past its end: " ...named Pim.\n\nVester"), so a check never saw it learned.
     """
     if hasattr(tokenizer, "add_bos"):
-        return tokenizer.encode(text, parse_special=False, add_special=True)
+        ids = tokenizer.encode(text, parse_special=False, add_special=True)
+        return ids if ids and ids[-1] == tokenizer.eos_id else [*ids, tokenizer.eos_id]
     return [tokenizer.bos_id, *tokenizer.encode(text, parse_special=False), tokenizer.eos_id]
 
 

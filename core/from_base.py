@@ -168,7 +168,7 @@ DECODE_STEPS = 4
 def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, CheckSpeed]:
     """``(gradients, decoding)``: the speed of a forward and backward pass of ``trainer``'s model (its
     gradients, as a step computes them), each timed on the first micro-batch of every stage in ``stages``
-    (its real sequences) after one untimed pass that builds the kernels, and how fast it decodes a recall
+    (its real sequences) after one untimed pass of each that builds the kernels, and how fast it decodes a recall
     check (core.recall.CheckSpeed: a forward whose logits are read back, timed on the same batches, and
     the median of :data:`DECODE_STEPS` single-token steps of its first row over its K/V buffers).
     Gradients and activations are overwritten, as the next step overwrites them; weights and moments stay.
@@ -179,7 +179,8 @@ def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, 
 
     m = trainer.model
     batches = [tuple(a[:m.batch_size] for a in trainer.batches.batch(stage, 0)) for stage in stages]
-    m.forward_backward(*batches[0])  # builds the kernels (the first step then does not)
+    for b in batches:  # builds the kernels (the first step then does not); a CPU driver (PoCL) also builds its
+        m.forward_backward(*b)  # work-group functions per new shape: a timed first pass of the dialogue batch read 2.5x slow
     grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
     logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
     row = [int(t) for t in batches[0][0][0][:max(1, min(8, m.rows - DECODE_STEPS - 1))]]

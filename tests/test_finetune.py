@@ -198,3 +198,16 @@ def test_fact_recall_prompts_begin_as_the_facts_were_trained(tiny_base):
     assert len(prompts) == len(facts)
     for p in prompts:
         assert p.ids[0] != tok.bos_id and chat_format.encode_fact(tok, facts[p.index])[:len(p.ids)] == p.ids
+
+
+def test_a_fact_of_an_imported_model_ends_with_its_eos(tiny_base):
+    """A file that adds no EOS to plain text (SmolLM2's) still trains each fact with its end: without it the
+    model ran every taught fact on into made-up text and the pretraining check read 0 of 5 facts."""
+    from core import chat_format
+
+    tok = import_gguf(tiny_base).tokenizer
+    assert not tok.add_eos
+    for fact in DATA["facts"]:
+        ids = chat_format.encode_fact(tok, fact)
+        assert ids[-1] == tok.eos_id and ids.count(tok.eos_id) == 1
+        assert ids[:-1] == tok.encode(fact, parse_special=False, add_special=True)
