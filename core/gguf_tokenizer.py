@@ -331,6 +331,24 @@ class GGUFTokenizer:
         tk.decoder = None
         return tk
 
+    # ---- what a Hugging Face tokenizer.json of this vocabulary is made of (core/hf_tokenizer.py) ----
+    def pipeline(self) -> _HFTokenizer:
+        """A copy of the ``tokenizers`` pipeline that encodes one text fragment as llama.cpp does (the
+        vocabulary, merges, normalizer and pre-tokenizer; no special tokens, BOS/EOS or decoder)."""
+        return _HFTokenizer.from_str(self._tk.to_str())
+
+    def split_tokens(self) -> list[tuple[str, int, bool, bool]]:
+        """The tokens cut out of a text before :meth:`pipeline` (llama.cpp's ``tokenizer_st_partition``),
+        longest first, as ``(text, id, control, rstrip)``: ``control`` ones only with ``parse_special``;
+        ``rstrip``: the whitespace after the token is dropped (phi-3)."""
+        return list(self._specials)
+
+    def bpe_merges(self) -> list[str]:
+        """The merges :meth:`pipeline` applies, in rank order (``"a b"``): the file's merges whose two parts
+        and result are tokens (gpt2); SentencePiece's from the scores (see ``_build_spm``)."""
+        merges = json.loads(self._tk.to_str())["model"]["merges"]
+        return [m if isinstance(m, str) else " ".join(m) for m in merges]
+
     # ---- serialisation (checkpoints) ------------------------------------------------------------
     FORMAT = "opencl-llm-studio-gguf-vocab"
 

@@ -7,9 +7,12 @@ back, also after ``save_pretrained``, into our in-memory form.
 
     FOLDER/config.json              LlamaConfig: widths, heads, rope_theta, rms_norm_eps, tie_word_embeddings
     FOLDER/model.safetensors        float32 weights under HF names (safetensors numpy API)
-    FOLDER/tokenizer.json           our `tokenizers` BPE, with a post-processor that prepends <|bos|>
-    FOLDER/tokenizer_config.json    special tokens and core.chat_format.CHAT_TEMPLATE
-    FOLDER/special_tokens_map.json  bos/eos/pad
+    FOLDER/tokenizer.json           the model's `tokenizers` BPE (core/hf_tokenizer.py): ours, with a post-processor
+                                    that prepends <|bos|>, or an imported GGUF file's vocabulary as llama.cpp
+                                    tokenizes it (its special tokens, BOS/EOS as its add_bos_token/add_eos_token)
+    FOLDER/tokenizer_config.json    special tokens and the chat template (core.chat_format.CHAT_TEMPLATE, or the
+                                    GGUF file's tokenizer.chat_template)
+    FOLDER/special_tokens_map.json  bos/eos/pad (unk) token texts
     FOLDER/generation_config.json   bos/eos/pad ids, greedy by default
 
 The one real difference: HF's llama applies RoPE to the two *halves* of each head (``rotate_half``:
@@ -37,6 +40,9 @@ from core import __version__, chat_format
 from core.atomic import replace_folder
 from core.checkpoint_meta import check_export_target, has_our_weights
 from core.config import ConfigError, ModelConfig, tensor_name
+from core.gguf_tokenizer import GGUFTokenizer
+from core.hf_tokenizer import (HFError, check_tokenizer_file, folder_chat_template, probe_texts, read_tokenizer,
+                               tokenizer_files)
 from core.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -51,10 +57,6 @@ INDEX_FILE = "model.safetensors.index.json"  # sharded weights, as save_pretrain
 STUDIO_KEY = "opencl_llm_studio"  # our block in config.json (app version, export date)
 FILES = ("config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
          "generation_config.json")
-
-
-class HFError(ValueError):
-    """A model cannot be written as, or a folder cannot be read as, a Hugging Face llama checkpoint."""
 
 
 # ---------------------------------------------------------------------------------------- names
@@ -122,37 +124,6 @@ def hf_config(config: ModelConfig, bos_id: int, eos_id: int, pad_id: int) -> dic
     }
 
 
-def _hf_tokenizer_json(tokenizer) -> str:
-    """Our tokenizer.json plus a post-processor that prepends ``<|bos|>`` (``add_special_tokens=True``),
-    as llama tokenizers do and as our GGUF says (``add_bos_token``). The chat template writes BOS
-    itself, and ``apply_chat_template`` tokenizes without special tokens, so BOS is never doubled."""
-    d = json.loads(tokenizer.to_json())
-    bos, bos_id = chat_format.BOS_TOKEN, tokenizer.bos_id
-    d["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
-    }
-    return json.dumps(d, ensure_ascii=False, indent=2)
-
-
-def _tokenizer_files(tokenizer, context_length: int) -> dict[str, str]:
-    specials = {"bos_token": chat_format.BOS_TOKEN, "eos_token": chat_format.EOS_TOKEN,
-                "pad_token": chat_format.PAD_TOKEN}
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast", **specials,
-        "add_bos_token": True, "add_eos_token": False,
-        # decode() must give back the text exactly (no " ." -> "." clean-up)
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": context_length, "chat_template": chat_format.CHAT_TEMPLATE,
-    }
-    return {"tokenizer.json": _hf_tokenizer_json(tokenizer),
-            "tokenizer_config.json": json.dumps(tok_config, ensure_ascii=False, indent=2),
-            "special_tokens_map.json": json.dumps(specials, indent=2)}
-
-
 def _prepare_target(out: Path) -> None:
     """Refuse to replace a folder that holds anything but an earlier export (user files are never lost)."""
     if out.exists() and not out.is_dir():
@@ -199,7 +170,10 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     _prepare_target(out)
 
     tensors = _hf_tensors(loaded)
-    texts = _hf_texts(c, tok)
+    try:
+        texts = _hf_texts(c, tok)
+    except HFError as e:  # a vocabulary a tokenizer.json cannot hold (named by its GGUF key)
+        raise HFError(f"{loaded.path}: {e}") from None
 
     def write(tmp: Path) -> None:
         try:
@@ -244,7 +218,7 @@ def _hf_texts(c: ModelConfig, tok) -> dict[str, str]:
     texts["generation_config.json"] = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
                                        "pad_token_id": tok.pad_id, "do_sample": False,
                                        "max_length": c.context_length}
-    return {k: json.dumps(v, indent=2) for k, v in texts.items()} | _tokenizer_files(tok, c.context_length)
+    return {k: json.dumps(v, indent=2) for k, v in texts.items()} | tokenizer_files(tok, c.context_length)
 
 
 def _write_error(path: Path, why: str, code: int | None = None) -> OSError:
@@ -255,13 +229,27 @@ def _write_error(path: Path, why: str, code: int | None = None) -> OSError:
     return OSError(code or errno.EIO, f"cannot write {path}: {' '.join(why.split())} (nothing was written)")
 
 
+def _same_tokenizer(a, b) -> bool:
+    """Same kind, tokens, special ids, merge ranks and ids of the probe texts (core.hf_tokenizer)."""
+    if type(a) is not type(b) or a.tokens() != b.tokens() or (a.bos_id, a.eos_id) != (b.bos_id, b.eos_id):
+        return False
+    if isinstance(a, GGUFTokenizer):  # the merges its pipeline applies, BOS/EOS as the file says
+        if a.bpe_merges() != b.bpe_merges() or (a.add_bos, a.add_eos) != (b.add_bos, b.add_eos):
+            return False
+    elif a.merges() != b.merges():
+        return False
+    return all(a.encode(t, parse_special=True) == b.encode(t, parse_special=True) for t in probe_texts(b))
+
+
 def _verify(folder: Path, loaded) -> None:
     """Read the written folder back; raise HFError unless config, tokenizer and every tensor's bits match."""
     config, weights, tok = load_hf(folder)
     if config != loaded.config:
         raise HFError(f"verification failed: {folder / 'config.json'} reads back as {config}")
-    if tok.tokens() != loaded.tokenizer.tokens() or tok.merges() != loaded.tokenizer.merges():
-        raise HFError(f"verification failed: {folder / 'tokenizer.json'} reads back with another vocabulary")
+    ours, path = loaded.tokenizer, folder / "tokenizer.json"
+    check_tokenizer_file(path, ours)  # the file in tokenizers: our ids on probe texts and special tokens
+    if not _same_tokenizer(tok, ours):
+        raise HFError(f"verification failed: {path} reads back with another vocabulary")
     for name, _shape in config.param_shapes():
         a, b = np.asarray(loaded.weights[name], np.float32), weights[name]
         if a.shape != b.shape or a.tobytes() != b.tobytes():
@@ -332,28 +320,6 @@ def _config_from_hf(path: Path, hf: dict) -> ModelConfig:
     return config
 
 
-def _read_tokenizer(folder: Path):
-    """Our Tokenizer from ``tokenizer.json``; HFError for a tokenizer of another kind."""
-    from core.tokenizer import Tokenizer
-
-    path = folder / "tokenizer.json"
-    d = _read_json(path)
-    model = d.get("model") or {}
-    if model.get("type") != "BPE":
-        raise HFError(f"{path}: model.type = {model.get('type')!r} is not supported (only byte-level BPE)")
-    if d.get("normalizer") is not None:
-        raise HFError(f"{path}: normalizer = {json.dumps(d['normalizer'])[:60]} is not supported (only none)")
-    pre = d.get("pre_tokenizer") or {}
-    if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or pre.get("use_regex") is False:
-        raise HFError(f"{path}: pre_tokenizer = {json.dumps(pre)[:60]} is not supported (only GPT-2 ByteLevel)")
-    d["post_processor"] = None  # ours adds no specials; the chat format places BOS/EOS itself
-    try:
-        return Tokenizer.from_json(json.dumps(d))
-    except ValueError as e:
-        raise HFError(f"{path}: {e}; only tokenizers of this app ({', '.join(chat_format.SPECIAL_TOKENS)}) "
-                      "can be used") from None
-
-
 def _shard(folder: Path, name: str) -> Path:
     """The weight file ``name`` of the index: a regular file inside ``folder`` once links are resolved.
 
@@ -419,7 +385,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer]:
+def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer | GGUFTokenizer]:
     """Read a Hugging Face ``LlamaForCausalLM`` folder (ours, or after ``save_pretrained``).
 
     Returns:
@@ -435,7 +401,8 @@ def load_hf(folder: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
     if not d.is_dir():
         raise HFError(f"{d}: not a folder")
     config = _config_from_hf(d / "config.json", _read_json(d / "config.json"))
-    tok = _read_tokenizer(d)
+    tc = d / "tokenizer_config.json"
+    tok = read_tokenizer(d, _read_json(d / "tokenizer.json"), _read_json(tc) if tc.is_file() else {})
     if tok.vocab_size != config.vocab_size:
         raise HFError(f"{d / 'config.json'}: vocab_size = {config.vocab_size} differs from the tokenizer's "
                       f"{tok.vocab_size} tokens (a padded embedding is not supported)")
@@ -475,13 +442,13 @@ def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
 
     d = Path(folder)
     config, weights, tok = load_hf(d)
-    template = None
-    if (d / "chat_template.jinja").is_file():  # transformers 5 saves the template here
-        template = (d / "chat_template.jinja").read_text("utf-8")
-    elif (d / "tokenizer_config.json").is_file():
-        template = _read_json(d / "tokenizer_config.json").get("chat_template")
-    if template is not None and template != chat_format.CHAT_TEMPLATE:
-        log.warning("%s: its chat template differs from this app's chat format; chat uses the app's format", d)
+    if isinstance(tok, GGUFTokenizer):  # a GGUF vocabulary: its own template, as the file it came from
+        template = tok.chat_template
+    else:
+        tc = d / "tokenizer_config.json"
+        template = folder_chat_template(d, _read_json(tc) if tc.is_file() else {})
+        if template is not None and template != chat_format.CHAT_TEMPLATE:
+            log.warning("%s: its chat template differs from this app's chat format; chat uses the app's format", d)
     return LoadedModel(config, tok, weights, {"format": "hf", "name": d.name, "chat_template": template}, d)
 
 

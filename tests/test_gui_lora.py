@@ -184,8 +184,7 @@ def test_lora_run_compare_export_and_llama_cpp_loads_the_adapter(main_window, qt
     assert np.abs(ours - theirs).max() <= 1e-3
     np.testing.assert_allclose(_llama_logits(out, ids), ours, atol=1e-3, rtol=1e-3)  # the merged file
 
-    # the adapter alone (llama.cpp's line runs it on its base), and as a PEFT folder (core.hf_io writes no
-    # Hugging Face folder of a model with an imported GGUF tokenizer, so not "both" here)
+    # the adapter alone (llama.cpp's line runs it on its base), and as a PEFT folder
     e.what.setCurrentIndex(e.what.findData("adapter"))
     only = tmp_path / "only" / "adapter.gguf"
     e.path.setText(str(only))
@@ -197,6 +196,15 @@ def test_lora_run_compare_export_and_llama_cpp_loads_the_adapter(main_window, qt
     d = _export(qtbot, e)
     assert d.path == d.adapter == str(only.with_suffix(""))
     assert sorted(p.name for p in Path(d.path).iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # both as Hugging Face folders: the merged model (with the base file's own tokenizer) and its PEFT folder beside
+    e.what.setCurrentIndex(e.what.findData("both"))
+    merged_hf = tmp_path / "hf" / "tuned"
+    e.path.setText(str(merged_hf))
+    d = _export(qtbot, e)
+    assert (d.path, d.adapter) == (str(merged_hf), str(merged_hf.with_name("tuned-lora")))
+    tok_config = json.loads((merged_hf / "tokenizer_config.json").read_text())
+    assert tok_config["bos_token"] == ck.tokenizer.vocab.tokens[ck.tokenizer.bos_id]
+    assert (merged_hf.with_name("tuned-lora") / "adapter_model.safetensors").is_file()
 
 
 def _export(qtbot, e):
