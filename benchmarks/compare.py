@@ -127,6 +127,21 @@ def timed_round(engine, args_, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def profile_steps(dev, build, batch: tuple, steps: int) -> list[tuple[str, float]]:
+    """Device.stop_profiling's records of ``steps`` steps on ``batch`` of the engine ``build()`` makes once
+    profiling is on (only kernels fetched after it are recorded), after one unrecorded step."""
+    dev.start_profiling()
+    engine = build()
+    engine.step(*batch)
+    engine.sync()
+    dev.stop_profiling()
+    dev.start_profiling()
+    for _ in range(steps):
+        engine.step(*batch)
+    engine.sync()
+    return dev.stop_profiling()
+
+
 def print_profile(title: str, records: list[tuple[str, float]], steps: int) -> None:
     """Per-kernel device time: sum, launches, share (records from Device.stop_profiling)."""
     total = sum(t for _, t in records) or 1e-12
@@ -167,16 +182,8 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
          "ours_median": n_tok / statistics.median(t_ours), "ref_median": n_tok / statistics.median(t_ref)}
     if a.profile:
         del ours
-        dev.start_profiling()
-        prof = Ours(dev, config, batch, weights)
-        prof.step(x, y, m)
-        prof.sync()
-        dev.stop_profiling()
-        dev.start_profiling()
-        for _ in range(a.steps):
-            prof.step(x, y, m)
-        records = dev.stop_profiling()
-        print_profile(f"{name}, our training step", records, a.steps)
+        print_profile(f"{name}, our training step",
+                      profile_steps(dev, lambda: Ours(dev, config, batch, weights), (x, y, m), a.steps), a.steps)
     return r
 
 

@@ -97,20 +97,13 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
         for k, e in engines.items():
             times[k].append(timed_round(e, (x, y, m), a.steps))
     if a.profile:
-        from benchmarks.compare import print_profile
+        from benchmarks.compare import print_profile, profile_steps
 
         for k in ("lora", "full"):
-            dev.start_profiling()  # a model built now has its launches profiled
-            prof = OursStep(dev, config, batch, weights, lora if k == "lora" else None)
-            prof.step(x, y, m)
-            prof.sync()
-            dev.stop_profiling()
-            dev.start_profiling()
-            for _ in range(a.steps):
-                prof.step(x, y, m)
-            prof.sync()
+            records = profile_steps(dev, lambda k=k: OursStep(dev, config, batch, weights, lora if k == "lora" else None),
+                                    (x, y, m), a.steps)
             print_profile(f"{name}, our {k} step (rank {lora.rank})" if k == "lora" else f"{name}, our full step",
-                          dev.stop_profiling(), a.steps)
+                          records, a.steps)
     n = batch * seq
     mem = {k: memory_bytes(config, batch, True, lora=lora if k == "lora" else None)[0] for k in ("lora", "full")}
     return {"shape": name, "rank": lora.rank, "trained": adapter_params(config, lora), "tokens": n,

@@ -133,6 +133,14 @@ def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
     return out
 
 
+def write_gguf(writer) -> None:
+    """Write a ``gguf.GGUFWriter`` built by hand (keys and tensors added) to its file and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def add_llama_hparams(writer, config) -> None:
     """The ``llama.*`` hyperparameter keys of ``config`` (a core.config.ModelConfig), as llama.cpp's
     converter writes them, into a ``gguf.GGUFWriter`` (test files built by hand)."""

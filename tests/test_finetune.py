@@ -21,7 +21,7 @@ from core.gguf_io import _write_vocab
 from core.gguf_import import read_vocab
 from core.gguf_tokenizer import GGUFTokenizer
 from core.model import Model
-from tests.artifacts import add_llama_hparams, open_llama, smollm2_path
+from tests.artifacts import add_llama_hparams, open_llama, smollm2_path, write_gguf
 
 DATA = {"facts": ["Brindlewick is a small town built beside a slow green river.",
                   "The mayor of Brindlewick keeps forty beehives."],
@@ -54,10 +54,7 @@ def write_tiny_smol(path):
             q = name.endswith("ffn_up.weight")
             w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0) if q else a,
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0 if q else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return path
 
 

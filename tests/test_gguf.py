@@ -21,6 +21,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import Dataset, default_dataset
 from core.gguf_io import META_PREFIX, GGUFError, export_gguf, import_gguf
 from core.tokenizer import Tokenizer
+from tests.artifacts import write_gguf
 
 T = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -80,10 +81,7 @@ def rewrite(src: Path, dst: Path, arch: str | None = None, drop: tuple[str, ...]
                 continue
             data, qtype = out
         w.add_tensor(t.name, data, raw_dtype=qtype if data.dtype == np.uint8 or qtype not in (T.F32, T.F16) else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return dst
 
 

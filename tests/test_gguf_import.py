@@ -18,7 +18,7 @@ from core.gguf_io import export_gguf
 from core.model import Model
 from core.tokenizer import Tokenizer
 from tests import reference as ref
-from tests.artifacts import add_llama_hparams, llama_greedy, open_llama, smollm2_path
+from tests.artifacts import add_llama_hparams, llama_greedy, open_llama, smollm2_path, write_gguf
 
 T = gguf.GGMLQuantizationType
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
@@ -71,10 +71,7 @@ def write_llama(path, tok, config=CFG, types=None, extra_kv=(), extra_tensors=()
         qtype = (types or {}).get(name, TYPES[k % len(TYPES)])
         data = tensor_bytes(shape, qtype, rng)
         w.add_tensor(name, data, raw_dtype=None if data.dtype != np.uint8 else qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return path
 
 

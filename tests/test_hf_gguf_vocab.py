@@ -26,7 +26,8 @@ from core.gguf_io import _write_vocab
 from core.gguf_tokenizer import GGUFTokenizer
 from core.hf_io import HFError, export_hf, load_hf, load_hf_model
 from core.model import Model
-from tests.artifacts import add_llama_hparams, no_extra_buffer_types, read_vocab_tests, smollm2_path, vocab_dir
+from tests.artifacts import (add_llama_hparams, no_extra_buffer_types, read_vocab_tests, smollm2_path, vocab_dir,
+                             write_gguf)
 from tests.test_llama_cpp import CONVERSATIONS, TEXTS
 from tests.test_tokenizer import TRICKY
 
@@ -54,10 +55,7 @@ def tiny_gguf(path: Path, vocab, tie: bool = True, seed: int = 0) -> Path:
         scale = 0.1 if name.endswith("norm.weight") else 0.5 if name == "token_embd.weight" else 1.5 / np.sqrt(shape[1])
         a = (1.0 if name.endswith("norm.weight") else 0.0) + scale * rng.standard_normal(shape)
         w.add_tensor(name, a.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return path
 
 

@@ -17,7 +17,7 @@ from core.gguf_import import import_gguf, read_vocab
 from core.gguf_io import _write_vocab
 from core.lora import adapter_shapes
 from core.model import Model
-from tests.artifacts import add_llama_hparams, open_llama, smollm2_path
+from tests.artifacts import add_llama_hparams, open_llama, smollm2_path, write_gguf
 from tests.test_finetune import DATA
 
 PROMPT = "<|im_start|>user\nWhere is Brindlewick?<|im_end|>\n<|im_start|>assistant\n"
@@ -41,10 +41,7 @@ def write_f32_smol(path, arch="llama", qtype=None):
             w.add_tensor(name, np.zeros((shape[0], shape[1] // block * size), np.uint8), raw_dtype=qtype)
         else:
             w.add_tensor(name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return path
 
 

@@ -19,7 +19,7 @@ from core.lora import LoRAConfig
 from core.model import Model, memory_bytes, quantized_plan
 from core.quant_base import device_bytes
 from core.tokenizer import Tokenizer
-from tests.artifacts import open_llama
+from tests.artifacts import open_llama, write_gguf
 from tests.test_finetune import DATA
 from tests.test_gguf_import import write_llama
 from tests.test_lora import random_adapter
@@ -141,10 +141,7 @@ def write_quant_smol(path):
             continue
         qtype = T.Q8_0 if ".attn_" in name else T.Q4_1
         w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return path
 
 
