@@ -137,6 +137,7 @@ def run_one(name: str, args, tmp: Path) -> dict:
     if args.llama:
         res["llama"] = llama_figures(ck, g, tmp)
     if args.log:
+        Path(args.log).mkdir(parents=True, exist_ok=True)
         (Path(args.log) / f"{name}.log").write_text(out)
     return res
 
