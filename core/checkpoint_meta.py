@@ -42,6 +42,11 @@ and core/checkpoint.py name them; others ask :func:`has_checkpoint`, :func:`data
 STAGE_NAMES = tuple(s.value for s in STAGES)
 """The saved keys of the stages in config.json's ``train`` (core.stages.Stage values), in run order."""
 MAX_CONFIG_BYTES = 1 << 20
+META_PREFIX = "opencl_llm_studio."
+"""Prefix of our own keys in a GGUF file (its ``opencl_llm_studio.app_version`` marks a file this app wrote)."""
+APP_VERSION_KEY = META_PREFIX + "app_version"
+MODELFILE_HEADER = "# Ollama Modelfile written by OpenCL LLM Studio"
+"""The first line of every Modelfile this app writes (what marks it as ours)."""
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256",
                   "from_base")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
@@ -533,15 +538,34 @@ def check_output_folder(path: str | os.PathLike) -> Path:
     return folder
 
 
-def check_export_target(path: str | os.PathLike) -> Path:
+def written_by_app(path: Path) -> bool:
+    """Whether the file ``path`` is an export of this app: a GGUF file with our ``APP_VERSION_KEY``, or a
+    Modelfile that begins with :data:`MODELFILE_HEADER`."""
+    try:
+        if path.suffix.lower() == ".gguf":
+            import gguf
+
+            return APP_VERSION_KEY in gguf.GGUFReader(str(path)).fields
+        if path.suffix == ".Modelfile":
+            with open(path, encoding="utf-8") as f:
+                return f.readline().startswith(MODELFILE_HEADER)
+    except (OSError, ValueError, UnicodeDecodeError):  # unreadable, not a GGUF file (gguf raises ValueError)
+        return False
+    return False
+
+
+def check_export_target(path: str | os.PathLike, replace: bool = False) -> Path:
     """Resolve and check where an export (a .gguf file, a Modelfile, a Hugging Face folder) is to be
-    written: never into a checkpoint folder, whose next save would delete it.
+    written: never into a checkpoint folder, whose next save would delete it, and never over a file this
+    app did not write (:func:`written_by_app`: a user's notes, a downloaded model, the base model itself)
+    unless ``replace`` (the user was asked and said so: the app's Export tab asks before replacing a file).
 
     Returns:
         The resolved path.
 
     Raises:
-        CheckpointError: ``path`` is a checkpoint folder or inside one (one line naming it).
+        CheckpointError: ``path`` is a checkpoint folder or inside one, or an existing file not written by
+            this app (one line naming it).
     """
     p = Path(os.path.realpath(path))
     for d in (p, *p.parents):
@@ -549,4 +573,6 @@ def check_export_target(path: str | os.PathLike) -> Path:
             raise CheckpointError(f"{path}: inside the checkpoint folder {d}, whose next save would delete it; "
                                   "export to another folder" if d != p else
                                   f"{path}: is a checkpoint folder; export to another folder")
+    if p.is_file() and not replace and not written_by_app(p):
+        raise CheckpointError(f"{path}: exists and was not written by this app; choose another name or remove it")
     return p

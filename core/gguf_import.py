@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 from gguf import Keys
 
-from core.checkpoint_meta import TrainingKeys
+from core.checkpoint_meta import META_PREFIX, TrainingKeys
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.loaded import LoadedModel
 from core.quant_base import KEPT, RawBase
@@ -46,7 +46,6 @@ TOKENIZER_PRE = "gpt-2"  # llama.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2, the GPT-2 regex
 # llama.cpp's LLM_KV_ROPE_SCALE_LINEAR, an older spelling of linear RoPE scaling that gguf.Keys lacks
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"
 MAX_CONTEXT = 8192
-META_PREFIX = "opencl_llm_studio."
 
 
 class GGUFError(ValueError):

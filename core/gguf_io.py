@@ -46,7 +46,7 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.atomic import atomic_path, atomic_write
-from core.checkpoint_meta import check_export_target
+from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, check_export_target
 from core.config import ModelConfig, tensor_name
 from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
                               import_gguf, read_fields)  # the import side, re-exported
@@ -163,7 +163,7 @@ def _training_facts(loaded: LoadedModel, training_meta: dict | None) -> dict[str
             continue
         key = k if k.startswith(META_PREFIX) else META_PREFIX + k
         facts[key] = v
-    facts[META_PREFIX + "app_version"] = __version__
+    facts[APP_VERSION_KEY] = __version__
     facts[META_PREFIX + "export_date"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return facts
 
@@ -175,7 +175,7 @@ def _fields(reader: gguf.GGUFReader) -> dict[str, tuple[Any, int]]:
 
 # ---------------------------------------------------------------------------------------- export
 def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "f32", modelfile: bool = False,
-                name: str | None = None, training_meta: dict | None = None) -> ExportResult:
+                name: str | None = None, training_meta: dict | None = None, replace: bool = False) -> ExportResult:
     """Write a model as a GGUF file for llama.cpp, Ollama and LM Studio.
 
     Args:
@@ -186,6 +186,7 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
         name: ``general.name``; default: the GGUF's own name when ``loaded`` came from one, else the
             file name without extension.
         training_meta: extra facts to store, ``{key: value}``; keys get the ``opencl_llm_studio.`` prefix.
+        replace: replace an existing file (and Modelfile) even if this app did not write it (the user said so).
 
     Returns:
         :class:`ExportResult` with the path, size in bytes, Modelfile path and notes.
@@ -194,11 +195,14 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
         GGUFError: unknown dtype, non-finite weights, vocabulary/shape mismatch, a tokenizer without
             merges, or a written file that does not read back identically (nothing is left behind).
         OSError: the folder is not writable, the disk is full (nothing is left behind).
-        CheckpointError: the target is inside a checkpoint folder (core.checkpoint_meta.check_export_target).
+        CheckpointError: the target (or its Modelfile) is inside a checkpoint folder, or an existing file this
+            app did not write (core.checkpoint_meta.check_export_target).
     """
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = _export_target(out_path)
+    out = _export_target(out_path, replace)
+    if modelfile:
+        check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
     _check_model(loaded)
     foreign, vocab = _vocabulary(loaded.tokenizer)
     notes: list[str] = []
@@ -220,13 +224,13 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     return ExportResult(out, size, mf, tuple(notes))
 
 
-def _export_target(out_path: str | os.PathLike) -> Path:
+def _export_target(out_path: str | os.PathLike, replace: bool = False) -> Path:
     """The ``.gguf`` path to write (the suffix added when missing), checked: never inside a
     checkpoint folder (its next save would delete the file), into a folder that exists."""
     out = Path(out_path)
     if out.suffix.lower() != ".gguf":
         out = out.with_name(out.name + ".gguf")
-    check_export_target(out)
+    check_export_target(out, replace)
     if not out.parent.is_dir():
         raise GGUFError(f"{out.parent}: folder does not exist")
     return out
@@ -464,7 +468,7 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) ->
     if '"""' in template:  # pragma: no cover - a constant; guards a future edit
         raise GGUFError("the Ollama template contains triple quotes")
     lines = [
-        "# Ollama Modelfile written by OpenCL LLM Studio",
+        MODELFILE_HEADER,
         f"# {ollama_create_command(gguf_path)} && ollama run {ollama_name(gguf_path)}",
         f"FROM ./{gguf_path.name}",
         *([f'TEMPLATE """{template}"""'] if ours else []),

@@ -22,8 +22,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from core import __version__
 from core.atomic import atomic_path, atomic_write, replace_folder
-from core.checkpoint_meta import check_export_target
+from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, check_export_target
 from core.loaded import LoadedModel
 from core.lora import SUFFIX_A, SUFFIX_B, TARGETS, LoRAConfig, LoRAError, adapter_shapes, base_name
 
@@ -52,25 +53,30 @@ def _adapter_of(loaded: LoadedModel) -> tuple[LoRAConfig, dict[str, np.ndarray]]
     return loaded.lora, loaded.adapter
 
 
-def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelfile: bool = False) -> tuple[Path, Path | None]:
+def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelfile: bool = False,
+                        replace: bool = False) -> tuple[Path, Path | None]:
     """Write a LoRA checkpoint's adapters as llama.cpp's adapter GGUF (see the module docstring).
 
     Args:
         loaded: ``core.checkpoint.load_checkpoint`` of a LoRA checkpoint (``loaded.lora`` set).
         out_path: the ``.gguf`` file (``.gguf`` appended when missing), replaced atomically.
         modelfile: also write ``<stem>.Modelfile`` (``FROM`` the base file, ``ADAPTER`` this file).
+        replace: replace an existing file (and Modelfile) even if this app did not write it (the user said so).
 
     Returns:
         ``(adapter file, Modelfile or None)``.
 
     Raises:
-        LoRAError: not a LoRA checkpoint / a bad adapter tensor; CheckpointError: the target is inside a
-        checkpoint folder; OSError: not writable, disk full (nothing is left behind).
+        LoRAError: not a LoRA checkpoint / a bad adapter tensor; CheckpointError: the target (or its
+        Modelfile) is inside a checkpoint folder or an existing file this app did not write; OSError: not
+        writable, disk full (nothing is left behind).
     """
     lora, adapter = _adapter_of(loaded)
     out = Path(out_path)
     out = out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf")
-    check_export_target(out)
+    check_export_target(out, replace)
+    if modelfile:
+        check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
     if not out.parent.is_dir():
         raise LoRAError(f"{out.parent}: folder does not exist")
     names = [n for n, _ in adapter_shapes(loaded.config, lora)]
@@ -79,6 +85,7 @@ def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelf
         try:
             w.add_type(gguf.GGUFType.ADAPTER)
             w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+            w.add_string(APP_VERSION_KEY, __version__)  # marks the file as ours (check_export_target replaces it)
             w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(lora.alpha))
             w.add_name(f"{(loaded.meta or {}).get('name') or Path(loaded.path).name} LoRA")
             for name in names:
@@ -113,7 +120,7 @@ def _write_adapter_modelfile(adapter_path: Path, loaded: LoadedModel) -> Path:
     from core.gguf_io import ollama_create_command, ollama_name
 
     base = Path(loaded.meta["base_model"]).resolve()
-    lines = ["# Ollama Modelfile written by OpenCL LLM Studio: the base model with the LoRA adapter",
+    lines = [f"{MODELFILE_HEADER}: the base model with the LoRA adapter",
              f"# {ollama_create_command(adapter_path)} && ollama run {ollama_name(adapter_path)}",
              f"FROM {base}", f"ADAPTER ./{adapter_path.name}", "PARAMETER temperature 0",
              f"PARAMETER num_ctx {loaded.config.context_length}"]

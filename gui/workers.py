@@ -490,7 +490,8 @@ class ExportWorker(Worker):
 
             folder = export_hf(loaded, self.out_path)
             return Exported(str(folder), _folder_bytes(folder), "", ())
-        res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile)
+        # the Export tab asked before replacing any file that exists (gui/export_tab.py)
+        res = export_gguf(loaded, self.out_path, dtype=self.dtype, modelfile=self.modelfile, replace=True)
         return Exported(str(res.path), int(res.size_bytes), str(res.modelfile) if res.modelfile else "",
                         tuple(str(n) for n in res.notes))
 
@@ -502,7 +503,7 @@ class ExportWorker(Worker):
         if self.fmt == "hf":
             folder = export_peft(loaded, self.adapter_path)
             return str(folder), _folder_bytes(folder), ""
-        path, mf = export_adapter_gguf(loaded, self.adapter_path, modelfile=self.modelfile)
+        path, mf = export_adapter_gguf(loaded, self.adapter_path, modelfile=self.modelfile, replace=True)
         return str(path), path.stat().st_size, str(mf) if mf else ""
 
 

@@ -269,6 +269,30 @@ def test_modelfile(tok, tmp_path):
     assert "# ollama create my-model -f 'my model.Modelfile' && ollama run my-model" in lines
 
 
+def test_export_replaces_only_files_this_app_wrote(tok, tmp_path):
+    """An export over its own earlier file (GGUF and Modelfile) replaces it; over a user's file, another
+    program's GGUF or a Modelfile of the user's it is refused in one line naming the file, before anything is
+    written, and the file is left as it was."""
+    from core.checkpoint import CheckpointError
+
+    m = random_model(tok)
+    ours = export_gguf(m, tmp_path / "m.gguf", modelfile=True)
+    export_gguf(m, ours.path, dtype="q8_0", modelfile=True)  # our own files: replaced
+    assert read_kv(ours.path)["general.file_type"][0] == 7  # MOSTLY_Q8_0
+    notes, theirs = tmp_path / "notes.gguf", tmp_path / "theirs.gguf"
+    notes.write_text("my notes\n")
+    rewrite(ours.path, theirs, drop=tuple(k for k in read_kv(ours.path) if k.startswith("opencl_llm_studio.")))
+    for target in (notes, theirs):
+        before = target.read_bytes()
+        with pytest.raises(CheckpointError, match=f"{target.name}: exists and was not written by this app"):
+            export_gguf(m, target)
+        assert target.read_bytes() == before
+    (tmp_path / "mine.Modelfile").write_text("FROM llama3\n")
+    with pytest.raises(CheckpointError, match="mine.Modelfile: exists and was not written by this app"):
+        export_gguf(m, tmp_path / "mine.gguf", modelfile=True)
+    assert not (tmp_path / "mine.gguf").exists() and (tmp_path / "mine.Modelfile").read_text() == "FROM llama3\n"
+
+
 # ------------------------------------------------------------------------------------ import
 def test_import_roundtrip_random(tok, tmp_path):
     m = random_model(tok)
