@@ -203,7 +203,7 @@ def test_load_hf_refuses_a_tokenizer_of_another_structure(export_of, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ SmolLM2 + PEFT (slow)
-FLOAT32_SUMS = 5e-4  # what our float32 engine keeps of SmolLM2's logits (see the test below)
+PEFT_TOL = 1e-4  # issue 20: our logits against the PEFT folder's in transformers (see the test below)
 PEFT_PROMPT = [{"role": "user", "content": "Who wrote Romeo and Juliet? Answer in 12 words or fewer."}]
 
 
@@ -285,13 +285,14 @@ def peft_parity(base, device, tmp: Path, seed: int = 0, lora_run=None) -> dict:
 def test_smollm2_hf_export_and_peft_logits_equal_ours(smollm2_import, device, tmp_path):
     """The real SmolLM2-135M (Q4_1 dequantized to float32) as a Hugging Face folder: its logits in
     transformers equal ours, and a rank-16 adapter on every linear layer (random, B nonzero) as a PEFT
-    folder gives with ``PeftModel.from_pretrained`` our LoRA model's logits, both within what our float32
-    sums keep of the exact (float64) logits."""
+    folder gives with ``PeftModel.from_pretrained`` our LoRA model's logits within 1e-4 of transformers' exact
+    (float64) logits of that folder. Against transformers in float32 the bound is 1e-4 plus transformers' own
+    float32 error (measured here: 9.6e-5 from its float64 logits), since two float32 engines sum in
+    different orders. Measured on PoCL: ours 4.5e-5 from float64 (1.5e-4 before matmul_packed summed
+    in blocks), 1.2e-4 from transformers' float32 with the adapter, 6.8e-5 without."""
     peft = pytest.importorskip("peft")
     r = peft_parity(smollm2_import, device, tmp_path, seed=0)
     print(", ".join(f"{k} {v:.3g}" for k, v in r.items()))
     assert r["tokenizer_mismatches"] == 0 and peft is not None and r["adapter_moves"] > 0.05
-    # Issue 20 asks for 1e-4. The export is exact (bits; the tiny models above: < 1e-5), but over SmolLM2's 30
-    # layers our float32 sums on PoCL are 1.7e-4 from float64 (transformers' float32: 7.6e-5), so ours vs
-    # transformers measured 2.3e-4 without and 1.5e-4 with the adapter (benchmarks/peft_smollm2.py).
-    assert r["ours_vs_float64"] <= FLOAT32_SUMS and r["hf_delta"] <= FLOAT32_SUMS and r["peft_delta"] <= FLOAT32_SUMS
+    assert r["ours_vs_float64"] <= PEFT_TOL
+    assert r["peft_delta"] <= PEFT_TOL + r["torch_vs_float64"] and r["hf_delta"] <= PEFT_TOL + r["torch_vs_float64"]

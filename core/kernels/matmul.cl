@@ -224,6 +224,9 @@ __kernel void matmul_reduce_splits(__global float* c, __global const float* part
 // ============================================================================== matmul_packed
 #ifdef MR
 #define NR (VW * NB)  // columns of a B panel
+#ifndef SUM_KB
+#define SUM_KB 64  // terms summed in registers before they are added to the block's total (see matmul_packed)
+#endif
 
 // Rows k0 .. k0 + kc - 1 of op(B) (K,N) -> bp: panel p (columns p*NR ..) is kc rows of NR
 // contiguous floats, 0.0f past N. Work-item (k, p); b stored as above, from b_offset.
@@ -332,19 +335,33 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
 #define A_ROW(i) a_row[i]
 #endif
     __global const floatV* bk = B;
-    for (int k = 0; k < kc; k++, ak += a_step, bk += NB) {
-        floatV bv[NB];
-        UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = bk[jb];
-        UNROLL for (int i = 0; i < MR; i++) {
-            const float av = ak[A_ROW(i)];
-            UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] += av * bv[jb];
+    // blocked summation: the registers sum SUM_KB terms at a time, added into tot (which the compiler keeps
+    // on the stack: it is touched once per block). Rounding error then grows with SUM_KB + kc / SUM_KB
+    // terms, not kc (Higham 2002, "Accuracy and Stability of Numerical Algorithms", sec. 4.2)
+    floatV tot[MR][NB];
+    UNROLL for (int i = 0; i < MR; i++)
+        UNROLL for (int jb = 0; jb < NB; jb++) tot[i][jb] = (floatV)(0.0f);
+    for (int kb = 0; kb < kc; kb += SUM_KB) {
+        const int k_end = min(kc, kb + SUM_KB);
+        for (int k = kb; k < k_end; k++, ak += a_step, bk += NB) {
+            floatV bv[NB];
+            UNROLL for (int jb = 0; jb < NB; jb++) bv[jb] = bk[jb];
+            UNROLL for (int i = 0; i < MR; i++) {
+                const float av = ak[A_ROW(i)];
+                UNROLL for (int jb = 0; jb < NB; jb++) acc[i][jb] += av * bv[jb];
+            }
         }
+        UNROLL for (int i = 0; i < MR; i++)
+            UNROLL for (int jb = 0; jb < NB; jb++) {
+                tot[i][jb] += acc[i][jb];
+                acc[i][jb] = (floatV)(0.0f);
+            }
     }
 
     UNROLL for (int i = 0; i < MR; i++) {
         if (m0 + i < M) {
             UNROLL for (int jb = 0; jb < NB; jb++) {
-                vec_parts out = {acc[i][jb]};
+                vec_parts out = {tot[i][jb]};
                 UNROLL for (int j = 0; j < VW; j++) {
                     const int col = n0 + jb * VW + j;
                     if (col < N) STORE_C((m0 + i) * N + col, out.s[j]);
