@@ -183,89 +183,165 @@ class DenseFrozen:
         self.matmul(dx, dy, self.w, n, self.n_in, self.n_out, accumulate=accumulate)
 
 
-@dataclass
-class AdapterPart:
-    """One adapter on columns ``col0 .. col0 + width - 1`` of a (fused) matrix's output rows."""
+FUSED = (("attn_qkv", ("attn_q", "attn_k", "attn_v")), ("attn_output", ("attn_output",)),
+         ("ffn_gate_up", ("ffn_gate", "ffn_up")), ("ffn_down", ("ffn_down",)))
+"""Each block's matrices as the model multiplies them (fused groups: core.model.qkv_group, gate_up_group) and the
+targets whose rows they hold, in row order."""
 
-    col0: int
-    width: int
-    a: object  # cl.Buffer (rank, n_in)
-    b: object  # cl.Buffer (width, rank)
-    grad_a: object  # cl.Buffer, accumulated
-    grad_b: object
-    u: object = None  # cl.Buffer (n, rank): x A^T of the last forward, kept for the backward
+
+@dataclass(frozen=True)
+class FusedAdapters:
+    """The adapters of one block matrix (possibly fused: [q; k; v], [gate; up]).
+
+    Attributes:
+        block: the block index; matrix: the :data:`FUSED` key; n_out, n_in: the (fused) matrix's shape.
+        parts: ``(target kind, col0, width)`` of each targeted part: its rows col0 .. col0 + width - 1 of the
+            matrix (the fused output's columns), in row order.
+    """
+
+    block: int
+    matrix: str
+    n_out: int
+    n_in: int
+    parts: tuple[tuple[str, int, int], ...]
+
+    @property
+    def n_parts(self) -> int:
+        """P, the number of adapters (their A's are stacked into one (P * rank, n_in) matrix)."""
+        return len(self.parts)
+
+    def names(self, suffix: str) -> list[str]:
+        """The parts' adapter tensors of ``suffix`` (:data:`SUFFIX_A` / :data:`SUFFIX_B`), in row order."""
+        return [tensor_name(TARGETS[kind], self.block) + suffix for kind, _, _ in self.parts]
+
+    def group(self, suffix: str) -> str:
+        """The name of the stacked tensors of ``suffix`` (a core.tensor_store group)."""
+        return f"blk.{self.block}.{self.matrix}{suffix}"
+
+
+def fused_adapters(config: ModelConfig, lora: LoRAConfig) -> list[FusedAdapters]:
+    """Every block matrix that has adapters, block by block in :data:`FUSED` order."""
+    out = []
+    for i in range(config.n_layers):
+        for matrix, kinds in FUSED:
+            parts, col0 = [], 0
+            for kind in kinds:
+                width, n_in = target_shape(config, kind)
+                if kind in lora.targets:
+                    parts.append((kind, col0, width))
+                col0 += width
+            if parts:
+                out.append(FusedAdapters(i, matrix, col0, n_in, tuple(parts)))
+    return out
+
+
+def adapter_storage(config: ModelConfig, lora: LoRAConfig) -> tuple[list[tuple[str, tuple[int, int]]], dict[str, list[str]]]:
+    """The adapters in device storage order, with their groups (core.tensor_store.Layout's arguments): per block
+    matrix the parts' A's back to back (one (P * rank, n_in) matrix) then their B's (one (sum of widths, rank)
+    matrix). The same tensors as :func:`adapter_shapes`, which gives the files' order."""
+    shapes, groups = dict(adapter_shapes(config, lora)), {}
+    order = []
+    for f in fused_adapters(config, lora):
+        for suffix in (SUFFIX_A, SUFFIX_B):
+            names = f.names(suffix)
+            order += [(n, shapes[n]) for n in names]
+            groups[f.group(suffix)] = names
+    return order, groups
 
 
 class LoRAScratch:
-    """Buffers every :class:`LoRALinear` of a model shares: ``du`` (n, rank) and ``wide`` (n, widest
-    adapter output), ``n`` = the largest rows of a step; ``saved(dev)`` makes a part's own ``u`` (n, rank)."""
+    """Buffers every :class:`LoRALinear` of a model shares: ``du`` (n_rows, du_cols) and ``g`` (g_floats), the
+    largest ``dy Bd`` and ``dy^T u`` of its matrices; ``saved(dev, cols)`` makes a matrix's own ``u``
+    (n_rows, cols)."""
 
-    def __init__(self, dev: Device, n_rows: int, rank: int, widest: int):
-        self.rank, self.n_rows = rank, n_rows
-        self.du, self.wide = dev.alloc(n_rows * rank), dev.alloc(n_rows * widest)
+    def __init__(self, dev: Device, n_rows: int, du_cols: int, g_floats: int):
+        self.n_rows = n_rows
+        self.du, self.g = dev.alloc(n_rows * du_cols), dev.alloc(g_floats)
 
-    def saved(self, dev: Device):
-        """A new (n, rank) buffer for one adapter's ``x A^T``."""
-        return dev.alloc(self.n_rows * self.rank)
+    @classmethod
+    def for_model(cls, dev: Device, n_rows: int, config: ModelConfig, lora: LoRAConfig) -> LoRAScratch:
+        """The scratch of a model's adapters over ``n_rows`` rows (what :func:`scratch_floats` counts)."""
+        fused = fused_adapters(config, lora)
+        return cls(dev, n_rows, max(f.n_parts for f in fused) * lora.rank,
+                   max(f.n_out * f.n_parts for f in fused) * lora.rank)
+
+    def saved(self, dev: Device, cols: int):
+        """A new (n_rows, cols) buffer for one matrix's ``x A^T``."""
+        return dev.alloc(self.n_rows * cols)
 
 
 class LoRALinear:
-    """A frozen matrix (n_out, n_in) plus adapters on column blocks of its output.
+    """A frozen matrix W (n_out, n_in) plus P adapters on row blocks of it (the fused output's columns).
 
-    Forward ``y = x W^T + scale (x A_j^T) B_j^T`` on each part's columns; backward gives the input
-    gradient ``dx = dy W + sum_j scale (dy_j B_j) A_j`` and accumulates ``dA_j = scale (dy_j B_j)^T x``,
-    ``dB_j = scale dy_j^T (x A_j^T)`` (``u_j = x A_j^T`` is kept from the forward in the part's ``u``: the
-    backward must follow the forward of the same batch, as in a training step).
+    The parts' A's are one stacked matrix A (P r, n_in) and their B's, scaled, the diagonal blocks of one
+    Bd (n_out, P r) (``core/kernels/lora.cl``; :meth:`refresh` rebuilds it from the B's, which the caller
+    does whenever they change). Forward ``y = x W^T + u Bd^T`` with ``u = x A^T`` (kept for the backward);
+    backward ``du = dy Bd``, ``dx = dy W + du A``, ``dA += du^T x`` and ``dB_j += scale (dy^T u)``'s diagonal
+    block j (the backward must follow the forward of the same batch, as in a training step). Six products
+    per matrix and step, whatever P.
+
+    Args:
+        frozen: the base matrix's products; n_out, n_in: its shape.
+        parts: ``(col0, width)`` of each adapter, in the order of the stacked A's and B's.
+        scale: ``alpha / rank``; rank: r.
+        a, b: the stacked A (P r, n_in) and B (sum of widths, r); grad_a, grad_b: their gradients (None: no
+            training).
+        matmul, blockdiag: the launchers; scratch: the shared :class:`LoRAScratch`.
     """
 
-    def __init__(self, frozen: FrozenMatrix, n_out: int, n_in: int, parts: list[AdapterPart], scale: float,
-                 matmul: Matmul, cols, scratch: LoRAScratch):
-        self.frozen, self.n_out, self.n_in, self.parts, self.scale = frozen, n_out, n_in, parts, scale
-        self.mm, self.cols, self.s = matmul, cols, scratch
+    def __init__(self, frozen: FrozenMatrix, n_out: int, n_in: int, parts: list[tuple[int, int]], scale: float,
+                 rank: int, a: cl.Buffer, b: cl.Buffer, grad_a: cl.Buffer | None, grad_b: cl.Buffer | None,
+                 matmul: Matmul, blockdiag, scratch: LoRAScratch, dev: Device):
+        self.frozen, self.n_out, self.n_in, self.parts, self.scale = frozen, n_out, n_in, list(parts), scale
+        self.rank, self.inner = rank, rank * len(parts)
+        self.a, self.b, self.grad_a, self.grad_b = a, b, grad_a, grad_b
+        self.mm, self.diag, self.s = matmul, blockdiag, scratch
+        self.u = scratch.saved(dev, self.inner)
+        self.bd = dev.alloc(n_out * self.inner)
+
+    def refresh(self) -> None:
+        """Rebuild Bd from the B's (after they changed: an optimizer step, a load)."""
+        self.diag.blockdiag(self.bd, self.b, self.n_out, self.rank, self.parts, self.scale)
 
     def forward(self, out: cl.Buffer, x: cl.Buffer, n: int) -> None:
         """``out (n, n_out)`` from ``x (n, n_in)``, overwritten."""
         self.frozen.forward(out, x, n)
-        r, s = self.s.rank, self.s
-        for p in self.parts:
-            self.mm(p.u, x, p.a, n, r, self.n_in, trans_b=True)              # u = x A^T      (n, r), kept
-            self.mm(s.wide, p.u, p.b, n, p.width, r, trans_b=True)           # u B^T          (n, width)
-            self.cols.add(out, s.wide, n, self.n_out, p.col0, p.width, self.scale)
+        self.mm(self.u, x, self.a, n, self.inner, self.n_in, trans_b=True)                     # u = x A^T (n, Pr)
+        self.mm(out, self.u, self.bd, n, self.n_out, self.inner, trans_b=True, accumulate=True)  # y += u Bd^T
 
     def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
         """``dx (n, n_in)`` = (or +=) the input gradient of ``dy (n, n_out)``; with the layer's input
         ``x (n, n_in)`` the adapters' gradients are accumulated too (they need it)."""
         self.frozen.input_grad(dx, dy, n, accumulate)
-        r, s = self.s.rank, self.s
-        for p in self.parts:
-            self.cols.take(s.wide, dy, n, self.n_out, p.col0, p.width, self.scale)  # g = scale dy_j (n, width)
-            self.mm(p.grad_b, s.wide, p.u, p.width, r, n, trans_a=True, accumulate=True)   # dB += g^T u
-            self.mm(s.du, s.wide, p.b, n, r, p.width)                                # du = g B  (n, r)
-            self.mm(p.grad_a, s.du, x, r, self.n_in, n, trans_a=True, accumulate=True)     # dA += du^T x
-            self.mm(dx, s.du, p.a, n, self.n_in, r, accumulate=True)                 # dx += du A
+        s, pr = self.s, self.inner
+        self.mm(s.du, dy, self.bd, n, pr, self.n_out)                                  # du = dy Bd  (n, Pr)
+        self.mm(dx, s.du, self.a, n, self.n_in, pr, accumulate=True)                   # dx += du A
+        if x is not None and self.grad_a is not None:
+            self.mm(self.grad_a, s.du, x, pr, self.n_in, n, trans_a=True, accumulate=True)  # dA += du^T x
+            self.mm(s.g, dy, self.u, self.n_out, pr, n, trans_a=True)                       # g = dy^T u (n_out, Pr)
+            self.diag.blockdiag_grad(self.grad_b, s.g, self.rank, self.parts, self.scale)   # dB_j += scale g_jj
 
 
 def lora_matmuls(config: ModelConfig, lora: LoRAConfig, n: int) -> list[tuple[int, int, int, bool, bool]]:
     """``(M, N, K, trans_a, trans_b)`` of the adapters' products of one training step over ``n`` rows
     (for the matmuls' scratch, as ``core.model.step_matmuls``)."""
-    r, out = lora.rank, []
-    for kind in lora.targets:
-        n_out, n_in = target_shape(config, kind)
-        out += [(n, r, n_in, False, True), (n, n_out, r, False, True), (n_out, r, n, True, False),
-                (n, r, n_out, False, False), (r, n_in, n, True, False), (n, n_in, r, False, False)]
+    out = []
+    for f in fused_adapters(config, lora):
+        pr, n_out, n_in = f.n_parts * lora.rank, f.n_out, f.n_in
+        out += [(n, pr, n_in, False, True), (n, n_out, pr, False, True), (n, pr, n_out, False, False),
+                (n, n_in, pr, False, False), (pr, n_in, n, True, False), (n_out, pr, n, True, False)]
     return out
 
 
-def widest_output(config: ModelConfig, lora: LoRAConfig) -> int:
-    """The largest ``n_out`` of a targeted matrix (the width of :class:`LoRAScratch`'s ``wide``)."""
-    return max(target_shape(config, k)[0] for k in lora.targets)
-
-
 def scratch_floats(config: ModelConfig, lora: LoRAConfig, n: int) -> int:
-    """Floats of :class:`LoRAScratch` and of every adapter's kept ``u`` for ``n`` rows (memory estimate)."""
-    return n * (lora.rank + widest_output(config, lora)) + n * lora.rank * config.n_layers * len(lora.targets)
+    """Floats of :class:`LoRAScratch` and of every matrix's kept ``u`` and ``Bd`` for ``n`` rows (memory
+    estimate)."""
+    fused = fused_adapters(config, lora)
+    widest_inner = max(f.n_parts for f in fused) * lora.rank
+    widest_g = max(f.n_out * f.n_parts for f in fused) * lora.rank
+    return n * widest_inner + widest_g + sum((n + f.n_out) * f.n_parts * lora.rank for f in fused)
 
 
-__all__ = ["TARGETS", "LoRAConfig", "LoRAError", "adapter_shapes", "adapter_params", "init_adapter", "merge",
-           "base_name", "FrozenMatrix", "DenseFrozen", "AdapterPart", "LoRAScratch", "LoRALinear",
-           "lora_matmuls", "widest_output", "scratch_floats"]
+__all__ = ["TARGETS", "FUSED", "LoRAConfig", "LoRAError", "adapter_shapes", "adapter_storage", "adapter_params",
+           "init_adapter", "merge", "base_name", "FrozenMatrix", "DenseFrozen", "FusedAdapters", "fused_adapters",
+           "LoRAScratch", "LoRALinear", "lora_matmuls", "scratch_floats"]

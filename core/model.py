@@ -40,10 +40,10 @@ from core.kernels.qmatmul import QMatmul
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
-from core.kernels.lora import LoRACols
-from core.lora import (TARGETS, AdapterPart, DenseFrozen, LoRAConfig, LoRALinear, LoRAScratch, adapter_params,
-                       adapter_shapes, base_name, init_adapter, lora_matmuls, merge, scratch_floats, target_shape,
-                       widest_output)
+from core.kernels.lora import LoRABlockDiag
+from core.lora import (FUSED, SUFFIX_A, SUFFIX_B, DenseFrozen, LoRAConfig, LoRALinear, LoRAScratch, adapter_params,
+                       adapter_storage, base_name, fused_adapters, init_adapter, lora_matmuls, merge, scratch_floats,
+                       target_shape)
 from core.tensor_store import Layout, TensorStore
 from core import quant_base
 from core.quant_base import QuantFrozen, RawBase
@@ -515,8 +515,10 @@ class Model:
 
     # ------------------------------------------------------------------ LoRA
     def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:
-        """The adapters' store (the trained tensors) and the sink of the frozen norms' gradients."""
-        self.train_layout = Layout(adapter_shapes(self.config, lora), layout_align(self.dev))
+        """The adapters' store (the trained tensors; each matrix's A's and B's stacked: core.lora.adapter_storage)
+        and the sink of the frozen norms' gradients."""
+        shapes, groups = adapter_storage(self.config, lora)
+        self.train_layout = Layout(shapes, layout_align(self.dev), groups=groups)
         self.adapter = TensorStore(self.dev, self.train_layout)
         self.adapter.load(adapter if adapter is not None else init_adapter(self.config, lora, seed))
         self._trained, self.trained = self.adapter.flat, self.adapter
@@ -527,23 +529,26 @@ class Model:
         (:meth:`_frozen_matrix`), wrapped in a :class:`core.lora.LoRALinear` where it has adapters."""
         c, av = self.config, self.adapter.views
         gv = self.grads.views if self.training else {}  # no gradients: forward only
-        scratch = LoRAScratch(self.dev, self.rows, lora.rank, widest_output(c, lora))
-        cols, views = LoRACols(self.dev), dict(self.params.views)
+        scratch = LoRAScratch.for_model(self.dev, self.rows, c, lora)
+        diag, views = LoRABlockDiag(self.dev), dict(self.params.views)
+        names = {"attn_qkv": qkv_group, "ffn_gate_up": gate_up_group,
+                 "attn_output": lambda i: tensor_name(T.ATTN_OUT, i), "ffn_down": lambda i: tensor_name(T.FFN_DOWN, i)}
+        fused = {(f.block, f.matrix): f for f in fused_adapters(c, lora)}
+        self._lora_linears = []
         for i in range(c.n_layers):
-            fused = [(qkv_group(i), ("attn_q", "attn_k", "attn_v")), (gate_up_group(i), ("ffn_gate", "ffn_up")),
-                     (tensor_name(T.ATTN_OUT, i), ("attn_output",)), (tensor_name(T.FFN_DOWN, i), ("ffn_down",))]
-            for matrix, kinds in fused:
-                parts, col0 = [], 0
-                for kind in kinds:
-                    width, n_in = target_shape(c, kind)
-                    if kind in lora.targets:
-                        name = tensor_name(TARGETS[kind], i)
-                        a, b = name + ".lora_a", name + ".lora_b"
-                        parts.append(AdapterPart(col0, width, av[a], av[b], gv.get(a), gv.get(b), scratch.saved(self.dev)))
-                    col0 += width
-                frozen = self._frozen_matrix(matrix, col0, n_in)
-                views[matrix] = (LoRALinear(frozen, col0, n_in, parts, lora.scale, self.ops.matmul, cols, scratch)
-                                 if parts else frozen)
+            for matrix, kinds in FUSED:
+                name = names[matrix](i)
+                n_out, n_in = sum(target_shape(c, k)[0] for k in kinds), target_shape(c, kinds[0])[1]
+                frozen, f = self._frozen_matrix(name, n_out, n_in), fused.get((i, matrix))
+                if f is None:
+                    views[name] = frozen
+                    continue
+                a, b = f.group(SUFFIX_A), f.group(SUFFIX_B)
+                lin = LoRALinear(frozen, n_out, n_in, [(col0, width) for _, col0, width in f.parts], lora.scale,
+                                 lora.rank, av[a], av[b], gv.get(a), gv.get(b), self.ops.matmul, diag, scratch, self.dev)
+                views[name] = lin
+                self._lora_linears.append(lin)
+        self._adapter_version = None  # Bd built from the B's at the first batch (_load_batch)
         return views
 
     def _frozen_matrix(self, name: str, n_out: int, n_in: int) -> DenseFrozen:
@@ -590,6 +595,10 @@ class Model:
             bad = (mask != 0) & ((targets < 0) | (targets >= self.config.vocab_size))
             if bad.any():
                 raise ValueError(f"target id {int(targets[bad][0])} outside vocab_size {self.config.vocab_size}")
+        if self.lora and self._adapter_version != self.adapter.version:  # the B's changed: rebuild each Bd
+            for lin in self._lora_linears:
+                lin.refresh()
+            self._adapter_version = self.adapter.version
         self.dev.upload(tokens, self.act.tokens)
         # GPUs: the embedding backward runs over the batch's tokens grouped by id (built here, on the host)
         self._token_index = (self.ops.embedding.index_tokens(tokens, self.config.vocab_size)
@@ -779,6 +788,7 @@ class Model:
         self.ops.adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat, self.train_layout.total,
                             lr, beta1, beta2, eps, weight_decay, self.adam_step, grad_scale,
                             n_decay=self.train_layout.split)
+        self.trained.changed()
 
     def weights(self) -> dict[str, np.ndarray]:
         """Host copy of every weight, ``{gguf tensor name: float32 array}`` (a matrix kept quantized on the

@@ -81,6 +81,8 @@ class TensorStore:
         views: ``{name: cl.Buffer}`` sub-buffers, one per tensor that starts on the alignment, and
             one per group of ``layout.group_slots`` (under the group's name).
         range_views: sub-buffers of the two ranges of ``layout.ranges`` (empty ranges are None).
+        version: a count of the writes through this object (load, copy_from, zero) and the ones kernels made
+            and said so (:meth:`changed`), for what is derived from the tensors (core.lora.LoRALinear's Bd).
     """
 
     def __init__(self, dev: Device, layout: Layout):
@@ -90,6 +92,11 @@ class TensorStore:
         slots = [*layout.slots.values(), *layout.group_slots.values()]
         self.views = {s.name: self._sub(s.offset, s.size) for s in slots if s.offset % layout.align_elems == 0}
         self.range_views = [self._sub(a, n) if n else None for a, n in layout.ranges]
+        self.version = 0
+
+    def changed(self) -> None:
+        """Say that a kernel wrote the tensors (an optimizer step): :attr:`version` moves on."""
+        self.version += 1
 
     def _sub(self, offset: int, size: int):
         return self.flat.get_sub_region(offset * 4, max(1, size) * 4)
@@ -97,6 +104,7 @@ class TensorStore:
     def zero(self) -> None:
         """Set every element (padding included) to 0."""
         self.dev.cl.enqueue_fill_buffer(self.dev.queue, self.flat, np.zeros(1, np.float32), 0, self.layout.total * 4)
+        self.changed()
 
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         """Upload host arrays by name.
@@ -113,6 +121,7 @@ class TensorStore:
                 raise ValueError(f"tensor {name!r}: shape {a.shape} != expected {s.shape}")
             host[s.offset:s.offset + s.size] = a.reshape(-1)
         self.dev.upload(host, self.flat)
+        self.changed()
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """Download every tensor as ``{name: float32 array of its shape}``."""
@@ -122,3 +131,4 @@ class TensorStore:
     def copy_from(self, other: "TensorStore") -> None:
         """Device-to-device copy of another store with the same layout."""
         self.dev.copy(self.flat, other.flat, self.layout.total)
+        self.changed()

@@ -327,6 +327,24 @@ def test_narrow_products_get_narrow_panels_and_read_a_in_place(device, rng, tran
         assert ("a" in kernel.scratch_floats(11, N, 19)) == (panels >= (2 if trans_a else 5)), N
         _check_overwrite_then_accumulate(device, rng, op, 11, N, 19, trans_a, trans_b, f"N={N}")
 
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_narrow_products_take_the_narrow_tiled_configurations(device, rng, trans_a, trans_b):
+    """On a tiled launcher a product whose N (else M) is at most NARROW_MAX runs the "narrow_n" ("narrow_m")
+    configuration, others the variant's own; all right against numpy, overwrite and accumulate (the narrow
+    tiles are given here so that every device, PoCL included, runs them)."""
+    v = (trans_a, trans_b)
+    narrow = {"narrow_n": fitted(device, TiledConfig(16, 8, 8, 2, 2, 2, 2, 1), v),
+              "narrow_m": fitted(device, TiledConfig(8, 16, 8, 2, 2, 2, 0, 0), v)}
+    op = Matmul(device, configs=fitted(device, TiledConfig(32, 32, 16, 4, 4, 4, 4, 1), v), gemv=False, narrow=narrow)
+    n_max = matmul.NARROW_MAX
+    for M, N, want in ((200, 48, "narrow_n"), (48, 48, "narrow_n"), (n_max + 1, n_max, "narrow_n"),
+                       (48, 200, "narrow_m"), (n_max, n_max + 1, "narrow_m"), (n_max + 1, n_max + 1, None)):
+        cfg = op._kernel(M, N, trans_a, trans_b).cfg
+        assert cfg == (narrow[want] if want else op.config(*v)), (M, N, cfg)
+        _check_overwrite_then_accumulate(device, rng, op, M, N, 37, trans_a, trans_b, f"{M}x{N} {want}")
+    assert Matmul(device, configs=PackedConfig(4, 1, 4, 1, 4, True)).narrow_config("narrow_n") is None  # forced
+
+
 # ----------------------------------------------------------------------------- tuner
 
 @pytest.mark.parametrize("variant", matmul_autotune.MODEL_VARIANTS)
@@ -338,6 +356,8 @@ def test_every_tuner_candidate_is_correct(device, rng, variant):
     cands = matmul_autotune.candidates(device, variant)
     if not matmul_autotune.uses_local_tiles(device) and variant == NT:
         cands += [c for c in matmul_autotune.GPU_GRID if matmul_autotune.fits(device, c)]
+    if variant == NT:  # the narrow products' tiles, which serve every variant
+        cands += [c for c in matmul_autotune.NARROW_GRID if matmul_autotune.fits(device, c) and c not in cands]
     ran = 0
     for cfg in cands:
         for v in ([variant, (True, True)] if variant == (True, False) else [variant]):
@@ -368,10 +388,13 @@ def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
     grid = {NT: [impossible, *good], (True, False): [good[1], impossible]}
     shape_table = {NT: [(9, 10, 11), (20, 30, 40)], (True, False): [(9, 10, 11)]}
     seen = []
+    narrow = [TiledConfig(8, 4, 4, 2, 2, 2, 0, 1), TiledConfig(4, 8, 4, 2, 2, 2, 0, 0)]
     kwargs = dict(grid=grid, shape_table=shape_table, gemv_grid=[GemvConfig(1, 2, 4), GemvConfig(2, 1, 4)],
-                  gemv_shapes=[(1, 10, 20)], min_s=0.001)
+                  gemv_shapes=[(1, 10, 20)], narrow_grid={"narrow_n": narrow}, min_s=0.001)
+    monkeypatch.setattr(matmul_autotune, "NARROW_SHAPES", {"narrow_n": (NT, [(20, 6, 30)])})
     result = matmul_autotune.tuned_configs(device, progress=lambda f, m: seen.append((f, m)), **kwargs)
     assert result[NT] in good and result[(True, False)] == good[1] and result[(True, True)] == good[1]
+    assert result["narrow_n"] in narrow and "narrow_m" not in result
     assert result["gemv"] in kwargs["gemv_grid"] and result["gflops"]["nt"] > 0
     assert seen[-1][0] == 1.0 and all("matmul" in m for _, m in seen)
     assert [f for f, _ in seen] == sorted(f for f, _ in seen)
@@ -384,6 +407,7 @@ def test_tuner_picks_caches_and_reloads(device, rng, tmp_path, monkeypatch):
         {k: v for k, v in result.items() if k not in ("gflops", "seconds")}
     op = Matmul(device, tuned=reloaded)
     assert op.config(*NT) == result[NT] and op.gemv_config == result["gemv"]
+    assert op.narrow_config("narrow_n") == result["narrow_n"]
     _check_overwrite_then_accumulate(device, rng, op, 21, 13, 17, False, True, "tuned NT")
 
     monkeypatch.setenv(matmul_autotune.ENV_VAR, "0")

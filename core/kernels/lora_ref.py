@@ -1,4 +1,5 @@
-"""Numpy reference of ``lora.cl`` (column blocks of row-major matrices) and of one LoRA linear layer.
+"""Numpy reference of ``lora.cl`` (the block-diagonal B of a fused matrix's adapters, its gradient's blocks) and
+of one LoRA linear layer.
 
 Written independently of the kernels, float64 inside. ``tests/test_kernel_lora.py`` and
 ``tests/test_lora.py`` compare the launcher in ``lora.py`` and the engine's adapters with it;
@@ -14,19 +15,28 @@ from core.kernels._selfcheck import Check, Inputs
 
 if TYPE_CHECKING:
     from core.device import Device
-    from core.kernels.lora import LoRACols
+    from core.kernels.lora import LoRABlockDiag
 
 
-def cols_add(out: np.ndarray, src: np.ndarray, col0: int, scale: float) -> np.ndarray:
-    """``out (n, ld)`` with ``scale * src (n, width)`` added to columns ``col0 .. col0 + width - 1``."""
-    res = out.astype(np.float64)
-    res[:, col0:col0 + src.shape[1]] += scale * src.astype(np.float64)
-    return res.astype(np.float32)
+def blockdiag(b_cat: np.ndarray, n_out: int, parts: list[tuple[int, int]], scale: float) -> np.ndarray:
+    """``Bd (n_out, P * rank)``: ``scale * B_j`` (rows ``brow_j ..`` of ``b_cat (rows, rank)``) at rows
+    ``col0_j .. col0_j + width_j - 1`` and columns ``j * rank ..``, zeros elsewhere."""
+    rank = b_cat.shape[1]
+    out, brow = np.zeros((n_out, len(parts) * rank)), 0
+    for j, (col0, width) in enumerate(parts):
+        out[col0:col0 + width, j * rank:(j + 1) * rank] = scale * b_cat[brow:brow + width].astype(np.float64)
+        brow += width
+    return out.astype(np.float32)
 
 
-def cols_take(src: np.ndarray, col0: int, width: int, scale: float) -> np.ndarray:
-    """``scale * src[:, col0 : col0 + width]`` as a contiguous ``(n, width)`` array."""
-    return (scale * src[:, col0:col0 + width].astype(np.float64)).astype(np.float32)
+def blockdiag_grad(grad_b: np.ndarray, g: np.ndarray, parts: list[tuple[int, int]], scale: float) -> np.ndarray:
+    """``grad_b (rows, rank)`` plus ``scale`` times the diagonal blocks of ``g (n_out, P * rank)``."""
+    rank = grad_b.shape[1]
+    out, brow = grad_b.astype(np.float64), 0
+    for j, (col0, width) in enumerate(parts):
+        out[brow:brow + width] += scale * g[col0:col0 + width, j * rank:(j + 1) * rank].astype(np.float64)
+        brow += width
+    return out.astype(np.float32)
 
 
 def lora_forward(x: np.ndarray, w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
@@ -45,19 +55,18 @@ def lora_backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, a: np.ndarray, b
     return dy @ w + du @ a, du.T @ x, scale * dy.T @ (x @ a.T)
 
 
-def selfcheck(dev: Device, op: LoRACols | None = None, rng: np.random.Generator | None = None) -> list[Check]:
-    """An adapter's column block (columns 4 .. 12 of 5 rows of 13) added into a fused matmul's rows
-    (scale 0.37) and taken back out (scale -2.5), against :func:`cols_add` and :func:`cols_take`
-    (1e-5). ``op`` defaults to a new ``LoRACols(dev)``; the errors are returned, not raised."""
-    from core.kernels.lora import LoRACols
+def selfcheck(dev: Device, op: LoRABlockDiag | None = None, rng: np.random.Generator | None = None) -> list[Check]:
+    """The block-diagonal B of three adapters (rank 3) on rows [0, 4), [6, 9) and [9, 13) of a fused matrix of
+    13 rows (scale 0.37), and the B gradient taken out of a (13, 9) product (scale -2.5), against
+    :func:`blockdiag` and :func:`blockdiag_grad` (1e-5). ``op`` defaults to a new ``LoRABlockDiag(dev)``; the
+    errors are returned, not raised."""
+    from core.kernels.lora import LoRABlockDiag
 
-    op, t = op or LoRACols(dev), Inputs(dev, rng)
-    n, ld, col0, width = 5, 13, 4, 9
-    out, src = t.f32(n, ld), t.f32(n, width)
-    o, d = dev.upload(out), dev.alloc(n * width)
-    op.add(o, dev.upload(src), n, ld, col0, width, scale=0.37)
-    added = cols_add(out, src, col0, 0.37)
-    add_err = t.err(o, added)
-    op.take(d, o, n, ld, col0, width, scale=-2.5)
-    return [Check("LoRA columns added", add_err, 1e-5),
-            Check("LoRA columns taken", t.err(d, cols_take(added, col0, width, -2.5)), 1e-5)]
+    op, t = op or LoRABlockDiag(dev), Inputs(dev, rng)
+    n_out, rank, parts = 13, 3, [(0, 4), (6, 3), (9, 4)]
+    b_cat, g, grad_b = t.f32(11, rank), t.f32(n_out, 3 * rank), t.f32(11, rank)
+    bd, gb = dev.alloc(n_out * 3 * rank), dev.upload(grad_b)
+    op.blockdiag(bd, dev.upload(b_cat), n_out, rank, parts, scale=0.37)
+    op.blockdiag_grad(gb, dev.upload(g), rank, parts, scale=-2.5)
+    return [Check("LoRA block-diagonal B", t.err(bd, blockdiag(b_cat, n_out, parts, 0.37)), 1e-5),
+            Check("LoRA B gradient", t.err(gb, blockdiag_grad(grad_b, g, parts, -2.5)), 1e-5)]

@@ -303,6 +303,24 @@ _TILED_DEFAULTS = (TiledConfig(128, 128, 16, 8, 8, 4, 4, 1), TiledConfig(64, 64,
                    TiledConfig(8, 8, 8, 4, 4, 4, 0, 0), TiledConfig(4, 4, 4, 4, 4, 4, 0, 0),
                    TiledConfig(1, 1, 1, 1, 1, 1, 0, 0))
 _GEMV_DEFAULTS = (GemvConfig(128, 1, 4), GemvConfig(32, 1, 4), GemvConfig(1, 1, 4))
+NARROW_MAX = 64
+"""Tiled devices: a product whose N (else M) is at most this many uses the ``"narrow_n"`` (``"narrow_m"``)
+configuration (LoRA's adapter products: N or M = P x rank; a 128 x 128 C tile would compute mostly padding,
+and its few work-groups leave a GPU idle)."""
+NARROW_KINDS = ("narrow_n", "narrow_m")
+_NARROW_DEFAULTS = {"narrow_n": TiledConfig(64, 32, 16, 4, 4, 4, 4, 1), "narrow_m": TiledConfig(32, 64, 16, 4, 4, 4, 4, 1)}
+
+
+def narrow_kind(M: int, N: int) -> str | None:
+    """Which narrow configuration a tiled product of C (M, N) takes: ``"narrow_n"``, ``"narrow_m"`` or None."""
+    return "narrow_n" if N <= NARROW_MAX else "narrow_m" if M <= NARROW_MAX else None
+
+
+def default_narrow(dev: Device) -> dict[str, TiledConfig]:
+    """Untuned narrow configurations of a tiled device (those that fit it; none for CPUs)."""
+    if not uses_local_tiles(dev):
+        return {}
+    return {k: c for k, c in _NARROW_DEFAULTS.items() if fits(dev, c)}
 
 
 def fallback_configs(dev: Device, max_items: int | None = None) -> tuple[list[GemmConfig], list[GemvConfig]]:
@@ -584,6 +602,9 @@ class Matmul:
             dict ``{(trans_a, trans_b): config}`` for some (tests use this). Default: the tuned
             ``tuned`` configuration, else :func:`default_configs`.
         gemv: override the GEMV configuration; ``False`` disables the GEMV path.
+        narrow: tiled configurations of narrow products, ``{"narrow_n": cfg, "narrow_m": cfg}`` (see
+            :data:`NARROW_MAX`); ``False`` disables them. Default: the tuned ones, else :func:`default_narrow`,
+            on a tiled device without ``configs`` or ``local_size``; none otherwise.
         tuned: this device's tuning result (``core.kernels.matmul_autotune.tuned_configs``, which the
             caller runs: the tuner builds this module's kernels, so this module does not import it);
             None: :func:`default_configs`.
@@ -596,10 +617,17 @@ class Matmul:
 
     def __init__(self, dev: Device, local_size: int | None = None,
                  configs: GemmConfig | dict[tuple[bool, bool], GemmConfig] | None = None,
-                 gemv: GemvConfig | bool | None = None, tuned: dict | None = None):
+                 gemv: GemvConfig | bool | None = None, tuned: dict | None = None,
+                 narrow: dict[str, TiledConfig] | bool | None = None):
         self.dev, self._local_size = dev, local_size
-        self._narrow_kernels: dict[tuple[bool, bool, int], GemmKernel] = {}
+        self._narrow_kernels: dict[tuple, GemmKernel] = {}
         tuned = tuned if tuned is not None and local_size is None else {}
+        if isinstance(narrow, dict):
+            self._narrow_configs = dict(narrow)
+        elif narrow is False or configs is not None or local_size is not None:
+            self._narrow_configs = {}
+        else:
+            self._narrow_configs = {**default_narrow(dev), **{k: tuned[k] for k in NARROW_KINDS if k in tuned}}
         fallback_gemm, fallback_gemv = fallback_configs(dev, local_size)
         scratch = self._scratch = _Scratch(dev)
         self._variants: dict[tuple[bool, bool], GemmKernel] = {}
@@ -636,7 +664,26 @@ class Matmul:
         cfg = kernel.cfg
         if isinstance(cfg, PackedConfig) and N <= (cfg.nb - 1) * cfg.vw:
             return self._narrow(v, kernel, -(-N // cfg.vw))
+        kind = narrow_kind(M, N) if self._narrow_configs else None
+        if kind in self._narrow_configs:
+            return self._narrow_tiled(v, kernel, kind)
         return kernel
+
+    def _narrow_tiled(self, v: tuple[bool, bool], kernel: GemmKernel, kind: str) -> GemmKernel:
+        """Variant ``v`` of the narrow tiled configuration ``kind`` (built once); ``kernel`` if it does not fit."""
+        key = (*v, kind)
+        if key not in self._narrow_kernels:
+            try:
+                self._narrow_kernels[key] = GemmKernel(self.dev, self._narrow_configs[kind], *v,
+                                                       max_items=self._local_size, scratch=self._scratch)
+            except KernelLimitError as e:
+                log.warning("matmul %s %s: %s; using %s", v, kind, e, kernel.cfg)
+                self._narrow_kernels[key] = kernel
+        return self._narrow_kernels[key]
+
+    def narrow_config(self, kind: str) -> TiledConfig | None:
+        """The narrow tiled configuration ``kind`` (:data:`NARROW_KINDS`) this launcher uses, or None."""
+        return self._narrow_configs.get(kind)
 
     def _narrow(self, v: tuple[bool, bool], kernel: GemmKernel, nb: int) -> GemmKernel:
         """The packed configuration of variant ``v`` with B panels of ``nb`` vectors, for products whose N

@@ -15,7 +15,8 @@ Grid (see :func:`candidates`): on CPUs, packed micro-kernels of several register
 (rows x vectors of the device's vector width) and work-group sizes, timed once for all transpose
 cases (:func:`tuned_variants`); on GPUs, per transpose case,
 CLBlast-style local-memory tiles (64x64 and 128x128 C tiles, 4x4 to 8x8 per work-item, float4,
-padding, two alternating local tiles (ping-pong)). GEMV: work-group sizes and outputs per work-group. Each candidate is
+padding, two alternating local tiles (ping-pong)), and smaller tiles for the narrow products of LoRA's
+adapters (:data:`NARROW_SHAPES`). GEMV: work-group sizes and outputs per work-group. Each candidate is
 checked against numpy before it is timed; a wrong or failing one is skipped. The score is the
 geometric mean of GFLOP/s over a small-model shape and a large one.
 """
@@ -36,15 +37,15 @@ import numpy as np
 
 from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
-from core.kernels.matmul import (GEMV_MAX_M, GemmKernel, GemvConfig, GemvKernel, PackedConfig, TiledConfig,
-                                 config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
-                                 default_configs, fallback_configs, fits, uses_local_tiles)
+from core.kernels.matmul import (GEMV_MAX_M, NARROW_KINDS, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
+                                 TiledConfig, config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
+                                 default_configs, default_narrow, fallback_configs, fits, uses_local_tiles)
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
-TUNER_VERSION = 3  # bump when the grid or the scoring changes
+TUNER_VERSION = 4  # bump when the grid or the scoring changes
 MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
 RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
 Progress = Callable[[float, str], None]
@@ -125,6 +126,17 @@ GPU_GRID = tuple(TiledConfig(*p) for p in (
 
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
+# Tiled devices: the narrow products (core.kernels.matmul.NARROW_MAX) of LoRA's adapters at 4096 token rows
+# (rank 16, d_model 576: SmolLM2's stacked q/k/v A's, and one adapter's): x A^T (N = P r) and the A gradient
+# du^T x (M = P r, K = the tokens), each group timed on its own variant
+NARROW_SHAPES = {"narrow_n": ((False, True), [(4096, 48, 576), (4096, 16, 1536)]),
+                 "narrow_m": ((True, False), [(48, 576, 4096), (16, 1536, 4096)])}
+NARROW_GRID = tuple(TiledConfig(*p) for p in (
+    (64, 32, 16, 4, 4, 4, 4, 1), (32, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 4, 4, 4, 4, 1),
+    (128, 32, 16, 8, 4, 4, 4, 1), (32, 128, 16, 4, 8, 4, 4, 1), (64, 16, 16, 4, 4, 4, 4, 1),
+    (16, 64, 16, 4, 4, 4, 4, 1), (32, 32, 16, 4, 4, 4, 4, 1), (32, 32, 16, 2, 2, 2, 2, 0),
+    (128, 16, 16, 8, 4, 4, 4, 1), (16, 128, 16, 4, 8, 4, 4, 1)))
+
 
 def tuned_variants(dev: Device) -> tuple[tuple[bool, bool], ...]:
     """The transpose variants timed separately. GPUs: the three the model uses (the tile loads
@@ -150,6 +162,19 @@ def candidates(dev: Device, variant: tuple[bool, bool]) -> list:
             grid.append(PackedConfig(*blocks[0], vw, 32, 32, True))
     out = [default]
     for c in grid:
+        if c not in out and fits(dev, c):
+            out.append(c)
+    return out
+
+
+def narrow_candidates(dev: Device, kind: str) -> list[TiledConfig]:
+    """Tiled configurations to time for the narrow products ``kind`` (:data:`NARROW_SHAPES`; the default
+    first); none on devices without local tiles (CPUs narrow their packed panels instead)."""
+    default = default_narrow(dev).get(kind)
+    if default is None:
+        return []
+    out = [default]
+    for c in NARROW_GRID:
         if c not in out and fits(dev, c):
             out.append(c)
     return out
@@ -247,7 +272,8 @@ def expected_seconds(dev: Device, build_s: float) -> float:
     second), at most the budget (:func:`budget_seconds`). 0.0 when tuning is off or already cached."""
     if is_tuned(dev):
         return 0.0
-    n = sum(len(candidates(dev, v)) for v in tuned_variants(dev)) + len(gemv_candidates(dev))
+    n = (sum(len(candidates(dev, v)) for v in tuned_variants(dev)) + len(gemv_candidates(dev))
+         + sum(len(narrow_candidates(dev, k)) for k in NARROW_KINDS))
     return min(budget_seconds(dev), n * (2.0 * build_s + 0.25))
 
 
@@ -278,7 +304,7 @@ class _Clock:
 def tune(dev: Device, progress: Progress | None = None, budget_s: float | None = None,
          grid: dict | None = None, shape_table: dict | None = None,
          gemv_grid: list[GemvConfig] | None = None, gemv_shapes: list | None = None,
-         min_s: float | None = None) -> dict:
+         narrow_grid: dict[str, list[TiledConfig]] | None = None, min_s: float | None = None) -> dict:
     """Time the candidate grid on ``dev`` and return the winners (does not touch the cache).
 
     Args:
@@ -290,10 +316,13 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
         grid, shape_table: ``{variant: [configs]}`` / ``{variant: [(M, N, K), ...]}`` overrides
             (tests use a tiny grid); default :func:`candidates` / :func:`shapes`.
         gemv_grid, gemv_shapes: the same for the GEMV kernel (shapes with M <= GEMV_MAX_M).
+        narrow_grid: ``{"narrow_n" / "narrow_m": [configs]}`` override of :func:`narrow_candidates` (timed at
+            :data:`NARROW_SHAPES`; ``{}``: none).
         min_s: seconds per timing round (default 0.02 on CPUs, 0.01 on GPUs).
 
     Returns:
-        ``{variant: config, ..., "gemv": GemvConfig, "gflops": {name: GFLOP/s}, "seconds": s,
+        ``{variant: config, ..., "gemv": GemvConfig, "narrow_n"/"narrow_m": TiledConfig (tiled devices),
+        "gflops": {name: GFLOP/s}, "seconds": s,
         "skipped": n, "defaulted": [names]}`` with variant keys for all four transpose cases (untimed
         ones: see :func:`tuned_variants`). A wrong or failing candidate is never kept: a group where
         none was right and fast gets the first fallback configuration that builds (named in
@@ -304,10 +333,12 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
     grid = grid or {v: candidates(dev, v) for v in tuned_variants(dev)}
     gemv_grid = gemv_grid or gemv_candidates(dev)
     gemv_shapes = gemv_shapes or GEMV_SHAPES
+    narrow_grid = {k: narrow_candidates(dev, k) for k in NARROW_KINDS} if narrow_grid is None else narrow_grid
     min_s = min_s if min_s is not None else (0.01 if uses_local_tiles(dev) else 0.02)
     budget_s = budget_seconds(dev) if budget_s is None else budget_s
     rng = np.random.default_rng(0)
-    clock = _Clock(budget_s, sum(len(g) for g in grid.values()) + len(gemv_grid))
+    clock = _Clock(budget_s, sum(len(g) for g in grid.values()) + len(gemv_grid)
+                   + sum(len(g) for g in narrow_grid.values()))
     result: dict = {"gflops": {}, "skipped": 0, "defaulted": []}
     state = {"done": 0}
 
@@ -325,6 +356,15 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
     gemv_ops = [_Operands(dev, s, (False, True), rng) for s in gemv_shapes if s[0] <= GEMV_MAX_M]
     result["gemv"] = _pick(dev, "gemv", gemv_grid, lambda g: GemvKernel(dev, g), gemv_ops, min_s, clock, progress,
                            state, result, fallback_configs(dev)[1])
+    for kind, configs in narrow_grid.items():
+        if configs:
+            variant, table = NARROW_SHAPES[kind]
+            operands = [_Operands(dev, s, variant, rng) for s in table]
+            try:
+                result[kind] = _pick(dev, kind, configs, lambda c, v=variant: GemmKernel(dev, c, *v), operands,
+                                     min_s, clock, progress, state, result, configs[:1])
+            except RuntimeError as e:  # none right: narrow products take the variant's configuration
+                log.warning("matmul tuning %s: %s", kind, e)
     result["seconds"] = round(clock.elapsed(), 2)
     return result
 
@@ -391,6 +431,9 @@ def _encode(result: dict) -> dict:
         if isinstance(key, tuple):
             out["".join("t" if t else "n" for t in key)] = config_to_dict(value)
     out["gemv"] = config_to_dict(result["gemv"])
+    for kind in NARROW_KINDS:
+        if kind in result:
+            out[kind] = config_to_dict(result[kind])
     return out
 
 
@@ -399,6 +442,9 @@ def _decode(entry: dict) -> dict:
     for name in ("nn", "nt", "tn", "tt"):
         out[(name[0] == "t", name[1] == "t")] = config_from_dict(entry[name])
     out["gemv"] = config_from_dict(entry["gemv"])
+    for kind in NARROW_KINDS:
+        if kind in entry:
+            out[kind] = config_from_dict(entry[kind])
     out["skipped"], out["defaulted"] = int(entry.get("skipped", 0)), list(entry.get("defaulted", []))
     return out
 
