@@ -20,6 +20,7 @@ VARIANTS = [(False, False), (False, True), (True, False), (True, True)]
 CONFIGS = {
     "default": None,
     "tiled-64x64-dbuf": TiledConfig(64, 64, 16, 4, 4, 4, 4, 1),
+    "tiled-32x16-k8-prefetch": TiledConfig(32, 16, 8, 4, 2, 2, 2, 2),  # next K tile through registers
     "tiled-16x32-k8-vw2": TiledConfig(16, 32, 8, 2, 8, 2, 2, 1),
     "tiled-8x8-single": TiledConfig(8, 8, 4, 4, 4, 4, 0, 0),
     "tiled-1x1": TiledConfig(1, 1, 1, 1, 1, 1, 0, 0),
@@ -92,7 +93,7 @@ def test_matmul_overwrite_then_accumulate(device, rng, config, trans_a, trans_b,
     _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, op.config(trans_a, trans_b))
 
 
-@pytest.mark.parametrize("config", ["tiled-64x64-dbuf", "tiled-16x32-k8-vw2", "tiled-1x1"])
+@pytest.mark.parametrize("config", ["tiled-64x64-dbuf", "tiled-32x16-k8-prefetch", "tiled-16x32-k8-vw2", "tiled-1x1"])
 @pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
 def test_matmul_split_k(device, rng, monkeypatch, config, trans_a, trans_b):
     """Tiled products with K split over work-groups (as a GPU does for few tiles of C): parts of

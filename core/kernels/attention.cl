@@ -351,6 +351,192 @@ void attention_backward_dq(__global float* d_q, BACKWARD_INPUTS) {
 // of the tile's products into register accumulators. Local rows are HD + 1 floats long (an odd
 // stride: consecutive keys fall in different banks). Built with -DBT=...; BWG any >= 1.
 #ifdef BT
+#ifdef BMT
+// Register micro-tiles (BMT): each work-item computes TI x TJ entries of the P / dS tile (rows
+// i = ti + a * BT/TI, keys j = tj + c * BT/TJ: strided, so the 8 work-items of a quarter warp read 8
+// different local rows, 4 banks apart) from float4 reads of local rows, then TJ rows x 4 columns of
+// dK and dV (or dQ), each local float4 and scalar read feeding several FMAs (the plain staged
+// kernels below do about one local read per FMA). Local rows are LDR floats (head_dim padded to 4,
+// plus 4: float4-aligned, consecutive rows 4 banks apart); tile rows LDP = BT + 1 floats (odd: the
+// dQ pass reads 8 rows of one column). BT any power of two.
+#define TI (BT < 2 ? BT : 2)
+#define TJ (BT < 4 ? BT : 4)
+#define HD4 ((HD + 3) / 4)                 // float4 vectors of a row
+#define LDR (HD4 * 4 + 4)                  // local row stride
+#define LDP (BT + 1)                       // P / dS tile row stride
+#define NMT ((BT / TI) * (BT / TJ))        // micro-tiles of the P / dS tile
+#define NMA ((BT / TJ) * HD4)              // micro-tiles of dK / dV / dQ (TJ rows x 4 columns)
+#define MA ((NMA + BWG - 1) / BWG)         // accumulator micro-tiles per work-item
+
+// rows r0 .. r0 + BT - 1 (0.0f past seq, and columns past HD up to LDR) of one head of x -> dst
+inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int seq,
+                       const size_t stride, const int lid) {
+    for (int e = lid; e < BT * HD4 * 4; e += BWG) {
+        const int r = e / (HD4 * 4), d = e % (HD4 * 4);
+        dst[r * LDR + d] = r0 + r < seq && d < HD ? x[(size_t)(r0 + r) * stride + d] : 0.0f;
+    }
+}
+
+inline float4 lrow(__local const float* base, const int row, const int d4) {
+    return vload4(0, base + row * LDR + d4 * 4);
+}
+
+// Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j]; 0.0f where
+// key j0 + j is masked for row i0 + i or either lies past seq.
+inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
+                      __local const float* dos, __local const float* ks, __local const float* vs,
+                      __local const float* ls, __local const float* ds, const int i0, const int j0,
+                      const int seq, const float scale, const int lid) {
+    for (int e = lid; e < NMT; e += BWG) {
+        const int ti = e / (BT / TJ), tj = e % (BT / TJ);
+        float4 s4[TI][TJ], p4[TI][TJ];
+        _Pragma("unroll") for (int a = 0; a < TI; a++)
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) s4[a][c] = p4[a][c] = (float4)(0.0f);
+        for (int d4 = 0; d4 < HD4; d4++) {
+            float4 qv[TI], dov[TI];
+            _Pragma("unroll") for (int a = 0; a < TI; a++) {
+                qv[a] = lrow(qs, ti + a * (BT / TI), d4);
+                dov[a] = lrow(dos, ti + a * (BT / TI), d4);
+            }
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+                const float4 kv = lrow(ks, tj + c * (BT / TJ), d4), vv = lrow(vs, tj + c * (BT / TJ), d4);
+                _Pragma("unroll") for (int a = 0; a < TI; a++) {
+                    s4[a][c] += qv[a] * kv;
+                    p4[a][c] += dov[a] * vv;
+                }
+            }
+        }
+        _Pragma("unroll") for (int a = 0; a < TI; a++) {
+            const int i = ti + a * (BT / TI);
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+                const int j = tj + c * (BT / TJ);
+                const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
+                const float s = (s4[a][c].x + s4[a][c].y) + (s4[a][c].z + s4[a][c].w);
+                const float dp = (p4[a][c].x + p4[a][c].y) + (p4[a][c].z + p4[a][c].w);
+                const float p = ok ? exp(s * scale - ls[i]) : 0.0f;
+                ps[i * LDP + j] = p;
+                dss[i * LDP + j] = p * (dp - ds[i]);
+            }
+        }
+    }
+}
+
+// rows r0 + (e % (BT/TJ)) + c * BT/TJ (c < TJ), columns 4 * (e / (BT/TJ)) .. + 3 of a (BT, HD) block
+// -> global x (stride floats between rows) times scale; rows past seq and columns past HD not stored
+inline void store_micro(__global float* x, const float4* acc, const int e, const int r0, const int seq,
+                        const size_t stride, const float scale) {
+    if (e >= NMA) return;
+    const int t = e % (BT / TJ), d = 4 * (e / (BT / TJ));
+    _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+        const int r = r0 + t + c * (BT / TJ);
+        if (r < seq) {
+            const float4 v = acc[c] * scale;
+            __global float* row = x + (size_t)r * stride + d;
+            row[0] = v.x;
+            if (d + 1 < HD) row[1] = v.y;
+            if (d + 2 < HD) row[2] = v.z;
+            if (d + 3 < HD) row[3] = v.w;
+        }
+    }
+}
+
+// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, bkv) owns keys
+// x*BT .. x*BT+BT-1 of (b, kvh); it walks the query blocks that see them, for every query head
+// of the group.
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0), bkv = get_group_id(1);
+    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int j0 = get_group_id(0) * BT;
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
+    __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
+    stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
+    stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
+    float4 dk[MA][TJ], dv[MA][TJ];
+    _Pragma("unroll") for (int m = 0; m < MA; m++)
+        _Pragma("unroll") for (int c = 0; c < TJ; c++) dk[m][c] = dv[m][c] = (float4)(0.0f);
+    for (int hh = 0; hh < group; hh++) {
+        const int h = kvh * group + hh;
+        const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+        const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
+        const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
+        for (int i0 = j0; i0 < seq; i0 += BT) {
+            barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
+            stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
+            stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
+            for (int r = lid; r < BT; r += BWG) {
+                ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
+                ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
+            barrier(CLK_LOCAL_MEM_FENCE);
+            _Pragma("unroll") for (int m = 0; m < MA; m++) {
+                const int e = lid + m * BWG;
+                const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
+                for (int i = 0; i < BT; i++) {
+                    const float4 dov = lrow(dos, i, d4), qv = lrow(qs, i, d4);
+                    _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+                        const int j = t + c * (BT / TJ);
+                        dv[m][c] += ps[i * LDP + j] * dov;
+                        dk[m][c] += dss[i * LDP + j] * qv;
+                    }
+                }
+            }
+        }
+    }
+    _Pragma("unroll") for (int m = 0; m < MA; m++) {
+        store_micro(d_k + kv_base, dk[m], lid + m * BWG, j0, seq, kv_stride, scale);
+        store_micro(d_v + kv_base, dv[m], lid + m * BWG, j0, seq, kv_stride, 1.0f);
+    }
+}
+
+// as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows
+// x*BT .. x*BT+BT-1 of (b, h) and walks the key blocks they see.
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0), bh = get_group_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int i0 = get_group_id(0) * BT;
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
+    __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
+    stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
+    stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
+    for (int r = lid; r < BT; r += BWG) {
+        ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
+        ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
+    }
+    float4 dq[MA][TJ];
+    _Pragma("unroll") for (int m = 0; m < MA; m++)
+        _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] = (float4)(0.0f);
+    const int last = i0 + BT < seq ? i0 + BT : seq;  // keys 0 .. last-1 are visible to the block
+    for (int j0 = 0; j0 < last; j0 += BT) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
+        stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
+        stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        _Pragma("unroll") for (int m = 0; m < MA; m++) {
+            const int e = lid + m * BWG;
+            const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
+            for (int j = 0; j < BT; j++) {
+                const float4 kv = lrow(ks, j, d4);
+                _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDP + j] * kv;
+            }
+        }
+    }
+    _Pragma("unroll") for (int m = 0; m < MA; m++)
+        store_micro(d_q + q_base, dq[m], lid + m * BWG, i0, seq, q_stride, scale);
+}
+#else  // BMT: one local read per FMA (the first staged kernels, kept for comparison)
 #define BLD (HD + 1)                       // local row stride
 #define BACC ((BT * HD + BWG - 1) / BWG)   // accumulator elements per work-item
 
@@ -486,4 +672,5 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
             d_q[q_base + (size_t)(i0 + io[m]) * q_stride + dof[m]] = dq[m] * scale;
     }
 }
+#endif  // BMT
 #endif  // BT

@@ -13,7 +13,8 @@
 //                   registers. TSK-deep tiles of op(A) and op(B) are staged in local memory with
 //                   VW-wide coalesced global loads, optionally double-buffered (DBUF=1: one barrier
 //                   per K tile, the next tile loads while this one is used) and padded by PAD floats
-//                   per row against bank conflicts. Work-item (tn, tm) owns VW-wide groups of columns
+//                   per row against bank conflicts (DBUF=2: the next tile's global loads go to registers
+//                   before this tile's products and to local memory after them). Work-item (tn, tm) owns VW-wide groups of columns
 //                   strided by RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
 //                   Split K (few tiles of C for the GPU's compute units, e.g. weight gradients:
 //                   M, N = a layer's sizes, K = the batch's tokens): work-group z of dimension 2
@@ -85,7 +86,7 @@ typedef union { floatV v; float s[VW]; } vec_parts;
 #ifndef DBUF
 #define DBUF 0
 #endif
-#define NBUF (DBUF + 1)
+#define NBUF (DBUF ? 2 : 1)
 #define LDA ((TSM + PAD) / VW)  // row length of the local tiles, in vectors
 #define LDB ((TSN + PAD) / VW)
 
@@ -146,6 +147,94 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
 #endif
 }
 
+#if DBUF == 2
+// DBUF 2: the next K tile is fetched from global memory into registers (fetch_tiles) before this tile's
+// products, and stored into the other local buffer after them (store_tiles), so its loads are in flight
+// while the work-item computes (the prefetch of CUDA SGEMM kernels; one barrier per K tile). The same
+// elements and layout as load_tiles; work-item tid takes elements tid, tid + THREADS, ...
+#define A_VECS (TSM * TSK / VW)  // vectors of a tile of op(A) / op(B)
+#define B_VECS (TSN * TSK / VW)
+#define A_PER ((A_VECS + THREADS - 1) / THREADS)
+#define B_PER ((B_VECS + THREADS - 1) / THREADS)
+
+inline void fetch_tiles(vec_parts* ra, vec_parts* rb, __global const float* a, __global const float* b,
+                        const int M, const int N, const int K, const int m0, const int n0, const int k0,
+                        const int k_end, const int tid) {
+    const bool full_a = m0 + TSM <= M && k0 + TSK <= k_end;
+    const bool full_b = n0 + TSN <= N && k0 + TSK <= k_end;
+    UNROLL for (int t = 0; t < A_PER; t++) {
+        const int e = tid + t * THREADS;
+#ifdef TRANS_A  // vectors along m
+        const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
+        if (full_a && e < A_VECS) {
+            ra[t].v = LOADV(&A_AT(m0 + r, k0 + k));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                ra[t].s[q] = (e < A_VECS && m0 + r + q < M && k0 + k < k_end) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
+        }
+#else  // vectors along k
+        const int r = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+        if (full_a && e < A_VECS) {
+            ra[t].v = LOADV(&A_AT(m0 + r, k0 + k));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                ra[t].s[q] = (e < A_VECS && m0 + r < M && k0 + k + q < k_end) ? A_AT(m0 + r, k0 + k + q) : 0.0f;
+        }
+#endif
+    }
+    UNROLL for (int t = 0; t < B_PER; t++) {
+        const int e = tid + t * THREADS;
+#ifdef TRANS_B  // vectors along k
+        const int s = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+        if (full_b && e < B_VECS) {
+            rb[t].v = LOADV(&B_AT(k0 + k, n0 + s));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                rb[t].s[q] = (e < B_VECS && n0 + s < N && k0 + k + q < k_end) ? B_AT(k0 + k + q, n0 + s) : 0.0f;
+        }
+#else  // vectors along n
+        const int k = e / (TSN / VW), s = (e % (TSN / VW)) * VW;
+        if (full_b && e < B_VECS) {
+            rb[t].v = LOADV(&B_AT(k0 + k, n0 + s));
+        } else {
+            UNROLL for (int q = 0; q < VW; q++)
+                rb[t].s[q] = (e < B_VECS && n0 + s + q < N && k0 + k < k_end) ? B_AT(k0 + k, n0 + s + q) : 0.0f;
+        }
+#endif
+    }
+}
+
+inline void store_tiles(__local floatV* As, __local floatV* Bs, const vec_parts* ra, const vec_parts* rb,
+                        const int tid) {
+    __local float* as = (__local float*)As;
+    __local float* bs = (__local float*)Bs;
+    UNROLL for (int t = 0; t < A_PER; t++) {
+        const int e = tid + t * THREADS;
+        if (e < A_VECS) {
+#ifdef TRANS_A
+            const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
+            As[k * LDA + r / VW] = ra[t].v;
+#else
+            const int r = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+            UNROLL for (int q = 0; q < VW; q++) as[(k + q) * LDA * VW + r] = ra[t].s[q];
+#endif
+        }
+    }
+    UNROLL for (int t = 0; t < B_PER; t++) {
+        const int e = tid + t * THREADS;
+        if (e < B_VECS) {
+#ifdef TRANS_B
+            const int s = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
+            UNROLL for (int q = 0; q < VW; q++) bs[(k + q) * LDB * VW + s] = rb[t].s[q];
+#else
+            const int k = e / (TSN / VW), s = (e % (TSN / VW)) * VW;
+            Bs[k * LDB + s / VW] = rb[t].v;
+#endif
+        }
+    }
+}
+#endif  // DBUF == 2
+
 // a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0; the sum over
 // k in k_split * z .. k_split * (z + 1) - 1 (z = group id 2, k < K) written to slice z of c
 // (c + z * M * N) when there are several (split K; c_offset 0, accumulate 0 then).
@@ -170,11 +259,19 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
     UNROLL for (int i = 0; i < WPTM; i++)
         UNROLL for (int j = 0; j < WPTN; j++) acc[i][j] = 0.0f;
 
+#if DBUF == 2
+    vec_parts ra[A_PER], rb[B_PER];  // the next K tile, on its way from global memory
+    fetch_tiles(ra, rb, a, b, M, N, K, m0, n0, k_begin, k_end, tid);
+    store_tiles(As[0], Bs[0], ra, rb, tid);
+#else
     load_tiles(As[0], Bs[0], a, b, M, N, K, m0, n0, k_begin, k_end, tid);
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
     int buf = 0;
     for (int k0 = k_begin; k0 < k_end; k0 += TSK) {
-#if DBUF  // fill the other buffer now; everyone finished reading it before the last barrier
+#if DBUF == 2  // loads issued now, stored after this tile's products
+        if (k0 + TSK < k_end) fetch_tiles(ra, rb, a, b, M, N, K, m0, n0, k0 + TSK, k_end, tid);
+#elif DBUF  // fill the other buffer now; everyone finished reading it before the last barrier
         if (k0 + TSK < k_end) load_tiles(As[buf ^ 1], Bs[buf ^ 1], a, b, M, N, K, m0, n0, k0 + TSK, k_end, tid);
 #endif
         __local const floatV* as = As[buf];
@@ -187,6 +284,9 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
                 UNROLL for (int j = 0; j < WPTN; j++)
                     acc[i][j] += av[i / VW].s[i % VW] * bv[j / VW].s[j % VW];
         }
+#if DBUF == 2  // the other buffer: everyone finished reading it before the last barrier
+        if (k0 + TSK < k_end) store_tiles(As[buf ^ 1], Bs[buf ^ 1], ra, rb, tid);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 #if DBUF
         buf ^= 1;

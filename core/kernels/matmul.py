@@ -99,7 +99,8 @@ class TiledConfig(TileGrid):
             ``(tsn // wptn, tsm // wptm)``, dimension 0 along N.
         vw: vector width (1, 2, 4, 8, 16) of global loads and local reads; divides every size above.
         pad: floats of padding per local tile row (against bank conflicts), a multiple of ``vw``.
-        dbuf: 1 = ping-pong buffered local tiles (one barrier per K tile), 0 = single.
+        dbuf: 1 = ping-pong buffered local tiles (one barrier per K tile), 2 = that with the next tile's global
+            loads prefetched into registers during this tile's products, 0 = single.
     """
 
     tsm: int = 64
@@ -119,12 +120,12 @@ class TiledConfig(TileGrid):
         _check(self.tsm % self.wptm == 0 and self.tsn % self.wptn == 0, self, "tsm/tsn must be multiples of wptm/wptn")
         _check(all(v % self.vw == 0 for v in (self.tsm, self.tsn, self.tsk, self.wptm, self.wptn, self.pad)),
                self, "vw must divide tsm, tsn, tsk, wptm, wptn and pad")
-        _check(self.dbuf in (0, 1) and self.pad >= 0, self, "dbuf must be 0 or 1, pad >= 0")
+        _check(self.dbuf in (0, 1, 2) and self.pad >= 0, self, "dbuf must be 0, 1 or 2, pad >= 0")
 
     @property
     def local_mem_bytes(self) -> int:
         """Local memory the kernel declares (the A and B tiles, twice when ping-pong buffered)."""
-        return (self.dbuf + 1) * self.tsk * (self.tsm + self.tsn + 2 * self.pad) * 4
+        return (2 if self.dbuf else 1) * self.tsk * (self.tsm + self.tsn + 2 * self.pad) * 4
 
     def options(self, trans_a: bool, trans_b: bool) -> tuple[str, ...]:
         """Build options for this configuration and transpose variant."""

@@ -114,9 +114,12 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
 
 # (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 128x128 and 64x64 C tiles with 8x8 / 4x4 per
 # work-item (16x16 and 8x8 work-groups), K tiles of 8-32, float4 or float2, padded, single or
-# ping-pong buffered (CLBlast's xgemm search space, pruned to the settings its database keeps for
+# ping-pong buffered (or that with register prefetch) (CLBlast's xgemm search space, pruned to the settings its database keeps for
 # NVIDIA/AMD GPUs).
 GPU_GRID = tuple(TiledConfig(*p) for p in (
+    # the next K tile prefetched into registers (dbuf 2) first: the budget may not reach the end
+    (128, 128, 16, 8, 8, 4, 4, 2), (128, 64, 16, 8, 4, 4, 4, 2), (64, 128, 16, 4, 8, 4, 4, 2),
+    (128, 128, 8, 8, 8, 4, 4, 2), (64, 64, 16, 4, 4, 4, 4, 2), (128, 128, 16, 8, 8, 4, 0, 2),
     (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
     (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
     (64, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 8, 8, 4, 4, 1), (64, 64, 32, 4, 4, 4, 0, 0),
@@ -135,7 +138,8 @@ NARROW_GRID = tuple(TiledConfig(*p) for p in (
     (64, 32, 16, 4, 4, 4, 4, 1), (32, 64, 16, 4, 4, 4, 4, 1), (64, 64, 16, 4, 4, 4, 4, 1),
     (128, 32, 16, 8, 4, 4, 4, 1), (32, 128, 16, 4, 8, 4, 4, 1), (64, 16, 16, 4, 4, 4, 4, 1),
     (16, 64, 16, 4, 4, 4, 4, 1), (32, 32, 16, 4, 4, 4, 4, 1), (32, 32, 16, 2, 2, 2, 2, 0),
-    (128, 16, 16, 8, 4, 4, 4, 1), (16, 128, 16, 4, 8, 4, 4, 1)))
+    (128, 16, 16, 8, 4, 4, 4, 1), (16, 128, 16, 4, 8, 4, 4, 1), (64, 32, 16, 4, 4, 4, 4, 2),
+    (32, 64, 16, 4, 4, 4, 4, 2), (128, 32, 16, 8, 4, 4, 4, 2)))
 
 
 def tuned_variants(dev: Device) -> tuple[tuple[bool, bool], ...]:
