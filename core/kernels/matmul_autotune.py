@@ -321,7 +321,7 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
             (tests use a tiny grid); default :func:`candidates` / :func:`shapes`.
         gemv_grid, gemv_shapes: the same for the GEMV kernel (shapes with M <= GEMV_MAX_M).
         narrow_grid: ``{"narrow_n" / "narrow_m": [configs]}`` override of :func:`narrow_candidates` (timed at
-            :data:`NARROW_SHAPES`; ``{}``: none).
+            :data:`NARROW_SHAPES`; ``{}``: none; default: none when ``grid`` is given).
         min_s: seconds per timing round (default 0.02 on CPUs, 0.01 on GPUs).
 
     Returns:
@@ -333,11 +333,13 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
         ``"defaulted"``, no GFLOP/s); ``"skipped"`` counts candidates the budget left out.
     """
     progress = progress or (lambda f, m: None)
+    given_grid = grid
     shape_table = shape_table or shapes(dev)
     grid = grid or {v: candidates(dev, v) for v in tuned_variants(dev)}
     gemv_grid = gemv_grid or gemv_candidates(dev)
     gemv_shapes = gemv_shapes or GEMV_SHAPES
-    narrow_grid = {k: narrow_candidates(dev, k) for k in NARROW_KINDS} if narrow_grid is None else narrow_grid
+    if narrow_grid is None:  # a given grid (tests) times only what it names
+        narrow_grid = {k: narrow_candidates(dev, k) for k in NARROW_KINDS} if given_grid is None else {}
     min_s = min_s if min_s is not None else (0.01 if uses_local_tiles(dev) else 0.02)
     budget_s = budget_seconds(dev) if budget_s is None else budget_s
     rng = np.random.default_rng(0)
@@ -369,6 +371,7 @@ def tune(dev: Device, progress: Progress | None = None, budget_s: float | None =
                                      min_s, clock, progress, state, result, configs[:1])
             except RuntimeError as e:  # none right: narrow products take the variant's configuration
                 log.warning("matmul tuning %s: %s", kind, e)
+                result["defaulted"].remove(kind)
     result["seconds"] = round(clock.elapsed(), 2)
     return result
 
