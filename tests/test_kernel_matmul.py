@@ -324,8 +324,9 @@ def test_narrow_products_get_narrow_panels_and_read_a_in_place(device, rng, tran
     for N, nb in ((3, 1), (4, 1), (9, 3), (12, 3), (13, 4), (40, 4)):
         kernel = op._kernel(11, N, trans_a, trans_b)
         assert kernel.cfg.nb == nb, (N, kernel.cfg)
-        panels = -(-N // kernel.cfg.nr)  # A is packed for 2+ panels when stored (K,M), for 5+ when (M,K)
-        assert ("a" in kernel.scratch_floats(11, N, 19)) == (panels >= (2 if trans_a else 5)), N
+        panels = -(-N // kernel.cfg.nr)  # A is packed for 2+ panels when stored (K,M), never when (M,K)
+        assert ("a" in kernel.scratch_floats(11, N, 19)) == (trans_a and panels >= 2), N
+        assert "a" not in kernel.scratch_floats(1000, 1000, 19) or trans_a
         _check_overwrite_then_accumulate(device, rng, op, 11, N, 19, trans_a, trans_b, f"N={N}")
 
 @pytest.mark.parametrize("trans_a,trans_b", VARIANTS)

@@ -24,8 +24,8 @@
 //   matmul_packed   CPUs (local memory is cached RAM; PoCL keeps anything live across a barrier in
 //                   memory, so a barrier-free kernel is the only way to keep accumulators in
 //                   registers). op(B) is first packed by matmul_pack_b into zero-padded panels of NR
-//                   = VW*NB columns, each panel K rows of NR contiguous floats; op(A) optionally
-//                   (PACK_A) into panels of MR rows, K columns of MR contiguous floats. Each work-item
+//                   = VW*NB columns, each panel K rows of NR contiguous floats; an A stored (K,M)
+//                   optionally (PACK_A) into panels of MR rows, K columns of MR contiguous floats. Each work-item
 //                   then computes one MR x NR block of C with MR*NB vector accumulators, streaming
 //                   both panels with unit stride (the BLAS "micro-kernel" of Goto & van de Geijn,
 //                   2008). Consecutive work-items take consecutive row blocks of one column panel,
@@ -348,22 +348,21 @@ __kernel void matmul_pack_b(__global float* bp, __global const float* b, const i
     UNROLL for (int j = 0; j < NR; j++) out[j] = n0 + j < N ? B_AT(k, n0 + j) : 0.0f;
 }
 
-// Columns k0 .. k0 + kc - 1 of op(A) (M,K) -> ap: panel q (rows q*MR ..) is kc columns of MR
-// contiguous floats, 0.0f past M. a stored (M,K): one work-item per panel walking k along its MR
-// rows (measured 10-35 % faster on PoCL than one per (k, q)). a stored (K,M): work-item (q, kb)
-// copies PACK_KB columns of one panel, so that neighbouring work-items (q + 1) read the rest of
-// the same cache lines right away: a panel walking all of k alone would touch one line per k,
-// 4 KiB apart when M is a power of two, which thrashes the cache sets.
+// Columns k0 .. k0 + kc - 1 of op(A) (M,K), a stored (K,M) -> ap: panel q (rows q*MR ..) is kc columns of MR
+// contiguous floats, 0.0f past M. Work-item (q, kb) copies PACK_KB columns of one panel, so that
+// neighbouring work-items (q + 1) read the rest of the same cache lines right away: a panel walking all of
+// k alone would touch one line per k, 4 KiB apart when M is a power of two, which thrashes the cache sets.
+// (An A stored (M,K) is read in place by matmul_packed: its MR row pointers stream along k.)
 #ifndef PACK_KB
 #define PACK_KB 16  // the launcher passes its own (matmul.py PACK_KB)
 #endif
+#ifdef TRANS_A
 __kernel void matmul_pack_a(__global float* ap, __global const float* a, const int M, const int K,
                             const int a_offset, const int k0, const int kc) {
     const int q = get_global_id(0);
     if (q * MR >= M) return;  // the launch rounds the panels up to whole work-groups
     a += a_offset;
     const int m0 = q * MR;
-#ifdef TRANS_A
     const int kb = get_global_id(1) * PACK_KB;
     const int k_end = min(kc, kb + PACK_KB);
     __global float* out = ap + ((size_t)q * kc + kb) * MR;
@@ -374,16 +373,8 @@ __kernel void matmul_pack_a(__global float* ap, __global const float* a, const i
         for (int kk = kb; kk < k_end; kk++, out += MR)
             UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k0 + kk) : 0.0f;
     }
-#else
-    __global float* out = ap + (size_t)q * kc * MR;
-    if (m0 + MR <= M) {
-        for (int k = k0; k < k0 + kc; k++, out += MR) UNROLL for (int i = 0; i < MR; i++) out[i] = A_AT(m0 + i, k);
-    } else {
-        for (int k = k0; k < k0 + kc; k++, out += MR)
-            UNROLL for (int i = 0; i < MR; i++) out[i] = m0 + i < M ? A_AT(m0 + i, k) : 0.0f;
-    }
-#endif
 }
+#endif
 
 // bp (op(B) rows k0 .. k0 + kc - 1, packed), a (or ap: its columns k0 .. packed, when PACK_A) ->
 // c (M,N) = the product over that K chunk, overwritten, or accumulated into when accumulate != 0.

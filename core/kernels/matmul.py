@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 VARIANTS = ((False, False), (False, True), (True, False), (True, True))  # (trans_a, trans_b)
 GEMV_MAX_M = 8  # rows of A up to which b-transposed products use matmul_gemv
-PACK_KB = 16  # columns per work-item of matmul_pack_a when a is stored (K,M)
+PACK_KB = 16  # columns per work-item of matmul_pack_a (a stored (K,M)), and its work-group
 PACK_LOCAL = 16  # work-items per group of the packing kernels (at most; the compiled kernel's limit decides)
 SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): bounds CPU scratch
 # matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
@@ -42,15 +42,9 @@ SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): boun
 SPLIT_WAVES = 4
 SPLIT_MIN_K = 128
 SPLIT_DEEP_K = 512
-# A stored (M,K) is packed (PackedConfig.pack_a) only when op(B) has at least this many panels of
-# NR columns: with fewer, each A row block is read by few work-items, from L2, and packing it costs
-# a read and a write of all of A for nothing (measured on PoCL: N = 128 products 3-20 % faster
-# unpacked, N = 384 and A stored (K,M) faster packed)
-PACK_A_MIN_PANELS = 5
-# A stored (K,M) (trans_a) is read in place only when op(B) is a single panel: each A element is then
-# used once, and packing it is a read and a write for nothing (measured on PoCL, 2-core Xeon: the
-# LoRA gradient products (1536,16,256) and (576,16,256) TN 2.6-3.1x faster); with more panels the
-# packed panel wins (strided reads of a (K,M) A repeat for every panel)
+# A stored (M,K) is read in place (the micro-kernel's MR row pointers walk along k): packing it cost a
+# read and a write of all of A for no gain (measured on PoCL, 2-core Xeon with AVX-512, the blocked-sum
+# kernel: a LoRA step's products 8 % less time, (256, 3072, 32) 34 %, d512's shapes within noise).
 PACK_A_T_MIN_PANELS = 2
 # A packed configuration without its own ``kc`` packs all of K in one round, unless K is deeper than
 # PACKED_DEEP_K: then in equal rounds of at most PACKED_DEEP_KC rows, so that a B panel stays in the cache
@@ -143,7 +137,8 @@ class PackedConfig:
         vw: vector width of the accumulators (16 = one AVX-512 register, 8 = one AVX2 register).
         wg: work-items per work-group (consecutive row blocks of one B panel).
         super_rows: row blocks per super-row (the A rows a B panel is reused across).
-        pack_a: also pack op(A) into MR-row panels (else read from ``a`` in place).
+        pack_a: also pack op(A) into MR-row panels when A is stored (K,M) and op(B) has several panels
+            (``PACK_A_T_MIN_PANELS``); else, and always for A stored (M,K), it is read in place.
         kc: K chunk per launch (0 = all of K in one launch); later chunks accumulate into C.
     """
 
@@ -414,11 +409,12 @@ class GemmKernel:
         else:
             self._main = dev.kernel("matmul", "matmul_packed", opts)
             self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
-            self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if cfg.pack_a else None
+            packs_a = cfg.pack_a and trans_a  # only an A stored (K,M) is packed (PACK_A_T_MIN_PANELS)
+            self._main = dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=packs_a).options(trans_a, trans_b))
+            self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if packs_a else None
             # the micro-kernel reading A in place, for products with few B panels
             self._direct_a = (dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=False).options(trans_a, trans_b))
-                              if cfg.pack_a else None)
-            self._direct_below = PACK_A_T_MIN_PANELS if trans_a else PACK_A_MIN_PANELS
+                              if packs_a else None)
         # a compiled kernel can allow fewer work-items than the device (registers, as on iGPUs)
         self.limits = dev.kernel_limits(self._main)
         dev.check_fits(self._main, cfg.items, cfg)
@@ -431,8 +427,7 @@ class GemmKernel:
             # launch: a size it picks itself follows the global size, and each new product shape compiled again)
             self._pack_local = dev.work_group_size(self._pack_b, PACK_LOCAL)
             if self._pack_a is not None:
-                dev.check_fits(self._pack_a, PACK_KB if trans_a else 1, cfg)
-                self._pack_a_local = PACK_KB if trans_a else dev.work_group_size(self._pack_a, PACK_LOCAL)
+                dev.check_fits(self._pack_a, PACK_KB, cfg)
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
                  a_offset: int, b_offset: int, c_offset: int) -> None:
@@ -469,14 +464,10 @@ class GemmKernel:
                 self._pack_b(q, (-(-int(n) // lb) * lb, n_panels), (lb, 1), bp, b, i32(N), i32(K), i32(b_offset),
                              i32(k0), n)
                 if pack_a is not None:  # a (K,M): 16 panels side by side per work-group; panels past M return
-                    la = self._pack_a_local
-                    if self._trans_a:
-                        grid, local = (-(-n_blocks // la) * la, -(-int(n) // PACK_KB)), (la, 1)
-                    else:
-                        grid, local = (-(-n_blocks // la) * la,), (la,)
-                    pack_a(q, grid, local, ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
+                    grid = (-(-n_blocks // PACK_KB) * PACK_KB, -(-int(n) // PACK_KB))
+                    pack_a(q, grid, (PACK_KB, 1), ap, a, i32(M), i32(K), i32(a_offset), i32(k0), n)
             main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
-                       acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
+                 acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
 
     def splits(self, M: int, N: int, K: int) -> tuple[int, int]:
         """(parts, K elements per part) of a tiled product: 1 part unless C's tiles are fewer than
@@ -509,7 +500,7 @@ class GemmKernel:
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc = self.chunk(M, N, K)
         need = {"b": n_panels * cfg.nr * kc}
-        if self._pack_a is not None and not (self._direct_a is not None and n_panels < self._direct_below):
+        if self._pack_a is not None and n_panels >= PACK_A_T_MIN_PANELS:
             need["a"] = n_blocks * cfg.mr * kc
         return kc, need
 
