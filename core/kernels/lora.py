@@ -30,19 +30,20 @@ class LoRABlockDiag:
 
     Args:
         dev: the OpenCL device.
-        local_size: work-items per work-group along a row (default 64, capped by the device and the compiled
-            kernels); one row per work-group.
+        local_size: work-items per work-group (default 256, capped by the device and the compiled kernels):
+            along a row, the rest over several rows (few work-groups: PoCL pays for each).
     """
 
     def __init__(self, dev: Device, local_size: int | None = None):
         self.dev = dev
         self._fill = dev.kernel("lora", "lora_blockdiag")
         self._grad = dev.kernel("lora", "lora_blockdiag_grad")
-        self.local = min(dev.work_group_size(k, local_size or 64) for k in (self._fill, self._grad))
+        self.local = min(dev.work_group_size(k, local_size or 256) for k in (self._fill, self._grad))
 
     def _grid(self, width: int, rows: int) -> tuple[tuple[int, int], tuple[int, int]]:
         lx = min(self.local, round_up(width, 4))  # no more items along a row than it has elements (rounded)
-        return (round_up(width, lx), rows), (lx, 1)
+        ly = max(1, min(self.local // lx, rows))
+        return (round_up(width, lx), round_up(rows, ly)), (lx, ly)
 
     def blockdiag(self, bd: cl.Buffer, b_cat: cl.Buffer, n_out: int, rank: int, parts: Sequence[tuple[int, int]],
                   scale: float) -> None:
