@@ -78,6 +78,9 @@
 #define VLOAD VLOAD__(VW)
 #define floatK VEC(BK)
 #define floatKV VEC(BKV)
+#ifndef KV_ROWS
+#define KV_ROWS 2  // query rows per pass of attention_backward_dkdv over its dK, dV
+#endif
 
 // Vector c of the row at p (lanes past HD are 0.0f): c is a compile-time constant after
 // unrolling, so the guards fold away.
@@ -235,7 +238,11 @@ void attention_backward_dsum(__global float* d_sum, __global const float* d_out,
 // 2 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum
 // (B, n_heads, seq) -> d_k, d_v (B, seq, n_kv_heads, HD), overwritten. Work-item (x, bkv) owns
 // keys x*BKV .. x*BKV+BKV-1 of (b, kvh) = (bkv / n_kv_heads, bkv % n_kv_heads) and loops over
-// every query row i >= its first key of every query head of the group.
+// every query row i >= its first key of every query head of the group. The keys are the lanes of
+// floatKV vectors: the block's K and V are held transposed (kt[d] = lane l: scale * K[j0 + l][d]), so a
+// query row's scores and dP over the BKV keys are HD multiply-adds of a broadcast element and a
+// vector (no horizontal sums), one vector exp, and dK, dV (transposed the same way) HD more each;
+// the transposed arrays (4 x HD vectors) live in the work-item's memory, L1 on CPUs.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
     const int bkv = get_global_id(1);
@@ -246,42 +253,65 @@ void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_
     const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
 
-    floatV kr[BKV][NV], vr[BKV][NV], dk[BKV][NV], dv[BKV][NV];
-    _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
-        const int j = j0 + jj < seq ? j0 + jj : seq - 1;  // keys past seq: never visible
-        load_row_scaled(kr[jj], k + kv_base + j * kv_stride, scale);
-        load_row(vr[jj], v + kv_base + j * kv_stride);
-        _Pragma("unroll") for (int c = 0; c < NV; c++) dk[jj][c] = dv[jj][c] = (floatV)(0.0f);
+    union kv_lanes { floatKV v; float a[BKV]; };
+    union kv_lanes kt[HD], vt[HD];  // lanes: keys j0 .. j0 + BKV - 1 (past seq: 0.0f, never visible)
+    floatKV dkt[HD], dvt[HD];
+    _Pragma("unroll") for (int l = 0; l < BKV; l++) {
+        const bool in = j0 + l < seq;
+        const __global float* kr = k + kv_base + (size_t)(in ? j0 + l : j0) * kv_stride;
+        const __global float* vr = v + kv_base + (size_t)(in ? j0 + l : j0) * kv_stride;
+        for (int d = 0; d < HD; d++) {
+            kt[d].a[l] = in ? kr[d] * scale : 0.0f;
+            vt[d].a[l] = in ? vr[d] : 0.0f;
+        }
     }
+    for (int d = 0; d < HD; d++) dkt[d] = dvt[d] = (floatKV)(0.0f);
+    union kv_lanes key;  // the lanes' key positions
+    _Pragma("unroll") for (int l = 0; l < BKV; l++) key.a[l] = (float)(j0 + l);
     for (int hh = 0; hh < group; hh++) {
         const int h = kvh * group + hh;
         const __global float* qb = q + (size_t)b * seq * q_stride + (size_t)h * HD;
         const __global float* dob = d_out + (size_t)b * seq * q_stride + (size_t)h * HD;
         const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
-        for (int i = j0; i < seq; i++) {
-            floatV qi[NV], doi[NV];
-            load_row(qi, qb + i * q_stride);
-            load_row(doi, dob + i * q_stride);
-            const float li = lb[i], di = db[i];
-            union { floatKV v; float a[BKV]; } p;
-            _Pragma("unroll") for (int jj = 0; jj < BKV; jj++)
-                p.a[jj] = j0 + jj <= i ? dot_row(qi, kr[jj]) - li : -INFINITY;
-            p.v = exp(p.v);
-            _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
-                const float ds = p.a[jj] * (dot_row(doi, vr[jj]) - di);
-                _Pragma("unroll") for (int c = 0; c < NV; c++) {
-                    dv[jj][c] += p.a[jj] * doi[c];
-                    dk[jj][c] += ds * qi[c];
+        for (int i0 = j0; i0 < seq; i0 += KV_ROWS) {  // KV_ROWS query rows at a time: one pass over dK, dV
+            floatKV p[KV_ROWS], ds[KV_ROWS];
+            const __global float* qi[KV_ROWS];
+            const __global float* doi[KV_ROWS];
+            _Pragma("unroll") for (int r = 0; r < KV_ROWS; r++) {
+                const int i = i0 + r < seq ? i0 + r : seq - 1;  // rows past seq: p = 0 below
+                qi[r] = qb + i * q_stride;
+                doi[r] = dob + i * q_stride;
+                floatKV s = (floatKV)(0.0f), dp = (floatKV)(0.0f);
+                _Pragma("unroll") for (int d = 0; d < HD; d++) {
+                    s += qi[r][d] * kt[d].v;
+                    dp += doi[r][d] * vt[d].v;
                 }
+                // keys past row i0 + r (or past seq), and rows past seq, get p = 0: exp(-inf)
+                const float lim = i0 + r < seq ? (float)(i0 + r) : -1.0f;
+                p[r] = exp(key.v <= lim ? s - lb[i] : (floatKV)(-INFINITY));
+                ds[r] = p[r] * (dp - db[i]);
+            }
+            _Pragma("unroll") for (int d = 0; d < HD; d++) {
+                floatKV dv = dvt[d], dk = dkt[d];
+                _Pragma("unroll") for (int r = 0; r < KV_ROWS; r++) {
+                    dv += doi[r][d] * p[r];
+                    dk += qi[r][d] * ds[r];
+                }
+                dvt[d] = dv;
+                dkt[d] = dk;
             }
         }
     }
-    _Pragma("unroll") for (int jj = 0; jj < BKV; jj++) {
-        if (j0 + jj < seq) {
-            const size_t off = kv_base + (j0 + jj) * kv_stride;
-            store_row(d_k + off, dk[jj], scale);
-            store_row(d_v + off, dv[jj], 1.0f);
+    _Pragma("unroll") for (int l = 0; l < BKV; l++) {
+        if (j0 + l < seq) {
+            __global float* dkr = d_k + kv_base + (size_t)(j0 + l) * kv_stride;
+            __global float* dvr = d_v + kv_base + (size_t)(j0 + l) * kv_stride;
+            for (int d = 0; d < HD; d++) {
+                union kv_lanes a = {dkt[d]}, c = {dvt[d]};
+                dkr[d] = a.a[l] * scale;
+                dvr[d] = c.a[l];
+            }
         }
     }
 }
