@@ -449,6 +449,18 @@ __kernel void matmul_packed(__global float* c, __global const float* a,
             }
     }
 
+    if (n0 + NR <= N) {  // a whole panel: unconditional row stores (LLVM makes them vector stores)
+        UNROLL for (int i = 0; i < MR; i++) {
+            if (m0 + i < M) {
+                __global float* cr = c + (size_t)(m0 + i) * N + n0;
+                UNROLL for (int jb = 0; jb < NB; jb++) {
+                    vec_parts out = {accumulate ? tot[i][jb] + LOADV(cr + jb * VW) : tot[i][jb]};
+                    UNROLL for (int j = 0; j < VW; j++) cr[jb * VW + j] = out.s[j];
+                }
+            }
+        }
+        return;
+    }
     UNROLL for (int i = 0; i < MR; i++) {
         if (m0 + i < M) {
             UNROLL for (int jb = 0; jb < NB; jb++) {
