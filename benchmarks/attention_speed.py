@@ -3,7 +3,6 @@ device memory of a long-context training step against ``core.estimates``. Not a 
 
     python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
     python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
-    python benchmarks/attention_speed.py --staged [--shape 8,512,9,3,64]   # GPUs: the backward's micro-tiles
 
 Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
 row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 from core.device import open_device  # noqa: E402
-from core.kernels.attention import Attention, AttentionTiles  # noqa: E402
+from core.kernels.attention import Attention  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -106,48 +105,6 @@ def bench_speed(dev, b, s, h, kvh, d, reps):
           f"largest gradient difference {diff:.2g}")
 
 
-def bench_staged(dev, b, s, h, kvh, d, reps):
-    """The device's own tiling against the same tiling with the staged backward's register micro-tiles
-    off (``bwd_micro``), alternating: forward and backward timed apart (median ms), gradients compared."""
-    from dataclasses import replace
-
-    rng = np.random.default_rng(0)
-    q, do = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(2))
-    k, v = (rng.standard_normal((b, s, kvh, d)).astype(np.float32) for _ in range(2))
-    B = {"Q": dev.upload(q), "K": dev.upload(k), "V": dev.upload(v), "DO": dev.upload(do), "O": dev.alloc(q.size),
-         "DQ": dev.alloc(q.size), "DK": dev.alloc(k.size), "DV": dev.alloc(v.size), "LSE": dev.alloc(b * h * s),
-         "DSUM": dev.alloc(b * h * s)}
-    own = Attention(dev).tiles(d)
-    if not own.bwd_tile:  # a CPU: a GPU's staged tiling (only to try the benchmark there)
-        own = AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, stage_kv=True, bwd_tile=16, bwd_items=64)
-    ops = {"micro-tiles": Attention(dev, tiles=replace(own, bwd_micro=True)),
-           "one read per FMA": Attention(dev, tiles=replace(own, bwd_micro=False))}
-    times: dict = {n: {"forward": [], "backward": []} for n in ops}
-    grads = {}
-    for rep in range(reps + 1):  # the first round builds the kernels and is not counted
-        for name, op in ops.items():
-            for part in ("forward", "backward"):
-                dev.finish()
-                t0 = time.perf_counter()
-                if part == "forward":
-                    op.forward(B["O"], B["LSE"], B["Q"], B["K"], B["V"], b, s, s, 0, h, kvh, d)
-                else:
-                    op.backward(B["DQ"], B["DK"], B["DV"], B["DSUM"], B["DO"], B["Q"], B["K"], B["V"], B["O"],
-                                B["LSE"], b, s, h, kvh, d)
-                dev.finish()
-                if rep:
-                    times[name][part].append(time.perf_counter() - t0)
-            grads[name] = [dev.download(B[n], x.shape) for n, x in (("DQ", q), ("DK", k), ("DV", v))]
-    diff = max(float(np.abs(x - y).max()) for x, y in zip(*grads.values()))
-    flop = 2.0 * s * s * h * d * b * 2.5  # the backward: causal half of 5 products
-    print(f"staged attention backward, batch {b}, T {s}, heads {h}/{kvh}, head_dim {d} ({dev.info.label}; {own})")
-    for name in ops:
-        f, bw = (float(np.median(times[name][p])) for p in ("forward", "backward"))
-        print(f"  {name:18s} forward {f * 1e3:7.3f} ms  backward {bw * 1e3:7.3f} ms ({flop / bw / 1e9:7.1f} GFLOP/s)")
-    a, c = (float(np.median(times[n]["backward"])) for n in ops)
-    print(f"  backward speedup of micro-tiles: {c / a:.2f}x; largest gradient difference {diff:.2g}")
-
-
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -196,8 +153,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shape", default="16,128,4,4,32", help="batch,T,n_heads,n_kv_heads,head_dim")
     ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
-    ap.add_argument("--staged", action="store_true",
-                    help="the staged backward with and without register micro-tiles (GPUs) instead")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
@@ -208,8 +163,6 @@ def main(argv=None) -> int:
     dev = open_device(a.device)
     if a.memory:
         bench_memory(dev, a.context, a.d_model, a.layers, a.heads, a.batch, a.vocab)
-    elif a.staged:
-        bench_staged(dev, *map(int, a.shape.split(",")), a.reps)
     else:
         bench_speed(dev, *map(int, a.shape.split(",")), a.reps)
     return 0

@@ -26,18 +26,14 @@ TILINGS = [
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True),
     AttentionTiles(items=4, rows=2, keys=2, kv_rows=8, vector=8, stage_kv=True),
     AttentionTiles(items=2, rows=5, keys=1, kv_rows=16, vector=4),
-    # the staged backward (GPUs): blocks that divide no seq, work-groups that divide no block
+    # the staged backward (GPUs, register micro-tiles): the GPU's tile, blocks that divide no seq, work-groups of
+    # fewer or more items than micro-tiles or that divide no block, blocks smaller than a micro-tile
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128),
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=32),
-    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=5, bwd_items=7),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7),
     AttentionTiles(items=8, rows=2, keys=8, kv_rows=1, vector=8, bwd_tile=16, bwd_items=128),
-    # ... with register micro-tiles (GPUs' default): the GPU's tile, work-groups of fewer or more items
-    # than micro-tiles, blocks smaller than a micro-tile
-    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
-                   bwd_micro=True),
-    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7,
-                   bwd_micro=True),
-    AttentionTiles(items=2, rows=1, keys=2, kv_rows=1, vector=4, bwd_tile=2, bwd_items=3, bwd_micro=True),
-    AttentionTiles(items=1, rows=1, keys=1, kv_rows=1, vector=4, bwd_tile=1, bwd_items=1, bwd_micro=True),
+    AttentionTiles(items=2, rows=1, keys=2, kv_rows=1, vector=4, bwd_tile=2, bwd_items=3),
+    AttentionTiles(items=1, rows=1, keys=1, kv_rows=1, vector=4, bwd_tile=1, bwd_items=1),
 ]
 TOL = dict(atol=2e-5, rtol=2e-4)
 
@@ -65,7 +61,7 @@ def fitted(device, tiles, head_dim):
 def _tiling_id(t):
     if t is None:
         return "device"
-    staged = f"b{t.bwd_tile}w{t.backward_items}{'m' if t.bwd_micro else ''}" if t.bwd_tile else ""
+    staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
     return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}"
 
 

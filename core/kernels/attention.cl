@@ -377,18 +377,16 @@ void attention_backward_dq(__global float* d_q, BACKWARD_INPUTS) {
 // The same gradients as kernels 2 and 3 above, FlashAttention-2's blocked loop (Dao 2023,
 // Algorithm 2): a work-group of BWG work-items stages a block of BT keys and values and a block
 // of BT query rows (with their lse and D) in local memory, computes the BT x BT tile of
-// P = exp(S - lse) and dS = P (dP - D) once into local memory, then each work-item adds its share
-// of the tile's products into register accumulators. Local rows are HD + 1 floats long (an odd
-// stride: consecutive keys fall in different banks). Built with -DBT=...; BWG any >= 1.
-#ifdef BT
-#ifdef BMT
-// Register micro-tiles (BMT): each work-item computes TI x TJ entries of the P / dS tile (rows
+// P = exp(S - lse) and dS = P (dP - D) once into local memory, then adds the tile's products into
+// register accumulators. Built with -DBT=... (a power of two); BWG any >= 1.
+// Register micro-tiles: each work-item computes TI x TJ entries of the P / dS tile (rows
 // i = ti + a * BT/TI, keys j = tj + c * BT/TJ: strided, so the 8 work-items of a quarter warp read 8
 // different local rows, 4 banks apart) from float4 reads of local rows, then TJ rows x 4 columns of
-// dK and dV (or dQ), each local float4 and scalar read feeding several FMAs (the plain staged
-// kernels below do about one local read per FMA). Local rows are LDR floats (head_dim padded to 4,
+// dK and dV (or dQ), each local float4 and scalar read feeding several FMAs (staged kernels with one
+// local read per FMA were 2.3-2.4x slower on an H200). Local rows are LDR floats (head_dim padded to 4,
 // plus 4: float4-aligned, consecutive rows 4 banks apart); tile rows LDP = BT + 1 floats (odd: the
-// dQ pass reads 8 rows of one column). BT any power of two.
+// dQ pass reads 8 rows of one column).
+#ifdef BT
 #define TI (BT < 2 ? BT : 2)
 #define TJ (BT < 4 ? BT : 4)
 #define HD4 ((HD + 3) / 4)                 // float4 vectors of a row
@@ -566,141 +564,4 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         store_micro(d_q + q_base, dq[m], lid + m * BWG, i0, seq, q_stride, scale);
 }
-#else  // BMT: one local read per FMA (the first staged kernels, kept for comparison)
-#define BLD (HD + 1)                       // local row stride
-#define BACC ((BT * HD + BWG - 1) / BWG)   // accumulator elements per work-item
-
-// rows r0 .. r0 + BT - 1 (0.0f past seq) of one head of x (stride floats between rows) -> dst
-inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int seq,
-                       const size_t stride, const int lid) {
-    for (int e = lid; e < BT * HD; e += BWG) {
-        const int r = e / HD, d = e % HD;
-        dst[r * BLD + d] = r0 + r < seq ? x[(size_t)(r0 + r) * stride + d] : 0.0f;
-    }
-}
-
-// Tile of P and dS for query rows i0.. and keys j0..: ps[i * BT + j], dss[i * BT + j]; 0.0f where
-// key j0 + j is masked for row i0 + i or either lies past seq.
-inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
-                      __local const float* dos, __local const float* ks, __local const float* vs,
-                      __local const float* ls, __local const float* ds, const int i0, const int j0,
-                      const int seq, const float scale, const int lid) {
-    for (int e = lid; e < BT * BT; e += BWG) {
-        const int i = e / BT, j = e % BT;
-        float s = 0.0f, dp = 0.0f;
-        _Pragma("unroll") for (int d = 0; d < HD; d++) {
-            s += qs[i * BLD + d] * ks[j * BLD + d];
-            dp += dos[i * BLD + d] * vs[j * BLD + d];
-        }
-        const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
-        const float p = ok ? exp(s * scale - ls[i]) : 0.0f;
-        ps[e] = p;
-        dss[e] = p * (dp - ds[i]);
-    }
-}
-
-// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, bkv) owns keys
-// x*BT .. x*BT+BT-1 of (b, kvh); it walks the query blocks that see them, for every query head
-// of the group.
-__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
-    const int lid = get_local_id(0), bkv = get_group_id(1);
-    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
-    const int group = n_heads / n_kv_heads;
-    const int j0 = get_group_id(0) * BT;
-    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
-    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
-    __local float ks[BT * BLD], vs[BT * BLD], qs[BT * BLD], dos[BT * BLD];
-    __local float ps[BT * BT], dss[BT * BT], ls[BT], ds[BT];
-    stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
-    stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
-    float dk[BACC], dv[BACC];
-    int jo[BACC], dof[BACC];  // element m of this work-item: key jo[m], column dof[m]
-    _Pragma("unroll") for (int m = 0; m < BACC; m++) {
-        const int e = lid + m * BWG;
-        jo[m] = e < BT * HD ? e / HD : 0;
-        dof[m] = e < BT * HD ? e % HD : 0;
-        dk[m] = dv[m] = 0.0f;
-    }
-    for (int hh = 0; hh < group; hh++) {
-        const int h = kvh * group + hh;
-        const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
-        const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
-        const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
-        for (int i0 = (j0 / BT) * BT; i0 < seq; i0 += BT) {
-            barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
-            stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
-            stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
-            for (int r = lid; r < BT; r += BWG) {
-                ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
-                ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
-            barrier(CLK_LOCAL_MEM_FENCE);
-            for (int i = 0; i < BT; i++) {
-                _Pragma("unroll") for (int m = 0; m < BACC; m++) {
-                    dv[m] += ps[i * BT + jo[m]] * dos[i * BLD + dof[m]];
-                    dk[m] += dss[i * BT + jo[m]] * qs[i * BLD + dof[m]];
-                }
-            }
-        }
-    }
-    _Pragma("unroll") for (int m = 0; m < BACC; m++) {
-        const int e = lid + m * BWG;
-        if (e < BT * HD && j0 + jo[m] < seq) {
-            const size_t off = kv_base + (size_t)(j0 + jo[m]) * kv_stride + dof[m];
-            d_k[off] = dk[m] * scale;
-            d_v[off] = dv[m];
-        }
-    }
-}
-
-// as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows
-// x*BT .. x*BT+BT-1 of (b, h) and walks the key blocks they see.
-__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
-    const int lid = get_local_id(0), bh = get_group_id(1);
-    const int h = bh % n_heads, b = bh / n_heads;
-    const int kvh = h / (n_heads / n_kv_heads);
-    const int i0 = get_group_id(0) * BT;
-    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
-    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
-    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
-    __local float ks[BT * BLD], vs[BT * BLD], qs[BT * BLD], dos[BT * BLD];
-    __local float ps[BT * BT], dss[BT * BT], ls[BT], ds[BT];
-    stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
-    stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
-    for (int r = lid; r < BT; r += BWG) {
-        ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
-        ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
-    }
-    float dq[BACC];
-    int io[BACC], dof[BACC];  // element m of this work-item: row io[m], column dof[m]
-    _Pragma("unroll") for (int m = 0; m < BACC; m++) {
-        const int e = lid + m * BWG;
-        io[m] = e < BT * HD ? e / HD : 0;
-        dof[m] = e < BT * HD ? e % HD : 0;
-        dq[m] = 0.0f;
-    }
-    const int last = i0 + BT < seq ? i0 + BT : seq;  // keys 0 .. last-1 are visible to the block
-    for (int j0 = 0; j0 < last; j0 += BT) {
-        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
-        stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int j = 0; j < BT; j++) {
-            _Pragma("unroll") for (int m = 0; m < BACC; m++)
-                dq[m] += dss[io[m] * BT + j] * ks[j * BLD + dof[m]];
-        }
-    }
-    _Pragma("unroll") for (int m = 0; m < BACC; m++) {
-        const int e = lid + m * BWG;
-        if (e < BT * HD && i0 + io[m] < seq)
-            d_q[q_base + (size_t)(i0 + io[m]) * q_stride + dof[m]] = dq[m] * scale;
-    }
-}
-#endif  // BMT
 #endif  // BT

@@ -15,7 +15,7 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   (``*_tiled``): work-groups of 128 work-items over blocks of 32 keys x 32 query rows in local
   memory (smaller blocks where local memory is short), the P and dS tile computed once per block
   (measured on an H200: several times faster than one key or query row per work-item), each work-item
-  holding register micro-tiles of it and of dK/dV (dQ) (``bwd_micro``).
+  holding register micro-tiles of it and of dK/dV (dQ) (2.3-2.4x the staged kernels before them).
 """
 from __future__ import annotations
 
@@ -51,8 +51,6 @@ class AttentionTiles:
             (``attention_backward_*_tiled``, GPUs): blocks of ``bwd_tile`` keys and query rows in
             local memory, work-groups of ``bwd_items`` work-items.
         bwd_items: work-items per work-group of the staged backward (0 = ``items``).
-        bwd_micro: the staged backward with register micro-tiles (``-DBMT``: several FMAs per local
-            read; GPUs), else one local read per FMA.
     """
 
     items: int
@@ -63,7 +61,6 @@ class AttentionTiles:
     stage_kv: bool = False
     bwd_tile: int = 0
     bwd_items: int = 0
-    bwd_micro: bool = False
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -74,8 +71,8 @@ class AttentionTiles:
             raise ValueError(f"vector must be 4 or 8: {self}")
         if self.bwd_tile < 0 or self.bwd_items < 0:
             raise ValueError(f"bwd_tile and bwd_items must be >= 0: {self}")
-        if self.bwd_micro and self.bwd_tile not in _POW2 + (32, 64):
-            raise ValueError(f"bwd_micro needs a power-of-two bwd_tile: {self}")
+        if self.bwd_tile and self.bwd_tile & (self.bwd_tile - 1):
+            raise ValueError(f"bwd_tile must be 0 or a power of two: {self}")
 
     @property
     def backward_items(self) -> int:
@@ -84,14 +81,12 @@ class AttentionTiles:
 
     def local_mem_bytes(self, head_dim: int) -> int:
         """Local memory the largest kernel declares: the forward's staged key and value chunks, or
-        the staged backward's four (bwd_tile, row) blocks (rows of head_dim + 1 floats, or with
-        micro-tiles head_dim padded to 4, plus 4), two tiles (rows of bwd_tile, or + 1) and two rows."""
+        the staged backward's four (bwd_tile, row) blocks (rows of head_dim padded to 4, plus 4), two
+        tiles (rows of bwd_tile + 1) and two rows."""
         padded = -(-head_dim // self.vector) * self.vector
         fwd = 2 * self.keys * padded * 4 if self.stage_kv else 0
         t = self.bwd_tile
-        if self.bwd_micro:
-            return max(fwd, 4 * (4 * t * (-(-head_dim // 4) * 4 + 4) + 2 * t * (t + 1) + 2 * t))
-        return max(fwd, 4 * (4 * t * (head_dim + 1) + 2 * t * t + 2 * t))
+        return max(fwd, 4 * (4 * t * (-(-head_dim // 4) * 4 + 4) + 2 * t * (t + 1) + 2 * t))
 
     def options(self, head_dim: int) -> tuple[str, ...]:
         """Build options for this tiling and ``head_dim``."""
@@ -100,7 +95,7 @@ class AttentionTiles:
         if self.stage_kv:
             opts.append("-DSTAGE_KV")
         if self.bwd_tile:
-            opts += [f"-DBT={self.bwd_tile}", f"-DBWG={self.backward_items}"] + (["-DBMT"] if self.bwd_micro else [])
+            opts += [f"-DBT={self.bwd_tile}", f"-DBWG={self.backward_items}"]
         return tuple(opts)
 
 
@@ -137,7 +132,7 @@ def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> A
     else:
         t = AttentionTiles(items, 1, 16, 1, vector=4)  # head_dim too long to stage: read global
     for tile in (32, 16, 8, 4, 2, 1):  # the staged backward's blocks, as large as local memory holds
-        staged = replace(t, bwd_tile=tile, bwd_items=bwd_items, bwd_micro=True)
+        staged = replace(t, bwd_tile=tile, bwd_items=bwd_items)
         if staged.local_mem_bytes(head_dim) <= dev.local_mem_size:
             return staged
     return t
