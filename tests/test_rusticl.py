@@ -28,6 +28,11 @@ mask[1] = 0.0  # a masked row too
 model.forward_backward(tokens, tokens, mask)
 model.optimizer_step(1e-3, 0.0, 0.9, 0.98, 1e-8, 1.0)
 print(greedy_batch(model, [[1, 2, 3], [4, 5], [6]], [3, 3, 3], eos_id=0, pad_id=0))
+from core.lora import LoRAConfig
+lora = Model(dev, mc, batch_size=3, seed=0, lora=LoRAConfig(rank=2, alpha=4.0))  # the adapters' kernels too
+lora.forward_backward(tokens, tokens, mask)
+lora.optimizer_step(1e-3, 0.0, 0.9, 0.98, 1e-8, 1.0)
+lora.forward_backward(tokens, tokens, mask)
 """
 
 

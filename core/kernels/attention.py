@@ -171,7 +171,7 @@ class Attention:
             return built
         t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
         if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
-            raise ValueError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
+            raise KernelLimitError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
                              f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
         while True:
             opts = t.options(head_dim)
