@@ -334,10 +334,10 @@ def test_narrow_products_take_the_narrow_tiled_configurations(device, rng, trans
     """On a tiled launcher a product whose N (else M) is at most NARROW_MAX runs the "narrow_n" ("narrow_m")
     configuration, others the variant's own; all right against numpy, overwrite and accumulate (the narrow
     tiles are given here so that every device, PoCL included, runs them)."""
-    v = (trans_a, trans_b)
-    narrow = {"narrow_n": fitted(device, TiledConfig(16, 8, 8, 2, 2, 2, 2, 1), v),
-              "narrow_m": fitted(device, TiledConfig(8, 16, 8, 2, 2, 2, 0, 0), v)}
-    op = Matmul(device, configs=fitted(device, TiledConfig(32, 32, 16, 4, 4, 4, 4, 1), v), gemv=False, narrow=narrow)
+    v = (trans_a, trans_b)  # tilings the other tests build too (their programs are cached: llvmpipe compiles slowly)
+    narrow = {"narrow_n": fitted(device, CONFIGS["tiled-16x32-k8-vw2"], v),
+              "narrow_m": fitted(device, CONFIGS["tiled-32x16-k8-prefetch"], v)}
+    op = Matmul(device, configs=fitted(device, CONFIGS["tiled-64x64-dbuf"], v), gemv=False, narrow=narrow)
     n_max = matmul.NARROW_MAX
     for M, N, want in ((200, 48, "narrow_n"), (48, 48, "narrow_n"), (n_max + 1, n_max, "narrow_n"),
                        (48, 200, "narrow_m"), (n_max, n_max + 1, "narrow_m"), (n_max + 1, n_max + 1, None)):
