@@ -30,8 +30,7 @@ TILINGS = [
     # fewer or more items than micro-tiles or that divide no block, blocks smaller than a micro-tile
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7),
-    AttentionTiles(items=8, rows=2, keys=8, kv_rows=1, vector=8, bwd_tile=16, bwd_items=128),
-    AttentionTiles(items=2, rows=1, keys=2, kv_rows=1, vector=4, bwd_tile=2, bwd_items=3),
+    AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3),
 ]
 TOL = dict(atol=2e-5, rtol=2e-4)
 
