@@ -258,12 +258,16 @@ class LoRAScratch:
         self.n_rows = n_rows
         self.du, self.g = dev.alloc(n_rows * du_cols), dev.alloc(g_floats)
 
+    @staticmethod
+    def sizes(config: ModelConfig, lora: LoRAConfig) -> tuple[int, int]:
+        """``(du_cols, g_floats)`` of a model's adapters: the largest P * rank and n_out * P * rank."""
+        fused = fused_adapters(config, lora)
+        return max(f.n_parts for f in fused) * lora.rank, max(f.n_out * f.n_parts for f in fused) * lora.rank
+
     @classmethod
     def for_model(cls, dev: Device, n_rows: int, config: ModelConfig, lora: LoRAConfig) -> LoRAScratch:
         """The scratch of a model's adapters over ``n_rows`` rows (what :func:`scratch_floats` counts)."""
-        fused = fused_adapters(config, lora)
-        return cls(dev, n_rows, max(f.n_parts for f in fused) * lora.rank,
-                   max(f.n_out * f.n_parts for f in fused) * lora.rank)
+        return cls(dev, n_rows, *cls.sizes(config, lora))
 
     def saved(self, dev: Device, cols: int):
         """A new (n_rows, cols) buffer for one matrix's ``x A^T``."""
@@ -336,10 +340,8 @@ def lora_matmuls(config: ModelConfig, lora: LoRAConfig, n: int) -> list[tuple[in
 def scratch_floats(config: ModelConfig, lora: LoRAConfig, n: int) -> int:
     """Floats of :class:`LoRAScratch` and of every matrix's kept ``u`` and ``Bd`` for ``n`` rows (memory
     estimate)."""
-    fused = fused_adapters(config, lora)
-    widest_inner = max(f.n_parts for f in fused) * lora.rank
-    widest_g = max(f.n_out * f.n_parts for f in fused) * lora.rank
-    return n * widest_inner + widest_g + sum((n + f.n_out) * f.n_parts * lora.rank for f in fused)
+    du_cols, g_floats = LoRAScratch.sizes(config, lora)
+    return n * du_cols + g_floats + sum((n + f.n_out) * f.n_parts * lora.rank for f in fused_adapters(config, lora))
 
 
 __all__ = ["TARGETS", "FUSED", "LoRAConfig", "LoRAError", "adapter_shapes", "adapter_storage", "adapter_params",

@@ -401,16 +401,15 @@ class GemmKernel:
                  max_items: int | None = None, scratch: _Scratch | None = None):
         _check_fits(dev, cfg, max_items)
         self.dev, self.cfg, self.scratch = dev, cfg, scratch or _Scratch(dev)
-        self._trans_a = trans_a
-        opts = cfg.options(trans_a, trans_b)
         if isinstance(cfg, TiledConfig):
+            opts = cfg.options(trans_a, trans_b)
             self._main = dev.kernel("matmul", "matmul_tiled", opts)
             self._reduce = dev.kernel("matmul", "matmul_reduce_splits", opts)
         else:
+            packs_a = cfg.pack_a and trans_a  # only an A stored (K,M) is packed (PACK_A_T_MIN_PANELS)
+            opts = replace(cfg, pack_a=packs_a).options(trans_a, trans_b)  # one program for all three kernels
             self._main = dev.kernel("matmul", "matmul_packed", opts)
             self._pack_b = dev.kernel("matmul", "matmul_pack_b", opts)
-            packs_a = cfg.pack_a and trans_a  # only an A stored (K,M) is packed (PACK_A_T_MIN_PANELS)
-            self._main = dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=packs_a).options(trans_a, trans_b))
             self._pack_a = dev.kernel("matmul", "matmul_pack_a", opts) if packs_a else None
             # the micro-kernel reading A in place, for products with few B panels
             self._direct_a = (dev.kernel("matmul", "matmul_packed", replace(cfg, pack_a=False).options(trans_a, trans_b))
