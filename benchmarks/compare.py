@@ -2,7 +2,8 @@
 
     python benchmarks/compare.py [--device N|NAME] [--shapes default,d512] [--steps 5] [--rounds 3]
                                  [--torch-device cpu|cuda] [--torch-compile] [--profile]
-                                 [--no-decode] [--decode-tokens 100] [--lora RANK [--lora-only]]
+                                 [--no-decode] [--decode-tokens 100] [--decode-gguf FILE] [--decode-only]
+                                 [--lora RANK [--lora-only]]
 
 Training: a full step (forward, backward, grad-norm clip to 1.0, AdamW; float32) on identical
 shapes (batch 16 x 128 tokens unless --batch/--seq), ours and torch alternating in one process run
@@ -21,6 +22,8 @@ Decode: the default model (random weights, a BPE tokenizer trained on the defaul
 exported as an F32 GGUF (core/gguf_io.py); our Generator (core/generate.py) and llama.cpp
 (llama-cpp-python, n_threads = cores) each feed a 16-token prompt and then decode
 ``--decode-tokens`` tokens one at a time, greedy (argmax on the host for both), alternating.
+``--decode-gguf FILE`` adds the same on a GGUF file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf (ours reads
+its quantized matrices as stored, as the app's chat does); ``--decode-only`` skips the training rows.
 
 On a GPU machine: ``--device NVIDIA --torch-device cuda [--torch-compile]``; the decode
 comparison is a CPU one (llama-cpp-python's CPU build): use ``--no-decode`` there, or a CPU
@@ -188,66 +191,86 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
 
 
 # ---------------------------------------------------------------------------- decode
-def bench_decode(dev, a) -> dict:
+def bench_decode(dev, a, gguf_path: str | None = None) -> dict:
+    """Our chat decode next to llama.cpp's on the same GGUF file: the default model exported as F32
+    (``gguf_path`` None), or the given file (``--decode-gguf``: imported as the app imports it, decoded
+    from its quantized bytes as :meth:`core.generate.Generator.for_model` does)."""
+    from core.generate import Generator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if gguf_path is None:
+            from core.checkpoint import LoadedModel
+            from core.dataset import default_dataset
+            from core.gguf_io import export_gguf
+            from core.model import init_weights
+            from core.tokenizer import Tokenizer
+
+            tok = Tokenizer.train(default_dataset().tokenizer_texts(), vocab_size=1024)
+            config = ModelConfig(vocab_size=tok.vocab_size)
+            weights = init_weights(config, 0)
+            path = export_gguf(LoadedModel(config, tok, weights, {}, Path("bench")), Path(tmp) / "bench.gguf").path
+            name, make = "default", lambda: Generator(dev, config, weights)
+        else:
+            from core.gguf_import import import_gguf
+
+            path = Path(gguf_path)
+            loaded = import_gguf(path)
+            config, name = loaded.config, path.name
+            make = lambda: Generator.for_model(dev, loaded)  # noqa: E731
+        r = _decode_rounds(dev, a, config, path, make, name)
+    return r
+
+
+def _decode_rounds(dev, a, config: ModelConfig, path: Path, make, name: str) -> dict:
     import llama_cpp
 
-    from core.checkpoint import LoadedModel
-    from core.dataset import default_dataset
-    from core.generate import Generator
-    from core.gguf_io import export_gguf
-    from core.model import init_weights
-    from core.tokenizer import Tokenizer
+    from tests.artifacts import no_extra_buffer_types
 
-    tok = Tokenizer.train(default_dataset().tokenizer_texts(), vocab_size=1024)
-    config = ModelConfig(vocab_size=tok.vocab_size)
-    weights = init_weights(config, 0)
     n_prompt = 16
     n_new = min(a.decode_tokens, config.context_length - n_prompt)
-    prompt = list(np.random.default_rng(1).integers(0, config.vocab_size, n_prompt))
-    prompt = [int(t) for t in prompt]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = export_gguf(LoadedModel(config, tok, weights, {}, Path("bench")), Path(tmp) / "bench.gguf").path
-        threads = os.cpu_count() or 1
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=config.context_length, n_batch=config.context_length,
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab_size, n_prompt)]
+    threads = os.cpu_count() or 1
+    with no_extra_buffer_types():  # llama.cpp's repacked CPU buffers crash on VMs that advertise AMX
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_prompt + n_new, n_batch=n_prompt + n_new,
                               n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)
-        gen = Generator(dev, config, weights)
+    gen = make()
 
-        def ours_run() -> float:
-            gen.reset()
-            tok_id = int(np.argmax(gen.feed(prompt)))
-            t0 = time.perf_counter()
-            for _ in range(n_new):
-                tok_id = int(np.argmax(gen.feed([tok_id])))
-            return n_new / (time.perf_counter() - t0)
+    def ours_run() -> float:
+        gen.reset()
+        tok_id = int(np.argmax(gen.feed(prompt)))
+        t0 = time.perf_counter()
+        for _ in range(n_new):
+            tok_id = int(np.argmax(gen.feed([tok_id])))
+        return n_new / (time.perf_counter() - t0)
 
-        def llama_run() -> float:
-            llm.reset()
-            llm.eval(prompt)
+    def llama_run() -> float:
+        llm.reset()
+        llm.eval(prompt)
+        tok_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t0 = time.perf_counter()
+        for _ in range(n_new):
+            llm.eval([tok_id])
             tok_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            t0 = time.perf_counter()
-            for _ in range(n_new):
-                llm.eval([tok_id])
-                tok_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            return n_new / (time.perf_counter() - t0)
+        return n_new / (time.perf_counter() - t0)
 
-        ours_run(), llama_run()  # warm-up
-        r_ours, r_ref = [], []
-        for _ in range(a.rounds):
-            r_ours.append(ours_run())
-            r_ref.append(llama_run())
-        llm.close()
-        if a.profile:
-            dev.start_profiling()
-            pgen = Generator(dev, config, weights)
-            pgen.feed(prompt)
-            dev.stop_profiling()
-            dev.start_profiling()
-            t = 0
-            for _ in range(n_new):
-                t = int(np.argmax(pgen.feed([t])))
-            print_profile("default, our chat decode (per token)", dev.stop_profiling(), n_new)
-    return {"shape": f"chat decode, default ({n_new} tokens)", "params": config.n_params(), "tokens": 1,
-            "diff": float("nan"), "ours": max(r_ours), "ref": max(r_ref),
+    ours_run(), llama_run()  # warm-up
+    r_ours, r_ref = [], []
+    for _ in range(a.rounds):
+        r_ours.append(ours_run())
+        r_ref.append(llama_run())
+    llm.close()
+    if a.profile:
+        dev.start_profiling()
+        pgen = make()
+        pgen.feed(prompt)
+        dev.stop_profiling()
+        dev.start_profiling()
+        t = 0
+        for _ in range(n_new):
+            t = int(np.argmax(pgen.feed([t])))
+        print_profile(f"{name}, our chat decode (per token)", dev.stop_profiling(), n_new)
+    return {"shape": f"chat decode, {name} ({n_new} tokens)", "params": config.n_params(), "tokens": 1,
+            "diff": float("nan"), "ours": max(r_ours), "ref": max(r_ref), "file": path.name,
             "ours_median": statistics.median(r_ours), "ref_median": statistics.median(r_ref)}
 
 
@@ -267,6 +290,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print device time per kernel of our engine")
     ap.add_argument("--no-decode", action="store_true", help="skip the chat-decode comparison")
     ap.add_argument("--decode-tokens", type=int, default=100)
+    ap.add_argument("--decode-gguf", default=None, metavar="FILE",
+                    help="also a decode row on this GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf), ours vs llama.cpp")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode rows")
     ap.add_argument("--lora", type=int, default=0, metavar="RANK", help="also LoRA rows (benchmarks/lora_bench.py): "
                     "our LoRA step vs our full step vs torch + peft, rank RANK on every linear layer")
     ap.add_argument("--lora-only", action="store_true", help="with --lora: only the LoRA rows")
@@ -290,13 +316,15 @@ def main() -> None:
         print_lora_rows([bench_lora(dev, s, SHAPES[s], a, timed_round) for s in shapes], ref_name)
         if a.lora_only:
             return
-    rows = [bench_training(dev, s, SHAPES[s], a) for s in shapes]
+    rows = [] if a.decode_only else [bench_training(dev, s, SHAPES[s], a) for s in shapes]
     if not a.no_decode:
         rows.append(bench_decode(dev, a))
+        if a.decode_gguf:
+            rows.append(bench_decode(dev, a, a.decode_gguf))
     print("\n| shape | params | batch x seq | ours tok/s | reference tok/s | ours/reference | max logit diff |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        ref = ref_name if r["tokens"] > 1 else f"llama.cpp F32, {os.cpu_count()} threads"
+        ref = ref_name if r["tokens"] > 1 else f"llama.cpp on {r['file']}, {os.cpu_count()} threads"
         diff = "" if r["diff"] != r["diff"] else f"{r['diff']:.1e}"
         print(f"| {r['shape']} | {r['params'] / 1e6:.2f}M | {r.get('batch_seq', '1')} | {r['ours']:,.0f} | {r['ref']:,.0f} ({ref}) | "
               f"**{r['ours'] / r['ref']:.2f}x** | {diff} |")

@@ -580,7 +580,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     dev = open_device(args.device)
     _tune_matmul(dev)
-    gen = Generator(dev, loaded.config, loaded.weights)
+    gen = Generator.for_model(dev, loaded)
     session = ChatSession(gen, loaded.tokenizer, system=args.system)
     settings = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens,

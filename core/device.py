@@ -8,6 +8,7 @@ Nothing here imports Qt; the GUI and the CLI call :func:`list_devices` and :func
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import logging
 import os
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -558,6 +560,7 @@ class Device:
         # that benchmarks and memory tests difference around the code they measure)
         self.allocated_bytes = 0
         self.profiling = False
+        self._recording = threading.local()  # .launches: this thread's launches while recording()
         self._events: list[tuple[str, object]] = []
         # programs built (or loaded from pyopencl's binary cache) and the seconds that took, since opening:
         # the first run's compile time, which core.plan's estimate counts
@@ -675,12 +678,36 @@ class Device:
             The ``cl.Event`` of the launch.
         """
         kernel.set_args(*args)
+        launches = getattr(self._recording, "launches", None)
+        if launches is not None:
+            launches.append((getattr(kernel, "_kernel", kernel), tuple(global_size),
+                             None if local_size is None else tuple(local_size), args))
         if self.profiling and isinstance(kernel, _ProfiledKernel):
             evt = self.cl.enqueue_nd_range_kernel(self.queue, kernel._kernel, global_size, local_size)
             self._events.append((kernel._name, evt))
             return evt
         return self.cl.enqueue_nd_range_kernel(self.queue, getattr(kernel, "_kernel", kernel), global_size,
                                                local_size)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[tuple]]:
+        """While active, every :meth:`launch` of this thread is also appended to the yielded list as
+        ``(cl.Kernel, global_size, local_size, args)`` (it still runs): what core/replay.py replays.
+        The launches of other threads are not recorded."""
+        launches: list[tuple] = []
+        self._recording.launches = launches
+        try:
+            yield launches
+        finally:
+            self._recording.launches = None
+
+    def kernel_copy(self, kernel: cl.Kernel) -> cl.Kernel:
+        """A second ``cl.Kernel`` of ``kernel``'s program and function, with its own arguments
+        (a kernel object holds the arguments last set on it), scalar types declared as :meth:`kernel`'s."""
+        knl = getattr(kernel, "_kernel", kernel)
+        out = self.cl.Kernel(knl.program, knl.function_name)
+        self._declare_scalar_types(out)
+        return out
 
     def kernel_limits(self, kernel: cl.Kernel) -> KernelLimits:
         """The compiled kernel's own limits on this device (CL_KERNEL_WORK_GROUP_SIZE,

@@ -9,13 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from core.config import ModelConfig
+from gguf import MODEL_TENSOR as T
+
+from core import quant_base
+from core.config import ModelConfig, tensor_name
 from core.device import Device
-from core.model import Activations, Ops, check_fits, forward, param_layout, step_matmuls
-from core.tensor_store import TensorStore
+from core.kernels.qmatmul import QMatmul
+from core.model import LOGITS_MATRIX, Activations, Ops, block_matrices, check_fits, forward, param_layout, step_matmuls
+from core.quant_base import QuantFrozen, RawBase
+from core.replay import StepReplayer
 from core.schema import check_dataclass, number, spec, whole
+from core.tensor_store import TensorStore
+
+if TYPE_CHECKING:
+    from core.loaded import LoadedModel
 
 
 class ContextFullError(ValueError):
@@ -98,34 +109,62 @@ class Generator:
     """Runs the model forward for generation, with a per-layer KV cache on the device.
 
     A Generator holds its own copy of the weights and its own kernel objects, so it can run in a
-    chat thread while another thread trains.
+    chat thread while another thread trains. Decoding one token at a time replays the recorded launches
+    of that step (core/replay.py) from the third token on.
 
     Args:
         dev: OpenCL device.
         config: architecture.
         weights: ``{gguf tensor name: float32 array}``, or a ``core.tensor_store.TensorStore`` to copy
             on the device.
+        quantized: the GGUF file's tensors as stored (``LoadedModel.quantized``) when ``weights`` are that
+            file's weights unchanged: its block matrices (core.quant_base.plan) and its output projection
+            are then read in their formats (core/kernels/qmatmul.py) instead of float32, as llama.cpp
+            reads the file: the same values, a quarter to an eighth of the bytes per token. Never pass
+            it with weights that differ from the file's (a fine-tune, merged adapters).
 
     Raises:
         ValueError: the device cannot hold the generator's buffers (core.model.check_fits, the memory rule
-            training uses, with ``generation``).
+            training uses, with ``generation``; a tied model's quantized copy of token_embd for the logits
+            is not counted), or ``quantized`` lacks a planned tensor's bytes.
     """
 
-    def __init__(self, dev: Device, config: ModelConfig, weights: TensorStore | dict[str, np.ndarray]):
-        check_fits(dev, config, 1, training=False, generation=True)
+    def __init__(self, dev: Device, config: ModelConfig, weights: TensorStore | dict[str, np.ndarray],
+                 quantized: RawBase | None = None):
+        blocks = quant_base.plan(config, block_matrices(config), quantized.types) if quantized else {}
+        logits = quant_base.plan(config, [(LOGITS_MATRIX, [config.output_weight])], quantized.types) if quantized else {}
+        tied = config.output_weight == tensor_name(T.TOKEN_EMBD)
+        check_fits(dev, config, 1, training=False, generation=True,
+                   quantized={**blocks, **({} if tied else logits)} or None)
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.ops.matmul.reserve(step_matmuls(config, config.context_length, training=False))  # a full prompt
-        self.params = TensorStore(dev, param_layout(dev, config))
+        in_quant = tuple(m for members, _ in blocks.values() for m in members) + (
+            () if tied or not logits else (config.output_weight,))
+        self.params = TensorStore(dev, param_layout(dev, config, in_quant))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)
         else:
             self.params.load(weights)
+        self.views: dict = dict(self.params.views)  # what forward reads: buffers, or quantized matrices
+        if blocks or logits:
+            qmatmul = QMatmul(dev, scratch=self.ops.matmul._scratch)
+            for name, w in quant_base.upload(dev, config, {**blocks, **logits}, quantized.raw).items():
+                qmatmul.prepare(w.qtype)  # builds the format's kernels now, not mid-answer
+                self.views[name] = QuantFrozen(qmatmul, w)
         # the buffers core.model.forward reads and writes: one per kind, shared by all layers (nothing
         # is kept for a backward), except the KV cache (act.k[i], act.v[i]: context_length rows per layer)
         self.act = Activations(dev, config, 1, config.context_length, training=False, generation=True)
         self.n_past = 0
+        self._decode = StepReplayer(dev)  # one token's forward, replayed from the third token on (core/replay.py)
+
+    @classmethod
+    def for_model(cls, dev: Device, loaded: LoadedModel) -> Generator:
+        """The Generator of a loaded model: an imported GGUF file's quantized matrices read as stored
+        (``quantized``), anything else (our models, a fine-tune, a LoRA model's merged weights) in float32."""
+        quantized = loaded.quantized if loaded.adapter is None else None
+        return cls(dev, loaded.config, loaded.weights, quantized=quantized)
 
     def reset(self) -> None:
         """Forget the cached context."""
@@ -154,9 +193,16 @@ class Generator:
         if arr.min() < 0 or arr.max() >= c.vocab_size:
             raise ValueError(f"token id outside vocab_size {c.vocab_size}")
         self.dev.upload(arr, self.act.tokens)
-        forward(self.ops, c, self.params.views, self.act, 1, t, pos=self.n_past, last_row_only=True)
+        if t == 1:
+            self._decode(self.n_past, self._forward_one)
+        else:
+            forward(self.ops, c, self.views, self.act, 1, t, pos=self.n_past, last_row_only=True)
         self.n_past += t
         return self.dev.download(self.act.logits, (c.vocab_size,))
+
+    def _forward_one(self, pos: int) -> None:
+        """The forward of the one token in ``act.tokens`` at position ``pos`` (what :attr:`_decode` replays)."""
+        forward(self.ops, self.config, self.views, self.act, 1, 1, pos=pos, last_row_only=True)
 
     def generate(self, prompt_ids: list[int], settings: SamplingSettings, stop_ids: set[int] | None = None,
                  ) -> Iterator[tuple[int, np.ndarray]]:

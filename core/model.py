@@ -73,6 +73,12 @@ def param_layout(dev: Device, config: ModelConfig, frozen: tuple[str, ...] = ())
     return Layout(shapes, layout_align(dev), split_at=tensor_name(T.ATTN_NORM, 0), groups=groups)
 
 
+LOGITS_MATRIX = "logits_matrix"
+"""The key of a weight-views dict (what :func:`forward` reads) whose value, when present, is the output
+projection as a matrix object with ``forward(out, x, n, x_offset=)`` (core.generate's quantized decode:
+a :class:`core.quant_base.QuantFrozen`) instead of the float32 buffer ``config.output_weight``."""
+
+
 def qkv_group(block: int) -> str:
     """``blk.{block}.attn_qkv``: layer ``block``'s [attn_q; attn_k; attn_v] stored as one matrix
     (llama.cpp's name of a fused QKV tensor, gguf's ``ATTN_QKV``; never exported)."""
@@ -386,10 +392,13 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
     for i in range(c.n_layers):
         layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
-    if last_row_only:
-        o.matmul(a.logits, a.final, p[c.output_weight], 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
+    w_out = p[LOGITS_MATRIX] if LOGITS_MATRIX in p else p[c.output_weight]  # (vocab, d); tied: token_embd
+    if hasattr(w_out, "forward"):
+        w_out.forward(a.logits, a.final, 1 if last_row_only else n, x_offset=(n - 1) * d if last_row_only else 0)
+    elif last_row_only:
+        o.matmul(a.logits, a.final, w_out, 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
     else:
-        o.matmul(a.logits, a.final, p[c.output_weight], n, c.vocab_size, d, trans_b=True)   # (n, vocab); tied: token_embd
+        o.matmul(a.logits, a.final, w_out, n, c.vocab_size, d, trans_b=True)   # (n, vocab)
 
 
 class Activations:

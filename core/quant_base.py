@@ -103,9 +103,9 @@ class QuantFrozen:
     def __init__(self, qmatmul: QMatmul, w: QuantWeight):
         self.qmatmul, self.w, self.n_out, self.n_in = qmatmul, w, w.n_out, w.n_in
 
-    def forward(self, out: cl.Buffer, x: cl.Buffer, n: int) -> None:
-        """``out (n, n_out) = x (n, n_in) @ W^T``."""
-        self.qmatmul.forward(out, x, self.w, n)
+    def forward(self, out: cl.Buffer, x: cl.Buffer, n: int, x_offset: int = 0) -> None:
+        """``out (n, n_out) = x[x_offset:] (n, n_in) @ W^T`` (``x_offset`` in elements)."""
+        self.qmatmul.forward(out, x, self.w, n, x_offset=x_offset)
 
     def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
         """``dx (n, n_in) = (or +=) dy (n, n_out) @ W`` (no weight gradient; ``x`` is not needed)."""

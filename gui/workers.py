@@ -406,7 +406,7 @@ class ChatWorker(Worker):
         try:
             loaded = load_model(path)
             dev = open_device(device_info)
-            probe = _GenerationProbe(Generator(dev, loaded.config, loaded.weights))
+            probe = _GenerationProbe(Generator.for_model(dev, loaded))
         except Exception as e:  # the model loaded before stays in use
             log.warning("loading %s failed", path, exc_info=True)
             if self._session is None:

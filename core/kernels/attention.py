@@ -239,9 +239,9 @@ class Attention:
         t, fwd, _, _, _ = self._kernels(head_dim)
         if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
             t, fwd = self._decode_forward(head_dim, t)
-        fwd(self.dev.queue, self._grid(seq_q, t.rows, t.items, batch * n_heads), (t.items, 1), out, lse,
-            q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
-            np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
+        self.dev.launch(fwd, self._grid(seq_q, t.rows, t.items, batch * n_heads), (t.items, 1), out, lse,
+                        q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
+                        np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
 
     def backward(self, d_q: cl.Buffer, d_k: cl.Buffer, d_v: cl.Buffer, d_sum: cl.Buffer, d_out: cl.Buffer,
                  q: cl.Buffer, k: cl.Buffer, v: cl.Buffer, out: cl.Buffer, lse: cl.Buffer, batch: int,

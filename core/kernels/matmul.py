@@ -559,8 +559,8 @@ class GemvKernel:
         """Enqueue C (M,N) = (or +=) a (M,K) @ b (N,K).T; 1 <= M <= GEMV_MAX_M, N >= 1."""
         g, knl = self._kernel(M)
         i32 = np.int32
-        knl(self.dev.queue, (-(-N // g.rows) * g.wg,), (g.wg,), c, a, b, i32(M), i32(N), i32(K),
-            i32(1 if accumulate else 0), i32(a_offset), i32(b_offset), i32(c_offset))
+        self.dev.launch(knl, (-(-N // g.rows) * g.wg,), (g.wg,), c, a, b, i32(M), i32(N), i32(K),
+                        i32(1 if accumulate else 0), i32(a_offset), i32(b_offset), i32(c_offset))
 
 
 def _first_that_fits(configs: list, what: str, make: Callable):
