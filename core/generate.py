@@ -140,6 +140,7 @@ class Generator:
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.ops.matmul.reserve(step_matmuls(config, config.context_length, training=False))  # a full prompt
+        self.ops.rope.reserve(config.head_dim, config.rope_theta, config.context_length)  # never grown mid-replay
         in_quant = tuple(m for members, _ in blocks.values() for m in members) + (
             () if tied or not logits else (config.output_weight,))
         self.params = TensorStore(dev, param_layout(dev, config, in_quant))

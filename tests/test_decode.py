@@ -19,8 +19,9 @@ from tests.test_lora_quant import KEPT, mixed  # noqa: F401 (mixed: the quantize
 from tests.test_model import TINY, random_weights
 
 # GQA with head_dim 6 (TINY), multi-query with head_dim 16, and plain multi-head attention with head_dim 8
+# over a context longer than the 128 positions of RoPE's first cos/sin table (a buffer that must not grow mid-replay)
 CONFIGS = [TINY, ModelConfig(vocab_size=61, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1, ffn_dim=40, context_length=23),
-           ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=24, context_length=12)]
+           ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=24, context_length=300)]
 
 
 def plain(gen: Generator) -> Generator:

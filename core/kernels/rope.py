@@ -76,6 +76,12 @@ class RoPE:
             self._cs[key] = (buf, have)
         return buf
 
+    def reserve(self, head_dim: int, theta: float, n_pos: int) -> None:
+        """Build now what positions 0 .. n_pos - 1 read (the CPU layout's cos/sin table), so that no
+        later launch grows it: a replayed decode step (core/replay.py) keeps the buffers it recorded."""
+        if self.rows_per_item:
+            self._cos_sin(head_dim, theta, n_pos)
+
     def _split_join_args(self, n_tokens: int, seq_len: int, head_dim: int, pos_start: int, theta: float):
         """(global size, local size, angle buffer) of a split/join launch."""
         if self.rows_per_item:
