@@ -193,10 +193,11 @@ class Generator:
         arr = np.asarray(ids, np.int32)
         if arr.min() < 0 or arr.max() >= c.vocab_size:
             raise ValueError(f"token id outside vocab_size {c.vocab_size}")
-        self.dev.upload(arr, self.act.tokens)
         if t == 1:
+            self.dev.set_int(self.act.tokens, int(arr[0]))
             self._decode(self.n_past, self._forward_one)
         else:
+            self.dev.upload(arr, self.act.tokens)
             forward(self.ops, c, self.views, self.act, 1, t, pos=self.n_past, last_row_only=True)
         self.n_past += t
         return self.dev.download(self.act.logits, (c.vocab_size,))

@@ -32,6 +32,7 @@ from core.device import Device
 from core.kernels.adamw import AdamW
 from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
+from core.kernels.decode import DecodeLayer
 from core.kernels.embedding import Embedding
 from core.kernels.sums import Sums
 from core.kernels import matmul_autotune
@@ -62,6 +63,14 @@ class Ops:
         self.cross_entropy = CrossEntropy(dev)
         self.adamw = AdamW(dev)
         self.sums = Sums(dev)
+        self.dev, self._decode = dev, None
+
+    @property
+    def decode(self) -> DecodeLayer:
+        """The one-launch decode layer, built on first use (only decode of small models needs it)."""
+        if self._decode is None:
+            self._decode = DecodeLayer(self.dev)
+        return self._decode
 
 
 def param_layout(dev: Device, config: ModelConfig, frozen: tuple[str, ...] = ()) -> Layout:
@@ -381,16 +390,37 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: in
     o.rmsnorm.forward_residual(a.x[i + 1], out, rstd, a.x_mid[i], a.tmp, norm, n, d, c.norm_eps)
 
 
+def decode_layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, pos: int) -> None:
+    """:func:`layer_forward` for one token (b = t = 1) as one launch (core/kernels/decode.cl): the same
+    buffers read and written as there but x_mid and the RMSNorm rstd's (not needed after a decode step);
+    ``a.lse[i]`` (n_heads x rows floats, rows > pos) holds the attention scores instead of the lse."""
+    w = lambda kind: p[tensor_name(kind, i)]  # noqa: E731
+    out, norm = ((a.attn_in[i + 1], p[tensor_name(T.ATTN_NORM, i + 1)]) if i + 1 < c.n_layers
+                 else (a.final, p[tensor_name(T.OUTPUT_NORM)]))
+    embed = (a.tokens, p[tensor_name(T.TOKEN_EMBD)], p[tensor_name(T.ATTN_NORM, 0)]) if i == 0 else None
+    o.decode(a.x[i + 1], out, a.k[i], a.v[i], a.qkv, a.q[i], a.attn_out[i], a.ffn_in[i], a.gate_up[i], a.h[i],
+             a.lse[i], a.x[i], a.attn_in[i], embed, p[qkv_group(i)], w(T.ATTN_OUT), w(T.FFN_NORM), p[gate_up_group(i)], w(T.FFN_DOWN),
+             norm, o.rope.cos_sin_table(c.head_dim, c.rope_theta, pos + 1), c, pos)
+
+
 def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
     ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
     floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
+    One token of one sequence (decode) runs each layer as one launch where
+    :meth:`core.kernels.decode.DecodeLayer.suits` says so (small float32 layers).
     """
     n, d = b * t, c.d_model
-    o.embedding.forward(a.x[0], a.tokens, p[tensor_name(T.TOKEN_EMBD)], n, d, c.vocab_size)     # (n, d)
-    o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p[tensor_name(T.ATTN_NORM, 0)], n, d, c.norm_eps)
+    one = n == 1 and DecodeLayer.suits(o.dev, c, [p[qkv_group(0)], p[gate_up_group(0)], p[tensor_name(T.ATTN_OUT, 0)],
+                                           p[tensor_name(T.FFN_DOWN, 0)]])
+    if not one:  # (one: the first layer's launch embeds and normalises)
+        o.embedding.forward(a.x[0], a.tokens, p[tensor_name(T.TOKEN_EMBD)], n, d, c.vocab_size)     # (n, d)
+        o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p[tensor_name(T.ATTN_NORM, 0)], n, d, c.norm_eps)
     for i in range(c.n_layers):
-        layer_forward(o, c, p, a, i, b, t, pos)
+        if one:
+            decode_layer_forward(o, c, p, a, i, pos)
+        else:
+            layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
     w_out = p[LOGITS_MATRIX] if LOGITS_MATRIX in p else p[c.output_weight]  # (vocab, d); tied: token_embd
     if hasattr(w_out, "forward"):

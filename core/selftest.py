@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 # (module in core.kernels, launcher class) in the order they are built.
 LAUNCHERS = [("embedding", "Embedding"), ("rmsnorm", "RMSNorm"),
              ("matmul", "Matmul"), ("rope", "RoPE"), ("attention", "Attention"), ("swiglu", "SwiGLU"),
-             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("sums", "Sums")]
+             ("cross_entropy", "CrossEntropy"), ("adamw", "AdamW"), ("sums", "Sums"), ("decode", "DecodeLayer")]
 
 
 class CheckCancelled(Exception):
