@@ -26,10 +26,13 @@
 
 #include "inline_math.h"
 
-// sum of w[k] * v[k], k < n, in chunks of 16 (plain loads: LLVM merges them into vector loads, and
-// PoCL would call vload16 as a function, inline_math.h)
+// sum of w[k] * v[k], k < n, in chunks of 16 (plain loads and stores: LLVM merges them into vector ones,
+// and PoCL would call vload16 / vstore16 as functions, inline_math.h)
 #define LOAD16(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], \
                              (p)[8], (p)[9], (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#define STORE16(v, p) do { const float16 v_ = (v); (p)[0] = v_.s0; (p)[1] = v_.s1; (p)[2] = v_.s2; (p)[3] = v_.s3; \
+    (p)[4] = v_.s4; (p)[5] = v_.s5; (p)[6] = v_.s6; (p)[7] = v_.s7; (p)[8] = v_.s8; (p)[9] = v_.s9; \
+    (p)[10] = v_.sa; (p)[11] = v_.sb; (p)[12] = v_.sc; (p)[13] = v_.sd; (p)[14] = v_.se; (p)[15] = v_.sf; } while (0)
 inline float hsum16(const float16 a) {
     const float8 a8 = a.lo + a.hi;
     const float4 a4 = a8.lo + a8.hi;
@@ -144,13 +147,25 @@ __kernel void decode_layer(__global float* x_out, __global float* out_norm,
         for (int j = 0; j < n_keys; j++) sh[j] *= inv;
     }
     barrier(CLK_GLOBAL_MEM_FENCE);
-    for (int u = l; u < d; u += L) {
-        const int hh = u / head_dim;
+    // units (head, 16 elements from e0): 16-wide accumulators over the keys; a head_dim that 16 does not
+    // divide ends with a scalar unit of the rest
+    const int chunks = (head_dim + 15) / 16;
+    for (int u = l; u < n_heads * chunks; u += L) {
+        const int hh = u / chunks, e0 = 16 * (u - hh * chunks);
         __global const float* sh = scores + hh * n_keys;
-        __global const float* vj = v_cache + (hh / group) * head_dim + (u - hh * head_dim);
-        float acc = 0.0f;
-        for (int j = 0; j < n_keys; j++) acc += sh[j] * vj[(size_t)j * kd];
-        att[u] = acc;
+        __global const float* vj = v_cache + (hh / group) * head_dim + e0;
+        __global float* out = att + hh * head_dim + e0;
+        if (e0 + 16 <= head_dim) {
+            float16 acc = (float16)(0.0f);
+            for (int j = 0; j < n_keys; j++) acc += sh[j] * LOAD16(vj + (size_t)j * kd);
+            STORE16(acc, out);
+        } else {
+            for (int e = 0; e < head_dim - e0; e++) {
+                float acc = 0.0f;
+                for (int j = 0; j < n_keys; j++) acc += sh[j] * vj[(size_t)j * kd + e];
+                out[e] = acc;
+            }
+        }
     }
     barrier(CLK_GLOBAL_MEM_FENCE);
     // 4. x_out = x_in + att @ Wo^T
