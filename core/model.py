@@ -407,17 +407,17 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
     ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
     floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
-    One token of one sequence (decode) runs each layer as one launch where
-    :meth:`core.kernels.decode.DecodeLayer.suits` says so (small float32 layers).
+    One token of one sequence (decode) runs a layer as one launch where
+    :meth:`core.kernels.decode.DecodeLayer.suits` says so (small, its matrices float32 buffers).
     """
     n, d = b * t, c.d_model
-    one = n == 1 and DecodeLayer.suits(o.dev, c, [p[qkv_group(0)], p[gate_up_group(0)], p[tensor_name(T.ATTN_OUT, 0)],
-                                           p[tensor_name(T.FFN_DOWN, 0)]])
-    if not one:  # (one: the first layer's launch embeds and normalises)
+    one = [n == 1 and DecodeLayer.suits(o.dev, c, [p[qkv_group(i)], p[gate_up_group(i)], p[tensor_name(T.ATTN_OUT, i)],
+                                                   p[tensor_name(T.FFN_DOWN, i)]]) for i in range(c.n_layers)]
+    if not one[0]:  # (else the first layer's launch embeds and normalises)
         o.embedding.forward(a.x[0], a.tokens, p[tensor_name(T.TOKEN_EMBD)], n, d, c.vocab_size)     # (n, d)
         o.rmsnorm.forward(a.attn_in[0], a.attn_rstd[0], a.x[0], p[tensor_name(T.ATTN_NORM, 0)], n, d, c.norm_eps)
     for i in range(c.n_layers):
-        if one:
+        if one[i]:  # per layer: a file may keep some layers quantized (matrix objects) and others float32
             decode_layer_forward(o, c, p, a, i, pos)
         else:
             layer_forward(o, c, p, a, i, b, t, pos)

@@ -129,6 +129,30 @@ def test_an_untied_quantized_output_is_read_as_stored(tmp_path, device):
         np.testing.assert_allclose(q.feed([t]), f.feed([t]), atol=2e-4, rtol=1e-4)
 
 
+def test_a_file_with_float32_and_quantized_layers_decodes(tmp_path, device):
+    """Layer 0 all F32 (small: one launch, core/kernels/decode.cl), layer 1 Q8_0 (read as stored: separate
+    launches); the one-launch layer was once chosen for every layer from layer 0's matrices alone, and the
+    first single token then crashed on layer 1's quantized matrix (found by a break-it review)."""
+    import gguf
+
+    from core.gguf_import import import_gguf
+    from core.tokenizer import Tokenizer
+    from tests.test_gguf_import import write_llama
+
+    Q = gguf.GGMLQuantizationType
+    tok = Tokenizer.train(["The mayor keeps bees and plays chess by the river."] * 20, vocab_size=280)
+    config = ModelConfig(vocab_size=280, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, context_length=16)
+    mats = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+    types = {**{f"blk.0.{m}.weight": Q.F32 for m in mats}, **{f"blk.1.{m}.weight": Q.Q8_0 for m in mats},
+             "token_embd.weight": Q.F32}
+    loaded = import_gguf(write_llama(tmp_path / "mixed_layers.gguf", tok, config=config, types=types, seed=1))
+    q, f = Generator.for_model(device, loaded), Generator(device, loaded.config, loaded.weights)
+    assert isinstance(q.views["blk.1.attn_qkv"], QuantFrozen) and not hasattr(q.views["blk.0.attn_qkv"], "forward")
+    np.testing.assert_allclose(q.feed([5, 9, 14]), f.feed([5, 9, 14]), atol=2e-4, rtol=1e-4)
+    for t in (3, 8, 2, 7, 11):
+        np.testing.assert_allclose(q.feed([t]), f.feed([t]), atol=2e-4, rtol=1e-4)
+
+
 def test_a_lora_model_decodes_its_merged_float32_weights(mixed, device):
     """A LoRA model's weights are the base with its adapters merged: never read from the base's bytes."""
     from core.lora import LoRAConfig, merge
