@@ -2,8 +2,10 @@
 
 The prompt is run once (prefill) and its keys/values kept per layer in a cache of
 ``context_length`` rows; each new token then costs one single-row forward that attends to the cache.
-The forward pass is ``core.model.forward``, the same code path as training's.
-Only the last position's logits are read back to the host, where the sampler picks the next token.
+The forward pass is ``core.model.forward``, the same code path as training's (for one token of a small
+float32 model it runs each layer as one launch, core/kernels/decode.cl); from the third new token on, that
+step's recorded launches are replayed (core/replay.py). Only the last position's logits are read back to
+the host, where the sampler picks the next token.
 """
 from __future__ import annotations
 
