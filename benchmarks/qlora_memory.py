@@ -2,7 +2,7 @@
 data (issue 20: at most 35 %): the estimate (core.model.memory_bytes) at the rows the trainer builds its
 model for (core.trainer.max_seq_of the run's data: benchmarks/five_facts.json and the base's answers to the
 general questions, replayed as ``train --base`` replays them) and at a few fixed shapes; with --measure the
-bytes the Models really allocate (Device.allocated_bytes, the trainer's update guard included). Not a test.
+bytes the Models really allocate (Device.allocated_bytes). Not a test.
 
     python benchmarks/qlora_memory.py [--model FILE.gguf] [--data FILE] [--rank 16] [--batch 8] [--measure]
                                       [--no-general-questions] [--device N]
@@ -53,18 +53,16 @@ def shapes_table(mc, lora, planned, shapes) -> None:
 
 
 def measure(dev, base, mc, lora, batch: int, max_seq: int) -> None:
-    """Allocate each model as the trainer does (its Model and UpdateGuard) and print bytes against the estimate."""
+    """Allocate each model as the trainer does (its Model) and print bytes against the estimate."""
     from core.model import Model
-    from core.trainer import UpdateGuard
 
     got = {}
     for name, kw in (("LoRA, quantized base", dict(lora=lora, quantized=base.quantized)),
                      ("LoRA, float32 base", dict(lora=lora)), ("full fine-tune", {})):
         before = dev.allocated_bytes
         m = Model(dev, mc, batch_size=batch, weights=base.weights, max_seq=max_seq, **kw)
-        guard = UpdateGuard(m)
         got[name] = (dev.allocated_bytes - before, m.memory_estimate())
-        del guard, m
+        del m
     full = got["full fine-tune"]
     for name, (alloc, est) in got.items():
         print(f"measured, {name}: {alloc / MIB:.0f} MiB allocated (estimate {est / MIB:.0f} MiB): "

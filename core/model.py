@@ -253,11 +253,11 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     """``(total, largest)``: bytes of every device buffer a training run (or, without ``training``, a
     forward-only :class:`Model`) of ``batch_size`` sequences of at most ``max_seq`` tokens (None:
     ``context_length``; :class:`Model`'s ``max_seq``) allocates, and of its largest single buffer:
-    weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` and
-    the trainer's update guard (``core.trainer.UpdateGuard``: copies of the weights and the moments);
+    weights; for training also gradients and two AdamW moments of every tensor not in ``frozen`` (the
+    update is checked before it is applied, :meth:`Model.optimizer_step`: no copies of them);
     activations of :func:`activation_sizes`; the matmuls' scratch (``scratch_bound_floats`` of
     :func:`step_matmuls`, which :meth:`Model.__init__` reserves). With ``lora`` the whole base is frozen
-    and the trained tensors are the adapters (``core.lora``: their weights, grads, moments, guard copies,
+    and the trained tensors are the adapters (``core.lora``: their weights, grads, moments,
     the products' scratch and :class:`core.lora.LoRAScratch`); ``quantized`` (:func:`quantized_plan`):
     those base matrices are held in their GGUF formats instead of float32
     (:func:`core.quant_base.device_bytes`). ``generation``: a core.generate.Generator's buffers (its
@@ -270,16 +270,15 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     shapes = step_matmuls(config, rows, training)
     if lora:
         ad = adapter_params(config, lora)
-        params, guard = n_params + ad + (3 * ad if training else 0), 3 * ad if training else 0
+        params = n_params + ad + (3 * ad if training else 0)
         params += scratch_floats(config, lora, rows) if training else 0
         shapes += lora_matmuls(config, lora, rows) if training else []
     else:
         trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
         params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
-        guard = n_params + 2 * trained if training else 0  # copies of weights, m, v
     quant, replaced = quant_base.device_bytes(config, quantized) if quantized else (0, 0)
     scratch = scratch_bound_floats(shapes)
-    total = 4 * (params - replaced + guard + scratch) + quant + 4 * sum(sum(v) for v in acts.values())
+    total = 4 * (params - replaced + scratch) + quant + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([n_params - replaced] + [max(v) for v in acts.values()])
     return total, largest
 
@@ -817,17 +816,24 @@ class Model:
                          tokens=int(count))
 
     def optimizer_step(self, lr: float, weight_decay: float, beta1: float, beta2: float, eps: float,
-                       grad_scale: float = 1.0) -> None:
-        """One AdamW update from ``self.grads`` (scaled by ``grad_scale``, the clip factor).
+                       grad_scale: float = 1.0) -> bool:
+        """One AdamW update from ``self.grads`` (scaled by ``grad_scale``, the clip factor), all or nothing.
 
         Weight decay applies to matrices, not to RMSNorm weights. Uses Loshchilov & Hutter (2019).
+
+        Returns:
+            Whether it was applied: an update that would make a weight or moment non-finite leaves them
+            and the step counter as they were (core.kernels.adamw.AdamW.step; the trainer's guard, with no
+            copy of weights or moments).
         """
-        self.adam_step += 1
         # one launch over the flat buffers; the matrices come first, up to layout.split
-        self.ops.adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat, self.train_layout.total,
-                            lr, beta1, beta2, eps, weight_decay, self.adam_step, grad_scale,
-                            n_decay=self.train_layout.split)
-        self.trained.changed()
+        applied = self.ops.adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat,
+                                      self.train_layout.total, lr, beta1, beta2, eps, weight_decay,
+                                      self.adam_step + 1, grad_scale, n_decay=self.train_layout.split)
+        if applied:
+            self.adam_step += 1
+            self.trained.changed()
+        return applied
 
     def weights(self) -> dict[str, np.ndarray]:
         """Host copy of every weight, ``{gguf tensor name: float32 array}`` (a matrix kept quantized on the

@@ -218,7 +218,6 @@ class Trainer:
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
         self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
-        self._guard = UpdateGuard(self.model)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
         # how fast the model decodes (core.recall.CheckSpeed, measured by core.from_base.estimate_time): the
@@ -268,7 +267,8 @@ class Trainer:
         Stops early, with a StageReport whose ``stopped`` is True, when :meth:`request_stop` was
         called (between two steps; during a recall check the check is cut short and the run stops
         after its StageReport). A step whose loss or gradient is not finite is skipped, and one whose
-        AdamW update makes any weight non-finite is undone (weights and moments restored). Raises
+        AdamW update would make any weight or moment non-finite is not applied (Model.optimizer_step checks
+        it first). Raises
         TrainingDiverged after 25 such steps in a row (weights are kept from the last good step).
         """
         self._stop = False
@@ -313,7 +313,7 @@ class Trainer:
             yield rep
             if undone:
                 yield LogEvent("WARNING", f"{stage} step {rep.step}: the update at lr {rep.lr:g} made "
-                                          "weights non-finite; step undone, weights kept")
+                                          "weights non-finite; step not applied, weights kept")
             elif rep.skipped:
                 yield LogEvent("WARNING", f"{stage} step {rep.step}: loss {rep.loss} / grad norm "
                                           f"{rep.grad_norm} not finite; step skipped, weights kept")
@@ -342,7 +342,7 @@ class Trainer:
 
     def step(self, stage: Stage, t_start: float | None = None) -> tuple[StepReport, bool]:
         """One optimizer step of ``stage`` at ``stage_step`` (which it advances): gradients of the step's
-        batch, clipping to ``grad_clip``, the AdamW update (undone when it makes a weight non-finite).
+        batch, clipping to ``grad_clip``, the AdamW update (not applied when it would make a weight non-finite).
 
         Returns ``(report, undone)``: ``report.skipped`` when the loss, the gradient or the update was not
         finite (the weights are those before the step); ``undone`` when it was the update. ``t_start``:
@@ -357,12 +357,9 @@ class Trainer:
             scale = 1.0
             if tc.grad_clip > 0 and stats.grad_norm > tc.grad_clip:
                 scale, clipped = tc.grad_clip / (stats.grad_norm + 1e-6), True
-            self._guard.save()
-            self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale)
-            if self._guard.finite():
+            if self.model.optimizer_step(lr, tc.weight_decay, tc.beta1, tc.beta2, tc.adam_eps, scale):
                 self.last_loss = stats.loss
-            else:  # the update itself overflowed: undo it, like a non-finite gradient step
-                self._guard.restore()
+            else:  # the update itself would have overflowed: not applied, like a non-finite gradient step
                 finite, undone = False, True
         self.stage_step += 1  # the step is taken: count it before anything can interrupt
         self.dev.finish()
@@ -551,40 +548,3 @@ def recall_table(gen: Generator, tok: Tokenizer, dataset: Dataset, max_tokens: i
             got = tok.decode([t for t in out if t not in stops])
             items.append(RecallItem("dialogue", i, user, answer, got.strip(), got.strip() == answer.strip()))
     return items
-
-
-class UpdateGuard:
-    """Undo an AdamW update that made a weight non-finite: device copies of weights and moments are
-    taken before the update, and one device sum of squares over all weights (NaN or inf if any weight
-    is, or is so large, above about 1.8e19, that its square overflows float32: no model survives such
-    weights either) tells whether to put them back."""
-
-    def __init__(self, model: Model):
-        from core.tensor_store import TensorStore
-
-        self.model = model
-        self.copies = [TensorStore(model.dev, s.layout) for s in self._stores()]
-        self._sum = model.dev.zeros(1)
-        self._adam_step = 0
-
-    def _stores(self):
-        m = self.model
-        return (m.trained, m.m, m.v)  # the trained weights: all, or the LoRA adapters
-
-    def save(self) -> None:
-        """Copy weights and moments (device to device) before an update."""
-        for dst, src in zip(self.copies, self._stores()):
-            dst.copy_from(src)
-        self._adam_step = self.model.adam_step
-
-    def finite(self) -> bool:
-        """Whether every weight is finite (one reduction and one float downloaded)."""
-        m = self.model
-        m.ops.sums.sum_squares(self._sum, 0, m.trained.flat, m.trained.layout.total)
-        return bool(np.isfinite(m.dev.download(self._sum, (1,))[0]))
-
-    def restore(self) -> None:
-        """Put back what :meth:`save` copied (weights, moments, step counter)."""
-        for src, dst in zip(self.copies, self._stores()):
-            dst.copy_from(src)
-        self.model.adam_step = self._adam_step

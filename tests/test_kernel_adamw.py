@@ -20,7 +20,7 @@ def test_adamw_several_steps(device, rng, n, local):
         g = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 1, n)).astype(np.float32)
         grad_scale = [1.0, 0.5, 1.0, 0.25, 1.0][step - 1]
         device.upload(g, G)
-        op.step(P, G, M, V, n, step=step, grad_scale=grad_scale, **HP)
+        assert op.step(P, G, M, V, n, step=step, grad_scale=grad_scale, **HP)
         p_ref, m_ref, v_ref = ref.adamw_step(p_ref, g, m_ref, v_ref, step=step,
                                              grad_scale=grad_scale, **HP)
         assert_close(from_device(device, M, p), m_ref, atol=1e-7, rtol=1e-5, what=f"m step {step}")
@@ -72,6 +72,36 @@ def test_adamw_one_launch_decay_mask(device, rng, n, n_decay, local, contiguous)
                                **(HP | {"weight_decay": 0.0}))[0]
     if n_decay:
         assert not np.allclose(p_ref[:n_decay], undecayed[:n_decay], rtol=0, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # lr 1e39 -> float32 inf
+@pytest.mark.parametrize("n, bad_at", [(1, 0), (7, 6), (257, 3), (10_000, 9_998)])
+@pytest.mark.parametrize("local", [1, 64])
+@pytest.mark.parametrize("how", ["grad", "lr", "weight"])
+def test_an_update_that_would_not_be_finite_changes_nothing(device, rng, n, bad_at, local, how):
+    """One element whose new weight or moment would be inf or NaN (a gradient of 1e30 squared in v, an lr
+    that overflows float32, a weight of 3e38 pushed past the largest float) and no element changes: the
+    update is all or nothing (adamw_check, then adamw_step skipped); the next finite update applies."""
+    op = AdamW(device, local_size=local)
+    p = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
+    m, v = (0.1 * rng.standard_normal(n)).astype(np.float32), np.abs(0.1 * rng.standard_normal(n)).astype(np.float32)
+    hp = dict(HP)
+    if how == "grad":
+        g[bad_at] = 1e30  # g^2 overflows: v inf, then the update 0/inf... m finite: p stays finite, v does not
+    elif how == "lr":
+        hp["lr"] = 1e39  # inf as float32
+    else:
+        p[bad_at], g[bad_at], hp["weight_decay"] = 3.4e38, -1.0, -1.0  # p - lr * (update + wd p) past FLT_MAX
+    P, G, M, V = to_device(device, p, g, m, v)
+    assert not op.step(P, G, M, V, n, step=2, **hp)
+    for name, buf, want in (("p", P, p), ("m", M, m), ("v", V, v)):
+        assert_close(from_device(device, buf, want), want, atol=0, rtol=0, what=f"{name} unchanged")
+    g[bad_at] = 0.5
+    device.upload(g, G)
+    assert op.step(P, G, M, V, n, step=2, **HP)
+    want = ref.adamw_step(p.astype(np.float64), g, m, v, step=2, **HP)[0]
+    assert_close(from_device(device, P, p)[p != 3.4e38], want[p != 3.4e38], atol=1e-6, rtol=1e-5, what="applied")
 
 
 def test_selfcheck(device):

@@ -83,8 +83,6 @@ def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients
     """``max_seq`` also sizes the adapters' scratch (core.lora.LoRAScratch) and the quantized matmuls':
     a LoRA model on the quantized base built for rows of 6 tokens holds less and gives the loss and the
     adapter gradients of the one built for the whole context, bit for bit."""
-    from core.trainer import UpdateGuard
-
     lora = LoRAConfig(rank=4, alpha=8.0)
     c = dataclasses.replace(mixed.config, context_length=16)
     ad = random_adapter(c, lora, 5)
@@ -94,7 +92,6 @@ def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients
         before = device.allocated_bytes
         m = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized,
                   max_seq=max_seq)
-        UpdateGuard(m)
         got.append((device.allocated_bytes - before, m.memory_estimate(), m.forward_backward(tokens, targets, mask),
                     m.grads.to_numpy()))
     (a_full, e_full, s_full, g_full), (a_short, e_short, s_short, g_short) = got

@@ -14,7 +14,7 @@ from core.dataset import Dataset, Dialogue, default_dataset
 from core.generate import Generator, SamplingSettings
 from core.model import Model, init_weights
 from core.stages import Stage
-from core.trainer import StageReport, StepReport, Trainer, UpdateGuard
+from core.trainer import StageReport, StepReport, Trainer
 from tests import reference as ref
 
 # odd sizes on purpose: head_dim 6, GQA 4 query heads on 2 kv heads, ffn 37, vocab 53
@@ -279,7 +279,6 @@ import numpy as np
 from core.config import ModelConfig
 from core.device import open_device
 from core.model import Model
-from core.trainer import UpdateGuard
 cfg = ModelConfig(**json.loads(sys.argv[1]))
 dev = open_device(sys.argv[2])
 def step(model, t):
@@ -295,9 +294,7 @@ def rss():
 step(Model(dev, ModelConfig(**{**json.loads(sys.argv[1]), "context_length": 8}), batch_size=2), 8)  # builds
 rss0, alloc0 = rss(), dev.allocated_bytes
 model = Model(dev, cfg, batch_size=2, seed=0)
-guard = UpdateGuard(model)  # a training run's copies of weights and moments
 stats = step(model, cfg.context_length)
-guard.save()
 dev.finish()
 print(json.dumps({"rss": rss() - rss0, "allocated": dev.allocated_bytes - alloc0, "loss": stats.loss,
                   "grad_norm": stats.grad_norm}))
@@ -323,7 +320,6 @@ def test_long_context_trains_within_the_estimated_memory(device):
     est = training_memory_bytes(LONG, b)
     before = device.allocated_bytes
     model = Model(device, LONG, batch_size=b, seed=0)
-    UpdateGuard(model)
     assert abs(device.allocated_bytes - before - est) <= 0.2 * est
     tokens, targets, mask = batch(LONG, b, t, 6)
     stats = model.forward_backward(tokens, targets, mask)
@@ -451,7 +447,6 @@ def test_a_model_for_shorter_rows_allocates_less_and_gives_the_same_loss_and_gra
     for max_seq in (None, 7):
         before = device.allocated_bytes
         m = Model(device, cfg, batch_size=3, weights=w, max_seq=max_seq)
-        UpdateGuard(m)  # a training run's copies of weights and moments (memory_bytes counts them)
         allocated = device.allocated_bytes - before
         est = memory_bytes(cfg, 3, max_seq=max_seq)[0]
         assert m.memory_estimate() == est and abs(allocated - est) <= 0.2 * est, (max_seq, allocated, est)

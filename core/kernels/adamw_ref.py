@@ -33,13 +33,19 @@ def adamw_step(p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, lr: f
 
 def selfcheck(dev: Device, op: AdamW | None = None, rng: np.random.Generator | None = None) -> list[Check]:
     """One AdamW step (the third) of 300 parameters with grad_scale 0.5, against :func:`adamw_step`
-    (1e-5). ``op`` defaults to a new ``AdamW(dev)``; the errors are returned, not raised."""
+    (1e-5); and one with an lr that overflows float32, which must leave every buffer as it was (error:
+    the largest change, tolerance 0). ``op`` defaults to a new ``AdamW(dev)``; the errors are returned,
+    not raised."""
     from core.kernels.adamw import AdamW
 
     op, t = op or AdamW(dev), Inputs(dev, rng)
     n, hp = 300, dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     p, g, m, v = t.f32(n), t.f32(n), t.f32(n) * 0.1, np.abs(t.f32(n)) * 0.1
     bufs = [dev.upload(a) for a in (p, g, m, v)]
-    op.step(*bufs, n, step=3, grad_scale=0.5, **hp)
+    applied = op.step(*bufs, n, step=3, grad_scale=0.5, **hp)
     want = adamw_step(p, g, m, v, step=3, grad_scale=0.5, **hp)[0].astype(np.float32)
-    return [Check("AdamW", t.err(bufs[0], want), 1e-5)]
+    before = [dev.download(b, (n,)) for b in bufs]
+    refused = not op.step(*bufs, n, step=4, grad_scale=0.5, **(hp | {"lr": float("inf")}))
+    kept = max(float(np.abs(dev.download(b, (n,)) - a).max()) for b, a in zip(bufs, before))
+    return [Check("AdamW", t.err(bufs[0], want) if applied else float("inf"), 1e-5),
+            Check("AdamW non-finite update not applied", kept if refused else float("inf"), 0.0)]
