@@ -96,8 +96,8 @@ class FinetuneEstimate:
     Attributes:
         steps: (pretrain, tune) steps that will run (0: a stage without data or steps).
         step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
-            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update
-            guard's copy and check (timed) once more for AdamW's pass over the same buffers.
+            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update's
+            check pass (timed) twice: the check and AdamW's pass over the same buffers.
         check_s: seconds of the recall checks at the stages' ends (core.recall.check_seconds at ``forward``).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
         decoding: how fast the trainer's model decodes a recall check (core.recall.CheckSpeed, timed; the
@@ -206,7 +206,7 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     if not any(steps):
         return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
     grads, decoding = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
-    update = _seconds(lambda: _update_check(trainer.model))  # AdamW's check pass; its update pass about as long
+    update = 2 * _seconds(lambda: _update_check(trainer.model))  # AdamW's check pass, and its update as long
     step_s = [0.0, 0.0]
     for stage, n in enumerate(steps):
         if n:

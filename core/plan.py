@@ -81,8 +81,9 @@ PATIENCE = 4
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
 TRAINER_OVERHEAD = 1.4
 """A trainer step takes this many times the timed forward/backward/AdamW of :func:`measure_speed`: the
-update guard's copies and finite check, the gradient norms, building the batch, batches padded to their
-longest example (conversations); measured 1.42-1.46 on the towns data (benchmarks/learn_towns.py)."""
+update's check pass (an update guard's copies and finite check when it was measured), the gradient norms,
+building the batch, batches padded to their longest example (conversations); measured 1.42-1.46 on the towns
+data (benchmarks/learn_towns.py)."""
 FORWARD_SHARE = 1 / 3
 """A forward pass costs about a third of a training step (forward + backward (2x) + update)."""
 REPLAY_SHARE = 0.5
