@@ -83,8 +83,10 @@ __kernel void adamw_check(__global int* bad, __global const float* params, __glo
 // grads (n) -> params (n), m (n), v (n) updated in place, unless *skip (adamw_check's flag) is set
 __kernel void adamw_step(__global const int* skip, __global float* params, __global float* m, __global float* v,
                          __global const float* grads, ADAMW_SCALARS) {
-    if (skip[0]) return;
-    const int n4 = n / 4;
+    // no early return: every argument is read outside branches (Mesa's rusticl warns otherwise, grid.h);
+    // a skipped update runs its loops over no elements
+    const int go = skip[0] == 0;
+    const int n4 = go * (n / 4), n_tail = go * (n - 4 * (n / 4));
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
         float4 mi, vi, p;
         adamw4(i, params, m, v, grads, n_decay, lr, beta1, beta2, eps, weight_decay, bias_correction1,
@@ -93,8 +95,8 @@ __kernel void adamw_step(__global const int* skip, __global float* params, __glo
         STORE4(vi, i, v);
         STORE4(p, i, params);
     }
-    for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
-        const int i = 4 * n4 + t;
+    for (int t = unit_first(n_tail, contiguous); t < unit_end(n_tail, contiguous); t += unit_step(contiguous)) {
+        const int i = 4 * (n / 4) + t;
         float mi, vi, p;
         adamw1(i, params, m, v, grads, n_decay, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                bias_correction2, grad_scale, &mi, &vi, &p);
