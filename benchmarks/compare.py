@@ -217,8 +217,7 @@ def bench_decode(dev, a, gguf_path: str | None = None) -> dict:
             loaded = import_gguf(path)
             config, name = loaded.config, path.name
             make = lambda: Generator.for_model(dev, loaded)  # noqa: E731
-        r = _decode_rounds(dev, a, config, path, make, name)
-    return r
+        return _decode_rounds(dev, a, config, path, make, name)
 
 
 def _decode_rounds(dev, a, config: ModelConfig, path: Path, make, name: str) -> dict:

@@ -17,10 +17,10 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np

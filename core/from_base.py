@@ -189,12 +189,6 @@ def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, 
     return Speed.through(grads), CheckSpeed(Speed.through(logits), statistics.median(steps[1:]))
 
 
-def _update_check(model) -> None:
-    """An AdamW update of ``model`` that its check refuses (lr inf): the check pass and the flag read back,
-    as every step makes them, and nothing changes."""
-    model.optimizer_step(float("inf"), 0.0, 0.9, 0.999, 1e-8)
-
-
 def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     """The :class:`FinetuneEstimate` of ``trainer``'s run from its first step: timed on its own model
     (:func:`gradient_seconds`: five passes, the update's check once) and the padded tokens of its batches."""
@@ -206,7 +200,9 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     if not any(steps):
         return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
     grads, decoding = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
-    update = 2 * _seconds(lambda: _update_check(trainer.model))  # AdamW's check pass, and its update as long
+    # an update the check refuses (lr inf: nothing changes): the check pass and the flag read back, as every
+    # step makes them; AdamW's own pass over the same buffers takes about as long
+    update = 2 * _seconds(lambda: trainer.model.optimizer_step(float("inf"), 0.0, 0.9, 0.999, 1e-8))
     step_s = [0.0, 0.0]
     for stage, n in enumerate(steps):
         if n:

@@ -20,9 +20,8 @@ from gguf import MODEL_TENSOR as T
 from core import quant_base
 from core.config import ModelConfig, tensor_name
 from core.device import Device
-from core.kernels.qmatmul import QMatmul
 from core.model import LOGITS_MATRIX, Activations, Ops, block_matrices, check_fits, forward, param_layout, step_matmuls
-from core.quant_base import QuantFrozen, RawBase
+from core.quant_base import RawBase
 from core.replay import StepReplayer
 from core.schema import check_dataclass, number, spec, whole
 from core.tensor_store import TensorStore
@@ -142,20 +141,17 @@ class Generator:
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
         self.ops.matmul.reserve(step_matmuls(config, config.context_length, training=False))  # a full prompt
-        self.ops.rope.reserve(config.head_dim, config.rope_theta, config.context_length)  # never grown mid-replay
-        in_quant = tuple(m for members, _ in blocks.values() for m in members) + (
-            () if tied or not logits else (config.output_weight,))
+        # RoPE's cos/sin table for the whole context now: a replayed step keeps the buffer it recorded
+        self.ops.rope.cos_sin_table(config.head_dim, config.rope_theta, config.context_length)
+        in_quant = quant_base.members(blocks) + (() if tied else quant_base.members(logits))
         self.params = TensorStore(dev, param_layout(dev, config, in_quant))
         if isinstance(weights, TensorStore):
             self.params.copy_from(weights)
         else:
             self.params.load(weights)
-        self.views: dict = dict(self.params.views)  # what forward reads: buffers, or quantized matrices
-        if blocks or logits:
-            qmatmul = QMatmul(dev, scratch=self.ops.matmul._scratch)
-            for name, w in quant_base.upload(dev, config, {**blocks, **logits}, quantized.raw).items():
-                qmatmul.prepare(w.qtype)  # builds the format's kernels now, not mid-answer
-                self.views[name] = QuantFrozen(qmatmul, w)
+        # what forward reads: buffers, or quantized matrices (core.model.LOGITS_MATRIX: the output projection)
+        self.views: dict = {**self.params.views, **quant_base.frozen_matrices(
+            dev, config, {**blocks, **logits}, quantized.raw if quantized else {}, self.ops.matmul._scratch)}
         # the buffers core.model.forward reads and writes: one per kind, shared by all layers (nothing
         # is kept for a backward), except the KV cache (act.k[i], act.v[i]: context_length rows per layer)
         self.act = Activations(dev, config, 1, config.context_length, training=False, generation=True)

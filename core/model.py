@@ -37,7 +37,6 @@ from core.kernels.embedding import Embedding
 from core.kernels.sums import Sums
 from core.kernels import matmul_autotune
 from core.kernels.matmul import Matmul, scratch_bound_floats
-from core.kernels.qmatmul import QMatmul
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
 from core.kernels.swiglu import SwiGLU
@@ -47,7 +46,7 @@ from core.lora import (FUSED, SUFFIX_A, SUFFIX_B, DenseFrozen, LoRAConfig, LoRAL
                        target_shape)
 from core.tensor_store import Layout, TensorStore
 from core import quant_base
-from core.quant_base import QuantFrozen, RawBase
+from core.quant_base import RawBase
 
 
 class Ops:
@@ -398,8 +397,8 @@ def decode_layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, pos: i
                  else (a.final, p[tensor_name(T.OUTPUT_NORM)]))
     embed = (a.tokens, p[tensor_name(T.TOKEN_EMBD)], p[tensor_name(T.ATTN_NORM, 0)]) if i == 0 else None
     o.decode(a.x[i + 1], out, a.k[i], a.v[i], a.qkv, a.q[i], a.attn_out[i], a.ffn_in[i], a.gate_up[i], a.h[i],
-             a.lse[i], a.x[i], a.attn_in[i], embed, p[qkv_group(i)], w(T.ATTN_OUT), w(T.FFN_NORM), p[gate_up_group(i)], w(T.FFN_DOWN),
-             norm, o.rope.cos_sin_table(c.head_dim, c.rope_theta, pos + 1), c, pos)
+             a.lse[i], a.x[i], a.attn_in[i], embed, p[qkv_group(i)], w(T.ATTN_OUT), w(T.FFN_NORM),
+             p[gate_up_group(i)], w(T.FFN_DOWN), norm, o.rope.cos_sin_table(c.head_dim, c.rope_theta, pos + 1), c, pos)
 
 
 def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
@@ -422,12 +421,11 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
             layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
     w_out = p[LOGITS_MATRIX] if LOGITS_MATRIX in p else p[c.output_weight]  # (vocab, d); tied: token_embd
+    rows, offset = (1, (n - 1) * d) if last_row_only else (n, 0)  # logits (rows, vocab)
     if hasattr(w_out, "forward"):
-        w_out.forward(a.logits, a.final, 1 if last_row_only else n, x_offset=(n - 1) * d if last_row_only else 0)
-    elif last_row_only:
-        o.matmul(a.logits, a.final, w_out, 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
+        w_out.forward(a.logits, a.final, rows, x_offset=offset)
     else:
-        o.matmul(a.logits, a.final, w_out, n, c.vocab_size, d, trans_b=True)   # (n, vocab)
+        o.matmul(a.logits, a.final, w_out, rows, c.vocab_size, d, trans_b=True, a_offset=offset)
 
 
 class Activations:
@@ -539,17 +537,14 @@ class Model:
 
     def _setup_params(self, weights: dict[str, np.ndarray], quantized: RawBase | None) -> None:
         """The float32 parameter store, without the matrices of :attr:`quantized_plan` (uploaded in
-        their GGUF bytes instead: ``self._qweights``; their host arrays are kept for :meth:`weights`)."""
-        in_quant = tuple(m for members, _ in self.quantized_plan.values() for m in members)
+        their GGUF bytes instead: ``self._quant_frozen``; their host arrays are kept for :meth:`weights`)."""
+        in_quant = quant_base.members(self.quantized_plan)
         self.layout = param_layout(self.dev, self.config, in_quant)
         self.params = TensorStore(self.dev, self.layout)
         self.params.load(weights)
         self._host_quantized = {n: weights[n] for n in in_quant}
-        self._qweights = quant_base.upload(self.dev, self.config, self.quantized_plan, quantized.raw) if in_quant else {}
-        if in_quant:
-            self.qmatmul = QMatmul(self.dev, scratch=self.ops.matmul._scratch)  # one scratch pool for both
-            for w in self._qweights.values():
-                self.qmatmul.prepare(w.qtype)  # builds the formats' kernels now, not mid-step
+        self._quant_frozen = quant_base.frozen_matrices(self.dev, self.config, self.quantized_plan,
+                                                        quantized.raw if quantized else {}, self.ops.matmul._scratch)
 
     # ------------------------------------------------------------------ LoRA
     def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:
@@ -594,8 +589,8 @@ class Model:
         :class:`core.lora.FrozenMatrix`: our float32 matmul over its view of the parameter buffer (the
         one place a quantized matrix is chosen instead: :class:`core.quant_base.QuantFrozen` over its
         GGUF block bytes when :attr:`quantized_plan` keeps it)."""
-        if name in self._qweights:
-            return QuantFrozen(self.qmatmul, self._qweights[name])
+        if name in self._quant_frozen:
+            return self._quant_frozen[name]
         return DenseFrozen(self.ops.matmul, self.params.views[name], n_out, n_in)
 
     def adapter_weights(self) -> dict[str, np.ndarray]:

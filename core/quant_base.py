@@ -92,6 +92,29 @@ def upload(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str],
     return out
 
 
+def members(planned: dict[str, tuple[list[str], Q]]) -> tuple[str, ...]:
+    """The tensor names of the :func:`plan`'s matrices (what leaves the float32 parameter store)."""
+    return tuple(m for names, _ in planned.values() for m in names)
+
+
+def frozen_matrices(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str], Q]],
+                    raw: dict[str, np.ndarray], scratch=None) -> dict[str, QuantFrozen]:
+    """``{matrix name: QuantFrozen}`` of the :func:`plan`'s matrices on the device (:func:`upload`), over one
+    :class:`core.kernels.qmatmul.QMatmul` (``scratch``: the float matmul's pool, shared) whose formats'
+    kernels are built now, not mid-step. Empty without a plan.
+
+    Raises:
+        ValueError: as :func:`upload`.
+    """
+    if not planned:
+        return {}
+    qmatmul = QMatmul(dev, scratch=scratch)
+    weights = upload(dev, config, planned, raw)
+    for w in weights.values():
+        qmatmul.prepare(w.qtype)
+    return {name: QuantFrozen(qmatmul, w) for name, w in weights.items()}
+
+
 class QuantFrozen:
     """A frozen matrix W (n_out, n_in) in its GGUF block bytes (a :class:`core.lora.FrozenMatrix`),
     dequantized inside :class:`core.kernels.qmatmul.QMatmul`'s kernels.

@@ -76,14 +76,10 @@ class RoPE:
             self._cs[key] = (buf, have)
         return buf
 
-    def reserve(self, head_dim: int, theta: float, n_pos: int) -> None:
-        """Build now the cos/sin table of positions 0 .. n_pos - 1 (:meth:`cos_sin_table`), so that no
-        later launch grows it: a replayed decode step (core/replay.py) keeps the buffers it recorded."""
-        self._cos_sin(head_dim, theta, n_pos)
-
     def cos_sin_table(self, head_dim: int, theta: float, n_pos: int) -> cl.Buffer:
         """float32 (at least n_pos, head_dim): row p holds (cos, sin) of pair i's angle at position p at
-        [2i, 2i + 1] (what the CPU layout's split reads, and core/kernels/decode.cl), grown on demand."""
+        [2i, 2i + 1] (what the CPU layout's split reads, and core/kernels/decode.cl), grown on demand (a
+        replayed decode step keeps the buffer it recorded: core.generate builds its whole context's first)."""
         return self._cos_sin(head_dim, theta, n_pos)
 
     def _split_join_args(self, n_tokens: int, seq_len: int, head_dim: int, pos_start: int, theta: float):
