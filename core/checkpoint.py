@@ -227,13 +227,14 @@ def _folder_id(d: Path) -> tuple[int, int] | None:
 def _moved(d: Path, directory: Path, dir_fd: int | None, before: tuple[int, int] | None) -> bool:
     """Whether the folder read as ``d`` is no longer there under that name (a save swapped it away,
     maybe deleted it), or was the backup ``.NAME.bak`` of a save under way (which deletes it file by
-    file right after its swap): the read is then repeated rather than reported."""
+    file right after its swap), or was missing when the read began and is there now (then read by path,
+    maybe across two saves): the read is then repeated rather than reported."""
     if d != directory:
         return True
     if dir_fd is not None:
         st = os.fstat(dir_fd)
         return st.st_nlink == 0 or _folder_id(d) != (st.st_dev, st.st_ino)
-    return before is not None and _folder_id(d) != before
+    return _folder_id(d) != before  # also a folder that was missing when the read began and is there now
 
 
 def load_checkpoint(directory: str | os.PathLike) -> LoadedModel:

@@ -373,3 +373,50 @@ def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, devic
     assert len(prompts) == 1  # honoured before the first batch was decoded
     m = CheckpointMeta.read(out)
     assert (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 2)
+
+
+def test_a_read_that_starts_between_a_saves_renames_is_repeated_not_mixed(ck, tmp_path, monkeypatch):
+    """The flaky crash test's window, made deterministic: the folder is renamed away just before the
+    reader pins it (so nothing is pinned), the next save's folder then appears under the name, and a
+    third save swaps in between the reads of config.json and weights.npz. The read is repeated and gets
+    one save's files; it used to report 'weights.npz: does not belong to this checkpoint'."""
+    import core.checkpoint as cp
+    from core.atomic import backup_path
+
+    loaded = load_checkpoint(ck)
+    saves = {}
+    for tag, shift in (("b", 1.0), ("c", 2.0)):
+        saves[tag] = tmp_path / f"save_{tag}"
+        save_checkpoint(saves[tag], {k: w + shift for k, w in loaded.weights.items()}, None, loaded.checkpoint,
+                        loaded.tokenizer, Dataset(["A fact."], []))
+    real_prepare, real_load, real_read = cp._prepare, cp._load_folder, cp._read_arrays
+    events = []
+
+    def prepare_then_first_rename(directory):
+        d = real_prepare(directory)
+        if not events:
+            ck.rename(backup_path(ck))           # the writer's first rename: nothing to pin under the name
+            events.append("renamed away")
+        return d
+
+    def load_after_second_rename(d, directory, dir_fd=None):
+        if events == ["renamed away"]:
+            shutil.rmtree(backup_path(ck))
+            saves["b"].rename(ck)                # the writer's second rename
+            events.append("next save in place")
+        return real_load(d, directory, dir_fd)
+
+    def read_after_another_save(path, dir_fd=None, limit=cp.MAX_ARRAYS_BYTES):
+        if events[-1] == "next save in place":
+            shutil.rmtree(ck)
+            saves["c"].rename(ck)                # another save, between config.json and weights.npz
+            events.append("swapped between the reads")
+        return real_read(path, dir_fd, limit)
+
+    monkeypatch.setattr(cp, "_prepare", prepare_then_first_rename)
+    monkeypatch.setattr(cp, "_load_folder", load_after_second_rename)
+    monkeypatch.setattr(cp, "_read_arrays", read_after_another_save)
+    got = load_checkpoint(ck)
+    assert events == ["renamed away", "next save in place", "swapped between the reads"]
+    for k, w in loaded.weights.items():
+        np.testing.assert_array_equal(got.weights[k], w + 2.0)  # save c's, whole
