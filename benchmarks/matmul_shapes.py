@@ -1,8 +1,9 @@
-"""Every matmul of one training step of a compare.py shape, ours next to cuBLAS SGEMM (torch, TF32
-off), in one run, alternating. Not a test; for a machine with an NVIDIA GPU and its OpenCL driver.
+"""Every matmul of one training step of a compare.py shape, ours next to a reference SGEMM in one run,
+alternating: cuBLAS (torch, TF32 off) for a GPU device, numpy's BLAS (all cores) for a CPU device
+(``--reference`` chooses otherwise). Not a test.
 
     python benchmarks/matmul_shapes.py [--device NVIDIA] [--shapes d512,d768] [--reps 3]
-                                       [--no-split]
+                                       [--batch 16 --seq 128] [--reference cublas|numpy] [--no-split]
 
 For each distinct (transposes, M, N, K) of the step (forward ``x @ W.T`` = nt, backward
 ``dy @ W`` = nn and ``dy.T @ x`` = tn) it prints ms per call of each, the ratio, and the step's
@@ -41,7 +42,36 @@ def step_matmuls(c, tokens: int) -> Counter:
     return calls
 
 
-def timed(fn, sync, reps: int, inner: int = 10) -> float:
+class reference:
+    """The SGEMM ours is compared with: ``cublas`` (torch on the GPU, TF32 off) or ``numpy`` (its BLAS)."""
+
+    def __init__(self, name: str):
+        self.name = "cuBLAS" if name == "cublas" else "numpy"
+        if name == "cublas":
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = False
+            self._torch = torch
+
+    def operands(self, a, b, ta, tb):
+        if self.name == "cuBLAS":
+            a, b = self._torch.from_numpy(a).cuda(), self._torch.from_numpy(b).cuda()
+        return (a.T if ta else a), (b.T if tb else b)  # numpy hands the transposes to BLAS, no copy
+
+    def result(self, c) -> np.ndarray:
+        return c.cpu().numpy() if self.name == "cuBLAS" else c
+
+    def sync(self) -> None:
+        if self.name == "cuBLAS":
+            self._torch.cuda.synchronize()
+
+
+def timed(fn, sync, reps: int, inner: int = 10, settle: float = 0.3) -> float:
+    """Best seconds per call over ``reps`` runs of ``inner`` calls, after ``settle`` seconds of rest and
+    one untimed call: the other side's threads (a BLAS's spinning workers) are idle and ours awake."""
+    time.sleep(settle)
+    fn()
+    sync()
     best = float("inf")
     for _ in range(reps):
         sync()
@@ -61,11 +91,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--no-split", action="store_true", help="also time ours without split K")
+    ap.add_argument("--reference", choices=("cublas", "numpy"), help="default: numpy on a CPU device, else cublas")
     args = ap.parse_args()
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
     dev = open_device(args.device)
+    ref = reference(args.reference or ("numpy" if dev.is_cpu else "cublas"))
     mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, m: None))
     print(f"device: {dev.info.label}; configs nn {mm.config(False, False)}, nt {mm.config(False, True)}, "
           f"tn {mm.config(True, False)}")
@@ -74,21 +103,20 @@ def main() -> None:
         cfg = SHAPES[shape]
         calls = step_matmuls(cfg, args.batch * min(args.seq, cfg.context_length))
         tot = Counter()
-        print(f"\n{shape}: {'case':26s} {'calls':>5s} {'ours ms':>8s} {'nosplit':>8s} {'cuBLAS':>8s} "
+        print(f"\n{shape}: {'case':26s} {'calls':>5s} {'ours ms':>8s} {'nosplit':>8s} {ref.name:>8s} "
               f"{'ratio':>6s} {'TFLOP/s':>7s}")
         for (ta, tb, M, N, K), count in sorted(calls.items()):
             a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
             da, db, dc = dev.upload(a), dev.upload(b), dev.alloc(M * N)
-            xa, xb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-            oa, ob = (xa.T if ta else xa), (xb.T if tb else xb)
+            oa, ob = ref.operands(a, b, ta, tb)
             run = lambda: mm(dc, da, db, M, N, K, trans_a=ta, trans_b=tb, accumulate=ta)  # noqa: E731
             run()
             got = dev.download(dc, (M, N))
-            want = (oa @ ob).cpu().numpy()
+            want = ref.result(oa @ ob)
             err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30)) if not ta else 0.0
             ours = timed(run, dev.finish, args.reps)
-            theirs = timed(lambda: oa @ ob, torch.cuda.synchronize, args.reps)
+            theirs = timed(lambda: oa @ ob, ref.sync, args.reps)
             nosplit = float("nan")
             if args.no_split:
                 saved, matmul.SPLIT_WAVES = matmul.SPLIT_WAVES, 0
@@ -98,11 +126,12 @@ def main() -> None:
             tot["ours"] += ours * count
             tot["ref"] += theirs * count
             name = f"{'tn' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
-            parts = mm._variants[(ta, tb)].splits(M, N, K)[0]
+            kern = mm._variants[(ta, tb)]
+            parts = kern.splits(M, N, K)[0] if hasattr(kern.cfg, "tsm") else 1  # the CPU's packed kernel: no split
             print(f"  {name:26s} {count:5d} {ours * 1e3:8.3f} {nosplit * 1e3:8.3f} {theirs * 1e3:8.3f} "
                   f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts}"
                   + (f" err {err:.0e}" if err > 1e-5 else ""), flush=True)
-        print(f"  step total: ours {tot['ours'] * 1e3:.2f} ms (no split {tot['nosplit'] * 1e3:.2f}), cuBLAS "
+        print(f"  step total: ours {tot['ours'] * 1e3:.2f} ms (no split {tot['nosplit'] * 1e3:.2f}), {ref.name} "
               f"{tot['ref'] * 1e3:.2f} ms: ratio {tot['ref'] / tot['ours']:.2f}")
 
 

@@ -781,10 +781,11 @@ class Device:
             self.cl.enqueue_copy(self.queue, buf, a)
         return buf
 
-    def set_int(self, buf: cl.Buffer, value: int) -> None:
-        """Write one int32 ``value`` at the start of ``buf``, asynchronously (a fill: on PoCL about 100 us
-        less per call than a blocking upload, what decode pays per token for its token id)."""
-        self.cl.enqueue_fill_buffer(self.queue, buf, np.int32(value), 0, 4)
+    def set_int(self, buf: cl.Buffer, value: int, count: int = 1) -> None:
+        """Write the int32 ``value`` into the first ``count`` elements of ``buf``, asynchronously (a fill:
+        on PoCL about 100 us less per call than a blocking upload, what decode pays per token for its
+        token id)."""
+        self.cl.enqueue_fill_buffer(self.queue, buf, np.int32(value), 0, 4 * count)
 
     def download(self, buf: cl.Buffer, shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float32,
                  offset_elems: int = 0) -> np.ndarray:

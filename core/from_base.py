@@ -96,8 +96,9 @@ class FinetuneEstimate:
     Attributes:
         steps: (pretrain, tune) steps that will run (0: a stage without data or steps).
         step_s: seconds of one step of each stage: the gradients of its batches' mean padded tokens
-            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update's
-            check pass (timed) twice: the check and AdamW's pass over the same buffers.
+            (:func:`gradient_seconds`, timed on the trainer's own model at two lengths) and the update: its
+            check pass, timed, which AdamW's own pass over the same buffers takes about as long as (after
+            the first update AdamW proves the next finite and skips the check: core.kernels.adamw).
         check_s: seconds of the recall checks at the stages' ends (core.recall.check_seconds at ``forward``).
         save_s: seconds of the checkpoint saves at the stages' ends (:data:`SAVE_BYTES_PER_S`).
         decoding: how fast the trainer's model decodes a recall check (core.recall.CheckSpeed, timed; the
@@ -200,9 +201,9 @@ def estimate_time(trainer: Trainer) -> FinetuneEstimate:
     if not any(steps):
         return FinetuneEstimate((0, 0), (0.0, 0.0), 0.0)
     grads, decoding = gradient_seconds(trainer, tuple(i for i in (0, 1) if steps[i]))
-    # an update the check refuses (lr inf: nothing changes): the check pass and the flag read back, as every
-    # step makes them; AdamW's own pass over the same buffers takes about as long
-    update = 2 * _seconds(lambda: trainer.model.optimizer_step(float("inf"), 0.0, 0.9, 0.999, 1e-8))
+    # an update the check refuses (lr inf: nothing changes): the check pass and the flag read back; a step's
+    # update is AdamW's own pass over the same buffers (proven finite, unchecked, from the second on), about as long
+    update = _seconds(lambda: trainer.model.optimizer_step(float("inf"), 0.0, 0.9, 0.999, 1e-8))
     step_s = [0.0, 0.0]
     for stage, n in enumerate(steps):
         if n:

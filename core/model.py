@@ -522,6 +522,8 @@ class Model:
         # stats[0] = loss sum, stats[1] = mask sum, stats[2 + i] = sum of squares of grad tensor i
         self._stats = dev.zeros(2 + len(names))
         self.adam_step = 0
+        self._grad_sq: float | None = None  # sum of squares of the last forward_backward's gradients
+        self._adam_bounds = None  # (_adam_state(), AdamW.bounds) after this model's last update
         self._token_index = None  # the batch's tokens grouped by id (GPUs; set by _load_batch)
 
     @property
@@ -803,6 +805,7 @@ class Model:
         o.sums.sum_squares_segments(self._stats, 2, self.grads.flat, self._stat_segments)
         stats = self.dev.download(self._stats, (2 + len(self._stat_names),)).astype(np.float64)
         sq = stats[2:]
+        self._grad_sq = float(sq.sum())  # bounds every gradient element for the next optimizer_step
         per_layer = [0.0] * (self.config.n_layers + 2)
         for i, v in zip(self._stat_layers, sq):
             per_layer[i] += v
@@ -821,14 +824,29 @@ class Model:
             and the step counter as they were (core.kernels.adamw.AdamW.step; the trainer's guard, with no
             copy of weights or moments).
         """
-        # one launch over the flat buffers; the matrices come first, up to layout.split
-        applied = self.ops.adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat,
-                                      self.train_layout.total, lr, beta1, beta2, eps, weight_decay,
-                                      self.adam_step + 1, grad_scale, n_decay=self.train_layout.split)
+        # one launch over the flat buffers; the matrices come first, up to layout.split. The last
+        # forward_backward's gradient norm bounds every element (padding between tensors stays 0), and the
+        # bounds after this model's last update hold while nothing else wrote the weights or moments since: then
+        # AdamW may prove the update finite and skip its check pass (core.kernels.adamw.update_bounds)
+        grad_sq, self._grad_sq = self._grad_sq, None
+        grad_bound = math.sqrt(grad_sq) * abs(grad_scale) if grad_sq is not None and math.isfinite(grad_sq) else None
+        known = self._adam_bounds[1] if self._adam_bounds and self._adam_bounds[0] == self._adam_state() else None
+        adamw = self.ops.adamw
+        applied = adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat,
+                             self.train_layout.total, lr, beta1, beta2, eps, weight_decay,
+                             self.adam_step + 1, grad_scale, n_decay=self.train_layout.split,
+                             grad_bound=grad_bound, bounds=known)
+        self._adam_bounds = None
         if applied:
             self.adam_step += 1
             self.trained.changed()
+            self._adam_bounds = (self._adam_state(), adamw.bounds) if adamw.bounds else None
         return applied
+
+    def _adam_state(self) -> tuple[int, int, int]:
+        """Versions of the trained weights and the moments (core.tensor_store.TensorStore.version): they
+        move with every write but AdamW's, after which optimizer_step moves the weights' on itself."""
+        return self.trained.version, self.m.version, self.v.version
 
     def weights(self) -> dict[str, np.ndarray]:
         """Host copy of every weight, ``{gguf tensor name: float32 array}`` (a matrix kept quantized on the

@@ -81,7 +81,8 @@ PATIENCE = 4
 """Checks in a row without a better count before a stage gives up (tuning trades facts for answers for a while)."""
 TRAINER_OVERHEAD = 1.4
 """A trainer step takes this many times the timed forward/backward/AdamW of :func:`measure_speed`: the
-update's check pass (an update guard's copies and finite check when it was measured), the gradient norms,
+update's guard (its copies and finite check when this was measured; now a check pass on the first update only,
+core.kernels.adamw.update_bounds), the gradient norms,
 building the batch, batches padded to their longest example (conversations); measured 1.42-1.46 on the towns
 data (benchmarks/learn_towns.py)."""
 FORWARD_SHARE = 1 / 3

@@ -59,13 +59,14 @@ def test_per_layer_norms(device, rng, local):
 
 
 @pytest.mark.parametrize("local", [1, 32, 256])
-def test_sum_squares_segments_one_launch(device, rng, local):
+@pytest.mark.parametrize("contiguous", [False, True], ids=["interleaved", "slices"])
+def test_sum_squares_segments_one_launch(device, rng, local, contiguous):
     """Per-tensor sums of squares of a flat buffer in one pass: odd sizes, an empty segment, segments
-    longer than one chunk (CHUNK) and not ending on a chunk boundary, gaps (padding) skipped."""
-    from core.kernels.sums import CHUNK
-
-    op = Sums(device, local_size=local)
-    sizes = [7, 0, 1, CHUNK, 2 * CHUNK + 5, 300]
+    longer than one chunk and not ending on a chunk boundary, gaps (padding) skipped; both work splits
+    (a slice per work-item: slices of whole blocks of 16, the last short, some work-items with none)."""
+    op = Sums(device, local_size=local, contiguous=contiguous)
+    chunk = op.chunk
+    sizes = [7, 0, 1, 17, 16 * local + 3, chunk, 2 * chunk + 5, 300]
     segments, off = [], 3
     for s in sizes:
         segments.append((off, s))

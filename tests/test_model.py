@@ -477,3 +477,37 @@ def test_a_batch_of_more_tokens_than_the_model_holds_is_refused(device):
     for bad in (0, TINY.context_length + 1):
         with pytest.raises(ValueError, match="max_seq"):
             Model(device, TINY, batch_size=1, max_seq=bad)
+
+
+@pytest.mark.parametrize("kind", ["full", "frozen_embeddings", "lora"])
+def test_only_the_first_update_is_checked_and_the_result_is_the_checked_one(device, monkeypatch, kind):
+    """After its first update a model's AdamW proves the next ones finite from the gradient norm and its
+    last maxima and skips adamw_check; the weights and moments equal bit for bit those of a model that
+    checks every update. Loading moments (or weights) makes the next update checked again."""
+    from core.kernels import adamw as adamw_mod
+    from core.lora import LoRAConfig
+
+    cfg = TINY
+    w = random_weights(cfg, 3)
+    extra = {"full": {}, "frozen_embeddings": {"freeze_embeddings": True},
+             "lora": {"lora": LoRAConfig(rank=4, alpha=8.0)}}[kind]
+    models = [Model(device, cfg, batch_size=2, weights=w, **extra) for _ in range(2)]
+    real = adamw_mod.update_bounds
+    for step in range(4):
+        tokens, targets, mask = batch(cfg, 2, 9, 20 + step)
+        for k, model in enumerate(models):
+            monkeypatch.setattr(adamw_mod, "update_bounds", real if k == 0 else (lambda *a, **kw: None))
+            stats = model.forward_backward(tokens, targets, mask)
+            assert model.optimizer_step(1e-2, 0.1, 0.9, 0.98, 1e-8, min(1.0, 1.0 / stats.grad_norm))
+    assert [m.ops.adamw.checked for m in models] == [1, 4]
+    a, b = models
+    assert all(np.array_equal(x, y) for x, y in zip(a.trained.to_numpy().values(), b.trained.to_numpy().values()))
+    for part in ("m", "v"):
+        assert all(np.array_equal(x, y) for x, y in zip(a.optimizer_state()[part].values(), b.optimizer_state()[part].values()))
+    monkeypatch.setattr(adamw_mod, "update_bounds", real)
+    a.load_optimizer_state(a.optimizer_state())
+    a.forward_backward(tokens, targets, mask)
+    a.optimizer_step(1e-2, 0.1, 0.9, 0.98, 1e-8)
+    assert a.ops.adamw.checked == 2
+    a.optimizer_step(1e-2, 0.1, 0.9, 0.98, 1e-8)  # no forward_backward since: no gradient bound, checked
+    assert a.ops.adamw.checked == 3

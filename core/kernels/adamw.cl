@@ -11,9 +11,12 @@
 // element's arithmetic is the same whatever the work size: the result does not depend on it.
 //
 // The update is all or nothing (the trainer's guard, with no copy of weights or moments): adamw_check
-// computes it without storing anything and sets *bad when a new weight or moment would not be finite;
-// adamw_step, given that flag, returns at once when it is set. Both compute each element with the same
-// inline function, so the check sees exactly the values the step would store.
+// computes it without storing anything and sets state[0] when a new weight or moment would not be
+// finite; adamw_step, given that flag, stores nothing when it is set. Both compute each element with the
+// same inline function, so the check sees exactly the values the step would store. adamw_check also
+// leaves the largest |p|, |m| and v in state[1..3]: from them and the gradient's norm the host bounds
+// every later state and can prove later updates finite, skipping adamw_check, a whole pass over p, m,
+// v and grads (adamw.py, update_bounds).
 
 #include "grid.h"
 #include "inline_math.h"
@@ -60,32 +63,45 @@ inline void adamw1(const int i, __global const float* params, __global const flo
 #define FINITE4(x) all(((x) - (x)) == (float4)(0.0f))
 #define FINITE1(x) (((x) - (x)) == 0.0f)
 
-// params, m, v, grads (n) -> *bad = 1 if the update would make a weight or moment non-finite (else untouched)
-__kernel void adamw_check(__global int* bad, __global const float* params, __global const float* m,
+// params, m, v, grads (n) -> state[0] = 1 if the update would make a weight or moment non-finite (else
+// untouched); state[1..3] (zero before the launch) -> the largest |p|, |m|, v now, as the bits of a
+// non-negative float (which order as ints; a NaN's bits order above inf's)
+__kernel void adamw_check(__global int* state, __global const float* params, __global const float* m,
                           __global const float* v, __global const float* grads, ADAMW_SCALARS) {
     const int n4 = n / 4;
     int ok = 1;
+    int4 p_max = (int4)(0), m_max = (int4)(0), v_max = (int4)(0);
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
         float4 mi, vi, p;
         adamw4(i, params, m, v, grads, n_decay, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                bias_correction2, grad_scale, &mi, &vi, &p);
         ok = ok && FINITE4(mi) && FINITE4(vi) && FINITE4(p);
+        p_max = max(p_max, as_int4(LOAD4(i, params)) & 0x7fffffff);
+        m_max = max(m_max, as_int4(LOAD4(i, m)) & 0x7fffffff);
+        v_max = max(v_max, as_int4(LOAD4(i, v)) & 0x7fffffff);
     }
     for (int t = unit_first(n - 4 * n4, contiguous); t < unit_end(n - 4 * n4, contiguous); t += unit_step(contiguous)) {
+        const int i = 4 * n4 + t;
         float mi, vi, p;
-        adamw1(4 * n4 + t, params, m, v, grads, n_decay, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+        adamw1(i, params, m, v, grads, n_decay, lr, beta1, beta2, eps, weight_decay, bias_correction1,
                bias_correction2, grad_scale, &mi, &vi, &p);
         ok = ok && FINITE1(mi) && FINITE1(vi) && FINITE1(p);
+        p_max.x = max(p_max.x, as_int(params[i]) & 0x7fffffff);
+        m_max.x = max(m_max.x, as_int(m[i]) & 0x7fffffff);
+        v_max.x = max(v_max.x, as_int(v[i]) & 0x7fffffff);
     }
-    if (!ok) atomic_or(bad, 1);
+    if (!ok) atomic_or(state, 1);
+    atomic_max(state + 1, max(max(p_max.x, p_max.y), max(p_max.z, p_max.w)));
+    atomic_max(state + 2, max(max(m_max.x, m_max.y), max(m_max.z, m_max.w)));
+    atomic_max(state + 3, max(max(v_max.x, v_max.y), max(v_max.z, v_max.w)));
 }
 
-// grads (n) -> params (n), m (n), v (n) updated in place, unless *skip (adamw_check's flag) is set
-__kernel void adamw_step(__global const int* skip, __global float* params, __global float* m, __global float* v,
+// grads (n) -> params (n), m (n), v (n) updated in place, unless state[0] (adamw_check's flag) is set
+__kernel void adamw_step(__global const int* state, __global float* params, __global float* m, __global float* v,
                          __global const float* grads, ADAMW_SCALARS) {
     // no early return: every argument is read outside branches (Mesa's rusticl warns otherwise, grid.h);
     // a skipped update runs its loops over no elements
-    const int go = skip[0] == 0;
+    const int go = state[0] == 0;
     const int n4 = go * (n / 4), n_tail = go * (n - 4 * (n / 4));
     for (int i = unit_first(n4, contiguous); i < unit_end(n4, contiguous); i += unit_step(contiguous)) {
         float4 mi, vi, p;

@@ -37,21 +37,42 @@ __kernel void sum_final(__global float* out, const int out_index, __global const
 // Sums of squares of many segments of one flat buffer (the per-tensor gradient norms) in two
 // launches for all segments. The host cuts every segment into chunks of at most a fixed length;
 // chunks (n_chunks, 2) int32 holds [start, end) of each chunk in x.
-// Pass 1: work-group c -> partials[c] = sum of x^2 over chunk c.
+// Pass 1: work-group c -> partials[c] = sum of x^2 over chunk c. contiguous != 0 (CPUs): each work-item
+// sums its own slice of the chunk (blocks of 16, then the slice's last elements), streaming through
+// consecutive memory (a PoCL work-item runs its whole loop before the next: the interleaved loop there
+// strides, 3x slower); contiguous == 0 (GPUs): work-item l takes elements l, l + L, ... (coalesced).
+// Branch-free in contiguous, as grid.h explains.
 __kernel void sum_squares_chunks(__global float* partials, __global const float* x,
-                                 __global const int* chunks, __local float* red) {
+                                 __global const int* chunks, __local float* red, const int contiguous) {
     const int c = get_group_id(0);
-    const int end = chunks[2 * c + 1];
+    const int cont = contiguous != 0;
+    const int start = chunks[2 * c], end = chunks[2 * c + 1];
+    const int L = get_local_size(0), lid = get_local_id(0);
+    const int per = ((end - start + L - 1) / L + 15) / 16 * 16;  // a slice: whole blocks of 16 but the chunk's last
+    const int lo = start + lid * per;
+    const int hi = lo + per < end ? lo + per : end;
+    const int n16 = cont * (hi > lo ? (hi - lo) / 16 : 0);  // none when interleaved
+    float4 s0 = (float4)(0.0f), s1 = (float4)(0.0f), s2 = (float4)(0.0f), s3 = (float4)(0.0f);
+    for (int k = 0; k < n16; k++) {  // four independent sums: an add's latency is not the limit
+        __global const float* b = x + lo + 16 * k;
+        const float4 a0 = vload4(0, b), a1 = vload4(1, b), a2 = vload4(2, b), a3 = vload4(3, b);
+        s0 += a0 * a0;
+        s1 += a1 * a1;
+        s2 += a2 * a2;
+        s3 += a3 * a3;
+    }
+    const float4 acc4 = (s0 + s1) + (s2 + s3);
+    const int step = cont + (1 - cont) * L;
+    const int stop = cont * hi + (1 - cont) * end;
     float acc0 = 0.0f, acc1 = 0.0f;
-    const int L = get_local_size(0);
-    int i = chunks[2 * c] + get_local_id(0);
-    for (; i + L < end; i += 2 * L) {  // two independent sums keep two loads in flight
-        const float a = x[i], b = x[i + L];
+    int i = cont * (lo + 16 * n16) + (1 - cont) * (start + lid);
+    for (; i + step < stop; i += 2 * step) {  // two independent sums keep two loads in flight
+        const float a = x[i], b = x[i + step];
         acc0 += a * a;
         acc1 += b * b;
     }
-    if (i < end) acc0 += x[i] * x[i];
-    const float acc = group_sum(red, acc0 + acc1);
+    if (i < stop) acc0 += x[i] * x[i];
+    const float acc = group_sum(red, (acc0 + acc1) + ((acc4.x + acc4.y) + (acc4.z + acc4.w)));
     if (get_local_id(0) == 0) partials[c] = acc;
 }
 
