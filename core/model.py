@@ -29,7 +29,7 @@ from gguf import TENSOR_NAMES
 
 from core.config import BLOCK_TENSORS, ModelConfig, tensor_name
 from core.device import Device
-from core.kernels.adamw import AdamW
+from core.kernels.adamw import SQUARE_FLOOR, AdamW
 from core.kernels.attention import Attention
 from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.decode import DecodeLayer
@@ -829,7 +829,9 @@ class Model:
         # bounds after this model's last update hold while nothing else wrote the weights or moments since: then
         # AdamW may prove the update finite and skip its check pass (core.kernels.adamw.update_bounds)
         grad_sq, self._grad_sq = self._grad_sq, None
-        grad_bound = math.sqrt(grad_sq) * abs(grad_scale) if grad_sq is not None and math.isfinite(grad_sq) else None
+        scale32 = abs(float(np.float32(grad_scale)))  # what the kernel multiplies by
+        grad_bound = ((math.sqrt(grad_sq) + SQUARE_FLOOR) * scale32
+                      if grad_sq is not None and math.isfinite(grad_sq) and math.isfinite(scale32) else None)
         known = self._adam_bounds[1] if self._adam_bounds and self._adam_bounds[0] == self._adam_state() else None
         adamw = self.ops.adamw
         applied = adamw.step(self._trained, self.grads.flat, self.m.flat, self.v.flat,

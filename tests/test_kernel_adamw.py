@@ -165,8 +165,8 @@ def test_what_is_proven_finite_is_finite(device, rng):
     op, proved = AdamW(device), 0
     for _ in range(400):
         W, Mx, Vx, G = (10.0 ** rng.uniform(-3, 36) for _ in range(4))
-        lr, eps = 10.0 ** rng.uniform(-6, 12), 10.0 ** rng.uniform(-12, 0)
-        wd, step = rng.choice([0.0, 0.1, -1.0]), int(rng.integers(1, 50))
+        lr, eps = 10.0 ** rng.uniform(-40, 12), 10.0 ** rng.uniform(-12, 0)
+        wd, step = rng.choice([0.0, 0.1, -1.0, 3e38, -1e30]), int(rng.integers(1, 50))
         hp = dict(lr=lr, beta1=0.9, beta2=0.999, eps=eps, weight_decay=wd)
         bc1, bc2 = 1 - 0.9 ** step, 1 - 0.999 ** step
         p = np.float32([W, -W, W, 0.0, 1.0, -1.0])
@@ -193,6 +193,7 @@ def test_what_is_proven_finite_is_finite(device, rng):
     assert update_bounds((3e38, 0.1, 0.01), 5.0, *hp) is None  # a weight near FLT_MAX
     assert update_bounds((1.0, 0.1, 0.01), 5.0, *hp[:3], 0.0, *hp[4:]) is None  # eps 0: 0/0 possible
     assert update_bounds((1.0, 0.1, float("nan")), 5.0, *hp) is None  # a NaN in the state
+    assert update_bounds((3.5, 0.1, 0.01), 5.0, 1e-37, 0.9, 0.95, 1e-8, 3e38, 0.1, 0.05) is None  # wd * p overflows
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # lr 1e39 -> float32 inf

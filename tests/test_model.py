@@ -511,3 +511,24 @@ def test_only_the_first_update_is_checked_and_the_result_is_the_checked_one(devi
     assert a.ops.adamw.checked == 2
     a.optimizer_step(1e-2, 0.1, 0.9, 0.98, 1e-8)  # no forward_backward since: no gradient bound, checked
     assert a.ops.adamw.checked == 3
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # grad_scale 1e39 -> float32 inf
+@pytest.mark.parametrize("case", ["gradients_below_their_squares", "grad_scale_past_float32"])
+def test_the_gradient_bound_holds_where_the_norm_vanishes(device, case):
+    """Break-it cases of the proven update: gradients so small that their float32 squares vanish (the
+    norm reads 0 while the elements are not) with an lr that makes them matter, and a grad_scale that is
+    inf as float32 (0 * inf = NaN in the kernel). Both updates are refused, nothing non-finite is stored."""
+    model = Model(device, TINY, batch_size=2, weights=random_weights(TINY, 3))
+    tokens, targets, mask = batch(TINY, 2, 9, 20)
+    model.forward_backward(tokens, targets, mask)
+    assert model.optimizer_step(1e-3, 0.0, 0.9, 0.98, 1e-8, grad_scale=0.0)  # m = v = 0: bounds (|p|, 0, 0)
+    if case == "gradients_below_their_squares":
+        model.forward_backward(tokens, targets, mask, total_count=1e27)  # every element ~1e-26, squares 0
+        assert not model.optimizer_step(1e37, 0.0, 0.9, 0.98, 1e-30)
+    else:
+        model.forward_backward(tokens, targets, mask, total_count=float("inf"))  # every element 0
+        assert not model.optimizer_step(1e-3, 0.1, 0.9, 0.98, 1e-8, grad_scale=1e39)
+    assert model.ops.adamw.checked == 2
+    assert all(np.isfinite(w).all() for w in model.trained.to_numpy().values())
+    assert all(np.isfinite(a).all() for part in ("m", "v") for a in model.optimizer_state()[part].values())

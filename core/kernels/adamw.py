@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 PROVEN_LIMIT = 1e30
 """What :func:`update_bounds` lets any value of the update reach: far below float32's largest (3.4e38), so
 the kernel's float32 rounding (a relative 1e-7 per operation) cannot carry a value past it."""
+SQUARE_FLOOR = 2.0 ** -62
+"""Every float32 element whose square vanishes from a float32 sum of squares (underflow, also where
+denormals are flushed to zero) is smaller than this: a gradient bound from such a sum adds it."""
 ROUNDING_MARGIN = 1e-5
 """Relative margin added to each bound per update for the float32 rounding of the few operations making it."""
 
@@ -26,10 +29,12 @@ def update_bounds(bounds: tuple[float, float, float], grad_bound: float, lr: flo
     weight and moment finite; None when they do not (the update may still be finite: :meth:`AdamW.step`
     then checks it element by element).
 
-    With every ``|g_i * grad_scale| <= G`` (``grad_bound``: the global gradient L2 norm times the clip
-    factor bounds every element) and ``bounds`` on the current state (``|p|, |m|, v``), the formula of
+    With every ``|g_i * grad_scale| <= G`` (``grad_bound``: the global gradient L2 norm, plus
+    :data:`SQUARE_FLOOR`, times the clip factor as float32 bounds every element) and ``bounds`` on the
+    current state (``|p|, |m|, v``), the formula of
     adamw.cl gives ``|m'| <= b1 |m| + (1-b1) G``, ``v' <= b2 v + (1-b2) G^2``, the ratio ``|m'/bc1| /
-    (sqrt(v'/bc2) + eps) <= |m'| / (bc1 eps)`` and ``|p'| <= |p| + lr (ratio + |wd| |p|)``. Computed in
+    (sqrt(v'/bc2) + eps) <= |m'| / (bc1 eps)`` and ``|p'| <= |p| + lr (ratio + |wd| |p|)``, each term of
+    which is bounded too (``|wd| |p|`` may overflow where ``lr`` is tiny). Computed in
     float64 from the float32 hyperparameters, G doubled for the float32 rounding of the norm, each bound
     grown by :data:`ROUNDING_MARGIN`; every intermediate must stay below :data:`PROVEN_LIMIT`, with
     eps > 0, betas in [0, 1) and lr >= 0.
@@ -46,8 +51,10 @@ def update_bounds(bounds: tuple[float, float, float], grad_bound: float, lr: flo
     m1 = b1 * m + (1 - b1) * g
     v1 = b2 * v + (1 - b2) * g * g
     ratio = m1 / bc1 / eps
-    p1 = w + lr * (ratio + abs(wd) * w)
-    if not all(math.isfinite(x) and 0 <= x < PROVEN_LIMIT for x in (w, m, v, g * g, m1 / bc1, v1 / bc2, ratio, p1)):
+    decay = abs(wd) * w
+    p1 = w + lr * (ratio + decay)
+    if not all(math.isfinite(x) and 0 <= x < PROVEN_LIMIT
+               for x in (w, m, v, g * g, m1 / bc1, v1 / bc2, ratio, decay, ratio + decay, lr * (ratio + decay), p1)):
         return None
     return p1 * (1 + ROUNDING_MARGIN), m1 * (1 + ROUNDING_MARGIN), v1 * (1 + ROUNDING_MARGIN)
 
@@ -102,8 +109,8 @@ class AdamW:
                 and passed as float32).
             grad_scale: multiplies the gradient first (the clipping factor).
             n_decay: elements (from the start) that get weight decay; default all ``n``.
-            grad_bound: a bound on every ``|grads_i * grad_scale|`` (the gradient's L2 norm times
-                ``grad_scale``), or None.
+            grad_bound: a bound on every ``|grads_i * float32(grad_scale)|`` (the gradient's L2 norm
+                plus :data:`SQUARE_FLOOR`, times that), or None.
             bounds: :attr:`bounds` of the update that produced the current ``params``, ``m``, ``v``
                 (the caller vouches that nothing else wrote them since), or None.
 
