@@ -183,7 +183,8 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
     (``core.estimates``) adds them up. With ``generation`` (core.generate.Generator, ``batch`` 1, ``seq``
     the context): what a forward keeps nothing of for a backward is one buffer shared by all layers
     (one entry), except the KV cache (``k``, ``v``: one per layer); :data:`GENERATION_ALIASES` reuse
-    buffers; no targets, mask or losses; ``logits`` of the last row only.
+    buffers; no targets, mask or losses; ``logits`` of the last row only. Training's ``d_logits`` is
+    ``logits`` (:data:`TRAINING_ALIASES`).
     """
     if generation:
         return _generation_sizes(c, seq)
@@ -198,7 +199,7 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
               "logits": n * v, "losses": n}
     if training:
-        single |= {"d_logits": n * v, "dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
+        single |= {"dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
                    "d_qkv": n * (d + 2 * kv)}
     sizes |= {name: [size] for name, size in single.items()}
@@ -207,6 +208,10 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
 
 GENERATION_ALIASES = {"ffn_in": "attn_in", "final": "attn_in", "ffn_rstd": "attn_rstd", "final_rstd": "attn_rstd"}
 """Generation's buffers that are another one (a norm's output and rstd are read only by the next matmul)."""
+TRAINING_ALIASES = {"d_logits": "logits"}
+"""Training's buffers that are another one: the loss's gradient is written over the logits (nothing reads
+the logits after the loss; core/kernels/cross_entropy.cl reads each row before writing it), which saves
+a (tokens x vocab_size) buffer, the largest activation of a large-vocabulary model."""
 
 
 def _generation_sizes(c: ModelConfig, seq: int) -> dict[str, list[int]]:
@@ -448,9 +453,10 @@ class Activations:
             if generation and name not in self._SINGLE and len(bufs) == 1:  # one buffer for every layer
                 bufs = bufs * (c.n_layers + 1 if name == "x" else c.n_layers)
             setattr(self, name, bufs[0] if name in self._SINGLE else bufs)
-        for alias, name in GENERATION_ALIASES.items() if generation else ():
+        aliases = GENERATION_ALIASES if generation else TRAINING_ALIASES if training else {}
+        for alias, name in aliases.items():
             bufs = getattr(self, name)
-            setattr(self, alias, bufs[0] if alias in self._SINGLE else bufs)
+            setattr(self, alias, bufs[0] if alias in self._SINGLE and isinstance(bufs, list) else bufs)
 
 
 class Model:

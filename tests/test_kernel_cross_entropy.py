@@ -41,6 +41,12 @@ def test_cross_entropy_forward_backward(device, rng, shape, local, per_item):
     d_ref = ref.cross_entropy_backward(logits, targets, mask, grad_scale)
     assert_close(from_device(device, dX, logits), d_ref, atol=1e-7, rtol=1e-4, what="d_logits")
 
+    # in place, as the Model calls it: the gradient written over the logits, bit for bit the same
+    losses2 = device.upload(np.full(n_rows, np.nan, np.float32))
+    op.forward_backward(losses2, X, X, T, M, n_rows, vocab, grad_scale)
+    assert np.array_equal(from_device(device, losses2, loss_ref), from_device(device, losses, loss_ref), equal_nan=True)
+    assert np.array_equal(from_device(device, X, logits), from_device(device, dX, logits)), "in place"
+
 
 @pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
 def test_cross_entropy_bad_target_on_unmasked_row_is_nan(device, per_item):

@@ -7,6 +7,8 @@
 // range). A row with mask != 0 and a target outside [0, vocab_size) gets loss NaN (a data bug made
 // visible) and gradient softmax * mask * grad_scale.
 // One work-group per row; tree reductions in local memory, any power-of-two work-group size.
+// The backward may write d_logits over logits (the same buffer: the trainer keeps no logits after the
+// loss): every read of a row comes before the writes to it.
 
 #include "group_reduce.h"
 #include "inline_math.h"
@@ -25,12 +27,14 @@ inline float2 row_softmax_stats(__global const float* row, const int vocab_size,
     return (float2)(m, s);
 }
 
-// Branch-free (no kernel argument is read behind an `if`: Mesa's llvmpipe warns that it treats such
-// reads as uniform): an out-of-range target reads row[0] and gives NaN.
-inline float row_loss(__global const float* row, const int t, const int vocab_size,
-                      const float mk, const float2 st) {
+// The target's logit; branch-free (no kernel argument is read behind an `if`: Mesa's llvmpipe warns that
+// it treats such reads as uniform): an out-of-range target reads row[0] (and row_loss gives NaN).
+inline float target_logit(__global const float* row, const int t, const int vocab_size) {
+    return row[t >= 0 && t < vocab_size ? t : 0];
+}
+
+inline float row_loss(const float row_t, const int t, const int vocab_size, const float mk, const float2 st) {
     const int ok = t >= 0 && t < vocab_size;
-    const float row_t = row[ok ? t : 0];
     return ok ? mk * (st.x + LOG_SUM(st.y) - row_t) : NAN;
 }
 
@@ -46,13 +50,14 @@ __kernel void cross_entropy_forward(__global float* losses, __global const float
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
     // every argument read outside branches (Mesa's llvmpipe warns about kernel arguments read in them)
-    const float loss = row_loss(row, targets[r], vocab_size, mk, st);
+    const int t = targets[r];
+    const float loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, st);
     __global float* out = losses + r;
     if (get_local_id(0) == 0) *out = mk == 0.0f ? 0.0f : loss;
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
-// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
+// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten; may be logits)
 // One work-group per row; red (local size).
 __kernel void cross_entropy_backward(__global float* losses, __global float* d_logits,
                                      __global const float* logits, __global const int* targets,
@@ -70,10 +75,11 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
     // a masked row (mk == 0) gets zeros; no early return: every argument is read outside branches
     // (Mesa's llvmpipe warns about kernel arguments read in them)
     const int t = targets[r];
-    const float g = mk * grad_scale, loss = row_loss(row, t, vocab_size, mk, st);
+    const float g = mk * grad_scale, loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, st);
     const float inv = 1.0f / st.y;
     __global float* out = losses + r;
     if (lid == 0) *out = mk == 0.0f ? 0.0f : loss;
+    barrier(CLK_GLOBAL_MEM_FENCE);  // every item has read the row (and row[t]) before any writes over it
     for (int j = lid; j < vocab_size; j += L) {
         const float p = exp(row[j] - st.x) * inv;
         drow[j] = mk == 0.0f ? 0.0f : (p - (j == t ? 1.0f : 0.0f)) * g;
@@ -107,14 +113,15 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
         const float mk = mask[r];
         __global const float* row = logits + (size_t)r * vocab_size;
         const int n = (mk != 0.0f) * vocab_size;
-        const float loss = row_loss(row, targets[r], vocab_size, mk, row_softmax_stats_item(row, n));
+        const int t = targets[r];
+        const float loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, row_softmax_stats_item(row, n));
         losses[r] = mk == 0.0f ? 0.0f : loss;
     }
 }
 
 // logits (n_rows, vocab_size), targets (n_rows) int, mask (n_rows)
-// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten)
-// One exp per element: the row's exp(logits - max) go into d_logits while they are summed (the
+// -> losses (n_rows), d_logits (n_rows, vocab_size) (overwritten; may be logits: the target's logit is
+// read first) One exp per element: the row's exp(logits - max) go into d_logits while they are summed (the
 // same float4 partial sums as row_softmax_stats_item, so the loss is the forward's), then the row
 // (in L1 by then) is scaled in place. A masked row's loops run 0 times (n = 0) and its zeros are
 // written by the last loop, instead of an `if` (see row_loss).
@@ -129,6 +136,7 @@ __kernel void cross_entropy_backward_rows(__global float* losses, __global float
         __global const float* row = logits + (size_t)r * vocab_size;
         __global float* drow = d_logits + (size_t)r * vocab_size;
         const int n = (mk != 0.0f) * vocab_size, n4 = n / 4;
+        const float row_t = target_logit(row, t, vocab_size);
         float4 m4 = (float4)(-INFINITY);
         for (int j = 0; j < n4; j++) m4 = MAXF(m4, LOAD4(j, row));
         float m = MAXF(MAXF(m4.x, m4.y), MAXF(m4.z, m4.w));
@@ -145,7 +153,7 @@ __kernel void cross_entropy_backward_rows(__global float* losses, __global float
             drow[j] = e;
             s += e;
         }
-        const float loss = row_loss(row, t, vocab_size, mk, (float2)(m, s));
+        const float loss = row_loss(row_t, t, vocab_size, mk, (float2)(m, s));
         losses[r] = mk == 0.0f ? 0.0f : loss;
         const float g = mk * grad_scale;
         const float ig = g / s;

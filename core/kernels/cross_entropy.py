@@ -62,7 +62,8 @@ class CrossEntropy:
 
         Args:
             losses: float32 ``(n_rows,)``, overwritten.
-            d_logits: float32 ``(n_rows, vocab_size)``, overwritten (an activation gradient).
+            d_logits: float32 ``(n_rows, vocab_size)``, overwritten (an activation gradient); may be
+                ``logits`` itself (the gradient written over the logits, as the Model does).
             logits, targets, mask: as :meth:`forward`.
             grad_scale: the trainer passes ``1 / sum(mask)`` (mean loss over real tokens).
         """
