@@ -20,7 +20,9 @@ from gguf import MODEL_TENSOR as T
 from core import quant_base
 from core.config import ModelConfig, tensor_name
 from core.device import Device
-from core.model import LOGITS_MATRIX, Activations, Ops, block_matrices, check_fits, forward, param_layout, step_matmuls
+from core.lora import DenseFrozen, LoRAConfig, lora_matmuls
+from core.model import (LOGITS_MATRIX, Activations, Ops, adapter_layout, block_matrices, check_fits, forward, lora_views,
+                        param_layout, step_matmuls)
 from core.quant_base import RawBase
 from core.replay import StepReplayer
 from core.schema import check_dataclass, number, spec, whole
@@ -123,6 +125,9 @@ class Generator:
             are then read in their formats (core/kernels/qmatmul.py) instead of float32, as llama.cpp
             reads the file: the same values, a quarter to an eighth of the bytes per token. Never pass
             it with weights that differ from the file's (a fine-tune, merged adapters).
+        lora, adapter: a LoRA model's configuration and adapters (``{<base name>.lora_a / .lora_b: array}``),
+            run beside the base matrices (core.model.lora_views) rather than merged into them: with
+            ``quantized``, the file's matrices stay in their formats.
 
     Raises:
         ValueError: the device cannot hold the generator's buffers (core.model.check_fits, the memory rule
@@ -131,16 +136,20 @@ class Generator:
     """
 
     def __init__(self, dev: Device, config: ModelConfig, weights: TensorStore | dict[str, np.ndarray],
-                 quantized: RawBase | None = None):
+                 quantized: RawBase | None = None, lora: LoRAConfig | None = None,
+                 adapter: dict[str, np.ndarray] | None = None):
         blocks = quant_base.plan(config, block_matrices(config), quantized.types) if quantized else {}
         logits = quant_base.plan(config, [(LOGITS_MATRIX, [config.output_weight])], quantized.types) if quantized else {}
         tied = config.output_weight == tensor_name(T.TOKEN_EMBD)
+        lora = lora if adapter is not None else None
         check_fits(dev, config, 1, training=False, generation=True,
-                   quantized={**blocks, **({} if tied else logits)} or None)
+                   quantized={**blocks, **({} if tied else logits)} or None, lora=lora)
         self.dev, self.config = dev, config
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
-        self.ops.matmul.reserve(step_matmuls(config, config.context_length, training=False))  # a full prompt
+        ctx = config.context_length
+        self.ops.matmul.reserve(step_matmuls(config, ctx, training=False)  # a full prompt
+                                + (lora_matmuls(config, lora, ctx, training=False) if lora else []))
         # RoPE's cos/sin table for the whole context now: a replayed step keeps the buffer it recorded
         self.ops.rope.cos_sin_table(config.head_dim, config.rope_theta, config.context_length)
         in_quant = quant_base.members(blocks) + (() if tied else quant_base.members(logits))
@@ -152,6 +161,18 @@ class Generator:
         # what forward reads: buffers, or quantized matrices (core.model.LOGITS_MATRIX: the output projection)
         self.views: dict = {**self.params.views, **quant_base.frozen_matrices(
             dev, config, {**blocks, **logits}, quantized.raw if quantized else {}, self.ops.matmul._scratch)}
+        if lora:  # the adapted matrices: the base's (as stored, or float32) plus the adapters' products
+            self.adapter = TensorStore(dev, adapter_layout(dev, config, lora))
+            self.adapter.load(adapter)
+
+            def frozen_of(name: str, n_out: int, n_in: int):
+                view = self.views[name]
+                return view if not isinstance(view, dev.cl.Buffer) else DenseFrozen(self.ops.matmul, view, n_out, n_in)
+
+            adapted, linears = lora_views(dev, config, lora, frozen_of, self.adapter.views, {}, self.ops.matmul, ctx)
+            for lin in linears:
+                lin.refresh()
+            self.views.update(adapted)
         # the buffers core.model.forward reads and writes: one per kind, shared by all layers (nothing
         # is kept for a backward), except the KV cache (act.k[i], act.v[i]: context_length rows per layer)
         self.act = Activations(dev, config, 1, config.context_length, training=False, generation=True)
@@ -161,7 +182,11 @@ class Generator:
     @classmethod
     def for_model(cls, dev: Device, loaded: LoadedModel) -> Generator:
         """The Generator of a loaded model: an imported GGUF file's quantized matrices read as stored
-        (``quantized``), anything else (our models, a fine-tune, a LoRA model's merged weights) in float32."""
+        (``quantized``), also under a LoRA model's adapters (as llama.cpp's ``--lora`` runs them); anything
+        else (our models, a full fine-tune, LoRA on a float32 base: its merged weights) in float32."""
+        if loaded.adapter is not None and loaded.quantized is not None:  # LoRA on a quantized file: base + adapters
+            return cls(dev, loaded.config, loaded.base_weights, quantized=loaded.quantized, lora=loaded.lora,
+                       adapter=loaded.adapter)
         quantized = loaded.quantized if loaded.adapter is None else None
         return cls(dev, loaded.config, loaded.weights, quantized=quantized)
 

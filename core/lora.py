@@ -326,14 +326,16 @@ class LoRALinear:
             self.diag.blockdiag_grad(self.grad_b, s.g, self.rank, self.parts, self.scale)   # dB_j += scale g_jj
 
 
-def lora_matmuls(config: ModelConfig, lora: LoRAConfig, n: int) -> list[tuple[int, int, int, bool, bool]]:
+def lora_matmuls(config: ModelConfig, lora: LoRAConfig, n: int, training: bool = True) -> list[tuple[int, int, int, bool, bool]]:
     """``(M, N, K, trans_a, trans_b)`` of the adapters' products of one training step over ``n`` rows
-    (for the matmuls' scratch, as ``core.model.step_matmuls``)."""
+    (for the matmuls' scratch, as ``core.model.step_matmuls``); without ``training`` the forward's two."""
     out = []
     for f in fused_adapters(config, lora):
         pr, n_out, n_in = f.n_parts * lora.rank, f.n_out, f.n_in
-        out += [(n, pr, n_in, False, True), (n, n_out, pr, False, True), (n, pr, n_out, False, False),
-                (n, n_in, pr, False, False), (pr, n_in, n, True, False), (n_out, pr, n, True, False)]
+        out += [(n, pr, n_in, False, True), (n, n_out, pr, False, True)]
+        if training:
+            out += [(n, pr, n_out, False, False), (n, n_in, pr, False, False), (pr, n_in, n, True, False),
+                    (n_out, pr, n, True, False)]
     return out
 
 

@@ -275,8 +275,8 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     if lora:
         ad = adapter_params(config, lora)
         params = n_params + ad + (3 * ad if training else 0)
-        params += scratch_floats(config, lora, rows) if training else 0
-        shapes += lora_matmuls(config, lora, rows) if training else []
+        params += scratch_floats(config, lora, rows)  # the forward keeps each matrix's u and Bd too
+        shapes += lora_matmuls(config, lora, rows, training and not generation)
     else:
         trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
         params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
@@ -433,6 +433,47 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
         o.matmul(a.logits, a.final, w_out, rows, c.vocab_size, d, trans_b=True, a_offset=offset)
 
 
+def adapter_layout(dev: Device, config: ModelConfig, lora: LoRAConfig) -> Layout:
+    """The layout of a LoRA model's adapter store: each matrix's A's and B's stacked
+    (:func:`core.lora.adapter_storage`), aligned as the parameters (:func:`layout_align`)."""
+    shapes, groups = adapter_storage(config, lora)
+    return Layout(shapes, layout_align(dev), groups=groups)
+
+
+def lora_views(dev: Device, config: ModelConfig, lora: LoRAConfig, frozen_of, adapter_views: dict,
+               grad_views: dict, matmul: Matmul, rows: int) -> tuple[dict[str, Any], list[LoRALinear]]:
+    """Every block matrix (or fused group, :data:`core.lora.FUSED`) of a LoRA model as forward reads it: its
+    frozen base matrix ``frozen_of(name, n_out, n_in)`` (a :class:`core.lora.FrozenMatrix`), wrapped in a
+    :class:`core.lora.LoRALinear` over ``adapter_views`` (and ``grad_views``' gradients, when training) where
+    it has adapters; the products' scratch is :class:`core.lora.LoRAScratch` for ``rows`` rows.
+    The Model's and a Generator's (decoding a quantized base with its adapters) one construction.
+
+    Returns:
+        ``({name: frozen matrix or LoRALinear}, [the LoRALinears])``: call ``refresh()`` on each after the
+        adapters' B's are loaded or changed.
+    """
+    scratch = LoRAScratch.for_model(dev, rows, config, lora)
+    diag, views, linears = LoRABlockDiag(dev), {}, []
+    names = {"attn_qkv": qkv_group, "ffn_gate_up": gate_up_group,
+             "attn_output": lambda i: tensor_name(T.ATTN_OUT, i), "ffn_down": lambda i: tensor_name(T.FFN_DOWN, i)}
+    fused = {(f.block, f.matrix): f for f in fused_adapters(config, lora)}
+    for i in range(config.n_layers):
+        for matrix, kinds in FUSED:
+            name = names[matrix](i)
+            n_out, n_in = sum(target_shape(config, k)[0] for k in kinds), target_shape(config, kinds[0])[1]
+            frozen, f = frozen_of(name, n_out, n_in), fused.get((i, matrix))
+            if f is None:
+                views[name] = frozen
+                continue
+            a, b = f.group(SUFFIX_A), f.group(SUFFIX_B)
+            lin = LoRALinear(frozen, n_out, n_in, [(col0, width) for _, col0, width in f.parts], lora.scale,
+                             lora.rank, adapter_views[a], adapter_views[b], grad_views.get(a), grad_views.get(b),
+                             matmul, diag, scratch, dev)
+            views[name] = lin
+            linears.append(lin)
+    return views, linears
+
+
 class Activations:
     """Buffers for one forward/backward of up to ``batch x seq`` tokens (see activation_sizes); with
     ``generation``, a core.generate.Generator's (one buffer per kind shared by the layers, a KV cache of
@@ -519,7 +560,7 @@ class Model:
         self.act = Activations(dev, config, batch_size, self.max_seq, training)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
         rows = self.rows
-        self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows) if lora else []))
+        self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows, training) if lora else []))
         names = list(self.train_layout.slots)
         self._stat_names = names
         layer = layer_of(config)
@@ -558,8 +599,7 @@ class Model:
     def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:
         """The adapters' store (the trained tensors; each matrix's A's and B's stacked: core.lora.adapter_storage)
         and the sink of the frozen norms' gradients."""
-        shapes, groups = adapter_storage(self.config, lora)
-        self.train_layout = Layout(shapes, layout_align(self.dev), groups=groups)
+        self.train_layout = adapter_layout(self.dev, self.config, lora)
         self.adapter = TensorStore(self.dev, self.train_layout)
         self.adapter.load(adapter if adapter is not None else init_adapter(self.config, lora, seed))
         self._trained, self.trained = self.adapter.flat, self.adapter
@@ -568,29 +608,11 @@ class Model:
     def _lora_views(self, lora: LoRAConfig) -> dict[str, Any]:
         """The weight views with every block matrix (or fused group) replaced by its frozen matrix
         (:meth:`_frozen_matrix`), wrapped in a :class:`core.lora.LoRALinear` where it has adapters."""
-        c, av = self.config, self.adapter.views
         gv = self.grads.views if self.training else {}  # no gradients: forward only
-        scratch = LoRAScratch.for_model(self.dev, self.rows, c, lora)
-        diag, views = LoRABlockDiag(self.dev), dict(self.params.views)
-        names = {"attn_qkv": qkv_group, "ffn_gate_up": gate_up_group,
-                 "attn_output": lambda i: tensor_name(T.ATTN_OUT, i), "ffn_down": lambda i: tensor_name(T.FFN_DOWN, i)}
-        fused = {(f.block, f.matrix): f for f in fused_adapters(c, lora)}
-        self._lora_linears = []
-        for i in range(c.n_layers):
-            for matrix, kinds in FUSED:
-                name = names[matrix](i)
-                n_out, n_in = sum(target_shape(c, k)[0] for k in kinds), target_shape(c, kinds[0])[1]
-                frozen, f = self._frozen_matrix(name, n_out, n_in), fused.get((i, matrix))
-                if f is None:
-                    views[name] = frozen
-                    continue
-                a, b = f.group(SUFFIX_A), f.group(SUFFIX_B)
-                lin = LoRALinear(frozen, n_out, n_in, [(col0, width) for _, col0, width in f.parts], lora.scale,
-                                 lora.rank, av[a], av[b], gv.get(a), gv.get(b), self.ops.matmul, diag, scratch, self.dev)
-                views[name] = lin
-                self._lora_linears.append(lin)
+        views, self._lora_linears = lora_views(self.dev, self.config, lora, self._frozen_matrix, self.adapter.views,
+                                               gv, self.ops.matmul, self.rows)
         self._adapter_version = None  # Bd built from the B's at the first batch (_load_batch)
-        return views
+        return {**self.params.views, **views}
 
     def _frozen_matrix(self, name: str, n_out: int, n_in: int) -> DenseFrozen:
         """The frozen base matrix ``name`` (a weight or a fused group, (n_out, n_in)) as a

@@ -153,18 +153,46 @@ def test_a_file_with_float32_and_quantized_layers_decodes(tmp_path, device):
         np.testing.assert_allclose(q.feed([t]), f.feed([t]), atol=2e-4, rtol=1e-4)
 
 
-def test_a_lora_model_decodes_its_merged_float32_weights(mixed, device):
-    """A LoRA model's weights are the base with its adapters merged: never read from the base's bytes."""
-    from core.lora import LoRAConfig, merge
+def test_a_lora_model_on_a_quantized_file_decodes_the_bytes_with_its_adapters(mixed, device):
+    """A LoRA model on a quantized file decodes the file's matrices as stored with the adapters beside them
+    (as llama.cpp's --lora): the logits of the training Model's forward, of the merged float32 weights (within
+    float32 rounding), the replayed step's bit for bit those of the launchers, over the whole context; the
+    device holds the estimate's bytes (within 1 %), fewer than the merged float32 generator."""
+    from core import quant_base
+    from core.lora import LoRAConfig, LoRALinear, merge
+    from core.model import block_matrices, memory_bytes
     from tests.test_lora import random_adapter
 
     lora = LoRAConfig(rank=4, alpha=8.0)
     c = dataclasses.replace(mixed.config, context_length=16)
     ad = random_adapter(c, lora, 2)
-    loaded = dataclasses.replace(mixed, config=c, weights=merge(mixed.weights, ad, lora), lora=lora, adapter=ad)
+    loaded = dataclasses.replace(mixed, config=c, weights=merge(mixed.weights, ad, lora), lora=lora, adapter=ad,
+                                 base_weights=mixed.weights)
+    before = device.allocated_bytes
     gen = Generator.for_model(device, loaded)
-    assert not any(isinstance(v, QuantFrozen) for v in gen.views.values())
+    q_bytes = device.allocated_bytes - before
+    before = device.allocated_bytes
+    merged = Generator(device, c, loaded.weights)
+    f_bytes = device.allocated_bytes - before
+    adapted = [v for v in gen.views.values() if isinstance(v, LoRALinear)]
+    assert {isinstance(v.frozen, QuantFrozen) for v in adapted} == {True, False}  # KEPT: some stay float32
+    blocks = quant_base.plan(c, block_matrices(c), mixed.quantized.types)
+    logits = quant_base.plan(c, [(LOGITS_MATRIX, [c.output_weight])], mixed.quantized.types)
+    estimate = (memory_bytes(c, 1, training=False, lora=lora, generation=True, quantized=blocks)[0]
+                + quant_base.device_bytes(c, logits)[0])  # tied: the logits' quantized token_embd, not counted
+    assert abs(q_bytes - estimate) <= 0.01 * estimate and q_bytes < f_bytes  # (the adapters' alignment padding)
     m = Model(device, c, batch_size=1, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized,
               training=False)
     tokens = np.random.default_rng(1).integers(3, c.vocab_size, (1, 6)).astype(np.int32)
-    np.testing.assert_allclose(gen.feed(tokens[0].tolist()), m.logits(tokens)[0, -1], atol=2e-4, rtol=1e-4)
+    first = gen.feed(tokens[0].tolist())
+    np.testing.assert_allclose(first, m.logits(tokens)[0, -1], atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(first, merged.feed(tokens[0].tolist()), atol=2e-4, rtol=1e-4)
+    ref = plain(Generator.for_model(device, loaded))
+    rows = [first, ref.feed(tokens[0].tolist())]
+    assert np.array_equal(rows[0], rows[1])
+    for _ in range(c.context_length - tokens.shape[1]):  # greedy on the replayed generator's tokens
+        t = int(np.argmax(rows[0]))
+        rows = [gen.feed([t]), ref.feed([t])]
+        assert np.array_equal(rows[0], rows[1])
+        np.testing.assert_allclose(rows[0], merged.feed([t]), atol=2e-4, rtol=1e-4)
+    assert gen._decode.replay is not None and ref._decode.replay is None
