@@ -182,9 +182,12 @@ class Generator:
     @classmethod
     def for_model(cls, dev: Device, loaded: LoadedModel) -> Generator:
         """The Generator of a loaded model: an imported GGUF file's quantized matrices read as stored
-        (``quantized``), also under a LoRA model's adapters (as llama.cpp's ``--lora`` runs them); anything
-        else (our models, a full fine-tune, LoRA on a float32 base: its merged weights) in float32."""
-        if loaded.adapter is not None and loaded.quantized is not None:  # LoRA on a quantized file: base + adapters
+        (``quantized``), also under a LoRA model's adapters when some block matrices stay quantized (as
+        llama.cpp's ``--lora`` runs them); anything else (our models, a full fine-tune, LoRA on a float32
+        base, even a GGUF file's: its merged weights, decoded faster) in float32."""
+        kept = (quant_base.plan(loaded.config, block_matrices(loaded.config), loaded.quantized.types)
+                if loaded.adapter is not None and loaded.quantized is not None else {})
+        if kept:  # LoRA on a file whose block matrices stay quantized: base + adapters (else merged: faster)
             return cls(dev, loaded.config, loaded.base_weights, quantized=loaded.quantized, lora=loaded.lora,
                        adapter=loaded.adapter)
         quantized = loaded.quantized if loaded.adapter is None else None

@@ -196,3 +196,28 @@ def test_a_lora_model_on_a_quantized_file_decodes_the_bytes_with_its_adapters(mi
         assert np.array_equal(rows[0], rows[1])
         np.testing.assert_allclose(rows[0], merged.feed([t]), atol=2e-4, rtol=1e-4)
     assert gen._decode.replay is not None and ref._decode.replay is None
+
+
+def test_a_lora_model_on_a_float32_file_decodes_its_merged_weights(tmp_path, device):
+    """A GGUF base with nothing quantized (an F32 file) keeps nothing in its formats: its LoRA model decodes the
+    merged float32 weights (the one-launch layers apply), not base + adapters (2x slower there; break-it review)."""
+    import gguf
+
+    from core.gguf_import import import_gguf
+    from core.lora import LoRAConfig, LoRALinear, merge
+    from core.tokenizer import Tokenizer
+    from tests.test_gguf_import import CFG, write_llama
+    from tests.test_lora import random_adapter
+
+    tok = Tokenizer.train(["The mayor keeps bees and plays chess by the river."] * 20, vocab_size=280)
+    types = {name: gguf.GGMLQuantizationType.F32 for name, _ in CFG.param_shapes()}
+    base = import_gguf(write_llama(tmp_path / "f32.gguf", tok, config=CFG, types=types, seed=2))
+    assert base.quantized is not None  # a GGUF file always brings its raw tensors
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    ad = random_adapter(base.config, lora, 5)
+    loaded = dataclasses.replace(base, weights=merge(base.weights, ad, lora), lora=lora, adapter=ad,
+                                 base_weights=base.weights)
+    gen = Generator.for_model(device, loaded)
+    assert not any(isinstance(v, (LoRALinear, QuantFrozen)) for v in gen.views.values())
+    merged = Generator(device, base.config, loaded.weights)
+    assert np.array_equal(gen.feed([5, 9, 14]), merged.feed([5, 9, 14]))
