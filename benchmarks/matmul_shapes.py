@@ -42,7 +42,7 @@ def step_matmuls(c, tokens: int) -> Counter:
     return calls
 
 
-class reference:
+class Reference:
     """The SGEMM ours is compared with: ``cublas`` (torch on the GPU, TF32 off) or ``numpy`` (its BLAS)."""
 
     def __init__(self, name: str):
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--reference", choices=("cublas", "numpy"), help="default: numpy on a CPU device, else cublas")
     args = ap.parse_args()
     dev = open_device(args.device)
-    ref = reference(args.reference or ("numpy" if dev.is_cpu else "cublas"))
+    ref = Reference(args.reference or ("numpy" if dev.is_cpu else "cublas"))
     mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, m: None))
     print(f"device: {dev.info.label}; configs nn {mm.config(False, False)}, nt {mm.config(False, True)}, "
           f"tn {mm.config(True, False)}")
