@@ -115,14 +115,15 @@ KERNEL_BUILD_BYTES = 100 << 20
 (PoCL's LLVM heap): measured 0.66 GiB peak with the kernels in PoCL's cache, 0.75 without, same run."""
 
 
-def check_copy_bytes(config: ModelConfig, rows: int, seq: int) -> int:
-    """Host bytes of a recall check's logits (core.recall.greedy_batch): float32 ``(rows, seq,
-    vocab_size)`` read back for every new token, the next one read while the last is still held."""
-    return 2 * 4 * rows * min(seq, config.context_length) * config.vocab_size
+def check_copy_bytes(config: ModelConfig, rows: int) -> int:
+    """Host bytes of a recall check's logits (core.recall.greedy_batch): each row's last logits, float32
+    ``(rows, vocab_size)`` (core.model.Model.last_logits), read back for every new token, the next one read while
+    the last is still held."""
+    return 2 * 4 * rows * config.vocab_size
 
 
 def peak_resident_bytes(resident_before: int, config: ModelConfig, device_bytes: int, device_on_host: bool,
-                        freeze_embeddings: bool = False, check_seq: int = 0, check_rows: int = 1,
+                        freeze_embeddings: bool = False, check_rows: int = 1,
                         from_base: tuple[str, ...] = (), lora: LoRAConfig | None = None) -> int:
     """Peak resident memory of a training process in bytes.
 
@@ -131,13 +132,13 @@ def peak_resident_bytes(resident_before: int, config: ModelConfig, device_bytes:
     device), ``device_bytes`` (the trainer's ``Model.memory_estimate``: its buffers, LoRA's and a quantized
     base's included, are sized for the longest batch of the run, core.trainer.max_seq_of), plus the larger of
     a checkpoint save's copies (:func:`save_copy_bytes`: the ``from_base`` tensors are not saved, a ``lora``
-    run saves its adapters only) and a recall check's logits of ``check_rows`` rows of ``check_seq`` tokens
+    run saves its adapters only) and a recall check's logits of ``check_rows`` rows
     (:func:`check_copy_bytes`; the check runs after the save), plus :data:`KERNEL_BUILD_BYTES`.
     Measured on PoCL (2-core VM), estimate / peak: SmolLM2-135M 7.96 / 7.92-7.94 GiB (rows of 47 tokens); a
     3.2M-parameter base with SmolLM2's vocabulary 0.75 / 0.66-0.75 GiB (kernels cached or not).
     """
     device = device_bytes if device_on_host else 0
-    copies = max(save_copy_bytes(config, freeze_embeddings, from_base, lora), check_copy_bytes(config, check_rows, check_seq))
+    copies = max(save_copy_bytes(config, freeze_embeddings, from_base, lora), check_copy_bytes(config, check_rows))
     return resident_before + device + copies + KERNEL_BUILD_BYTES
 
 

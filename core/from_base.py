@@ -170,7 +170,7 @@ def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, 
     """``(gradients, decoding)``: the speed of a forward and backward pass of ``trainer``'s model (its
     gradients, as a step computes them), each timed on the first micro-batch of every stage in ``stages``
     (its real sequences) after one untimed pass of each that builds the kernels, and how fast it decodes a recall
-    check (core.recall.CheckSpeed: a forward whose logits are read back, timed on the same batches, and
+    check (core.recall.CheckSpeed: a forward whose rows' last logits are read back, timed on the same batches, and
     the median of :data:`DECODE_STEPS` single-token steps of its first row over its K/V buffers).
     Gradients and activations are overwritten, as the next step overwrites them; weights and moments stay.
     """
@@ -183,7 +183,8 @@ def gradient_seconds(trainer: Trainer, stages: tuple[int, ...]) -> tuple[Speed, 
     for b in batches:  # builds the kernels (the first step then does not); a CPU driver (PoCL) also builds its
         m.forward_backward(*b)  # work-group functions per new shape: a timed first pass of the dialogue batch read 2.5x slow
     grads = [(b[0].size, _seconds(lambda b=b: m.forward_backward(*b))) for b in batches]
-    logits = [(b[0].size, _seconds(lambda b=b: m.logits(b[0]))) for b in batches]
+    ends = [[len(row) for row in b[0]] for b in batches]  # greedy_batch reads each row's last logits
+    logits = [(b[0].size, _seconds(lambda b=b, e=e: m.last_logits(b[0], e))) for b, e in zip(batches, ends)]
     row = [int(t) for t in batches[0][0][0][:max(1, min(8, m.rows - DECODE_STEPS - 1))]]
     m.next_logits(row, 0)
     steps = [_seconds(lambda k=k: m.next_logits(row[-1:], len(row) + k)) for k in range(DECODE_STEPS + 1)]
@@ -246,13 +247,13 @@ def estimate_resident(trainer: Trainer, resident_before: int, device_on_host: bo
     from core.estimates import check_copy_bytes, peak_resident_bytes, save_copy_bytes
 
     tc, mc, model = trainer.train_config, trainer.model_config, trainer.model
-    rows, check = check_shape(trainer)
+    rows = check_rows(trainer)
     from_base = _from_base(trainer)
     peak = peak_resident_bytes(resident_before, mc, model.memory_estimate(), device_on_host, tc.freeze_embeddings,
-                               check, rows, from_base, model.lora)
+                               rows, from_base, model.lora)
     return ResidentEstimate(peak, model.max_seq, device_on_host,
                             save_copy_bytes(mc, tc.freeze_embeddings, from_base, model.lora),
-                            check_copy_bytes(mc, rows, check))
+                            check_copy_bytes(mc, rows))
 
 
 def _from_base(trainer: Trainer) -> tuple[str, ...]:
@@ -270,12 +271,10 @@ def _check_prompts(trainer: Trainer) -> list:
                                  KINDS, trainer.heldout_pairs), key=lambda p: len(p.ids))
 
 
-def check_shape(trainer: Trainer) -> tuple[int, int]:
-    """``(rows, tokens)`` of the largest forward a recall check of ``trainer``'s run makes: the batch's
-    prompts (at most the model's rows) and the longest prompt and answer."""
-    prompts = _check_prompts(trainer)
-    longest = max((len(p.ids) + p.max_new for p in prompts), default=1)
-    return min(len(prompts), trainer.model.batch_size), min(trainer.model_config.context_length, longest)
+def check_rows(trainer: Trainer) -> int:
+    """Rows of the largest forward a recall check of ``trainer``'s run makes: its batch's prompts (at most the
+    model's batch_size), each of which reads back its last logits."""
+    return min(len(_check_prompts(trainer)), trainer.model.batch_size)
 
 
 LORA_LR = 1e-3
@@ -340,5 +339,5 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
 
 
 __all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
-           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_shape",
+           "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_rows",
            "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

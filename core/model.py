@@ -173,6 +173,27 @@ class StepStats:
     tokens: int
 
 
+LOSS_CHUNK_BYTES = 128 * 2**20
+"""The most bytes of logits a Model holds at once: its loss head (the output projection, the cross-entropy and, in
+training, their backward) runs over a batch's rows in chunks of :func:`loss_rows` rows, so the (tokens x vocab_size)
+logits are never stored whole (issue 21; SmolLM2's vocabulary of 49152 at 8 x 512 tokens: 768 -> 120 MiB)."""
+LOSS_CHUNK_ALIGN = 64
+"""Rows of a chunk of the loss head are a multiple of this, at least this (whole tiles of the matmuls)."""
+
+
+def loss_rows(c: ModelConfig, n: int) -> int:
+    """Rows of one chunk of the loss head of a Model of ``n`` rows (``Model.rows``): all ``n`` where their
+    float32 logits fit :data:`LOSS_CHUNK_BYTES`, else the most that do in a multiple of :data:`LOSS_CHUNK_ALIGN`
+    (at least that)."""
+    fit = LOSS_CHUNK_BYTES // (4 * c.vocab_size) // LOSS_CHUNK_ALIGN * LOSS_CHUNK_ALIGN
+    return max(1, min(n, max(LOSS_CHUNK_ALIGN, fit)))
+
+
+def loss_chunks(n: int, rows: int) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each chunk of ``rows`` rows (the last may be shorter) over ``n`` rows."""
+    return [(r0, min(rows, n - r0)) for r0 in range(0, n, rows)]
+
+
 def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
                      generation: bool = False) -> dict[str, list[int]]:
     """Every activation buffer one step needs: ``{name: [elements of each buffer]}``.
@@ -184,7 +205,7 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
     the context): what a forward keeps nothing of for a backward is one buffer shared by all layers
     (one entry), except the KV cache (``k``, ``v``: one per layer); :data:`GENERATION_ALIASES` reuse
     buffers; no targets, mask or losses; ``logits`` of the last row only. Training's ``d_logits`` is
-    ``logits`` (:data:`TRAINING_ALIASES`).
+    ``logits`` (:data:`TRAINING_ALIASES`); ``logits`` holds one chunk of the loss head (:func:`loss_rows`).
     """
     if generation:
         return _generation_sizes(c, seq)
@@ -197,7 +218,7 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
-              "logits": n * v, "losses": n}
+              "logits": loss_rows(c, n) * v, "losses": n}
     if training:
         single |= {"dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
@@ -211,7 +232,7 @@ GENERATION_ALIASES = {"ffn_in": "attn_in", "final": "attn_in", "ffn_rstd": "attn
 TRAINING_ALIASES = {"d_logits": "logits"}
 """Training's buffers that are another one: the loss's gradient is written over the logits (nothing reads
 the logits after the loss; core/kernels/cross_entropy.cl reads each row before writing it), which saves
-a (tokens x vocab_size) buffer, the largest activation of a large-vocabulary model."""
+a buffer of a chunk of the loss head (:func:`loss_rows` x vocab_size)."""
 
 
 def _generation_sizes(c: ModelConfig, seq: int) -> dict[str, list[int]]:
@@ -229,11 +250,12 @@ def step_matmuls(c: ModelConfig, n: int, training: bool) -> list[tuple[int, int,
     :meth:`Model._backward` (tests/test_model.py checks them against the products a step runs). For
     sizing the matmuls' scratch (``Matmul.reserve``, ``scratch_bound_floats``)."""
     d, kv, f, v = c.d_model, c.kv_dim, c.ffn_dim, c.vocab_size
+    head = sorted({rows for _, rows in loss_chunks(n, loss_rows(c, n))})  # the loss head's chunks (and the last)
     out = [(n, d + 2 * kv, d, False, True), (n, d, d, False, True), (n, 2 * f, d, False, True),
-           (n, d, f, False, True), (n, v, d, False, True)]
+           (n, d, f, False, True)] + [(r, v, d, False, True) for r in head]
     if training:
-        out += [(v, d, n, True, False), (n, d, v, False, False),                   # output projection
-                (d, f, n, True, False), (n, f, d, False, False),                   # ffn_down
+        out += [s for r in head for s in ((v, d, r, True, False), (r, d, v, False, False))]  # output projection
+        out += [(d, f, n, True, False), (n, f, d, False, False),                   # ffn_down
                 (2 * f, d, n, True, False), (n, d, 2 * f, False, False),           # [ffn_gate; ffn_up]
                 (d, d, n, True, False), (n, d, d, False, False),                   # attn_output
                 (d + 2 * kv, d, n, True, False), (n, d, d + 2 * kv, False, False)]  # [attn_q; attn_k; attn_v]
@@ -406,10 +428,12 @@ def decode_layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, pos: i
              p[gate_up_group(i)], w(T.FFN_DOWN), norm, o.rope.cos_sin_table(c.head_dim, c.rope_theta, pos + 1), c, pos)
 
 
-def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False) -> None:
+def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False,
+            logits: bool = True) -> None:
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
     ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
-    floats at the start of ``a.logits``) when ``last_row_only``. Arguments as :func:`layer_forward`.
+    floats at the start of ``a.logits``) when ``last_row_only``; without ``logits``, up to ``a.final``
+    (the Model's loss head then runs in chunks of rows: :func:`loss_rows`). Arguments as :func:`layer_forward`.
     One token of one sequence (decode) runs a layer as one launch where
     :meth:`core.kernels.decode.DecodeLayer.suits` says so (small, its matrices float32 buffers).
     """
@@ -425,6 +449,8 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
         else:
             layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
+    if not logits:
+        return
     w_out = p[LOGITS_MATRIX] if LOGITS_MATRIX in p else p[c.output_weight]  # (vocab, d); tied: token_embd
     rows, offset = (1, (n - 1) * d) if last_row_only else (n, 0)  # logits (rows, vocab)
     if hasattr(w_out, "forward"):
@@ -558,6 +584,7 @@ class Model:
         if lora:
             self._views = self._lora_views(lora)
         self.act = Activations(dev, config, batch_size, self.max_seq, training)
+        self.loss_rows = loss_rows(config, self.rows)  # rows of a chunk of the loss head (a.logits holds one)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
         rows = self.rows
         self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows, training) if lora else []))
@@ -672,19 +699,34 @@ class Model:
         return b, t
 
     def _forward(self, b: int, t: int) -> None:
-        """Forward pass in layer order; activations are kept for backward."""
-        forward(self.ops, self.config, self._views, self.act, b, t)
+        """Forward pass in layer order up to ``a.final`` (the loss head's input); activations are kept for
+        backward."""
+        forward(self.ops, self.config, self._views, self.act, b, t, logits=False)
+
+    def _head_logits(self, row0: int, rows: int, src: Any = None) -> None:
+        """``a.logits (rows, vocab_size)`` of rows ``row0 ..`` of ``src`` (default ``a.final``), (n, d_model)."""
+        c, a = self.config, self.act
+        self.ops.matmul(a.logits, a.final if src is None else src, self._views[c.output_weight], rows, c.vocab_size,
+                        c.d_model, trans_b=True, a_offset=row0 * c.d_model)
+
+    def _head_backward(self, row0: int, rows: int) -> None:
+        """The output projection's backward for rows ``row0 ..`` from ``a.d_logits (rows, vocab_size)``: its weight
+        gradient accumulated (tied embeddings: into token_embd.weight's, which the embedding's adds to last), and
+        ``a.d_norm`` of those rows."""
+        c, a, g, mm = self.config, self.act, self.grads.views, self.ops.matmul
+        d, v = c.d_model, c.vocab_size
+        if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings, LoRA)
+            mm(g[c.output_weight], a.d_logits, a.final, v, d, rows, trans_a=True, accumulate=True, b_offset=row0 * d)
+        mm(a.d_norm, a.d_logits, self._views[c.output_weight], rows, d, v, c_offset=row0 * d)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, b: int, t: int) -> None:
-        """Backward pass, in reverse layer order; accumulates into ``self.grads`` (zeroed first)."""
+        """Backward pass below the loss head (:meth:`_head_backward`), in reverse layer order; accumulates into
+        ``self.grads``."""
         c, o, a, p, g = self.config, self.ops, self.act, self._views, self.grads.views
-        n, d, mm = b * t, c.d_model, o.matmul
-        # output projection and final norm (tied embeddings: this gradient and the embedding's below
-        # both accumulate into token_embd.weight)
-        if c.output_weight in g:  # not when frozen (tied embeddings, freeze_embeddings, LoRA)
-            mm(g[c.output_weight], a.d_logits, a.final, c.vocab_size, d, n, trans_a=True, accumulate=True)
-        mm(a.d_norm, a.d_logits, p[c.output_weight], n, d, c.vocab_size)
+        n, d = b * t, c.d_model
+        # the output projection's backward ran with the loss, chunk by chunk (_head_backward): a.d_norm is
+        # dL/d(final) of every row; the final norm's backward
         out_norm = tensor_name(T.OUTPUT_NORM)
         o.rmsnorm.backward(a.dx, g.get(out_norm, self._norm_sink), a.d_norm, a.x[c.n_layers], p[out_norm],
                            a.final_rstd, n, d)
@@ -748,7 +790,43 @@ class Model:
         tokens = np.atleast_2d(tokens)
         b, t = self._load_batch(tokens, None, None)
         self._forward(b, t)
-        return self.dev.download(self.act.logits, (b, t, self.config.vocab_size))
+        v = self.config.vocab_size
+        out = np.empty((b * t, v), np.float32)
+        for row0, rows in loss_chunks(b * t, self.loss_rows):
+            self._head_logits(row0, rows)
+            out[row0:row0 + rows] = self.dev.download(self.act.logits, (rows, v))
+        return out.reshape(b, t, v)
+
+    def last_logits(self, tokens: np.ndarray, lengths: list[int] | np.ndarray) -> np.ndarray:
+        """Logits after the last token of each row: row ``j``'s ``tokens[j, lengths[j] - 1]`` (core.recall's
+        batched greedy decoding: only these rows of the output projection are computed and read back).
+
+        Args:
+            tokens: int (batch, seq) token ids, as :meth:`logits`.
+            lengths: int (batch,), each in 1..seq: the tokens of each row (the rest is padding).
+
+        Returns:
+            float32 (batch, vocab_size).
+
+        Raises:
+            ValueError: shape, token ids or lengths out of range.
+        """
+        tokens = np.atleast_2d(tokens)
+        lengths = np.asarray(lengths, np.int64)
+        b, t = tokens.shape
+        if lengths.shape != (b,) or lengths.min(initial=1) < 1 or lengths.max(initial=1) > t:
+            raise ValueError(f"lengths {lengths.tolist()} must be one per row of {b}, each in 1..{t}")
+        self._load_batch(tokens, None, None)
+        self._forward(b, t)
+        c, a = self.config, self.act
+        d = c.d_model
+        for j, n_tok in enumerate(lengths):  # gather each row's last final vector: (b, d_model) at the start of a.tmp
+            self.dev.copy(a.tmp, a.final, d, dst_offset=j * d, src_offset=(j * t + int(n_tok) - 1) * d)
+        out = np.empty((b, c.vocab_size), np.float32)
+        for row0, rows in loss_chunks(b, self.loss_rows):
+            self._head_logits(row0, rows, a.tmp)
+            out[row0:row0 + rows] = self.dev.download(a.logits, (rows, c.vocab_size))
+        return out
 
     def next_logits(self, ids: list[int], pos: int) -> np.ndarray:
         """Logits after the last of ``ids``, one sequence decoded with this model's K/V buffers as its cache
@@ -786,7 +864,9 @@ class Model:
         self._forward(b, t)
         n = b * t
         o, a = self.ops, self.act
-        o.cross_entropy.forward(a.losses, a.logits, a.targets, a.mask, n, self.config.vocab_size)
+        for row0, rows in loss_chunks(n, self.loss_rows):
+            self._head_logits(row0, rows)
+            o.cross_entropy.forward(a.losses, a.logits, a.targets, a.mask, rows, self.config.vocab_size, row0=row0)
         o.sums.sum(self._stats, 0, a.losses, n)
         o.sums.sum(self._stats, 1, a.mask, n)
         s = self.dev.download(self._stats, (2,))
@@ -823,10 +903,13 @@ class Model:
         n = b * t
         self._forward(b, t)
         o, a = self.ops, self.act
-        o.cross_entropy.forward_backward(a.losses, a.d_logits, a.logits, a.targets, a.mask, n,
-                                         self.config.vocab_size, 1.0 / (total_count or count))
         if not accumulate:
             self.grads.zero()
+        for row0, rows in loss_chunks(n, self.loss_rows):  # the loss head, a chunk of rows at a time
+            self._head_logits(row0, rows)
+            o.cross_entropy.forward_backward(a.losses, a.d_logits, a.logits, a.targets, a.mask, rows,
+                                             self.config.vocab_size, 1.0 / (total_count or count), row0=row0)
+            self._head_backward(row0, rows)
         self._backward(b, t)
         o.sums.sum(self._stats, 0, a.losses, n)
         o.sums.sum(self._stats, 1, a.mask, n)

@@ -254,7 +254,7 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
     """Greedy continuations of up to ``model.batch_size`` prompts decoded together.
 
     Args:
-        model: a :class:`core.model.Model` (its ``logits`` on int32 (rows, seq) tokens).
+        model: a :class:`core.model.Model` (its ``last_logits`` on int32 (rows, seq) tokens).
         prompts: token ids per row (each shorter than the model's context_length).
         max_new: most tokens to generate per row; a row also ends at ``eos_id`` (kept in its output)
             or at the context length.
@@ -271,10 +271,10 @@ def greedy_batch(model: Model, prompts: list[list[int]], max_new: list[int], eos
         tokens = np.full((len(active), t), pad_id, np.int32)
         for j, r in enumerate(active):
             tokens[j, :len(seqs[r])] = seqs[r]
-        logits = model.logits(tokens)  # (rows, t, vocab_size)
+        logits = model.last_logits(tokens, [len(seqs[r]) for r in active])  # (rows, vocab_size)
         still = []
         for j, r in enumerate(active):
-            nxt = int(np.argmax(logits[j, len(seqs[r]) - 1]))
+            nxt = int(np.argmax(logits[j]))
             seqs[r].append(nxt)
             outs[r].append(nxt)
             if nxt != eos_id and len(outs[r]) < max_new[r] and len(seqs[r]) < cl:
@@ -306,7 +306,7 @@ def greedy_cached(model: Model, prompts: list[list[int]], max_new: list[int], eo
 @dataclass(frozen=True)
 class CheckSpeed:
     """How fast a model decodes, measured (core.from_base.gradient_seconds): ``forward(n)`` seconds of a forward
-    of ``n`` tokens whose logits are read back (core.from_base.Speed), ``step_s`` seconds of one new token of one
+    of ``n`` tokens whose rows' last logits are read back (``Model.last_logits``; core.from_base.Speed), ``step_s`` seconds of one new token of one
     row over its K/V buffers (``Model.next_logits``)."""
 
     forward: Callable[[float], float]

@@ -120,9 +120,9 @@ def _train_lora(main_window, qtbot, f32_base, monkeypatch):
 
     def spy(trainer, before, on_host):  # the real estimate, and the one of a full fine-tune of the same run
         seen["lora"] = r = real(trainer, before, on_host)
-        rows, check = finetune.check_shape(trainer)
+        rows = finetune.check_rows(trainer)
         full_dev = memory_bytes(trainer.model_config, trainer.model.batch_size, True, max_seq=r.longest)[0]
-        seen["full"] = peak_resident_bytes(before, trainer.model_config, full_dev, on_host, False, check, rows)
+        seen["full"] = peak_resident_bytes(before, trainer.model_config, full_dev, on_host, False, rows)
         return r
 
     monkeypatch.setattr(finetune, "estimate_resident", spy)

@@ -48,6 +48,35 @@ def test_cross_entropy_forward_backward(device, rng, shape, local, per_item):
     assert np.array_equal(from_device(device, X, logits), from_device(device, dX, logits)), "in place"
 
 
+@pytest.mark.parametrize("local", [1, 32])
+@pytest.mark.parametrize("per_item", [False, True, "interleaved"], ids=["group-per-row", "rows-per-item", "rows-interleaved"])
+def test_cross_entropy_in_chunks_of_rows(device, rng, local, per_item):
+    """The Model's loss head: each chunk's logits at the start of one buffer, ``row0`` into the batch's targets,
+    mask and losses; every loss written once, no element of another chunk's touched."""
+    n_rows, vocab = 11, 257
+    op = CrossEntropy(device, local_size=local, rows_per_item=bool(per_item), contiguous=per_item is True)
+    logits, targets, mask = _inputs(rng, n_rows, vocab)
+    grad_scale = 1.0 / float(mask.sum())
+    T, M = to_device(device, targets, mask)
+    loss_ref = ref.cross_entropy_forward(logits, targets, mask)
+    d_ref = ref.cross_entropy_backward(logits, targets, mask, grad_scale)
+    for backward in (False, True):
+        losses = device.upload(np.full(n_rows, np.nan, np.float32))
+        for row0, end in ((0, 4), (4, 5), (5, n_rows)):
+            before = from_device(device, losses, loss_ref)
+            chunk = device.upload(np.ascontiguousarray(logits[row0:end]))
+            if backward:
+                op.forward_backward(losses, chunk, chunk, T, M, end - row0, vocab, grad_scale, row0=row0)
+                assert_close(from_device(device, chunk, logits[row0:end]), d_ref[row0:end], atol=1e-7, rtol=1e-4,
+                             what=f"d_logits of rows {row0}..{end}")
+            else:
+                op.forward(losses, chunk, T, M, end - row0, vocab, row0=row0)
+            after = from_device(device, losses, loss_ref)
+            outside = np.r_[0:row0, end:n_rows]
+            assert np.array_equal(after[outside], before[outside], equal_nan=True), "another chunk's losses"
+        assert_close(from_device(device, losses, loss_ref), loss_ref, atol=1e-5, rtol=1e-5, what="losses")
+
+
 @pytest.mark.parametrize("per_item", [False, True], ids=["group-per-row", "rows-per-item"])
 def test_cross_entropy_bad_target_on_unmasked_row_is_nan(device, per_item):
     op = CrossEntropy(device, local_size=4, rows_per_item=bool(per_item), contiguous=per_item is True)

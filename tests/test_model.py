@@ -532,3 +532,62 @@ def test_the_gradient_bound_holds_where_the_norm_vanishes(device, case):
     assert model.ops.adamw.checked == 2
     assert all(np.isfinite(w).all() for w in model.trained.to_numpy().values())
     assert all(np.isfinite(a).all() for part in ("m", "v") for a in model.optimizer_state()[part].values())
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_loss_head_in_chunks_of_rows_gives_the_whole_batchs_loss_and_gradients(device, monkeypatch, tied):
+    """The output projection and the cross-entropy run over a batch's rows in chunks (core.model.loss_rows: the
+    (tokens x vocab) logits never stored whole): a model whose chunks are 4 rows (the last of a 3 x 7 batch: 1)
+    holds logits of 4 rows, as memory_bytes counts them, and gives the loss, the gradients (every one, the tied
+    embedding's from both ends), the evaluation loss and the logits of the model of one chunk, within rounding;
+    each row's last logits (core.recall's greedy decoding) are those of the whole logits."""
+    import core.model as model_mod
+    from core.model import memory_bytes
+
+    cfg = dataclasses.replace(TINY, tie_embeddings=tied)
+    w = random_weights(cfg, 21)
+    tokens, targets, mask = batch(cfg, 3, 7, 22)
+    got = {}
+    for chunk in (None, 4):
+        if chunk:  # 4 rows of logits a chunk
+            monkeypatch.setattr(model_mod, "LOSS_CHUNK_BYTES", 4 * chunk * cfg.vocab_size)
+            monkeypatch.setattr(model_mod, "LOSS_CHUNK_ALIGN", 2)
+        before = device.allocated_bytes
+        m = Model(device, cfg, batch_size=3, weights=w, max_seq=7)
+        allocated = device.allocated_bytes - before
+        est = memory_bytes(cfg, 3, max_seq=7)[0]
+        assert m.loss_rows == (chunk or 21)
+        assert m.memory_estimate() == est and abs(allocated - est) <= 0.2 * est, (chunk, allocated, est)
+        stats = m.forward_backward(tokens, targets, mask)
+        grads = m.grads.to_numpy()
+        got[chunk] = (est, stats, grads, m.loss(tokens, targets, mask), m.logits(tokens),
+                      m.last_logits(tokens, [7, 3, 1]))
+    (e_one, s_one, g_one, l_one, x_one, _), (e_ch, s_ch, g_ch, l_ch, x_ch, last) = got[None], got[4]
+    assert e_one - e_ch == 4 * (21 - 4) * cfg.vocab_size  # the logits' rows
+    assert s_ch.loss == pytest.approx(s_one.loss, rel=1e-6) and s_ch.tokens == s_one.tokens
+    assert s_ch.grad_norm == pytest.approx(s_one.grad_norm, rel=1e-5)
+    for name in g_one:
+        np.testing.assert_allclose(g_ch[name], g_one[name], atol=1e-6, rtol=1e-5, err_msg=name)
+    assert l_ch[0] == pytest.approx(l_one[0], rel=1e-6) and l_ch[1] == l_one[1]
+    np.testing.assert_allclose(x_ch, x_one, atol=1e-5, rtol=1e-5)  # products of fewer rows: other kernels' rounding
+    np.testing.assert_allclose(last, np.stack([x_one[0, 6], x_one[1, 2], x_one[2, 0]]), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="lengths"):
+        m.last_logits(tokens, [7, 0, 1])
+
+
+def test_recall_decoding_reads_only_each_rows_last_logits(device):
+    """core.recall.greedy_batch (its continuations the same as one prompt at a time over the K/V cache) asks the
+    model for each row's last logits only, not the (rows x seq x vocab) of every position."""
+    from core import recall
+
+    m = Model(device, TINY, batch_size=3, weights=random_weights(TINY, 5), training=False)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    calls = []
+    real = Model.logits
+    Model.logits = lambda self, *a, **k: calls.append(a) or real(self, *a, **k)
+    try:
+        together = recall.greedy_batch(m, prompts, [5, 5, 5], eos_id=0, pad_id=0)
+    finally:
+        Model.logits = real
+    assert calls == []
+    assert together == recall.greedy_cached(m, prompts, [5, 5, 5], eos_id=0)

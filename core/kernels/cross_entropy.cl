@@ -9,6 +9,8 @@
 // One work-group per row; tree reductions in local memory, any power-of-two work-group size.
 // The backward may write d_logits over logits (the same buffer: the trainer keeps no logits after the
 // loss): every read of a row comes before the writes to it.
+// row0: the logits are rows row0 .. of the batch (the Model's loss head runs in chunks of rows): targets,
+// mask and losses are read and written from element row0 on; logits and d_logits from their start.
 
 #include "group_reduce.h"
 #include "inline_math.h"
@@ -42,17 +44,17 @@ inline float row_loss(const float row_t, const int t, const int vocab_size, cons
 // One work-group per row; red (local size).
 __kernel void cross_entropy_forward(__global float* losses, __global const float* logits,
                                     __global const int* targets, __global const float* mask,
-                                    const int vocab_size, __local float* red) {
+                                    const int vocab_size, const int row0, __local float* red) {
     const int r = get_group_id(0);
-    const float mk = mask[r];
+    const float mk = mask[row0 + r];
     __global const float* row = logits + (size_t)r * vocab_size;
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
     // the whole group before the barriers hung PoCL 3.0 on a CPU)
     const float2 st = row_softmax_stats(row, vocab_size, red);
     // every argument read outside branches (Mesa's llvmpipe warns about kernel arguments read in them)
-    const int t = targets[r];
+    const int t = targets[row0 + r];
     const float loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, st);
-    __global float* out = losses + r;
+    __global float* out = losses + row0 + r;
     if (get_local_id(0) == 0) *out = mk == 0.0f ? 0.0f : loss;
 }
 
@@ -62,11 +64,11 @@ __kernel void cross_entropy_forward(__global float* losses, __global const float
 __kernel void cross_entropy_backward(__global float* losses, __global float* d_logits,
                                      __global const float* logits, __global const int* targets,
                                      __global const float* mask, const int vocab_size,
-                                     const float grad_scale, __local float* red) {
+                                     const float grad_scale, const int row0, __local float* red) {
     const int r = get_group_id(0);
     const int lid = get_local_id(0);
     const int L = get_local_size(0);
-    const float mk = mask[r];
+    const float mk = mask[row0 + r];
     __global const float* row = logits + (size_t)r * vocab_size;
     __global float* drow = d_logits + (size_t)r * vocab_size;
     // stats for every row, masked or not: barriers never sit behind a branch (an early return of
@@ -74,10 +76,10 @@ __kernel void cross_entropy_backward(__global float* losses, __global float* d_l
     const float2 st = row_softmax_stats(row, vocab_size, red);
     // a masked row (mk == 0) gets zeros; no early return: every argument is read outside branches
     // (Mesa's llvmpipe warns about kernel arguments read in them)
-    const int t = targets[r];
+    const int t = targets[row0 + r];
     const float g = mk * grad_scale, loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, st);
     const float inv = 1.0f / st.y;
-    __global float* out = losses + r;
+    __global float* out = losses + row0 + r;
     if (lid == 0) *out = mk == 0.0f ? 0.0f : loss;
     barrier(CLK_GLOBAL_MEM_FENCE);  // every item has read the row (and row[t]) before any writes over it
     for (int j = lid; j < vocab_size; j += L) {
@@ -107,15 +109,15 @@ inline float2 row_softmax_stats_item(__global const float* row, const int vocab_
 // A masked row's loops run 0 times (n = 0) instead of being skipped by an `if` (see row_loss).
 __kernel void cross_entropy_forward_rows(__global float* losses, __global const float* logits,
                                          __global const int* targets, __global const float* mask,
-                                         const int n_rows, const int vocab_size,
+                                         const int n_rows, const int vocab_size, const int row0,
                                          const int contiguous) {
     for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
-        const float mk = mask[r];
+        const float mk = mask[row0 + r];
         __global const float* row = logits + (size_t)r * vocab_size;
         const int n = (mk != 0.0f) * vocab_size;
-        const int t = targets[r];
+        const int t = targets[row0 + r];
         const float loss = row_loss(target_logit(row, t, vocab_size), t, vocab_size, mk, row_softmax_stats_item(row, n));
-        losses[r] = mk == 0.0f ? 0.0f : loss;
+        losses[row0 + r] = mk == 0.0f ? 0.0f : loss;
     }
 }
 
@@ -128,11 +130,11 @@ __kernel void cross_entropy_forward_rows(__global float* losses, __global const 
 __kernel void cross_entropy_backward_rows(__global float* losses, __global float* d_logits,
                                           __global const float* logits, __global const int* targets,
                                           __global const float* mask, const int n_rows,
-                                          const int vocab_size, const float grad_scale,
+                                          const int vocab_size, const float grad_scale, const int row0,
                                           const int contiguous) {
     for (int r = unit_first(n_rows, contiguous); r < unit_end(n_rows, contiguous); r += unit_step(contiguous)) {
-        const float mk = mask[r];
-        const int t = targets[r];
+        const float mk = mask[row0 + r];
+        const int t = targets[row0 + r];
         __global const float* row = logits + (size_t)r * vocab_size;
         __global float* drow = d_logits + (size_t)r * vocab_size;
         const int n = (mk != 0.0f) * vocab_size, n4 = n / 4;
@@ -154,7 +156,7 @@ __kernel void cross_entropy_backward_rows(__global float* losses, __global float
             s += e;
         }
         const float loss = row_loss(row_t, t, vocab_size, mk, (float2)(m, s));
-        losses[r] = mk == 0.0f ? 0.0f : loss;
+        losses[row0 + r] = mk == 0.0f ? 0.0f : loss;
         const float g = mk * grad_scale;
         const float ig = g / s;
         for (int j = 0; j < n4; j++) STORE4(LOAD4(j, drow) * ig, j, drow);

@@ -36,35 +36,36 @@ class CrossEntropy:
         self.local_bwd = dev.work_group_size(self._bwd, wanted)
 
     def forward(self, losses: cl.Buffer, logits: cl.Buffer, targets: cl.Buffer, mask: cl.Buffer,
-                n_rows: int, vocab_size: int) -> None:
+                n_rows: int, vocab_size: int, row0: int = 0) -> None:
         """Losses only (evaluation).
 
         Args:
-            losses: float32 ``(n_rows,)``, overwritten.
-            logits: float32 ``(n_rows, vocab_size)``.
-            targets: int32 ``(n_rows,)``.
-            mask: float32 ``(n_rows,)``, the weight of each row's loss (0 drops the row).
+            losses: float32, elements ``row0 .. row0 + n_rows`` overwritten.
+            logits: float32 ``(n_rows, vocab_size)``: the logits of rows ``row0 ..`` of the batch.
+            targets: int32, the batch's; elements ``row0 .. row0 + n_rows`` read.
+            mask: float32, the batch's weight of each row's loss (0 drops the row); as ``targets``.
+            row0: the first row of the batch these logits are of (the Model's loss head runs in chunks).
         """
         if n_rows == 0:
             return
         L = self.local_fwd
         if self.rows_per_item:
             self.dev.launch(self._fwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, logits, targets,
-                      mask, np.int32(n_rows), np.int32(vocab_size), self.contiguous)
+                      mask, np.int32(n_rows), np.int32(vocab_size), np.int32(row0), self.contiguous)
             return
         self.dev.launch(self._fwd, (n_rows * L,), (L,), losses, logits, targets, mask,
-                  np.int32(vocab_size), self.dev.cl.LocalMemory(4 * L))
+                  np.int32(vocab_size), np.int32(row0), self.dev.cl.LocalMemory(4 * L))
 
     def forward_backward(self, losses: cl.Buffer, d_logits: cl.Buffer, logits: cl.Buffer,
                          targets: cl.Buffer, mask: cl.Buffer, n_rows: int,
-                         vocab_size: int, grad_scale: float) -> None:
+                         vocab_size: int, grad_scale: float, row0: int = 0) -> None:
         """Losses and the gradient of ``grad_scale * sum(losses)`` w.r.t. the logits.
 
         Args:
-            losses: float32 ``(n_rows,)``, overwritten.
+            losses: float32, elements ``row0 .. row0 + n_rows`` overwritten.
             d_logits: float32 ``(n_rows, vocab_size)``, overwritten (an activation gradient); may be
                 ``logits`` itself (the gradient written over the logits, as the Model does).
-            logits, targets, mask: as :meth:`forward`.
+            logits, targets, mask, row0: as :meth:`forward`.
             grad_scale: the trainer passes ``1 / sum(mask)`` (mean loss over real tokens).
         """
         if n_rows == 0:
@@ -73,7 +74,7 @@ class CrossEntropy:
         if self.rows_per_item:
             self.dev.launch(self._bwd, (grid_stride_size(self.dev, n_rows, L),), (L,), losses, d_logits, logits,
                       targets, mask, np.int32(n_rows), np.int32(vocab_size), np.float32(grad_scale),
-                            self.contiguous)
+                            np.int32(row0), self.contiguous)
             return
         self.dev.launch(self._bwd, (n_rows * L,), (L,), losses, d_logits, logits, targets, mask,
-                  np.int32(vocab_size), np.float32(grad_scale), self.dev.cl.LocalMemory(4 * L))
+                  np.int32(vocab_size), np.float32(grad_scale), np.int32(row0), self.dev.cl.LocalMemory(4 * L))

@@ -46,9 +46,10 @@ def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray, mask: np.nda
 def selfcheck(dev: Device, op: CrossEntropy | None = None,
               rng: np.random.Generator | None = None) -> list[Check]:
     """Losses of 9 rows over a vocabulary of 300 (every fourth row masked), and training's losses
-    with d_logits in one launch (grad_scale 0.25), against :func:`cross_entropy_forward` and
-    :func:`cross_entropy_backward` (1e-4). ``op`` defaults to a new ``CrossEntropy(dev)``; the
-    errors are returned, not raised."""
+    with d_logits written over the logits in one launch (grad_scale 0.25), against
+    :func:`cross_entropy_forward` and :func:`cross_entropy_backward` (1e-4); each also as the Model's loss
+    head runs it, in chunks of rows (logits of rows 0-3, then 4-8, ``row0`` 4, into a batch's losses). ``op``
+    defaults to a new ``CrossEntropy(dev)``; the errors are returned, not raised."""
     from core.kernels.cross_entropy import CrossEntropy
 
     op, t = op or CrossEntropy(dev), Inputs(dev, rng)
@@ -67,4 +68,20 @@ def selfcheck(dev: Device, op: CrossEntropy | None = None,
         op.forward_backward(losses, d_logits, *args, 0.25)
         err = max(t.err(losses, want), t.err(d_logits, cross_entropy_backward(logits, targets, mask, 0.25)))
         out.append(Check("cross-entropy with its gradient", err, 1e-4))
+    # in chunks of rows: each chunk's logits at the start of one buffer, the batch's targets, mask and losses
+    logits, targets = t.f32(rows, vocab) * 3, t.ints(vocab, rows)
+    targets_buf, mask_buf = dev.upload(targets), dev.upload(mask)
+    for backward in (False, True):
+        losses, errs = dev.upload(np.full(rows, np.nan, np.float32)), []
+        for row0, end in ((0, 4), (4, rows)):
+            chunk = dev.upload(np.ascontiguousarray(logits[row0:end]))
+            if backward:
+                op.forward_backward(losses, chunk, chunk, targets_buf, mask_buf, end - row0, vocab, 0.25, row0=row0)
+                errs.append(t.err(chunk, cross_entropy_backward(logits[row0:end], targets[row0:end], mask[row0:end],
+                                                                0.25)))
+            else:
+                op.forward(losses, chunk, targets_buf, mask_buf, end - row0, vocab, row0=row0)
+        errs.append(t.err(losses, cross_entropy_forward(logits, targets, mask)))
+        out.append(Check("cross-entropy in chunks of rows" + (" with its gradient" if backward else ""),
+                         max(errs), 1e-4))
     return out
