@@ -99,7 +99,7 @@ def main() -> None:
     full = memory_bytes(mc, a.batch, True, max_seq=max_seq)[0]
     print(f"estimate at the run's rows: LoRA rank {a.rank} on the quantized base {need / MIB:.0f} MiB, full "
           f"fine-tune of the same rows {full / MIB:.0f} MiB: {need / full:.1%}")
-    shapes_table(mc, lora, planned, ((a.batch, max_seq), (a.batch, mc.context_length), (4, 256), (1, 256)))
+    shapes_table(mc, lora, planned, ((a.batch, max_seq), (a.batch, mc.context_length), (a.batch, 512), (4, 256), (1, 256)))
     if a.measure:
         measure(dev, base, mc, lora, a.batch, max_seq)
 
