@@ -63,7 +63,8 @@ def test_per_layer_norms(device, rng, local):
 def test_sum_squares_segments_one_launch(device, rng, local, contiguous):
     """Per-tensor sums of squares of a flat buffer in one pass: odd sizes, an empty segment, segments
     longer than one chunk and not ending on a chunk boundary, gaps (padding) skipped; both work splits
-    (a slice per work-item: slices of whole blocks of 16, the last short, some work-items with none)."""
+    (interleaved: some work-items with none; a slice per work-item: one work-item a chunk, read as four
+    streams of whole blocks of 16, then blocks of 16 and the last elements: 300 = 4 x 64 + 2 x 16 + 12)."""
     op = Sums(device, local_size=local, contiguous=contiguous)
     chunk = op.chunk
     sizes = [7, 0, 1, 17, 16 * local + 3, chunk, 2 * chunk + 5, 300]

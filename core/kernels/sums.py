@@ -44,7 +44,9 @@ class Sums:
         self.local = min(dev.work_group_size(self._sq, wanted),
                          dev.work_group_size(self._sum, wanted))
         self.local_final = dev.work_group_size(self._final, wanted)
-        self.local_chunks = dev.work_group_size(self._chunks, wanted)
+        # contiguous: one work-item a chunk, its four streams 16K floats apart (a group's items share a chunk and
+        # run one after another on PoCL: their streams would be 64 floats apart, one stream of memory)
+        self.local_chunks = 1 if self.contiguous else dev.work_group_size(self._chunks, wanted)
         self.local_segments = dev.work_group_size(self._segments, min(wanted, 32))  # few partials per tensor
         self._partials = None
         self._partials_len = 0
