@@ -174,11 +174,12 @@ class StepStats:
 
 
 LOSS_CHUNK_BYTES = 128 * 2**20
-"""The most bytes of logits a Model holds at once: its loss head (the output projection, the cross-entropy and, in
+"""The most bytes of logits a Model holds at once (unless LOSS_CHUNK_ALIGN rows of them are more): its loss head (the output projection, the cross-entropy and, in
 training, their backward) runs over a batch's rows in chunks of :func:`loss_rows` rows, so the (tokens x vocab_size)
 logits are never stored whole (issue 21; SmolLM2's vocabulary of 49152 at 8 x 512 tokens: 768 -> 120 MiB)."""
 LOSS_CHUNK_ALIGN = 64
-"""Rows of a chunk of the loss head are a multiple of this, at least this (whole tiles of the matmuls)."""
+"""A chunk of the loss head that is not all of a batch's rows is a multiple of this many rows, at least this
+(whole tiles of the matmuls)."""
 
 
 def loss_rows(c: ModelConfig, n: int) -> int:
@@ -429,16 +430,17 @@ def decode_layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, pos: i
 
 
 def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 0, last_row_only: bool = False,
-            logits: bool = True) -> None:
+            backward: bool = False) -> None:
     """The whole forward pass in layer order (training and generation): ``a.tokens (b*t)`` int32 ->
-    ``a.logits``, float32 ``(b*t, vocab_size)``, or only the logits of the last row (``vocab_size``
-    floats at the start of ``a.logits``) when ``last_row_only``; without ``logits``, up to ``a.final``
-    (the Model's loss head then runs in chunks of rows: :func:`loss_rows`). Arguments as :func:`layer_forward`.
-    One token of one sequence (decode) runs a layer as one launch where
-    :meth:`core.kernels.decode.DecodeLayer.suits` says so (small, its matrices float32 buffers).
+    ``a.final``, float32 ``(b*t, d_model)``, the loss head's input (a Model runs the head over chunks of rows:
+    :func:`loss_rows`), and with ``last_row_only`` the logits of the last row (``vocab_size`` floats at the start
+    of ``a.logits``; generation). Arguments as :func:`layer_forward`. One token of one sequence (decode) runs a
+    layer as one launch where :meth:`core.kernels.decode.DecodeLayer.suits` says so (small, its matrices
+    float32 buffers), unless ``backward``: a training step's forward, whose activations the backward reads
+    (the one-launch layer keeps none of them).
     """
     n, d = b * t, c.d_model
-    one = [n == 1 and DecodeLayer.suits(o.dev, c, [p[qkv_group(i)], p[gate_up_group(i)], p[tensor_name(T.ATTN_OUT, i)],
+    one = [not backward and n == 1 and DecodeLayer.suits(o.dev, c, [p[qkv_group(i)], p[gate_up_group(i)], p[tensor_name(T.ATTN_OUT, i)],
                                                    p[tensor_name(T.FFN_DOWN, i)]]) for i in range(c.n_layers)]
     if not one[0]:  # (else the first layer's launch embeds and normalises)
         o.embedding.forward(a.x[0], a.tokens, p[tensor_name(T.TOKEN_EMBD)], n, d, c.vocab_size)     # (n, d)
@@ -449,14 +451,13 @@ def forward(o: Ops, c: ModelConfig, p: dict, a: Any, b: int, t: int, pos: int = 
         else:
             layer_forward(o, c, p, a, i, b, t, pos)
     # a.final = rmsnorm(x[n_layers]) * output_norm was fused into the last layer
-    if not logits:
+    if not last_row_only:
         return
     w_out = p[LOGITS_MATRIX] if LOGITS_MATRIX in p else p[c.output_weight]  # (vocab, d); tied: token_embd
-    rows, offset = (1, (n - 1) * d) if last_row_only else (n, 0)  # logits (rows, vocab)
-    if hasattr(w_out, "forward"):
-        w_out.forward(a.logits, a.final, rows, x_offset=offset)
+    if hasattr(w_out, "forward"):  # the last row's logits (1, vocab)
+        w_out.forward(a.logits, a.final, 1, x_offset=(n - 1) * d)
     else:
-        o.matmul(a.logits, a.final, w_out, rows, c.vocab_size, d, trans_b=True, a_offset=offset)
+        o.matmul(a.logits, a.final, w_out, 1, c.vocab_size, d, trans_b=True, a_offset=(n - 1) * d)
 
 
 def adapter_layout(dev: Device, config: ModelConfig, lora: LoRAConfig) -> Layout:
@@ -698,10 +699,10 @@ class Model:
             self.dev.upload(mask, self.act.mask)
         return b, t
 
-    def _forward(self, b: int, t: int) -> None:
-        """Forward pass in layer order up to ``a.final`` (the loss head's input); activations are kept for
-        backward."""
-        forward(self.ops, self.config, self._views, self.act, b, t, logits=False)
+    def _forward(self, b: int, t: int, backward: bool = False) -> None:
+        """Forward pass in layer order up to ``a.final`` (the loss head's input); with ``backward`` every
+        activation the backward reads is kept (:func:`forward`)."""
+        forward(self.ops, self.config, self._views, self.act, b, t, backward=backward)
 
     def _head_logits(self, row0: int, rows: int, src: Any = None) -> None:
         """``a.logits (rows, vocab_size)`` of rows ``row0 ..`` of ``src`` (default ``a.final``), (n, d_model)."""
@@ -812,9 +813,10 @@ class Model:
             ValueError: shape, token ids or lengths out of range.
         """
         tokens = np.atleast_2d(tokens)
-        lengths = np.asarray(lengths, np.int64)
+        lengths = np.asarray(lengths)
         b, t = tokens.shape
-        if lengths.shape != (b,) or lengths.min(initial=1) < 1 or lengths.max(initial=1) > t:
+        if (lengths.shape != (b,) or lengths.dtype.kind not in "iu" or lengths.min(initial=1) < 1
+                or lengths.max(initial=1) > t):
             raise ValueError(f"lengths {lengths.tolist()} must be one per row of {b}, each in 1..{t}")
         self._load_batch(tokens, None, None)
         self._forward(b, t)
@@ -901,7 +903,7 @@ class Model:
             raise RuntimeError("batch has no token to learn from (all loss-mask entries are 0)")
         b, t = self._load_batch(tokens, targets, mask)
         n = b * t
-        self._forward(b, t)
+        self._forward(b, t, backward=True)
         o, a = self.ops, self.act
         if not accumulate:
             self.grads.zero()

@@ -1,7 +1,7 @@
 """The recall check: which facts and dialogue answers a model reproduces with greedy decoding.
 
 All prompts are decoded together in batches on the device, with the model's own full forward
-(``Model.logits`` on right-padded ``(batch, seq)`` prompts, one token longer per step; causal attention
+(``Model.last_logits`` on right-padded ``(batch, seq)`` prompts, one token longer per step; causal attention
 makes the padding after a row's last real token invisible to it). No KV cache: a recall prompt plus its
 answer is short, and one forward of ``batch`` rows costs about what one row costs on a GPU, so the whole
 table takes (prompts / batch) x (answer tokens) forwards instead of prompts x answer tokens decode steps.

@@ -49,14 +49,17 @@ def test_forward_matches_numpy_llama(device, b, t):
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_every_gradient_matches_finite_differences(device, tied):
+@pytest.mark.parametrize("shape", [(2, 11), (1, 1)], ids=["2x11", "one-token"])
+def test_every_gradient_matches_finite_differences(device, tied, shape):
     """Analytic gradients from the OpenCL backward vs central differences of the float64 numpy loss.
-    Tied embeddings: token_embd.weight is also the output projection; both gradients add up in it."""
+    Tied embeddings: token_embd.weight is also the output projection; both gradients add up in it.
+    A batch of one token too: its forward keeps what the backward reads (a small model's one-token forward
+    otherwise runs each layer as one launch, which keeps none of it: found by a break-it review)."""
     TINY_ = dataclasses.replace(TINY, tie_embeddings=tied)
     w = random_weights(TINY_, 3)
     assert ("output.weight" in w) != tied
     model = Model(device, TINY_, batch_size=2, weights=w)
-    tokens, targets, mask = batch(TINY_, 2, 11, 4)
+    tokens, targets, mask = batch(TINY_, *shape, 4)
     stats = model.forward_backward(tokens, targets, mask)
     want_loss = ref.llama_loss(w, TINY_, tokens, targets, mask)
     assert stats.loss == pytest.approx(want_loss, rel=1e-4)
@@ -571,8 +574,9 @@ def test_the_loss_head_in_chunks_of_rows_gives_the_whole_batchs_loss_and_gradien
     assert l_ch[0] == pytest.approx(l_one[0], rel=1e-6) and l_ch[1] == l_one[1]
     np.testing.assert_allclose(x_ch, x_one, atol=1e-5, rtol=1e-5)  # products of fewer rows: other kernels' rounding
     np.testing.assert_allclose(last, np.stack([x_one[0, 6], x_one[1, 2], x_one[2, 0]]), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="lengths"):
-        m.last_logits(tokens, [7, 0, 1])
+    for bad in ([7, 0, 1], [7, 1], [1.5, 2, 1]):
+        with pytest.raises(ValueError, match="lengths"):
+            m.last_logits(tokens, bad)
 
 
 def test_recall_decoding_reads_only_each_rows_last_logits(device):
