@@ -117,9 +117,9 @@ KERNEL_BUILD_BYTES = 100 << 20
 
 def check_copy_bytes(config: ModelConfig, rows: int) -> int:
     """Host bytes of a recall check's logits (core.recall.greedy_batch): each row's last logits, float32
-    ``(rows, vocab_size)`` (core.model.Model.last_logits), read back for every new token, the next one read while
-    the last is still held."""
-    return 2 * 4 * rows * config.vocab_size
+    ``(rows, vocab_size)`` (core.model.Model.last_logits), read back for every new token: the next one's array
+    and its chunk's download while the last is still held."""
+    return 3 * 4 * rows * config.vocab_size
 
 
 def peak_resident_bytes(resident_before: int, config: ModelConfig, device_bytes: int, device_on_host: bool,
