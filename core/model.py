@@ -218,8 +218,10 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
                  "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
+    # kv_t: K and V transposed for attention's keys-as-lanes kernels (a layer at a time; each row's keys padded to
+    # 16: Attention.transposed_floats of any batch of at most `batch` rows in n tokens)
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
-              "logits": loss_rows(c, n) * v, "losses": n}
+              "logits": loss_rows(c, n) * v, "losses": n, "kv_t": 2 * kv * (n + 15 * batch)}
     if training:
         single |= {"dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
@@ -240,7 +242,7 @@ def _generation_sizes(c: ModelConfig, seq: int) -> dict[str, list[int]]:
     """:func:`activation_sizes` of generation (see there)."""
     full = activation_sizes(c, 1, seq, training=False)
     out = {name: sizes[:1] for name, sizes in full.items()
-           if name not in ("targets", "mask", "losses") and name not in GENERATION_ALIASES}
+           if name not in ("targets", "mask", "losses", "kv_t") and name not in GENERATION_ALIASES}
     out["k"], out["v"], out["logits"] = full["k"], full["v"], [c.vocab_size]
     return out
 
@@ -398,7 +400,7 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: in
     o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
                      c.rope_theta, kv_row0=pos)
     o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
-                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim)
+                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim, kv_t=getattr(a, "kv_t", None))
     linear(o, w(T.ATTN_OUT), a.tmp, a.attn_out[i], n, d, d)
     # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
     o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w(T.FFN_NORM), n, d,
@@ -507,7 +509,7 @@ class Activations:
     ``seq`` rows per layer, :data:`GENERATION_ALIASES`)."""
 
     _INT32 = ("tokens", "targets")
-    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "d_logits", "dx",
+    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "kv_t", "d_logits", "dx",
                "d_norm", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool, generation: bool = False):
@@ -764,7 +766,7 @@ class Model:
             mm(g[att_out], a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
         linear_input_grad(o, p[att_out], a.d_attn, a.dx, a.attn_out[i], n, d, d)
         o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
-                             a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim)
+                             a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim, kv_t=a.kv_t)
         # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
         o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
         if qkv in g:

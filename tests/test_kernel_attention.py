@@ -31,7 +31,11 @@ TILINGS = [
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3),
+    # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's, and 8 lanes, 3 rows, float4
+    AttentionTiles(items=1, rows=4, keys=8, kv_rows=16, vector=8, lanes=16),
+    AttentionTiles(items=1, rows=3, keys=4, kv_rows=2, vector=4, lanes=8),
 ]
+LANES = [t for t in TILINGS if t is not None and t.lanes]
 TOL = dict(atol=2e-5, rtol=2e-4)
 
 
@@ -59,7 +63,14 @@ def _tiling_id(t):
     if t is None:
         return "device"
     staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
-    return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}"
+    lanes = f"l{t.lanes}" if t.lanes else ""
+    return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}{lanes}"
+
+
+def scratch(device, b, s, kvh, d):
+    """The transposed K and V's scratch (Attention.transposed_floats), NaN-filled: the lanes kernels must not
+    read a float of it they did not write."""
+    return device.upload(np.full(Attention.transposed_floats(b, s, kvh, d), np.nan, np.float32))
 
 
 def _qkv(rng, b, sq, sk, h, kvh, d):
@@ -78,7 +89,8 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     d_out = rng.standard_normal(q.shape).astype(np.float32)
     Q, K, V, DO = to_device(device, q, k, v, d_out)
     O, LSE = device.alloc(q.size), device.alloc(b * h * s)
-    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d)
+    KVT = scratch(device, b, s, kvh, d)
+    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d, kv_t=KVT)
     out_ref, _ = ref.attention_forward(q, k, v)
     out = from_device(device, O, q)
     assert_close(out, out_ref, **TOL, what="out")
@@ -86,7 +98,9 @@ def test_attention_forward_backward(device, rng, shape, tiles):
                  what="lse")
 
     DQ, DK, DV, DSUM = device.alloc(q.size), device.alloc(k.size), device.alloc(v.size), device.alloc(b * h * s)
-    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d)
+    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d, kv_t=KVT)
+    if op.tiles(d).lanes:  # the lanes kernels ran: K and V transposed over the whole scratch (0.0f past seq)
+        assert np.isfinite(from_device(device, KVT, ((Attention.transposed_floats(b, s, kvh, d),), np.float32))).all()
     dq, dk, dv = ref.attention_backward(d_out, q, k, v)
     assert_close(from_device(device, DQ, q), dq, **TOL, what="d_q")
     assert_close(from_device(device, DK, k), dk, **TOL, what="d_k")
@@ -95,7 +109,7 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     assert_close(from_device(device, DSUM, ((b, h, s), np.float32)), d_sum, **TOL, what="d_sum")
 
 
-@pytest.mark.parametrize("tiles", TILINGS[:3], ids=_tiling_id)
+@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES, ids=_tiling_id)
 @pytest.mark.parametrize("head_dim", [10, 64])
 def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
     """Prompt chunk, then a second chunk, then one token at a time (seq_q < seq_k, q_pos_start > 0):
@@ -112,20 +126,20 @@ def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
         sq, sk = stop - start, stop
         (Q,) = to_device(device, q[:, start:stop])
         O, LSE = device.alloc(sq * h * d), device.alloc(h * sq)
-        op.forward(O, LSE, Q, K, V, 1, sq, sk, start, h, kvh, d)
+        op.forward(O, LSE, Q, K, V, 1, sq, sk, start, h, kvh, d, kv_t=scratch(device, 1, sk, kvh, d))
         assert_close(from_device(device, O, ((1, sq, h, d), np.float32)),
                      out_full[:, start:stop], **TOL, what=f"out rows {start}:{stop}")
         assert_close(from_device(device, LSE, ((1, h, sq), np.float32)),
                      lse_full[:, :, start:stop], **TOL, what=f"lse rows {start}:{stop}")
 
 
-@pytest.mark.parametrize("tiles", TILINGS[:3], ids=_tiling_id)
+@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES, ids=_tiling_id)
 def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
     op = fitted(device, tiles, 6)
     q, k, v = _qkv(rng, 1, 5, 4, 2, 1, 6)
     Q, K, V = to_device(device, q, k, v)
     O, LSE = device.alloc(q.size), device.alloc(2 * 5)
-    op.forward(O, LSE, Q, K, V, 1, 5, 4, -3, 2, 1, 6)  # queries 0..2 see no key
+    op.forward(O, LSE, Q, K, V, 1, 5, 4, -3, 2, 1, 6, kv_t=scratch(device, 1, 4, 1, 6))  # queries 0..2 see no key
     out_ref, _ = ref.attention_forward(q, k, v, q_pos_start=-3)
     out = from_device(device, O, q)
     assert_close(out, out_ref, **TOL, what="out")
@@ -133,7 +147,7 @@ def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
     lse = from_device(device, LSE, ((1, 2, 5), np.float32))
     assert np.all(lse[:, :, :3] == -np.inf)
     assert_close(lse[:, :, 3:], ref.attention_lse(q, k, v, q_pos_start=-3)[:, :, 3:], **TOL, what="lse")
-    op.forward(O, LSE, Q, K, V, 1, 5, 0, 0, 2, 1, 6)  # no keys at all
+    op.forward(O, LSE, Q, K, V, 1, 5, 0, 0, 2, 1, 6, kv_t=scratch(device, 1, 1, 1, 6))  # no keys at all
     assert not from_device(device, O, q).any()
 
 

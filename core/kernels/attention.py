@@ -7,7 +7,9 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
 
 * CPUs (PoCL): one work-item per work-group, 4 query rows (16 keys, the lanes of a vector, in dK/dV)
   per work-item, keys in chunks of 8, float8 vectors when ``head_dim >= 16`` and the device prefers
-  8-wide floats (AVX2);
+  8-wide floats (AVX2); where it prefers 16-wide floats (AVX-512), 8 query rows and the forward's and dQ's
+  chunks of 16 keys as the lanes of a float16 too, over K and V transposed once per layer into the caller's
+  scratch (``kv_t``; ``AttentionTiles.lanes``);
   no local memory and no barriers, so the accumulators stay in registers (see the header of
   ``attention.cl``). Decode (fewer query rows than a work-item holds) uses one row per item.
 * GPUs (on-chip local memory): 64 work-items per work-group, one query row per work-item, chunks
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POW2 = (1, 2, 4, 8, 16)
+LANES_MAX = 16  # keys of the transposed K and V are padded to a multiple of this (AttentionTiles.lanes <= it)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ class AttentionTiles:
             (``attention_backward_*_tiled``, GPUs): blocks of ``bwd_tile`` keys and query rows in
             local memory, work-groups of ``bwd_items`` work-items.
         bwd_items: work-items per work-group of the staged backward (0 = ``items``).
+        lanes: 0, or the keys of a chunk as the lanes of one vector (8 or 16) in the forward and dQ, over
+            K and V transposed once per layer (``attention_forward_lanes``, ``attention_backward_dq_lanes``;
+            CPUs with 16-float SIMD): used where the caller gives the scratch for them (:meth:`Attention.forward`).
     """
 
     items: int
@@ -61,6 +67,7 @@ class AttentionTiles:
     stage_kv: bool = False
     bwd_tile: int = 0
     bwd_items: int = 0
+    lanes: int = 0
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -73,6 +80,8 @@ class AttentionTiles:
             raise ValueError(f"bwd_tile and bwd_items must be >= 0: {self}")
         if self.bwd_tile and self.bwd_tile & (self.bwd_tile - 1):
             raise ValueError(f"bwd_tile must be 0 or a power of two: {self}")
+        if self.lanes not in (0, 8, 16):
+            raise ValueError(f"lanes must be 0, 8 or 16: {self}")
 
     @property
     def backward_items(self) -> int:
@@ -96,6 +105,8 @@ class AttentionTiles:
             opts.append("-DSTAGE_KV")
         if self.bwd_tile:
             opts += [f"-DBT={self.bwd_tile}", f"-DBWG={self.backward_items}"]
+        if self.lanes:
+            opts.append(f"-DBKT={self.lanes}")
         return tuple(opts)
 
 
@@ -114,10 +125,17 @@ def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> A
         # per group; float8 where the device's SIMD is at least that wide and rows are long enough
         # (float16 on AVX-512 measured no faster); dK/dV: 16 keys as the lanes of a float16 (8 on narrower
         # SIMD; measured on the AVX-512 Xeon: SmolLM2's shape 2.6 -> 1.4 ms a layer, d512's 10.8 -> 6.7)
+        # With 16-float SIMD (AVX-512) the forward and dQ take a chunk's 16 keys as the lanes of a float16 over K
+        # and V transposed (lanes), 8 rows per work-item: a whole step on the AVX-512 Xeon 1,138 -> 1,099 ms
+        # (SmolLM2's shape, 1 x 256), 773 -> 717 (d512, 16 x 128), 53.2 -> 51.8 (the default); with 4 rows 1,108,
+        # 745 and 52.7. Narrower SIMD (AVX2) keeps the kernels above: lanes there are unmeasured.
         try:
-            wide = int(dev.cl_device.preferred_vector_width_float) >= 8
+            width = int(dev.cl_device.preferred_vector_width_float)
         except dev.cl.Error:
-            wide = False
+            width = 4
+        wide = width >= 8
+        if width >= 16:
+            return AttentionTiles(1, 8, 8, 16, vector=8 if head_dim >= 16 else 4, lanes=16)
         return AttentionTiles(1, 4, 8, 16 if wide else 8, vector=8 if wide and head_dim >= 16 else 4)
     items = 1
     while items * 2 <= min(64, max_items or dev.max_work_group_size):
@@ -176,12 +194,13 @@ class Attention:
         while True:
             opts = t.options(head_dim)
             staged = "_tiled" if t.bwd_tile else ""
+            lanes = ("attention_transpose_kv", "attention_forward_lanes", "attention_backward_dq_lanes") if t.lanes else ()
             knls = [self.dev.kernel("attention", n, opts) for n in
                     ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
-                     "attention_backward_dq" + staged)]
+                     "attention_backward_dq" + staged) + lanes]
             # a kernel can allow fewer work-items than the device (registers): then use fewer
-            allowed = min(self.dev.work_group_size(kn) for kn in knls[:2 if staged else 4])
-            allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:]) if staged else t.items
+            allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
+            allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
             if allowed >= t.items and allowed_bwd >= t.backward_items:
                 break
             if self._forced is not None:
@@ -192,6 +211,24 @@ class Attention:
         log.debug("attention head_dim=%d: %s", head_dim, t)
         built = self._built[head_dim] = (t, *knls)
         return built
+
+    @staticmethod
+    def transposed_floats(batch: int, seq: int, n_kv_heads: int, head_dim: int) -> int:
+        """Floats of the scratch of K and V transposed (``kv_t`` of :meth:`forward` and :meth:`backward`) for
+        ``batch`` rows of ``seq`` keys: two (batch, n_kv_heads, head_dim, seq rounded up to LANES_MAX)."""
+        return 2 * batch * n_kv_heads * head_dim * -(-seq // LANES_MAX) * LANES_MAX
+
+    def _transpose(self, t: AttentionTiles, knls, kv_t, k, v, batch: int, seq_k: int, n_kv_heads: int,
+                   head_dim: int, both: bool) -> int | None:
+        """K (and V) transposed into ``kv_t`` for the lanes kernels; their padded length S, or None where they
+        do not run (no lanes tiling, or no scratch large enough given)."""
+        if (not t.lanes or kv_t is None or seq_k < 1
+                or kv_t.size < 4 * self.transposed_floats(batch, seq_k, n_kv_heads, head_dim)):
+            return None
+        S = -(-seq_k // LANES_MAX) * LANES_MAX
+        self.dev.launch(knls[5], self._grid(S, 16, t.items, batch * n_kv_heads), (t.items, 1), kv_t, k, v,
+                        np.int32(seq_k), np.int32(S), np.int32(n_kv_heads), np.int32(1 if both else 0))
+        return S
 
     def _decode_forward(self, head_dim: int, t: AttentionTiles):
         """The forward kernel with one query row per work-item (built on first use)."""
@@ -213,7 +250,7 @@ class Attention:
 
     def forward(self, out: cl.Buffer, lse: cl.Buffer, q: cl.Buffer, k: cl.Buffer, v: cl.Buffer,
                 batch: int, seq_q: int, seq_k: int, q_pos_start: int,
-                n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+                n_heads: int, n_kv_heads: int, head_dim: int, kv_t: cl.Buffer | None = None) -> None:
         """Causal attention forward (training and KV-cache generation).
 
         Args:
@@ -228,6 +265,8 @@ class Attention:
             q_pos_start: absolute position of query 0; key ``j`` has position ``j``. Training:
                 0 with ``seq_q = seq_k``; generation: the number of cached tokens, with
                 ``seq_k = q_pos_start + seq_q``.
+            kv_t: float32 scratch of at least :meth:`transposed_floats` ``(batch, seq_k, ...)`` floats, or None:
+                where the tiling has ``lanes`` the forward transposes K into it and runs with keys as lanes.
 
         Raises:
             ValueError: ``n_kv_heads`` does not divide ``n_heads``, or a forced tiling does not
@@ -236,16 +275,22 @@ class Attention:
         self._check_heads(n_heads, n_kv_heads, head_dim)
         if batch * n_heads * seq_q == 0:
             return
-        t, fwd, _, _, _ = self._kernels(head_dim)
+        knls = self._kernels(head_dim)
+        t, fwd = knls[0], knls[1]
+        grid = self._grid(seq_q, t.rows, t.items, batch * n_heads)
+        heads = (np.int32(q_pos_start), np.int32(n_heads), np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
+        if seq_q >= t.rows and (S := self._transpose(t, knls, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
+            self.dev.launch(knls[6], grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
+                            np.int32(S), *heads)
+            return
         if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
             t, fwd = self._decode_forward(head_dim, t)
-        self.dev.launch(fwd, self._grid(seq_q, t.rows, t.items, batch * n_heads), (t.items, 1), out, lse,
-                        q, k, v, np.int32(seq_q), np.int32(seq_k), np.int32(q_pos_start), np.int32(n_heads),
-                        np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
+            grid = self._grid(seq_q, t.rows, t.items, batch * n_heads)
+        self.dev.launch(fwd, grid, (t.items, 1), out, lse, q, k, v, np.int32(seq_q), np.int32(seq_k), *heads)
 
     def backward(self, d_q: cl.Buffer, d_k: cl.Buffer, d_v: cl.Buffer, d_sum: cl.Buffer, d_out: cl.Buffer,
                  q: cl.Buffer, k: cl.Buffer, v: cl.Buffer, out: cl.Buffer, lse: cl.Buffer, batch: int,
-                 seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+                 seq: int, n_heads: int, n_kv_heads: int, head_dim: int, kv_t: cl.Buffer | None = None) -> None:
         """Gradients of :meth:`forward` for training (``q_pos_start = 0``, ``seq_q = seq_k = seq``).
 
         ``P = exp(scale Q K^T - lse)``, ``D = rowsum(dO * O)``, ``dV = P^T dO``,
@@ -258,6 +303,7 @@ class Attention:
             d_sum: float32 scratch ``(batch, n_heads, seq)``, overwritten with ``D``.
             d_out: float32 ``(batch, seq, n_heads, head_dim)``, gradient of ``out``.
             q, k, v, out, lse: the forward's inputs, output and saved ``lse``.
+            kv_t: as :meth:`forward`'s (K and V transposed into it for dQ where the tiling has ``lanes``).
 
         Raises:
             ValueError: as :meth:`forward`.
@@ -265,7 +311,8 @@ class Attention:
         self._check_heads(n_heads, n_kv_heads, head_dim)
         if batch * seq == 0:
             return
-        t, _, dsum, dkdv, dq = self._kernels(head_dim)
+        knls = self._kernels(head_dim)
+        t, dsum, dkdv, dq = knls[0], knls[2], knls[3], knls[4]
         queue, L = self.dev.queue, (t.items, 1)
         sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
                  np.float32(1.0 / math.sqrt(head_dim)))
@@ -278,5 +325,9 @@ class Attention:
             return
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)
+        if S := self._transpose(t, knls, kv_t, k, v, batch, seq, n_kv_heads, head_dim, True):
+            knls[7](queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, kv_t, np.int32(S), q, k, v,
+                    d_out, lse, d_sum, *sizes)
+            return
         dq(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, q, k, v, d_out, lse, d_sum,
            *sizes)
