@@ -31,7 +31,9 @@ TILINGS = [
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3),
-    # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's, and 8 lanes, 3 rows, float4
+    # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
+    # 3 rows, float4
+    AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
     AttentionTiles(items=1, rows=4, keys=8, kv_rows=16, vector=8, lanes=16),
     AttentionTiles(items=1, rows=3, keys=4, kv_rows=2, vector=4, lanes=8),
 ]

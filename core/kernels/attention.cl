@@ -104,6 +104,29 @@ inline float dot_row(const floatV* a, const floatV* b) {
     return HSUM(t);
 }
 
+// One chunk of a row's online softmax (the forward's): s holds the chunk's N scores (a union of a vector .v and
+// its lanes .a), m, l the row's running max and sum, acc its NV accumulator vectors; s becomes the chunk's
+// probabilities (times exp(-m)), acc and l are rescaled to the new max. A macro: s is of one of two unions.
+#define SOFTMAX_CHUNK(s, N, m, l, acc) do { \
+        float cm_ = (s).a[0]; \
+        _Pragma("unroll") for (int e_ = 1; e_ < (N); e_++) cm_ = (s).a[e_] > cm_ ? (s).a[e_] : cm_; \
+        const float mn_ = cm_ > (m) ? cm_ : (m); \
+        const float ms_ = mn_ == -INFINITY ? 0.0f : mn_;  /* nothing visible yet: all p are 0 */ \
+        (s).v = exp((s).v - ms_); \
+        const float alpha_ = exp((m) - ms_); \
+        float ps_ = 0.0f; \
+        _Pragma("unroll") for (int e_ = 0; e_ < (N); e_++) ps_ += (s).a[e_]; \
+        (l) = (l) * alpha_ + ps_; \
+        (m) = mn_; \
+        _Pragma("unroll") for (int c_ = 0; c_ < NV; c_++) (acc)[c_] *= alpha_; \
+    } while (0)
+
+// A forward row's output acc / l at o and its log-sum-exp m + log(l) at lse_at; a row that saw no key: 0, -inf.
+inline void finish_row(__global float* o, __global float* lse_at, const floatV* acc, const float m, const float l) {
+    store_row(o, acc, l > 0.0f ? 1.0f / l : 0.0f);
+    *lse_at = l > 0.0f ? m + LOG_SUM(l) : -INFINITY;
+}
+
 // ---------------------------------------------------------------------------------- forward
 // q (B, seq_q, n_heads, HD), k, v (B, >= seq_k, n_kv_heads, HD) -> out (B, seq_q, n_heads, HD),
 // lse (B, n_heads, seq_q). Work-item (x, bh) owns query rows x*BQ .. x*BQ+BQ-1 of (b, h) =
@@ -172,19 +195,7 @@ void attention_forward(__global float* out, __global float* lse, __global const 
                 s[r].a[jj] = (j < n_keys && j <= q_pos_start + i0 + r) ? sc : -INFINITY;
             }
         }
-        _Pragma("unroll") for (int r = 0; r < BQ; r++) {
-            float cm = s[r].a[0];
-            _Pragma("unroll") for (int jj = 1; jj < BK; jj++) cm = s[r].a[jj] > cm ? s[r].a[jj] : cm;
-            const float mn = cm > m[r] ? cm : m[r];
-            const float ms = mn == -INFINITY ? 0.0f : mn;  // nothing visible yet: all p are 0
-            s[r].v = exp(s[r].v - ms);
-            const float alpha = exp(m[r] - ms);
-            float ps = 0.0f;
-            _Pragma("unroll") for (int jj = 0; jj < BK; jj++) ps += s[r].a[jj];
-            l[r] = l[r] * alpha + ps;
-            m[r] = mn;
-            _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] *= alpha;
-        }
+        _Pragma("unroll") for (int r = 0; r < BQ; r++) SOFTMAX_CHUNK(s[r], BK, m[r], l[r], acc[r]);
         _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
             floatV vv[NV];
             LOAD_KV(vv, VROW(jj));
@@ -198,14 +209,10 @@ void attention_forward(__global float* out, __global float* lse, __global const 
 #undef LOAD_KV
     }
 
-    _Pragma("unroll") for (int r = 0; r < BQ; r++) {
-        const int i = i0 + r;
-        if (i < seq_q) {
-            store_row(out + (size_t)b * seq_q * q_stride + i * q_stride + (size_t)h * HD, acc[r],
-                      l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-            lse[(size_t)bh * seq_q + i] = l[r] > 0.0f ? m[r] + LOG_SUM(l[r]) : -INFINITY;
-        }
-    }
+    _Pragma("unroll") for (int r = 0; r < BQ; r++)
+        if (i0 + r < seq_q)
+            finish_row(out + (size_t)b * seq_q * q_stride + (i0 + r) * q_stride + (size_t)h * HD,
+                       lse + (size_t)bh * seq_q + i0 + r, acc[r], m[r], l[r]);
 }
 
 // ---------------------------------------------------------------------------------- backward
@@ -390,6 +397,20 @@ inline floatT load_lanes(const __global float* p) {
     return u.v;
 }
 
+// acc[r] += w[r].a[e] * (row e of x) for the chunk's keys e < nj, rows of x stride floats apart: the forward's
+// P V and dQ's dS K, the weights of a chunk being lanes.
+inline void add_lane_rows(floatV acc[BQ][NV], const union t_lanes* w, const __global float* x, const size_t stride,
+                          const int nj) {
+    for (int e = 0; e < nj; e++) {
+        floatV xe[NV];
+        load_row(xe, x + (size_t)e * stride);
+        _Pragma("unroll") for (int r = 0; r < BQ; r++) {
+            const float we = w[r].a[e];
+            _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] += we * xe[c];
+        }
+    }
+}
+
 // k, v (B, >= seq_k, n_kv_heads, HD) -> kvt: K^T (B, n_kv_heads, HD, S) and, with both, V^T after it (at
 // B * n_kv_heads * HD * S); S >= seq_k, a multiple of BKT; 0.0f at keys past seq_k. Work-item (x, bkv): keys
 // x*16 .. x*16+15 of (b, kvh) = (bkv / n_kv_heads, bkv % n_kv_heads).
@@ -398,14 +419,23 @@ void attention_transpose_kv(__global float* kvt, __global const float* k, __glob
                             const int seq_k, const int S, const int n_kv_heads, const int both) {
     const int bkv = get_global_id(1);
     const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
+    const int j0 = get_global_id(0) * 16;
+    if (j0 >= S) return;  // no barriers here
     const size_t kv_stride = (size_t)n_kv_heads * HD, plane = (size_t)get_global_size(1) * HD * S;
-    __global float* kt = kvt + (size_t)bkv * HD * S;
-    for (int j = get_global_id(0) * 16; j < (get_global_id(0) + 1) * 16 && j < S; j++) {
-        const bool in = j < seq_k;
-        const size_t row = ((size_t)b * seq_k + (in ? j : 0)) * kv_stride + (size_t)kvh * HD;
-        for (int d = 0; d < HD; d++) kt[(size_t)d * S + j] = in ? k[row + d] : 0.0f;
+    // the 16 keys' rows (a key past seq_k reads key 0 and stores 0.0f); per element d, 16 contiguous floats
+    const __global float* kr[16];
+    const __global float* vr[16];
+    _Pragma("unroll") for (int e = 0; e < 16; e++) {
+        const size_t row = ((size_t)b * seq_k + (j0 + e < seq_k ? j0 + e : 0)) * kv_stride + (size_t)kvh * HD;
+        kr[e] = k + row;
+        vr[e] = v + row;
+    }
+    __global float* kt = kvt + (size_t)bkv * HD * S + j0;
+    for (int d = 0; d < HD; d++) {
+        _Pragma("unroll") for (int e = 0; e < 16; e++) kt[(size_t)d * S + e] = j0 + e < seq_k ? kr[e][d] : 0.0f;
         if (both)
-            for (int d = 0; d < HD; d++) kt[plane + (size_t)d * S + j] = in ? v[row + d] : 0.0f;
+            _Pragma("unroll") for (int e = 0; e < 16; e++)
+                kt[plane + (size_t)d * S + e] = j0 + e < seq_k ? vr[e][d] : 0.0f;
     }
 }
 
@@ -450,36 +480,14 @@ void attention_forward_lanes(__global float* out, __global float* lse, __global 
             // key j0 + e is visible to row i0 + r iff j0 + e <= q_pos_start + i0 + r and j0 + e < n_keys
             const int vis = q_pos_start + i0 + r < n_keys - 1 ? q_pos_start + i0 + r : n_keys - 1;
             s[r].v = pos.v <= (floatT)((float)(vis - j0)) ? s[r].v : (floatT)(-INFINITY);
-            float cm = s[r].a[0];
-            _Pragma("unroll") for (int e = 1; e < BKT; e++) cm = s[r].a[e] > cm ? s[r].a[e] : cm;
-            const float mn = cm > m[r] ? cm : m[r];
-            const float ms = mn == -INFINITY ? 0.0f : mn;  // nothing visible yet: all p are 0
-            s[r].v = exp(s[r].v - ms);
-            const float alpha = exp(m[r] - ms);
-            float ps = 0.0f;
-            _Pragma("unroll") for (int e = 0; e < BKT; e++) ps += s[r].a[e];
-            l[r] = l[r] * alpha + ps;
-            m[r] = mn;
-            _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] *= alpha;
+            SOFTMAX_CHUNK(s[r], BKT, m[r], l[r], acc[r]);
         }
-        const int nj = n_keys - j0 < BKT ? n_keys - j0 : BKT;
-        for (int e = 0; e < nj; e++) {
-            floatV vv[NV];
-            load_row(vv, vb + (size_t)(j0 + e) * kv_stride);
-            _Pragma("unroll") for (int r = 0; r < BQ; r++) {
-                const float p = s[r].a[e];
-                _Pragma("unroll") for (int c = 0; c < NV; c++) acc[r][c] += p * vv[c];
-            }
-        }
+        add_lane_rows(acc, s, vb + (size_t)j0 * kv_stride, kv_stride, n_keys - j0 < BKT ? n_keys - j0 : BKT);  // P V
     }
-    _Pragma("unroll") for (int r = 0; r < BQ; r++) {
-        const int i = i0 + r;
-        if (i < seq_q) {
-            store_row(out + (size_t)b * seq_q * q_stride + i * q_stride + (size_t)h * HD, acc[r],
-                      l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-            lse[(size_t)bh * seq_q + i] = l[r] > 0.0f ? m[r] + LOG_SUM(l[r]) : -INFINITY;
-        }
-    }
+    _Pragma("unroll") for (int r = 0; r < BQ; r++)
+        if (i0 + r < seq_q)
+            finish_row(out + (size_t)b * seq_q * q_stride + (i0 + r) * q_stride + (size_t)h * HD,
+                       lse + (size_t)bh * seq_q + i0 + r, acc[r], m[r], l[r]);
 }
 
 // As attention_backward_dq (3 of 3; same results), with K^T and V^T from attention_transpose_kv (kvt, S, both)
@@ -528,15 +536,7 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
             const floatT sc = pos.v <= (floatT)((float)(i0 + r - j0)) ? p[r].v - li[r] : (floatT)(-INFINITY);
             p[r].v = exp(sc) * (dp[r] - di[r]);
         }
-        const int nj = n_keys - j0 < BKT ? n_keys - j0 : BKT;
-        for (int e = 0; e < nj; e++) {
-            floatV kk[NV];
-            load_row(kk, kb + (size_t)(j0 + e) * kv_stride);
-            _Pragma("unroll") for (int r = 0; r < BQ; r++) {
-                const float ds = p[r].a[e];
-                _Pragma("unroll") for (int c = 0; c < NV; c++) dq[r][c] += ds * kk[c];
-            }
-        }
+        add_lane_rows(dq, p, kb + (size_t)j0 * kv_stride, kv_stride, n_keys - j0 < BKT ? n_keys - j0 : BKT);  // dS K
     }
     _Pragma("unroll") for (int r = 0; r < BQ; r++)
         if (i0 + r < seq) store_row(d_q + q_base + (i0 + r) * q_stride, dq[r], scale);

@@ -126,9 +126,10 @@ def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> A
         # (float16 on AVX-512 measured no faster); dK/dV: 16 keys as the lanes of a float16 (8 on narrower
         # SIMD; measured on the AVX-512 Xeon: SmolLM2's shape 2.6 -> 1.4 ms a layer, d512's 10.8 -> 6.7)
         # With 16-float SIMD (AVX-512) the forward and dQ take a chunk's 16 keys as the lanes of a float16 over K
-        # and V transposed (lanes), 8 rows per work-item: a whole step on the AVX-512 Xeon 1,138 -> 1,099 ms
-        # (SmolLM2's shape, 1 x 256), 773 -> 717 (d512, 16 x 128), 53.2 -> 51.8 (the default); with 4 rows 1,108,
-        # 745 and 52.7. Narrower SIMD (AVX2) keeps the kernels above: lanes there are unmeasured.
+        # and V transposed (lanes), 8 rows per work-item: attention's device time in a training step on the
+        # AVX-512 Xeon (PoCL profile, transposition included) 120.8 -> 94.9 ms at SmolLM2's shape (1 x 256; 9/3
+        # heads), 72.9 -> 68.9 at d512 (16 x 128; 8/8 heads: twice the keys to transpose per query head).
+        # Narrower SIMD (AVX2) keeps the kernels above: lanes there are unmeasured.
         try:
             width = int(dev.cl_device.preferred_vector_width_float)
         except dev.cl.Error:
@@ -164,7 +165,8 @@ class Attention:
     ("FlashAttention-2"). ``scale = 1 / sqrt(head_dim)``. Query ``i`` (absolute position
     ``q_pos_start + i``) attends key ``j`` iff ``j <= q_pos_start + i``. Query head ``h`` uses kv
     head ``h // (n_heads // n_kv_heads)`` (grouped-query attention). Deterministic (no atomics);
-    memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row.
+    memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row, and where the
+    tiling has ``lanes``, the caller's ``kv_t`` scratch of K and V transposed (none given: the other kernels).
 
     Args:
         dev: the device.
@@ -176,7 +178,8 @@ class Attention:
         self.dev = dev
         self._local_size = local_size
         self._forced = tiles
-        self._built: dict[int, tuple[AttentionTiles, object, object, object, object]] = {}
+        # head_dim -> (tiling, forward, dsum, dkdv, dq[, transpose_kv, forward_lanes, dq_lanes])
+        self._built: dict[int, tuple] = {}
         self._decode: dict[int, tuple[AttentionTiles, object]] = {}
 
     def tiles(self, head_dim: int) -> AttentionTiles:
@@ -233,7 +236,7 @@ class Attention:
     def _decode_forward(self, head_dim: int, t: AttentionTiles):
         """The forward kernel with one query row per work-item (built on first use)."""
         if head_dim not in self._decode:
-            one = replace(t, rows=1)
+            one = replace(t, rows=1, lanes=0)  # (no lanes kernels built for it)
             self._decode[head_dim] = (one, self.dev.kernel("attention", "attention_forward", one.options(head_dim)))
         return self._decode[head_dim]
 
