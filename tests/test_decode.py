@@ -157,7 +157,8 @@ def test_a_lora_model_on_a_quantized_file_decodes_the_bytes_with_its_adapters(mi
     """A LoRA model on a quantized file decodes the file's matrices as stored with the adapters beside them
     (as llama.cpp's --lora): the logits of the training Model's forward, of the merged float32 weights (within
     float32 rounding), the replayed step's bit for bit those of the launchers, over the whole context; the
-    device holds the estimate's bytes (within 1 %), fewer than the merged float32 generator."""
+    device holds the estimate's bytes (within 1 % on a CPU, at most them elsewhere), fewer than the merged float32
+    generator."""
     from core import quant_base
     from core.lora import LoRAConfig, LoRALinear, merge
     from core.model import block_matrices, memory_bytes
@@ -180,7 +181,9 @@ def test_a_lora_model_on_a_quantized_file_decodes_the_bytes_with_its_adapters(mi
     logits = quant_base.plan(c, [(LOGITS_MATRIX, [c.output_weight])], mixed.quantized.types)
     estimate = (memory_bytes(c, 1, training=False, lora=lora, generation=True, quantized=blocks)[0]
                 + quant_base.device_bytes(c, logits)[0])  # tied: the logits' quantized token_embd, not counted
-    assert abs(q_bytes - estimate) <= 0.01 * estimate and q_bytes < f_bytes  # (the adapters' alignment padding)
+    # within 1 % (the adapters' alignment padding) where the matmuls' scratch is the packed panels the rule counts
+    # (CPUs); on a GPU the rule's scratch bound is more than its split-K partials take (H200: 3.24 of 4.16 MB)
+    assert q_bytes <= 1.01 * estimate and (not device.is_cpu or q_bytes >= 0.99 * estimate) and q_bytes < f_bytes
     m = Model(device, c, batch_size=1, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized,
               training=False)
     tokens = np.random.default_rng(1).integers(3, c.vocab_size, (1, 6)).astype(np.int32)
