@@ -712,6 +712,15 @@ class Model:
         self.ops.matmul(a.logits, a.final if src is None else src, self._views[c.output_weight], rows, c.vocab_size,
                         c.d_model, trans_b=True, a_offset=row0 * c.d_model)
 
+    def _read_logits(self, n: int, src: Any = None) -> np.ndarray:
+        """float32 ``(n, vocab_size)``: the logits of the first ``n`` rows of ``src`` (default ``a.final``), a chunk
+        of the loss head at a time."""
+        out = np.empty((n, self.config.vocab_size), np.float32)
+        for row0, rows in loss_chunks(n, self.loss_rows):
+            self._head_logits(row0, rows, src)
+            out[row0:row0 + rows] = self.dev.download(self.act.logits, (rows, self.config.vocab_size))
+        return out
+
     def _head_backward(self, row0: int, rows: int) -> None:
         """The output projection's backward for rows ``row0 ..`` from ``a.d_logits (rows, vocab_size)``: its weight
         gradient accumulated (tied embeddings: into token_embd.weight's, which the embedding's adds to last), and
@@ -793,12 +802,7 @@ class Model:
         tokens = np.atleast_2d(tokens)
         b, t = self._load_batch(tokens, None, None)
         self._forward(b, t)
-        v = self.config.vocab_size
-        out = np.empty((b * t, v), np.float32)
-        for row0, rows in loss_chunks(b * t, self.loss_rows):
-            self._head_logits(row0, rows)
-            out[row0:row0 + rows] = self.dev.download(self.act.logits, (rows, v))
-        return out.reshape(b, t, v)
+        return self._read_logits(b * t).reshape(b, t, self.config.vocab_size)
 
     def last_logits(self, tokens: np.ndarray, lengths: list[int] | np.ndarray) -> np.ndarray:
         """Logits after the last token of each row: row ``j``'s ``tokens[j, lengths[j] - 1]`` (core.recall's
@@ -822,15 +826,10 @@ class Model:
             raise ValueError(f"lengths {lengths.tolist()} must be one per row of {b}, each in 1..{t}")
         self._load_batch(tokens, None, None)
         self._forward(b, t)
-        c, a = self.config, self.act
-        d = c.d_model
+        a, d = self.act, self.config.d_model
         for j, n_tok in enumerate(lengths):  # gather each row's last final vector: (b, d_model) at the start of a.tmp
             self.dev.copy(a.tmp, a.final, d, dst_offset=j * d, src_offset=(j * t + int(n_tok) - 1) * d)
-        out = np.empty((b, c.vocab_size), np.float32)
-        for row0, rows in loss_chunks(b, self.loss_rows):
-            self._head_logits(row0, rows, a.tmp)
-            out[row0:row0 + rows] = self.dev.download(a.logits, (rows, c.vocab_size))
-        return out
+        return self._read_logits(b, a.tmp)
 
     def next_logits(self, ids: list[int], pos: int) -> np.ndarray:
         """Logits after the last of ``ids``, one sequence decoded with this model's K/V buffers as its cache

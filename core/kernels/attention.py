@@ -110,6 +110,20 @@ class AttentionTiles:
         return tuple(opts)
 
 
+@dataclass(frozen=True)
+class _Kernels:
+    """One head_dim's tiling and built kernels; the keys-as-lanes ones only where the tiling has ``lanes``."""
+
+    tiles: AttentionTiles
+    forward: object
+    dsum: object
+    dkdv: object
+    dq: object
+    transpose_kv: object = None
+    forward_lanes: object = None
+    dq_lanes: object = None
+
+
 def _is_cpu(dev: Device) -> bool:
     return bool(int(dev.cl_device.type) & dev.cl.device_type.CPU)
 
@@ -178,15 +192,14 @@ class Attention:
         self.dev = dev
         self._local_size = local_size
         self._forced = tiles
-        # head_dim -> (tiling, forward, dsum, dkdv, dq[, transpose_kv, forward_lanes, dq_lanes])
-        self._built: dict[int, tuple] = {}
+        self._built: dict[int, _Kernels] = {}
         self._decode: dict[int, tuple[AttentionTiles, object]] = {}
 
     def tiles(self, head_dim: int) -> AttentionTiles:
         """The tiling used for ``head_dim`` (building its kernels on first use)."""
-        return self._kernels(head_dim)[0]
+        return self._kernels(head_dim).tiles
 
-    def _kernels(self, head_dim: int):
+    def _kernels(self, head_dim: int) -> _Kernels:
         built = self._built.get(head_dim)
         if built is not None:
             return built
@@ -212,7 +225,7 @@ class Attention:
             t = replace(t, items=min(allowed, t.items),
                         bwd_items=min(allowed_bwd, t.backward_items) if staged else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
-        built = self._built[head_dim] = (t, *knls)
+        built = self._built[head_dim] = _Kernels(t, *knls)
         return built
 
     @staticmethod
@@ -221,15 +234,16 @@ class Attention:
         ``batch`` rows of ``seq`` keys: two (batch, n_kv_heads, head_dim, seq rounded up to LANES_MAX)."""
         return 2 * batch * n_kv_heads * head_dim * -(-seq // LANES_MAX) * LANES_MAX
 
-    def _transpose(self, t: AttentionTiles, knls, kv_t, k, v, batch: int, seq_k: int, n_kv_heads: int,
-                   head_dim: int, both: bool) -> int | None:
+    def _transpose(self, kn: _Kernels, kv_t, k, v, batch: int, seq_k: int, n_kv_heads: int, head_dim: int,
+                   both: bool) -> int | None:
         """K (and V) transposed into ``kv_t`` for the lanes kernels; their padded length S, or None where they
         do not run (no lanes tiling, or no scratch large enough given)."""
+        t = kn.tiles
         if (not t.lanes or kv_t is None or seq_k < 1
                 or kv_t.size < 4 * self.transposed_floats(batch, seq_k, n_kv_heads, head_dim)):
             return None
         S = -(-seq_k // LANES_MAX) * LANES_MAX
-        self.dev.launch(knls[5], self._grid(S, 16, t.items, batch * n_kv_heads), (t.items, 1), kv_t, k, v,
+        self.dev.launch(kn.transpose_kv, self._grid(S, 16, t.items, batch * n_kv_heads), (t.items, 1), kv_t, k, v,
                         np.int32(seq_k), np.int32(S), np.int32(n_kv_heads), np.int32(1 if both else 0))
         return S
 
@@ -278,12 +292,12 @@ class Attention:
         self._check_heads(n_heads, n_kv_heads, head_dim)
         if batch * n_heads * seq_q == 0:
             return
-        knls = self._kernels(head_dim)
-        t, fwd = knls[0], knls[1]
+        kn = self._kernels(head_dim)
+        t, fwd = kn.tiles, kn.forward
         grid = self._grid(seq_q, t.rows, t.items, batch * n_heads)
         heads = (np.int32(q_pos_start), np.int32(n_heads), np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
-        if seq_q >= t.rows and (S := self._transpose(t, knls, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
-            self.dev.launch(knls[6], grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
+        if seq_q >= t.rows and (S := self._transpose(kn, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
+            self.dev.launch(kn.forward_lanes, grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
                             np.int32(S), *heads)
             return
         if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
@@ -314,8 +328,8 @@ class Attention:
         self._check_heads(n_heads, n_kv_heads, head_dim)
         if batch * seq == 0:
             return
-        knls = self._kernels(head_dim)
-        t, dsum, dkdv, dq = knls[0], knls[2], knls[3], knls[4]
+        kn = self._kernels(head_dim)
+        t, dsum, dkdv, dq = kn.tiles, kn.dsum, kn.dkdv, kn.dq
         queue, L = self.dev.queue, (t.items, 1)
         sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
                  np.float32(1.0 / math.sqrt(head_dim)))
@@ -328,8 +342,8 @@ class Attention:
             return
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)
-        if S := self._transpose(t, knls, kv_t, k, v, batch, seq, n_kv_heads, head_dim, True):
-            knls[7](queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, kv_t, np.int32(S), q, k, v,
+        if S := self._transpose(kn, kv_t, k, v, batch, seq, n_kv_heads, head_dim, True):
+            kn.dq_lanes(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, kv_t, np.int32(S), q, k, v,
                     d_out, lse, d_sum, *sizes)
             return
         dq(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, q, k, v, d_out, lse, d_sum,
