@@ -8,7 +8,9 @@ alternating: cuBLAS (torch, TF32 off) for a GPU device, numpy's BLAS (all cores)
 For each distinct (transposes, M, N, K) of the step (forward ``x @ W.T`` = nt, backward
 ``dy @ W`` = nn and ``dy.T @ x`` = tn) it prints ms per call of each, the ratio, and the step's
 matmul total weighted by the calls per step. ``--no-split`` times ours also without split K
-(core.kernels.matmul.SPLIT_WAVES = 0), so the effect of splitting shows in the same run.
+(core.kernels.matmul.SPLIT_WAVES = 0), so the effect of splitting shows in the same run. As in a Model, each
+product takes the tiling measured fastest for its shape on this device (GPUs: ``shape_configs``, timed once and
+cached); ``--no-shapes`` gives every product its transpose variant's tuned tiling instead.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from benchmarks.compare import SHAPES  # noqa: E402
 from core.device import open_device  # noqa: E402
 from core.kernels import matmul, matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
+from core.model import loss_chunks, loss_rows  # noqa: E402
 
 
 def step_matmuls(c, tokens: int) -> Counter:
@@ -36,9 +39,10 @@ def step_matmuls(c, tokens: int) -> Counter:
         calls[(False, True, n, out, inp)] += c.n_layers       # forward  y = x @ W.T
         calls[(False, False, n, inp, out)] += c.n_layers      # backward dx = dy @ W
         calls[(True, False, out, inp, n)] += c.n_layers       # backward dW += dy.T @ x
-    calls[(False, True, n, v, d)] += 1
-    calls[(False, False, n, d, v)] += 1
-    calls[(True, False, v, d, n)] += 1
+    for _, rows in loss_chunks(n, loss_rows(c, n)):  # the loss head, in chunks of rows
+        calls[(False, True, rows, v, d)] += 1
+        calls[(False, False, rows, d, v)] += 1
+        calls[(True, False, v, d, rows)] += 1
     return calls
 
 
@@ -93,6 +97,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--no-split", action="store_true", help="also time ours without split K")
+    ap.add_argument("--no-shapes", action="store_true", help="every product with its variant's tuned tiling "
+                    "(no per-shape choice, core.kernels.matmul_autotune.shape_configs)")
     ap.add_argument("--reference", choices=("cublas", "numpy"), help="default: numpy on a CPU device, else cublas")
     args = ap.parse_args()
     dev = open_device(args.device)
@@ -104,6 +110,9 @@ def main() -> None:
     for shape in args.shapes.split(","):
         cfg = SHAPES[shape]
         calls = step_matmuls(cfg, args.batch * min(args.seq, cfg.context_length))
+        # what a Model does: each product with its fastest tiling measured on this device (GPUs; cached)
+        mm.use_shape_configs({} if args.no_shapes else matmul_autotune.shape_configs(
+            dev, [(M, N, K, ta, tb) for ta, tb, M, N, K in calls]))
         tot = Counter()
         print(f"\n{shape}: {'case':26s} {'calls':>5s} {'ours ms':>8s} {'nosplit':>8s} {ref.name:>8s} "
               f"{'ratio':>6s} {'TFLOP/s':>7s}")
@@ -128,10 +137,10 @@ def main() -> None:
             tot["ours"] += ours * count
             tot["ref"] += theirs * count
             name = f"{'tn' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
-            kern = mm._variants[(ta, tb)]
-            parts = kern.splits(M, N, K)[0] if hasattr(kern.cfg, "tsm") else 1  # the CPU's packed kernel: no split
+            kern, split = mm._shapes.get((ta, tb, M, N, K), (mm._variants[(ta, tb)], True))
+            parts = kern.splits(M, N, K)[0] if hasattr(kern.cfg, "tsm") and split else 1  # CPUs' packed kernel: none
             print(f"  {name:26s} {count:5d} {ours * 1e3:8.3f} {nosplit * 1e3:8.3f} {theirs * 1e3:8.3f} "
-                  f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts}"
+                  f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts} {kern.cfg}"
                   + (f" err {err:.0e}" if err > 1e-5 else ""), flush=True)
         print(f"  step total: ours {tot['ours'] * 1e3:.2f} ms (no split {tot['nosplit'] * 1e3:.2f}), {ref.name} "
               f"{tot['ref'] * 1e3:.2f} ms: ratio {tot['ref'] / tot['ours']:.2f}")

@@ -1,11 +1,12 @@
 """Our Matmul kernel next to cuBLAS SGEMM (torch, float32, TF32 off) on square products, in one run,
 alternating. Not a test; for a machine with an NVIDIA GPU and its OpenCL driver.
 
-    python benchmarks/matmul_vs_cublas.py [--device NVIDIA] [--sizes 1024,2048,4096] [--reps 5]
+    python benchmarks/matmul_vs_cublas.py [--device NVIDIA] [--sizes 1024,2048,4096] [--reps 5] [--no-shapes]
 
 Prints GFLOP/s of each (best of --reps rounds of 10 products) and the ratio ours / cuBLAS for the
-NT case (``x @ W.T``, the forward of a linear layer) and NN. The tuned configuration is used (tuned
-now if the device has none).
+NT case (``x @ W.T``, the forward of a linear layer) and NN. As in a Model, each product takes the tiling
+measured fastest for its shape (``matmul_autotune.shape_configs``: timed now if not cached), else the
+tuned configuration of its variant (tuned now if the device has none); ``--no-shapes``: always the latter.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--device", default="NVIDIA")
     ap.add_argument("--sizes", default="1024,2048,4096")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-shapes", action="store_true", help="the variants' tuned tilings, no per-shape choice")
     args = ap.parse_args()
     import torch
 
@@ -35,8 +37,12 @@ def main() -> None:
     dev = open_device(args.device)
     mm = Matmul(dev, tuned=matmul_autotune.tuned_configs(dev, progress=lambda f, m: print(f"  {m}", flush=True)))
     print(f"device: {dev.info.label}; tiled config NT: {mm.config(False, True)}")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.no_shapes:  # as a Model does: each product's fastest tiling on this device (timed once, cached)
+        mm.use_shape_configs(matmul_autotune.shape_configs(dev, [(n, n, n, False, tb) for n in sizes
+                                                                 for tb in (True, False)]))
     rng = np.random.default_rng(0)
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in sizes:
         a = rng.standard_normal((n, n)).astype(np.float32)
         b = rng.standard_normal((n, n)).astype(np.float32)
         da, db, dc = dev.upload(a), dev.upload(b), dev.alloc(n * n)
@@ -63,7 +69,7 @@ def main() -> None:
             flop = 2.0 * n ** 3
             g1, g2 = flop / min(ours) / 1e9, flop / min(theirs) / 1e9
             print(f"{name} {n}^3: ours {g1:8.0f} GFLOP/s  cuBLAS {g2:8.0f} GFLOP/s  ratio {g1 / g2:.2f}  "
-                  f"(rel. err {err:.1e})", flush=True)
+                  f"(rel. err {err:.1e}) {mm.shape_config(n, n, n, False, tb_) or mm.config(False, tb_)}", flush=True)
 
 
 if __name__ == "__main__":

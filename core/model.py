@@ -567,6 +567,11 @@ class Model:
         check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan, max_seq=self.max_seq)
         self.ops = Ops(dev)
         self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
+        products = step_matmuls(config, self.rows, training) + (lora_matmuls(config, lora, self.rows, training)
+                                                                if lora else [])
+        # GPUs: each product's fastest tiling, timed once per device and shape (before this model's buffers
+        # exist: the timing's operands are one product's, which the model holds anyway)
+        self.ops.matmul.use_shape_configs(matmul_autotune.shape_configs(dev, products))
         self._setup_params(weights if weights is not None else init_weights(config, seed), quantized)
         # Trained tensors: all, or all but token_embd (frozen). Their layout is the parameter layout
         # shifted by token_embd's aligned size, so the optimizer's ranges are sub-buffers of params.
@@ -589,8 +594,7 @@ class Model:
         self.act = Activations(dev, config, batch_size, self.max_seq, training)
         self.loss_rows = loss_rows(config, self.rows)  # rows of a chunk of the loss head (a.logits holds one)
         # the products of a step allocate nothing while they run (their scratch is counted by memory_bytes)
-        rows = self.rows
-        self.ops.matmul.reserve(step_matmuls(config, rows, training) + (lora_matmuls(config, lora, rows, training) if lora else []))
+        self.ops.matmul.reserve(products)
         names = list(self.train_layout.slots)
         self._stat_names = names
         layer = layer_of(config)

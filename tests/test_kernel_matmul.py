@@ -514,3 +514,92 @@ def test_tuner_keeps_to_its_budget(device):
 def test_selfcheck(device):
     """The op's launches as the Device tab's check makes them (``ref.selfcheck``) match numpy here."""
     assert_selfcheck(ref.selfcheck(device))
+
+
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+@pytest.mark.parametrize("split", [False, True])
+def test_tiled_matmul_aligned_program_only_where_every_tile_read_is_aligned(device, rng, monkeypatch, split,
+                                                                            trans_a, trans_b):
+    """Tiled products whose offsets and stored row lengths are multiples of the vector width take the
+    ALIGNED program (one vector load per tile read, GPUs); one misaligned offset or row length keeps the
+    plain one. Both exact, with offsets, ragged edges and (``split``) K split over work-groups."""
+    if split:
+        monkeypatch.setattr(matmul, "SPLIT_WAVES", 10_000)
+        monkeypatch.setattr(matmul, "SPLIT_MIN_K", 16)
+        monkeypatch.setattr(matmul, "SPLIT_DEEP_K", 16)
+    cfg = fitted(device, TiledConfig(32, 16, 8, 4, 2, 2, 2, 2), (trans_a, trans_b))
+    kernel = GemmKernel(device, cfg, trans_a, trans_b)
+    vw = cfg.vw
+    assert device.base_align_bytes >= 4 * vw
+    cases = [((38, 26, 70), (2, 4, 6), True), ((37, 26, 70), (2, 4, 6), not trans_a),
+             ((38, 25, 70), (2, 4, 6), trans_b), ((38, 26, 71), (2, 4, 6), trans_a and not trans_b),
+             ((38, 26, 70), (1, 4, 6), False), ((38, 26, 70), (2, 3, 6), False), ((38, 26, 70), (2, 4, 3), True)]
+    for (M, N, K), (ao, bo, co), aligned in cases:
+        assert kernel.aligned(M, N, K, ao, bo) == aligned, (M, N, K, ao, bo)
+        assert (kernel.splits(M, N, K)[0] > 1) == split
+        a, b = _inputs(rng, M, N, K, trans_a, trans_b)
+        pad = lambda x, n: np.concatenate([np.full(n, -7.0, np.float32), x.ravel(), np.full(5, -7.0, np.float32)])  # noqa: E731
+        A, B, C = to_device(device, pad(a, ao), pad(b, bo), np.full(co + M * N + 5, np.nan, np.float32))
+        kernel(C, A, B, M, N, K, False, ao, bo, co)
+        got = from_device(device, C, ((co + M * N + 5,), np.float32))[co:co + M * N].reshape(M, N)
+        assert_close(got, ref.matmul_forward(a, b, trans_a, trans_b), atol=_atol(K), what=f"{M}x{N}x{K} {ao},{bo}")
+    assert kernel._aligned is not None and kernel._aligned is not kernel._main
+
+
+def _shape_tuning(monkeypatch, tmp_path, grid):
+    """shape_configs as on a GPU, on this device: tuning on, a fresh cache folder, ``grid`` as SHAPE_GRID and no
+    tuned variant configurations; returns the list that records every timed (config, M, N, K, split)."""
+    monkeypatch.setenv("OPENCL_LLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(matmul_autotune.ENV_VAR, "1")
+    monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
+    monkeypatch.setattr(matmul_autotune, "uses_local_tiles", lambda dev: True)
+    monkeypatch.setattr(matmul_autotune, "tuned_configs", lambda dev: {})
+    monkeypatch.setattr(matmul_autotune, "SHAPE_GRID", tuple(grid))
+    monkeypatch.setattr(matmul, "SPLIT_WAVES", 10_000)  # the deep products split K: both ways are timed
+    monkeypatch.setattr(matmul, "SPLIT_MIN_K", 64)
+    monkeypatch.setattr(matmul, "SPLIT_DEEP_K", 64)
+    timed = []
+    seconds = matmul_autotune._seconds
+
+    def recording(dev, launch, min_s, rounds=3):
+        s = seconds(dev, launch, 0.0, 1)
+        timed.append(s)
+        return s
+    monkeypatch.setattr(matmul_autotune, "_seconds", recording)
+    return timed
+
+
+def test_shape_configs_time_each_product_once_per_device_and_route_it(device, rng, tmp_path, monkeypatch):
+    """GPUs time each product of a model's step on every per-shape candidate (split K and not) once, cache the
+    fastest per device, and Matmul then runs that shape with it, exactly; GEMV and narrow products are left to
+    their own kernels."""
+    grid = [fitted(device, TiledConfig(32, 32, 8, 4, 4, 4, 4, 2), v) for v in [(False, False)]]
+    grid.append(fitted(device, TiledConfig(16, 32, 8, 2, 4, 2, 2, 1), (False, False)))
+    timed = _shape_tuning(monkeypatch, tmp_path, grid)
+    shapes = [(72, 80, 300, False, True), (96, 68, 260, True, False), (72, 80, 300, False, True),
+              (4, 80, 300, False, True), (72, 16, 300, False, False)]  # a repeat, a GEMV and a narrow product
+    chosen = matmul_autotune.shape_configs(device, shapes)
+    assert set(chosen) == {(72, 80, 300, False, True), (96, 68, 260, True, False)}
+    assert all(cfg in grid and isinstance(split, bool) for cfg, split in chosen.values())
+    assert len(timed) == 2 * 2 * 2  # two shapes x two candidates x split and not
+    cache = json.loads((tmp_path / matmul_autotune.SHAPE_FILE).read_text())
+    assert set(cache[matmul_autotune.device_key(device)]) == {"nt 72x80x300", "tn 96x68x260"}
+    monkeypatch.setattr(matmul_autotune, "_shape_memo", {})  # a new process: read from the file, time nothing
+    assert matmul_autotune.shape_configs(device, shapes) == chosen and len(timed) == 8
+
+    op = Matmul(device, gemv=False)
+    forced = {(72, 80, 300, False, True): (grid[1], False), (96, 68, 260, True, False): (grid[0], True)}
+    op.use_shape_configs(forced)
+    assert op.shape_config(72, 80, 300, False, True) == (grid[1], False) and op.shape_config(72, 80, 301) is None
+    assert op.reserve([(96, 68, 260, True, False)]) >= 4 * 68 * 96 * 2  # its split K's partial products
+    for (M, N, K, ta, tb) in forced:
+        _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"per-shape {M}x{N}x{K}")
+
+
+def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypatch):
+    bad, good = TiledConfig(16, 16, 8, 4, 4, 4, 4, 1), TiledConfig(8, 8, 4, 4, 4, 4, 0, 0)
+    _shape_tuning(monkeypatch, tmp_path, [bad, good])
+    correct = matmul_autotune._Operands.correct
+    monkeypatch.setattr(matmul_autotune._Operands, "correct", lambda self, k: k.cfg != bad and correct(self, k))
+    chosen = matmul_autotune.shape_configs(device, [(80, 72, 100, False, False)])
+    assert chosen == {(80, 72, 100, False, False): (good, chosen[(80, 72, 100, False, False)][1])}

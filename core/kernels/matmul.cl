@@ -11,11 +11,12 @@
 //   matmul_tiled    devices with on-chip local memory (GPUs). A TSM x TSN tile of C per work-group
 //                   of (TSN/WPTN, TSM/WPTM) work-items, WPTM x WPTN outputs per work-item held in
 //                   registers. TSK-deep tiles of op(A) and op(B) are staged in local memory with
-//                   VW-wide coalesced global loads, optionally double-buffered (DBUF=1: one barrier
-//                   per K tile, the next tile loads while this one is used) and padded by PAD floats
-//                   per row against bank conflicts (DBUF=2: the next tile's global loads go to registers
-//                   before this tile's products and to local memory after them). Work-item (tn, tm) owns VW-wide groups of columns
-//                   strided by RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
+//                   VW-wide coalesced global loads (aligned vector loads when ALIGNED), optionally
+//                   double-buffered (DBUF=1: one barrier per K tile, the next tile loads while this
+//                   one is used) and padded by PAD floats per row against bank conflicts (DBUF=2: the
+//                   next tile's global loads go to registers before this tile's products and to local
+//                   memory after them). Work-item (tn, tm) owns VW-wide groups of columns strided by
+//                   RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
 //                   Split K (few tiles of C for the GPU's compute units, e.g. weight gradients:
 //                   M, N = a layer's sizes, K = the batch's tokens): work-group z of dimension 2
 //                   takes K elements k_split*z .. of the sum and writes its partial product to
@@ -78,6 +79,16 @@
 #endif
 typedef union { floatV v; float s[VW]; } vec_parts;
 
+// LOADG(p): a global vector read of a whole tile. With ALIGNED (matmul.py builds it when every such
+// address is a multiple of VW floats: the offsets and the row lengths of the contiguous axes are) it is
+// one aligned vector load; otherwise LOADV's scalar reads (NVIDIA's compiler cannot merge those without
+// knowing the alignment: 37.5 -> 41.3 TFLOP/s at 4096^3 NT on the H200).
+#ifdef ALIGNED
+#define LOADG(p) (*(__global const floatV*)(p))
+#else
+#define LOADG(p) LOADV(p)
+#endif
+
 // =============================================================================== matmul_tiled
 #ifdef TSM
 #ifndef PAD
@@ -105,7 +116,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
     for (int e = tid; e < TSK * (TSM / VW); e += THREADS) {
         const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
         if (full_a) {
-            As[k * LDA + r / VW] = LOADV(&A_AT(m0 + r, k0 + k));
+            As[k * LDA + r / VW] = LOADG(&A_AT(m0 + r, k0 + k));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 as[k * LDA * VW + r + q] = (m0 + r + q < M && k0 + k < k_end) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
@@ -115,7 +126,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
     for (int e = tid; e < TSM * (TSK / VW); e += THREADS) {
         const int r = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
         if (full_a) {
-            vec_parts v = {LOADV(&A_AT(m0 + r, k0 + k))};
+            vec_parts v = {LOADG(&A_AT(m0 + r, k0 + k))};
             UNROLL for (int q = 0; q < VW; q++) as[(k + q) * LDA * VW + r] = v.s[q];
         } else {
             UNROLL for (int q = 0; q < VW; q++)
@@ -127,7 +138,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
     for (int e = tid; e < TSN * (TSK / VW); e += THREADS) {
         const int s = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
         if (full_b) {
-            vec_parts v = {LOADV(&B_AT(k0 + k, n0 + s))};
+            vec_parts v = {LOADG(&B_AT(k0 + k, n0 + s))};
             UNROLL for (int q = 0; q < VW; q++) bs[(k + q) * LDB * VW + s] = v.s[q];
         } else {
             UNROLL for (int q = 0; q < VW; q++)
@@ -138,7 +149,7 @@ inline void load_tiles(__local floatV* As, __local floatV* Bs, __global const fl
     for (int e = tid; e < TSK * (TSN / VW); e += THREADS) {
         const int k = e / (TSN / VW), s = (e % (TSN / VW)) * VW;
         if (full_b) {
-            Bs[k * LDB + s / VW] = LOADV(&B_AT(k0 + k, n0 + s));
+            Bs[k * LDB + s / VW] = LOADG(&B_AT(k0 + k, n0 + s));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 bs[k * LDB * VW + s + q] = (n0 + s + q < N && k0 + k < k_end) ? B_AT(k0 + k, n0 + s + q) : 0.0f;
@@ -167,7 +178,7 @@ inline void fetch_tiles(vec_parts* ra, vec_parts* rb, __global const float* a, _
 #ifdef TRANS_A  // vectors along m
         const int k = e / (TSM / VW), r = (e % (TSM / VW)) * VW;
         if (full_a && e < A_VECS) {
-            ra[t].v = LOADV(&A_AT(m0 + r, k0 + k));
+            ra[t].v = LOADG(&A_AT(m0 + r, k0 + k));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 ra[t].s[q] = (e < A_VECS && m0 + r + q < M && k0 + k < k_end) ? A_AT(m0 + r + q, k0 + k) : 0.0f;
@@ -175,7 +186,7 @@ inline void fetch_tiles(vec_parts* ra, vec_parts* rb, __global const float* a, _
 #else  // vectors along k
         const int r = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
         if (full_a && e < A_VECS) {
-            ra[t].v = LOADV(&A_AT(m0 + r, k0 + k));
+            ra[t].v = LOADG(&A_AT(m0 + r, k0 + k));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 ra[t].s[q] = (e < A_VECS && m0 + r < M && k0 + k + q < k_end) ? A_AT(m0 + r, k0 + k + q) : 0.0f;
@@ -187,7 +198,7 @@ inline void fetch_tiles(vec_parts* ra, vec_parts* rb, __global const float* a, _
 #ifdef TRANS_B  // vectors along k
         const int s = e / (TSK / VW), k = (e % (TSK / VW)) * VW;
         if (full_b && e < B_VECS) {
-            rb[t].v = LOADV(&B_AT(k0 + k, n0 + s));
+            rb[t].v = LOADG(&B_AT(k0 + k, n0 + s));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 rb[t].s[q] = (e < B_VECS && n0 + s < N && k0 + k + q < k_end) ? B_AT(k0 + k + q, n0 + s) : 0.0f;
@@ -195,7 +206,7 @@ inline void fetch_tiles(vec_parts* ra, vec_parts* rb, __global const float* a, _
 #else  // vectors along n
         const int k = e / (TSN / VW), s = (e % (TSN / VW)) * VW;
         if (full_b && e < B_VECS) {
-            rb[t].v = LOADV(&B_AT(k0 + k, n0 + s));
+            rb[t].v = LOADG(&B_AT(k0 + k, n0 + s));
         } else {
             UNROLL for (int q = 0; q < VW; q++)
                 rb[t].s[q] = (e < B_VECS && n0 + s + q < N && k0 + k < k_end) ? B_AT(k0 + k, n0 + s + q) : 0.0f;

@@ -403,6 +403,8 @@ class GemmKernel:
                  max_items: int | None = None, scratch: _Scratch | None = None):
         _check_fits(dev, cfg, max_items)
         self.dev, self.cfg, self.scratch = dev, cfg, scratch or _Scratch(dev)
+        self.trans = (bool(trans_a), bool(trans_b))
+        self._aligned = None  # tiled: the ALIGNED program's kernel, built at the first product it serves
         if isinstance(cfg, TiledConfig):
             opts = cfg.options(trans_a, trans_b)
             self._main = dev.kernel("matmul", "matmul_tiled", opts)
@@ -431,20 +433,22 @@ class GemmKernel:
                 dev.check_fits(self._pack_a, PACK_KB, cfg)
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
-                 a_offset: int, b_offset: int, c_offset: int) -> None:
-        """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1."""
+                 a_offset: int, b_offset: int, c_offset: int, split: bool = True) -> None:
+        """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1. ``split`` False: a
+        tiled product never splits K (:meth:`splits`)."""
         cfg, q, i32 = self.cfg, self.dev.queue, np.int32
         acc = i32(1 if accumulate else 0)
         if isinstance(cfg, TiledConfig):
             lx, ly = cfg.local
-            splits, k_split = self.splits(M, N, K)
+            splits, k_split = self.splits(M, N, K) if split else (1, K)
             grid = (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly, splits)
+            main = self._aligned_kernel() if self.aligned(M, N, K, a_offset, b_offset) else self._main
             if splits == 1:
-                self._main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
+                main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
                            i32(b_offset), i32(c_offset), i32(max(K, 1)))
                 return
-            part = self.scratch.get("splits", self.scratch_floats(M, N, K)["splits"])
-            self._main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
+            part = self.scratch.get("splits", splits * M * N)
+            main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
                        i32(b_offset), i32(0), i32(k_split))
             wg = self._reduce_wg
             self._reduce(q, (-(-(M * N) // wg) * wg,), (wg,), c, part, i32(M * N), i32(splits), acc,
@@ -470,6 +474,32 @@ class GemmKernel:
             main(q, global_size, (cfg.wg,), c, ap, bp, i32(M), i32(N), i32(K),
                  acc if k0 == 0 else i32(1), i32(a_offset), i32(c_offset), i32(k0), n)
 
+    def aligned(self, M: int, N: int, K: int, a_offset: int, b_offset: int) -> bool:
+        """Whether a tiled product of these sizes and offsets may use the ``ALIGNED`` program: every whole
+        tile's global vector read then starts at a multiple of ``vw`` floats (the offsets and the row
+        lengths of op(A)'s and op(B)'s stored layouts are multiples of it, and the device aligns buffers
+        to at least a vector)."""
+        vw = self.cfg.vw
+        if not isinstance(self.cfg, TiledConfig) or vw == 1 or self.dev.base_align_bytes < 4 * vw:
+            return False
+        trans_a, trans_b = self.trans
+        rows_a = M if trans_a else K  # the contiguous axis of a stored (K,M) / (M,K)
+        rows_b = K if trans_b else N
+        return not (rows_a % vw or rows_b % vw or a_offset % vw or b_offset % vw)
+
+    def _aligned_kernel(self):
+        """The ``ALIGNED`` build of this configuration (built once, at first use; the plain kernel where
+        the compiled one does not fit, logged)."""
+        if self._aligned is None:
+            knl = self.dev.kernel("matmul", "matmul_tiled", (*self.cfg.options(*self.trans), "-DALIGNED"))
+            try:
+                self.dev.check_fits(knl, self.cfg.items, self.cfg)
+                self._aligned = knl
+            except KernelLimitError as e:
+                log.warning("matmul %s aligned: %s; using the plain kernel", self.cfg, e)
+                self._aligned = self._main
+        return self._aligned
+
     def splits(self, M: int, N: int, K: int) -> tuple[int, int]:
         """(parts, K elements per part) of a tiled product: 1 part unless C's tiles are fewer than
         ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
@@ -486,12 +516,12 @@ class GemmKernel:
         parts = -(-K // k_split)
         return (parts, k_split) if parts > 1 else (1, K)
 
-    def scratch_floats(self, M: int, N: int, K: int) -> dict[str, int]:
-        """Floats of each scratch buffer a product of this shape uses: ``"splits"`` (tiled kernels'
-        partial products of split K), or ``"b"`` and ``"a"`` (the packed panels of op(B) and op(A) of one
-        K chunk; no ``"a"`` when A is read in place)."""
+    def scratch_floats(self, M: int, N: int, K: int, split: bool = True) -> dict[str, int]:
+        """Floats of each scratch buffer a product of this shape uses (``split`` as in :meth:`__call__`):
+        ``"splits"`` (tiled kernels' partial products of split K), or ``"b"`` and ``"a"`` (the packed panels
+        of op(B) and op(A) of one K chunk; no ``"a"`` when A is read in place)."""
         if isinstance(self.cfg, TiledConfig):
-            splits, _ = self.splits(M, N, K)
+            splits = self.splits(M, N, K)[0] if split else 1
             return {"splits": splits * M * N} if splits > 1 else {}
         return self._packing(M, N, K)[1]
 
@@ -633,6 +663,7 @@ class Matmul:
                     ([tuned[v]] if v in tuned else []) + fallback_gemm, f"matmul {v}",
                     lambda c, v=v: GemmKernel(dev, c, *v, max_items=local_size, scratch=scratch))
             log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
+        self._shapes: dict[tuple, tuple[GemmKernel, bool]] = {}  # use_shape_configs: (ta, tb, M, N, K) -> kernel
         self._gemv = None
         if isinstance(gemv, GemvConfig):
             self._gemv = GemvKernel(dev, gemv, local_size)
@@ -692,6 +723,32 @@ class Matmul:
                 self._narrow_kernels[key] = kernel
         return self._narrow_kernels[key]
 
+    def use_shape_configs(self, chosen: dict[tuple[int, int, int, bool, bool], tuple[TiledConfig, bool]]) -> None:
+        """Products of exactly these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, split)``
+        (``core.kernels.matmul_autotune.shape_configs``: the fastest measured for each shape of a model's step;
+        ``split`` False never splits K) instead of their transpose variant's. A configuration whose compiled
+        kernel does not fit is logged and left out. Replaces any earlier table."""
+        self._shapes = {}
+        built: dict[tuple, GemmKernel | None] = {}
+        for (M, N, K, ta, tb), (cfg, split) in chosen.items():
+            v = (bool(ta), bool(tb))
+            if (cfg, v) not in built:
+                own = self._variants[v]
+                try:
+                    built[(cfg, v)] = own if own.cfg == cfg else GemmKernel(
+                        self.dev, cfg, *v, max_items=self._local_size, scratch=self._scratch)
+                except KernelLimitError as e:
+                    log.warning("matmul %s for %dx%dx%d: %s; using %s", v, M, N, K, e, own.cfg)
+                    built[(cfg, v)] = None
+            if built[(cfg, v)] is not None:
+                self._shapes[(*v, int(M), int(N), int(K))] = (built[(cfg, v)], bool(split))
+
+    def shape_config(self, M: int, N: int, K: int, trans_a: bool = False,
+                     trans_b: bool = False) -> tuple[GemmConfig, bool] | None:
+        """The ``(configuration, split)`` :meth:`use_shape_configs` gave this product, or None."""
+        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K))
+        return (entry[0].cfg, entry[1]) if entry else None
+
     def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
         """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
         (a model's step: ``core.model.step_matmuls``), so that they allocate nothing while they run.
@@ -701,9 +758,10 @@ class Matmul:
         """
         need: dict[str, int] = {}
         for M, N, K, trans_a, trans_b in shapes:
-            kernel = self._kernel(M, N, trans_a, trans_b)
+            kernel, split = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K),
+                                             (self._kernel(M, N, trans_a, trans_b), True))
             if M > 0 and N > 0 and isinstance(kernel, GemmKernel):
-                for name, n in kernel.scratch_floats(M, N, K).items():
+                for name, n in kernel.scratch_floats(M, N, K, split).items():
                     need[name] = max(need.get(name, 0), n)
         for name, n in need.items():
             self._scratch.get(name, n)
@@ -723,4 +781,9 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
+        if self._shapes:
+            entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K))
+            if entry is not None:
+                entry[0](c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset, entry[1])
+                return
         self._kernel(M, N, trans_a, trans_b)(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)

@@ -39,13 +39,14 @@ from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
 from core.kernels.matmul import (GEMV_MAX_M, NARROW_KINDS, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
-                                 default_configs, default_narrow, fallback_configs, fits, uses_local_tiles)
+                                 default_configs, default_narrow, fallback_configs, fits, narrow_kind,
+                                 uses_local_tiles)
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "OPENCL_LLM_MATMUL_TUNE"
 CACHE_FILE = "matmul-tuning.json"
-TUNER_VERSION = 4  # bump when the grid or the scoring changes
+TUNER_VERSION = 5  # bump when the grid or the scoring changes
 MODEL_VARIANTS = ((False, False), (False, True), (True, False))  # what the model uses; TT takes TN's
 RETIME = 3  # leaders timed again, alternating, against a shared machine's noise
 Progress = Callable[[float, str], None]
@@ -112,13 +113,14 @@ def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
             (True, False): [(384, 128, 512), (1536, 512, 512)]}
 
 
-# (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 128x128 and 64x64 C tiles with 8x8 / 4x4 per
-# work-item (16x16 and 8x8 work-groups), K tiles of 8-32, float4 or float2, padded, single or
+# (tsm, tsn, tsk, wptm, wptn, vw, pad, dbuf): 256x128, 128x128, 128x64 and 64x64 C tiles with 16x8, 8x8, 8x4 or
+# 4x4 per work-item (8x16 to 16x16 work-groups), K tiles of 8-32, float4 or float2, padded, single or
 # ping-pong buffered (or that with register prefetch) (CLBlast's xgemm search space, pruned to the settings its database keeps for
 # NVIDIA/AMD GPUs).
 GPU_GRID = tuple(TiledConfig(*p) for p in (
     # the next K tile prefetched into registers (dbuf 2) first: the budget may not reach the end
-    (128, 128, 16, 8, 8, 4, 4, 2), (128, 64, 16, 8, 4, 4, 4, 2), (64, 128, 16, 4, 8, 4, 4, 2),
+    (128, 128, 16, 8, 8, 4, 4, 2), (256, 128, 8, 16, 8, 4, 4, 2), (128, 64, 16, 8, 8, 4, 4, 2),
+    (64, 128, 16, 8, 8, 4, 4, 2), (128, 64, 16, 8, 4, 4, 4, 2), (64, 128, 16, 4, 8, 4, 4, 2),
     (128, 128, 8, 8, 8, 4, 4, 2), (64, 64, 16, 4, 4, 4, 4, 2), (128, 128, 16, 8, 8, 4, 0, 2),
     (128, 128, 16, 8, 8, 4, 4, 1), (128, 128, 16, 8, 8, 4, 4, 0), (128, 128, 8, 8, 8, 4, 4, 1),
     (128, 128, 32, 8, 8, 4, 4, 1), (128, 64, 16, 8, 4, 4, 4, 1), (64, 128, 16, 4, 8, 4, 4, 1),
@@ -126,6 +128,17 @@ GPU_GRID = tuple(TiledConfig(*p) for p in (
     (128, 128, 16, 8, 8, 2, 2, 1), (32, 32, 16, 2, 2, 2, 2, 0),
     (128, 64, 16, 8, 8, 4, 4, 1), (64, 128, 16, 8, 8, 4, 4, 1), (64, 64, 32, 8, 8, 4, 4, 1),
     (64, 64, 32, 4, 4, 4, 4, 1), (128, 128, 32, 8, 8, 4, 4, 0)))
+
+# Per-shape candidates (shape_configs), besides the variant's tuned configuration: the H200's fastest over the
+# products of SmolLM2's and a d_model 1024 model's steps (8 x 512 tokens) were each of these somewhere: 256x128 on
+# wide products, 128x64 / 64x128 of 8x8 where a 576-wide side leaves a 128x128 tiling few tiles
+SHAPE_GRID = tuple(TiledConfig(*p) for p in (
+    (128, 128, 16, 8, 8, 4, 4, 2), (256, 128, 8, 16, 8, 4, 4, 2), (128, 64, 16, 8, 8, 4, 4, 2),
+    (64, 128, 16, 8, 8, 4, 4, 2), (128, 64, 16, 8, 4, 4, 4, 2)))
+SHAPE_FILE = "matmul-shapes.json"
+SHAPE_BUDGET_S = 30.0
+"""Seconds one :func:`shape_configs` call may spend timing (a shape not reached keeps its variant's configuration
+and is timed by a later call)."""
 
 GEMV_SHAPES = [(1, 384, 128), (1, 1536, 512)]  # decode: one token row times W (N,K)
 
@@ -508,3 +521,106 @@ def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args: An
 
 
 _memo: dict[str, dict] = {}  # per process: the cache file is read once per device
+
+
+def _shape_name(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> str:
+    return f"{'t' if trans_a else 'n'}{'t' if trans_b else 'n'} {M}x{N}x{K}"
+
+
+def _shape_cache() -> dict:
+    try:
+        data = json.loads((user_cache_dir() / SHAPE_FILE).read_text("utf-8"))
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the matmul shape cache %s: %s", user_cache_dir() / SHAPE_FILE, e)
+        return {}
+
+
+def shape_candidates(dev: Device, variant: tuple[bool, bool]) -> list[TiledConfig]:
+    """Tiled configurations :func:`shape_configs` times for one product of ``variant``: the variant's tuned one
+    first, then :data:`SHAPE_GRID`'s that fit the device."""
+    own = tuned_configs(dev).get(variant)
+    out = [own] if isinstance(own, TiledConfig) else []
+    return out + [c for c in SHAPE_GRID if c not in out and fits(dev, c)]
+
+
+def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
+    """The fastest ``(configuration, split)`` measured on ``dev`` for each matrix-matrix product in ``shapes``
+    (``(M, N, K, trans_a, trans_b)``, e.g. ``core.model.step_matmuls``), for ``Matmul.use_shape_configs``.
+
+    On devices with local tiles (GPUs) every product that is neither GEMV nor narrow (``narrow_kind``) is
+    timed with each of :func:`shape_candidates`, K split (the launcher's rule) and not, on zero operands of
+    its size (one product's at a time: a model of those shapes holds buffers as large), and the winner is
+    cached per device key in ``SHAPE_FILE``, so each shape is timed once per device and driver. Candidates
+    are checked against numpy on a small product first; a wrong one is never chosen. Timing stops after
+    ``budget_s`` (default :data:`SHAPE_BUDGET_S`); untimed shapes are left out of the result.
+
+    Returns:
+        ``{(M, N, K, trans_a, trans_b): (TiledConfig, split)}``; ``{}`` on CPUs or with tuning off.
+    """
+    if not enabled() or not uses_local_tiles(dev):
+        return {}
+    wanted = sorted({(int(M), int(N), int(K), bool(ta), bool(tb)) for M, N, K, ta, tb in shapes
+                     if M > 0 and N > 0 and K > 0 and not (tb and not ta and M <= GEMV_MAX_M)
+                     and narrow_kind(M, N) is None})
+    key = device_key(dev)
+    with _lock:
+        table = _shape_memo.setdefault(key, dict(_shape_cache().get(key, {})))
+        missing = [s for s in wanted if _shape_name(*s) not in table]
+    if missing:
+        _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
+        with _lock:
+            data = _shape_cache()
+            data[key] = {**data.get(key, {}), **table}
+            try:
+                atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
+            except OSError as e:
+                log.warning("could not save the matmul shape choices: %s", e)
+    out = {}
+    for s in wanted:
+        entry = table.get(_shape_name(*s))
+        if entry:
+            out[s] = (config_from_dict(entry["config"]), bool(entry["split"]))
+    return out
+
+
+def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> None:
+    """Time :func:`shape_candidates` on each of ``shapes`` into ``table`` (see :func:`shape_configs`)."""
+    from core.kernels.matmul import _Scratch
+
+    t0, rng, scratch = time.perf_counter(), np.random.default_rng(0), _Scratch(dev)
+    kernels: dict = {}
+    for M, N, K, ta, tb in shapes:
+        if time.perf_counter() - t0 > budget_s:
+            log.info("matmul shape timing: budget of %.0f s spent; %dx%dx%d and later untimed", budget_s, M, N, K)
+            break
+        a, b, c = dev.zeros(M * K), dev.zeros(N * K), dev.zeros(M * N)
+        best = None
+        for cfg in shape_candidates(dev, (ta, tb)):
+            if (cfg, ta, tb) not in kernels:
+                try:
+                    k = GemmKernel(dev, cfg, ta, tb, scratch=scratch)
+                    ok = _Operands(dev, (68, 44, 84), (ta, tb), rng).correct(k)
+                except (ValueError, KernelBuildError, dev.cl.Error) as e:
+                    log.info("matmul shape timing: %s skipped: %s", cfg, str(e).splitlines()[0])
+                    ok = False
+                kernels[(cfg, ta, tb)] = k if ok else None
+            k = kernels[(cfg, ta, tb)]
+            if k is None:
+                continue
+            for split in ((True, False) if k.splits(M, N, K)[0] > 1 else (True,)):
+                s = _seconds(dev, lambda: k(c, a, b, M, N, K, False, 0, 0, 0, split), 0.005)
+                if best is None or s < best[0]:
+                    best = (s, cfg, split)
+        for buf in (a, b, c):
+            buf.release()
+        if best is not None:
+            table[_shape_name(M, N, K, ta, tb)] = {"config": config_to_dict(best[1]), "split": best[2],
+                                                    "gflops": float(f"{2.0 * M * N * K / best[0] / 1e9:.3g}")}
+            log.info("matmul %s: %s%s at %.0f GFLOP/s", _shape_name(M, N, K, ta, tb), best[1],
+                     "" if best[2] else " unsplit", 2.0 * M * N * K / best[0] / 1e9)
+
+
+_shape_memo: dict[str, dict] = {}  # per process: the shape cache's entry of each device
