@@ -286,12 +286,16 @@ def budget_seconds(dev: Device) -> float:
 def expected_seconds(dev: Device, build_s: float) -> float:
     """Seconds a first tuning of ``dev`` is expected to take, given ``build_s`` seconds per matmul program
     build measured on it: each candidate's builds (about two programs) and its timing (about a quarter
-    second), at most the budget (:func:`budget_seconds`). 0.0 when tuning is off or already cached."""
+    second), at most the budget (:func:`budget_seconds`), and on GPUs the first model's per-shape timing
+    (:func:`shape_configs`). 0.0 when tuning is off or already cached."""
     if is_tuned(dev):
         return 0.0
     n = (sum(len(candidates(dev, v)) for v in tuned_variants(dev)) + len(gemv_candidates(dev))
          + sum(len(narrow_candidates(dev, k)) for k in NARROW_KINDS))
-    return min(budget_seconds(dev), n * (2.0 * build_s + 0.25))
+    # GPUs: also the per-shape timing of the first model (shape_configs): SHAPE_GRID built for three variants,
+    # and about 5 s of timing (a 30-layer model's ~20 products x ~10 candidates x 25 ms), within its budget
+    shapes = min(SHAPE_BUDGET_S, 3 * len(SHAPE_GRID) * build_s + 5.0) if uses_local_tiles(dev) else 0.0
+    return min(budget_seconds(dev), n * (2.0 * build_s + 0.25)) + shapes
 
 
 class _Clock:
