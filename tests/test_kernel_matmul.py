@@ -603,3 +603,23 @@ def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypa
     monkeypatch.setattr(matmul_autotune._Operands, "correct", lambda self, k: k.cfg != bad and correct(self, k))
     chosen = matmul_autotune.shape_configs(device, [(80, 72, 100, False, False)])
     assert chosen == {(80, 72, 100, False, False): (good, chosen[(80, 72, 100, False, False)][1])}
+
+
+def test_shape_configs_retime_what_a_damaged_cache_holds(device, tmp_path, monkeypatch):
+    """Unreadable entries of matmul-shapes.json (hand-edited: no config, a packed one, a bad split flag, not a
+    dict) count as untimed: timed again and overwritten; a file that is no JSON is ignored."""
+    cfg = TiledConfig(16, 16, 8, 4, 4, 4, 4, 1)
+    timed = _shape_tuning(monkeypatch, tmp_path, [cfg])
+    key = matmul_autotune.device_key(device)
+    shapes = [(80, 72, 100, False, False), (80, 72, 104, False, False), (80, 72, 108, False, False),
+              (80, 72, 112, False, False)]
+    names = [matmul_autotune._shape_name(*s) for s in shapes]
+    bad = [{"split": True}, {"config": config_to_dict(PackedConfig()), "split": True},
+           {"config": config_to_dict(cfg), "split": "yes"}, [1, 2]]
+    (tmp_path / matmul_autotune.SHAPE_FILE).write_text(json.dumps({key: dict(zip(names, bad))}))
+    chosen = matmul_autotune.shape_configs(device, shapes)
+    assert set(chosen) == set(shapes) and len(timed) == 4
+    assert all(c == cfg for c, _ in chosen.values())
+    (tmp_path / matmul_autotune.SHAPE_FILE).write_text("{not json")
+    monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
+    assert set(matmul_autotune.shape_configs(device, shapes[:1])) == set(shapes[:1]) and len(timed) == 5

@@ -571,7 +571,10 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
                      and narrow_kind(M, N) is None})
     key = device_key(dev)
     with _lock:
-        table = _shape_memo.setdefault(key, dict(_shape_cache().get(key, {})))
+        if key not in _shape_memo:  # a hand-edited cache's unreadable entries count as untimed
+            entry = _shape_cache().get(key)
+            _shape_memo[key] = {k: v for k, v in entry.items() if _shape_entry(k, v)} if isinstance(entry, dict) else {}
+        table = _shape_memo[key]
         missing = [s for s in wanted if _shape_name(*s) not in table]
     if missing:
         _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
@@ -582,12 +585,19 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
                 atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
             except OSError as e:
                 log.warning("could not save the matmul shape choices: %s", e)
-    out = {}
-    for s in wanted:
-        entry = table.get(_shape_name(*s))
-        if entry:
-            out[s] = (config_from_dict(entry["config"]), bool(entry["split"]))
-    return out
+    return {s: _shape_entry(_shape_name(*s), table[_shape_name(*s)]) for s in wanted if _shape_name(*s) in table}
+
+
+def _shape_entry(name: str, entry) -> tuple[TiledConfig, bool] | None:
+    """``(configuration, split)`` of a shape cache entry, or None (logged) when it is not one."""
+    try:
+        cfg = config_from_dict(entry["config"])
+        if not isinstance(cfg, TiledConfig) or not isinstance(entry["split"], bool):
+            raise TypeError("not a tiled configuration and a split flag")
+        return cfg, entry["split"]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        log.warning("ignoring the matmul shape cache's entry %r: %s", name, e)
+        return None
 
 
 def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> None:
