@@ -606,8 +606,9 @@ def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypa
 
 
 def test_shape_configs_retime_what_a_damaged_cache_holds(device, tmp_path, monkeypatch):
-    """Unreadable entries of matmul-shapes.json (hand-edited: no config, a packed one, a bad split flag, not a
-    dict) count as untimed: timed again and overwritten; a file that is no JSON is ignored."""
+    """Unreadable entries of matmul-shapes.json (hand-edited: no config, a packed one, a float size and a bad split
+    flag, not a dict; a device entry that is no dict) count as untimed: timed again and overwritten; a file that is
+    no JSON is ignored."""
     cfg = TiledConfig(16, 16, 8, 4, 4, 4, 4, 1)
     timed = _shape_tuning(monkeypatch, tmp_path, [cfg])
     key = matmul_autotune.device_key(device)
@@ -615,11 +616,30 @@ def test_shape_configs_retime_what_a_damaged_cache_holds(device, tmp_path, monke
               (80, 72, 112, False, False)]
     names = [matmul_autotune._shape_name(*s) for s in shapes]
     bad = [{"split": True}, {"config": config_to_dict(PackedConfig()), "split": True},
-           {"config": config_to_dict(cfg), "split": "yes"}, [1, 2]]
+           {"config": {**config_to_dict(cfg), "tsm": 16.0}, "split": "yes"}, [1, 2]]
     (tmp_path / matmul_autotune.SHAPE_FILE).write_text(json.dumps({key: dict(zip(names, bad))}))
     chosen = matmul_autotune.shape_configs(device, shapes)
     assert set(chosen) == set(shapes) and len(timed) == 4
     assert all(c == cfg for c, _ in chosen.values())
+    (tmp_path / matmul_autotune.SHAPE_FILE).write_text(json.dumps({key: "not a dict"}))
+    monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
+    assert set(matmul_autotune.shape_configs(device, shapes[1:2])) == set(shapes[1:2]) and len(timed) == 5
     (tmp_path / matmul_autotune.SHAPE_FILE).write_text("{not json")
     monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
-    assert set(matmul_autotune.shape_configs(device, shapes[:1])) == set(shapes[:1]) and len(timed) == 5
+    assert set(matmul_autotune.shape_configs(device, shapes[:1])) == set(shapes[:1]) and len(timed) == 6
+
+
+def test_shape_configs_from_two_threads_time_each_shape_once(device, tmp_path, monkeypatch):
+    import threading
+
+    timed = _shape_tuning(monkeypatch, tmp_path, [TiledConfig(16, 16, 8, 4, 4, 4, 4, 1)])
+    a = [(80, 72, 100, False, False), (80, 72, 104, False, False), (80, 72, 108, False, False)]
+    b = [(80, 72, 104, False, False), (80, 72, 108, False, False), (80, 72, 112, False, False)]
+    out = {}
+    threads = [threading.Thread(target=lambda n, s: out.__setitem__(n, matmul_autotune.shape_configs(device, s)),
+                                args=(n, s)) for n, s in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(out["a"]) == set(a) and set(out["b"]) == set(b) and len(timed) == 4

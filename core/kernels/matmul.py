@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from core.device import Device, KernelLimitError
+from core.device import Device, KernelBuildError, KernelLimitError
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -737,8 +737,8 @@ class Matmul:
                 try:
                     built[(cfg, v)] = own if own.cfg == cfg else GemmKernel(
                         self.dev, cfg, *v, max_items=self._local_size, scratch=self._scratch)
-                except KernelLimitError as e:
-                    log.warning("matmul %s for %dx%dx%d: %s; using %s", v, M, N, K, e, own.cfg)
+                except (KernelLimitError, KernelBuildError, ValueError) as e:
+                    log.warning("matmul %s for %dx%dx%d: %s; using %s", v, M, N, K, str(e).splitlines()[0], own.cfg)
                     built[(cfg, v)] = None
             if built[(cfg, v)] is not None:
                 self._shapes[(*v, int(M), int(N), int(K))] = (built[(cfg, v)], bool(split))

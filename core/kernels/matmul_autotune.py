@@ -570,30 +570,37 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
                      if M > 0 and N > 0 and K > 0 and not (tb and not ta and M <= GEMV_MAX_M)
                      and narrow_kind(M, N) is None})
     key = device_key(dev)
-    with _lock:
-        if key not in _shape_memo:  # a hand-edited cache's unreadable entries count as untimed
-            entry = _shape_cache().get(key)
-            _shape_memo[key] = {k: v for k, v in entry.items() if _shape_entry(k, v)} if isinstance(entry, dict) else {}
-        table = _shape_memo[key]
-        missing = [s for s in wanted if _shape_name(*s) not in table]
-    if missing:
-        _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
+    with _shape_lock:  # one timing at a time (concurrent callers wait, then find their shapes timed)
         with _lock:
-            data = _shape_cache()
-            data[key] = {**data.get(key, {}), **table}
-            try:
-                atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
-            except OSError as e:
-                log.warning("could not save the matmul shape choices: %s", e)
+            if key not in _shape_memo:  # a hand-edited cache's unreadable entries count as untimed
+                _shape_memo[key] = _valid_entries(_shape_cache().get(key))
+            table = _shape_memo[key]
+            missing = [s for s in wanted if _shape_name(*s) not in table]
+        if missing:
+            _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
+            with _lock:
+                data = _shape_cache()
+                data[key] = {**_valid_entries(data.get(key)), **table}
+                try:
+                    atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True),
+                                 sync_folder=False)
+                except OSError as e:
+                    log.warning("could not save the matmul shape choices: %s", e)
     return {s: _shape_entry(_shape_name(*s), table[_shape_name(*s)]) for s in wanted if _shape_name(*s) in table}
+
+
+def _valid_entries(entries) -> dict:
+    """The readable entries of one device's part of the shape cache (none when it is no dict)."""
+    return {k: v for k, v in entries.items() if _shape_entry(k, v)} if isinstance(entries, dict) else {}
 
 
 def _shape_entry(name: str, entry) -> tuple[TiledConfig, bool] | None:
     """``(configuration, split)`` of a shape cache entry, or None (logged) when it is not one."""
     try:
         cfg = config_from_dict(entry["config"])
-        if not isinstance(cfg, TiledConfig) or not isinstance(entry["split"], bool):
-            raise TypeError("not a tiled configuration and a split flag")
+        if (not isinstance(cfg, TiledConfig) or not isinstance(entry["split"], bool)
+                or not all(type(v) is int for v in vars(cfg).values())):
+            raise TypeError("not a tiled configuration of integers and a split flag")
         return cfg, entry["split"]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         log.warning("ignoring the matmul shape cache's entry %r: %s", name, e)
@@ -638,3 +645,4 @@ def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> Non
 
 
 _shape_memo: dict[str, dict] = {}  # per process: the shape cache's entry of each device
+_shape_lock = threading.Lock()
