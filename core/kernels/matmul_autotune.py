@@ -617,7 +617,11 @@ def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> Non
         if time.perf_counter() - t0 > budget_s:
             log.info("matmul shape timing: budget of %.0f s spent; %dx%dx%d and later untimed", budget_s, M, N, K)
             break
-        a, b, c = dev.zeros(M * K), dev.zeros(N * K), dev.zeros(M * N)
+        try:
+            a, b, c = dev.zeros(M * K), dev.zeros(N * K), dev.zeros(M * N)
+        except (dev.cl.Error, MemoryError) as e:  # e.g. larger than the device's largest buffer: left untimed
+            log.info("matmul shape timing: %dx%dx%d not timed: %s", M, N, K, str(e).splitlines()[0])
+            continue
         best = None
         for cfg in shape_candidates(dev, (ta, tb)):
             if (cfg, ta, tb) not in kernels:
