@@ -473,31 +473,37 @@ def _decode(entry: dict) -> dict:
     return out
 
 
+def _read_cache(path: Path) -> dict:
+    """The JSON object in one of the tuner's cache files (every device's entries); ``{}`` when the file is
+    missing, unreadable or no JSON object (logged)."""
+    try:
+        data = json.loads(path.read_text("utf-8"))
+        if isinstance(data, dict):
+            return data
+        log.warning("ignoring the matmul cache %s: not a JSON object", path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the matmul cache %s: %s", path, e)
+    return {}
+
+
 def load_cached(dev: Device) -> dict | None:
     """This device's cached tuning result (as :func:`tune` returns it, without timings), or None
     when there is none or the cache file is unreadable."""
+    entry = _read_cache(cache_path()).get(device_key(dev))
     try:
-        data = json.loads(cache_path().read_text("utf-8"))
-        entry = data.get(device_key(dev))
         return _decode(entry) if entry else None
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         log.warning("ignoring the matmul tuning cache %s: %s", cache_path(), e)
         return None
 
 
 def save(dev: Device, result: dict) -> Path:
     """Store ``result`` for this device in the cache file (atomic replace; other devices kept)."""
-    path = cache_path()
-    try:
-        data = json.loads(path.read_text("utf-8"))
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data = _read_cache(cache_path())
     data[device_key(dev)] = _encode(result)
-    return atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
+    return atomic_write(cache_path(), json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
 
 
 def tuned_configs(dev: Device, progress: Progress | None = None, **tune_args: Any) -> dict:
@@ -531,17 +537,6 @@ def _shape_name(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> str:
     return f"{'t' if trans_a else 'n'}{'t' if trans_b else 'n'} {M}x{N}x{K}"
 
 
-def _shape_cache() -> dict:
-    try:
-        data = json.loads((user_cache_dir() / SHAPE_FILE).read_text("utf-8"))
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        log.warning("ignoring the matmul shape cache %s: %s", user_cache_dir() / SHAPE_FILE, e)
-        return {}
-
-
 def shape_candidates(dev: Device, variant: tuple[bool, bool]) -> list[TiledConfig]:
     """Tiled configurations :func:`shape_configs` times for one product of ``variant``: the variant's tuned one
     first, then :data:`SHAPE_GRID`'s that fit the device."""
@@ -573,13 +568,13 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
     with _shape_lock:  # one timing at a time (concurrent callers wait, then find their shapes timed)
         with _lock:
             if key not in _shape_memo:  # a hand-edited cache's unreadable entries count as untimed
-                _shape_memo[key] = _valid_entries(_shape_cache().get(key))
+                _shape_memo[key] = _valid_entries(_read_cache(user_cache_dir() / SHAPE_FILE).get(key))
             table = _shape_memo[key]
             missing = [s for s in wanted if _shape_name(*s) not in table]
         if missing:
             _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
             with _lock:
-                data = _shape_cache()
+                data = _read_cache(user_cache_dir() / SHAPE_FILE)
                 data[key] = {**_valid_entries(data.get(key)), **table}
                 try:
                     atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True),
