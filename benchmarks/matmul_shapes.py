@@ -136,8 +136,8 @@ def main() -> None:
                 tot["nosplit"] += nosplit * count
             tot["ours"] += ours * count
             tot["ref"] += theirs * count
-            name = f"{'tn' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
-            kern, split = mm._shapes.get((ta, tb, M, N, K), (mm._variants[(ta, tb)], True))
+            name = f"{'t' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
+            kern, split = mm._route(M, N, K, ta, tb)
             parts = kern.splits(M, N, K)[0] if hasattr(kern.cfg, "tsm") and split else 1  # CPUs' packed kernel: none
             print(f"  {name:26s} {count:5d} {ours * 1e3:8.3f} {nosplit * 1e3:8.3f} {theirs * 1e3:8.3f} "
                   f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts} {kern.cfg}"

@@ -680,6 +680,12 @@ class Matmul:
         """The GEMV configuration (None when the GEMV path is off)."""
         return self._gemv.cfg if self._gemv is not None else None
 
+    def _route(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> tuple[GemmKernel | GemvKernel, bool]:
+        """The kernel of a product and whether it may split K: the per-shape choice (:meth:`use_shape_configs`),
+        else :meth:`_kernel`'s."""
+        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K)) if self._shapes else None
+        return entry if entry is not None else (self._kernel(M, N, trans_a, trans_b), True)
+
     def _kernel(self, M: int, N: int, trans_a: bool, trans_b: bool) -> GemmKernel | GemvKernel:
         if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
             return self._gemv
@@ -758,8 +764,7 @@ class Matmul:
         """
         need: dict[str, int] = {}
         for M, N, K, trans_a, trans_b in shapes:
-            kernel, split = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K),
-                                             (self._kernel(M, N, trans_a, trans_b), True))
+            kernel, split = self._route(M, N, K, trans_a, trans_b)
             if M > 0 and N > 0 and isinstance(kernel, GemmKernel):
                 for name, n in kernel.scratch_floats(M, N, K, split).items():
                     need[name] = max(need.get(name, 0), n)
@@ -781,9 +786,8 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
-        if self._shapes:
-            entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K))
-            if entry is not None:
-                entry[0](c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset, entry[1])
-                return
-        self._kernel(M, N, trans_a, trans_b)(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
+        kernel, split = self._route(M, N, K, trans_a, trans_b)
+        if split:
+            kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
+        else:  # a GemmKernel the per-shape choice keeps from splitting K
+            kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset, split=False)
