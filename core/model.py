@@ -35,7 +35,7 @@ from core.kernels.cross_entropy import CrossEntropy
 from core.kernels.decode import DecodeLayer
 from core.kernels.embedding import Embedding
 from core.kernels.sums import Sums
-from core.kernels import matmul_autotune
+from core.kernels import attention_autotune, matmul_autotune
 from core.kernels.matmul import Matmul, scratch_bound_floats
 from core.kernels.rmsnorm import RMSNorm
 from core.kernels.rope import RoPE
@@ -566,7 +566,10 @@ class Model:
         self.quantized_plan = quantized_plan(config, lora, quantized)  # these stay in their GGUF formats
         check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan, max_seq=self.max_seq)
         self.ops = Ops(dev)
-        self.ops.attention.tiles(config.head_dim)  # builds attention for this head_dim now, not mid-step
+        # GPUs: the attention forward measured faster at this shape (once per device), built now, not mid-step
+        self.ops.attention.use_forward_blocks(config.head_dim, attention_autotune.forward_blocks(
+            dev, batch_size, self.max_seq, config.n_heads, config.n_kv_heads, config.head_dim))
+        self.ops.attention.tiles(config.head_dim)
         products = step_matmuls(config, self.rows, training) + (lora_matmuls(config, lora, self.rows, training)
                                                                 if lora else [])
         # GPUs: each product's fastest tiling, timed once per device and shape (before this model's buffers

@@ -512,12 +512,13 @@ def first_run_seconds(dev: Device, programs: int, compile_s: float) -> float:
     """One-time seconds of a run on ``dev`` given the ``programs`` that planning built and first launched in
     ``compile_s`` seconds (PoCL and llvmpipe compile a kernel for its work-group size at its first launch, so
     this is the speed measurement's time beyond its steps): those seconds, the first matmul tuning
-    (core.kernels.matmul_autotune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
+    (core.kernels.matmul_autotune.expected_seconds), on GPUs the first timing of the attention forward
+    (core.kernels.attention_autotune.expected_seconds) and ``LATER_PROGRAMS`` more; 0.0 when the tuning is cached
     and planning found its programs cached (< 0.2 s each) or built none (the speed was cached too)."""
-    from core.kernels import matmul_autotune
+    from core.kernels import attention_autotune, matmul_autotune
 
     per_program = compile_s / programs if programs else BUILD_S_GUESS
-    tuning = matmul_autotune.expected_seconds(dev, per_program)
+    tuning = matmul_autotune.expected_seconds(dev, per_program) + attention_autotune.expected_seconds(dev, per_program)
     if not tuning and (not programs or per_program < 0.2):  # tuned, and the kernels cached (or not looked at)
         return 0.0
     return compile_s + tuning + LATER_PROGRAMS * per_program

@@ -11,7 +11,7 @@ import pytest
 from core import device as device_mod
 from core.device import DeviceInfo, speed_note
 from core.estimates import DatasetStats
-from core.kernels import matmul_autotune
+from core.kernels import attention_autotune, matmul_autotune
 from core.plan import LATER_PROGRAMS, first_run_seconds, make_plan
 
 
@@ -58,10 +58,12 @@ def test_a_real_device_speed_is_positive(device, monkeypatch, tmp_path):
 
 def test_first_run_costs_are_counted_and_said(monkeypatch):
     monkeypatch.setattr(matmul_autotune, "expected_seconds", lambda dev, build_s: 30.0)
+    monkeypatch.setattr(attention_autotune, "expected_seconds", lambda dev, build_s: 5.0)
     dev = SimpleNamespace()
-    # planning built 10 programs in 20 s: those, the tuning and the programs still to build
-    assert first_run_seconds(dev, 10, 20.0) == pytest.approx(20.0 + 30.0 + LATER_PROGRAMS * 2.0)
+    # planning built 10 programs in 20 s: those, the tunings and the programs still to build
+    assert first_run_seconds(dev, 10, 20.0) == pytest.approx(20.0 + 30.0 + 5.0 + LATER_PROGRAMS * 2.0)
     monkeypatch.setattr(matmul_autotune, "expected_seconds", lambda dev, build_s: 0.0)
+    monkeypatch.setattr(attention_autotune, "expected_seconds", lambda dev, build_s: 0.0)
     assert first_run_seconds(dev, 10, 0.5) == 0.0  # everything cached: programs loaded in 0.05 s each
     plan = make_plan(DatasetStats(600, 470, 400, 25, 13, 51, []), 1e-5)
     assert "first run" not in plan.summary()

@@ -31,6 +31,12 @@ TILINGS = [
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, stage_kv=True, bwd_tile=8, bwd_items=7),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3),
+    # the staged forward (GPUs): the GPU's blocks, blocks that divide no seq with work-groups of fewer or more
+    # items than micro-tiles, the smallest blocks
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
+                   fwd_rows=64, fwd_keys=32),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, fwd_rows=16, fwd_keys=8),
+    AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3, fwd_rows=4, fwd_keys=4),
     # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
     # 3 rows, float4
     AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
@@ -38,6 +44,7 @@ TILINGS = [
     AttentionTiles(items=1, rows=3, keys=4, kv_rows=2, vector=4, lanes=8),
 ]
 LANES = [t for t in TILINGS if t is not None and t.lanes]
+TILED = [t for t in TILINGS if t is not None and t.fwd_rows]
 TOL = dict(atol=2e-5, rtol=2e-4)
 
 
@@ -52,7 +59,9 @@ def fitted(device, tiles, head_dim):
         except KernelLimitError as e:
             if tiles is None:
                 raise
-            if "local memory" in str(e) and tiles.bwd_tile > 1:  # smaller staged blocks (llvmpipe: 32 KiB)
+            if "local memory" in str(e) and tiles.fwd_rows > 4:  # smaller staged blocks (llvmpipe: 32 KiB)
+                tiles = replace(tiles, fwd_rows=tiles.fwd_rows // 2, fwd_keys=max(4, tiles.fwd_keys // 2))
+            elif "local memory" in str(e) and tiles.bwd_tile > 1:
                 tiles = replace(tiles, bwd_tile=tiles.bwd_tile // 2)
             elif tiles.items > 1 or tiles.backward_items > 1:
                 tiles = replace(tiles, items=max(1, tiles.items // 2),
@@ -65,6 +74,7 @@ def _tiling_id(t):
     if t is None:
         return "device"
     staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
+    staged += f"f{t.fwd_rows}x{t.fwd_keys}" if t.fwd_rows else ""
     lanes = f"l{t.lanes}" if t.lanes else ""
     return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}{lanes}"
 
@@ -111,7 +121,7 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     assert_close(from_device(device, DSUM, ((b, h, s), np.float32)), d_sum, **TOL, what="d_sum")
 
 
-@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES, ids=_tiling_id)
+@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES + TILED, ids=_tiling_id)
 @pytest.mark.parametrize("head_dim", [10, 64])
 def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
     """Prompt chunk, then a second chunk, then one token at a time (seq_q < seq_k, q_pos_start > 0):
@@ -135,7 +145,7 @@ def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
                      lse_full[:, :, start:stop], **TOL, what=f"lse rows {start}:{stop}")
 
 
-@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES, ids=_tiling_id)
+@pytest.mark.parametrize("tiles", TILINGS[:3] + LANES + TILED, ids=_tiling_id)
 def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
     op = fitted(device, tiles, 6)
     q, k, v = _qkv(rng, 1, 5, 4, 2, 1, 6)

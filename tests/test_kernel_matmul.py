@@ -559,13 +559,13 @@ def _shape_tuning(monkeypatch, tmp_path, grid):
     monkeypatch.setattr(matmul, "SPLIT_MIN_K", 64)
     monkeypatch.setattr(matmul, "SPLIT_DEEP_K", 64)
     timed = []
-    seconds = matmul_autotune._seconds
+    seconds = matmul_autotune.best_seconds
 
     def recording(dev, launch, min_s, rounds=3):
         s = seconds(dev, launch, 0.0, 1)
         timed.append(s)
         return s
-    monkeypatch.setattr(matmul_autotune, "_seconds", recording)
+    monkeypatch.setattr(matmul_autotune, "best_seconds", recording)
     return timed
 
 

@@ -543,19 +543,24 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 }
 #endif  // BKT
 
-// ------------------------------------------------------------- backward, staged tiles (GPUs)
-// The same gradients as kernels 2 and 3 above, FlashAttention-2's blocked loop (Dao 2023,
-// Algorithm 2): a work-group of BWG work-items stages a block of BT keys and values and a block
-// of BT query rows (with their lse and D) in local memory, computes the BT x BT tile of
-// P = exp(S - lse) and dS = P (dP - D) once into local memory, then adds the tile's products into
-// register accumulators. Built with -DBT=... (a power of two); BWG any >= 1.
-// Register micro-tiles: each work-item computes TI x TJ entries of the P / dS tile (rows
-// i = ti + a * BT/TI, keys j = tj + c * BT/TJ: strided, so the 8 work-items of a quarter warp read 8
-// different local rows, 4 banks apart) from float4 reads of local rows, then TJ rows x 4 columns of
-// dK and dV (or dQ), each local float4 and scalar read feeding several FMAs (staged kernels with one
-// local read per FMA were 2.3-2.4x slower on an H200). Local rows are LDR floats (head_dim padded to 4,
-// plus 4: float4-aligned, consecutive rows 4 banks apart); tile rows LDP = BT + 1 floats (odd: the
-// dQ pass reads 8 rows of one column).
+// ------------------------------------------------------------- staged tiles (GPUs)
+// A work-group of BWG work-items (any >= 1) stages blocks of rows of Q, K, V (and dO) in local memory and
+// computes a tile of scores once from register micro-tiles: each work-item computes a few rows x keys of it
+// (rows and keys strided, so the 8 work-items of a quarter warp read 8 different local rows, 4 banks apart)
+// from float4 reads of local rows, then a few rows x 4 or 8 columns of the output block, each local float4
+// and scalar read feeding several FMAs (staged kernels with one local read per FMA were 2.3-2.4x slower on
+// an H200). Local rows are LDR floats (head_dim padded to 4, plus 4: float4-aligned, consecutive rows
+// 4 banks apart).
+//
+// Forward (built with -DFQ=... -DFK=..., powers of two >= 4, and -DBT): FlashAttention-2's forward
+// (Dao 2023, Algorithm 1): a work-group owns FQ query rows, walks their visible keys in blocks of FK,
+// computes the FQ x FK tile of scores into local memory, updates each row's running max and sum there
+// (one work-item per row), and adds P V into register accumulators of 4 rows x 8 columns.
+// Backward (built with -DBT=..., a power of two): FlashAttention-2's blocked loop (Dao 2023, Algorithm 2):
+// a work-group stages a block of BT keys and values and a block of BT query rows (with their lse and D),
+// computes the BT x BT tile of P = exp(S - lse) and dS = P (dP - D) once into local memory (micro-tiles of
+// TI x TJ), then adds TJ rows x 4 columns of dK and dV (or dQ) into registers; tile rows are LDP = BT + 1
+// floats (odd: the dQ pass reads 8 rows of one column).
 #ifdef BT
 #define TI (BT < 2 ? BT : 2)
 #define TJ (BT < 4 ? BT : 4)
@@ -566,10 +571,10 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 #define NMA ((BT / TJ) * HD4)              // micro-tiles of dK / dV / dQ (TJ rows x 4 columns)
 #define MA ((NMA + BWG - 1) / BWG)         // accumulator micro-tiles per work-item
 
-// rows r0 .. r0 + BT - 1 (0.0f past seq, and columns past HD up to LDR) of one head of x -> dst
-inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int seq,
+// rows r0 .. r0 + n - 1 (0.0f past seq, and in columns HD .. HD4 * 4 - 1) of one head of x -> dst
+inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int n, const int seq,
                        const size_t stride, const int lid) {
-    for (int e = lid; e < BT * HD4 * 4; e += BWG) {
+    for (int e = lid; e < n * HD4 * 4; e += BWG) {
         const int r = e / (HD4 * 4), d = e % (HD4 * 4);
         dst[r * LDR + d] = r0 + r < seq && d < HD ? x[(size_t)(r0 + r) * stride + d] : 0.0f;
     }
@@ -578,6 +583,150 @@ inline void stage_rows(__local float* dst, const __global float* x, const int r0
 inline float4 lrow(__local const float* base, const int row, const int d4) {
     return vload4(0, base + row * LDR + d4 * 4);
 }
+
+#ifdef FQ
+#define FA 4                              // score micro-tile rows (and output micro-tile rows)
+#define FC 4                              // score micro-tile keys
+#define LDS (FK + 4)                      // score tile row stride: float4-aligned rows, 4 banks apart
+#define NMS ((FQ / FA) * (FK / FC))       // score micro-tiles
+#define HD8 ((HD4 + 1) / 2)               // 8-column blocks of a row
+#define NMO ((FQ / FA) * HD8)             // output micro-tiles (FA rows x 8 columns)
+#define MO ((NMO + BWG - 1) / BWG)        // output micro-tiles per work-item
+union lanes4 { float4 v; float a[4]; };
+
+// q (B, seq_q, n_heads, HD), k, v (B, >= seq_k, n_kv_heads, HD) -> out (B, seq_q, n_heads, HD),
+// lse (B, n_heads, seq_q): as attention_forward, same arguments. Work-group (x, bh) owns query rows
+// i0 .. i0+FQ-1 of (b, h), x = 0 the last block (the one with the most keys, so it starts first).
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_forward_tiled(__global float* out, __global float* lse, __global const float* q,
+                             __global const float* k, __global const float* v, const int seq_q,
+                             const int seq_k, const int q_pos_start, const int n_heads,
+                             const int n_kv_heads, const float scale) {
+    const int lid = get_local_id(0), bh = get_group_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int i0 = ((int)get_num_groups(0) - 1 - (int)get_group_id(0)) * FQ;
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const __global float* qb = q + (size_t)b * seq_q * q_stride + (size_t)h * HD;
+    const __global float* kb = k + (size_t)b * seq_k * kv_stride + (size_t)kvh * HD;
+    const __global float* vb = v + (size_t)b * seq_k * kv_stride + (size_t)kvh * HD;
+    __local float qs[FQ * LDR], ks[FK * LDR], vs[FK * LDR], ss[FQ * LDS];
+    __local float ms[FQ], ls[FQ], als[FQ];  // each row's running max and sum, and this block's rescale
+    stage_rows(qs, qb, i0, FQ, seq_q, q_stride, lid);
+    for (int r = lid; r < FQ; r += BWG) {
+        ms[r] = -INFINITY;
+        ls[r] = 0.0f;
+    }
+    float4 acc[MO][FA][2];  // output micro-tiles: rows t + a * FQ/FA, columns 8 * d8 .. 8 * d8 + 7
+    _Pragma("unroll") for (int m = 0; m < MO; m++)
+        _Pragma("unroll") for (int a = 0; a < FA; a++) acc[m][a][0] = acc[m][a][1] = (float4)(0.0f);
+    const int last = i0 + FQ < seq_q ? i0 + FQ : seq_q;  // keys 0 .. n_keys-1 are visible to the block
+    const int n_vis = q_pos_start + last;
+    const int n_keys = n_vis < 0 ? 0 : (n_vis < seq_k ? n_vis : seq_k);
+
+    for (int j0 = 0; j0 < n_keys; j0 += FK) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous block
+        stage_rows(ks, kb, j0, FK, n_keys, kv_stride, lid);
+        stage_rows(vs, vb, j0, FK, n_keys, kv_stride, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        // scores S = scale Q K^T of the block, -inf where masked: micro-tiles of FA rows x FC keys
+        for (int e = lid; e < NMS; e += BWG) {
+            const int ti = e / (FK / FC), tj = e % (FK / FC);
+            float s[FA][FC];
+            _Pragma("unroll") for (int a = 0; a < FA; a++)
+                _Pragma("unroll") for (int c = 0; c < FC; c++) s[a][c] = 0.0f;
+            for (int d4 = 0; d4 < HD4; d4++) {
+                float4 qv[FA], kv[FC];
+                _Pragma("unroll") for (int a = 0; a < FA; a++) qv[a] = lrow(qs, ti + a * (FQ / FA), d4);
+                _Pragma("unroll") for (int c = 0; c < FC; c++) kv[c] = lrow(ks, tj + c * (FK / FC), d4);
+                _Pragma("unroll") for (int a = 0; a < FA; a++)
+                    _Pragma("unroll") for (int c = 0; c < FC; c++)
+                        s[a][c] = s[a][c] + qv[a].x * kv[c].x + qv[a].y * kv[c].y + qv[a].z * kv[c].z
+                                  + qv[a].w * kv[c].w;
+            }
+            _Pragma("unroll") for (int a = 0; a < FA; a++) {
+                const int i = ti + a * (FQ / FA);
+                _Pragma("unroll") for (int c = 0; c < FC; c++) {
+                    const int j = tj + c * (FK / FC);
+                    const bool vis = j0 + j < n_keys && j0 + j <= q_pos_start + i0 + i;
+                    ss[i * LDS + j] = vis ? s[a][c] * scale : -INFINITY;
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        // one work-item per row: the running max and sum; the row's scores become P = exp(S - max)
+        for (int r = lid; r < FQ; r += BWG) {
+            __local float* row = ss + r * LDS;
+            float4 x[FK / 4];
+            float cm = -INFINITY;
+            _Pragma("unroll") for (int c = 0; c < FK; c += 4) {
+                union lanes4 u = {vload4(0, row + c)};
+                x[c / 4] = u.v;
+                _Pragma("unroll") for (int e = 0; e < 4; e++) cm = u.a[e] > cm ? u.a[e] : cm;
+            }
+            const float m_old = ms[r];
+            const float mn = cm > m_old ? cm : m_old;
+            const float msafe = mn == -INFINITY ? 0.0f : mn;  // nothing visible yet: all p are 0
+            float sum = 0.0f;
+            _Pragma("unroll") for (int c = 0; c < FK; c += 4) {
+                const float4 p = exp(x[c / 4] - msafe);
+                sum += (p.x + p.y) + (p.z + p.w);
+                vstore4(p, 0, row + c);
+            }
+            const float alpha = exp(m_old - msafe);
+            ls[r] = ls[r] * alpha + sum;
+            ms[r] = mn;
+            als[r] = alpha;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        // O = alpha O + P V: micro-tiles of FA rows x 8 columns
+        _Pragma("unroll") for (int m = 0; m < MO; m++) {
+            const int e = lid + m * BWG;
+            if (e < NMO) {
+                const int t = e % (FQ / FA), d8 = e / (FQ / FA);
+                const bool two = 2 * d8 + 1 < HD4;  // the second column block lies inside the row
+                _Pragma("unroll") for (int a = 0; a < FA; a++) {
+                    const float al = als[t + a * (FQ / FA)];
+                    acc[m][a][0] *= al;
+                    acc[m][a][1] *= al;
+                }
+                for (int j = 0; j < FK; j += 4) {
+                    union lanes4 p[FA];
+                    _Pragma("unroll") for (int a = 0; a < FA; a++) p[a].v = vload4(0, ss + (t + a * (FQ / FA)) * LDS + j);
+                    _Pragma("unroll") for (int jj = 0; jj < 4; jj++) {
+                        const float4 v0 = lrow(vs, j + jj, 2 * d8);
+                        const float4 v1 = two ? lrow(vs, j + jj, 2 * d8 + 1) : (float4)(0.0f);
+                        _Pragma("unroll") for (int a = 0; a < FA; a++) {
+                            acc[m][a][0] += p[a].a[jj] * v0;
+                            acc[m][a][1] += p[a].a[jj] * v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);  // (no block: the rows' initial max and sum)
+    _Pragma("unroll") for (int m = 0; m < MO; m++) {  // out = O / l (0 where a row saw no key)
+        const int e = lid + m * BWG;
+        if (e < NMO) {
+            const int t = e % (FQ / FA), d8 = e / (FQ / FA);
+            _Pragma("unroll") for (int a = 0; a < FA; a++) {
+                const int i = t + a * (FQ / FA);
+                if (i0 + i < seq_q) {
+                    const float l = ls[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    union { float4 v[2]; float a[8]; } u = {{acc[m][a][0] * inv, acc[m][a][1] * inv}};
+                    __global float* o = out + (size_t)b * seq_q * q_stride + (size_t)(i0 + i) * q_stride
+                                        + (size_t)h * HD + 8 * d8;
+                    _Pragma("unroll") for (int c = 0; c < 8; c++)
+                        if (8 * d8 + c < HD) o[c] = u.a[c];
+                }
+            }
+        }
+    }
+    for (int r = lid; r < FQ; r += BWG)
+        if (i0 + r < seq_q) lse[(size_t)bh * seq_q + i0 + r] = ls[r] > 0.0f ? ms[r] + LOG_SUM(ls[r]) : -INFINITY;
+}
+#endif  // FQ
 
 // Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j]; 0.0f where
 // key j0 + j is masked for row i0 + i or either lies past seq.
@@ -651,8 +800,8 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
-    stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
+    stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid);
+    stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid);
     float4 dk[MA][TJ], dv[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dk[m][c] = dv[m][c] = (float4)(0.0f);
@@ -663,8 +812,8 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
         for (int i0 = j0; i0 < seq; i0 += BT) {
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
-            stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
-            stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
+            stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid);
+            stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid);
             for (int r = lid; r < BT; r += BWG) {
                 ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
                 ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
@@ -705,8 +854,8 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(qs, q + q_base, i0, seq, q_stride, lid);
-    stage_rows(dos, d_out + q_base, i0, seq, q_stride, lid);
+    stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid);
+    stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid);
     for (int r = lid; r < BT; r += BWG) {
         ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
         ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
@@ -717,8 +866,8 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const int last = i0 + BT < seq ? i0 + BT : seq;  // keys 0 .. last-1 are visible to the block
     for (int j0 = 0; j0 < last; j0 += BT) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, k + kv_base, j0, seq, kv_stride, lid);
-        stage_rows(vs, v + kv_base, j0, seq, kv_stride, lid);
+        stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid);
+        stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
         tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -17,7 +17,9 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   (``*_tiled``): work-groups of 128 work-items over blocks of 32 keys x 32 query rows in local
   memory (smaller blocks where local memory is short), the P and dS tile computed once per block
   (measured on an H200: several times faster than one key or query row per work-item), each work-item
-  holding register micro-tiles of it and of dK/dV (dQ) (2.3-2.4x the staged kernels before them).
+  holding register micro-tiles of it and of dK/dV (dQ) (2.3-2.4x the staged kernels before them). A staged
+  forward (``attention_forward_tiled``: blocks of 64 query rows x 32 keys, ``AttentionTiles.fwd_rows``) runs
+  where ``core.kernels.attention_autotune`` measured it faster at the model's shape (:meth:`Attention.use_forward_blocks`).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.device import Device, KernelLimitError
+from core.device import Device, KernelBuildError, KernelLimitError
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POW2 = (1, 2, 4, 8, 16)
+_FWD_BLOCKS = (4, 8, 16, 32, 64, 128)
+# the staged forward's (query rows, keys) per block, largest first (64 x 32 needs 44.8 KB at head_dim 64); GPUs use it
+# where core.kernels.attention_autotune measured it faster than the per-row forward (Attention.use_forward_blocks)
+FWD_TILES = ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (4, 4))
+TILED_MIN_ROWS = 2  # the staged forward runs for this many query rows or more (decode's one row: attention_forward)
 LANES_MAX = 16  # keys of the transposed K and V are padded to a multiple of this (AttentionTiles.lanes <= it)
 
 
@@ -57,6 +64,9 @@ class AttentionTiles:
         lanes: 0, or the keys of a chunk as the lanes of one vector (8 or 16) in the forward and dQ, over
             K and V transposed once per layer (``attention_forward_lanes``, ``attention_backward_dq_lanes``;
             CPUs with 16-float SIMD): used where the caller gives the scratch for them (:meth:`Attention.forward`).
+        fwd_rows, fwd_keys: 0, or (with ``bwd_tile``) the staged forward (``attention_forward_tiled``, GPUs) for
+            ``seq_q >= TILED_MIN_ROWS``: work-groups of ``bwd_items`` work-items over blocks of ``fwd_rows`` query
+            rows, walking their keys in blocks of ``fwd_keys``; both powers of two >= 4.
     """
 
     items: int
@@ -68,6 +78,8 @@ class AttentionTiles:
     bwd_tile: int = 0
     bwd_items: int = 0
     lanes: int = 0
+    fwd_rows: int = 0
+    fwd_keys: int = 0
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -82,6 +94,9 @@ class AttentionTiles:
             raise ValueError(f"bwd_tile must be 0 or a power of two: {self}")
         if self.lanes not in (0, 8, 16):
             raise ValueError(f"lanes must be 0, 8 or 16: {self}")
+        if (self.fwd_rows or self.fwd_keys) and not (
+                self.bwd_tile and self.fwd_rows in _FWD_BLOCKS and self.fwd_keys in _FWD_BLOCKS):
+            raise ValueError(f"fwd_rows and fwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
 
     @property
     def backward_items(self) -> int:
@@ -89,13 +104,17 @@ class AttentionTiles:
         return self.bwd_items or self.items
 
     def local_mem_bytes(self, head_dim: int) -> int:
-        """Local memory the largest kernel declares: the forward's staged key and value chunks, or
-        the staged backward's four (bwd_tile, row) blocks (rows of head_dim padded to 4, plus 4), two
-        tiles (rows of bwd_tile + 1) and two rows."""
+        """Local memory the largest kernel declares: the forward's staged key and value chunks; the staged
+        forward's (fwd_rows + 2 fwd_keys, row) blocks (rows of head_dim padded to 4, plus 4), its score tile
+        (rows of fwd_keys + 4) and three rows; or the staged backward's four (bwd_tile, row) blocks, two tiles
+        (rows of bwd_tile + 1) and two rows."""
         padded = -(-head_dim // self.vector) * self.vector
         fwd = 2 * self.keys * padded * 4 if self.stage_kv else 0
+        row = -(-head_dim // 4) * 4 + 4
+        fq, fk = self.fwd_rows, self.fwd_keys
+        tiled = 4 * ((fq + 2 * fk) * row + fq * (fk + 4) + 3 * fq)
         t = self.bwd_tile
-        return max(fwd, 4 * (4 * t * (-(-head_dim // 4) * 4 + 4) + 2 * t * (t + 1) + 2 * t))
+        return max(fwd, tiled, 4 * (4 * t * row + 2 * t * (t + 1) + 2 * t))
 
     def options(self, head_dim: int) -> tuple[str, ...]:
         """Build options for this tiling and ``head_dim``."""
@@ -107,6 +126,8 @@ class AttentionTiles:
             opts += [f"-DBT={self.bwd_tile}", f"-DBWG={self.backward_items}"]
         if self.lanes:
             opts.append(f"-DBKT={self.lanes}")
+        if self.fwd_rows:
+            opts += [f"-DFQ={self.fwd_rows}", f"-DFK={self.fwd_keys}"]
         return tuple(opts)
 
 
@@ -122,6 +143,7 @@ class _Kernels:
     transpose_kv: object = None
     forward_lanes: object = None
     dq_lanes: object = None
+    forward_tiled: object = None
 
 
 def _is_cpu(dev: Device) -> bool:
@@ -171,6 +193,15 @@ def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> A
     return t
 
 
+def forward_blocks(dev: Device, tiles: AttentionTiles, head_dim: int) -> list[tuple[int, int]]:
+    """The staged forward's blocks ``(fwd_rows, fwd_keys)`` of :data:`FWD_TILES` that fit ``dev``'s local memory
+    with ``tiles`` (largest first); none where ``tiles`` has no staged backward (CPUs)."""
+    if not tiles.bwd_tile:
+        return []
+    return [(r, k) for r, k in FWD_TILES
+            if replace(tiles, fwd_rows=r, fwd_keys=k).local_mem_bytes(head_dim) <= dev.local_mem_size]
+
+
 class Attention:
     """Causal softmax attention ``O = softmax(scale * Q K^T + mask) V`` and its backward.
 
@@ -194,6 +225,16 @@ class Attention:
         self._forced = tiles
         self._built: dict[int, _Kernels] = {}
         self._decode: dict[int, tuple[AttentionTiles, object]] = {}
+        self._blocks: dict[int, tuple[int, int]] = {}
+
+    def use_forward_blocks(self, head_dim: int, blocks: tuple[int, int]) -> None:
+        """Run the staged forward with ``blocks = (fwd_rows, fwd_keys)`` for ``head_dim`` (``(0, 0)``: the
+        per-row forward), as ``core.kernels.attention_autotune.forward_blocks`` measured; ignored with a forced
+        tiling, on devices without the staged kernels (CPUs) and for blocks that do not fit. Call it before
+        the head_dim's first use (a built tiling is rebuilt)."""
+        if self._forced is None and tuple(blocks) != self._blocks.get(head_dim, (0, 0)):
+            self._blocks[head_dim] = tuple(blocks)
+            self._built.pop(head_dim, None)
 
     def tiles(self, head_dim: int) -> AttentionTiles:
         """The tiling used for ``head_dim`` (building its kernels on first use)."""
@@ -204,6 +245,8 @@ class Attention:
         if built is not None:
             return built
         t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
+        if self._forced is None and self._blocks.get(head_dim, (0, 0)) in forward_blocks(self.dev, t, head_dim):
+            t = replace(t, fwd_rows=self._blocks[head_dim][0], fwd_keys=self._blocks[head_dim][1])
         if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
             raise KernelLimitError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
                              f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
@@ -214,9 +257,21 @@ class Attention:
             knls = [self.dev.kernel("attention", n, opts) for n in
                     ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
                      "attention_backward_dq" + staged) + lanes]
+            try:
+                fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
+                if fwd_tiled is not None and self._forced is None and self.dev.work_group_size(fwd_tiled) < t.backward_items:
+                    raise KernelLimitError(f"{self.dev.work_group_size(fwd_tiled)} work-items per group allowed")
+            except (KernelLimitError, KernelBuildError) as e:  # a chosen staged forward: never at the backward's cost
+                if self._forced is not None:
+                    raise
+                log.warning("attention head_dim=%d: the staged forward does not fit (%s); using the per-row one",
+                            head_dim, str(e).splitlines()[0])
+                t = replace(t, fwd_rows=0, fwd_keys=0)
+                continue
             # a kernel can allow fewer work-items than the device (registers): then use fewer
             allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
-            allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
+            allowed_bwd = (min(self.dev.work_group_size(kn) for kn in knls[2:4] + ([fwd_tiled] if fwd_tiled else []))
+                           if staged else t.items)
             if allowed >= t.items and allowed_bwd >= t.backward_items:
                 break
             if self._forced is not None:
@@ -225,7 +280,7 @@ class Attention:
             t = replace(t, items=min(allowed, t.items),
                         bwd_items=min(allowed_bwd, t.backward_items) if staged else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
-        built = self._built[head_dim] = _Kernels(t, *knls)
+        built = self._built[head_dim] = _Kernels(t, *knls, forward_tiled=fwd_tiled)
         return built
 
     @staticmethod
@@ -296,6 +351,10 @@ class Attention:
         t, fwd = kn.tiles, kn.forward
         grid = self._grid(seq_q, t.rows, t.items, batch * n_heads)
         heads = (np.int32(q_pos_start), np.int32(n_heads), np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
+        if kn.forward_tiled is not None and seq_q >= TILED_MIN_ROWS:  # one work-group per block of fwd_rows rows
+            self.dev.launch(kn.forward_tiled, (-(-seq_q // t.fwd_rows) * t.backward_items, batch * n_heads),
+                            (t.backward_items, 1), out, lse, q, k, v, np.int32(seq_q), np.int32(seq_k), *heads)
+            return
         if seq_q >= t.rows and (S := self._transpose(kn, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
             self.dev.launch(kn.forward_lanes, grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
                             np.int32(S), *heads)

@@ -86,15 +86,15 @@ def cache_path() -> Path:
     return user_cache_dir() / CACHE_FILE
 
 
-def device_key(dev: Device) -> str:
-    """Platform, device name, driver version and ``matmul.cl`` hash: one tuning result per key."""
-    src = hashlib.sha256(kernel_source("matmul").encode()).hexdigest()[:16]
+def device_key(dev: Device, kernel: str = "matmul") -> str:
+    """Platform, device name, driver version and the hash of ``<kernel>.cl``: one tuning result per key."""
+    src = hashlib.sha256(kernel_source(kernel).encode()).hexdigest()[:16]
     try:
         driver = str(dev.cl_device.driver_version).strip()
     except dev.cl.Error:
         driver = "?"
     return (f"{dev.info.platform.strip()} | {dev.info.name.strip()} | driver {driver} | "
-            f"matmul.cl {src} | v{TUNER_VERSION}")
+            f"{kernel}.cl {src} | v{TUNER_VERSION}")
 
 
 def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
@@ -214,7 +214,7 @@ def gemv_candidates(dev: Device) -> list[GemvConfig]:
     return out
 
 
-def _seconds(dev: Device, launch: Callable[[], None], min_s: float, rounds: int = 3) -> float:
+def best_seconds(dev: Device, launch: Callable[[], None], min_s: float, rounds: int = 3) -> float:
     """Best time of one ``launch`` over ``rounds`` rounds of at least ``min_s`` each."""
     launch()
     dev.finish()
@@ -266,7 +266,7 @@ def _score(dev: Device, kernel, operands: list[_Operands], min_s: float, check: 
     logs = []
     for op in operands:
         m, n, k = op.shape
-        logs.append(math.log(2.0 * m * n * k / _seconds(dev, lambda: op.run(kernel), min_s) / 1e9))
+        logs.append(math.log(2.0 * m * n * k / best_seconds(dev, lambda: op.run(kernel), min_s) / 1e9))
     return math.exp(sum(logs) / len(logs))
 
 
@@ -473,7 +473,7 @@ def _decode(entry: dict) -> dict:
     return out
 
 
-def _read_cache(path: Path) -> dict:
+def read_cache(path: Path) -> dict:
     """The JSON object in one of the tuner's cache files (every device's entries); ``{}`` when the file is
     missing, unreadable or no JSON object (logged)."""
     try:
@@ -491,7 +491,7 @@ def _read_cache(path: Path) -> dict:
 def load_cached(dev: Device) -> dict | None:
     """This device's cached tuning result (as :func:`tune` returns it, without timings), or None
     when there is none or the cache file is unreadable."""
-    entry = _read_cache(cache_path()).get(device_key(dev))
+    entry = read_cache(cache_path()).get(device_key(dev))
     try:
         return _decode(entry) if entry else None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -501,7 +501,7 @@ def load_cached(dev: Device) -> dict | None:
 
 def save(dev: Device, result: dict) -> Path:
     """Store ``result`` for this device in the cache file (atomic replace; other devices kept)."""
-    data = _read_cache(cache_path())
+    data = read_cache(cache_path())
     data[device_key(dev)] = _encode(result)
     return atomic_write(cache_path(), json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
 
@@ -568,13 +568,13 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
     with _shape_lock:  # one timing at a time (concurrent callers wait, then find their shapes timed)
         with _lock:
             if key not in _shape_memo:  # a hand-edited cache's unreadable entries count as untimed
-                _shape_memo[key] = _valid_entries(_read_cache(user_cache_dir() / SHAPE_FILE).get(key))
+                _shape_memo[key] = _valid_entries(read_cache(user_cache_dir() / SHAPE_FILE).get(key))
             table = _shape_memo[key]
             missing = [s for s in wanted if _shape_name(*s) not in table]
         if missing:
             _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
             with _lock:
-                data = _read_cache(user_cache_dir() / SHAPE_FILE)
+                data = read_cache(user_cache_dir() / SHAPE_FILE)
                 data[key] = {**_valid_entries(data.get(key)), **table}
                 try:
                     atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True),
@@ -631,7 +631,7 @@ def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> Non
             if k is None:
                 continue
             for split in ((True, False) if k.splits(M, N, K)[0] > 1 else (True,)):
-                s = _seconds(dev, lambda: k(c, a, b, M, N, K, False, 0, 0, 0, split), 0.005)
+                s = best_seconds(dev, lambda: k(c, a, b, M, N, K, False, 0, 0, 0, split), 0.005)
                 if best is None or s < best[0]:
                     best = (s, cfg, split)
         for buf in (a, b, c):
