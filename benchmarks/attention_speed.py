@@ -3,7 +3,7 @@ device memory of a long-context training step against ``core.estimates``. Not a 
 
     python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
     python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
-    python benchmarks/attention_speed.py --forward-blocks --shape 8,512,9,3,64 [--reps 15]
+    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15]
 
 Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
 row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)
@@ -11,8 +11,9 @@ probabilities) on the same inputs in one process run, alternating, and prints th
 milliseconds, GFLOP/s (causal: 2 T^2 H D B for the forward, 2.5x that for the backward) and the
 speedup. Default shape: the default training step's (batch 16, T 128, 4 heads, head_dim 32).
 
-Forward blocks (``--forward-blocks``): the forward alone, the per-row kernel against each staged block shape
-(``attention_forward_tiled``) that ``core.kernels.attention_autotune`` times on GPUs, interleaved, median ms.
+Options (``--options``): the forward alone and the backward alone, each kernel option that
+``core.kernels.attention_autotune`` times on GPUs (per-row or staged forward, staged or blocked backward) against
+the reference option, interleaved, median ms.
 
 Memory (``--memory``): builds a training ``Model`` at the given size (the trainer allocates nothing more), runs
 one training step,
@@ -109,43 +110,51 @@ def bench_speed(dev, b, s, h, kvh, d, reps):
           f"largest gradient difference {diff:.2g}")
 
 
-def bench_forward_blocks(dev, b, s, h, kvh, d, reps):
-    """The forward alone: the per-row kernel against each staged block shape core.kernels.attention_autotune
-    would time on this device (on a CPU, as a dry run, those of a GPU-like tiling), interleaved per round."""
+def bench_options(dev, b, s, h, kvh, d, reps):
+    """Every forward and backward option core.kernels.attention_autotune times on this device (on a CPU, as a
+    dry run, those of a GPU-like tiling), interleaved per round; each against its reference option."""
     from dataclasses import replace
 
-    from core.kernels.attention import AttentionTiles, default_tiles, forward_blocks
+    from core.kernels import attention, attention_autotune
 
-    base = default_tiles(dev, d)
+    base = attention.default_tiles(dev, d)
     if not base.bwd_tile:  # a CPU: the GPU's tiling, to check the path (its speed means nothing here)
-        base = AttentionTiles(64, 1, 16, 1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128)
-    rng = np.random.default_rng(0)
-    q, k, v = (dev.upload(rng.standard_normal(n).astype(np.float32)) for n in (b * s * h * d, b * s * kvh * d, b * s * kvh * d))
-    out, lse = dev.alloc(b * s * h * d), dev.alloc(b * h * s)
-    ops, outs = {}, {}
-    for blocks in [(0, 0)] + forward_blocks(dev, base, d):
-        try:
-            op = Attention(dev, tiles=replace(base, fwd_rows=blocks[0], fwd_keys=blocks[1]))
-            op.forward(out, lse, q, k, v, b, s, s, 0, h, kvh, d)
-        except Exception as e:  # noqa: BLE001  (a block shape whose compiled kernel does not fit: reported)
-            print(f"  {blocks[0]}x{blocks[1]}: skipped: {str(e).splitlines()[0]}")
-            continue
-        ops[blocks], outs[blocks] = op, dev.download(out, (b * s * h * d,))
-    times = {blocks: [] for blocks in ops}
-    for _ in range(reps):
-        for blocks, op in ops.items():
-            t0 = time.perf_counter()
-            op.forward(out, lse, q, k, v, b, s, s, 0, h, kvh, d)
-            dev.finish()
-            times[blocks].append(time.perf_counter() - t0)
-    flop = 2.0 * s * s * h * d * b  # causal half of 2 products
-    print(f"attention forward  batch {b}, T {s}, heads {h}/{kvh}, head_dim {d}  ({dev.info.label})")
-    per_row = float(np.median(times[(0, 0)]))
-    for blocks, ts in times.items():
-        t = float(np.median(ts))
-        name = "per-row" if blocks == (0, 0) else f"staged {blocks[0]}x{blocks[1]}"
-        print(f"  {name:>14}: {t * 1e3:8.3f} ms  {flop / t / 1e9:8.1f} GFLOP/s  {per_row / t:5.2f}x per-row  "
-              f"max difference {float(np.abs(outs[blocks] - outs[(0, 0)]).max()):.2g}")
+        gpu = attention.AttentionTiles(64, 1, 16, 1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128)
+        attention.default_tiles = lambda dev, head_dim, max_items=None: gpu
+        base = gpu
+    step = attention_autotune.StepBuffers(dev, b, s, h, kvh, d)
+    fwd, bwd = attention_autotune.options(dev, d)
+    flop = {True: 2.0 * s * s * h * d * b, False: 2.0 * s * s * h * d * b * 2.5}  # causal halves
+    print(f"attention options  batch {b}, T {s}, heads {h}/{kvh}, head_dim {d}  ({dev.info.label})")
+    for opts, forward in ((fwd, True), (bwd, False)):
+        run = step.forward if forward else step.backward
+        if not forward:
+            step.forward(Attention(dev, tiles=base))
+        ops, want, diff = {}, None, {}
+        for option in opts:
+            name = attention_autotune.label(option)
+            try:
+                op = Attention(dev, tiles=replace(base, **{k: v for k, v in option.items() if v or k != "bwd_items"}))
+                run(op)
+            except Exception as e:  # noqa: BLE001  (an option whose compiled kernel does not fit: reported)
+                print(f"  {name}: skipped: {str(e).splitlines()[0]}")
+                continue
+            got = step.results(forward)
+            want = got if want is None else want
+            ops[name], diff[name] = op, max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+        times = {name: [] for name in ops}
+        for _ in range(reps):
+            for name, op in ops.items():
+                t0 = time.perf_counter()
+                run(op)
+                dev.finish()
+                times[name].append(time.perf_counter() - t0)
+        ref = float(np.median(times[attention_autotune.label(opts[0])]))
+        for name, ts in times.items():
+            t = float(np.median(ts))
+            print(f"  {name:>22}: {t * 1e3:8.3f} ms  {flop[forward] / t / 1e9:8.1f} GFLOP/s  {ref / t:5.2f}x the "
+                  f"reference  max difference {diff[name]:.2g}")
+    step.release()
 
 
 def _rss_bytes() -> int:
@@ -192,8 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shape", default="16,128,4,4,32", help="batch,T,n_heads,n_kv_heads,head_dim")
     ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
-    ap.add_argument("--forward-blocks", action="store_true",
-                    help="the forward alone: per-row against the staged block shapes (GPUs' choice)")
+    ap.add_argument("--options", action="store_true",
+                    help="the forward's and the backward's kernel options apart (what GPUs choose from)")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
@@ -204,8 +213,8 @@ def main(argv=None) -> int:
     dev = open_device(a.device)
     if a.memory:
         bench_memory(dev, a.context, a.d_model, a.layers, a.heads, a.batch, a.vocab)
-    elif a.forward_blocks:
-        bench_forward_blocks(dev, *map(int, a.shape.split(",")), a.reps)
+    elif a.options:
+        bench_options(dev, *map(int, a.shape.split(",")), a.reps)
     else:
         bench_speed(dev, *map(int, a.shape.split(",")), a.reps)
     return 0

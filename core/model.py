@@ -566,8 +566,8 @@ class Model:
         self.quantized_plan = quantized_plan(config, lora, quantized)  # these stay in their GGUF formats
         check_fits(dev, config, batch_size, training, self.frozen, lora, self.quantized_plan, max_seq=self.max_seq)
         self.ops = Ops(dev)
-        # GPUs: the attention forward measured faster at this shape (once per device), built now, not mid-step
-        self.ops.attention.use_forward_blocks(config.head_dim, attention_autotune.forward_blocks(
+        # GPUs: the attention kernels measured faster at this shape (once per device), built now, not mid-step
+        self.ops.attention.use_tiling(config.head_dim, attention_autotune.tiling(
             dev, batch_size, self.max_seq, config.n_heads, config.n_kv_heads, config.head_dim))
         self.ops.attention.tiles(config.head_dim)
         products = step_matmuls(config, self.rows, training) + (lora_matmuls(config, lora, self.rows, training)

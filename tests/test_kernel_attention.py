@@ -35,8 +35,15 @@ TILINGS = [
     # items than micro-tiles, the smallest blocks
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
                    fwd_rows=64, fwd_keys=32),
-    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, fwd_rows=16, fwd_keys=8),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, fwd_rows=16, fwd_keys=8,
+                   fwd_items=13),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3, fwd_rows=4, fwd_keys=4),
+    # the blocked backward (GPUs): 32 x 32 blocks, and blocks of more rows than keys (and the reverse) with
+    # work-groups of fewer or more items than micro-tiles
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=64,
+                   fwd_rows=64, fwd_keys=32, bwd_rows=32, bwd_keys=32),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=5, bwd_rows=16, bwd_keys=4),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=40, bwd_rows=4, bwd_keys=8),
     # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
     # 3 rows, float4
     AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
@@ -61,11 +68,14 @@ def fitted(device, tiles, head_dim):
                 raise
             if "local memory" in str(e) and tiles.fwd_rows > 4:  # smaller staged blocks (llvmpipe: 32 KiB)
                 tiles = replace(tiles, fwd_rows=tiles.fwd_rows // 2, fwd_keys=max(4, tiles.fwd_keys // 2))
+            elif "local memory" in str(e) and tiles.bwd_rows > 4:
+                tiles = replace(tiles, bwd_rows=tiles.bwd_rows // 2, bwd_keys=max(4, tiles.bwd_keys // 2))
             elif "local memory" in str(e) and tiles.bwd_tile > 1:
                 tiles = replace(tiles, bwd_tile=tiles.bwd_tile // 2)
-            elif tiles.items > 1 or tiles.backward_items > 1:
+            elif tiles.items > 1 or tiles.backward_items > 1 or tiles.forward_items > 1:
                 tiles = replace(tiles, items=max(1, tiles.items // 2),
-                                bwd_items=max(1, tiles.backward_items // 2) if tiles.bwd_tile else 0)
+                                bwd_items=max(1, tiles.backward_items // 2) if tiles.bwd_tile else 0,
+                                fwd_items=max(1, tiles.fwd_items // 2) if tiles.fwd_items else 0)
             else:
                 raise
 
@@ -74,7 +84,8 @@ def _tiling_id(t):
     if t is None:
         return "device"
     staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
-    staged += f"f{t.fwd_rows}x{t.fwd_keys}" if t.fwd_rows else ""
+    staged += f"f{t.fwd_rows}x{t.fwd_keys}w{t.forward_items}" if t.fwd_rows else ""
+    staged += f"q{t.bwd_rows}x{t.bwd_keys}" if t.bwd_rows else ""
     lanes = f"l{t.lanes}" if t.lanes else ""
     return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}{lanes}"
 

@@ -544,7 +544,7 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 #endif  // BKT
 
 // ------------------------------------------------------------- staged tiles (GPUs)
-// A work-group of BWG work-items (any >= 1) stages blocks of rows of Q, K, V (and dO) in local memory and
+// A work-group of BWG work-items (FWG in the forward; any >= 1) stages blocks of rows of Q, K, V (and dO) in local memory and
 // computes a tile of scores once from register micro-tiles: each work-item computes a few rows x keys of it
 // (rows and keys strided, so the 8 work-items of a quarter warp read 8 different local rows, 4 banks apart)
 // from float4 reads of local rows, then a few rows x 4 or 8 columns of the output block, each local float4
@@ -552,7 +552,7 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 // an H200). Local rows are LDR floats (head_dim padded to 4, plus 4: float4-aligned, consecutive rows
 // 4 banks apart).
 //
-// Forward (built with -DFQ=... -DFK=..., powers of two >= 4, and -DBT): FlashAttention-2's forward
+// Forward (built with -DFQ=... -DFK=..., powers of two >= 4, -DFWG=... work-items per group, and -DBT): FlashAttention-2's forward
 // (Dao 2023, Algorithm 1): a work-group owns FQ query rows, walks their visible keys in blocks of FK,
 // computes the FQ x FK tile of scores into local memory, updates each row's running max and sum there
 // (one work-item per row), and adds P V into register accumulators of 4 rows x 8 columns.
@@ -570,11 +570,14 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 #define NMT ((BT / TI) * (BT / TJ))        // micro-tiles of the P / dS tile
 #define NMA ((BT / TJ) * HD4)              // micro-tiles of dK / dV / dQ (TJ rows x 4 columns)
 #define MA ((NMA + BWG - 1) / BWG)         // accumulator micro-tiles per work-item
+#define HD8 ((HD4 + 1) / 2)                // 8-column blocks of a row (the staged forward's and blocked backward's)
+union lanes4 { float4 v; float a[4]; };
 
-// rows r0 .. r0 + n - 1 (0.0f past seq, and in columns HD .. HD4 * 4 - 1) of one head of x -> dst
+// rows r0 .. r0 + n - 1 (0.0f past seq, and in columns HD .. HD4 * 4 - 1) of one head of x -> dst, by the
+// work-group's work-items (lid of items)
 inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int n, const int seq,
-                       const size_t stride, const int lid) {
-    for (int e = lid; e < n * HD4 * 4; e += BWG) {
+                       const size_t stride, const int lid, const int items) {
+    for (int e = lid; e < n * HD4 * 4; e += items) {
         const int r = e / (HD4 * 4), d = e % (HD4 * 4);
         dst[r * LDR + d] = r0 + r < seq && d < HD ? x[(size_t)(r0 + r) * stride + d] : 0.0f;
     }
@@ -589,15 +592,13 @@ inline float4 lrow(__local const float* base, const int row, const int d4) {
 #define FC 4                              // score micro-tile keys
 #define LDS (FK + 4)                      // score tile row stride: float4-aligned rows, 4 banks apart
 #define NMS ((FQ / FA) * (FK / FC))       // score micro-tiles
-#define HD8 ((HD4 + 1) / 2)               // 8-column blocks of a row
 #define NMO ((FQ / FA) * HD8)             // output micro-tiles (FA rows x 8 columns)
-#define MO ((NMO + BWG - 1) / BWG)        // output micro-tiles per work-item
-union lanes4 { float4 v; float a[4]; };
+#define MO ((NMO + FWG - 1) / FWG)        // output micro-tiles per work-item
 
 // q (B, seq_q, n_heads, HD), k, v (B, >= seq_k, n_kv_heads, HD) -> out (B, seq_q, n_heads, HD),
 // lse (B, n_heads, seq_q): as attention_forward, same arguments. Work-group (x, bh) owns query rows
 // i0 .. i0+FQ-1 of (b, h), x = 0 the last block (the one with the most keys, so it starts first).
-__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(FWG, 1, 1)))
 void attention_forward_tiled(__global float* out, __global float* lse, __global const float* q,
                              __global const float* k, __global const float* v, const int seq_q,
                              const int seq_k, const int q_pos_start, const int n_heads,
@@ -612,8 +613,8 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
     const __global float* vb = v + (size_t)b * seq_k * kv_stride + (size_t)kvh * HD;
     __local float qs[FQ * LDR], ks[FK * LDR], vs[FK * LDR], ss[FQ * LDS];
     __local float ms[FQ], ls[FQ], als[FQ];  // each row's running max and sum, and this block's rescale
-    stage_rows(qs, qb, i0, FQ, seq_q, q_stride, lid);
-    for (int r = lid; r < FQ; r += BWG) {
+    stage_rows(qs, qb, i0, FQ, seq_q, q_stride, lid, FWG);
+    for (int r = lid; r < FQ; r += FWG) {
         ms[r] = -INFINITY;
         ls[r] = 0.0f;
     }
@@ -626,11 +627,11 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
 
     for (int j0 = 0; j0 < n_keys; j0 += FK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous block
-        stage_rows(ks, kb, j0, FK, n_keys, kv_stride, lid);
-        stage_rows(vs, vb, j0, FK, n_keys, kv_stride, lid);
+        stage_rows(ks, kb, j0, FK, n_keys, kv_stride, lid, FWG);
+        stage_rows(vs, vb, j0, FK, n_keys, kv_stride, lid, FWG);
         barrier(CLK_LOCAL_MEM_FENCE);
         // scores S = scale Q K^T of the block, -inf where masked: micro-tiles of FA rows x FC keys
-        for (int e = lid; e < NMS; e += BWG) {
+        for (int e = lid; e < NMS; e += FWG) {
             const int ti = e / (FK / FC), tj = e % (FK / FC);
             float s[FA][FC];
             _Pragma("unroll") for (int a = 0; a < FA; a++)
@@ -655,7 +656,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         // one work-item per row: the running max and sum; the row's scores become P = exp(S - max)
-        for (int r = lid; r < FQ; r += BWG) {
+        for (int r = lid; r < FQ; r += FWG) {
             __local float* row = ss + r * LDS;
             float4 x[FK / 4];
             float cm = -INFINITY;
@@ -681,7 +682,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
         barrier(CLK_LOCAL_MEM_FENCE);
         // O = alpha O + P V: micro-tiles of FA rows x 8 columns
         _Pragma("unroll") for (int m = 0; m < MO; m++) {
-            const int e = lid + m * BWG;
+            const int e = lid + m * FWG;
             if (e < NMO) {
                 const int t = e % (FQ / FA), d8 = e / (FQ / FA);
                 const bool two = 2 * d8 + 1 < HD4;  // the second column block lies inside the row
@@ -707,7 +708,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
     }
     barrier(CLK_LOCAL_MEM_FENCE);  // (no block: the rows' initial max and sum)
     _Pragma("unroll") for (int m = 0; m < MO; m++) {  // out = O / l (0 where a row saw no key)
-        const int e = lid + m * BWG;
+        const int e = lid + m * FWG;
         if (e < NMO) {
             const int t = e % (FQ / FA), d8 = e / (FQ / FA);
             _Pragma("unroll") for (int a = 0; a < FA; a++) {
@@ -723,7 +724,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
             }
         }
     }
-    for (int r = lid; r < FQ; r += BWG)
+    for (int r = lid; r < FQ; r += FWG)
         if (i0 + r < seq_q) lse[(size_t)bh * seq_q + i0 + r] = ls[r] > 0.0f ? ms[r] + LOG_SUM(ls[r]) : -INFINITY;
 }
 #endif  // FQ
@@ -800,8 +801,8 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid);
-    stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid);
+    stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid, BWG);
+    stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
     float4 dk[MA][TJ], dv[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dk[m][c] = dv[m][c] = (float4)(0.0f);
@@ -812,8 +813,8 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
         for (int i0 = j0; i0 < seq; i0 += BT) {
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
-            stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid);
-            stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid);
+            stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid, BWG);
+            stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid, BWG);
             for (int r = lid; r < BT; r += BWG) {
                 ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
                 ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
@@ -854,8 +855,8 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid);
-    stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid);
+    stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid, BWG);
+    stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid, BWG);
     for (int r = lid; r < BT; r += BWG) {
         ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
         ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
@@ -866,8 +867,8 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const int last = i0 + BT < seq ? i0 + BT : seq;  // keys 0 .. last-1 are visible to the block
     for (int j0 = 0; j0 < last; j0 += BT) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid);
-        stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid);
+        stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid, BWG);
+        stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
         tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -883,4 +884,210 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         store_micro(d_q + q_base, dq[m], lid + m * BWG, i0, seq, q_stride, scale);
 }
+
+// ------------------------------------------------------------- backward, blocked (GPUs)
+// The same gradients as the staged backward above, with blocks of BR query rows x BC keys (built with -DBR=...
+// -DBC=..., powers of two >= 4, FlashAttention's B_r and B_c) and the forward's register micro-tiles: each
+// work-item computes 4 x 4 entries of S and dP at once (scalar sums of float4 products: 16 local float4 reads
+// per 32 four-term dot products), then adds 4 rows x 8 columns of dQ (or of dK and dV) from float4 reads of
+// the dS (or P^T and dS^T) tile's rows and of the staged rows.
+#ifdef BR
+#define LDB (BC + 4)                      // dS tile row stride (dQ): float4-aligned rows, 4 banks apart
+#define LDBT (BR + 4)                     // P^T / dS^T tile row stride (dK, dV)
+#define NSB ((BR / 4) * (BC / 4))         // S / dP micro-tiles
+#define NOQ ((BR / 4) * HD8)              // dQ micro-tiles (4 rows x 8 columns)
+#define MOQ ((NOQ + BWG - 1) / BWG)
+#define NOK ((BC / 4) * HD8)              // dK (and dV) micro-tiles
+#define MOK ((NOK + BWG - 1) / BWG)
+
+// S (unscaled) and dP = dO V^T of one micro-tile: rows ti + a * BR/4 of qs and dos, keys tj + c * BC/4 of ks, vs
+inline void micro_s_dp(float s[4][4], float dp[4][4], __local const float* qs, __local const float* dos,
+                       __local const float* ks, __local const float* vs, const int ti, const int tj) {
+    _Pragma("unroll") for (int a = 0; a < 4; a++)
+        _Pragma("unroll") for (int c = 0; c < 4; c++) s[a][c] = dp[a][c] = 0.0f;
+    for (int d4 = 0; d4 < HD4; d4++) {
+        float4 qv[4], dov[4], kv[4], vv[4];
+        _Pragma("unroll") for (int a = 0; a < 4; a++) {
+            qv[a] = lrow(qs, ti + a * (BR / 4), d4);
+            dov[a] = lrow(dos, ti + a * (BR / 4), d4);
+        }
+        _Pragma("unroll") for (int c = 0; c < 4; c++) {
+            kv[c] = lrow(ks, tj + c * (BC / 4), d4);
+            vv[c] = lrow(vs, tj + c * (BC / 4), d4);
+        }
+        _Pragma("unroll") for (int a = 0; a < 4; a++)
+            _Pragma("unroll") for (int c = 0; c < 4; c++) {
+                s[a][c] = s[a][c] + qv[a].x * kv[c].x + qv[a].y * kv[c].y + qv[a].z * kv[c].z + qv[a].w * kv[c].w;
+                dp[a][c] = dp[a][c] + dov[a].x * vv[c].x + dov[a].y * vv[c].y + dov[a].z * vv[c].z
+                           + dov[a].w * vv[c].w;
+            }
+    }
+}
+
+// 4 rows (r0 + t + c * n/4, c < 4; those below lim) x columns 8 * d8 .. 8 * d8 + 7 (those below HD) of acc
+// times scale -> global x (stride floats between rows)
+inline void store_micro8(__global float* x, float4 acc[4][2], const int t, const int d8, const int n, const int r0,
+                         const int lim, const size_t stride, const float scale) {
+    _Pragma("unroll") for (int c = 0; c < 4; c++) {
+        const int r = r0 + t + c * (n / 4);
+        if (r < lim) {
+            union { float4 v[2]; float a[8]; } u = {{acc[c][0] * scale, acc[c][1] * scale}};
+            __global float* row = x + (size_t)r * stride + 8 * d8;
+            _Pragma("unroll") for (int e = 0; e < 8; e++)
+                if (8 * d8 + e < HD) row[e] = u.a[e];
+        }
+    }
+}
+
+// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, bkv) owns keys j0 .. j0+BC-1 of
+// (b, kvh) and walks the blocks of BR query rows that see them, for every query head of the group.
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0), bkv = get_group_id(1);
+    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
+    const int group = n_heads / n_kv_heads;
+    const int j0 = get_group_id(0) * BC;  // group 0 (the most query rows) first
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    __local float ks[BC * LDR], vs[BC * LDR], qs[BR * LDR], dos[BR * LDR];
+    __local float pt[BC * LDBT], dst[BC * LDBT], ls[BR], ds[BR];  // P^T, dS^T of the block pair; lse, D
+    stage_rows(ks, k + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+    stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+    float4 dk[MOK][4][2], dv[MOK][4][2];
+    _Pragma("unroll") for (int m = 0; m < MOK; m++)
+        _Pragma("unroll") for (int c = 0; c < 4; c++) dk[m][c][0] = dk[m][c][1] = dv[m][c][0] = dv[m][c][1] = (float4)(0.0f);
+    for (int hh = 0; hh < group; hh++) {
+        const int h = kvh * group + hh;
+        const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+        const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
+        const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
+        for (int i0 = j0 / BR * BR; i0 < seq; i0 += BR) {  // the query blocks with a row i >= j0
+            barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
+            stage_rows(qs, q + q_base, i0, BR, seq, q_stride, lid, BWG);
+            stage_rows(dos, d_out + q_base, i0, BR, seq, q_stride, lid, BWG);
+            for (int r = lid; r < BR; r += BWG) {
+                ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
+                ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int e = lid; e < NSB; e += BWG) {  // P^T and dS^T of the block pair; 0.0f where masked
+                const int ti = e / (BC / 4), tj = e % (BC / 4);
+                float s[4][4], dp[4][4];
+                micro_s_dp(s, dp, qs, dos, ks, vs, ti, tj);
+                _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                    const int i = ti + a * (BR / 4);
+                    _Pragma("unroll") for (int c = 0; c < 4; c++) {
+                        const int j = tj + c * (BC / 4);
+                        const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
+                        const float p = ok ? exp(s[a][c] * scale - ls[i]) : 0.0f;
+                        pt[j * LDBT + i] = p;
+                        dst[j * LDBT + i] = p * (dp[a][c] - ds[i]);
+                    }
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            _Pragma("unroll") for (int m = 0; m < MOK; m++) {  // dV += P^T dO, dK += dS^T Q
+                const int e = lid + m * BWG;
+                if (e < NOK) {
+                    const int t = e % (BC / 4), d8 = e / (BC / 4);
+                    const bool two = 2 * d8 + 1 < HD4;  // the second column block lies inside the row
+                    for (int i = 0; i < BR; i += 4) {
+                        union lanes4 p[4], g[4];
+                        _Pragma("unroll") for (int c = 0; c < 4; c++) {
+                            p[c].v = vload4(0, pt + (t + c * (BC / 4)) * LDBT + i);
+                            g[c].v = vload4(0, dst + (t + c * (BC / 4)) * LDBT + i);
+                        }
+                        _Pragma("unroll") for (int ii = 0; ii < 4; ii++) {
+                            const float4 do0 = lrow(dos, i + ii, 2 * d8), q0 = lrow(qs, i + ii, 2 * d8);
+                            const float4 do1 = two ? lrow(dos, i + ii, 2 * d8 + 1) : (float4)(0.0f);
+                            const float4 q1 = two ? lrow(qs, i + ii, 2 * d8 + 1) : (float4)(0.0f);
+                            _Pragma("unroll") for (int c = 0; c < 4; c++) {
+                                dv[m][c][0] += p[c].a[ii] * do0;
+                                dv[m][c][1] += p[c].a[ii] * do1;
+                                dk[m][c][0] += g[c].a[ii] * q0;
+                                dk[m][c][1] += g[c].a[ii] * q1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    _Pragma("unroll") for (int m = 0; m < MOK; m++) {
+        const int e = lid + m * BWG;
+        if (e < NOK) {
+            store_micro8(d_k + kv_base, dk[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, kv_stride, scale);
+            store_micro8(d_v + kv_base, dv[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, kv_stride, 1.0f);
+        }
+    }
+}
+
+// as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows i0 .. i0+BR-1 of (b, h),
+// x = 0 the last block (the most keys), and walks the blocks of BC keys they see.
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0), bh = get_group_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int i0 = ((int)get_num_groups(0) - 1 - (int)get_group_id(0)) * BR;
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    __local float qs[BR * LDR], dos[BR * LDR], ks[BC * LDR], vs[BC * LDR], dss[BR * LDB], ls[BR], ds[BR];
+    stage_rows(qs, q + q_base, i0, BR, seq, q_stride, lid, BWG);
+    stage_rows(dos, d_out + q_base, i0, BR, seq, q_stride, lid, BWG);
+    for (int r = lid; r < BR; r += BWG) {
+        ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
+        ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
+    }
+    float4 dq[MOQ][4][2];
+    _Pragma("unroll") for (int m = 0; m < MOQ; m++)
+        _Pragma("unroll") for (int c = 0; c < 4; c++) dq[m][c][0] = dq[m][c][1] = (float4)(0.0f);
+    const int last = i0 + BR < seq ? i0 + BR : seq;  // keys 0 .. last-1 are visible to the block
+    for (int j0 = 0; j0 < last; j0 += BC) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
+        stage_rows(ks, k + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+        stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int e = lid; e < NSB; e += BWG) {  // dS of the block pair; 0.0f where masked
+            const int ti = e / (BC / 4), tj = e % (BC / 4);
+            float s[4][4], dp[4][4];
+            micro_s_dp(s, dp, qs, dos, ks, vs, ti, tj);
+            _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                const int i = ti + a * (BR / 4);
+                _Pragma("unroll") for (int c = 0; c < 4; c++) {
+                    const int j = tj + c * (BC / 4);
+                    const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
+                    const float p = ok ? exp(s[a][c] * scale - ls[i]) : 0.0f;
+                    dss[i * LDB + j] = p * (dp[a][c] - ds[i]);
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        _Pragma("unroll") for (int m = 0; m < MOQ; m++) {  // dQ += dS K
+            const int e = lid + m * BWG;
+            if (e < NOQ) {
+                const int t = e % (BR / 4), d8 = e / (BR / 4);
+                const bool two = 2 * d8 + 1 < HD4;
+                for (int j = 0; j < BC; j += 4) {
+                    union lanes4 g[4];
+                    _Pragma("unroll") for (int a = 0; a < 4; a++) g[a].v = vload4(0, dss + (t + a * (BR / 4)) * LDB + j);
+                    _Pragma("unroll") for (int jj = 0; jj < 4; jj++) {
+                        const float4 k0 = lrow(ks, j + jj, 2 * d8);
+                        const float4 k1 = two ? lrow(ks, j + jj, 2 * d8 + 1) : (float4)(0.0f);
+                        _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                            dq[m][a][0] += g[a].a[jj] * k0;
+                            dq[m][a][1] += g[a].a[jj] * k1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    _Pragma("unroll") for (int m = 0; m < MOQ; m++) {
+        const int e = lid + m * BWG;
+        if (e < NOQ) store_micro8(d_q + q_base, dq[m], e % (BR / 4), e / (BR / 4), BR, i0, seq, q_stride, scale);
+    }
+}
+#endif  // BR
 #endif  // BT

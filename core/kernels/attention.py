@@ -19,7 +19,8 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   (measured on an H200: several times faster than one key or query row per work-item), each work-item
   holding register micro-tiles of it and of dK/dV (dQ) (2.3-2.4x the staged kernels before them). A staged
   forward (``attention_forward_tiled``: blocks of 64 query rows x 32 keys, ``AttentionTiles.fwd_rows``) runs
-  where ``core.kernels.attention_autotune`` measured it faster at the model's shape (:meth:`Attention.use_forward_blocks`).
+  where ``core.kernels.attention_autotune`` measured it faster at the model's shape, and a blocked backward
+  (``attention_backward_*_blocked``: 32 x 32 blocks with the forward's micro-tiles) likewise (:meth:`Attention.use_tiling`).
 """
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ log = logging.getLogger(__name__)
 
 _POW2 = (1, 2, 4, 8, 16)
 _FWD_BLOCKS = (4, 8, 16, 32, 64, 128)
+TUNED_FIELDS = ("fwd_rows", "fwd_keys", "fwd_items", "bwd_rows", "bwd_keys", "bwd_items")  # Attention.use_tiling
 # the staged forward's (query rows, keys) per block, largest first (64 x 32 needs 44.8 KB at head_dim 64); GPUs use it
-# where core.kernels.attention_autotune measured it faster than the per-row forward (Attention.use_forward_blocks)
+# where core.kernels.attention_autotune measured it faster than the per-row forward (Attention.use_tiling)
 FWD_TILES = ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (4, 4))
+# the blocked backward's (query rows, keys, work-items) timed on GPUs: 32 x 32 blocks need 44.3 KB at head_dim 64
+BWD_BLOCKS = ((32, 32, 64), (32, 32, 128), (16, 32, 32))
 TILED_MIN_ROWS = 2  # the staged forward runs for this many query rows or more (decode's one row: attention_forward)
 LANES_MAX = 16  # keys of the transposed K and V are padded to a multiple of this (AttentionTiles.lanes <= it)
 
@@ -65,8 +69,11 @@ class AttentionTiles:
             K and V transposed once per layer (``attention_forward_lanes``, ``attention_backward_dq_lanes``;
             CPUs with 16-float SIMD): used where the caller gives the scratch for them (:meth:`Attention.forward`).
         fwd_rows, fwd_keys: 0, or (with ``bwd_tile``) the staged forward (``attention_forward_tiled``, GPUs) for
-            ``seq_q >= TILED_MIN_ROWS``: work-groups of ``bwd_items`` work-items over blocks of ``fwd_rows`` query
-            rows, walking their keys in blocks of ``fwd_keys``; both powers of two >= 4.
+            ``seq_q >= TILED_MIN_ROWS``: work-groups of ``fwd_items`` work-items (0: ``bwd_items``) over blocks of
+            ``fwd_rows`` query rows, walking their keys in blocks of ``fwd_keys``; both powers of two >= 4.
+        bwd_rows, bwd_keys: 0, or (with ``bwd_tile``) the blocked backward (``attention_backward_*_blocked``,
+            GPUs) in place of the staged one: blocks of ``bwd_rows`` query rows x ``bwd_keys`` keys, work-groups of
+            ``bwd_items``; both powers of two >= 4.
     """
 
     items: int
@@ -80,6 +87,9 @@ class AttentionTiles:
     lanes: int = 0
     fwd_rows: int = 0
     fwd_keys: int = 0
+    bwd_rows: int = 0
+    bwd_keys: int = 0
+    fwd_items: int = 0
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -88,8 +98,8 @@ class AttentionTiles:
             raise ValueError(f"keys and kv_rows must be one of {_POW2}: {self}")
         if self.vector not in (4, 8):
             raise ValueError(f"vector must be 4 or 8: {self}")
-        if self.bwd_tile < 0 or self.bwd_items < 0:
-            raise ValueError(f"bwd_tile and bwd_items must be >= 0: {self}")
+        if self.bwd_tile < 0 or self.bwd_items < 0 or self.fwd_items < 0:
+            raise ValueError(f"bwd_tile, bwd_items and fwd_items must be >= 0: {self}")
         if self.bwd_tile and self.bwd_tile & (self.bwd_tile - 1):
             raise ValueError(f"bwd_tile must be 0 or a power of two: {self}")
         if self.lanes not in (0, 8, 16):
@@ -97,11 +107,19 @@ class AttentionTiles:
         if (self.fwd_rows or self.fwd_keys) and not (
                 self.bwd_tile and self.fwd_rows in _FWD_BLOCKS and self.fwd_keys in _FWD_BLOCKS):
             raise ValueError(f"fwd_rows and fwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
+        if (self.bwd_rows or self.bwd_keys) and not (
+                self.bwd_tile and self.bwd_rows in _FWD_BLOCKS and self.bwd_keys in _FWD_BLOCKS):
+            raise ValueError(f"bwd_rows and bwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
 
     @property
     def backward_items(self) -> int:
         """Work-items per work-group of the staged backward."""
         return self.bwd_items or self.items
+
+    @property
+    def forward_items(self) -> int:
+        """Work-items per work-group of the staged forward."""
+        return self.fwd_items or self.backward_items
 
     def local_mem_bytes(self, head_dim: int) -> int:
         """Local memory the largest kernel declares: the forward's staged key and value chunks; the staged
@@ -113,8 +131,11 @@ class AttentionTiles:
         row = -(-head_dim // 4) * 4 + 4
         fq, fk = self.fwd_rows, self.fwd_keys
         tiled = 4 * ((fq + 2 * fk) * row + fq * (fk + 4) + 3 * fq)
+        br, bc = self.bwd_rows, self.bwd_keys  # the blocked backward's dK/dV (two key-major tiles) and dQ kernels
+        blocked = 4 * max((2 * br + 2 * bc) * row + 2 * bc * (br + 4) + 2 * br,
+                          (2 * br + 2 * bc) * row + br * (bc + 4) + 2 * br) if br else 0
         t = self.bwd_tile
-        return max(fwd, tiled, 4 * (4 * t * row + 2 * t * (t + 1) + 2 * t))
+        return max(fwd, tiled, blocked, 4 * (4 * t * row + 2 * t * (t + 1) + 2 * t))
 
     def options(self, head_dim: int) -> tuple[str, ...]:
         """Build options for this tiling and ``head_dim``."""
@@ -127,7 +148,9 @@ class AttentionTiles:
         if self.lanes:
             opts.append(f"-DBKT={self.lanes}")
         if self.fwd_rows:
-            opts += [f"-DFQ={self.fwd_rows}", f"-DFK={self.fwd_keys}"]
+            opts += [f"-DFQ={self.fwd_rows}", f"-DFK={self.fwd_keys}", f"-DFWG={self.forward_items}"]
+        if self.bwd_rows:
+            opts += [f"-DBR={self.bwd_rows}", f"-DBC={self.bwd_keys}"]
         return tuple(opts)
 
 
@@ -225,15 +248,17 @@ class Attention:
         self._forced = tiles
         self._built: dict[int, _Kernels] = {}
         self._decode: dict[int, tuple[AttentionTiles, object]] = {}
-        self._blocks: dict[int, tuple[int, int]] = {}
+        self._choices: dict[int, dict[str, int]] = {}
 
-    def use_forward_blocks(self, head_dim: int, blocks: tuple[int, int]) -> None:
-        """Run the staged forward with ``blocks = (fwd_rows, fwd_keys)`` for ``head_dim`` (``(0, 0)``: the
-        per-row forward), as ``core.kernels.attention_autotune.forward_blocks`` measured; ignored with a forced
-        tiling, on devices without the staged kernels (CPUs) and for blocks that do not fit. Call it before
-        the head_dim's first use (a built tiling is rebuilt)."""
-        if self._forced is None and tuple(blocks) != self._blocks.get(head_dim, (0, 0)):
-            self._blocks[head_dim] = tuple(blocks)
+    def use_tiling(self, head_dim: int, choice: dict[str, int]) -> None:
+        """Run ``head_dim``'s attention with the staged forward's and the blocked backward's sizes in ``choice``
+        (:data:`TUNED_FIELDS`; ``{}`` or zeros: the per-row forward and the staged backward), as
+        ``core.kernels.attention_autotune.tiling`` measured; ignored with a forced tiling, on devices without
+        the staged kernels (CPUs), and where the sizes do not fit. Call it before the head_dim's first use (a
+        built tiling is rebuilt)."""
+        choice = {f: int(choice.get(f, 0)) for f in TUNED_FIELDS}
+        if self._forced is None and choice != self._choices.get(head_dim, {f: 0 for f in TUNED_FIELDS}):
+            self._choices[head_dim] = choice
             self._built.pop(head_dim, None)
 
     def tiles(self, head_dim: int) -> AttentionTiles:
@@ -245,23 +270,24 @@ class Attention:
         if built is not None:
             return built
         t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
-        if self._forced is None and self._blocks.get(head_dim, (0, 0)) in forward_blocks(self.dev, t, head_dim):
-            t = replace(t, fwd_rows=self._blocks[head_dim][0], fwd_keys=self._blocks[head_dim][1])
+        if self._forced is None and head_dim in self._choices:
+            t = self._chosen(t, head_dim, self._choices[head_dim])
         if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
             raise KernelLimitError(f"{t} needs {t.local_mem_bytes(head_dim)} bytes of local memory for "
                              f"head_dim {head_dim}; {self.dev.info.name} has {self.dev.local_mem_size}")
         while True:
             opts = t.options(head_dim)
-            staged = "_tiled" if t.bwd_tile else ""
+            staged = ("_blocked" if t.bwd_rows else "_tiled") if t.bwd_tile else ""
             lanes = ("attention_transpose_kv", "attention_forward_lanes", "attention_backward_dq_lanes") if t.lanes else ()
             knls = [self.dev.kernel("attention", n, opts) for n in
                     ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
                      "attention_backward_dq" + staged) + lanes]
             try:
                 fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
-                if fwd_tiled is not None and self._forced is None and self.dev.work_group_size(fwd_tiled) < t.backward_items:
-                    raise KernelLimitError(f"{self.dev.work_group_size(fwd_tiled)} work-items per group allowed")
-            except (KernelLimitError, KernelBuildError) as e:  # a chosen staged forward: never at the backward's cost
+                if fwd_tiled is not None and self.dev.work_group_size(fwd_tiled) < t.forward_items:
+                    raise KernelLimitError(f"attention_forward_tiled: {self.dev.work_group_size(fwd_tiled)} work-items "
+                                           f"per group allowed, {t.forward_items} needed")
+            except (KernelLimitError, KernelBuildError) as e:  # a chosen staged forward that does not fit: the per-row one
                 if self._forced is not None:
                     raise
                 log.warning("attention head_dim=%d: the staged forward does not fit (%s); using the per-row one",
@@ -270,8 +296,7 @@ class Attention:
                 continue
             # a kernel can allow fewer work-items than the device (registers): then use fewer
             allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
-            allowed_bwd = (min(self.dev.work_group_size(kn) for kn in knls[2:4] + ([fwd_tiled] if fwd_tiled else []))
-                           if staged else t.items)
+            allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
             if allowed >= t.items and allowed_bwd >= t.backward_items:
                 break
             if self._forced is not None:
@@ -282,6 +307,22 @@ class Attention:
         log.debug("attention head_dim=%d: %s", head_dim, t)
         built = self._built[head_dim] = _Kernels(t, *knls, forward_tiled=fwd_tiled)
         return built
+
+    def _chosen(self, t: AttentionTiles, head_dim: int, choice: dict[str, int]) -> AttentionTiles:
+        """``t`` with ``choice``'s sizes, or without those that are no valid tiling or do not fit the device."""
+        if not t.bwd_tile:
+            return t
+        for fields in (("fwd_rows", "fwd_keys", "fwd_items"), ("bwd_rows", "bwd_keys", "bwd_items")):
+            part = {f: choice[f] for f in fields if choice[f] or f != "bwd_items"}
+            try:
+                tried = replace(t, **part)
+            except ValueError:
+                log.warning("attention head_dim=%d: ignoring %s: no tiling", head_dim, part)
+                continue
+            if (tried.local_mem_bytes(head_dim) <= self.dev.local_mem_size
+                    and max(tried.forward_items, tried.backward_items) <= self.dev.max_work_group_size):
+                t = tried
+        return t
 
     @staticmethod
     def transposed_floats(batch: int, seq: int, n_kv_heads: int, head_dim: int) -> int:
@@ -352,8 +393,8 @@ class Attention:
         grid = self._grid(seq_q, t.rows, t.items, batch * n_heads)
         heads = (np.int32(q_pos_start), np.int32(n_heads), np.int32(n_kv_heads), np.float32(1.0 / math.sqrt(head_dim)))
         if kn.forward_tiled is not None and seq_q >= TILED_MIN_ROWS:  # one work-group per block of fwd_rows rows
-            self.dev.launch(kn.forward_tiled, (-(-seq_q // t.fwd_rows) * t.backward_items, batch * n_heads),
-                            (t.backward_items, 1), out, lse, q, k, v, np.int32(seq_q), np.int32(seq_k), *heads)
+            self.dev.launch(kn.forward_tiled, (-(-seq_q // t.fwd_rows) * t.forward_items, batch * n_heads),
+                            (t.forward_items, 1), out, lse, q, k, v, np.int32(seq_q), np.int32(seq_k), *heads)
             return
         if seq_q >= t.rows and (S := self._transpose(kn, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
             self.dev.launch(kn.forward_lanes, grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
@@ -394,10 +435,11 @@ class Attention:
                  np.float32(1.0 / math.sqrt(head_dim)))
         dsum(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_sum, d_out, out,
              np.int32(seq), np.int32(n_heads))
-        if t.bwd_tile:  # one work-group per block of bwd_tile keys (dK, dV) or query rows (dQ)
-            blocks, LB = -(-seq // t.bwd_tile) * t.backward_items, (t.backward_items, 1)
-            dkdv(queue, (blocks, batch * n_kv_heads), LB, d_k, d_v, q, k, v, d_out, lse, d_sum, *sizes)
-            dq(queue, (blocks, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)
+        if t.bwd_tile:  # one work-group per block of keys (dK, dV) or query rows (dQ)
+            keys, rows = (t.bwd_keys, t.bwd_rows) if t.bwd_rows else (t.bwd_tile, t.bwd_tile)
+            n, LB = t.backward_items, (t.backward_items, 1)
+            dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, q, k, v, d_out, lse, d_sum, *sizes)
+            dq(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)
             return
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)

@@ -1,13 +1,15 @@
-"""Attention's forward on GPUs, chosen by measurement: the per-row kernel or the staged one.
+"""Attention's kernels on GPUs, chosen by measurement at a model's shape.
 
-``attention_forward_tiled`` (FlashAttention-2's forward, Dao 2023, Algorithm 1, with register micro-tiles)
-computes each block of scores once per work-group; ``attention_forward`` gives each query row its own
-work-item. Which is faster depends on the device and the shape, so, as the matmul tuner does
-(core/kernels/matmul_autotune.py), :func:`forward_blocks` times both at a model's own shape on the device
-itself, once, checks every staged candidate against the per-row result, and caches the winner in
-``attention-forward.json`` in the user cache folder, keyed by platform, device, driver and the hash of
+Forward: the per-row kernel (``attention_forward``: a work-item per query row) or the staged one
+(``attention_forward_tiled``: FlashAttention-2's forward, Dao 2023, Algorithm 1, with register micro-tiles).
+Backward: the staged kernels (``attention_backward_*_tiled``: 32 x 32 blocks, 2 x 4 micro-tiles) or the blocked
+ones (``attention_backward_*_blocked``: the forward's 4 x 4 micro-tiles). Which is faster depends on the device
+and the shape, so, as the matmul tuner does (core/kernels/matmul_autotune.py), :func:`tiling` times each option
+once per device and shape on the device itself, the forward's and the backward's apart, checks every option's
+results against the first one's (the per-row forward, the staged backward), and caches the winners in
+``attention-kernels.json`` in the user cache folder, keyed by platform, device, driver and the hash of
 ``attention.cl`` (:func:`core.kernels.matmul_autotune.device_key`). CPUs, and runs with tuning off
-(``OPENCL_LLM_MATMUL_TUNE=0``: the test suite), keep the per-row forward.
+(``OPENCL_LLM_MATMUL_TUNE=0``: the test suite), keep the first options.
 """
 from __future__ import annotations
 
@@ -20,14 +22,12 @@ import numpy as np
 
 from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, user_cache_dir
-from core.kernels import matmul_autotune
-from core.kernels import attention
+from core.kernels import attention, matmul_autotune
 
 log = logging.getLogger(__name__)
 
-CACHE_FILE = "attention-forward.json"
-CANDIDATES = 3  # staged block shapes timed besides the per-row forward: the largest that fit
-PER_ROW = (0, 0)
+CACHE_FILE = "attention-kernels.json"
+FORWARD_CANDIDATES = 3  # staged block shapes timed besides the per-row forward: the largest that fit
 _lock = threading.Lock()
 _memo: dict[str, dict] = {}  # per process: the cache file's entry of each device
 
@@ -36,20 +36,44 @@ def _name(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) ->
     return f"{batch}x{seq} heads {n_heads}/{n_kv_heads} head_dim {head_dim}"
 
 
-def candidates(dev: Device, head_dim: int) -> list[tuple[int, int]]:
-    """``(fwd_rows, fwd_keys)`` timed on ``dev``: the per-row forward and up to :data:`CANDIDATES` staged
-    block shapes that fit (none besides the per-row one on CPUs)."""
-    return [PER_ROW] + attention.forward_blocks(dev, attention.default_tiles(dev, head_dim), head_dim)[:CANDIDATES]
+def label(option: dict[str, int]) -> str:
+    """An option's name: "forward per-row", "forward 64x32w128", "backward staged", "backward 32x32w64"."""
+    if "fwd_rows" in option:
+        return f"forward {option['fwd_rows']}x{option['fwd_keys']}w{option['fwd_items']}" if option["fwd_rows"] \
+            else "forward per-row"
+    return f"backward {option['bwd_rows']}x{option['bwd_keys']}w{option['bwd_items']}" if option["bwd_rows"] \
+        else "backward staged"
+
+
+def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
+    """The forward's and the backward's options on ``dev`` (each the reference first): ``fwd_*`` and ``bwd_*``
+    fields of :data:`core.kernels.attention.TUNED_FIELDS`. The per-row forward and up to
+    :data:`FORWARD_CANDIDATES` staged block shapes that fit; the staged backward and the blocked ones of
+    :data:`core.kernels.attention.BWD_BLOCKS` that fit. Only the references on CPUs."""
+    base = attention.default_tiles(dev, head_dim)
+    fwd = [{"fwd_rows": 0, "fwd_keys": 0, "fwd_items": 0}]
+    bwd = [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0}]
+    if not base.bwd_tile:
+        return fwd, bwd
+    items = base.backward_items
+    fwd += [{"fwd_rows": r, "fwd_keys": k, "fwd_items": items}
+            for r, k in attention.forward_blocks(dev, base, head_dim)[:FORWARD_CANDIDATES]]
+    for r, k, w in attention.BWD_BLOCKS:
+        t = replace(base, bwd_rows=r, bwd_keys=k, bwd_items=w)
+        if w <= dev.max_work_group_size and t.local_mem_bytes(head_dim) <= dev.local_mem_size:
+            bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w})
+    return fwd, bwd
 
 
 def expected_seconds(dev: Device, build_s: float) -> float:
     """Seconds the first model's timing is expected to take on ``dev`` given ``build_s`` per program build: a
-    build of each staged candidate and about a second of timing; 0.0 on CPUs, with tuning off or where this
-    device has timed a shape before."""
-    blocks = candidates(dev, 64)
-    if len(blocks) < 2 or not matmul_autotune.enabled() or _entries(dev):
+    build of each option besides the references and about two seconds of timing; 0.0 on CPUs, with tuning off
+    or where this device has timed a shape before."""
+    fwd, bwd = options(dev, 64)
+    n = len(fwd) + len(bwd) - 2
+    if not n or not matmul_autotune.enabled() or _entries(dev):
         return 0.0
-    return (len(blocks) - 1) * build_s + 1.0
+    return n * build_s + 2.0
 
 
 def _entries(dev: Device) -> dict:
@@ -61,92 +85,139 @@ def _entries(dev: Device) -> dict:
 
 
 def _valid(dev: Device, entries) -> dict:
-    """The entries of one device's part of the cache whose blocks are a candidate of their head_dim (others:
+    """The entries of one device's part of the cache whose choice is one of its head_dim's options (others:
     untimed, logged)."""
     out = {}
     for name, entry in (entries.items() if isinstance(entries, dict) else ()):
         try:
-            blocks = (entry["fwd_rows"], entry["fwd_keys"])
-            head_dim = int(name.rsplit(" ", 1)[1])
-            if all(type(b) is int for b in blocks) and blocks in candidates(dev, head_dim):
-                out[name] = {**entry, "fwd_rows": blocks[0], "fwd_keys": blocks[1]}
+            choice, head_dim = entry["choice"], int(name.rsplit(" ", 1)[1])
+            fwd, bwd = options(dev, head_dim)
+            if (all(type(choice[f]) is int for f in attention.TUNED_FIELDS)
+                    and {f: choice[f] for f in fwd[0]} in fwd and {f: choice[f] for f in bwd[0]} in bwd):
+                out[name] = entry
                 continue
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             pass
-        log.warning("ignoring the attention cache's entry %r: not a block shape of this device", name)
+        log.warning("ignoring the attention cache's entry %r: not an option of this device", name)
     return out
 
 
-def forward_blocks(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    """The forward measured fastest on ``dev`` for this shape, for :meth:`core.kernels.attention.Attention.use_forward_blocks`:
-    ``(fwd_rows, fwd_keys)`` of the staged forward, or ``(0, 0)`` for the per-row one.
+def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, int]:
+    """The attention kernels measured fastest on ``dev`` for this shape, for
+    :meth:`core.kernels.attention.Attention.use_tiling`: the :data:`core.kernels.attention.TUNED_FIELDS` of the
+    fastest forward option and the fastest backward option (zeros: the per-row forward, the staged backward).
 
-    The first call per device and shape times each of :func:`candidates` (best of 3 rounds of at least 20 ms)
-    on random inputs of the shape (``seq`` query rows and keys, one training forward), after checking that
-    each staged candidate's output and log-sum-exp match the per-row forward's (within 1e-4); a wrong or
-    failing candidate is never chosen. The winner is cached. Returns ``(0, 0)`` without timing on CPUs and
-    with tuning off, and untimed (not cached) when the inputs cannot be allocated.
+    The first call per device and shape times each of :func:`options` (best of 3 rounds of at least 20 ms) on
+    random inputs of a training step's attention at the shape (``seq`` query rows and keys), after checking
+    that its results match the reference option's (forward output and log-sum-exp, or dQ, dK and dV, within
+    1e-4 relative and absolute; 1e-3 for the gradients); a wrong or failing option is never chosen. The winners
+    are cached. ``{}`` without timing on CPUs and with tuning off, and untimed (not cached) when the inputs
+    cannot be allocated or the references fail.
     """
-    blocks = candidates(dev, head_dim)
-    if len(blocks) < 2 or not matmul_autotune.enabled() or min(batch, seq, n_heads, n_kv_heads) < 1:
-        return PER_ROW
+    fwd, bwd = options(dev, head_dim)
+    if len(fwd) + len(bwd) < 3 or not matmul_autotune.enabled() or min(batch, seq, n_heads, n_kv_heads) < 1:
+        return {}
     name = _name(batch, seq, n_heads, n_kv_heads, head_dim)
     key = matmul_autotune.device_key(dev, "attention")
     with _lock:  # one timing at a time (concurrent callers wait, then find their shape timed)
         table = _entries(dev)
         if name not in table:
-            timed = _time(dev, blocks, batch, seq, n_heads, n_kv_heads, head_dim)
+            timed = _time(dev, fwd, bwd, batch, seq, n_heads, n_kv_heads, head_dim)
             if timed is None:
-                return PER_ROW
+                return {}
             table[name] = timed
             data = matmul_autotune.read_cache(user_cache_dir() / CACHE_FILE)
             data[key] = {**_valid(dev, data.get(key)), **table}
             try:
                 atomic_write(user_cache_dir() / CACHE_FILE, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
             except OSError as e:
-                log.warning("could not save the attention forward's choice: %s", e)
-        return table[name]["fwd_rows"], table[name]["fwd_keys"]
+                log.warning("could not save the attention kernels' choice: %s", e)
+        return dict(table[name]["choice"])
 
 
-def _time(dev: Device, blocks: list, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> dict | None:
-    """Time ``blocks`` (the per-row forward first) at one shape: the cache entry of the fastest correct one."""
-    rng = np.random.default_rng(0)
-    q_n, kv_n = batch * seq * n_heads * head_dim, batch * seq * n_kv_heads * head_dim
+class StepBuffers:
+    """Random inputs of one training step's attention at a shape, and its outputs' and gradients' buffers."""
+
+    def __init__(self, dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int):
+        rng = np.random.default_rng(0)
+        self.dev, self.shape = dev, (batch, seq, n_heads, n_kv_heads, head_dim)
+        self.q_n, self.kv_n, self.rows = batch * seq * n_heads * head_dim, batch * seq * n_kv_heads * head_dim, \
+            batch * n_heads * seq
+        self.bufs: list = []
+        self.q, self.k, self.v, self.d_out = (self._upload(rng.standard_normal(n).astype(np.float32))
+                                              for n in (self.q_n, self.kv_n, self.kv_n, self.q_n))
+        self.out, self.lse, self.d_q, self.d_k, self.d_v, self.d_sum = (
+            self._alloc(n) for n in (self.q_n, self.rows, self.q_n, self.kv_n, self.kv_n, self.rows))
+
+    def _upload(self, x):
+        self.bufs.append(self.dev.upload(x))
+        return self.bufs[-1]
+
+    def _alloc(self, n):
+        self.bufs.append(self.dev.alloc(n))
+        return self.bufs[-1]
+
+    def forward(self, op) -> None:
+        b, s, h, kvh, d = self.shape
+        op.forward(self.out, self.lse, self.q, self.k, self.v, b, s, s, 0, h, kvh, d)
+
+    def backward(self, op) -> None:
+        b, s, h, kvh, d = self.shape
+        op.backward(self.d_q, self.d_k, self.d_v, self.d_sum, self.d_out, self.q, self.k, self.v, self.out, self.lse,
+                    b, s, h, kvh, d)
+
+    def results(self, forward: bool) -> list[np.ndarray]:
+        bufs = ((self.out, self.q_n), (self.lse, self.rows)) if forward else \
+            ((self.d_q, self.q_n), (self.d_k, self.kv_n), (self.d_v, self.kv_n))
+        return [self.dev.download(buf, (n,)) for buf, n in bufs]
+
+    def release(self) -> None:
+        for buf in self.bufs:
+            buf.release()
+
+
+def _time(dev: Device, fwd: list, bwd: list, batch: int, seq: int, n_heads: int, n_kv_heads: int,
+          head_dim: int) -> dict | None:
+    """Time the forward's options, then the backward's, at one shape: the cache entry of the fastest correct
+    ones (``choice`` and each option's milliseconds), or None when the inputs or a reference fail."""
+    name = _name(batch, seq, n_heads, n_kv_heads, head_dim)
     try:
-        q, k, v = (dev.upload(rng.standard_normal(n).astype(np.float32)) for n in (q_n, kv_n, kv_n))
-        out, lse = dev.alloc(q_n), dev.alloc(batch * n_heads * seq)
+        step = StepBuffers(dev, batch, seq, n_heads, n_kv_heads, head_dim)
     except (dev.cl.Error, MemoryError) as e:  # larger than the device allows: left untimed
-        log.info("attention timing: %s not timed: %s", _name(batch, seq, n_heads, n_kv_heads, head_dim),
-                 str(e).splitlines()[0])
+        log.info("attention timing: %s not timed: %s", name, str(e).splitlines()[0])
         return None
     base = attention.default_tiles(dev, head_dim)
-    want, ms, best = None, {}, None
+    choice, ms = {}, {}
     try:
-        for fwd_rows, fwd_keys in blocks:
-            try:
-                op = attention.Attention(dev, tiles=replace(base, fwd_rows=fwd_rows, fwd_keys=fwd_keys))
-                run = lambda: op.forward(out, lse, q, k, v, batch, seq, seq, 0, n_heads, n_kv_heads, head_dim)  # noqa: E731
-                run()
-                got = dev.download(out, (q_n,)), dev.download(lse, (batch * n_heads * seq,))
-            except (KernelBuildError, KernelLimitError, ValueError, dev.cl.Error) as e:
-                log.info("attention timing: blocks %dx%d skipped: %s", fwd_rows, fwd_keys, str(e).splitlines()[0])
-                if want is None:  # the per-row forward itself: nothing to check the others against
-                    return None
-                continue
-            if want is None:
-                want = got
-            elif not all(np.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(got, want)):
-                log.warning("attention timing: blocks %dx%d differ from the per-row forward; not used", fwd_rows, fwd_keys)
-                continue
-            s = matmul_autotune.best_seconds(dev, run, 0.02)
-            ms[f"{fwd_rows}x{fwd_keys}"] = float(f"{s * 1e3:.4g}")
-            if best is None or s < best[0]:
-                best = (s, fwd_rows, fwd_keys)
+        for opts, forward in ((fwd, True), (bwd, False)):
+            want, best = None, None
+            run = step.forward if forward else step.backward
+            if not forward:
+                step.forward(attention.Attention(dev, tiles=base))  # the backward's inputs
+            for option in opts:
+                try:
+                    op = attention.Attention(dev, tiles=replace(base, **{k: v for k, v in option.items()
+                                                                         if v or k != "bwd_items"}))
+                    run(op)
+                    got = step.results(forward)
+                except (KernelBuildError, KernelLimitError, ValueError, dev.cl.Error) as e:
+                    log.info("attention timing: %s skipped: %s", label(option), str(e).splitlines()[0])
+                    if want is None:  # the reference itself: nothing to check the others against
+                        return None
+                    continue
+                tol = 1e-4 if forward else 1e-3
+                if want is None:
+                    want = got
+                elif not all(np.allclose(g, w, rtol=tol, atol=tol) for g, w in zip(got, want)):
+                    log.warning("attention timing: %s differs from %s; not used", label(option), label(opts[0]))
+                    continue
+                s = matmul_autotune.best_seconds(dev, lambda: run(op), 0.02)
+                ms[label(option)] = float(f"{s * 1e3:.4g}")
+                if best is None or s < best[0]:
+                    best = (s, option)
+            choice.update(best[1])
     finally:
-        for buf in (q, k, v, out, lse):
-            buf.release()
-    if best is None:
-        return None
-    log.info("attention forward %s: %s (ms: %s)", _name(batch, seq, n_heads, n_kv_heads, head_dim),
-             "per-row" if best[1:] == PER_ROW else f"staged {best[1]}x{best[2]}", ms)
-    return {"fwd_rows": best[1], "fwd_keys": best[2], "ms": ms}
+        step.release()
+    log.info("attention kernels %s: %s, %s (ms: %s)", name, label({f: choice[f] for f in fwd[0]}),
+             label({f: choice[f] for f in bwd[0]}), ms)
+    return {"choice": choice, "ms": ms}
