@@ -906,21 +906,18 @@ inline void micro_s_dp(float s[4][4], float dp[4][4], __local const float* qs, _
     _Pragma("unroll") for (int a = 0; a < 4; a++)
         _Pragma("unroll") for (int c = 0; c < 4; c++) s[a][c] = dp[a][c] = 0.0f;
     for (int d4 = 0; d4 < HD4; d4++) {
-        float4 qv[4], dov[4], kv[4], vv[4];
+        float4 qv[4], dov[4];
         _Pragma("unroll") for (int a = 0; a < 4; a++) {
             qv[a] = lrow(qs, ti + a * (BR / 4), d4);
             dov[a] = lrow(dos, ti + a * (BR / 4), d4);
         }
-        _Pragma("unroll") for (int c = 0; c < 4; c++) {
-            kv[c] = lrow(ks, tj + c * (BC / 4), d4);
-            vv[c] = lrow(vs, tj + c * (BC / 4), d4);
-        }
-        _Pragma("unroll") for (int a = 0; a < 4; a++)
-            _Pragma("unroll") for (int c = 0; c < 4; c++) {
-                s[a][c] = s[a][c] + qv[a].x * kv[c].x + qv[a].y * kv[c].y + qv[a].z * kv[c].z + qv[a].w * kv[c].w;
-                dp[a][c] = dp[a][c] + dov[a].x * vv[c].x + dov[a].y * vv[c].y + dov[a].z * vv[c].z
-                           + dov[a].w * vv[c].w;
+        _Pragma("unroll") for (int c = 0; c < 4; c++) {  // one key's K and V rows at a time: fewer live registers
+            const float4 kv = lrow(ks, tj + c * (BC / 4), d4), vv = lrow(vs, tj + c * (BC / 4), d4);
+            _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                s[a][c] = s[a][c] + qv[a].x * kv.x + qv[a].y * kv.y + qv[a].z * kv.z + qv[a].w * kv.w;
+                dp[a][c] = dp[a][c] + dov[a].x * vv.x + dov[a].y * vv.y + dov[a].z * vv.z + dov[a].w * vv.w;
             }
+        }
     }
 }
 
