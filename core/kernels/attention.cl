@@ -583,6 +583,20 @@ inline void stage_rows(__local float* dst, const __global float* x, const int r0
     }
 }
 
+// the backward's query rows i0 .. i0 + n - 1 of one head (0.0f past seq): q and d_out -> qs and dos, their lse
+// and D (lb, db: the head's rows) -> ls and ds
+inline void stage_queries(__local float* qs, __local float* dos, __local float* ls, __local float* ds,
+                          const __global float* q, const __global float* d_out, const __global float* lb,
+                          const __global float* db, const int i0, const int n, const int seq, const size_t stride,
+                          const int lid) {
+    stage_rows(qs, q, i0, n, seq, stride, lid, BWG);
+    stage_rows(dos, d_out, i0, n, seq, stride, lid, BWG);
+    for (int r = lid; r < n; r += BWG) {
+        ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
+        ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
+    }
+}
+
 inline float4 lrow(__local const float* base, const int row, const int d4) {
     return vload4(0, base + row * LDR + d4 * 4);
 }
@@ -813,12 +827,7 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
         for (int i0 = j0; i0 < seq; i0 += BT) {
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
-            stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid, BWG);
-            stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid, BWG);
-            for (int r = lid; r < BT; r += BWG) {
-                ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
-                ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
-            }
+            stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lb, db, i0, BT, seq, q_stride, lid);
             barrier(CLK_LOCAL_MEM_FENCE);
             tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
             barrier(CLK_LOCAL_MEM_FENCE);
@@ -855,12 +864,8 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(qs, q + q_base, i0, BT, seq, q_stride, lid, BWG);
-    stage_rows(dos, d_out + q_base, i0, BT, seq, q_stride, lid, BWG);
-    for (int r = lid; r < BT; r += BWG) {
-        ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
-        ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
-    }
+    stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lse + (size_t)bh * seq, d_sum + (size_t)bh * seq, i0,
+                  BT, seq, q_stride, lid);
     float4 dq[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] = (float4)(0.0f);
@@ -921,6 +926,25 @@ inline void micro_s_dp(float s[4][4], float dp[4][4], __local const float* qs, _
     }
 }
 
+// P = exp(scale S - lse) and dS = P (dP - D) of micro-tile (ti, tj) of the block pair of query rows i0.. and keys
+// j0.. (rows ti + a * BR/4, keys tj + c * BC/4): 0.0f where the key is masked for the row or either lies past seq
+inline void micro_p_ds(float p[4][4], float g[4][4], __local const float* qs, __local const float* dos,
+                       __local const float* ks, __local const float* vs, __local const float* ls,
+                       __local const float* ds, const int ti, const int tj, const int i0, const int j0,
+                       const int seq, const float scale) {
+    float s[4][4], dp[4][4];
+    micro_s_dp(s, dp, qs, dos, ks, vs, ti, tj);
+    _Pragma("unroll") for (int a = 0; a < 4; a++) {
+        const int i = ti + a * (BR / 4);
+        _Pragma("unroll") for (int c = 0; c < 4; c++) {
+            const int j = tj + c * (BC / 4);
+            const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
+            p[a][c] = ok ? exp(s[a][c] * scale - ls[i]) : 0.0f;
+            g[a][c] = p[a][c] * (dp[a][c] - ds[i]);
+        }
+    }
+}
+
 // 4 rows (r0 + t + c * n/4, c < 4; those below lim) x columns 8 * d8 .. 8 * d8 + 7 (those below HD) of acc
 // times scale -> global x (stride floats between rows)
 inline void store_micro8(__global float* x, float4 acc[4][2], const int t, const int d8, const int n, const int r0,
@@ -960,27 +984,17 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, B
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
         for (int i0 = j0 / BR * BR; i0 < seq; i0 += BR) {  // the query blocks with a row i >= j0
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
-            stage_rows(qs, q + q_base, i0, BR, seq, q_stride, lid, BWG);
-            stage_rows(dos, d_out + q_base, i0, BR, seq, q_stride, lid, BWG);
-            for (int r = lid; r < BR; r += BWG) {
-                ls[r] = i0 + r < seq ? lb[i0 + r] : 0.0f;
-                ds[r] = i0 + r < seq ? db[i0 + r] : 0.0f;
-            }
+            stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lb, db, i0, BR, seq, q_stride, lid);
             barrier(CLK_LOCAL_MEM_FENCE);
-            for (int e = lid; e < NSB; e += BWG) {  // P^T and dS^T of the block pair; 0.0f where masked
+            for (int e = lid; e < NSB; e += BWG) {  // P^T and dS^T of the block pair
                 const int ti = e / (BC / 4), tj = e % (BC / 4);
-                float s[4][4], dp[4][4];
-                micro_s_dp(s, dp, qs, dos, ks, vs, ti, tj);
-                _Pragma("unroll") for (int a = 0; a < 4; a++) {
-                    const int i = ti + a * (BR / 4);
+                float p[4][4], g[4][4];
+                micro_p_ds(p, g, qs, dos, ks, vs, ls, ds, ti, tj, i0, j0, seq, scale);
+                _Pragma("unroll") for (int a = 0; a < 4; a++)
                     _Pragma("unroll") for (int c = 0; c < 4; c++) {
-                        const int j = tj + c * (BC / 4);
-                        const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
-                        const float p = ok ? exp(s[a][c] * scale - ls[i]) : 0.0f;
-                        pt[j * LDBT + i] = p;
-                        dst[j * LDBT + i] = p * (dp[a][c] - ds[i]);
+                        pt[(tj + c * (BC / 4)) * LDBT + ti + a * (BR / 4)] = p[a][c];
+                        dst[(tj + c * (BC / 4)) * LDBT + ti + a * (BR / 4)] = g[a][c];
                     }
-                }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
             _Pragma("unroll") for (int m = 0; m < MOK; m++) {  // dV += P^T dO, dK += dS^T Q
@@ -1031,12 +1045,8 @@ void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
     const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float qs[BR * LDR], dos[BR * LDR], ks[BC * LDR], vs[BC * LDR], dss[BR * LDB], ls[BR], ds[BR];
-    stage_rows(qs, q + q_base, i0, BR, seq, q_stride, lid, BWG);
-    stage_rows(dos, d_out + q_base, i0, BR, seq, q_stride, lid, BWG);
-    for (int r = lid; r < BR; r += BWG) {
-        ls[r] = i0 + r < seq ? lse[(size_t)bh * seq + i0 + r] : 0.0f;
-        ds[r] = i0 + r < seq ? d_sum[(size_t)bh * seq + i0 + r] : 0.0f;
-    }
+    stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lse + (size_t)bh * seq, d_sum + (size_t)bh * seq, i0,
+                  BR, seq, q_stride, lid);
     float4 dq[MOQ][4][2];
     _Pragma("unroll") for (int m = 0; m < MOQ; m++)
         _Pragma("unroll") for (int c = 0; c < 4; c++) dq[m][c][0] = dq[m][c][1] = (float4)(0.0f);
@@ -1046,19 +1056,12 @@ void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
         stage_rows(ks, k + kv_base, j0, BC, seq, kv_stride, lid, BWG);
         stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int e = lid; e < NSB; e += BWG) {  // dS of the block pair; 0.0f where masked
+        for (int e = lid; e < NSB; e += BWG) {  // dS of the block pair
             const int ti = e / (BC / 4), tj = e % (BC / 4);
-            float s[4][4], dp[4][4];
-            micro_s_dp(s, dp, qs, dos, ks, vs, ti, tj);
-            _Pragma("unroll") for (int a = 0; a < 4; a++) {
-                const int i = ti + a * (BR / 4);
-                _Pragma("unroll") for (int c = 0; c < 4; c++) {
-                    const int j = tj + c * (BC / 4);
-                    const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
-                    const float p = ok ? exp(s[a][c] * scale - ls[i]) : 0.0f;
-                    dss[i * LDB + j] = p * (dp[a][c] - ds[i]);
-                }
-            }
+            float p[4][4], g[4][4];
+            micro_p_ds(p, g, qs, dos, ks, vs, ls, ds, ti, tj, i0, j0, seq, scale);
+            _Pragma("unroll") for (int a = 0; a < 4; a++)
+                _Pragma("unroll") for (int c = 0; c < 4; c++) dss[(ti + a * (BR / 4)) * LDB + tj + c * (BC / 4)] = g[a][c];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         _Pragma("unroll") for (int m = 0; m < MOQ; m++) {  // dQ += dS K
