@@ -568,7 +568,7 @@ class Model:
         self.ops = Ops(dev)
         # GPUs: the attention kernels measured faster at this shape (once per device), built now, not mid-step
         self.ops.attention.use_tiling(config.head_dim, attention_autotune.tiling(
-            dev, batch_size, self.max_seq, config.n_heads, config.n_kv_heads, config.head_dim))
+            dev, batch_size, self.max_seq, config.n_heads, config.n_kv_heads, config.head_dim, backward=training))
         self.ops.attention.tiles(config.head_dim)
         products = step_matmuls(config, self.rows, training) + (lora_matmuls(config, lora, self.rows, training)
                                                                 if lora else [])

@@ -75,8 +75,8 @@ def test_a_wrong_or_failing_option_is_never_chosen(device, tuning, monkeypatch):
             off(self, d_q, SHAPE[0] * SHAPE[1] * SHAPE[2] * SHAPE[4])
 
     def failing(self, head_dim):
-        t = self._forced
-        if t is not None and (t.fwd_rows not in (0, 64) or t.bwd_rows not in (0, 32)):
+        chosen = self._choices.get(head_dim, {})
+        if chosen.get("fwd_rows", 0) not in (0, 64) or chosen.get("bwd_rows", 0) not in (0, 32):
             raise attention.KernelLimitError("too many registers")
         return real_kernels(self, head_dim)
 
@@ -127,7 +127,7 @@ def test_a_model_trains_through_the_chosen_kernels_as_through_the_references(dev
     results = []
     chosen = {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 8, "bwd_rows": 16, "bwd_keys": 8, "bwd_items": 12}
     for choice in ({}, chosen):
-        monkeypatch.setattr(attention_autotune, "tiling", lambda *a, c=choice: c)
+        monkeypatch.setattr(attention_autotune, "tiling", lambda *a, c=choice, **k: c)
         model = Model(device, cfg, batch_size=2, seed=5)
         t = model.ops.attention.tiles(cfg.head_dim)
         assert all(getattr(t, f) == choice.get(f, getattr(GPU_LIKE, f)) for f in TUNED_FIELDS)
@@ -155,3 +155,77 @@ def test_a_chosen_tiling_that_does_not_fit_falls_back_without_shrinking_the_rest
     assert (op.tiles(16).fwd_rows, op.tiles(16).bwd_rows) == (16, 8)
     op.use_tiling(16, {**choice, "fwd_rows": 48, "bwd_rows": 4096, "bwd_keys": 4096})  # no tiling / too large
     assert (op.tiles(16).fwd_rows, op.tiles(16).bwd_rows) == (0, 0)
+
+
+def test_options_are_timed_as_a_model_runs_them_where_kernels_allow_fewer_work_items(device, tuning, monkeypatch):
+    """Compiled kernels that allow 8 work-items per group (GPU_LIKE asks 16; an iGPU under register pressure):
+    the references run with 8, as a Model's attention does; options that cannot run as timed are skipped."""
+    real = type(device).work_group_size
+    monkeypatch.setattr(type(device), "work_group_size",
+                        lambda self, kn: min(8, real(self, kn)) if kn.function_name.startswith("attention") else real(self, kn))
+    choice = attention_autotune.tiling(device, *SHAPE)
+    entry = _entry(device, tuning)
+    assert entry["choice"] == choice and {"forward per-row", "backward staged"} <= set(entry["ms"])
+    assert attention.Attention(device).tiles(16).backward_items == 8
+
+
+def test_a_chosen_part_that_does_not_build_or_fit_falls_back_alone(device, tuning, monkeypatch):
+    choice = {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16, "bwd_rows": 8, "bwd_keys": 8, "bwd_items": 16}
+    real_size, real_kernel = type(device).work_group_size, type(device).kernel
+
+    def blocked_too_big(self, kn):
+        if kn.function_name == "attention_backward_dkdv_blocked":
+            raise attention.KernelLimitError("the compiled kernel attention_backward_dkdv_blocked needs 99999 bytes")
+        return real_size(self, kn)
+
+    monkeypatch.setattr(type(device), "work_group_size", blocked_too_big)
+    op = attention.Attention(device)
+    op.use_tiling(16, choice)
+    t = op.tiles(16)
+    assert (t.fwd_rows, t.bwd_rows, t.backward_items) == (16, 0, GPU_LIKE.backward_items)
+    monkeypatch.setattr(type(device), "work_group_size", real_size)
+
+    def no_build(self, name, kernel, options=()):
+        if any(o.startswith("-DFQ=") for o in options):
+            raise attention.KernelBuildError("ptxas error (simulated)")
+        return real_kernel(self, name, kernel, options)
+
+    monkeypatch.setattr(type(device), "kernel", no_build)
+    op = attention.Attention(device)
+    op.use_tiling(16, choice)
+    assert op.tiles(16).fwd_rows == 0  # the program with the staged forward does not build: the per-row one
+
+
+@pytest.mark.parametrize("junk", ["16", 16.0, None, -4, True, float("nan")])
+def test_use_tiling_refuses_what_is_no_size(device, junk):
+    with pytest.raises(ValueError, match="fwd_rows"):
+        attention.Attention(device).use_tiling(16, {"fwd_rows": junk, "fwd_keys": 8})
+    with pytest.raises(ValueError, match="dict"):
+        attention.Attention(device).use_tiling(16, None)
+
+
+def test_items_apply_with_their_blocks_and_within_local_size(device, tuning):
+    op = attention.Attention(device)
+    op.use_tiling(16, {"bwd_items": 3, "fwd_items": 5})  # no blocks chosen: the staged backward keeps its items
+    t = op.tiles(16)
+    assert (t.fwd_rows, t.bwd_rows, t.backward_items) == (0, 0, GPU_LIKE.backward_items)
+    capped = attention.Attention(device, local_size=8)  # chosen work-groups larger than the cap are left out
+    capped.use_tiling(16, {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16, "bwd_rows": 8, "bwd_keys": 8, "bwd_items": 16})
+    assert (capped.tiles(16).fwd_rows, capped.tiles(16).bwd_rows) == (0, 0)
+
+
+def test_a_model_that_never_trains_times_the_forward_only(device, tuning, monkeypatch):
+    choice = attention_autotune.tiling(device, *SHAPE, backward=False)
+    data = json.loads(tuning.read_text())[matmul_autotune.device_key(device, "attention")]
+    assert list(data) == ["2x40 heads 4/2 forward head_dim 16"]
+    assert all(k.startswith("forward") for k in data["2x40 heads 4/2 forward head_dim 16"]["ms"])
+    assert choice["bwd_rows"] == 0
+    full = attention_autotune.tiling(device, *SHAPE)  # a training model of the shape times both
+    monkeypatch.setattr(matmul_autotune, "best_seconds", lambda *a, **k: pytest.fail("timed again"))
+    assert attention_autotune.tiling(device, *SHAPE, backward=False) == {**full, "bwd_rows": 0, "bwd_keys": 0,
+                                                                          "bwd_items": 0}
+
+
+def test_a_deeply_nested_cache_file_is_ignored(device, tuning):
+    tuning.write_text("[" * 100000 + "]" * 100000)
+    assert set(attention_autotune.tiling(device, *SHAPE)) == set(TUNED_FIELDS)

@@ -254,9 +254,18 @@ class Attention:
         """Run ``head_dim``'s attention with the staged forward's and the blocked backward's sizes in ``choice``
         (:data:`TUNED_FIELDS`; ``{}`` or zeros: the per-row forward and the staged backward), as
         ``core.kernels.attention_autotune.tiling`` measured; ignored with a forced tiling, on devices without
-        the staged kernels (CPUs), and where the sizes do not fit. Call it before the head_dim's first use (a
-        built tiling is rebuilt)."""
-        choice = {f: int(choice.get(f, 0)) for f in TUNED_FIELDS}
+        the staged kernels (CPUs), and where the sizes do not fit or build (logged); ``*_items`` apply with their
+        blocks only. Call it before the head_dim's first use (a built tiling is rebuilt).
+
+        Raises:
+            ValueError: ``choice`` is no dict, or a size in it is no whole number >= 0.
+        """
+        if not isinstance(choice, dict):
+            raise ValueError(f"attention tiling choice: a dict of {TUNED_FIELDS} expected, not {choice!r}")
+        for f in TUNED_FIELDS:
+            if type(choice.get(f, 0)) is not int or choice.get(f, 0) < 0:
+                raise ValueError(f"attention tiling choice: {f} must be a whole number >= 0, not {choice[f]!r}")
+        choice = {f: choice.get(f, 0) for f in TUNED_FIELDS}
         if self._forced is None and choice != self._choices.get(head_dim, {f: 0 for f in TUNED_FIELDS}):
             self._choices[head_dim] = choice
             self._built.pop(head_dim, None)
@@ -270,6 +279,7 @@ class Attention:
         if built is not None:
             return built
         t = self._forced or default_tiles(self.dev, head_dim, self._local_size)
+        plain = t
         if self._forced is None and head_dim in self._choices:
             t = self._chosen(t, head_dim, self._choices[head_dim])
         if t.local_mem_bytes(head_dim) > self.dev.local_mem_size:
@@ -279,24 +289,22 @@ class Attention:
             opts = t.options(head_dim)
             staged = ("_blocked" if t.bwd_rows else "_tiled") if t.bwd_tile else ""
             lanes = ("attention_transpose_kv", "attention_forward_lanes", "attention_backward_dq_lanes") if t.lanes else ()
-            knls = [self.dev.kernel("attention", n, opts) for n in
-                    ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
-                     "attention_backward_dq" + staged) + lanes]
             try:
+                knls = [self.dev.kernel("attention", n, opts) for n in
+                        ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
+                         "attention_backward_dq" + staged) + lanes]
                 fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
                 if fwd_tiled is not None and self.dev.work_group_size(fwd_tiled) < t.forward_items:
                     raise KernelLimitError(f"attention_forward_tiled: {self.dev.work_group_size(fwd_tiled)} work-items "
                                            f"per group allowed, {t.forward_items} needed")
-            except (KernelLimitError, KernelBuildError) as e:  # a chosen staged forward that does not fit: the per-row one
-                if self._forced is not None:
+                # a kernel can allow fewer work-items than the device (registers): then use fewer
+                allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
+                allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
+            except (KernelLimitError, KernelBuildError) as e:
+                if self._forced is not None or not (t.fwd_rows or t.bwd_rows):
                     raise
-                log.warning("attention head_dim=%d: the staged forward does not fit (%s); using the per-row one",
-                            head_dim, str(e).splitlines()[0])
-                t = replace(t, fwd_rows=0, fwd_keys=0)
+                t = self._without_failed(t, plain, head_dim, e)  # a chosen part that does not build or fit
                 continue
-            # a kernel can allow fewer work-items than the device (registers): then use fewer
-            allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
-            allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
             if allowed >= t.items and allowed_bwd >= t.backward_items:
                 break
             if self._forced is not None:
@@ -309,19 +317,39 @@ class Attention:
         return built
 
     def _chosen(self, t: AttentionTiles, head_dim: int, choice: dict[str, int]) -> AttentionTiles:
-        """``t`` with ``choice``'s sizes, or without those that are no valid tiling or do not fit the device."""
+        """``t`` with ``choice``'s staged forward and blocked backward, each left out where it is no tiling or does
+        not fit the device's local memory and work-group limits (and ``local_size``)."""
         if not t.bwd_tile:
             return t
-        for fields in (("fwd_rows", "fwd_keys", "fwd_items"), ("bwd_rows", "bwd_keys", "bwd_items")):
-            part = {f: choice[f] for f in fields if choice[f] or f != "bwd_items"}
+        most = min(self.dev.max_work_group_size, self._local_size or self.dev.max_work_group_size)
+        for kind, on in (("fwd", choice["fwd_rows"]), ("bwd", choice["bwd_rows"])):
+            if not on:
+                continue
+            part = {f"{kind}_{f}": choice[f"{kind}_{f}"] for f in ("rows", "keys", "items") if choice[f"{kind}_{f}"]}
             try:
                 tried = replace(t, **part)
             except ValueError:
                 log.warning("attention head_dim=%d: ignoring %s: no tiling", head_dim, part)
                 continue
-            if (tried.local_mem_bytes(head_dim) <= self.dev.local_mem_size
-                    and max(tried.forward_items, tried.backward_items) <= self.dev.max_work_group_size):
+            if tried.local_mem_bytes(head_dim) <= self.dev.local_mem_size and \
+                    max(tried.forward_items, tried.backward_items) <= most:
                 t = tried
+        return t
+
+    def _without_failed(self, t: AttentionTiles, plain: AttentionTiles, head_dim: int, e: Exception) -> AttentionTiles:
+        """``t`` without the chosen part that failed with ``e``: the staged forward or the blocked backward that its
+        message names, else both (a failed build of the whole program); logged."""
+        msg = str(e)
+        fwd = bool(t.fwd_rows) and ("attention_forward_tiled" in msg or "attention_backward" not in msg)
+        bwd = bool(t.bwd_rows) and ("attention_backward" in msg or "attention_forward_tiled" not in msg)
+        log.warning("attention head_dim=%d: %s does not fit (%s); using %s", head_dim,
+                    " and ".join(n for n, on in (("the staged forward", fwd), ("the blocked backward", bwd)) if on),
+                    msg.splitlines()[0] if msg else type(e).__name__,
+                    " and ".join(n for n, on in (("the per-row forward", fwd), ("the staged backward", bwd)) if on))
+        if fwd:
+            t = replace(t, fwd_rows=0, fwd_keys=0, fwd_items=0)
+        if bwd:
+            t = replace(t, bwd_rows=0, bwd_keys=0, bwd_items=plain.bwd_items)
         return t
 
     @staticmethod

@@ -32,8 +32,8 @@ _lock = threading.Lock()
 _memo: dict[str, dict] = {}  # per process: the cache file's entry of each device
 
 
-def _name(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> str:
-    return f"{batch}x{seq} heads {n_heads}/{n_kv_heads} head_dim {head_dim}"
+def _name(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int, backward: bool = True) -> str:
+    return f"{batch}x{seq} heads {n_heads}/{n_kv_heads}{'' if backward else ' forward'} head_dim {head_dim}"
 
 
 def label(option: dict[str, int]) -> str:
@@ -102,10 +102,13 @@ def _valid(dev: Device, entries) -> dict:
     return out
 
 
-def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, int]:
+def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int,
+           backward: bool = True) -> dict[str, int]:
     """The attention kernels measured fastest on ``dev`` for this shape, for
     :meth:`core.kernels.attention.Attention.use_tiling`: the :data:`core.kernels.attention.TUNED_FIELDS` of the
     fastest forward option and the fastest backward option (zeros: the per-row forward, the staged backward).
+    Without ``backward`` (a model that never trains) only the forward's options are timed (a training model's
+    entry of the shape serves too).
 
     The first call per device and shape times each of :func:`options` (best of 3 rounds of at least 20 ms) on
     random inputs of a training step's attention at the shape (``seq`` query rows and keys), after checking
@@ -115,12 +118,16 @@ def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, hea
     cannot be allocated or the references fail.
     """
     fwd, bwd = options(dev, head_dim)
+    bwd = bwd if backward else bwd[:1]
     if len(fwd) + len(bwd) < 3 or not matmul_autotune.enabled() or min(batch, seq, n_heads, n_kv_heads) < 1:
         return {}
-    name = _name(batch, seq, n_heads, n_kv_heads, head_dim)
+    name = _name(batch, seq, n_heads, n_kv_heads, head_dim, backward)
     key = matmul_autotune.device_key(dev, "attention")
     with _lock:  # one timing at a time (concurrent callers wait, then find their shape timed)
         table = _entries(dev)
+        full = _name(batch, seq, n_heads, n_kv_heads, head_dim)
+        if not backward and full in table:
+            return {**table[full]["choice"], **bwd[0]}
         if name not in table:
             timed = _time(dev, fwd, bwd, batch, seq, n_heads, n_kv_heads, head_dim)
             if timed is None:
@@ -186,18 +193,23 @@ def _time(dev: Device, fwd: list, bwd: list, batch: int, seq: int, n_heads: int,
     except (dev.cl.Error, MemoryError) as e:  # larger than the device allows: left untimed
         log.info("attention timing: %s not timed: %s", name, str(e).splitlines()[0])
         return None
-    base = attention.default_tiles(dev, head_dim)
     choice, ms = {}, {}
     try:
         for opts, forward in ((fwd, True), (bwd, False)):
             want, best = None, None
             run = step.forward if forward else step.backward
+            if len(opts) == 1:  # the reference alone: nothing to choose
+                choice.update(opts[0])
+                continue
             if not forward:
-                step.forward(attention.Attention(dev, tiles=base))  # the backward's inputs
+                step.forward(attention.Attention(dev))  # the backward's inputs
             for option in opts:
-                try:
-                    op = attention.Attention(dev, tiles=replace(base, **{k: v for k, v in option.items()
-                                                                         if v or k != "bwd_items"}))
+                try:  # as a Model would run it: the device's tiling, with this option where it builds and fits
+                    op = attention.Attention(dev)
+                    op.use_tiling(head_dim, option)
+                    t = op.tiles(head_dim)
+                    if any(getattr(t, f) != v for f, v in option.items() if v or not f.endswith("items")):
+                        raise KernelLimitError(f"built as {t}")
                     run(op)
                     got = step.results(forward)
                 except (KernelBuildError, KernelLimitError, ValueError, dev.cl.Error) as e:

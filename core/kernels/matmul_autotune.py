@@ -483,8 +483,8 @@ def read_cache(path: Path) -> dict:
         log.warning("ignoring the matmul cache %s: not a JSON object", path)
     except FileNotFoundError:
         pass
-    except (OSError, ValueError) as e:
-        log.warning("ignoring the matmul cache %s: %s", path, e)
+    except (OSError, ValueError, RecursionError) as e:  # (RecursionError: JSON nested too deeply)
+        log.warning("ignoring the matmul cache %s: %s", path, type(e).__name__ if isinstance(e, RecursionError) else e)
     return {}
 
 
