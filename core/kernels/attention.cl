@@ -544,23 +544,24 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
 #endif  // BKT
 
 // ------------------------------------------------------------- staged tiles (GPUs)
-// A work-group of BWG work-items (FWG in the forward; any >= 1) stages blocks of rows of Q, K, V (and dO) in local memory and
-// computes a tile of scores once from register micro-tiles: each work-item computes a few rows x keys of it
+// A work-group of BWG work-items (FWG in the forward; any >= 1) stages blocks of rows of Q, K, V (and dO) in
+// local memory and computes a tile of scores once from register micro-tiles: each work-item computes a few rows
+// x keys of it
 // (rows and keys strided, so the 8 work-items of a quarter warp read 8 different local rows, 4 banks apart)
 // from float4 reads of local rows, then a few rows x 4 or 8 columns of the output block, each local float4
 // and scalar read feeding several FMAs (staged kernels with one local read per FMA were 2.3-2.4x slower on
 // an H200). Local rows are LDR floats (head_dim padded to 4, plus 4: float4-aligned, consecutive rows
 // 4 banks apart).
 //
-// Forward (built with -DFQ=... -DFK=..., powers of two >= 4, -DFWG=... work-items per group, and -DBT): FlashAttention-2's forward
-// (Dao 2023, Algorithm 1): a work-group owns FQ query rows, walks their visible keys in blocks of FK,
-// computes the FQ x FK tile of scores into local memory, updates each row's running max and sum there
+// Forward (built with -DFQ=... -DFK=..., powers of two >= 4, -DFWG=... work-items per group, and -DBT):
+// FlashAttention-2's forward (Dao 2023, Algorithm 1): a work-group owns FQ query rows, walks their visible keys in
+// blocks of FK, computes the FQ x FK tile of scores into local memory, updates each row's running max and sum there
 // (one work-item per row), and adds P V into register accumulators of 4 rows x 8 columns.
 // Backward (built with -DBT=..., a power of two): FlashAttention-2's blocked loop (Dao 2023, Algorithm 2):
 // a work-group stages a block of BT keys and values and a block of BT query rows (with their lse and D),
 // computes the BT x BT tile of P = exp(S - lse) and dS = P (dP - D) once into local memory (micro-tiles of
 // TI x TJ), then adds TJ rows x 4 columns of dK and dV (or dQ) into registers; tile rows are LDP = BT + 1
-// floats (odd: the dQ pass reads 8 rows of one column).
+// floats (odd: the dQ pass reads 8 rows of one column). The blocked backward (-DBR, -DBC) is further below.
 #ifdef BT
 #define TI (BT < 2 ? BT : 2)
 #define TJ (BT < 4 ? BT : 4)
@@ -707,7 +708,8 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
                 }
                 for (int j = 0; j < FK; j += 4) {
                     union lanes4 p[FA];
-                    _Pragma("unroll") for (int a = 0; a < FA; a++) p[a].v = vload4(0, ss + (t + a * (FQ / FA)) * LDS + j);
+                    _Pragma("unroll") for (int a = 0; a < FA; a++)
+                        p[a].v = vload4(0, ss + (t + a * (FQ / FA)) * LDS + j);
                     _Pragma("unroll") for (int jj = 0; jj < 4; jj++) {
                         const float4 v0 = lrow(vs, j + jj, 2 * d8);
                         const float4 v1 = two ? lrow(vs, j + jj, 2 * d8 + 1) : (float4)(0.0f);
@@ -976,7 +978,8 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, B
     stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
     float4 dk[MOK][4][2], dv[MOK][4][2];
     _Pragma("unroll") for (int m = 0; m < MOK; m++)
-        _Pragma("unroll") for (int c = 0; c < 4; c++) dk[m][c][0] = dk[m][c][1] = dv[m][c][0] = dv[m][c][1] = (float4)(0.0f);
+        _Pragma("unroll") for (int c = 0; c < 4; c++)
+            dk[m][c][0] = dk[m][c][1] = dv[m][c][0] = dv[m][c][1] = (float4)(0.0f);
     for (int hh = 0; hh < group; hh++) {
         const int h = kvh * group + hh;
         const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
@@ -1061,7 +1064,8 @@ void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
             float p[4][4], g[4][4];
             micro_p_ds(p, g, qs, dos, ks, vs, ls, ds, ti, tj, i0, j0, seq, scale);
             _Pragma("unroll") for (int a = 0; a < 4; a++)
-                _Pragma("unroll") for (int c = 0; c < 4; c++) dss[(ti + a * (BR / 4)) * LDB + tj + c * (BC / 4)] = g[a][c];
+                _Pragma("unroll") for (int c = 0; c < 4; c++)
+                    dss[(ti + a * (BR / 4)) * LDB + tj + c * (BC / 4)] = g[a][c];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         _Pragma("unroll") for (int m = 0; m < MOQ; m++) {  // dQ += dS K
@@ -1071,7 +1075,8 @@ void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
                 const bool two = 2 * d8 + 1 < HD4;
                 for (int j = 0; j < BC; j += 4) {
                     union lanes4 g[4];
-                    _Pragma("unroll") for (int a = 0; a < 4; a++) g[a].v = vload4(0, dss + (t + a * (BR / 4)) * LDB + j);
+                    _Pragma("unroll") for (int a = 0; a < 4; a++)
+                        g[a].v = vload4(0, dss + (t + a * (BR / 4)) * LDB + j);
                     _Pragma("unroll") for (int jj = 0; jj < 4; jj++) {
                         const float4 k0 = lrow(ks, j + jj, 2 * d8);
                         const float4 k1 = two ? lrow(ks, j + jj, 2 * d8 + 1) : (float4)(0.0f);
