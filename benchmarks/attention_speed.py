@@ -113,15 +113,11 @@ def bench_speed(dev, b, s, h, kvh, d, reps):
 def bench_options(dev, b, s, h, kvh, d, reps):
     """Every forward and backward option core.kernels.attention_autotune times on this device (on a CPU, as a
     dry run, those of a GPU-like tiling), interleaved per round; each against its reference option."""
-    from dataclasses import replace
-
     from core.kernels import attention, attention_autotune
 
-    base = attention.default_tiles(dev, d)
-    if not base.bwd_tile:  # a CPU: the GPU's tiling, to check the path (its speed means nothing here)
+    if not attention.default_tiles(dev, d).bwd_tile:  # a CPU: the GPU's tiling, to check the path (speed means nothing)
         gpu = attention.AttentionTiles(64, 1, 16, 1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128)
         attention.default_tiles = lambda dev, head_dim, max_items=None: gpu
-        base = gpu
     step = attention_autotune.StepBuffers(dev, b, s, h, kvh, d)
     fwd, bwd = attention_autotune.options(dev, d)
     flop = {True: 2.0 * s * s * h * d * b, False: 2.0 * s * s * h * d * b * 2.5}  # causal halves
@@ -129,12 +125,15 @@ def bench_options(dev, b, s, h, kvh, d, reps):
     for opts, forward in ((fwd, True), (bwd, False)):
         run = step.forward if forward else step.backward
         if not forward:
-            step.forward(Attention(dev, tiles=base))
+            step.forward(Attention(dev))
         ops, want, diff = {}, None, {}
         for option in opts:
             name = attention_autotune.label(option)
-            try:
-                op = Attention(dev, tiles=replace(base, **{k: v for k, v in option.items() if v or k != "bwd_items"}))
+            try:  # as core.kernels.attention_autotune builds it (and a Model given that choice)
+                op = Attention(dev)
+                op.use_tiling(d, option)
+                if any(getattr(op.tiles(d), f) != v for f, v in option.items() if not f.endswith("items")):
+                    raise ValueError(f"built as {op.tiles(d)}")
                 run(op)
             except Exception as e:  # noqa: BLE001  (an option whose compiled kernel does not fit: reported)
                 print(f"  {name}: skipped: {str(e).splitlines()[0]}")

@@ -137,9 +137,10 @@ def test_a_model_trains_through_the_chosen_kernels_as_through_the_references(dev
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-3, atol=1e-5)
 
 
-def test_a_chosen_tiling_that_does_not_fit_falls_back_without_shrinking_the_rest(device, tuning, monkeypatch):
+def test_a_chosen_tiling_that_does_not_fit_shrinks_or_falls_back_without_touching_the_rest(device, tuning, monkeypatch):
     """A cached choice whose staged forward allows fewer work-items than chosen (another driver's registers):
-    the per-row forward runs, the chosen backward stays; sizes that are no tiling or do not fit are ignored."""
+    it runs with fewer, and the chosen backward keeps its own; sizes that are no tiling or do not fit are
+    ignored."""
     real = type(device).work_group_size
     monkeypatch.setattr(type(device), "work_group_size",
                         lambda self, kn: 4 if kn.function_name == "attention_forward_tiled" else real(self, kn))
@@ -147,7 +148,7 @@ def test_a_chosen_tiling_that_does_not_fit_falls_back_without_shrinking_the_rest
     choice = {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16, "bwd_rows": 8, "bwd_keys": 8, "bwd_items": 16}
     op.use_tiling(16, choice)
     t = op.tiles(16)
-    assert (t.fwd_rows, t.bwd_rows, t.backward_items) == (0, 8, 16)
+    assert (t.fwd_rows, t.forward_items, t.bwd_rows, t.backward_items) == (16, 4, 8, 16)
     monkeypatch.setattr(type(device), "work_group_size", real)
     op.use_tiling(16, {})  # and back: rebuilt
     assert (op.tiles(16).fwd_rows, op.tiles(16).bwd_rows) == (0, 0)
@@ -229,3 +230,35 @@ def test_a_model_that_never_trains_times_the_forward_only(device, tuning, monkey
 def test_a_deeply_nested_cache_file_is_ignored(device, tuning):
     tuning.write_text("[" * 100000 + "]" * 100000)
     assert set(attention_autotune.tiling(device, *SHAPE)) == set(TUNED_FIELDS)
+
+
+def test_a_kernel_the_choice_does_not_change_that_fails_raises_instead_of_looping(device, tuning, monkeypatch):
+    """The staged backward does not fit while a staged forward is chosen (llvmpipe's compiled kernels at
+    head_dim 64), or the chosen blocked backward and then the staged one do not: the error is raised, as
+    without a choice."""
+    real = type(device).work_group_size
+
+    def staged_too_big(self, kn):
+        if kn.function_name in ("attention_backward_dkdv_tiled", "attention_backward_dkdv_blocked"):
+            raise attention.KernelLimitError(f"the compiled kernel {kn.function_name} needs 99999 bytes")
+        return real(self, kn)
+
+    monkeypatch.setattr(type(device), "work_group_size", staged_too_big)
+    for choice in ({"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16},
+                   {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16, "bwd_rows": 8, "bwd_keys": 8, "bwd_items": 16}):
+        op = attention.Attention(device)
+        op.use_tiling(16, choice)
+        with pytest.raises(attention.KernelLimitError, match="dkdv_tiled"):
+            op.tiles(16)
+
+
+def test_a_staged_forward_whose_kernel_allows_fewer_work_items_runs_with_fewer(device, tuning, monkeypatch):
+    real = type(device).work_group_size
+    monkeypatch.setattr(type(device), "work_group_size",
+                        lambda self, kn: 4 if kn.function_name == "attention_forward_tiled" else real(self, kn))
+    op = attention.Attention(device)
+    op.use_tiling(16, {"fwd_rows": 16, "fwd_keys": 8, "fwd_items": 16})
+    assert (op.tiles(16).fwd_rows, op.tiles(16).forward_items) == (16, 4)
+    choice = attention_autotune.tiling(device, *SHAPE)  # and the tuner times the staged forwards so
+    assert sum(k.startswith("forward ") and "per-row" not in k for k in _entry(device, tuning)["ms"]) >= 1
+    assert set(choice) == set(TUNED_FIELDS)

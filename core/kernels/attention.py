@@ -294,24 +294,25 @@ class Attention:
                         ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
                          "attention_backward_dq" + staged) + lanes]
                 fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
-                if fwd_tiled is not None and self.dev.work_group_size(fwd_tiled) < t.forward_items:
-                    raise KernelLimitError(f"attention_forward_tiled: {self.dev.work_group_size(fwd_tiled)} work-items "
-                                           f"per group allowed, {t.forward_items} needed")
                 # a kernel can allow fewer work-items than the device (registers): then use fewer
                 allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
                 allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
+                allowed_fwd = self.dev.work_group_size(fwd_tiled) if fwd_tiled is not None else t.forward_items
             except (KernelLimitError, KernelBuildError) as e:
-                if self._forced is not None or not (t.fwd_rows or t.bwd_rows):
+                dropped = t if self._forced is not None else self._without_failed(t, plain, head_dim, e)
+                if dropped == t:  # nothing chosen failed (or the tiling is forced): the device cannot run it
                     raise
-                t = self._without_failed(t, plain, head_dim, e)  # a chosen part that does not build or fit
+                t = dropped
                 continue
-            if allowed >= t.items and allowed_bwd >= t.backward_items:
+            if allowed >= t.items and allowed_bwd >= t.backward_items and allowed_fwd >= t.forward_items:
                 break
             if self._forced is not None:
-                raise KernelLimitError(f"{t} needs {t.items} (backward {t.backward_items}) work-items per group; "
-                                 f"{self.dev.info.name} allows {allowed} ({allowed_bwd}) for these kernels")
+                raise KernelLimitError(f"{t} needs {t.items} (backward {t.backward_items}, staged forward "
+                                       f"{t.forward_items}) work-items per group; {self.dev.info.name} allows "
+                                       f"{allowed} ({allowed_bwd}, {allowed_fwd}) for these kernels")
             t = replace(t, items=min(allowed, t.items),
-                        bwd_items=min(allowed_bwd, t.backward_items) if staged else 0)
+                        bwd_items=min(allowed_bwd, t.backward_items) if staged else 0,
+                        fwd_items=min(allowed_fwd, t.forward_items) if t.fwd_rows else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
         built = self._built[head_dim] = _Kernels(t, *knls, forward_tiled=fwd_tiled)
         return built
@@ -338,10 +339,13 @@ class Attention:
 
     def _without_failed(self, t: AttentionTiles, plain: AttentionTiles, head_dim: int, e: Exception) -> AttentionTiles:
         """``t`` without the chosen part that failed with ``e``: the staged forward or the blocked backward that its
-        message names, else both (a failed build of the whole program); logged."""
+        message names, else both (a failed build of the whole program); logged. ``t`` itself where neither is
+        chosen or the kernel named is another (the caller raises ``e``)."""
         msg = str(e)
         fwd = bool(t.fwd_rows) and ("attention_forward_tiled" in msg or "attention_backward" not in msg)
         bwd = bool(t.bwd_rows) and ("attention_backward" in msg or "attention_forward_tiled" not in msg)
+        if not (fwd or bwd):
+            return t
         log.warning("attention head_dim=%d: %s does not fit (%s); using %s", head_dim,
                     " and ".join(n for n, on in (("the staged forward", fwd), ("the blocked backward", bwd)) if on),
                     msg.splitlines()[0] if msg else type(e).__name__,
