@@ -584,6 +584,13 @@ inline void stage_rows(__local float* dst, const __global float* x, const int r0
     }
 }
 
+// keys j0 .. j0 + n - 1 of one kv head (0.0f past seq): k and v -> ks and vs, by the work-group's work-items
+inline void stage_kv(__local float* ks, __local float* vs, const __global float* k, const __global float* v,
+                     const int j0, const int n, const int seq, const size_t stride, const int lid, const int items) {
+    stage_rows(ks, k, j0, n, seq, stride, lid, items);
+    stage_rows(vs, v, j0, n, seq, stride, lid, items);
+}
+
 // the backward's query rows i0 .. i0 + n - 1 of one head (0.0f past seq): q and d_out -> qs and dos, their lse
 // and D (lb, db: the head's rows) -> ls and ds
 inline void stage_queries(__local float* qs, __local float* dos, __local float* ls, __local float* ds,
@@ -642,8 +649,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
 
     for (int j0 = 0; j0 < n_keys; j0 += FK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous block
-        stage_rows(ks, kb, j0, FK, n_keys, kv_stride, lid, FWG);
-        stage_rows(vs, vb, j0, FK, n_keys, kv_stride, lid, FWG);
+        stage_kv(ks, vs, kb, vb, j0, FK, n_keys, kv_stride, lid, FWG);
         barrier(CLK_LOCAL_MEM_FENCE);
         // scores S = scale Q K^T of the block, -inf where masked: micro-tiles of FA rows x FC keys
         for (int e = lid; e < NMS; e += FWG) {
@@ -817,8 +823,7 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
-    stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid, BWG);
-    stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
+    stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
     float4 dk[MA][TJ], dv[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dk[m][c] = dv[m][c] = (float4)(0.0f);
@@ -874,8 +879,7 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const int last = i0 + BT < seq ? i0 + BT : seq;  // keys 0 .. last-1 are visible to the block
     for (int j0 = 0; j0 < last; j0 += BT) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, k + kv_base, j0, BT, seq, kv_stride, lid, BWG);
-        stage_rows(vs, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
+        stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
         tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -974,8 +978,7 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, B
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BC * LDR], vs[BC * LDR], qs[BR * LDR], dos[BR * LDR];
     __local float pt[BC * LDBT], dst[BC * LDBT], ls[BR], ds[BR];  // P^T, dS^T of the block pair; lse, D
-    stage_rows(ks, k + kv_base, j0, BC, seq, kv_stride, lid, BWG);
-    stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+    stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
     float4 dk[MOK][4][2], dv[MOK][4][2];
     _Pragma("unroll") for (int m = 0; m < MOK; m++)
         _Pragma("unroll") for (int c = 0; c < 4; c++)
@@ -1056,8 +1059,7 @@ void attention_backward_dq_blocked(__global float* d_q, BACKWARD_INPUTS) {
     const int last = i0 + BR < seq ? i0 + BR : seq;  // keys 0 .. last-1 are visible to the block
     for (int j0 = 0; j0 < last; j0 += BC) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, k + kv_base, j0, BC, seq, kv_stride, lid, BWG);
-        stage_rows(vs, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
+        stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int e = lid; e < NSB; e += BWG) {  // dS of the block pair
             const int ti = e / (BC / 4), tj = e % (BC / 4);

@@ -13,14 +13,12 @@ results against the first one's (the per-row forward, the staged backward), and 
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import replace
 
 import numpy as np
 
-from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, user_cache_dir
 from core.kernels import attention, matmul_autotune
 
@@ -133,12 +131,7 @@ def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, hea
             if timed is None:
                 return {}
             table[name] = timed
-            data = matmul_autotune.read_cache(user_cache_dir() / CACHE_FILE)
-            data[key] = {**_valid(dev, data.get(key)), **table}
-            try:
-                atomic_write(user_cache_dir() / CACHE_FILE, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
-            except OSError as e:
-                log.warning("could not save the attention kernels' choice: %s", e)
+            matmul_autotune.merge_cache(user_cache_dir() / CACHE_FILE, key, table, lambda part: _valid(dev, part))
         return dict(table[name]["choice"])
 
 

@@ -488,6 +488,18 @@ def read_cache(path: Path) -> dict:
     return {}
 
 
+def merge_cache(path: Path, key: str, entries: dict, valid: Callable[[Any], dict]) -> None:
+    """Write ``entries`` into ``key``'s part of the cache file at ``path`` (atomic replace) over that part's
+    ``valid(part)`` entries, other keys kept; a file that cannot be written is logged (the entries then serve this
+    process only)."""
+    data = read_cache(path)
+    data[key] = {**valid(data.get(key)), **entries}
+    try:
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True), sync_folder=False)
+    except OSError as e:
+        log.warning("could not save %s: %s", path.name, e)
+
+
 def load_cached(dev: Device) -> dict | None:
     """This device's cached tuning result (as :func:`tune` returns it, without timings), or None
     when there is none or the cache file is unreadable."""
@@ -574,13 +586,7 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
         if missing:
             _time_shapes(dev, missing, table, SHAPE_BUDGET_S if budget_s is None else budget_s)
             with _lock:
-                data = read_cache(user_cache_dir() / SHAPE_FILE)
-                data[key] = {**_valid_entries(data.get(key)), **table}
-                try:
-                    atomic_write(user_cache_dir() / SHAPE_FILE, json.dumps(data, indent=1, sort_keys=True),
-                                 sync_folder=False)
-                except OSError as e:
-                    log.warning("could not save the matmul shape choices: %s", e)
+                merge_cache(user_cache_dir() / SHAPE_FILE, key, table, _valid_entries)
     return {s: _shape_entry(_shape_name(*s), table[_shape_name(*s)]) for s in wanted if _shape_name(*s) in table}
 
 
