@@ -183,6 +183,8 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     r = {"shape": name, "params": config.n_params(), "tokens": n_tok, "diff": diff, "batch_seq": f"{batch} x {seq}",
          "ours": n_tok / min(t_ours), "ref": n_tok / min(t_ref),
          "ours_median": n_tok / statistics.median(t_ours), "ref_median": n_tok / statistics.median(t_ref)}
+    print(f"{name}: ours {r['ours']:,.0f}, reference {r['ref']:,.0f} tok/s ({r['ours'] / r['ref']:.2f}x; medians "
+          f"{r['ours_median'] / r['ref_median']:.2f}x)", flush=True)  # a run cut short keeps its finished shapes
     if a.profile:
         del ours
         print_profile(f"{name}, our training step",
