@@ -74,11 +74,12 @@ LR, WD, B1, B2, EPS, CLIP = 1e-3, 0.01, 0.9, 0.98, 1e-8, 1.0
 
 # ---------------------------------------------------------------------------- training
 class Ours:
-    """Our engine: one step as core/trainer.py takes it (clip factor from the returned grad_norm)."""
+    """Our engine: one step as core/trainer.py takes it (clip factor from the returned grad_norm; the model sized,
+    and its GPU kernels chosen, for ``batch`` x ``seq`` tokens, as the trainer's ``max_seq``)."""
 
-    def __init__(self, dev, config: ModelConfig, batch: int, weights):
+    def __init__(self, dev, config: ModelConfig, batch: int, weights, seq: int):
         self.dev = dev
-        self.model = Model(dev, config, batch_size=batch, weights=weights)
+        self.model = Model(dev, config, batch_size=batch, weights=weights, max_seq=seq)
 
     def step(self, x, y, m) -> None:
         stats = self.model.forward_backward(x, y, m)
@@ -168,7 +169,7 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
     x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
     weights = init_weights(config, 0)
-    ours = Ours(dev, config, batch, weights)
+    ours = Ours(dev, config, batch, weights, seq)
     ref = Torch(config, weights, x, y, a.torch_device, a.torch_compile)
     diff = float(np.abs(ours.model.logits(x[:2]) - ref.logits(x[:2])).max())
     for e in (ours, ref):  # warm-up: compile, caches, allocator
@@ -188,7 +189,7 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     if a.profile:
         del ours
         print_profile(f"{name}, our training step",
-                      profile_steps(dev, lambda: Ours(dev, config, batch, weights), (x, y, m), a.steps), a.steps)
+                      profile_steps(dev, lambda: Ours(dev, config, batch, weights, seq), (x, y, m), a.steps), a.steps)
     return r
 
 

@@ -20,10 +20,11 @@ LR, WD, B1, B2, EPS, CLIP = 1e-3, 0.0, 0.9, 0.98, 1e-8, 1.0
 
 
 class OursStep:
-    """One step of our engine (full, or LoRA with ``lora``) as core/trainer.py takes it."""
+    """One step of our engine (full, or LoRA with ``lora``) as core/trainer.py takes it (``max_seq``: ``seq``)."""
 
-    def __init__(self, dev, config: ModelConfig, batch: int, weights, lora: LoRAConfig | None):
-        self.dev, self.model = dev, Model(dev, config, batch_size=batch, weights=weights, lora=lora)
+    def __init__(self, dev, config: ModelConfig, batch: int, weights, lora: LoRAConfig | None, seq: int):
+        self.dev = dev
+        self.model = Model(dev, config, batch_size=batch, weights=weights, lora=lora, max_seq=seq)
 
     def step(self, x, y, m) -> None:
         stats = self.model.forward_backward(x, y, m)
@@ -86,7 +87,8 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
     tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
     x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
     weights = init_weights(config, 0)
-    engines = {"lora": OursStep(dev, config, batch, weights, lora), "full": OursStep(dev, config, batch, weights, None),
+    engines = {"lora": OursStep(dev, config, batch, weights, lora, seq),
+               "full": OursStep(dev, config, batch, weights, None, seq),
                "peft": TorchPeftStep(config, weights, lora, x, y, a.torch_device)}
     for e in engines.values():
         for _ in range(a.warmup):
@@ -100,12 +102,14 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
         from benchmarks.compare import print_profile, profile_steps
 
         for k in ("lora", "full"):
-            records = profile_steps(dev, lambda k=k: OursStep(dev, config, batch, weights, lora if k == "lora" else None),
-                                    (x, y, m), a.steps)
+            records = profile_steps(
+                dev, lambda k=k: OursStep(dev, config, batch, weights, lora if k == "lora" else None, seq), (x, y, m),
+                a.steps)
             print_profile(f"{name}, our {k} step (rank {lora.rank})" if k == "lora" else f"{name}, our full step",
                           records, a.steps)
     n = batch * seq
-    mem = {k: memory_bytes(config, batch, True, lora=lora if k == "lora" else None)[0] for k in ("lora", "full")}
+    mem = {k: memory_bytes(config, batch, True, lora=lora if k == "lora" else None, max_seq=seq)[0]
+           for k in ("lora", "full")}
     return {"shape": name, "rank": lora.rank, "trained": adapter_params(config, lora), "tokens": n,
             **{k: n / min(v) for k, v in times.items()}, **{k + "_median": n / statistics.median(v) for k, v in times.items()},
             "mem_lora": mem["lora"], "mem_full": mem["full"]}

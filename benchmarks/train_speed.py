@@ -25,7 +25,7 @@ from core.model import Model  # noqa: E402
 
 
 def bench_training(dev, config: ModelConfig, batch: int, seq: int, steps: int, warmup: int = 2) -> dict:
-    model = Model(dev, config, batch_size=batch, seed=0)
+    model = Model(dev, config, batch_size=batch, seed=0, max_seq=seq)  # as the trainer sizes it
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
     x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
