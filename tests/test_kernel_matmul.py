@@ -596,6 +596,27 @@ def test_shape_configs_time_each_product_once_per_device_and_route_it(device, rn
         _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"per-shape {M}x{N}x{K}")
 
 
+def test_products_near_a_measured_shape_take_its_choice(device, rng):
+    """A batch padded shorter than the longest one: a product of a measured one's variant that differs from it in
+    one size by at most NEAR_SHAPE_RATIO takes its choice (the nearest), and computes right with it; one further
+    off, of another variant, differing in two sizes, or narrow keeps the transpose variant's configuration."""
+    small = fitted(device, TiledConfig(16, 32, 8, 2, 4, 2, 2, 1), (False, True))
+    small_tn = fitted(device, TiledConfig(16, 32, 8, 2, 4, 2, 2, 1), (True, False))
+    other = fitted(device, TiledConfig(32, 32, 8, 4, 4, 4, 4, 2), (True, False))
+    op = Matmul(device, gemv=False)
+    op.use_shape_configs({(144, 80, 300, False, True): (small, False), (96, 68, 260, True, False): (other, True),
+                          (96, 68, 200, True, False): (small_tn, False)})
+    assert op.shape_config(100, 80, 300, False, True) == (small, False)  # M 144 -> 100
+    assert op.shape_config(96, 68, 140, True, False) == (small_tn, False)  # K: 200 is nearer than 260
+    assert op.shape_config(96, 68, 250, True, False) == (other, True)
+    assert op.shape_config(96, 68, 230, True, False) == (other, True)  # 260/230 < 230/200
+    for far in [(70, 80, 300, False, True), (100, 80, 300, False, False), (100, 90, 300, False, True),
+                (40, 80, 300, False, True), (96, 68, 90, True, False)]:
+        assert op.shape_config(*far) is None, far
+    for M, N, K, ta, tb in [(100, 80, 300, False, True), (96, 68, 140, True, False), (70, 80, 300, False, True)]:
+        _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"near {M}x{N}x{K}")
+
+
 def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypatch):
     bad, good = TiledConfig(16, 16, 8, 4, 4, 4, 4, 1), TiledConfig(8, 8, 4, 4, 4, 4, 0, 0)
     _shape_tuning(monkeypatch, tmp_path, [bad, good])

@@ -42,6 +42,9 @@ SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): boun
 SPLIT_WAVES = 4
 SPLIT_MIN_K = 128
 SPLIT_DEEP_K = 512
+# A product that no per-shape measurement matches takes the choice of a measured one of its variant that differs
+# in one size by at most this factor (Matmul._nearest_shape: a batch padded shorter than the longest one)
+NEAR_SHAPE_RATIO = 2.0
 # A stored (M,K) is read in place (the micro-kernel's MR row pointers walk along k): packing it cost a
 # read and a write of all of A for no gain (measured on PoCL, 2-core Xeon with AVX-512, the blocked-sum
 # kernel: a LoRA step's products 8 % less time, (256, 3072, 32) 34 %, d512's shapes within noise).
@@ -664,6 +667,8 @@ class Matmul:
                     lambda c, v=v: GemmKernel(dev, c, *v, max_items=local_size, scratch=scratch))
             log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
         self._shapes: dict[tuple, tuple[GemmKernel, bool]] = {}  # use_shape_configs: (ta, tb, M, N, K) -> kernel
+        self._near: dict[tuple, tuple[GemmKernel, bool] | None] = {}  # other shapes: _nearest_shape's answer
+        self.near_shape_ratio = NEAR_SHAPE_RATIO  # 1.0: exact shapes only (benchmarks/padded_batches.py)
         self._gemv = None
         if isinstance(gemv, GemvConfig):
             self._gemv = GemvKernel(dev, gemv, local_size)
@@ -683,8 +688,41 @@ class Matmul:
     def _route(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> tuple[GemmKernel | GemvKernel, bool]:
         """The kernel of a product and whether it may split K: the per-shape choice (:meth:`use_shape_configs`),
         else :meth:`_kernel`'s."""
-        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K)) if self._shapes else None
-        return entry if entry is not None else (self._kernel(M, N, trans_a, trans_b), True)
+        if self._shapes:
+            key = (bool(trans_a), bool(trans_b), M, N, K)
+            entry = self._shapes.get(key)
+            if entry is None:
+                if key not in self._near:
+                    self._near[key] = self._nearest_shape(key)
+                entry = self._near[key]
+            if entry is not None:
+                return entry
+        return self._kernel(M, N, trans_a, trans_b), True
+
+    def _nearest_shape(self, key: tuple[bool, bool, int, int, int]) -> tuple[GemmKernel, bool] | None:
+        """The per-shape choice of the measured product of the same variant nearest to ``key`` =
+        ``(trans_a, trans_b, M, N, K)``: one that differs in one size only, by at most a factor of
+        :attr:`near_shape_ratio` (:data:`NEAR_SHAPE_RATIO`; the closest ratio wins, then the larger size); None when there is none.
+
+        A trainer sizes its model, and so the measured shapes, for its longest batch; a batch padded to a
+        shorter length multiplies the same weights over fewer rows (M of the forward and input-gradient
+        products, K of the weight gradients) and takes the tiling measured for the full batch."""
+        ta, tb, M, N, K = key
+        if (tb and not ta and M <= GEMV_MAX_M) or narrow_kind(M, N) is not None:  # never measured per shape
+            return None
+        best, best_rank = None, None
+        for known, entry in self._shapes.items():
+            if known[:2] != key[:2]:
+                continue
+            differ = [(a, b) for a, b in zip(known[2:], key[2:]) if a != b]
+            if len(differ) != 1:
+                continue
+            size, want = differ[0]
+            ratio = max(size, want) / min(size, want)
+            rank = (ratio, -size)
+            if ratio <= self.near_shape_ratio and (best_rank is None or rank < best_rank):
+                best, best_rank = entry, rank
+        return best
 
     def _kernel(self, M: int, N: int, trans_a: bool, trans_b: bool) -> GemmKernel | GemvKernel:
         if trans_b and not trans_a and M <= GEMV_MAX_M and self._gemv is not None:
@@ -730,11 +768,13 @@ class Matmul:
         return self._narrow_kernels[key]
 
     def use_shape_configs(self, chosen: dict[tuple[int, int, int, bool, bool], tuple[TiledConfig, bool]]) -> None:
-        """Products of exactly these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, split)``
+        """Products of these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, split)``
         (``core.kernels.matmul_autotune.shape_configs``: the fastest measured for each shape of a model's step;
-        ``split`` False never splits K) instead of their transpose variant's. A configuration whose compiled
-        kernel does not fit is logged and left out. Replaces any earlier table."""
-        self._shapes = {}
+        ``split`` False never splits K) instead of their transpose variant's; so does a product of the same
+        variant that differs from one of them in one size by at most :data:`NEAR_SHAPE_RATIO` (the nearest;
+        neither GEMV nor narrow). A configuration whose compiled kernel does not fit is logged and left out.
+        Replaces any earlier table."""
+        self._shapes, self._near = {}, {}
         built: dict[tuple, GemmKernel | None] = {}
         for (M, N, K, ta, tb), (cfg, split) in chosen.items():
             v = (bool(ta), bool(tb))
@@ -751,9 +791,14 @@ class Matmul:
 
     def shape_config(self, M: int, N: int, K: int, trans_a: bool = False,
                      trans_b: bool = False) -> tuple[GemmConfig, bool] | None:
-        """The ``(configuration, split)`` :meth:`use_shape_configs` gave this product, or None."""
-        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K))
-        return (entry[0].cfg, entry[1]) if entry else None
+        """The ``(configuration, split)`` this product takes from :meth:`use_shape_configs` (its own, or the nearest
+        measured shape's), or None (its transpose variant's configuration)."""
+        if not self._shapes:
+            return None
+        kernel, split = self._route(M, N, K, trans_a, trans_b)
+        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K)) or self._near.get(
+            (bool(trans_a), bool(trans_b), M, N, K))
+        return (kernel.cfg, split) if entry else None
 
     def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
         """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
