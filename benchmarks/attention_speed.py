@@ -3,7 +3,7 @@ device memory of a long-context training step against ``core.estimates``. Not a 
 
     python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
     python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
-    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15]
+    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15] [--torch-device cuda]
 
 Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
 row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)
@@ -13,7 +13,8 @@ speedup. Default shape: the default training step's (batch 16, T 128, 4 heads, h
 
 Options (``--options``): the forward alone and the backward alone, each kernel option that
 ``core.kernels.attention_autotune`` times on GPUs (per-row or staged forward, staged or blocked backward) against
-the reference option, interleaved, median ms.
+the reference option, interleaved, median ms; with ``--torch-device``, then PyTorch's attention of a training step
+(``scaled_dot_product_attention`` as benchmarks/torch_llama.py calls it) forward alone and backward alone.
 
 Memory (``--memory``): builds a training ``Model`` at the given size (the trainer allocates nothing more), runs
 one training step,
@@ -159,6 +160,42 @@ def bench_options(dev, b, s, h, kvh, d, reps):
     step.release()
 
 
+def bench_torch(b, s, h, kvh, d, reps, device):
+    """PyTorch's attention of a training step (benchmarks/torch_llama.py: K and V repeated over each group, then
+    ``scaled_dot_product_attention``, causal; float32, TF32 off) on the same shape: forward alone and backward
+    alone (gradients of q, k and v from one recorded forward), median ms, as :func:`bench_options` prints ours."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(b, n, s, d, generator=g).to(device).requires_grad_() for n in (h, kvh, kvh))
+    d_out = torch.randn(b, h, s, d, generator=g).to(device)
+    group = h // kvh
+
+    def forward():
+        kk, vv = (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)) if group > 1 else (k, v)
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=1.0 / math.sqrt(d))
+
+    out = forward()
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    times = {"forward": [], "backward": []}
+    for _ in range(reps + 1):
+        sync()
+        t0 = time.perf_counter()
+        forward()
+        sync()
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True)
+        sync()
+        times["forward"].append(t1 - t0)
+        times["backward"].append(time.perf_counter() - t1)
+    flop = {"forward": 2.0 * s * s * h * d * b, "backward": 2.0 * s * s * h * d * b * 2.5}
+    for name, ts in times.items():
+        t = float(np.median(ts[1:]))  # the first: warm-up
+        print(f"  torch {torch.__version__} {name}: {t * 1e3:8.3f} ms  {flop[name] / t / 1e9:8.1f} GFLOP/s")
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -205,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
     ap.add_argument("--options", action="store_true",
                     help="the forward's and the backward's kernel options apart (what GPUs choose from)")
+    ap.add_argument("--torch-device", default=None,
+                    help="with --options: also PyTorch's attention (scaled_dot_product_attention) on this device")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
@@ -217,6 +256,8 @@ def main(argv=None) -> int:
         bench_memory(dev, a.context, a.d_model, a.layers, a.heads, a.batch, a.vocab)
     elif a.options:
         bench_options(dev, *map(int, a.shape.split(",")), a.reps)
+        if a.torch_device:
+            bench_torch(*map(int, a.shape.split(",")), a.reps, a.torch_device)
     else:
         bench_speed(dev, *map(int, a.shape.split(",")), a.reps)
     return 0
