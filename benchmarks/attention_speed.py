@@ -3,7 +3,7 @@ device memory of a long-context training step against ``core.estimates``. Not a 
 
     python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
     python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
-    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15] [--torch-device cuda]
+    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15] [--phase backward] [--torch-device cuda]
 
 Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
 row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)
@@ -111,7 +111,7 @@ def bench_speed(dev, b, s, h, kvh, d, reps):
           f"largest gradient difference {diff:.2g}")
 
 
-def bench_options(dev, b, s, h, kvh, d, reps):
+def bench_options(dev, b, s, h, kvh, d, reps, phases=("forward", "backward")):
     """Every forward and backward option core.kernels.attention_autotune times on this device (on a CPU, as a
     dry run, those of a GPU-like tiling), interleaved per round; each against its reference option."""
     from core.kernels import attention, attention_autotune
@@ -123,7 +123,7 @@ def bench_options(dev, b, s, h, kvh, d, reps):
     fwd, bwd = attention_autotune.options(dev, d)
     flop = {True: 2.0 * s * s * h * d * b, False: 2.0 * s * s * h * d * b * 2.5}  # causal halves
     print(f"attention options  batch {b}, T {s}, heads {h}/{kvh}, head_dim {d}  ({dev.info.label})")
-    for opts, forward in ((fwd, True), (bwd, False)):
+    for opts, forward in [(o, f) for o, f in ((fwd, True), (bwd, False)) if ("forward" if f else "backward") in phases]:
         run = step.forward if forward else step.backward
         if not forward:
             step.forward(Attention(dev))
@@ -242,6 +242,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
     ap.add_argument("--options", action="store_true",
                     help="the forward's and the backward's kernel options apart (what GPUs choose from)")
+    ap.add_argument("--phase", default="forward,backward", help="with --options: forward, backward or both")
     ap.add_argument("--torch-device", default=None,
                     help="with --options: also PyTorch's attention (scaled_dot_product_attention) on this device")
     ap.add_argument("--context", type=int, default=2048)
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
     if a.memory:
         bench_memory(dev, a.context, a.d_model, a.layers, a.heads, a.batch, a.vocab)
     elif a.options:
-        bench_options(dev, *map(int, a.shape.split(",")), a.reps)
+        bench_options(dev, *map(int, a.shape.split(",")), a.reps, a.phase.split(","))
         if a.torch_device:
             bench_torch(*map(int, a.shape.split(",")), a.reps, a.torch_device)
     else:

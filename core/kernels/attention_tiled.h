@@ -217,9 +217,9 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
                       const int seq, const float scale, const int lid) {
     for (int e = lid; e < NMT; e += BWG) {
         const int ti = e / (BT / TJ), tj = e % (BT / TJ);
-        float4 s4[TI][TJ], p4[TI][TJ];
+        float sv[TI][TJ], dpv[TI][TJ];  // scalar sums of float4 products: 1/4 the registers of float4 sums
         _Pragma("unroll") for (int a = 0; a < TI; a++)
-            _Pragma("unroll") for (int c = 0; c < TJ; c++) s4[a][c] = p4[a][c] = (float4)(0.0f);
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) sv[a][c] = dpv[a][c] = 0.0f;
         for (int d4 = 0; d4 < HD4; d4++) {
             float4 qv[TI], dov[TI];
             _Pragma("unroll") for (int a = 0; a < TI; a++) {
@@ -229,8 +229,8 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
             _Pragma("unroll") for (int c = 0; c < TJ; c++) {
                 const float4 kv = lrow(ks, tj + c * (BT / TJ), d4), vv = lrow(vs, tj + c * (BT / TJ), d4);
                 _Pragma("unroll") for (int a = 0; a < TI; a++) {
-                    s4[a][c] += qv[a] * kv;
-                    p4[a][c] += dov[a] * vv;
+                    sv[a][c] += dot(qv[a], kv);
+                    dpv[a][c] += dot(dov[a], vv);
                 }
             }
         }
@@ -239,11 +239,9 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
             _Pragma("unroll") for (int c = 0; c < TJ; c++) {
                 const int j = tj + c * (BT / TJ);
                 const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
-                const float s = (s4[a][c].x + s4[a][c].y) + (s4[a][c].z + s4[a][c].w);
-                const float dp = (p4[a][c].x + p4[a][c].y) + (p4[a][c].z + p4[a][c].w);
-                const float p = ok ? exp(s * scale - ls[i]) : 0.0f;
+                const float p = ok ? exp(sv[a][c] * scale - ls[i]) : 0.0f;
                 ps[i * LDP + j] = p;
-                dss[i * LDP + j] = p * (dp - ds[i]);
+                dss[i * LDP + j] = p * (dpv[a][c] - ds[i]);
             }
         }
     }
