@@ -3,7 +3,8 @@ device memory of a long-context training step against ``core.estimates``. Not a 
 
     python benchmarks/attention_speed.py [--device N|NAME] [--reps 5] [--shape B,T,H,KVH,D]
     python benchmarks/attention_speed.py --memory [--context 2048 --d-model 512 --layers 2 --batch 1]
-    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15] [--phase backward] [--torch-device cuda]
+    python benchmarks/attention_speed.py --options --shape 8,512,9,3,64 [--reps 15] [--phase backward]
+                                         [--torch-device cuda]
 
 Speed: times ``Attention.forward`` + ``Attention.backward`` (core/kernels/attention.cl) and the
 row-wise kernels it replaced (benchmarks/attention_rowwise.cl, which store the (B, heads, T, T)

@@ -611,10 +611,13 @@ def test_products_near_a_measured_shape_take_its_choice(device, rng):
     assert op.shape_config(96, 68, 250, True, False) == (other, True)
     assert op.shape_config(96, 68, 230, True, False) == (other, True)  # 260/230 < 230/200
     for far in [(70, 80, 300, False, True), (100, 80, 300, False, False), (100, 90, 300, False, True),
-                (40, 80, 300, False, True), (96, 68, 90, True, False)]:
+                (40, 80, 300, False, True), (96, 68, 90, True, False), (96, 68, 120, True, False)]:
         assert op.shape_config(*far) is None, far
     for M, N, K, ta, tb in [(100, 80, 300, False, True), (96, 68, 140, True, False), (70, 80, 300, False, True)]:
         _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"near {M}x{N}x{K}")
+    op.near_shape_ratio = 1.0  # measured shapes only: earlier answers are forgotten
+    assert op.shape_config(100, 80, 300, False, True) is None
+    assert op.shape_config(144, 80, 300, False, True) == (small, False)
 
 
 def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypatch):

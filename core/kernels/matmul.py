@@ -671,7 +671,7 @@ class Matmul:
             log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
         self._shapes: dict[tuple, tuple[GemmKernel, bool]] = {}  # use_shape_configs: (ta, tb, M, N, K) -> kernel
         self._near: dict[tuple, tuple[GemmKernel, bool] | None] = {}  # other shapes: _nearest_shape's answer
-        self.near_shape_ratio = NEAR_SHAPE_RATIO  # 1.0: exact shapes only (benchmarks/padded_batches.py)
+        self._near_ratio = NEAR_SHAPE_RATIO
         self._gemv = None
         if isinstance(gemv, GemvConfig):
             self._gemv = GemvKernel(dev, gemv, local_size)
@@ -702,10 +702,20 @@ class Matmul:
                 return entry
         return self._kernel(M, N, trans_a, trans_b), True
 
+    @property
+    def near_shape_ratio(self) -> float:
+        """How far (a factor in one size) a product may be from a measured shape to take its choice
+        (:meth:`_nearest_shape`; default :data:`NEAR_SHAPE_RATIO`; 1.0: measured shapes only)."""
+        return self._near_ratio
+
+    @near_shape_ratio.setter
+    def near_shape_ratio(self, ratio: float) -> None:
+        self._near_ratio, self._near = float(ratio), {}  # earlier answers were the old ratio's
+
     def _nearest_shape(self, key: tuple[bool, bool, int, int, int]) -> tuple[GemmKernel, bool] | None:
         """The per-shape choice of the measured product of the same variant nearest to ``key`` =
         ``(trans_a, trans_b, M, N, K)``: one that differs in one size only, by at most a factor of
-        :attr:`near_shape_ratio` (:data:`NEAR_SHAPE_RATIO`; the closest ratio wins, then the larger size); None when there is none.
+        :attr:`near_shape_ratio` (the closest ratio wins, then the larger size); None when there is none.
 
         A trainer sizes its model, and so the measured shapes, for its longest batch; a batch padded to a
         shorter length multiplies the same weights over fewer rows (M of the forward and input-gradient
@@ -774,7 +784,7 @@ class Matmul:
         """Products of these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, split)``
         (``core.kernels.matmul_autotune.shape_configs``: the fastest measured for each shape of a model's step;
         ``split`` False never splits K) instead of their transpose variant's; so does a product of the same
-        variant that differs from one of them in one size by at most :data:`NEAR_SHAPE_RATIO` (the nearest;
+        variant that differs from one of them in one size by at most :attr:`near_shape_ratio` (the nearest;
         neither GEMV nor narrow). A configuration whose compiled kernel does not fit is logged and left out.
         Replaces any earlier table."""
         self._shapes, self._near = {}, {}
@@ -799,9 +809,8 @@ class Matmul:
         if not self._shapes:
             return None
         kernel, split = self._route(M, N, K, trans_a, trans_b)
-        entry = self._shapes.get((bool(trans_a), bool(trans_b), M, N, K)) or self._near.get(
-            (bool(trans_a), bool(trans_b), M, N, K))
-        return (kernel.cfg, split) if entry else None
+        key = (bool(trans_a), bool(trans_b), M, N, K)
+        return (kernel.cfg, split) if self._shapes.get(key) or self._near.get(key) else None
 
     def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
         """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
