@@ -124,7 +124,9 @@ def bench_options(dev, b, s, h, kvh, d, reps, phases=("forward", "backward")):
     fwd, bwd = attention_autotune.options(dev, d)
     flop = {True: 2.0 * s * s * h * d * b, False: 2.0 * s * s * h * d * b * 2.5}  # causal halves
     print(f"attention options  batch {b}, T {s}, heads {h}/{kvh}, head_dim {d}  ({dev.info.label})")
-    for opts, forward in [(o, f) for o, f in ((fwd, True), (bwd, False)) if ("forward" if f else "backward") in phases]:
+    for opts, forward in ((fwd, True), (bwd, False)):
+        if ("forward" if forward else "backward") not in phases:
+            continue
         run = step.forward if forward else step.backward
         if not forward:
             step.forward(Attention(dev))
@@ -243,7 +245,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", action="store_true", help="measure a long-context training step instead")
     ap.add_argument("--options", action="store_true",
                     help="the forward's and the backward's kernel options apart (what GPUs choose from)")
-    ap.add_argument("--phase", default="forward,backward", help="with --options: forward, backward or both")
+    ap.add_argument("--phase", default="forward,backward", choices=("forward", "backward", "forward,backward"),
+                    help="with --options: the forward's options, the backward's, or both")
     ap.add_argument("--torch-device", default=None,
                     help="with --options: also PyTorch's attention (scaled_dot_product_attention) on this device")
     ap.add_argument("--context", type=int, default=2048)
