@@ -218,10 +218,11 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
                  "h": n * f}
     sizes = {name: [size] * L for name, size in per_layer.items()}
     sizes["x"] = [n * d] * (L + 1)
-    # kv_t: K and V transposed for attention's keys-as-lanes kernels (a layer at a time; each row's keys padded to
-    # 16: Attention.transposed_floats of any batch of at most `batch` rows in n tokens)
+    # attn_scratch: attention's scratch, a layer at a time (Attention.scratch_floats of any batch of at most `batch`
+    # rows in n tokens): K and V transposed for the keys-as-lanes kernels (CPUs; each row's keys padded to 16), or
+    # the per-query-head dK and dV partials of the split backward (GPUs, grouped-query heads)
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
-              "logits": loss_rows(c, n) * v, "losses": n, "kv_t": 2 * kv * (n + 15 * batch)}
+              "logits": loss_rows(c, n) * v, "losses": n, "attn_scratch": max(2 * kv * (n + 15 * batch), 2 * n * d if c.n_heads > c.n_kv_heads else 0)}
     if training:
         single |= {"dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
@@ -242,7 +243,7 @@ def _generation_sizes(c: ModelConfig, seq: int) -> dict[str, list[int]]:
     """:func:`activation_sizes` of generation (see there)."""
     full = activation_sizes(c, 1, seq, training=False)
     out = {name: sizes[:1] for name, sizes in full.items()
-           if name not in ("targets", "mask", "losses", "kv_t") and name not in GENERATION_ALIASES}
+           if name not in ("targets", "mask", "losses", "attn_scratch") and name not in GENERATION_ALIASES}
     out["k"], out["v"], out["logits"] = full["k"], full["v"], [c.vocab_size]
     return out
 
@@ -400,7 +401,8 @@ def layer_forward(o: Ops, c: ModelConfig, p: dict, a: Any, i: int, b: int, t: in
     o.rope.split_qkv(a.q[i], a.k[i], a.v[i], a.qkv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, pos,
                      c.rope_theta, kv_row0=pos)
     o.attention.forward(a.attn_out[i], a.lse[i], a.q[i], a.k[i], a.v[i],
-                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim, kv_t=getattr(a, "kv_t", None))
+                        b, t, pos + t, pos, c.n_heads, c.n_kv_heads, c.head_dim,
+                        scratch=getattr(a, "attn_scratch", None))
     linear(o, w(T.ATTN_OUT), a.tmp, a.attn_out[i], n, d, d)
     # x_mid = x + tmp, fused with ffn_in = rmsnorm(x_mid) * ffn_norm
     o.rmsnorm.forward_residual(a.x_mid[i], a.ffn_in[i], a.ffn_rstd[i], a.x[i], a.tmp, w(T.FFN_NORM), n, d,
@@ -509,7 +511,7 @@ class Activations:
     ``seq`` rows per layer, :data:`GENERATION_ALIASES`)."""
 
     _INT32 = ("tokens", "targets")
-    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "kv_t", "d_logits", "dx",
+    _SINGLE = ("tokens", "targets", "mask", "tmp", "qkv", "d_qkv", "final", "final_rstd", "logits", "losses", "attn_scratch", "d_logits", "dx",
                "d_norm", "dq", "dk", "dv", "d_sum", "d_attn", "dh", "d_gate_up")
 
     def __init__(self, dev: Device, c: ModelConfig, batch: int, seq: int, training: bool, generation: bool = False):
@@ -782,7 +784,7 @@ class Model:
             mm(g[att_out], a.dx, a.attn_out[i], d, d, n, trans_a=True, accumulate=True)
         linear_input_grad(o, p[att_out], a.d_attn, a.dx, a.attn_out[i], n, d, d)
         o.attention.backward(a.dq, a.dk, a.dv, a.d_sum, a.d_attn, a.q[i], a.k[i], a.v[i], a.attn_out[i],
-                             a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim, kv_t=a.kv_t)
+                             a.lse[i], b, t, c.n_heads, c.n_kv_heads, c.head_dim, scratch=a.attn_scratch)
         # rows [dq | dk | dv] with the inverse RoPE (n, d+2kv); one matmul each way for [Wq; Wk; Wv]
         o.rope.join_qkv(a.d_qkv, a.dq, a.dk, a.dv, n, t, c.n_heads, c.n_kv_heads, c.head_dim, 0, c.rope_theta)
         if qkv in g:

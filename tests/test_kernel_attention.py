@@ -44,6 +44,15 @@ TILINGS = [
                    fwd_rows=64, fwd_keys=32, bwd_rows=32, bwd_keys=32),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=5, bwd_rows=16, bwd_keys=4),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=40, bwd_rows=4, bwd_keys=8),
+    # split (a dK/dV work-group per query head, partials summed per kv head): the staged GPU tile, an odd one, and
+    # the blocked 32 x 32 and one of more rows than keys
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
+                   bwd_split=1),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, bwd_split=1),
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=64,
+                   bwd_rows=32, bwd_keys=32, bwd_split=1),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=5, bwd_rows=16, bwd_keys=4,
+                   bwd_split=1),
     # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
     # 3 rows, float4
     AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
@@ -86,14 +95,15 @@ def _tiling_id(t):
     staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
     staged += f"f{t.fwd_rows}x{t.fwd_keys}w{t.forward_items}" if t.fwd_rows else ""
     staged += f"q{t.bwd_rows}x{t.bwd_keys}" if t.bwd_rows else ""
+    staged += "split" if t.bwd_split else ""
     lanes = f"l{t.lanes}" if t.lanes else ""
     return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}{lanes}"
 
 
-def scratch(device, b, s, kvh, d):
-    """The transposed K and V's scratch (Attention.transposed_floats), NaN-filled: the lanes kernels must not
-    read a float of it they did not write."""
-    return device.upload(np.full(Attention.transposed_floats(b, s, kvh, d), np.nan, np.float32))
+def scratch(device, b, s, h, kvh, d):
+    """Attention's scratch (Attention.scratch_floats), NaN-filled: the lanes kernels (K and V transposed) and the
+    split backward (dK and dV partials) must not read a float of it they did not write."""
+    return device.upload(np.full(Attention.scratch_floats(b, s, h, kvh, d), np.nan, np.float32))
 
 
 def _qkv(rng, b, sq, sk, h, kvh, d):
@@ -112,8 +122,8 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     d_out = rng.standard_normal(q.shape).astype(np.float32)
     Q, K, V, DO = to_device(device, q, k, v, d_out)
     O, LSE = device.alloc(q.size), device.alloc(b * h * s)
-    KVT = scratch(device, b, s, kvh, d)
-    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d, kv_t=KVT)
+    KVT = scratch(device, b, s, h, kvh, d)
+    op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d, scratch=KVT)
     out_ref, _ = ref.attention_forward(q, k, v)
     out = from_device(device, O, q)
     assert_close(out, out_ref, **TOL, what="out")
@@ -121,9 +131,11 @@ def test_attention_forward_backward(device, rng, shape, tiles):
                  what="lse")
 
     DQ, DK, DV, DSUM = device.alloc(q.size), device.alloc(k.size), device.alloc(v.size), device.alloc(b * h * s)
-    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d, kv_t=KVT)
+    op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d, scratch=KVT)
     if op.tiles(d).lanes:  # the lanes kernels ran: K and V transposed over the whole scratch (0.0f past seq)
         assert np.isfinite(from_device(device, KVT, ((Attention.transposed_floats(b, s, kvh, d),), np.float32))).all()
+    if op.tiles(d).bwd_split and h > kvh:  # the split dK/dV ran: every partial written (the NaNs gone)
+        assert np.isfinite(from_device(device, KVT, ((Attention.split_floats(b, s, h, kvh, d),), np.float32))).all()
     dq, dk, dv = ref.attention_backward(d_out, q, k, v)
     assert_close(from_device(device, DQ, q), dq, **TOL, what="d_q")
     assert_close(from_device(device, DK, k), dk, **TOL, what="d_k")
@@ -149,7 +161,7 @@ def test_attention_kv_cache_matches_full_forward(device, rng, tiles, head_dim):
         sq, sk = stop - start, stop
         (Q,) = to_device(device, q[:, start:stop])
         O, LSE = device.alloc(sq * h * d), device.alloc(h * sq)
-        op.forward(O, LSE, Q, K, V, 1, sq, sk, start, h, kvh, d, kv_t=scratch(device, 1, sk, kvh, d))
+        op.forward(O, LSE, Q, K, V, 1, sq, sk, start, h, kvh, d, scratch=scratch(device, 1, sk, h, kvh, d))
         assert_close(from_device(device, O, ((1, sq, h, d), np.float32)),
                      out_full[:, start:stop], **TOL, what=f"out rows {start}:{stop}")
         assert_close(from_device(device, LSE, ((1, h, sq), np.float32)),
@@ -162,7 +174,7 @@ def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
     q, k, v = _qkv(rng, 1, 5, 4, 2, 1, 6)
     Q, K, V = to_device(device, q, k, v)
     O, LSE = device.alloc(q.size), device.alloc(2 * 5)
-    op.forward(O, LSE, Q, K, V, 1, 5, 4, -3, 2, 1, 6, kv_t=scratch(device, 1, 4, 1, 6))  # queries 0..2 see no key
+    op.forward(O, LSE, Q, K, V, 1, 5, 4, -3, 2, 1, 6, scratch=scratch(device, 1, 4, 2, 1, 6))  # queries 0..2 see no key
     out_ref, _ = ref.attention_forward(q, k, v, q_pos_start=-3)
     out = from_device(device, O, q)
     assert_close(out, out_ref, **TOL, what="out")
@@ -170,7 +182,7 @@ def test_attention_fully_masked_rows_are_zero(device, rng, tiles):
     lse = from_device(device, LSE, ((1, 2, 5), np.float32))
     assert np.all(lse[:, :, :3] == -np.inf)
     assert_close(lse[:, :, 3:], ref.attention_lse(q, k, v, q_pos_start=-3)[:, :, 3:], **TOL, what="lse")
-    op.forward(O, LSE, Q, K, V, 1, 5, 0, 0, 2, 1, 6, kv_t=scratch(device, 1, 1, 1, 6))  # no keys at all
+    op.forward(O, LSE, Q, K, V, 1, 5, 0, 0, 2, 1, 6, scratch=scratch(device, 1, 1, 2, 1, 6))  # no keys at all
     assert not from_device(device, O, q).any()
 
 

@@ -11,7 +11,8 @@
 //   dP_ij = dO_i . V_j,  dS_ij = P_ij (dP_ij - D_i),  dQ_i = scale sum_j dS_ij K_j,
 //   dK_j = scale sum_i dS_ij Q_i.
 // Query head h reads kv head h / (n_heads / n_kv_heads); dK, dV of a kv head sum over its group
-// inside one work-item. No atomics: every output element is written by exactly one work-item.
+// inside one work-item (or, split on GPUs, per query head into partials that attention_backward_kv_sum adds
+// in head order). No atomics: every output element is written by exactly one work-item.
 //
 // Layouts: q, out, d_q, d_out (B, seq_q, n_heads, HD); k, v, d_k, d_v (B, seq_k, n_kv_heads, HD)
 // (a KV cache of larger capacity works: only keys 0 .. seq_k-1 are read); lse, d_sum
@@ -321,6 +322,27 @@ void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_
             }
         }
     }
+}
+
+// 2 of 3, with split (the staged and blocked dK/dV kernels of GPUs, attention_tiled.h's DKDV_SPLIT): parts
+// (rows, n_heads, 2 HD), each query head's partial dK then dV -> d_k, d_v (rows, n_kv_heads, HD) = the sums over
+// each kv head's group of query heads, in head order. rows = B * seq; work-item x owns element x of d_k and d_v.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_backward_kv_sum(__global float* d_k, __global float* d_v, __global const float* parts,
+                               const int rows, const int n_heads, const int n_kv_heads) {
+    const size_t x = get_global_id(0);
+    if (x >= (size_t)rows * n_kv_heads * HD) return;
+    const int group = n_heads / n_kv_heads;
+    const size_t r = x / ((size_t)n_kv_heads * HD);
+    const int kvh = (int)(x / HD % n_kv_heads), d = (int)(x % HD);
+    const __global float* p = parts + (r * n_heads + (size_t)kvh * group) * 2 * HD + d;
+    float sk = 0.0f, sv = 0.0f;
+    for (int hh = 0; hh < group; hh++) {
+        sk += p[hh * 2 * HD];
+        sv += p[hh * 2 * HD + HD];
+    }
+    d_k[x] = sk;
+    d_v[x] = sv;
 }
 
 // 3 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum

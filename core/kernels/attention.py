@@ -9,7 +9,7 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   per work-item, keys in chunks of 8, float8 vectors when ``head_dim >= 16`` and the device prefers
   8-wide floats (AVX2); where it prefers 16-wide floats (AVX-512), 8 query rows and the forward's and dQ's
   chunks of 16 keys as the lanes of a float16 too, over K and V transposed once per layer into the caller's
-  scratch (``kv_t``; ``AttentionTiles.lanes``);
+  scratch (``scratch``; ``AttentionTiles.lanes``);
   no local memory and no barriers, so the accumulators stay in registers (see the header of
   ``attention.cl``). Decode (fewer query rows than a work-item holds) uses one row per item.
 * GPUs (on-chip local memory): 64 work-items per work-group, one query row per work-item, chunks
@@ -21,6 +21,10 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   forward (``attention_forward_tiled``: blocks of 64 query rows x 32 keys, ``AttentionTiles.fwd_rows``) runs
   where ``core.kernels.attention_autotune`` measured it faster at the model's shape, and a blocked backward
   (``attention_backward_*_blocked``: 32 x 32 blocks with the forward's micro-tiles) likewise (:meth:`Attention.use_tiling`).
+  Under grouped-query attention the dK/dV kernel runs one work-group per key block and kv head, each walking all
+  query heads of its group; the split backward (``AttentionTiles.bwd_split``, measured likewise) runs one per
+  query head into the caller's scratch and adds the group's partials (``attention_backward_kv_sum``): n_heads /
+  n_kv_heads times the work-groups, each with that much shorter a loop.
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ log = logging.getLogger(__name__)
 
 _POW2 = (1, 2, 4, 8, 16)
 _FWD_BLOCKS = (4, 8, 16, 32, 64, 128)
-TUNED_FIELDS = ("fwd_rows", "fwd_keys", "fwd_items", "bwd_rows", "bwd_keys", "bwd_items")  # Attention.use_tiling
+TUNED_FIELDS = ("fwd_rows", "fwd_keys", "fwd_items", "bwd_rows", "bwd_keys", "bwd_items",
+                "bwd_split")  # Attention.use_tiling
 # the staged forward's (query rows, keys) per block, largest first (64 x 32 needs 44.8 KB at head_dim 64); GPUs use it
 # where core.kernels.attention_autotune measured it faster than the per-row forward (Attention.use_tiling)
 FWD_TILES = ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (4, 4))
@@ -74,6 +79,10 @@ class AttentionTiles:
         bwd_rows, bwd_keys: 0, or (with ``bwd_tile``) the blocked backward (``attention_backward_*_blocked``,
             GPUs) in place of the staged one: blocks of ``bwd_rows`` query rows x ``bwd_keys`` keys, work-groups of
             ``bwd_items``; both powers of two >= 4.
+        bwd_split: 0, or 1 (with ``bwd_tile``): under grouped-query attention the staged or blocked dK/dV kernel
+            runs one work-group per query head, not per kv head, into the caller's scratch, and
+            ``attention_backward_kv_sum`` adds each group's partials (:meth:`Attention.backward`). A launch
+            choice: the same build.
     """
 
     items: int
@@ -90,6 +99,7 @@ class AttentionTiles:
     bwd_rows: int = 0
     bwd_keys: int = 0
     fwd_items: int = 0
+    bwd_split: int = 0
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -110,6 +120,8 @@ class AttentionTiles:
         if (self.bwd_rows or self.bwd_keys) and not (
                 self.bwd_tile and self.bwd_rows in _FWD_BLOCKS and self.bwd_keys in _FWD_BLOCKS):
             raise ValueError(f"bwd_rows and bwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
+        if self.bwd_split not in (0, 1) or (self.bwd_split and not self.bwd_tile):
+            raise ValueError(f"bwd_split must be 0, or 1 with bwd_tile: {self}")
 
     @property
     def backward_items(self) -> int:
@@ -167,6 +179,7 @@ class _Kernels:
     forward_lanes: object = None
     dq_lanes: object = None
     forward_tiled: object = None
+    kv_sum: object = None
 
 
 def _is_cpu(dev: Device) -> bool:
@@ -233,8 +246,9 @@ class Attention:
     ("FlashAttention-2"). ``scale = 1 / sqrt(head_dim)``. Query ``i`` (absolute position
     ``q_pos_start + i``) attends key ``j`` iff ``j <= q_pos_start + i``. Query head ``h`` uses kv
     head ``h // (n_heads // n_kv_heads)`` (grouped-query attention). Deterministic (no atomics);
-    memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row, and where the
-    tiling has ``lanes``, the caller's ``kv_t`` scratch of K and V transposed (none given: the other kernels).
+    memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row, and the caller's
+    ``scratch`` (:meth:`scratch_floats`; none given: the kernels that need none): K and V transposed where the
+    tiling has ``lanes``, the dK/dV partials where it has ``bwd_split``.
 
     Args:
         dev: the device.
@@ -289,6 +303,7 @@ class Attention:
             opts = t.options(head_dim)
             staged = ("_blocked" if t.bwd_rows else "_tiled") if t.bwd_tile else ""
             lanes = ("attention_transpose_kv", "attention_forward_lanes", "attention_backward_dq_lanes") if t.lanes else ()
+            lanes += ("attention_backward_kv_sum",) if staged else ()
             try:
                 knls = [self.dev.kernel("attention", n, opts) for n in
                         ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
@@ -314,7 +329,8 @@ class Attention:
                         bwd_items=min(allowed_bwd, t.backward_items) if staged else 0,
                         fwd_items=min(allowed_fwd, t.forward_items) if t.fwd_rows else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
-        built = self._built[head_dim] = _Kernels(t, *knls, forward_tiled=fwd_tiled)
+        extra = dict(zip(("transpose_kv", "forward_lanes", "dq_lanes") if t.lanes else ("kv_sum",), knls[4:]))
+        built = self._built[head_dim] = _Kernels(t, *knls[:4], forward_tiled=fwd_tiled, **extra)
         return built
 
     def _chosen(self, t: AttentionTiles, head_dim: int, choice: dict[str, int]) -> AttentionTiles:
@@ -322,6 +338,7 @@ class Attention:
         not fit the device's local memory and work-group limits (and ``local_size``)."""
         if not t.bwd_tile:
             return t
+        t = replace(t, bwd_split=1 if choice.get("bwd_split") else 0)
         most = min(self.dev.max_work_group_size, self._local_size or self.dev.max_work_group_size)
         for kind, on in (("fwd", choice["fwd_rows"]), ("bwd", choice["bwd_rows"])):
             if not on:
@@ -358,14 +375,27 @@ class Attention:
 
     @staticmethod
     def transposed_floats(batch: int, seq: int, n_kv_heads: int, head_dim: int) -> int:
-        """Floats of the scratch of K and V transposed (``kv_t`` of :meth:`forward` and :meth:`backward`) for
-        ``batch`` rows of ``seq`` keys: two (batch, n_kv_heads, head_dim, seq rounded up to LANES_MAX)."""
+        """Floats of K and V transposed (in the ``scratch`` of :meth:`forward` and :meth:`backward`) for ``batch``
+        rows of ``seq`` keys: two (batch, n_kv_heads, head_dim, seq rounded up to LANES_MAX)."""
         return 2 * batch * n_kv_heads * head_dim * -(-seq // LANES_MAX) * LANES_MAX
+
+    @staticmethod
+    def split_floats(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+        """Floats of the split backward's dK and dV partials (in the ``scratch`` of :meth:`backward`):
+        (batch, seq, n_heads, 2 head_dim); 0 without grouped-query heads (nothing to split)."""
+        return 2 * batch * seq * n_heads * head_dim if n_heads > n_kv_heads else 0
+
+    @classmethod
+    def scratch_floats(cls, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+        """Floats of the ``scratch`` that :meth:`forward` and :meth:`backward` of ``batch`` rows of ``seq`` tokens
+        use where their tiling asks (the larger of :meth:`transposed_floats` and :meth:`split_floats`)."""
+        return max(cls.transposed_floats(batch, seq, n_kv_heads, head_dim),
+                   cls.split_floats(batch, seq, n_heads, n_kv_heads, head_dim))
 
     def _transpose(self, kn: _Kernels, kv_t, k, v, batch: int, seq_k: int, n_kv_heads: int, head_dim: int,
                    both: bool) -> int | None:
-        """K (and V) transposed into ``kv_t`` for the lanes kernels; their padded length S, or None where they
-        do not run (no lanes tiling, or no scratch large enough given)."""
+        """K (and V) transposed into ``kv_t`` (the scratch) for the lanes kernels; their padded length S, or None
+        where they do not run (no lanes tiling, or no scratch large enough given)."""
         t = kn.tiles
         if (not t.lanes or kv_t is None or seq_k < 1
                 or kv_t.size < 4 * self.transposed_floats(batch, seq_k, n_kv_heads, head_dim)):
@@ -395,7 +425,7 @@ class Attention:
 
     def forward(self, out: cl.Buffer, lse: cl.Buffer, q: cl.Buffer, k: cl.Buffer, v: cl.Buffer,
                 batch: int, seq_q: int, seq_k: int, q_pos_start: int,
-                n_heads: int, n_kv_heads: int, head_dim: int, kv_t: cl.Buffer | None = None) -> None:
+                n_heads: int, n_kv_heads: int, head_dim: int, scratch: cl.Buffer | None = None) -> None:
         """Causal attention forward (training and KV-cache generation).
 
         Args:
@@ -410,7 +440,7 @@ class Attention:
             q_pos_start: absolute position of query 0; key ``j`` has position ``j``. Training:
                 0 with ``seq_q = seq_k``; generation: the number of cached tokens, with
                 ``seq_k = q_pos_start + seq_q``.
-            kv_t: float32 scratch of at least :meth:`transposed_floats` ``(batch, seq_k, ...)`` floats, or None:
+            scratch: float32 scratch of at least :meth:`transposed_floats` ``(batch, seq_k, ...)`` floats, or None:
                 where the tiling has ``lanes`` the forward transposes K into it and runs with keys as lanes.
 
         Raises:
@@ -428,8 +458,8 @@ class Attention:
             self.dev.launch(kn.forward_tiled, (-(-seq_q // t.fwd_rows) * t.forward_items, batch * n_heads),
                             (t.forward_items, 1), out, lse, q, k, v, np.int32(seq_q), np.int32(seq_k), *heads)
             return
-        if seq_q >= t.rows and (S := self._transpose(kn, kv_t, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
-            self.dev.launch(kn.forward_lanes, grid, (t.items, 1), out, lse, q, kv_t, v, np.int32(seq_q), np.int32(seq_k),
+        if seq_q >= t.rows and (S := self._transpose(kn, scratch, k, v, batch, seq_k, n_kv_heads, head_dim, False)):
+            self.dev.launch(kn.forward_lanes, grid, (t.items, 1), out, lse, q, scratch, v, np.int32(seq_q), np.int32(seq_k),
                             np.int32(S), *heads)
             return
         if seq_q < t.rows:  # decode: a work-item of t.rows rows would compute t.rows - seq_q for nothing
@@ -439,7 +469,7 @@ class Attention:
 
     def backward(self, d_q: cl.Buffer, d_k: cl.Buffer, d_v: cl.Buffer, d_sum: cl.Buffer, d_out: cl.Buffer,
                  q: cl.Buffer, k: cl.Buffer, v: cl.Buffer, out: cl.Buffer, lse: cl.Buffer, batch: int,
-                 seq: int, n_heads: int, n_kv_heads: int, head_dim: int, kv_t: cl.Buffer | None = None) -> None:
+                 seq: int, n_heads: int, n_kv_heads: int, head_dim: int, scratch: cl.Buffer | None = None) -> None:
         """Gradients of :meth:`forward` for training (``q_pos_start = 0``, ``seq_q = seq_k = seq``).
 
         ``P = exp(scale Q K^T - lse)``, ``D = rowsum(dO * O)``, ``dV = P^T dO``,
@@ -452,7 +482,9 @@ class Attention:
             d_sum: float32 scratch ``(batch, n_heads, seq)``, overwritten with ``D``.
             d_out: float32 ``(batch, seq, n_heads, head_dim)``, gradient of ``out``.
             q, k, v, out, lse: the forward's inputs, output and saved ``lse``.
-            kv_t: as :meth:`forward`'s (K and V transposed into it for dQ where the tiling has ``lanes``).
+            scratch: float32 scratch of at least :meth:`scratch_floats` floats, or None: K and V are transposed
+                into it for dQ where the tiling has ``lanes``; the dK/dV partials go there where it has
+                ``bwd_split`` and ``n_kv_heads < n_heads`` (none given or too small: the unsplit kernel).
 
         Raises:
             ValueError: as :meth:`forward`.
@@ -470,13 +502,21 @@ class Attention:
         if t.bwd_tile:  # one work-group per block of keys (dK, dV) or query rows (dQ)
             keys, rows = (t.bwd_keys, t.bwd_rows) if t.bwd_rows else (t.bwd_tile, t.bwd_tile)
             n, LB = t.backward_items, (t.backward_items, 1)
-            dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, q, k, v, d_out, lse, d_sum, *sizes)
+            parts = self.split_floats(batch, seq, n_heads, n_kv_heads, head_dim)
+            if t.bwd_split and parts and scratch is not None and scratch.size >= 4 * parts:
+                dkdv(queue, (-(-seq // keys) * n, batch * n_heads), LB, scratch, scratch, np.int32(1), q, k, v, d_out,
+                     lse, d_sum, *sizes)
+                kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 1, t.items, 1), L, d_k, d_v,
+                          scratch, np.int32(batch * seq), np.int32(n_heads), np.int32(n_kv_heads))
+            else:
+                dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, np.int32(0), q, k, v, d_out, lse,
+                     d_sum, *sizes)
             dq(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)
             return
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)
-        if S := self._transpose(kn, kv_t, k, v, batch, seq, n_kv_heads, head_dim, True):
-            kn.dq_lanes(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, kv_t, np.int32(S), q, k, v,
+        if S := self._transpose(kn, scratch, k, v, batch, seq, n_kv_heads, head_dim, True):
+            kn.dq_lanes(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, scratch, np.int32(S), q, k, v,
                     d_out, lse, d_sum, *sizes)
             return
         dq(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_q, q, k, v, d_out, lse, d_sum,

@@ -3,7 +3,8 @@
 Forward: the per-row kernel (``attention_forward``: a work-item per query row) or the staged one
 (``attention_forward_tiled``: FlashAttention-2's forward, Dao 2023, Algorithm 1, with register micro-tiles).
 Backward: the staged kernels (``attention_backward_*_tiled``: 32 x 32 blocks, 2 x 4 micro-tiles) or the blocked
-ones (``attention_backward_*_blocked``: the forward's 4 x 4 micro-tiles). Which is faster depends on the device
+ones (``attention_backward_*_blocked``: the forward's 4 x 4 micro-tiles), each also split (one dK/dV work-group per
+query head under grouped-query attention, ``AttentionTiles.bwd_split``). Which is faster depends on the device
 and the shape, so, as the matmul tuner does (core/kernels/matmul_autotune.py), :func:`tiling` times each option
 once per device and shape on the device itself, the forward's and the backward's apart, checks every option's
 results against the first one's (the per-row forward, the staged backward), and caches the winners in
@@ -35,22 +36,24 @@ def _name(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int, ba
 
 
 def label(option: dict[str, int]) -> str:
-    """An option's name: "forward per-row", "forward 64x32w128", "backward staged", "backward 32x32w64"."""
+    """An option's name: "forward per-row", "forward 64x32w128", "backward staged", "backward 32x32w64",
+    "backward staged split"."""
     if "fwd_rows" in option:
         return f"forward {option['fwd_rows']}x{option['fwd_keys']}w{option['fwd_items']}" if option["fwd_rows"] \
             else "forward per-row"
-    return f"backward {option['bwd_rows']}x{option['bwd_keys']}w{option['bwd_items']}" if option["bwd_rows"] \
+    name = f"backward {option['bwd_rows']}x{option['bwd_keys']}w{option['bwd_items']}" if option["bwd_rows"] \
         else "backward staged"
+    return name + (" split" if option.get("bwd_split") else "")
 
 
 def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     """The forward's and the backward's options on ``dev`` (each the reference first): ``fwd_*`` and ``bwd_*``
     fields of :data:`core.kernels.attention.TUNED_FIELDS`. The per-row forward and up to
     :data:`FORWARD_CANDIDATES` staged block shapes that fit; the staged backward and the blocked ones of
-    :data:`core.kernels.attention.BWD_BLOCKS` that fit. Only the references on CPUs."""
+    :data:`core.kernels.attention.BWD_BLOCKS` that fit, each unsplit and split. Only the references on CPUs."""
     base = attention.default_tiles(dev, head_dim)
     fwd = [{"fwd_rows": 0, "fwd_keys": 0, "fwd_items": 0}]
-    bwd = [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0}]
+    bwd = [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0, "bwd_split": 0}]
     if not base.bwd_tile:
         return fwd, bwd
     items = base.backward_items
@@ -59,16 +62,16 @@ def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     for r, k, w in attention.BWD_BLOCKS:
         t = replace(base, bwd_rows=r, bwd_keys=k, bwd_items=w)
         if w <= dev.max_work_group_size and t.local_mem_bytes(head_dim) <= dev.local_mem_size:
-            bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w})
-    return fwd, bwd
+            bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w, "bwd_split": 0})
+    return fwd, bwd + [{**o, "bwd_split": 1} for o in bwd]
 
 
 def expected_seconds(dev: Device, build_s: float) -> float:
     """Seconds the first model's timing is expected to take on ``dev`` given ``build_s`` per program build: a
-    build of each option besides the references and about two seconds of timing; 0.0 on CPUs, with tuning off
-    or where this device has timed a shape before."""
+    build of each option besides the references (a split one is its unsplit one's build) and about two seconds
+    of timing; 0.0 on CPUs, with tuning off or where this device has timed a shape before."""
     fwd, bwd = options(dev, 64)
-    n = len(fwd) + len(bwd) - 2
+    n = len(fwd) + sum(1 for o in bwd if not o["bwd_split"]) - 2
     if not n or not matmul_autotune.enabled() or _entries(dev):
         return 0.0
     return n * build_s + 2.0
@@ -116,6 +119,7 @@ def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, hea
     cannot be allocated or the references fail.
     """
     fwd, bwd = options(dev, head_dim)
+    bwd = [o for o in bwd if n_heads > n_kv_heads or not o["bwd_split"]]  # split: the same kernel without GQA
     bwd = bwd if backward else bwd[:1]
     if len(fwd) + len(bwd) < 3 or not matmul_autotune.enabled() or min(batch, seq, n_heads, n_kv_heads) < 1:
         return {}
@@ -146,8 +150,9 @@ class StepBuffers:
         self.bufs: list = []
         self.q, self.k, self.v, self.d_out = (self._upload(rng.standard_normal(n).astype(np.float32))
                                               for n in (self.q_n, self.kv_n, self.kv_n, self.q_n))
-        self.out, self.lse, self.d_q, self.d_k, self.d_v, self.d_sum = (
-            self._alloc(n) for n in (self.q_n, self.rows, self.q_n, self.kv_n, self.kv_n, self.rows))
+        self.out, self.lse, self.d_q, self.d_k, self.d_v, self.d_sum, self.scratch = (
+            self._alloc(n) for n in (self.q_n, self.rows, self.q_n, self.kv_n, self.kv_n, self.rows,
+                                     attention.Attention.scratch_floats(batch, seq, n_heads, n_kv_heads, head_dim)))
 
     def _upload(self, x):
         self.bufs.append(self.dev.upload(x))
@@ -164,7 +169,7 @@ class StepBuffers:
     def backward(self, op) -> None:
         b, s, h, kvh, d = self.shape
         op.backward(self.d_q, self.d_k, self.d_v, self.d_sum, self.d_out, self.q, self.k, self.v, self.out, self.lse,
-                    b, s, h, kvh, d)
+                    b, s, h, kvh, d, scratch=self.scratch)
 
     def results(self, forward: bool) -> list[np.ndarray]:
         bufs = ((self.out, self.q_n), (self.lse, self.rows)) if forward else \

@@ -93,6 +93,6 @@ def selfcheck(dev: Device, op: Attention | None = None, rng: np.random.Generator
     s, h, kvh, d = 21, 4, 2, 32
     q, k, v = t.f32(1, s, h, d), t.f32(1, s, kvh, d), t.f32(1, s, kvh, d)
     o, lse = dev.alloc(q.size), dev.alloc(h * s)
-    kv_t = dev.alloc(op.transposed_floats(1, s, kvh, d))  # as the Model gives it (the keys-as-lanes kernels' scratch)
-    op.forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d, kv_t=kv_t)
+    scratch = dev.alloc(op.scratch_floats(1, s, h, kvh, d))  # as the Model gives it (the keys-as-lanes kernels')
+    op.forward(o, lse, dev.upload(q), dev.upload(k), dev.upload(v), 1, s, s, 0, h, kvh, d, scratch=scratch)
     return [Check("attention", t.err(o, attention_forward(q, k, v)[0]), 1e-4)]

@@ -209,6 +209,21 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
 }
 #endif  // FQ
 
+// The dK/dV kernels' work-group (x, y = get_group_id(1)): b, the query heads h0 .. h0 + heads - 1 it walks, their
+// kv head kvh, and where its sums go: dk_out and dv_out (row stride out_stride floats). Without split: y = (b, kvh),
+// every query head of the group, straight into d_k and d_v (B, seq, n_kv_heads, HD). With split: y = (b, h), one
+// query head, into d_k as partials (B, seq, n_heads, 2 HD): each row's head h holds its dK then its dV, which
+// attention_backward_kv_sum adds up per kv head (in head order: deterministic). Declares kv_base for the staging.
+#define DKDV_SPLIT \
+    const int y = get_group_id(1), group = n_heads / n_kv_heads, heads = split ? 1 : group; \
+    const int b = y / (split ? n_heads : n_kv_heads); \
+    const int h0 = split ? y % n_heads : (y % n_kv_heads) * group, kvh = h0 / group; \
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD; \
+    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD; \
+    const size_t out_stride = split ? 2 * q_stride : kv_stride; \
+    __global float* dk_out = split ? d_k + (size_t)b * seq * out_stride + (size_t)h0 * 2 * HD : d_k + kv_base; \
+    __global float* dv_out = split ? dk_out + HD : d_v + kv_base;
+
 // Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j]; 0.0f where
 // key j0 + j is masked for row i0 + i or either lies past seq.
 inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
@@ -266,25 +281,22 @@ inline void store_micro(__global float* x, const float4* acc, const int e, const
     }
 }
 
-// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, bkv) owns keys
-// x*BT .. x*BT+BT-1 of (b, kvh); it walks the query blocks that see them, for every query head
-// of the group.
+// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, y) owns keys x*BT .. x*BT+BT-1 of
+// (b, kvh) = (y / n_kv_heads, y % n_kv_heads) and walks the query blocks that see them, for every query head
+// of the group. With split (DKDV_SPLIT): y = (b, h), one query head each (n_heads / n_kv_heads times the
+// work-groups, each a group's share of the work), partial sums -> d_k (see DKDV_SPLIT); d_v unused.
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
-    const int lid = get_local_id(0), bkv = get_group_id(1);
-    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
-    const int group = n_heads / n_kv_heads;
+void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, const int split, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0);
     const int j0 = get_group_id(0) * BT;
-    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
-    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    DKDV_SPLIT
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
     __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
     stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
     float4 dk[MA][TJ], dv[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dk[m][c] = dv[m][c] = (float4)(0.0f);
-    for (int hh = 0; hh < group; hh++) {
-        const int h = kvh * group + hh;
+    for (int h = h0; h < h0 + heads; h++) {
         const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
         const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
@@ -309,19 +321,19 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, BAC
         }
     }
     _Pragma("unroll") for (int m = 0; m < MA; m++) {
-        store_micro(d_k + kv_base, dk[m], lid + m * BWG, j0, seq, kv_stride, scale);
-        store_micro(d_v + kv_base, dv[m], lid + m * BWG, j0, seq, kv_stride, 1.0f);
+        store_micro(dk_out, dk[m], lid + m * BWG, j0, seq, out_stride, scale);
+        store_micro(dv_out, dv[m], lid + m * BWG, j0, seq, out_stride, 1.0f);
     }
 }
 
-// as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows
-// x*BT .. x*BT+BT-1 of (b, h) and walks the key blocks they see.
+// as attention_backward_dq: -> d_q, overwritten. Work-group (x, bh) owns query rows i0 .. i0+BT-1 of (b, h),
+// x = 0 the last block (the most keys, so it starts first), and walks the key blocks they see.
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
 void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const int lid = get_local_id(0), bh = get_group_id(1);
     const int h = bh % n_heads, b = bh / n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
-    const int i0 = get_group_id(0) * BT;
+    const int i0 = ((int)get_num_groups(0) - 1 - (int)get_group_id(0)) * BT;
     const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
     const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
@@ -422,16 +434,14 @@ inline void store_micro8(__global float* x, float4 acc[4][2], const int t, const
     }
 }
 
-// as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, bkv) owns keys j0 .. j0+BC-1 of
-// (b, kvh) and walks the blocks of BR query rows that see them, for every query head of the group.
+// as attention_backward_dkdv_tiled (split included): -> d_k, d_v. Work-group (x, y) owns keys j0 .. j0+BC-1 of
+// (b, kvh) and walks the blocks of BR query rows that see them, for every query head of the group (with split:
+// of its one query head).
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, BACKWARD_INPUTS) {
-    const int lid = get_local_id(0), bkv = get_group_id(1);
-    const int kvh = bkv % n_kv_heads, b = bkv / n_kv_heads;
-    const int group = n_heads / n_kv_heads;
+void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, const int split, BACKWARD_INPUTS) {
+    const int lid = get_local_id(0);
     const int j0 = get_group_id(0) * BC;  // group 0 (the most query rows) first
-    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
-    const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    DKDV_SPLIT
     __local float ks[BC * LDR], vs[BC * LDR], qs[BR * LDR], dos[BR * LDR];
     __local float pt[BC * LDBT], dst[BC * LDBT], ls[BR], ds[BR];  // P^T, dS^T of the block pair; lse, D
     stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BC, seq, kv_stride, lid, BWG);
@@ -439,8 +449,7 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, B
     _Pragma("unroll") for (int m = 0; m < MOK; m++)
         _Pragma("unroll") for (int c = 0; c < 4; c++)
             dk[m][c][0] = dk[m][c][1] = dv[m][c][0] = dv[m][c][1] = (float4)(0.0f);
-    for (int hh = 0; hh < group; hh++) {
-        const int h = kvh * group + hh;
+    for (int h = h0; h < h0 + heads; h++) {
         const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
         const __global float* lb = lse + ((size_t)b * n_heads + h) * seq;
         const __global float* db = d_sum + ((size_t)b * n_heads + h) * seq;
@@ -489,8 +498,8 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, B
     _Pragma("unroll") for (int m = 0; m < MOK; m++) {
         const int e = lid + m * BWG;
         if (e < NOK) {
-            store_micro8(d_k + kv_base, dk[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, kv_stride, scale);
-            store_micro8(d_v + kv_base, dv[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, kv_stride, 1.0f);
+            store_micro8(dk_out, dk[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, out_stride, scale);
+            store_micro8(dv_out, dv[m], e % (BC / 4), e / (BC / 4), BC, j0, seq, out_stride, 1.0f);
         }
     }
 }
