@@ -36,15 +36,17 @@ def _entry(device, path):
 def test_tiling_times_every_option_once_and_caches_the_fastest(device, tuning, monkeypatch):
     choice = attention_autotune.tiling(device, *SHAPE)
     fwd, bwd = attention_autotune.options(device, SHAPE[-1])
-    assert len(fwd) == 1 + attention_autotune.FORWARD_CANDIDATES and len(bwd) == 2 * (1 + len(attention.BWD_BLOCKS))
+    assert len(fwd) == 1 + attention_autotune.FORWARD_CANDIDATES and len(bwd) == 2 * (2 + len(attention.BWD_BLOCKS))
     assert [o["bwd_split"] for o in bwd] == [0] * (len(bwd) // 2) + [1] * (len(bwd) // 2)  # each unsplit and split
+    assert sum(o["bwd_store"] for o in bwd) == 2  # the staged one storing dS, unsplit and split
     assert set(choice) == set(TUNED_FIELDS)
     assert {f: choice[f] for f in fwd[0]} in fwd and {f: choice[f] for f in bwd[0]} in bwd
     entry = _entry(device, tuning)
     assert entry["choice"] == choice
     labels = [attention_autotune.label(o) for o in fwd + bwd]
     # all timed (llvmpipe: the compiled 64x32 forward and 32x32 backward need more local memory than it has: skipped)
-    assert {"forward per-row", "backward staged", "backward staged split"} <= set(entry["ms"]) <= set(labels)
+    assert {"forward per-row", "backward staged", "backward staged split", "backward staged store",
+            "backward staged store split"} <= set(entry["ms"]) <= set(labels)
     assert sum(k.startswith("forward") for k in entry["ms"]) >= 2 and sum(k.startswith("backward") for k in entry["ms"]) >= 2
     for part in (fwd, bwd):
         times = {attention_autotune.label(o): entry["ms"][attention_autotune.label(o)] for o in part
@@ -56,17 +58,24 @@ def test_tiling_times_every_option_once_and_caches_the_fastest(device, tuning, m
     assert attention_autotune.tiling(device, *SHAPE) == choice
 
 
-def test_without_grouped_query_heads_no_split_is_timed(device, tuning):
-    """n_heads == n_kv_heads: a split dK/dV kernel would run the same work-groups as the unsplit one."""
+def test_split_and_store_are_timed_only_where_they_run(device, tuning):
+    """n_heads == n_kv_heads: a split dK/dV kernel would run the same work-groups as the unsplit one; a context whose
+    stored dS would pass attention.DS_STORE_MAX floats per element of Q: the store does not run."""
     choice = attention_autotune.tiling(device, 2, 40, 4, 4, 16)
     assert choice["bwd_split"] == 0
-    ms = json.loads(tuning.read_text())[matmul_autotune.device_key(device, "attention")]["2x40 heads 4/4 head_dim 16"]["ms"]
-    assert "backward staged" in ms and not any(k.endswith("split") for k in ms)
+    table = json.loads(tuning.read_text())[matmul_autotune.device_key(device, "attention")]
+    ms = table["2x40 heads 4/4 head_dim 16"]["ms"]
+    assert {"backward staged", "backward staged store"} <= set(ms) and not any(k.endswith("split") for k in ms)
+    assert attention.Attention.store_floats(1, 200, 2, 4) == 0 < attention.Attention.store_floats(1, 200, 2, 64)
+    choice = attention_autotune.tiling(device, 1, 200, 2, 1, 4)
+    assert choice["bwd_store"] == 0
+    ms = json.loads(tuning.read_text())[matmul_autotune.device_key(device, "attention")]["1x200 heads 2/1 head_dim 4"]["ms"]
+    assert "backward staged split" in ms and not any("store" in k for k in ms)
 
 
 def test_a_wrong_or_failing_option_is_never_chosen(device, tuning, monkeypatch):
-    """Every option is timed equally fast, but the 64x32 forward, the 32x32 backward and the split staged backward
-    write wrong results and the others fail to build: the references are chosen."""
+    """Every option is timed equally fast, but the 64x32 forward, the 32x32 backward and the split and storing staged
+    backwards write wrong results and the others fail to build: the references are chosen."""
     real_forward, real_backward, real_kernels = (attention.Attention.forward, attention.Attention.backward,
                                                  attention.Attention._kernels)
 
@@ -80,7 +89,7 @@ def test_a_wrong_or_failing_option_is_never_chosen(device, tuning, monkeypatch):
 
     def wrong_backward(self, d_q, *args, **kwargs):
         real_backward(self, d_q, *args, **kwargs)
-        if self.tiles(SHAPE[-1]).bwd_rows == 32 or self.tiles(SHAPE[-1]).bwd_split:
+        if self.tiles(SHAPE[-1]).bwd_rows == 32 or self.tiles(SHAPE[-1]).bwd_split or self.tiles(SHAPE[-1]).bwd_store:
             off(self, d_q, SHAPE[0] * SHAPE[1] * SHAPE[2] * SHAPE[4])
 
     def failing(self, head_dim):
@@ -118,7 +127,8 @@ def test_cpus_and_tuning_off_keep_the_references_untimed(device, tuning, monkeyp
     monkeypatch.undo()  # the device's own tiling: a CPU's has no staged kernels
     if not attention.default_tiles(device, 16).bwd_tile:
         assert attention_autotune.options(device, 16) == ([{"fwd_rows": 0, "fwd_keys": 0, "fwd_items": 0}],
-                                                          [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0, "bwd_split": 0}])
+                                                          [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0, "bwd_split": 0,
+                                                            "bwd_store": 0}])
 
 
 def test_the_first_timing_is_counted_in_the_first_run_estimate_once(device, tuning):
@@ -233,8 +243,8 @@ def test_a_model_that_never_trains_times_the_forward_only(device, tuning, monkey
     assert choice["bwd_rows"] == 0
     full = attention_autotune.tiling(device, *SHAPE)  # a training model of the shape times both
     monkeypatch.setattr(matmul_autotune, "best_seconds", lambda *a, **k: pytest.fail("timed again"))
-    assert attention_autotune.tiling(device, *SHAPE, backward=False) == {**full, "bwd_rows": 0, "bwd_keys": 0,
-                                                                          "bwd_items": 0}
+    assert attention_autotune.tiling(device, *SHAPE, backward=False) == {**full, **{f: 0 for f in TUNED_FIELDS
+                                                                                  if f.startswith("bwd")}}
 
 
 def test_a_deeply_nested_cache_file_is_ignored(device, tuning):

@@ -53,6 +53,13 @@ TILINGS = [
                    bwd_rows=32, bwd_keys=32, bwd_split=1),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=5, bwd_rows=16, bwd_keys=4,
                    bwd_split=1),
+    # the stored dS (dQ from the tiles the dK/dV kernel stored): the GPU's tile, split or not, and odd small ones
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
+                   bwd_store=1),
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
+                   bwd_store=1, bwd_split=1),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, bwd_store=1, bwd_split=1),
+    AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3, bwd_store=1),
     # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
     # 3 rows, float4
     AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
@@ -95,15 +102,17 @@ def _tiling_id(t):
     staged = f"b{t.bwd_tile}w{t.backward_items}" if t.bwd_tile else ""
     staged += f"f{t.fwd_rows}x{t.fwd_keys}w{t.forward_items}" if t.fwd_rows else ""
     staged += f"q{t.bwd_rows}x{t.bwd_keys}" if t.bwd_rows else ""
+    staged += "store" if t.bwd_store else ""
     staged += "split" if t.bwd_split else ""
     lanes = f"l{t.lanes}" if t.lanes else ""
     return f"i{t.items}r{t.rows}k{t.keys}kv{t.kv_rows}v{t.vector}{'s' if t.stage_kv else ''}{staged}{lanes}"
 
 
-def scratch(device, b, s, h, kvh, d):
-    """Attention's scratch (Attention.scratch_floats), NaN-filled: the lanes kernels (K and V transposed) and the
-    split backward (dK and dV partials) must not read a float of it they did not write."""
-    return device.upload(np.full(Attention.scratch_floats(b, s, h, kvh, d), np.nan, np.float32))
+def scratch(device, b, s, h, kvh, d, tile=32):
+    """Attention's scratch (Attention.scratch_floats, for staged blocks of ``tile``), NaN-filled: the lanes kernels
+    (K and V transposed), the split backward (dK and dV partials) and the stored dS must not read a float of it
+    they did not write."""
+    return device.upload(np.full(Attention.scratch_floats(b, s, h, kvh, d, tile), np.nan, np.float32))
 
 
 def _qkv(rng, b, sq, sk, h, kvh, d):
@@ -122,7 +131,8 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     d_out = rng.standard_normal(q.shape).astype(np.float32)
     Q, K, V, DO = to_device(device, q, k, v, d_out)
     O, LSE = device.alloc(q.size), device.alloc(b * h * s)
-    KVT = scratch(device, b, s, h, kvh, d)
+    tile = op.tiles(d).bwd_tile or 32
+    KVT = scratch(device, b, s, h, kvh, d, tile)
     op.forward(O, LSE, Q, K, V, b, s, s, 0, h, kvh, d, scratch=KVT)
     out_ref, _ = ref.attention_forward(q, k, v)
     out = from_device(device, O, q)
@@ -134,8 +144,11 @@ def test_attention_forward_backward(device, rng, shape, tiles):
     op.backward(DQ, DK, DV, DSUM, DO, Q, K, V, O, LSE, b, s, h, kvh, d, scratch=KVT)
     if op.tiles(d).lanes:  # the lanes kernels ran: K and V transposed over the whole scratch (0.0f past seq)
         assert np.isfinite(from_device(device, KVT, ((Attention.transposed_floats(b, s, kvh, d),), np.float32))).all()
-    if op.tiles(d).bwd_split and h > kvh:  # the split dK/dV ran: every partial written (the NaNs gone)
-        assert np.isfinite(from_device(device, KVT, ((Attention.split_floats(b, s, h, kvh, d),), np.float32))).all()
+    parts = Attention.split_floats(b, s, h, kvh, d) if op.tiles(d).bwd_split else 0
+    stored = Attention.store_floats(b, s, h, d, tile) if op.tiles(d).bwd_store else 0
+    if parts or stored:  # the split dK/dV and the dS store ran: every partial and every stored tile written
+        used = from_device(device, KVT, ((Attention.scratch_floats(b, s, h, kvh, d, tile),), np.float32))
+        assert np.isfinite(used[:parts]).all() and np.isfinite(used[Attention.split_floats(b, s, h, kvh, d):][:stored]).all()
     dq, dk, dv = ref.attention_backward(d_out, q, k, v)
     assert_close(from_device(device, DQ, q), dq, **TOL, what="d_q")
     assert_close(from_device(device, DK, k), dk, **TOL, what="d_k")

@@ -24,7 +24,11 @@ Tile sizes are compile-time (``-D`` build options), chosen here from the device'
   Under grouped-query attention the dK/dV kernel runs one work-group per key block and kv head, each walking all
   query heads of its group; the split backward (``AttentionTiles.bwd_split``, measured likewise) runs one per
   query head into the caller's scratch and adds the group's partials (``attention_backward_kv_sum``): n_heads /
-  n_kv_heads times the work-groups, each with that much shorter a loop.
+  n_kv_heads times the work-groups, each with that much shorter a loop. The staged backward can also store the dS
+  tiles its dK/dV kernel computes (``AttentionTiles.bwd_store``, a build of its own, measured likewise) so that dQ
+  is ``scale dS K`` from them (``attention_backward_dq_stored``) instead of recomputing S and dP; only where the
+  store is at most :data:`DS_STORE_MAX` floats per element of Q (:meth:`Attention.store_floats`: no O(T^2)
+  buffer beyond that bound).
 """
 from __future__ import annotations
 
@@ -45,12 +49,14 @@ log = logging.getLogger(__name__)
 _POW2 = (1, 2, 4, 8, 16)
 _FWD_BLOCKS = (4, 8, 16, 32, 64, 128)
 TUNED_FIELDS = ("fwd_rows", "fwd_keys", "fwd_items", "bwd_rows", "bwd_keys", "bwd_items",
-                "bwd_split")  # Attention.use_tiling
+                "bwd_split", "bwd_store")  # Attention.use_tiling
 # the staged forward's (query rows, keys) per block, largest first (64 x 32 needs 44.8 KB at head_dim 64); GPUs use it
 # where core.kernels.attention_autotune measured it faster than the per-row forward (Attention.use_tiling)
 FWD_TILES = ((64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (4, 4))
 # the blocked backward's (query rows, keys, work-items) timed on GPUs: 32 x 32 blocks need 44.3 KB at head_dim 64
 BWD_BLOCKS = ((32, 32, 64), (32, 32, 128), (16, 32, 32))
+STAGED_TILE_MAX = 32  # the staged backward's largest blocks (default_tiles); the Model's scratch is sized for them
+DS_STORE_MAX = 6  # the stored dS (bwd_store) runs where it takes at most this many floats per element of Q
 TILED_MIN_ROWS = 2  # the staged forward runs for this many query rows or more (decode's one row: attention_forward)
 LANES_MAX = 16  # keys of the transposed K and V are padded to a multiple of this (AttentionTiles.lanes <= it)
 
@@ -83,6 +89,9 @@ class AttentionTiles:
             runs one work-group per query head, not per kv head, into the caller's scratch, and
             ``attention_backward_kv_sum`` adds each group's partials (:meth:`Attention.backward`). A launch
             choice: the same build.
+        bwd_store: 0, or 1 (with ``bwd_tile``, not ``bwd_rows``): the staged backward is built with ``-DDS_STORE``;
+            its dK/dV kernel stores each dS tile into the caller's scratch and dQ is computed from them
+            (``attention_backward_dq_stored``), where the scratch holds :meth:`Attention.store_floats`.
     """
 
     items: int
@@ -100,6 +109,7 @@ class AttentionTiles:
     bwd_keys: int = 0
     fwd_items: int = 0
     bwd_split: int = 0
+    bwd_store: int = 0
 
     def __post_init__(self) -> None:
         if self.items < 1 or self.rows < 1:
@@ -122,6 +132,8 @@ class AttentionTiles:
             raise ValueError(f"bwd_rows and bwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
         if self.bwd_split not in (0, 1) or (self.bwd_split and not self.bwd_tile):
             raise ValueError(f"bwd_split must be 0, or 1 with bwd_tile: {self}")
+        if self.bwd_store not in (0, 1) or (self.bwd_store and (not self.bwd_tile or self.bwd_rows)):
+            raise ValueError(f"bwd_store must be 0, or 1 with bwd_tile and without bwd_rows: {self}")
 
     @property
     def backward_items(self) -> int:
@@ -163,6 +175,8 @@ class AttentionTiles:
             opts += [f"-DFQ={self.fwd_rows}", f"-DFK={self.fwd_keys}", f"-DFWG={self.forward_items}"]
         if self.bwd_rows:
             opts += [f"-DBR={self.bwd_rows}", f"-DBC={self.bwd_keys}"]
+        if self.bwd_store:
+            opts.append("-DDS_STORE")
         return tuple(opts)
 
 
@@ -180,6 +194,7 @@ class _Kernels:
     dq_lanes: object = None
     forward_tiled: object = None
     kv_sum: object = None
+    dq_stored: object = None
 
 
 def _is_cpu(dev: Device) -> bool:
@@ -304,14 +319,15 @@ class Attention:
             staged = ("_blocked" if t.bwd_rows else "_tiled") if t.bwd_tile else ""
             lanes = ("attention_transpose_kv", "attention_forward_lanes", "attention_backward_dq_lanes") if t.lanes else ()
             lanes += ("attention_backward_kv_sum",) if staged else ()
+            lanes += ("attention_backward_dq_stored",) if t.bwd_store else ()
             try:
                 knls = [self.dev.kernel("attention", n, opts) for n in
                         ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
                          "attention_backward_dq" + staged) + lanes]
                 fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
                 # a kernel can allow fewer work-items than the device (registers): then use fewer
-                allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:] if staged else knls))
-                allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4]) if staged else t.items
+                allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:5] if staged else knls))
+                allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4] + knls[5:6]) if staged else t.items
                 allowed_fwd = self.dev.work_group_size(fwd_tiled) if fwd_tiled is not None else t.forward_items
             except (KernelLimitError, KernelBuildError) as e:
                 dropped = t if self._forced is not None else self._without_failed(t, plain, head_dim, e)
@@ -329,7 +345,7 @@ class Attention:
                         bwd_items=min(allowed_bwd, t.backward_items) if staged else 0,
                         fwd_items=min(allowed_fwd, t.forward_items) if t.fwd_rows else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
-        extra = dict(zip(("transpose_kv", "forward_lanes", "dq_lanes") if t.lanes else ("kv_sum",), knls[4:]))
+        extra = dict(zip(("transpose_kv", "forward_lanes", "dq_lanes") if t.lanes else ("kv_sum", "dq_stored"), knls[4:]))
         built = self._built[head_dim] = _Kernels(t, *knls[:4], forward_tiled=fwd_tiled, **extra)
         return built
 
@@ -338,7 +354,8 @@ class Attention:
         not fit the device's local memory and work-group limits (and ``local_size``)."""
         if not t.bwd_tile:
             return t
-        t = replace(t, bwd_split=1 if choice.get("bwd_split") else 0)
+        t = replace(t, bwd_split=1 if choice.get("bwd_split") else 0,
+                    bwd_store=1 if choice.get("bwd_store") and not choice.get("bwd_rows") else 0)
         most = min(self.dev.max_work_group_size, self._local_size or self.dev.max_work_group_size)
         for kind, on in (("fwd", choice["fwd_rows"]), ("bwd", choice["bwd_rows"])):
             if not on:
@@ -361,6 +378,10 @@ class Attention:
         msg = str(e)
         fwd = bool(t.fwd_rows) and ("attention_forward_tiled" in msg or "attention_backward" not in msg)
         bwd = bool(t.bwd_rows) and ("attention_backward" in msg or "attention_forward_tiled" not in msg)
+        if t.bwd_store and "attention_forward_tiled" not in msg:  # the store's build: without it
+            log.warning("attention head_dim=%d: the stored dS does not build (%s); recomputing it", head_dim,
+                        msg.splitlines()[0] if msg else type(e).__name__)
+            return replace(t, bwd_store=0)
         if not (fwd or bwd):
             return t
         log.warning("attention head_dim=%d: %s does not fit (%s); using %s", head_dim,
@@ -385,12 +406,24 @@ class Attention:
         (batch, seq, n_heads, 2 head_dim); 0 without grouped-query heads (nothing to split)."""
         return 2 * batch * seq * n_heads * head_dim if n_heads > n_kv_heads else 0
 
+    @staticmethod
+    def store_floats(batch: int, seq: int, n_heads: int, head_dim: int, tile: int = STAGED_TILE_MAX) -> int:
+        """Floats of the stored dS (``bwd_store``, in the ``scratch`` of :meth:`backward` after the split partials):
+        every (tile x tile) block of query rows x keys with a visible key of each (batch, head), where that is at most
+        :data:`DS_STORE_MAX` per element of Q; else 0 (it does not run: longer contexts keep no O(T^2) buffer)."""
+        nb = -(-seq // tile)
+        floats = batch * n_heads * nb * (nb + 1) // 2 * tile * tile
+        return floats if floats <= DS_STORE_MAX * batch * seq * n_heads * head_dim else 0
+
     @classmethod
-    def scratch_floats(cls, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    def scratch_floats(cls, batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                       tile: int = STAGED_TILE_MAX) -> int:
         """Floats of the ``scratch`` that :meth:`forward` and :meth:`backward` of ``batch`` rows of ``seq`` tokens
-        use where their tiling asks (the larger of :meth:`transposed_floats` and :meth:`split_floats`)."""
+        use where their tiling asks: the larger of :meth:`transposed_floats` and :meth:`split_floats` plus
+        :meth:`store_floats` (of staged blocks of ``tile``)."""
         return max(cls.transposed_floats(batch, seq, n_kv_heads, head_dim),
-                   cls.split_floats(batch, seq, n_heads, n_kv_heads, head_dim))
+                   cls.split_floats(batch, seq, n_heads, n_kv_heads, head_dim)
+                   + cls.store_floats(batch, seq, n_heads, head_dim, tile))
 
     def _transpose(self, kn: _Kernels, kv_t, k, v, batch: int, seq_k: int, n_kv_heads: int, head_dim: int,
                    both: bool) -> int | None:
@@ -484,7 +517,8 @@ class Attention:
             q, k, v, out, lse: the forward's inputs, output and saved ``lse``.
             scratch: float32 scratch of at least :meth:`scratch_floats` floats, or None: K and V are transposed
                 into it for dQ where the tiling has ``lanes``; the dK/dV partials go there where it has
-                ``bwd_split`` and ``n_kv_heads < n_heads`` (none given or too small: the unsplit kernel).
+                ``bwd_split`` and ``n_kv_heads < n_heads`` (none given or too small: the unsplit kernel), and the
+                dS tiles after them where it has ``bwd_store`` (none given or too small: dQ recomputes them).
 
         Raises:
             ValueError: as :meth:`forward`.
@@ -503,14 +537,22 @@ class Attention:
             keys, rows = (t.bwd_keys, t.bwd_rows) if t.bwd_rows else (t.bwd_tile, t.bwd_tile)
             n, LB = t.backward_items, (t.backward_items, 1)
             parts = self.split_floats(batch, seq, n_heads, n_kv_heads, head_dim)
-            if t.bwd_split and parts and scratch is not None and scratch.size >= 4 * parts:
-                dkdv(queue, (-(-seq // keys) * n, batch * n_heads), LB, scratch, scratch, np.int32(1), q, k, v, d_out,
-                     lse, d_sum, *sizes)
+            room = scratch.size // 4 if scratch is not None else 0
+            ds = self.store_floats(batch, seq, n_heads, head_dim, t.bwd_tile) if t.bwd_store else 0
+            ds_off = parts if ds and parts + ds <= min(room, 2**31 - 1) else -1  # the stored dS: after the partials
+            store = (scratch if ds_off >= 0 else d_k, np.int32(ds_off)) if not t.bwd_rows else ()  # (staged kernel's)
+            if t.bwd_split and parts and room >= parts:
+                dkdv(queue, (-(-seq // keys) * n, batch * n_heads), LB, scratch, scratch, np.int32(1), *store, q, k, v,
+                     d_out, lse, d_sum, *sizes)
                 kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 1, t.items, 1), L, d_k, d_v,
                           scratch, np.int32(batch * seq), np.int32(n_heads), np.int32(n_kv_heads))
             else:
-                dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, np.int32(0), q, k, v, d_out, lse,
-                     d_sum, *sizes)
+                dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, np.int32(0), *store, q, k, v,
+                     d_out, lse, d_sum, *sizes)
+            if ds_off >= 0:
+                kn.dq_stored(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, scratch, np.int32(ds_off), k,
+                             *sizes)
+                return
             dq(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)
             return
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,

@@ -3,8 +3,9 @@
 Forward: the per-row kernel (``attention_forward``: a work-item per query row) or the staged one
 (``attention_forward_tiled``: FlashAttention-2's forward, Dao 2023, Algorithm 1, with register micro-tiles).
 Backward: the staged kernels (``attention_backward_*_tiled``: 32 x 32 blocks, 2 x 4 micro-tiles) or the blocked
-ones (``attention_backward_*_blocked``: the forward's 4 x 4 micro-tiles), each also split (one dK/dV work-group per
-query head under grouped-query attention, ``AttentionTiles.bwd_split``). Which is faster depends on the device
+ones (``attention_backward_*_blocked``: the forward's 4 x 4 micro-tiles) or the staged ones storing dS for dQ
+(``AttentionTiles.bwd_store``), each also split (one dK/dV work-group per query head under grouped-query attention,
+``AttentionTiles.bwd_split``). Which is faster depends on the device
 and the shape, so, as the matmul tuner does (core/kernels/matmul_autotune.py), :func:`tiling` times each option
 once per device and shape on the device itself, the forward's and the backward's apart, checks every option's
 results against the first one's (the per-row forward, the staged backward), and caches the winners in
@@ -37,23 +38,24 @@ def _name(batch: int, seq: int, n_heads: int, n_kv_heads: int, head_dim: int, ba
 
 def label(option: dict[str, int]) -> str:
     """An option's name: "forward per-row", "forward 64x32w128", "backward staged", "backward 32x32w64",
-    "backward staged split"."""
+    "backward staged split", "backward staged store split"."""
     if "fwd_rows" in option:
         return f"forward {option['fwd_rows']}x{option['fwd_keys']}w{option['fwd_items']}" if option["fwd_rows"] \
             else "forward per-row"
     name = f"backward {option['bwd_rows']}x{option['bwd_keys']}w{option['bwd_items']}" if option["bwd_rows"] \
         else "backward staged"
-    return name + (" split" if option.get("bwd_split") else "")
+    return name + (" store" if option.get("bwd_store") else "") + (" split" if option.get("bwd_split") else "")
 
 
 def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     """The forward's and the backward's options on ``dev`` (each the reference first): ``fwd_*`` and ``bwd_*``
     fields of :data:`core.kernels.attention.TUNED_FIELDS`. The per-row forward and up to
     :data:`FORWARD_CANDIDATES` staged block shapes that fit; the staged backward and the blocked ones of
-    :data:`core.kernels.attention.BWD_BLOCKS` that fit, each unsplit and split. Only the references on CPUs."""
+    :data:`core.kernels.attention.BWD_BLOCKS` that fit and the staged one storing dS, each unsplit and split. Only the
+    references on CPUs."""
     base = attention.default_tiles(dev, head_dim)
     fwd = [{"fwd_rows": 0, "fwd_keys": 0, "fwd_items": 0}]
-    bwd = [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0, "bwd_split": 0}]
+    bwd = [{"bwd_rows": 0, "bwd_keys": 0, "bwd_items": 0, "bwd_split": 0, "bwd_store": 0}]
     if not base.bwd_tile:
         return fwd, bwd
     items = base.backward_items
@@ -62,7 +64,8 @@ def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     for r, k, w in attention.BWD_BLOCKS:
         t = replace(base, bwd_rows=r, bwd_keys=k, bwd_items=w)
         if w <= dev.max_work_group_size and t.local_mem_bytes(head_dim) <= dev.local_mem_size:
-            bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w, "bwd_split": 0})
+            bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w, "bwd_split": 0, "bwd_store": 0})
+    bwd.append({**bwd[0], "bwd_store": 1})
     return fwd, bwd + [{**o, "bwd_split": 1} for o in bwd]
 
 
@@ -119,7 +122,8 @@ def tiling(dev: Device, batch: int, seq: int, n_heads: int, n_kv_heads: int, hea
     cannot be allocated or the references fail.
     """
     fwd, bwd = options(dev, head_dim)
-    bwd = [o for o in bwd if n_heads > n_kv_heads or not o["bwd_split"]]  # split: the same kernel without GQA
+    bwd = [o for o in bwd if (n_heads > n_kv_heads or not o["bwd_split"])  # split: the same kernel without GQA
+           and (attention.Attention.store_floats(batch, seq, n_heads, head_dim) or not o["bwd_store"])]  # too long
     bwd = bwd if backward else bwd[:1]
     if len(fwd) + len(bwd) < 3 or not matmul_autotune.enabled() or min(batch, seq, n_heads, n_kv_heads) < 1:
         return {}
@@ -153,6 +157,7 @@ class StepBuffers:
         self.out, self.lse, self.d_q, self.d_k, self.d_v, self.d_sum, self.scratch = (
             self._alloc(n) for n in (self.q_n, self.rows, self.q_n, self.kv_n, self.kv_n, self.rows,
                                      attention.Attention.scratch_floats(batch, seq, n_heads, n_kv_heads, head_dim)))
+        # (the scratch a Model of this shape gives: sized for the largest staged blocks, as core.model does)
 
     def _upload(self, x):
         self.bufs.append(self.dev.upload(x))

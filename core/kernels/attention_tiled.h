@@ -225,11 +225,11 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
     __global float* dv_out = split ? dk_out + HD : d_v + kv_base;
 
 // Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j]; 0.0f where
-// key j0 + j is masked for row i0 + i or either lies past seq.
+// key j0 + j is masked for row i0 + i or either lies past seq. dS also to tile[i * BT + j] unless tile is 0.
 inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
                       __local const float* dos, __local const float* ks, __local const float* vs,
                       __local const float* ls, __local const float* ds, const int i0, const int j0,
-                      const int seq, const float scale, const int lid) {
+                      const int seq, const float scale, const int lid, __global float* tile) {
     for (int e = lid; e < NMT; e += BWG) {
         const int ti = e / (BT / TJ), tj = e % (BT / TJ);
         float sv[TI][TJ], dpv[TI][TJ];  // scalar sums of float4 products: 1/4 the registers of float4 sums
@@ -257,6 +257,9 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
                 const float p = ok ? exp(sv[a][c] * scale - ls[i]) : 0.0f;
                 ps[i * LDP + j] = p;
                 dss[i * LDP + j] = p * (dpv[a][c] - ds[i]);
+#ifdef DS_STORE
+                if (tile) tile[i * BT + j] = dss[i * LDP + j];
+#endif
             }
         }
     }
@@ -281,12 +284,36 @@ inline void store_micro(__global float* x, const float4* acc, const int e, const
     }
 }
 
+// dQ of a query block += dS K of one key block: each work-item's micro-tiles (rows t + c * BT/TJ, columns
+// 4 d4 .. 4 d4 + 3) from the dS tile (dss) and the key block's rows (ks) in local memory
+inline void add_ds_k(float4 dq[MA][TJ], __local const float* dss, __local const float* ks, const int lid) {
+    _Pragma("unroll") for (int m = 0; m < MA; m++) {
+        const int e = lid + m * BWG;
+        const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
+        for (int j = 0; j < BT; j++) {
+            const float4 kv = lrow(ks, j, d4);
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDP + j] * kv;
+        }
+    }
+}
+
+// The stored dS (AttentionTiles.bwd_store): the BT x BT tiles of (query block ib, key block jb <= ib) of each
+// (b, h) = bh, row-major, in the order bh, then ib, then jb: tile (bh, ib, jb) starts ds_tile(...) floats in.
+inline size_t ds_tile(const int bh, const int ib, const int jb, const int seq) {
+    const int nb = (seq + BT - 1) / BT;
+    return ((size_t)bh * (nb * (nb + 1) / 2) + (size_t)ib * (ib + 1) / 2 + jb) * (BT * BT);
+}
+
 // as attention_backward_dkdv: -> d_k, d_v, overwritten. Work-group (x, y) owns keys x*BT .. x*BT+BT-1 of
 // (b, kvh) = (y / n_kv_heads, y % n_kv_heads) and walks the query blocks that see them, for every query head
 // of the group. With split (DKDV_SPLIT): y = (b, h), one query head each (n_heads / n_kv_heads times the
 // work-groups, each a group's share of the work), partial sums -> d_k (see DKDV_SPLIT); d_v unused.
+// Built with -DDS_STORE (AttentionTiles.bwd_store) and ds_off >= 0: each dS tile it computes also goes to
+// ds_out + ds_off (ds_tile), for attention_backward_dq_stored (every tile of the store written, 0.0f where masked
+// or past seq); otherwise ds_out and ds_off are unused.
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, const int split, BACKWARD_INPUTS) {
+void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, const int split, __global float* ds_out,
+                                   const int ds_off, BACKWARD_INPUTS) {
     const int lid = get_local_id(0);
     const int j0 = get_group_id(0) * BT;
     DKDV_SPLIT
@@ -304,7 +331,12 @@ void attention_backward_dkdv_tiled(__global float* d_k, __global float* d_v, con
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
             stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lb, db, i0, BT, seq, q_stride, lid);
             barrier(CLK_LOCAL_MEM_FENCE);
-            tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
+#ifdef DS_STORE
+            tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid,
+                      ds_off < 0 ? 0 : ds_out + ds_off + ds_tile(b * n_heads + h, i0 / BT, j0 / BT, seq));
+#else
+            tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, 0);
+#endif
             barrier(CLK_LOCAL_MEM_FENCE);
             _Pragma("unroll") for (int m = 0; m < MA; m++) {
                 const int e = lid + m * BWG;
@@ -349,20 +381,45 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
         stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
-        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid);
+        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
-        _Pragma("unroll") for (int m = 0; m < MA; m++) {
-            const int e = lid + m * BWG;
-            const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
-            for (int j = 0; j < BT; j++) {
-                const float4 kv = lrow(ks, j, d4);
-                _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDP + j] * kv;
-            }
-        }
+        add_ds_k(dq, dss, ks, lid);
     }
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         store_micro(d_q + q_base, dq[m], lid + m * BWG, i0, seq, q_stride, scale);
 }
+
+#ifdef DS_STORE
+// as attention_backward_dq_tiled, from the dS tiles attention_backward_dkdv_tiled stored (ds_in + ds_off, ds_tile):
+// dQ = scale dS K with no scores recomputed (no Q, dO, V, lse or D read). Work-group (x, bh) owns query block
+// ib (x = 0 the last) of (b, h).
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void attention_backward_dq_stored(__global float* d_q, __global const float* ds_in, const int ds_off,
+                                  __global const float* k, const int seq, const int n_heads, const int n_kv_heads,
+                                  const float scale) {
+    const int lid = get_local_id(0), bh = get_group_id(1);
+    const int h = bh % n_heads, b = bh / n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int ib = (int)get_num_groups(0) - 1 - (int)get_group_id(0);
+    const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
+    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
+    const __global float* kb = k + (size_t)b * seq * kv_stride + (size_t)kvh * HD;
+    __local float ks[BT * LDR], dss[BT * LDP];
+    float4 dq[MA][TJ];
+    _Pragma("unroll") for (int m = 0; m < MA; m++)
+        _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] = (float4)(0.0f);
+    for (int jb = 0; jb <= ib; jb++) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
+        stage_rows(ks, kb, jb * BT, BT, seq, kv_stride, lid, BWG);
+        const __global float* tile = ds_in + ds_off + ds_tile(bh, ib, jb, seq);
+        for (int e = lid; e < BT * BT; e += BWG) dss[(e / BT) * LDP + e % BT] = tile[e];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        add_ds_k(dq, dss, ks, lid);
+    }
+    _Pragma("unroll") for (int m = 0; m < MA; m++)
+        store_micro(d_q + q_base, dq[m], lid + m * BWG, ib * BT, seq, q_stride, scale);
+}
+#endif  // DS_STORE
 
 // ------------------------------------------------------------- backward, blocked (GPUs)
 // The same gradients as the staged backward above, with blocks of BR query rows x BC keys (built with -DBR=...
