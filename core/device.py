@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -533,6 +534,10 @@ class Device:
     def __init__(self, info: DeviceInfo):
         import pyopencl as cl
 
+        # pyopencl warns of every successful build's non-empty log even with PYOPENCL_COMPILER_OUTPUT=0 ("Non-empty
+        # compiler output encountered", two lines on stderr: PoCL's float16 ABI note on every AVX2-only CPU), which
+        # buried the CLI's one-line errors; build logs are shown on failure only (KernelBuildError)
+        warnings.filterwarnings("ignore", category=cl.CompilerWarning)
         self.cl = cl
         self.info = info
         if "portable computing language" in info.platform.lower() and shutil.which("ld") is None:
