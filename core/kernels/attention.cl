@@ -1,6 +1,7 @@
 // Causal multi-head attention with grouped-query attention (GQA), flash-style: forward with an
 // online softmax over key chunks, backward recomputing the probabilities from the saved per-row
-// log-sum-exp. No (seq_q x seq_k) buffer anywhere.
+// log-sum-exp. No (seq_q x seq_k) buffer anywhere (attention_tiled.h's stored dS, DS_STORE, is bounded by the
+// launcher to a multiple of Q's size).
 //   S = scale * Q K^T (scale = 1/sqrt(head_dim)), masked so that query i (absolute position
 //   q_pos_start + i) sees key j iff j <= q_pos_start + i;  P = softmax(S) row-wise;  O = P V;
 //   lse_i = log sum_j exp(S_ij).

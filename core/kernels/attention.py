@@ -1,6 +1,7 @@
 """Launcher for ``attention.cl``: causal multi-head attention with grouped-query attention,
 flash-style (online softmax forward, backward recomputing the probabilities from the saved
-log-sum-exp), so no (seq x seq) buffer exists and any context length runs.
+log-sum-exp), so no (seq x seq) buffer exists (the stored dS below is bounded by a multiple of Q's size) and any
+context length runs.
 
 Tile sizes are compile-time (``-D`` build options), chosen here from the device's limits, and
 ``head_dim`` is compiled in too (one program per head_dim, built on first use):
