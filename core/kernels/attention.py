@@ -264,7 +264,7 @@ class Attention:
     head ``h // (n_heads // n_kv_heads)`` (grouped-query attention). Deterministic (no atomics);
     memory beyond the inputs and outputs is ``lse`` and ``d_sum``, one float per query row, and the caller's
     ``scratch`` (:meth:`scratch_floats`; none given: the kernels that need none): K and V transposed where the
-    tiling has ``lanes``, the dK/dV partials where it has ``bwd_split``.
+    tiling has ``lanes``, the dK/dV partials where it has ``bwd_split`` and the dS tiles where it has ``bwd_store``.
 
     Args:
         dev: the device.
