@@ -97,8 +97,9 @@ def test_kernel_build_failure_shows_the_build_log(device):
 
 
 def test_a_build_log_of_a_successful_build_prints_nothing(device, tmp_path):
-    """A kernel that builds with a warning (PoCL's float16 ABI note on AVX2-only CPUs, here a #warning) brings no
-    pyopencl warning to stderr: its "Non-empty compiler output" lines once came before every CLI error line."""
+    """A kernel that builds with a warning (PoCL's float16 ABI note on AVX2-only CPUs, here a #warning) prints no
+    warning: pyopencl's "Non-empty compiler output" lines and PoCL's "1 warning generated." once came before the
+    app's and every CLI error's output."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     code = ("import sys\nfrom core.device import open_device\n"
             "d = open_device(sys.argv[1])\n"
@@ -107,8 +108,7 @@ def test_a_build_log_of_a_successful_build_prints_nothing(device, tmp_path):
     r = subprocess.run([sys.executable, "-c", code, device.info.name], env=env, capture_output=True, text=True,
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "built", r.stderr
-    assert "CompilerWarning" not in r.stderr and "compiler output" not in r.stderr, r.stderr  # (PoCL's clang may
-    # itself print "1 warning generated." for a #warning)
+    assert "warning" not in r.stderr.lower(), r.stderr  # neither pyopencl's nor the compiler's own "1 warning generated."
 
 
 @pytest.mark.parametrize("case", ["no-home", "read-only-home"])
