@@ -542,14 +542,13 @@ class Attention:
             ds = self.store_floats(batch, seq, n_heads, head_dim, t.bwd_tile) if t.bwd_store else 0
             ds_off = parts if ds and parts + ds <= min(room, 2**31 - 1) else -1  # the stored dS: after the partials
             store = (scratch if ds_off >= 0 else d_k, np.int32(ds_off)) if not t.bwd_rows else ()  # (staged kernel's)
-            if t.bwd_split and parts and room >= parts:
-                dkdv(queue, (-(-seq // keys) * n, batch * n_heads), LB, scratch, scratch, np.int32(1), *store, q, k, v,
-                     d_out, lse, d_sum, *sizes)
+            split = bool(t.bwd_split and parts and room >= parts)  # partials into the scratch, then their sums
+            dkdv(queue, (-(-seq // keys) * n, batch * (n_heads if split else n_kv_heads)), LB,
+                 *((scratch, scratch) if split else (d_k, d_v)), np.int32(split), *store, q, k, v, d_out, lse, d_sum,
+                 *sizes)
+            if split:
                 kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 1, t.items, 1), L, d_k, d_v,
                           scratch, np.int32(batch * seq), np.int32(n_heads), np.int32(n_kv_heads))
-            else:
-                dkdv(queue, (-(-seq // keys) * n, batch * n_kv_heads), LB, d_k, d_v, np.int32(0), *store, q, k, v,
-                     d_out, lse, d_sum, *sizes)
             if ds_off >= 0:
                 kn.dq_stored(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, scratch, np.int32(ds_off), k,
                              *sizes)
