@@ -222,7 +222,8 @@ def activation_sizes(c: ModelConfig, batch: int, seq: int, training: bool,
     # rows of at most `seq` tokens needs no more): K and V transposed for the keys-as-lanes kernels (CPUs), or the
     # per-query-head dK and dV partials of the split backward and the stored dS (GPUs)
     single = {"tokens": n, "targets": n, "mask": n, "tmp": n * d, "qkv": n * (d + 2 * kv), "final": n * d, "final_rstd": n,
-              "logits": loss_rows(c, n) * v, "losses": n, "attn_scratch": Attention.scratch_floats(batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)}
+              "logits": loss_rows(c, n) * v, "losses": n,
+              "attn_scratch": Attention.scratch_floats(batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)}
     if training:
         single |= {"dx": n * d, "d_norm": n * d, "dq": n * d, "dk": n * kv,
                    "dv": n * kv, "d_sum": rows, "d_attn": n * d, "dh": n * f, "d_gate_up": 2 * n * f,
