@@ -57,6 +57,7 @@ class AppState(QObject):
         self._limits = (ModelConfig.vocab_size, ModelConfig.context_length)  # the defaults
         self._base_model: str | None = None
         self._plan: Plan | None = None
+        self._planning = False  # Auto is still planning (gui.hyper_tab): training waits
         self._lora: LoRAConfig | None = None
 
     # ----------------------------------------------------------------------------- project, dataset
@@ -132,11 +133,13 @@ class AppState(QObject):
 
     def set_hyperparameters(self, configs: tuple[ModelConfig, TrainConfig] | None, error: str,
                             limits: tuple[int, int], base_model: str | None = None, plan: Plan | None = None,
-                            lora: LoRAConfig | None = None) -> None:
+                            lora: LoRAConfig | None = None, planning: bool = False) -> None:
         """The form changed: its configs (None when invalid, with ``error`` saying why), limits, the
-        base model file a new run starts from (None: a new model), the Auto plan they are (None: none) and
-        the fine-tune's LoRA adapters (None: every parameter)."""
+        base model file a new run starts from (None: a new model), the Auto plan they are (None: none),
+        the fine-tune's LoRA adapters (None: every parameter) and whether Auto is still planning (training
+        waits for the plan)."""
         self._configs, self._config_error, self._limits = configs, error, tuple(limits)
+        self._planning = planning
         self._base_model, self._plan, self._lora = base_model, plan, lora
         self.hyperparameters_changed.emit()
 
@@ -146,6 +149,8 @@ class AppState(QObject):
             return "No OpenCL device: see the Device tab."
         if self._configs is None:
             return f"Fix the hyperparameters first: {self._config_error}"
+        if self._planning:
+            return "Auto is still planning this run (token counts, a speed measurement): a moment."
         return None
 
     # ----------------------------------------------------------------------------- trained model

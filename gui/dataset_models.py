@@ -28,6 +28,7 @@ NEW_TURN = ("", "")  # a new turn is empty (the checker says so until it is type
 FACT_HINT = "(empty fact: type it here)"
 TURN_HINTS = ("(type the question)", "(type the answer)")
 _ROLE = Qt.ItemDataRole
+SEARCH_ROLE = _ROLE.UserRole + 7  # the lower-case text a search looks in (_EntryModel.search_text)
 
 
 def dialogue_summary(d: Dialogue) -> str:
@@ -99,6 +100,8 @@ class _EntryModel(QAbstractListModel):
             return BAD if row in self._bad else None
         if role == _ROLE.ToolTipRole:
             return self._bad.get(row, self.tooltip(row))
+        if role == SEARCH_ROLE:
+            return self.search_text(row)
         return None
 
     # -- for the tab
@@ -341,29 +344,26 @@ class TurnsModel(QAbstractTableModel):
 
 
 class SearchProxy(QSortFilterProxyModel):
-    """Keeps the rows whose :meth:`_EntryModel.search_text` contains the needle (lower case).
+    """Keeps the rows whose :meth:`_EntryModel.search_text` (the model's ``SEARCH_ROLE``) contains the
+    needle (lower case).
 
-    The filter is applied when the needle changes, not on every edit (dynamic filtering is off), so an
-    entry being edited never vanishes from under the cursor.
+    Qt's own filter does the matching: with no needle it keeps every row without asking the model (a
+    Python filterAcceptsRow was 22,000 calls into Python, each waiting for the GIL while a worker counts
+    tokens: clearing a search then took seconds). The filter is applied when the needle changes, not
+    on every edit (dynamic filtering is off), so an entry being edited never vanishes from under the cursor.
     """
 
     def __init__(self, source: _EntryModel, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._needle = ""
         self.setDynamicSortFilter(False)
+        self.setFilterRole(SEARCH_ROLE)
+        self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseSensitive)  # both sides are lower case
         self.setSourceModel(source)
 
     def set_needle(self, needle: str) -> None:
         needle = needle.strip().lower()
         if needle == self._needle:
             return
-        if hasattr(self, "beginFilterChange"):  # Qt >= 6.9
-            self.beginFilterChange()
-            self._needle = needle
-            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
-        else:
-            self._needle = needle
-            self.invalidateRowsFilter()
-
-    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:  # noqa: N802 - Qt API
-        return not self._needle or self._needle in self.sourceModel().search_text(source_row)
+        self._needle = needle
+        self.setFilterFixedString(needle)

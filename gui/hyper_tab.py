@@ -20,18 +20,30 @@ from gui.lora_choice import LoRAChoice
 from gui.plan_box import PlanBox
 from gui.plan_view import form_lines
 from gui.settings_form import BAD_STYLE, SettingsForm, base_values, build_configs, config_values, preset_values
+from gui.workers import CallWorker
 
 if TYPE_CHECKING:
+    from core.dataset import Dataset
     from core.device import DeviceInfo
+    from core.plan import Plan
 
 __all__ = ["BAD_STYLE", "EXISTING", "NEW_MODEL", "HyperTab"]
 
 CUSTOM = "Custom"
+PLANNING = "Auto is planning the run for this dataset and device (token counts, a speed measurement)…"
 NEW_MODEL = "New model"
 EXISTING = "Existing GGUF file..."
 # Fields the base file fixes when training starts from an existing model (context_length stays: the
 # training context, at most the file's).
 BASE_FIXED = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "norm_eps")
+
+
+def _plan(dataset: Dataset, info: DeviceInfo, time_budget_s: float) -> Plan:
+    """core.plan.plan_for on ``info``'s device (run in a worker thread: seconds for a large dataset)."""
+    from core.device import open_device
+    from core.plan import plan_for
+
+    return plan_for(dataset, open_device(info), time_budget_s)[0]
 
 
 class HyperTab(QWidget):
@@ -56,6 +68,10 @@ class HyperTab(QWidget):
         self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
         self._replan_timer = QTimer(self, singleShot=True, interval=400)
         self._replan_timer.timeout.connect(self._replan_if_auto)
+        self.plan_worker: CallWorker | None = None  # plans in its thread (apply_plan)
+        self._plan_running = False  # from the worker's start until its last signal has been handled
+        self._plan_pending = False  # a plan was asked for while one was being made
+        self._dataset_edits = 0  # counts the dataset's edits and replacements: a plan is of one version
         self._base: str | None = None
         self._base_config: ModelConfig | None = None
         self._base_error = ""
@@ -81,6 +97,8 @@ class HyperTab(QWidget):
         state.project_changed.connect(lambda project: self.set_state(project.settings.get("hyperparameters")))
         for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
             sig.connect(self._replan_timer.start)
+        for sig in (state.dataset_replaced, state.dataset_edited):
+            sig.connect(self._count_edit)
         state.busy_changed.connect(self._after_a_run)
         self.set_preset(AUTO)
         self._show_base_widgets()
@@ -214,26 +232,81 @@ class HyperTab(QWidget):
         else:
             self.validate()  # the passes follow the dataset
 
-    def apply_plan(self) -> None:
-        """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's
-        measured training speed, cached per device) and fill the form with it."""
-        from core.plan import plan_for
+    def _count_edit(self, *_) -> None:
+        self._dataset_edits += 1
 
-        dataset, info = self.app_state.dataset(), self.app_state.device_info()
+    def _plan_key(self) -> tuple:
+        """What a plan is of: the dataset's version, the device and the time budget."""
         v = self.values()
         budget = v.get("time_budget_s") if isinstance(v.get("time_budget_s"), float) else 0.0
+        return self._dataset_edits, id(self.app_state.dataset()), self.app_state.device_info(), budget or 0.0
+
+    def planning(self) -> bool:
+        """True while Auto's plan is being made (training waits for it: AppState.train_blocker)."""
+        return self._plan_running or self._plan_pending
+
+    def apply_plan(self) -> None:
+        """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's
+        measured training speed, cached per device) and fill the form with it.
+
+        The plan is made in a worker thread on a copy of the dataset (seconds with 20,000 entries or a
+        device not measured yet; the window stays responsive) and applied only if the dataset, device,
+        budget and Auto are still what it was made for; otherwise it plans again. Until then training
+        waits (:meth:`planning`)."""
+        dataset, info = self.app_state.dataset(), self.app_state.device_info()
         if info is None or info.problem or not (dataset.facts or dataset.dialogues):
             self.plan = None
             why = f"{info.label} cannot be used ({info.problem})" if info is not None and info.problem else \
                 "choose a device and add data to get a plan"
             self._no_plan = f"{AUTO}: {why}; the Small preset's settings until then."
+            budget = self._plan_key()[3]
             self.set_values({**preset_values("Small"), "time_budget_s": budget}, preset=AUTO)
             return
-        from core.device import open_device
+        if self._plan_running:
+            self._plan_pending = True  # planned again when this one ends
+            self.validate()
+            return
+        self._plan_pending = False
+        key = self._plan_key()
+        w = CallWorker(_plan, self.app_state.dataset_copy(), info, key[3])
+        w.connect_slots(done=lambda plan: self._on_plan(plan, key), failed=self._on_plan_failed,
+                        finished=self._on_plan_finished)
+        self.plan_worker, self._plan_running = w, True
+        w.start()
+        self.validate()
 
+    def _on_plan(self, plan: Plan, key: tuple) -> None:
+        if key != self._plan_key():
+            self._plan_pending = True  # made for a dataset, device or budget since changed
+            return
+        if self.preset.currentText() != AUTO or self.base_path() is not None:
+            return  # the user chose something else meanwhile
+        self._plan_pending = False  # a plan asked for meanwhile would be this one
         self._no_plan = ""
-        self.plan, _ = plan_for(dataset, open_device(info), budget or 0.0)
-        self.set_values(config_values(self.plan.model_config, self.plan.train_config), preset=AUTO)
+        self.plan = plan
+        self.set_values(config_values(plan.model_config, plan.train_config), preset=AUTO)
+
+    def _on_plan_failed(self, _kind: str, message: str) -> None:
+        if self.preset.currentText() == AUTO and self.base_path() is None:
+            self.plan = None
+            self._no_plan = f"{AUTO}: no plan ({message}); the Small preset's settings until then."
+            self.set_values({**preset_values("Small"), "time_budget_s": self._plan_key()[3]}, preset=AUTO)
+
+    def _on_plan_finished(self) -> None:
+        self._plan_running = False
+        if self._plan_pending and self.preset.currentText() == AUTO and self.base_path() is None:
+            self.apply_plan()
+        else:
+            self._plan_pending = False
+            self.validate()
+
+    def stop(self) -> None:
+        """Stop planning for good (the window closes): the timer, and the planning thread waited for."""
+        self._replan_timer.stop()
+        self._plan_pending = False
+        if self.plan_worker is not None:
+            self.plan_worker.request_stop()
+            self.plan_worker.wait()
 
     def set_values(self, values: dict, preset: str | None = None) -> None:
         """Fill the form (unknown keys are ignored) and validate."""
@@ -319,6 +392,7 @@ class HyperTab(QWidget):
         for w in [*self.widgets.values(), self.base_edit]:
             w.setStyleSheet("")
         auto = self.preset.currentText() == AUTO and self.plan is not None and self.base_path() is None
+        planning = self.preset.currentText() == AUTO and self.base_path() is None and self.planning()
         # a fine-tune's LoRA adapters (None: every parameter), with the file's formats its base keeps
         base = (self.lora_choice.config(), self._base_types) if self.base_path() is not None else (None, None)
         try:
@@ -331,10 +405,13 @@ class HyperTab(QWidget):
             memory = (self.plan.model_config, self.plan.train_config) if auto else (mc, tc)
             lines = form_lines(mc, tc, self.preset.currentText(), self.plan, self.app_state.dataset(),
                                self._base_name if self.base_path() is not None else None, self._no_plan, *base)
+            if planning:
+                lines.append(("Note", PLANNING))
             self.plan_box.show_plan(lines, *memory, self._device, *base)
             ok = True
         self.app_state.set_hyperparameters((mc, tc) if ok else None, self._error_message, self.limits(),
-                                           self.base_path(), self.plan if ok and auto else None, base[0])
+                                           self.base_path(), self.plan if ok and auto else None, base[0],
+                                           planning=planning)
         self._valid = ok
         return ok
 

@@ -176,6 +176,17 @@ def main_window(studio_env, qtbot):
     w.close()
 
 
+@pytest.fixture
+def wait_plan(qtbot):
+    """``wait_plan(hyper_tab)``: wait until the tab's Auto plan (made in a worker thread) has come, and
+    return it (gui.hyper_tab.HyperTab.plan; None where Auto has none)."""
+    def wait(tab):
+        qtbot.waitUntil(lambda: not tab.planning(), timeout=120_000)
+        return tab.plan
+
+    return wait
+
+
 # ----------------------------------------------------------------------------- imported GGUF models
 @pytest.fixture(scope="session")
 def smollm2_import():

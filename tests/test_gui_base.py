@@ -131,7 +131,7 @@ def test_a_fine_tune_is_estimated_before_its_first_step(main_window, qtbot, tiny
                       "Preparing: estimating the fine-tune: timing a few passes of the base model…"]
 
 
-def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dialogs, monkeypatch):
+def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dialogs, monkeypatch, wait_plan):
     """Issue 24: with SmolLM2 chosen the Plan line still said "Tiny model (187,456 parameters)…
     estimated 0:41", "Decay ends at step" stayed at 100/150 for 60 steps and the confirmation said the
     run "trains one from scratch". Now the plan describes the fine-tune of the file (its parameters and
@@ -145,7 +145,7 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
     w, h = main_window, main_window.hyper_tab
     w.state.set_device(list_devices()[0])
     h.set_preset(AUTO)
-    auto = h.plan
+    auto = wait_plan(h)
     assert auto is not None and f"{auto.model_config.n_params():,} parameters" in shown_text(h)
     h.set_base(str(tiny_base))
     assert h.is_valid(), h.error_message()
@@ -173,6 +173,6 @@ def test_the_plan_and_schedule_follow_a_chosen_base(main_window, tiny_base, dial
     assert "Fine-tunes tiny-smol.gguf" in t.start_button.toolTip()
 
     h.set_base(None)
-    assert h.preset.currentText() == AUTO and h.plan is not None
+    assert h.preset.currentText() == AUTO and wait_plan(h) is not None
     assert f"the Tiny preset, {h.plan.model_config.n_params():,} parameters" in shown_text(h)
     assert all(model.item(h.preset.findText(n)).isEnabled() for n in PRESETS)

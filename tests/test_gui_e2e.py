@@ -260,7 +260,7 @@ def test_closing_the_window_mid_work_exits_cleanly(studio_env, what):
         assert [p.name for p in studio_env.iterdir() if "gguf" in p.name] in ([], ["closing.gguf"])
 
 
-def test_a_generated_dataset_end_to_end_shows_the_verdicts_four_counts(main_window, qtbot):
+def test_a_generated_dataset_end_to_end_shows_the_verdicts_four_counts(main_window, qtbot, wait_plan):
     """Issue 18: a small generated catalogue (tests/make_datasets.py) trained with the Auto plan through the
     app; the verdict gives facts, answers, answers in a conversation and questions about facts without a
     dialogue (held out of training), each as "n of N", and the model learned most of them."""
@@ -273,7 +273,7 @@ def test_a_generated_dataset_end_to_end_shows_the_verdicts_four_counts(main_wind
     configure_tiny(w)  # the PoCL device
     w.dataset_tab.set_dataset(Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues]))
     w.hyper_tab.set_preset(AUTO)
-    assert w.hyper_tab.plan is not None and w.hyper_tab.is_valid(), w.hyper_tab.plan_label.text()
+    assert wait_plan(w.hyper_tab) is not None and w.hyper_tab.is_valid(), w.hyper_tab.plan_label.text()
     assert "each fact seen" in w.hyper_tab.plan_label.text()
     t = w.training_tab
     w.tabs.setCurrentWidget(t)
