@@ -187,6 +187,25 @@ class DatasetStats:
     too_long: list
 
 
+class _EncodeOnce:
+    """A tokenizer that encodes each distinct text once and otherwise answers as ``tok`` does
+    (:func:`dataset_stats` asks for every entry's ids three times: its length, its training examples and
+    the too-long check; with 20,000 facts that was 84,000 calls instead of 28,000)."""
+
+    def __init__(self, tok) -> None:
+        self._tok, self._ids = tok, {}
+
+    def encode(self, text: str, parse_special: bool = False, **kwargs) -> list[int]:
+        key = (text, parse_special, *sorted(kwargs.items()))
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = self._ids[key] = self._tok.encode(text, parse_special=parse_special, **kwargs)
+        return list(ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)
+
+
 def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> DatasetStats:
     """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences.
 
@@ -199,12 +218,13 @@ def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> Dat
 
     if not dataset.facts and not dataset.dialogues:
         raise ValueError("the dataset has no facts and no dialogues")
-    tok = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
+    trained = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
+    tok = _EncodeOnce(trained)
     fact_lens = [len(encode_fact(tok, f)) for f in dataset.facts]
     dlg_lens = [len(encode_dialogue(tok, d)[0]) for d in dataset.dialogues if d.turns]
     facts = fact_examples(tok, dataset.facts, context_length)
     dialogues = dialogue_examples(tok, dataset.dialogues, context_length)
     too_long = dataset.validate(tok, context_length + 1)
     too_long = [p for p in too_long if p.message.startswith("too long")]
-    return DatasetStats(tok.vocab_size, sum(fact_lens), sum(dlg_lens), len(facts), len(dialogues),
+    return DatasetStats(trained.vocab_size, sum(fact_lens), sum(dlg_lens), len(facts), len(dialogues),
                         max(fact_lens + dlg_lens, default=0), too_long)

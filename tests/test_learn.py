@@ -295,3 +295,32 @@ def test_the_cosine_decay_ends_at_decay_steps():
     assert lr_at(st, 9) == 1e-2 and abs(lr_at(st, 100) - 1e-3) < 1e-12 and lr_at(st, 250) == lr_at(st, 100)
     assert 1e-3 < lr_at(st, 55) < lr_at(replace(st, decay_steps=0), 55) < 1e-2
     assert lr_at(replace(st, decay_steps=0), 100) > 5e-3  # without it the decay spans all 300 steps
+
+
+def test_dataset_stats_counts_each_entry_as_training_encodes_it():
+    """core.estimates.dataset_stats (each distinct text encoded once) against counts made here entry by entry
+    with the same trained tokenizer: tokens, windows, the longest entry and the too-long ones, on two
+    generated datasets and one with a fact longer than the context and a repeated fact."""
+    from core.batches import dialogue_examples, fact_examples
+    from core.chat_format import encode_dialogue, encode_fact
+    from core.dataset import Dataset, Dialogue
+    from core.estimates import dataset_stats
+    from core.tokenizer import Tokenizer
+    from tests.make_datasets import make_dataset
+
+    long_fact = " ".join(f"word{i}" for i in range(300))
+    sets = [make_dataset(n, items=40, dialogues=12) for n in ("people", "catalogue")]
+    sets = [Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues]) for g in sets]
+    sets.append(Dataset(["The heron is grey.", long_fact, "The heron is grey."],
+                        [Dialogue([("Colour of the heron?", "Grey."), ("And the miller?", "Tall.")])]))
+    for ds in sets:
+        s = dataset_stats(ds, 512, 64)
+        tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=512)
+        fact_lens = [len(encode_fact(tok, f)) for f in ds.facts]
+        dlg_lens = [len(encode_dialogue(tok, d)[0]) for d in ds.dialogues]
+        assert (s.vocab_size, s.fact_tokens, s.dialogue_tokens, s.longest) == \
+            (tok.vocab_size, sum(fact_lens), sum(dlg_lens), max(fact_lens + dlg_lens))
+        assert (s.fact_sequences, s.dialogue_sequences) == \
+            (len(fact_examples(tok, ds.facts, 64)), len(dialogue_examples(tok, ds.dialogues, 64)))
+        assert [p.index for p in s.too_long] == [i for i, n in enumerate(fact_lens) if n > 65]
+    assert [p.index for p in s.too_long] == [1]
