@@ -195,12 +195,11 @@ class _EncodeOnce:
     def __init__(self, tok) -> None:
         self._tok, self._ids = tok, {}
 
-    def encode(self, text: str, parse_special: bool = False, **kwargs) -> list[int]:
-        key = (text, parse_special, *sorted(kwargs.items()))
-        ids = self._ids.get(key)
+    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+        ids = self._ids.get((text, parse_special))
         if ids is None:
-            ids = self._ids[key] = self._tok.encode(text, parse_special=parse_special, **kwargs)
-        return list(ids)
+            ids = self._ids[text, parse_special] = self._tok.encode(text, parse_special)
+        return list(ids)  # the caller's own list, as the tokenizer's
 
     def __getattr__(self, name: str):
         return getattr(self._tok, name)

@@ -28,7 +28,7 @@ NEW_TURN = ("", "")  # a new turn is empty (the checker says so until it is type
 FACT_HINT = "(empty fact: type it here)"
 TURN_HINTS = ("(type the question)", "(type the answer)")
 _ROLE = Qt.ItemDataRole
-SEARCH_ROLE = _ROLE.UserRole + 7  # the lower-case text a search looks in (_EntryModel.search_text)
+SEARCH_ROLE = _ROLE.UserRole  # the lower-case text a search looks in (_EntryModel.search_text)
 
 
 def dialogue_summary(d: Dialogue) -> str:

@@ -97,7 +97,7 @@ class HyperTab(QWidget):
         state.project_changed.connect(lambda project: self.set_state(project.settings.get("hyperparameters")))
         for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
             sig.connect(self._replan_timer.start)
-        for sig in (state.dataset_replaced, state.dataset_edited):
+        for sig in (state.dataset_replaced, state.dataset_edited):  # (a project opened emits only the first)
             sig.connect(self._count_edit)
         state.busy_changed.connect(self._after_a_run)
         self.set_preset(AUTO)
@@ -235,11 +235,20 @@ class HyperTab(QWidget):
     def _count_edit(self, *_) -> None:
         self._dataset_edits += 1
 
+    def _budget(self) -> float:
+        """The form's time budget in seconds (0.0: none, or not a number yet)."""
+        budget = self.values().get("time_budget_s")
+        return budget if isinstance(budget, float) else 0.0
+
     def _plan_key(self) -> tuple:
         """What a plan is of: the dataset's version, the device and the time budget."""
-        v = self.values()
-        budget = v.get("time_budget_s") if isinstance(v.get("time_budget_s"), float) else 0.0
-        return self._dataset_edits, id(self.app_state.dataset()), self.app_state.device_info(), budget or 0.0
+        return self._dataset_edits, self.app_state.device_info(), self._budget()
+
+    def _small_until_planned(self, why: str) -> None:
+        """No Auto plan (``why``): the Small preset's settings, the budget kept."""
+        self.plan = None
+        self._no_plan = f"{AUTO}: {why}; the Small preset's settings until then."
+        self.set_values({**preset_values("Small"), "time_budget_s": self._budget()}, preset=AUTO)
 
     def planning(self) -> bool:
         """True while Auto's plan is being made (training waits for it: AppState.train_blocker)."""
@@ -255,12 +264,8 @@ class HyperTab(QWidget):
         waits (:meth:`planning`)."""
         dataset, info = self.app_state.dataset(), self.app_state.device_info()
         if info is None or info.problem or not (dataset.facts or dataset.dialogues):
-            self.plan = None
-            why = f"{info.label} cannot be used ({info.problem})" if info is not None and info.problem else \
-                "choose a device and add data to get a plan"
-            self._no_plan = f"{AUTO}: {why}; the Small preset's settings until then."
-            budget = self._plan_key()[3]
-            self.set_values({**preset_values("Small"), "time_budget_s": budget}, preset=AUTO)
+            self._small_until_planned(f"{info.label} cannot be used ({info.problem})" if info is not None
+                                      and info.problem else "choose a device and add data to get a plan")
             return
         if self._plan_running:
             self._plan_pending = True  # planned again when this one ends
@@ -268,7 +273,7 @@ class HyperTab(QWidget):
             return
         self._plan_pending = False
         key = self._plan_key()
-        w = CallWorker(_plan, self.app_state.dataset_copy(), info, key[3])
+        w = CallWorker(_plan, self.app_state.dataset_copy(), info, self._budget())
         w.connect_slots(done=lambda plan: self._on_plan(plan, key), failed=self._on_plan_failed,
                         finished=self._on_plan_finished)
         self.plan_worker, self._plan_running = w, True
@@ -288,9 +293,7 @@ class HyperTab(QWidget):
 
     def _on_plan_failed(self, _kind: str, message: str) -> None:
         if self.preset.currentText() == AUTO and self.base_path() is None:
-            self.plan = None
-            self._no_plan = f"{AUTO}: no plan ({message}); the Small preset's settings until then."
-            self.set_values({**preset_values("Small"), "time_budget_s": self._plan_key()[3]}, preset=AUTO)
+            self._small_until_planned(f"no plan ({message})")
 
     def _on_plan_finished(self) -> None:
         self._plan_running = False
