@@ -71,6 +71,7 @@ class HyperTab(QWidget):
         self.plan_worker: CallWorker | None = None  # plans in its thread (apply_plan)
         self._plan_running = False  # from the worker's start until its last signal has been handled
         self._plan_pending = False  # a plan was asked for while one was being made
+        self._stopped = False  # the window closes: no new plan (stop)
         self._dataset_edits = 0  # counts the dataset's edits and replacements: a plan is of one version
         self._base: str | None = None
         self._base_config: ModelConfig | None = None
@@ -262,6 +263,8 @@ class HyperTab(QWidget):
         device not measured yet; the window stays responsive) and applied only if the dataset, device,
         budget and Auto are still what it was made for; otherwise it plans again. Until then training
         waits (:meth:`planning`)."""
+        if self._stopped:
+            return  # a plan's result or a signal handled after stop(): no thread starts after the window closed
         dataset, info = self.app_state.dataset(), self.app_state.device_info()
         if info is None or info.problem or not (dataset.facts or dataset.dialogues):
             self._small_until_planned(f"{info.label} cannot be used ({info.problem})" if info is not None
@@ -297,7 +300,7 @@ class HyperTab(QWidget):
 
     def _on_plan_finished(self) -> None:
         self._plan_running = False
-        if self._plan_pending and self.preset.currentText() == AUTO and self.base_path() is None:
+        if self._plan_pending and not self._stopped and self.preset.currentText() == AUTO and self.base_path() is None:
             self.apply_plan()
         else:
             self._plan_pending = False
@@ -305,6 +308,7 @@ class HyperTab(QWidget):
 
     def stop(self) -> None:
         """Stop planning for good (the window closes): the timer, and the planning thread waited for."""
+        self._stopped = True
         self._replan_timer.stop()
         self._plan_pending = False
         if self.plan_worker is not None:

@@ -293,3 +293,21 @@ def test_auto_plans_in_a_worker_and_shows_only_the_current_datasets_plan(tab, ma
     assert (plan.planned_steps, plan.pretrain_passes, plan.fact_exposures) == \
         (again.planned_steps, again.pretrain_passes, again.fact_exposures)
     assert tab.build()[1].pretrain.steps == plan.train_config.pretrain.steps and state.plan() is plan
+
+
+def test_no_plan_starts_after_the_window_closes(tab, main_window, qtbot):
+    """A plan that ends as the window closes, made for a dataset edited since, asks for another plan from its
+    queued signals; after HyperTab.stop() none starts (CI once saw "the test left QThreads running:
+    CallWorker" after a Dataset tab test)."""
+    from core.device import list_devices
+    from core.plan import AUTO
+
+    main_window.state.set_device(list_devices()[0])
+    tab.set_preset(AUTO)
+    assert tab.planning()
+    main_window.state.mark_dataset_edited()  # the plan being made is now of an older version
+    worker = tab.plan_worker
+    worker.wait()  # its thread has ended; its done and finished signals wait in the queue
+    tab.stop()
+    qtbot.wait(100)  # they are handled now
+    assert tab.plan_worker is worker and not tab.planning()
