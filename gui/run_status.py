@@ -47,6 +47,9 @@ class RunStatus:
 
     Args:
         running: True while the run goes on and was not asked to stop (the labels then show an ETA).
+
+    Once the run has ended (``run_done`` or ``failed``), the stage label keeps its verdict: the 200 ms timer that
+    redraws the labels may still fire before the worker's thread has ended (``finished``).
     """
 
     def __init__(self, running: Callable[[], bool]) -> None:
@@ -70,6 +73,7 @@ class RunStatus:
         self._rates: deque = deque(maxlen=30)
         self.last = None
         self._t0 = time.perf_counter()
+        self._ended = False  # run_done or failed arrived: the stage label holds the run's end
         self._resumed = resumed
         self._checking: RecallChecking | None = None  # the recall check running now
         self._check_t0 = 0.0
@@ -112,7 +116,7 @@ class RunStatus:
         if d is None:
             return
         self.progress.setValue(max(d.global_step, self._progress_floor))
-        running = self._running()
+        running = self._running() and not self._ended
         if running:
             self.stage_label.setText(self._stage_text(d))
         since = " since resuming" if self._resumed else ""
@@ -173,9 +177,15 @@ class RunStatus:
         return "".join(f" — {Stage(stage).short} stopped early: {why} at step {done} of {planned}"
                        for stage, why, done, planned in self._early)
 
+    def failed(self) -> None:
+        """The run failed: the caller's "Failed" label stays."""
+        self._ended = True
+        self.stage_label.setText("Failed")
+
     def run_done(self, d: RunDone) -> None:
         """The run's end: its verdict, or where it stopped."""
         self._checking = None
+        self._ended = True
         if d.finished and d.verdict:
             self.stage_label.setText(d.verdict + (f"; {d.general}" if d.general else "") + self._early_note()
                                      + ("" if d.learned else f" — to learn the rest: {d.advice}"))

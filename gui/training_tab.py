@@ -349,7 +349,7 @@ class TrainingTab(QWidget):
         info = self.app_state.device_info()
         offer_cpu = kind == "device" and info is not None and info.kind != "CPU" and self.app_state.has_cpu_device()
         self.banner.show_message(failure_text(kind, message, offer_cpu), offer_cpu)
-        self.stage_label.setText("Failed")
+        self.status.failed()
 
     def _on_finished(self) -> None:
         self._active = False

@@ -233,6 +233,33 @@ def test_a_run_that_ends_early_because_it_learned_shows_a_full_bar_and_says_why(
     assert t.saved_history()["runs"][-1]["status"] == t.stage_label.text()
 
 
+def test_the_verdict_stays_when_the_label_timer_fires_before_the_thread_ends(main_window):
+    """CI on 5264953: the end-to-end verdict read "Stage 2: tuning on dialogues — step 175/225 …": the 200 ms
+    label timer fired after run_done (the verdict) and before the worker's thread ended, and redrew the step.
+    The same holds for a failed run's "Failed"."""
+    from gui.events import RunDone, RunStarted
+
+    t = main_window.training_tab
+    for end in ("verdict", "failed"):
+        t._active = True  # as _launch leaves it; the events below are what its TrainWorker sends
+        t._new_run()
+        t.status.begin(False, 0.0)
+        t._on_started(RunStarted("PoCL", 1000, 300, (200, 125), 0, 0, False))
+        t._on_step(TrainingStep(Stage.DIALOGUES, 100, 125, 300, 1.0, 1.0, (1.0,), 1e-3))
+        t._update_labels()
+        assert "step 100/125" in t.stage_label.text()
+        if end == "verdict":
+            t._on_run_done(RunDone(False, True, "ckpt", 2, 0, True, True, "Learned: 16 of 16 answers, 16 of 16 facts"))
+        else:
+            t._on_failed("device", "CL_OUT_OF_RESOURCES")
+        expected = t.stage_label.text()
+        t._update_labels()  # the timer, still running: the thread has not ended yet
+        assert t.stage_label.text() == expected, end
+        t._on_finished()
+        assert t.stage_label.text() == expected, end
+        assert "step 300/325" in t.speed_label.text()  # the numbers line still shows where it ended
+
+
 def test_a_stage_that_learns_early_in_a_real_run_fills_the_bar(main_window, qtbot, monkeypatch):
     """The same through the TrainWorker: every recall check counts as learned (the target is 0 items),
     so each stage ends at its first check, step 2 of 6 and of 4."""
