@@ -122,27 +122,32 @@ def test_gemv_decode(device, rng, qtype, gemv):
         _check(device, op, rng, qtype, M, 37, 2 * b, f"{qtype.name} {gemv} M={M}")
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
 @pytest.mark.parametrize("name", ["default", "tiled-auto"])
-def test_every_half_scale(device, rng, name):
-    """Q8_0 rows whose scale d takes every finite half value (zero, subnormals, negatives, 65504): the
-    kernels' half conversion (bit arithmetic on CPUs) against numpy's, one row each, relative error."""
+def test_every_half_scale(device, rng, name, qtype):
+    """Rows whose scale d (Q4_1: and min m, in another order) takes every finite half value (zero,
+    subnormals, negatives, 65504): the kernels' half conversion (bit arithmetic on CPUs; the CPU GEMV
+    decodes four rows' halves at once) against numpy's, one row each, relative error."""
     d = np.arange(1 << 16, dtype=np.uint16)
     d = d[(d & 0x7C00) != 0x7C00]  # no inf / nan
-    raw = rng.integers(0, 256, (d.size, 34), dtype=np.uint8)
+    size = quants.GGML_QUANT_SIZES[qtype][1]
+    raw = rng.integers(0, 256, (d.size, size), dtype=np.uint8)
     raw[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    if qtype == Q.Q4_1:
+        raw[:, 2:4] = rng.permutation(d).view(np.uint8).reshape(-1, 2)
     op, shape = _op(device, name, **CONFIGS[name]), (d.size, 32)
-    _prepare_or_skip(device, op, Q.Q8_0, 2)
-    w = upload_weight(device, raw, Q.Q8_0, shape)
+    _prepare_or_skip(device, op, qtype, 2)
+    w = upload_weight(device, raw, qtype, shape)
     for M in (2, 9):  # GEMV, GEMM
         x = rng.standard_normal((M, 32)).astype(np.float32)
         (X,), Y = to_device(device, x), device.alloc(M * d.size)
         op.forward(Y, X, w, M)
-        want = ref.qmatmul_forward(x, raw, Q.Q8_0, shape)
-        bound = np.abs(x).astype(np.float64) @ np.abs(ref.dequantize(raw, Q.Q8_0, shape)).T  # sum |x * w|
+        want = ref.qmatmul_forward(x, raw, qtype, shape)
+        bound = np.abs(x).astype(np.float64) @ np.abs(ref.dequantize(raw, qtype, shape)).T  # sum |x * w|
         err = np.abs(from_device(device, Y, ((M, d.size), np.float32)) - want)
         worst = np.unravel_index(np.argmax(err - 1e-5 * bound), err.shape)
         assert np.all(err <= 1e-5 * bound), \
-            f"{name} M={M}: row {worst[1]} (d bits {d[worst[1]]:#06x}) off by {err[worst]:.3g}"
+            f"{name} {qtype.name} M={M}: row {worst[1]} (d bits {d[worst[1]]:#06x}) off by {err[worst]:.3g}"
 
 
 def test_float_formats_any_n_in(device, rng):

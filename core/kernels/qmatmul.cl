@@ -21,7 +21,9 @@
 //                   K chunk of the weight is ever held as floats, in the shared scratch.
 //   qmatmul_gemv    forward with M <= 8 (decode): a work-group of GEMV_WG work-items per GEMV_ROWS
 //                   outputs, each work-item a strided share of the row's 32-element chunks,
-//                   combined by a local-memory tree reduction (llama.cpp's mul_mat_vec shape).
+//                   combined by a local-memory tree reduction (llama.cpp's mul_mat_vec shape). On
+//                   CPUs the formats with an integer form (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K: x = d * q + m
+//                   per chunk, dq_int_*) multiply x by the integers and apply d and m once per chunk.
 
 #include "matmul_common.h"
 #define QCH 32  // elements of a GEMV chunk: every format's (sub-)block holds a whole number of them
@@ -60,6 +62,24 @@ inline uint16 u16_at(__global const ushort* p) {  // p 2-byte aligned
 // the floats of integers 0 <= u < 2^23 without a conversion call: the float 2^23 + u, less 2^23
 #define UFLOAT(u) (as_float16((u) | (uint16)(0x4B000000u)) - 8388608.0f)
 
+#ifdef CPU_DEVICE
+// eight halves (the low 16 bits of each lane) as floats, exactly (zero, subnormal, inf, nan), without
+// branches: the CPU GEMV decodes the scales of four rows at once with it
+inline float8 half8_bits(const uint8 h) {
+    const uint8 e = (h >> 10) & 31u, mant = h & 1023u, sign = (h & 0x8000u) << 16;
+    const uint8 normal = sign | ((e + 112u) << 23) | (mant << 13);
+    const uint8 tiny = as_uint8(convert_float8(as_int8(mant)) * 5.96046448e-8f) | sign;  // m * 2^-24
+    const uint8 special = sign | 0x7f800000u | (mant << 13);
+    // masks, not select(): PoCL calls select as a function
+    const uint8 is_special = as_uint8(e == (uint8)(31u)), is_tiny = as_uint8(e == (uint8)(0u));
+    return as_float8((normal & ~(is_special | is_tiny)) | (special & is_special) | (tiny & is_tiny));
+}
+// 16 signed bytes from p widened to int16
+#define C16(p) ((int16)((char)(p)[0], (char)(p)[1], (char)(p)[2], (char)(p)[3], (char)(p)[4], (char)(p)[5], \
+                        (char)(p)[6], (char)(p)[7], (char)(p)[8], (char)(p)[9], (char)(p)[10], (char)(p)[11], \
+                        (char)(p)[12], (char)(p)[13], (char)(p)[14], (char)(p)[15]))
+#endif
+
 // ------------------------------------------------------------------------------- formats
 #if defined(QTYPE_Q8_0)  // block: half d, char qs[32]; x = d * q
 #define QK 32
@@ -73,6 +93,16 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     const float d = ld_half(blk);  // q ^ 0x80 = q + 128 as a byte: 0 .. 255
     v->h[0] = d * (as_float16((U16(blk + 2) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
     v->h[1] = d * (as_float16((U16(blk + 18) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
+}
+// the integer form x = d * q + m of chunk u (the CPU GEMV): the halves of d and m in one word (low 16
+// bits d, high m), the scales from them, and the integers q (elements 0-15, 16-31) as floats
+#define DQ_INT
+#define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = 0.0f; }
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    __global const uchar* blk = row + u * QB;
+    *q0 = convert_float16(C16(blk + 2));
+    *q1 = convert_float16(C16(blk + 18));
 }
 #elif defined(QTYPE_Q4_0)  // block: half d, uchar qs[16]; element t < 16 low nibble, t >= 16 high; x = d * (q - 8)
 #define QK 32
@@ -89,6 +119,14 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     v->h[0] = d * (UFLOAT(q & 15u) - 8.0f);
     v->h[1] = d * (UFLOAT(q >> 4) - 8.0f);
 }
+#define DQ_INT
+#define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = -8.0f * *d; }
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    const uint16 q = W16(row + u * QB + 2);
+    *q0 = convert_float16(as_int16(q & 15u));
+    *q1 = convert_float16(as_int16(q >> 4));
+}
 #elif defined(QTYPE_Q4_1)  // block: half d, half m, uchar qs[16]; x = d * q + m
 #define QK 32
 #define QB 20
@@ -103,6 +141,14 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     const uint16 q = U16(blk + 4);
     v->h[0] = d * UFLOAT(q & 15u) + m;
     v->h[1] = d * UFLOAT(q >> 4) + m;
+}
+#define DQ_INT
+#define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 20 bytes: 4-byte aligned)
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {}
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    const uint16 q = W16(row + u * QB + 4);
+    *q0 = convert_float16(as_int16(q & 15u));
+    *q1 = convert_float16(as_int16(q >> 4));
 }
 #elif defined(QTYPE_Q4_K)  // 256-element super-block: half d, half dmin, uchar scales[12], uchar qs[128]
 #define QK 256
@@ -131,6 +177,19 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     v->h[0] = d * UFLOAT((U16(qs) >> shift) & 15u) - m;
     v->h[1] = d * UFLOAT((U16(qs + 16) >> shift) & 15u) - m;
 }
+#define DQ_INT
+#define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, dmin (blocks of 144 bytes)
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {
+    const float2 sm = q4k_scale_min(blk + 4, u % 8);
+    *m = -*m * sm.y;
+    *d *= sm.x;
+}
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    __global const uchar* qs = row + (u / 8) * QB + 16 + (u % 8 / 2) * 32;
+    const uint shift = (u & 1) * 4;
+    *q0 = convert_float16(as_int16((W16(qs) >> shift) & 15u));
+    *q1 = convert_float16(as_int16((W16(qs + 16) >> shift) & 15u));
+}
 #elif defined(QTYPE_Q6_K)  // 256-element super-block: uchar ql[128], uchar qh[64], char scales[16], half d
 #define QK 256
 #define QB 210
@@ -155,6 +214,25 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     const float d0 = d * (float)((char)blk[192 + h * 8 + 2 * s]), d1 = d * (float)((char)blk[193 + h * 8 + 2 * s]);
     v->h[0] = d0 * (UFLOAT(((U16(ql) >> ls) & 15u) | (((U16(qh) >> hs) & 3u) << 4)) - 32.0f);
     v->h[1] = d1 * (UFLOAT(((U16(ql + 16) >> ls) & 15u) | (((U16(qh + 16) >> hs) & 3u) << 4)) - 32.0f);
+}
+// integer form: q - 32, scaled by d * scale per 16 elements: DQ_SPLIT, d is the scale of elements 0-15
+// and m that of elements 16-31 (there is no offset)
+#define DQ_INT
+#define DQ_SPLIT
+#define SCALE_HALVES(blk) ((uint)*(__global const ushort*)((blk) + 208))
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {
+    __global const char* sc = (__global const char*)blk + 192 + (u % 8) / 4 * 8 + 2 * (u % 4);
+    *m = *d * (float)sc[1];
+    *d *= (float)sc[0];
+}
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    __global const uchar* blk = row + (u / 8) * QB;
+    const int h = (u % 8) / 4, s = u % 4;
+    __global const uchar* ql = blk + h * 64 + (s & 1) * 32;
+    __global const uchar* qh = blk + 128 + h * 32;
+    const uint ls = (s / 2) * 4, hs = 2 * s;
+    *q0 = convert_float16(as_int16(((W16(ql) >> ls) & 15u) | (((W16(qh) >> hs) & 3u) << 4)) - 32);
+    *q1 = convert_float16(as_int16(((W16(ql + 16) >> ls) & 15u) | (((W16(qh + 16) >> hs) & 3u) << 4)) - 32);
 }
 #elif defined(QTYPE_F16)
 #define QK 1
@@ -189,6 +267,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 
 // bytes of a row of n elements
 #define ROW_BYTES(n) ((size_t)((n) / QK) * QB)
+// the block that holds 32-element chunk u of a row
+#define CHUNK_BLOCK(row, u) ((row) + (size_t)((u) / (QK / QCH)) * QB)
 
 // =============================================================================== qmatmul_tiled
 #ifdef TSM
@@ -342,10 +422,67 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
     c += c_offset;
     __global const uchar* wrow[GEMV_ROWS];  // rows past N read row N - 1 (not stored)
     UNROLL for (int j = 0; j < GEMV_ROWS; j++) wrow[j] = w + (size_t)(n0 + j < N ? n0 + j : N - 1) * ROW_BYTES(K);
+    const int n_chunks = K / QCH;
+#if defined(CPU_DEVICE) && defined(DQ_INT)
+    // CPUs, formats with an integer form (x = d * q + m per chunk): sum_t x_t w_t = d * sum_t x_t q_t
+    // + m * sum_t x_t, so a chunk costs the products of x with the integers q, one multiply-add by d
+    // and one by m (llama.cpp's ggml_vec_dot_q4_1_q8_1 splits it the same way, ggml-cpu/quants.c), and
+    // the scales of four rows are decoded together (half8_bits), not one half at a time
+    float8 acc[GEMV_M][GEMV_ROWS];
+    UNROLL for (int i = 0; i < GEMV_M; i++)
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] = (float8)(0.0f);
+    for (int u = l; u < n_chunks; u += GEMV_WG) {
+        float d[GEMV_ROWS], m[GEMV_ROWS];
+        UNROLL for (int g = 0; g < GEMV_ROWS; g += 4) {  // the halves of rows g .. g + 3: d, m, d, m, ...
+            uint hw[8];
+            UNROLL for (int t = 0; t < 4; t++) {
+                const uint w = g + t < GEMV_ROWS ? SCALE_HALVES(CHUNK_BLOCK(wrow[g + t], u)) : 0u;
+                hw[2 * t] = w & 0xffffu;
+                hw[2 * t + 1] = w >> 16;
+            }
+            union { float8 v; float s[8]; } f;
+            f.v = half8_bits((uint8)(hw[0], hw[1], hw[2], hw[3], hw[4], hw[5], hw[6], hw[7]));
+            UNROLL for (int t = 0; t < 4 && g + t < GEMV_ROWS; t++) {
+                d[g + t] = f.s[2 * t];
+                m[g + t] = f.s[2 * t + 1];
+                dq_int_scales(CHUNK_BLOCK(wrow[g + t], u), u, &d[g + t], &m[g + t]);
+            }
+        }
+#ifndef DQ_SPLIT
+        float8 xs[GEMV_M];  // sum_t x_t of the chunk, in eight lanes
+        UNROLL for (int i = 0; i < GEMV_M; i++) {
+            __global const float* x = a + (size_t)i * K + u * QCH;
+            const float16 s = F16V(x) + F16V(x + 16);
+            xs[i] = s.lo + s.hi;
+        }
+#endif
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+            float16 q0, q1;
+            dq_int_chunk(wrow[j], u, &q0, &q1);
+            UNROLL for (int i = 0; i < GEMV_M; i++) {
+                __global const float* x = a + (size_t)i * K + u * QCH;
+#ifdef DQ_SPLIT  // d scales elements 0-15, m elements 16-31
+                const float16 t0 = F16V(x) * q0, t1 = F16V(x + 16) * q1;
+                acc[i][j] += d[j] * (t0.lo + t0.hi) + m[j] * (t1.lo + t1.hi);
+#else
+                const float16 t = F16V(x) * q0 + F16V(x + 16) * q1;
+                acc[i][j] += d[j] * (t.lo + t.hi) + m[j] * xs[i];
+#endif
+            }
+        }
+    }
+    float sum[GEMV_M][GEMV_ROWS];
+    UNROLL for (int i = 0; i < GEMV_M; i++) {
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+            const float4 s4 = acc[i][j].lo + acc[i][j].hi;
+            const float2 s2 = s4.lo + s4.hi;
+            sum[i][j] = s2.x + s2.y;
+        }
+    }
+#else
     float16 acc[GEMV_M][GEMV_ROWS];
     UNROLL for (int i = 0; i < GEMV_M; i++)
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] = (float16)(0.0f);
-    const int n_chunks = K / QCH;
     for (int u = l; u < n_chunks; u += GEMV_WG) {
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
             chunk_t v;
@@ -365,6 +502,7 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
             sum[i][j] = s2.x + s2.y;
         }
     }
+#endif
     for (int k = n_chunks * QCH + l; k < K; k += GEMV_WG) {  // K % 32 tail (float formats only)
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
             const float v = dq(wrow[j], k);
