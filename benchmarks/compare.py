@@ -75,16 +75,18 @@ LR, WD, B1, B2, EPS, CLIP = 1e-3, 0.01, 0.9, 0.98, 1e-8, 1.0
 # ---------------------------------------------------------------------------- training
 class Ours:
     """Our engine: one step as core/trainer.py takes it (clip factor from the returned grad_norm; the model sized,
-    and its GPU kernels chosen, for ``batch`` x ``seq`` tokens, as the trainer's ``max_seq``)."""
+    and its GPU kernels chosen, for ``batch`` x ``seq`` tokens, as the trainer's ``max_seq``); with ``lora`` a
+    LoRA step (benchmarks/lora_bench.py), ``weight_decay`` AdamW's."""
 
-    def __init__(self, dev, config: ModelConfig, batch: int, weights, seq: int):
+    def __init__(self, dev, config: ModelConfig, batch: int, weights, seq: int, lora=None, weight_decay: float = WD):
         self.dev = dev
-        self.model = Model(dev, config, batch_size=batch, weights=weights, max_seq=seq)
+        self.model = Model(dev, config, batch_size=batch, weights=weights, max_seq=seq, lora=lora)
+        self.weight_decay = weight_decay
 
     def step(self, x, y, m) -> None:
         stats = self.model.forward_backward(x, y, m)
         scale = CLIP / (stats.grad_norm + 1e-6) if stats.grad_norm > CLIP else 1.0
-        self.model.optimizer_step(LR, WD, B1, B2, EPS, scale)
+        self.model.optimizer_step(LR, self.weight_decay, B1, B2, EPS, scale)
 
     def sync(self) -> None:
         self.dev.finish()

@@ -14,25 +14,17 @@ import numpy as np
 
 from core.config import ModelConfig
 from core.lora import LoRAConfig, adapter_params
-from core.model import Model, init_weights, memory_bytes
+from core.model import init_weights, memory_bytes
 
 LR, WD, B1, B2, EPS, CLIP = 1e-3, 0.0, 0.9, 0.98, 1e-8, 1.0
 
 
-class OursStep:
-    """One step of our engine (full, or LoRA with ``lora``) as core/trainer.py takes it (``max_seq``: ``seq``)."""
+def ours_step(dev, config: ModelConfig, batch: int, weights, lora: LoRAConfig | None, seq: int):
+    """One step of our engine (full, or LoRA with ``lora``): benchmarks/compare.py's ``Ours`` with this file's
+    weight decay."""
+    from benchmarks.compare import Ours
 
-    def __init__(self, dev, config: ModelConfig, batch: int, weights, lora: LoRAConfig | None, seq: int):
-        self.dev = dev
-        self.model = Model(dev, config, batch_size=batch, weights=weights, lora=lora, max_seq=seq)
-
-    def step(self, x, y, m) -> None:
-        stats = self.model.forward_backward(x, y, m)
-        scale = CLIP / (stats.grad_norm + 1e-6) if stats.grad_norm > CLIP else 1.0
-        self.model.optimizer_step(LR, WD, B1, B2, EPS, scale)
-
-    def sync(self) -> None:
-        self.dev.finish()
+    return Ours(dev, config, batch, weights, seq, lora=lora, weight_decay=WD)
 
 
 class TorchPeftStep:
@@ -87,8 +79,8 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
     tokens = rng.integers(0, config.vocab_size, size=(batch, seq + 1)).astype(np.int32)
     x, y, m = tokens[:, :-1], tokens[:, 1:], np.ones((batch, seq), np.float32)
     weights = init_weights(config, 0)
-    engines = {"lora": OursStep(dev, config, batch, weights, lora, seq),
-               "full": OursStep(dev, config, batch, weights, None, seq),
+    engines = {"lora": ours_step(dev, config, batch, weights, lora, seq),
+               "full": ours_step(dev, config, batch, weights, None, seq),
                "peft": TorchPeftStep(config, weights, lora, x, y, a.torch_device)}
     for e in engines.values():
         for _ in range(a.warmup):
@@ -103,7 +95,7 @@ def bench_lora(dev, name: str, config: ModelConfig, a, timed_round) -> dict:
 
         for k in ("lora", "full"):
             records = profile_steps(
-                dev, lambda k=k: OursStep(dev, config, batch, weights, lora if k == "lora" else None, seq), (x, y, m),
+                dev, lambda k=k: ours_step(dev, config, batch, weights, lora if k == "lora" else None, seq), (x, y, m),
                 a.steps)
             print_profile(f"{name}, our {k} step (rank {lora.rank})" if k == "lora" else f"{name}, our full step",
                           records, a.steps)
