@@ -114,11 +114,12 @@ def test_work_group_sizes(device, rng, qtype, name):
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("gemv", ["gemv-wg64", "gemv-wg8-rows3", pytest.param("gemv-wg1-rows4", marks=SLOW)])
+@pytest.mark.parametrize("gemv", ["default", "gemv-wg64", "gemv-wg8-rows3", pytest.param("gemv-wg1-rows4", marks=SLOW)])
 def test_gemv_decode(device, rng, qtype, gemv):
-    op = _op(device, gemv, gemv=GEMVS[gemv])
+    """The decode GEMV; "default" is the device's own choice (on CPUs cpu_gemv_rows: 2 or 4 rows for M <= 2)."""
+    op = _op(device, "default", **CONFIGS["default"]) if gemv == "default" else _op(device, gemv, gemv=GEMVS[gemv])
     b = _block(qtype)
-    for M in (1, 8) if gemv == "gemv-wg64" else (3,):  # 8 = GEMV_MAX_M
+    for M in (1, 8) if gemv == "gemv-wg64" else (1, 2) if gemv == "default" else (3,):  # 8 = GEMV_MAX_M
         _check(device, op, rng, qtype, M, 37, 2 * b, f"{qtype.name} {gemv} M={M}")
 
 

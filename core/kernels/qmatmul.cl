@@ -66,13 +66,14 @@ inline uint16 u16_at(__global const ushort* p) {  // p 2-byte aligned
 // eight halves (the low 16 bits of each lane) as floats, exactly (zero, subnormal, inf, nan), without
 // branches: the CPU GEMV decodes the scales of four rows at once with it
 inline float8 half8_bits(const uint8 h) {
-    const uint8 e = (h >> 10) & 31u, mant = h & 1023u, sign = (h & 0x8000u) << 16;
-    const uint8 normal = sign | ((e + 112u) << 23) | (mant << 13);
-    const uint8 tiny = as_uint8(convert_float8(as_int8(mant)) * 5.96046448e-8f) | sign;  // m * 2^-24
-    const uint8 special = sign | 0x7f800000u | (mant << 13);
-    // masks, not select(): PoCL calls select as a function
-    const uint8 is_special = as_uint8(e == (uint8)(31u)), is_tiny = as_uint8(e == (uint8)(0u));
-    return as_float8((normal & ~(is_special | is_tiny)) | (special & is_special) | (tiny & is_tiny));
+    // exponent and mantissa moved into a float's, times 2^112 to rebase the exponent (15 -> 127): a
+    // subnormal half is a subnormal float there and comes out normal (CPUs keep subnormal floats;
+    // tests/test_kernel_qmatmul.py's test_every_half_scale checks every half); exponent 31 (inf, nan)
+    // is set to 255 apart
+    const uint8 em = (h & 0x7fffu) << 13, sign = (h & 0x8000u) << 16;
+    const uint8 scaled = as_uint8(as_float8(em) * 5.192296858534828e33f);  // 2^112
+    const uint8 is_special = as_uint8(as_int8(em) > (int8)(0x0f7fffff));  // em < 2^31: a signed compare
+    return as_float8(sign | scaled | (is_special & 0x7f800000u));
 }
 // 16 signed bytes from p widened to int16
 #define C16(p) ((int16)((char)(p)[0], (char)(p)[1], (char)(p)[2], (char)(p)[3], (char)(p)[4], (char)(p)[5], \
@@ -97,6 +98,7 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 // the integer form x = d * q + m of chunk u (the CPU GEMV): the halves of d and m in one word (low 16
 // bits d, high m), the scales from them, and the integers q (elements 0-15, 16-31) as floats
 #define DQ_INT
+#define DQ_NO_MIN  // m = 0
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
 inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = 0.0f; }
 inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
@@ -428,9 +430,13 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
     // + m * sum_t x_t, so a chunk costs the products of x with the integers q, one multiply-add by d
     // and one by m (llama.cpp's ggml_vec_dot_q4_1_q8_1 splits it the same way, ggml-cpu/quants.c), and
     // the scales of four rows are decoded together (half8_bits), not one half at a time
-    float8 acc[GEMV_M][GEMV_ROWS];
+    float8 acc[GEMV_M][GEMV_ROWS];  // d * sum x q, by lanes
+    float macc[GEMV_M][GEMV_ROWS];  // m * sum x
     UNROLL for (int i = 0; i < GEMV_M; i++)
-        UNROLL for (int j = 0; j < GEMV_ROWS; j++) acc[i][j] = (float8)(0.0f);
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+            acc[i][j] = (float8)(0.0f);
+            macc[i][j] = 0.0f;
+        }
     for (int u = l; u < n_chunks; u += GEMV_WG) {
         float d[GEMV_ROWS], m[GEMV_ROWS];
         UNROLL for (int g = 0; g < GEMV_ROWS; g += 4) {  // the halves of rows g .. g + 3: d, m, d, m, ...
@@ -448,12 +454,14 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
                 dq_int_scales(CHUNK_BLOCK(wrow[g + t], u), u, &d[g + t], &m[g + t]);
             }
         }
-#ifndef DQ_SPLIT
-        float8 xs[GEMV_M];  // sum_t x_t of the chunk, in eight lanes
+#if !defined(DQ_SPLIT) && !defined(DQ_NO_MIN)
+        float xs[GEMV_M];  // sum_t x_t of the chunk
         UNROLL for (int i = 0; i < GEMV_M; i++) {
             __global const float* x = a + (size_t)i * K + u * QCH;
-            const float16 s = F16V(x) + F16V(x + 16);
-            xs[i] = s.lo + s.hi;
+            const float16 s16 = F16V(x) + F16V(x + 16);
+            const float8 s8 = s16.lo + s16.hi;
+            const float4 s4 = s8.lo + s8.hi;
+            xs[i] = (s4.x + s4.y) + (s4.z + s4.w);
         }
 #endif
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
@@ -466,7 +474,10 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
                 acc[i][j] += d[j] * (t0.lo + t0.hi) + m[j] * (t1.lo + t1.hi);
 #else
                 const float16 t = F16V(x) * q0 + F16V(x + 16) * q1;
-                acc[i][j] += d[j] * (t.lo + t.hi) + m[j] * xs[i];
+                acc[i][j] += d[j] * (t.lo + t.hi);
+#ifndef DQ_NO_MIN
+                macc[i][j] += m[j] * xs[i];
+#endif
 #endif
             }
         }
@@ -476,7 +487,7 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
         UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
             const float4 s4 = acc[i][j].lo + acc[i][j].hi;
             const float2 s2 = s4.lo + s4.hi;
-            sum[i][j] = s2.x + s2.y;
+            sum[i][j] = s2.x + s2.y + macc[i][j];
         }
     }
 #else
