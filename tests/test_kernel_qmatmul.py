@@ -123,6 +123,22 @@ def test_gemv_decode(device, rng, qtype, gemv):
         _check(device, op, rng, qtype, M, 37, 2 * b, f"{qtype.name} {gemv} M={M}")
 
 
+def test_the_gpu_source_builds_on_a_cpu_for_every_format(device):
+    """CPUs build qmatmul.cl with -DCPU_DEVICE and so never compile its GPU-only lines (vload_half, the float
+    GEMV); built here without it, every format's tiled kernel and GEMV (as a GPU builds them) must compile.
+    (A macro defined only for CPUs, used by a format's CPU GEMV code, broke the Q8_0 GPU build once.)"""
+    from core.device import kernel_source
+
+    if not device.is_cpu:
+        pytest.skip("a GPU builds the GPU source in every other test here")
+    source = kernel_source("qmatmul")
+    tiled = QTiledConfig(16, 16, 16, 2, 2).options()
+    for qtype in FORMATS:
+        for opts in (("-DFWD", *tiled), tiled, ("-DGEMV_M=2", "-DGEMV_WG=8", "-DGEMV_ROWS=3")):
+            options = ["-cl-std=CL1.2", "-w", f"-DQTYPE_{qtype.name}", *opts]
+            device.cl.Program(device.context, source).build(options=options)  # raises with the build log
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
 @pytest.mark.parametrize("name", ["default", "tiled-auto"])
 def test_every_half_scale(device, rng, name, qtype):

@@ -75,11 +75,11 @@ inline float8 half8_bits(const uint8 h) {
     const uint8 is_special = as_uint8(as_int8(em) > (int8)(0x0f7fffff));  // em < 2^31: a signed compare
     return as_float8(sign | scaled | (is_special & 0x7f800000u));
 }
+#endif
 // 16 signed bytes from p widened to int16
 #define C16(p) ((int16)((char)(p)[0], (char)(p)[1], (char)(p)[2], (char)(p)[3], (char)(p)[4], (char)(p)[5], \
                         (char)(p)[6], (char)(p)[7], (char)(p)[8], (char)(p)[9], (char)(p)[10], (char)(p)[11], \
                         (char)(p)[12], (char)(p)[13], (char)(p)[14], (char)(p)[15]))
-#endif
 
 // ------------------------------------------------------------------------------- formats
 #if defined(QTYPE_Q8_0)  // block: half d, char qs[32]; x = d * q
