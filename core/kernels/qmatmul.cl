@@ -95,8 +95,9 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     v->h[0] = d * (as_float16((U16(blk + 2) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
     v->h[1] = d * (as_float16((U16(blk + 18) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
 }
-// the integer form x = d * q + m of chunk u (the CPU GEMV): the halves of d and m in one word (low 16
-// bits d, high m), the scales from them, and the integers q (elements 0-15, 16-31) as floats
+// the integer form x = d * q + m of chunk u (the CPU GEMV), in every quantized format: SCALE_HALVES(blk)
+// the halves of d and m in one word (low 16 bits d, high 16 m; 0 where there is no m), dq_int_scales the
+// scales from their floats, dq_int_chunk the integers q (elements 0-15, 16-31) as floats
 #define DQ_INT
 #define DQ_NO_MIN  // m = 0
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
