@@ -41,7 +41,7 @@ def random_weight(rng, qtype, n_out, n_in):
         return w, (n_out, n_in)
     if qtype == Q.F16:
         return w.astype(np.float16), (n_out, n_in)
-    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.BF16):
+    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.BF16):
         return quants.quantize(w, qtype), (n_out, n_in)
     block, size = quants.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n_out, n_in // block, size), dtype=np.uint8)
@@ -231,8 +231,8 @@ def test_memory_figure_and_bad_input(device, rng):
     assert weight_nbytes(Q.Q6_K, (3, 512)) == 3 * 2 * 210
     with pytest.raises(ValueError, match="multiple of Q4_K's block of 256"):
         weight_nbytes(Q.Q4_K, (3, 32))
-    with pytest.raises(ValueError, match="Q5_0 is not read"):
-        upload_weight(device, np.zeros(22, np.uint8), Q.Q5_0, (1, 32))
+    with pytest.raises(ValueError, match="Q5_K is not read"):
+        upload_weight(device, np.zeros(176, np.uint8), Q.Q5_K, (1, 256))
     with pytest.raises(ValueError, match="takes 20 bytes, the data has 18"):
         upload_weight(device, np.zeros(18, np.uint8), Q.Q4_1, (1, 32))
 

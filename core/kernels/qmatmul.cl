@@ -8,9 +8,10 @@
 // N = n_in. a (M,K) and c (M,N) are float32 row-major (offsets in elements); `accumulate` != 0
 // adds into c. n_in is a multiple of QK (GGUF requires it); M, n_out any >= 1.
 //
-// The weight format is one -D option: QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q4_K, QTYPE_Q6_K,
-// QTYPE_F16, QTYPE_BF16 or QTYPE_F32. Two dequantizers per format: dq(row, c) gives element c of a
-// row (tiles, packing), dq_chunk(row, u, v) the 32 elements of chunk u (GEMV); both float32.
+// The weight format is one -D option: QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
+// QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_F16, QTYPE_BF16 or QTYPE_F32. Two dequantizers per format: dq(row, c)
+// gives element c of a row (tiles, packing), dq_chunk(row, u, v) the 32 elements of chunk u (GEMV);
+// both float32.
 //
 //   qmatmul_tiled   GPUs: a TSM x TSN tile of C per work-group of (TSN/WPTN, TSM/WPTM) work-items,
 //                   TSK-deep tiles of A and of dequantized op(W) staged in local memory, WPTM x WPTN
@@ -22,8 +23,8 @@
 //   qmatmul_gemv    forward with M <= 8 (decode): a work-group of GEMV_WG work-items per GEMV_ROWS
 //                   outputs, each work-item a strided share of the row's 32-element chunks,
 //                   combined by a local-memory tree reduction (llama.cpp's mul_mat_vec shape). On
-//                   CPUs the formats with an integer form (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K: x = d * q + m
-//                   per chunk, dq_int_*) multiply x by the integers and apply d and m once per chunk.
+//                   CPUs the quantized formats, in their integer form (x = d * q + m per chunk, dq_int_*),
+//                   multiply x by the integers and apply d and m once per chunk.
 
 #include "matmul_common.h"
 #define QCH 32  // elements of a GEMV chunk: every format's (sub-)block holds a whole number of them
@@ -31,6 +32,8 @@
 // a half at byte p (2-byte aligned: every block size and field offset below is even). CPUs: bit
 // arithmetic (PoCL calls vload_half as a function, per element: packing ran 2x slower); GPUs: vload_half.
 #ifdef CPU_DEVICE
+// forces inlining where PoCL's inliner declines (Q6_K's dq_int_chunk was a call per row and chunk: 2x the GEMV)
+#define CPU_INLINE __attribute__((always_inline))
 inline float half_bits(const uint h) {
     const uint e = (h >> 10) & 31u, m = h & 1023u, sign = (h & 0x8000u) << 16;
     if (e == 0u) return as_float(as_uint((float)m * 5.96046448e-8f) | sign);  // zero, subnormal: m * 2^-24
@@ -40,6 +43,7 @@ inline float half_bits(const uint h) {
 inline float ld_half(__global const uchar* p) { return half_bits(*(__global const ushort*)p); }
 #define HALF_AT(row, i) half_bits(((__global const ushort*)(row))[i])
 #else
+#define CPU_INLINE
 inline float ld_half(__global const uchar* p) { return vload_half(0, (__global const half*)p); }
 #define HALF_AT(row, i) vload_half(i, (__global const half*)(row))
 #endif
@@ -80,6 +84,11 @@ inline float8 half8_bits(const uint8 h) {
 #define C16(p) ((int16)((char)(p)[0], (char)(p)[1], (char)(p)[2], (char)(p)[3], (char)(p)[4], (char)(p)[5], \
                         (char)(p)[6], (char)(p)[7], (char)(p)[8], (char)(p)[9], (char)(p)[10], (char)(p)[11], \
                         (char)(p)[12], (char)(p)[13], (char)(p)[14], (char)(p)[15]))
+
+// 16 bytes from p as a uchar16 (one 16-byte load; bit work on bytes is one 16-lane instruction on a CPU,
+// where uint16 takes four)
+#define B16(p) ((uchar16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], (p)[8], (p)[9], \
+                          (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
 
 // ------------------------------------------------------------------------------- formats
 #if defined(QTYPE_Q8_0)  // block: half d, char qs[32]; x = d * q
@@ -153,6 +162,62 @@ inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, fl
     *q0 = convert_float16(as_int16(q & 15u));
     *q1 = convert_float16(as_int16(q >> 4));
 }
+#elif defined(QTYPE_Q5_0) || defined(QTYPE_Q5_1)
+// Q5_0 block: half d, uchar qh[4], uchar qs[16]; x = d * (q - 16). Q5_1: half d, half m, uchar qh[4],
+// uchar qs[16]; x = d * q + m. Element t < 16: low nibble of qs[t]; t >= 16: high nibble of qs[t - 16];
+// bit t of qh (little-endian uint32) is bit 4 of q (ggml's dequantize_row_q5_0 / _q5_1)
+#define QK 32
+#ifdef QTYPE_Q5_0
+#define QB 22
+#define Q5_HEAD 2  // bytes before qh
+#else
+#define QB 24
+#define Q5_HEAD 4
+#endif
+// the 5-bit q of elements 0-15 (q0) and 16-31 (q1) of block blk, as bytes: the bits are worked on as
+// uchar16 (one 16-lane instruction each on a CPU; as uint16 the high bits doubled the CPU GEMV's time)
+inline void q5_ints(__global const uchar* blk, uchar16* q0, uchar16* q1) {
+    __global const uchar* h = blk + Q5_HEAD;
+    const uchar16 q = B16(blk + Q5_HEAD + 4);
+    const uchar16 bits = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    const uchar16 h0 = (uchar16)((uchar8)(h[0]), (uchar8)(h[1])), h1 = (uchar16)((uchar8)(h[2]), (uchar8)(h[3]));
+    *q0 = (q & (uchar)15) | (as_uchar16((h0 & bits) != (uchar16)(0)) & (uchar)16);
+    *q1 = (q >> (uchar)4) | (as_uchar16((h1 & bits) != (uchar16)(0)) & (uchar)16);
+}
+#ifdef QTYPE_Q5_0
+#define Q5_MIN(blk, d) (-16.0f * (d))
+#else
+#define Q5_MIN(blk, d) ld_half((blk) + 2)
+#endif
+inline float dq(__global const uchar* row, const int c) {
+    __global const uchar* blk = row + (c / QK) * QB;
+    const int j = c % QK, q = blk[Q5_HEAD + 4 + (j & 15)];
+    const int qh = blk[Q5_HEAD + j / 8];
+    const float d = ld_half(blk);
+    return d * (float)((j < 16 ? q & 15 : q >> 4) | (((qh >> (j % 8)) & 1) << 4)) + Q5_MIN(blk, d);
+}
+inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
+    __global const uchar* blk = row + u * QB;
+    uchar16 q0, q1;
+    q5_ints(blk, &q0, &q1);
+    const float d = ld_half(blk), m = Q5_MIN(blk, d);
+    v->h[0] = d * convert_float16(q0) + m;
+    v->h[1] = d * convert_float16(q1) + m;
+}
+#define DQ_INT
+#ifdef QTYPE_Q5_0
+#define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = -16.0f * *d; }
+#else
+#define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 24 bytes: 4-byte aligned)
+inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {}
+#endif
+inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+    uchar16 v0, v1;
+    q5_ints(row + u * QB, &v0, &v1);
+    *q0 = convert_float16(v0);
+    *q1 = convert_float16(v1);
+}
 #elif defined(QTYPE_Q4_K)  // 256-element super-block: half d, half dmin, uchar scales[12], uchar qs[128]
 #define QK 256
 #define QB 144
@@ -190,8 +255,8 @@ inline void dq_int_scales(__global const uchar* blk, const int u, float* d, floa
 inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
     __global const uchar* qs = row + (u / 8) * QB + 16 + (u % 8 / 2) * 32;
     const uint shift = (u & 1) * 4;
-    *q0 = convert_float16(as_int16((W16(qs) >> shift) & 15u));
-    *q1 = convert_float16(as_int16((W16(qs + 16) >> shift) & 15u));
+    *q0 = convert_float16((B16(qs) >> (uchar)shift) & (uchar)15);
+    *q1 = convert_float16((B16(qs + 16) >> (uchar)shift) & (uchar)15);
 }
 #elif defined(QTYPE_Q6_K)  // 256-element super-block: uchar ql[128], uchar qh[64], char scales[16], half d
 #define QK 256
@@ -228,14 +293,17 @@ inline void dq_int_scales(__global const uchar* blk, const int u, float* d, floa
     *m = *d * (float)sc[1];
     *d *= (float)sc[0];
 }
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+CPU_INLINE inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
     __global const uchar* blk = row + (u / 8) * QB;
     const int h = (u % 8) / 4, s = u % 4;
     __global const uchar* ql = blk + h * 64 + (s & 1) * 32;
     __global const uchar* qh = blk + 128 + h * 32;
     const uint ls = (s / 2) * 4, hs = 2 * s;
-    *q0 = convert_float16(as_int16(((W16(ql) >> ls) & 15u) | (((W16(qh) >> hs) & 3u) << 4)) - 32);
-    *q1 = convert_float16(as_int16(((W16(ql + 16) >> ls) & 15u) | (((W16(qh + 16) >> hs) & 3u) << 4)) - 32);
+    const uchar l4 = (uchar)ls, h2 = (uchar)hs;
+    *q0 = convert_float16(as_char16((((B16(ql) >> l4) & (uchar)15) | (((B16(qh) >> h2) & (uchar)3) << (uchar)4))
+                                    - (uchar)32));
+    *q1 = convert_float16(as_char16((((B16(ql + 16) >> l4) & (uchar)15) | (((B16(qh + 16) >> h2) & (uchar)3)
+                                                                          << (uchar)4)) - (uchar)32));
 }
 #elif defined(QTYPE_F16)
 #define QK 1

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Q = GGMLQuantizationType
-FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32)
+FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32)
 """The GGML types the kernels read (``-DQTYPE_<name>``)."""
 QCH = 32  # elements of qmatmul.cl's dequantization chunks
 PACK_KC = 256  # K rows of op(W) dequantized per packing round on CPUs (Goto's kc; bounds the scratch)
