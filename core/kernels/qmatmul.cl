@@ -104,15 +104,15 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     v->h[0] = d * (as_float16((U16(blk + 2) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
     v->h[1] = d * (as_float16((U16(blk + 18) ^ (uint16)(0x80u)) | (uint16)(0x4B000000u)) - 8388736.0f);
 }
-// the integer form x = d * q + m of chunk u (the CPU GEMV), in every quantized format: SCALE_HALVES(blk)
-// the halves of d and m in one word (low 16 bits d, high 16 m; 0 where there is no m), dq_int_scales the
-// scales from their floats, dq_int_chunk the integers q (elements 0-15, 16-31) as floats
+// the integer form x = d * q + m of chunk sub (0 .. QK / QCH - 1) of block blk (the CPU GEMV), in every
+// quantized format: SCALE_HALVES(blk) the halves of d and m in one word (low 16 bits d, high 16 m; 0 where
+// there is no m), dq_int_scales the chunk's scales from their floats, dq_int_chunk the integers q
+// (elements 0-15, 16-31) as floats
 #define DQ_INT
 #define DQ_NO_MIN  // m = 0
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = 0.0f; }
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
-    __global const uchar* blk = row + u * QB;
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = 0.0f; }
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     *q0 = convert_float16(C16(blk + 2));
     *q1 = convert_float16(C16(blk + 18));
 }
@@ -133,9 +133,9 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 }
 #define DQ_INT
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = -8.0f * *d; }
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
-    const uint16 q = W16(row + u * QB + 2);
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = -8.0f * *d; }
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
+    const uint16 q = W16(blk + 2);
     *q0 = convert_float16(as_int16(q & 15u));
     *q1 = convert_float16(as_int16(q >> 4));
 }
@@ -156,9 +156,9 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 }
 #define DQ_INT
 #define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 20 bytes: 4-byte aligned)
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {}
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
-    const uint16 q = W16(row + u * QB + 4);
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {}
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
+    const uint16 q = W16(blk + 4);
     *q0 = convert_float16(as_int16(q & 15u));
     *q1 = convert_float16(as_int16(q >> 4));
 }
@@ -207,14 +207,14 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 #define DQ_INT
 #ifdef QTYPE_Q5_0
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) { *m = -16.0f * *d; }
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = -16.0f * *d; }
 #else
 #define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 24 bytes: 4-byte aligned)
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {}
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {}
 #endif
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     uchar16 v0, v1;
-    q5_ints(row + u * QB, &v0, &v1);
+    q5_ints(blk, &v0, &v1);
     *q0 = convert_float16(v0);
     *q1 = convert_float16(v1);
 }
@@ -247,16 +247,16 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 }
 #define DQ_INT
 #define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, dmin (blocks of 144 bytes)
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {
-    const float2 sm = q4k_scale_min(blk + 4, u % 8);
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {
+    const float2 sm = q4k_scale_min(blk + 4, sub);
     *m = -*m * sm.y;
     *d *= sm.x;
 }
-inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
-    __global const uchar* qs = row + (u / 8) * QB + 16 + (u % 8 / 2) * 32;
-    const uint shift = (u & 1) * 4;
-    *q0 = convert_float16((B16(qs) >> (uchar)shift) & (uchar)15);
-    *q1 = convert_float16((B16(qs + 16) >> (uchar)shift) & (uchar)15);
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
+    __global const uchar* qs = blk + 16 + (sub / 2) * 32;
+    const uchar shift = (sub & 1) * 4;
+    *q0 = convert_float16((B16(qs) >> shift) & (uchar)15);
+    *q1 = convert_float16((B16(qs + 16) >> shift) & (uchar)15);
 }
 #elif defined(QTYPE_Q6_K)  // 256-element super-block: uchar ql[128], uchar qh[64], char scales[16], half d
 #define QK 256
@@ -288,21 +288,19 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 #define DQ_INT
 #define DQ_SPLIT
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)((blk) + 208))
-inline void dq_int_scales(__global const uchar* blk, const int u, float* d, float* m) {
-    __global const char* sc = (__global const char*)blk + 192 + (u % 8) / 4 * 8 + 2 * (u % 4);
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {
+    __global const char* sc = (__global const char*)blk + 192 + sub / 4 * 8 + 2 * (sub % 4);
     *m = *d * (float)sc[1];
     *d *= (float)sc[0];
 }
-CPU_INLINE inline void dq_int_chunk(__global const uchar* row, const int u, float16* q0, float16* q1) {
-    __global const uchar* blk = row + (u / 8) * QB;
-    const int h = (u % 8) / 4, s = u % 4;
+CPU_INLINE inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
+    const int h = sub / 4, s = sub % 4;
     __global const uchar* ql = blk + h * 64 + (s & 1) * 32;
     __global const uchar* qh = blk + 128 + h * 32;
-    const uint ls = (s / 2) * 4, hs = 2 * s;
-    const uchar l4 = (uchar)ls, h2 = (uchar)hs;
-    *q0 = convert_float16(as_char16((((B16(ql) >> l4) & (uchar)15) | (((B16(qh) >> h2) & (uchar)3) << (uchar)4))
+    const uchar ls = (s / 2) * 4, hs = 2 * s;
+    *q0 = convert_float16(as_char16((((B16(ql) >> ls) & (uchar)15) | (((B16(qh) >> hs) & (uchar)3) << (uchar)4))
                                     - (uchar)32));
-    *q1 = convert_float16(as_char16((((B16(ql + 16) >> l4) & (uchar)15) | (((B16(qh + 16) >> h2) & (uchar)3)
+    *q1 = convert_float16(as_char16((((B16(ql + 16) >> ls) & (uchar)15) | (((B16(qh + 16) >> hs) & (uchar)3)
                                                                           << (uchar)4)) - (uchar)32));
 }
 #elif defined(QTYPE_F16)
@@ -338,8 +336,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 
 // bytes of a row of n elements
 #define ROW_BYTES(n) ((size_t)((n) / QK) * QB)
-// the block that holds 32-element chunk u of a row
-#define CHUNK_BLOCK(row, u) ((row) + (size_t)((u) / (QK / QCH)) * QB)
+// 32-element chunks per block of the quantized formats
+#define QSUB (QK / QCH)
 
 // =============================================================================== qmatmul_tiled
 #ifdef TSM
@@ -506,48 +504,59 @@ void qmatmul_gemv(__global float* c, __global const float* a, __global const uch
             acc[i][j] = (float8)(0.0f);
             macc[i][j] = 0.0f;
         }
-    for (int u = l; u < n_chunks; u += GEMV_WG) {
-        float d[GEMV_ROWS], m[GEMV_ROWS];
+    // whole blocks (K-quants: 8 chunks, whose sub-block scales are then constant offsets into the block)
+    for (int ub = l; ub < n_chunks / QSUB; ub += GEMV_WG) {
+        __global const uchar* blk[GEMV_ROWS];
+        UNROLL for (int j = 0; j < GEMV_ROWS; j++) blk[j] = wrow[j] + (size_t)ub * QB;
+        float bd[GEMV_ROWS], bm[GEMV_ROWS];  // the block's half scales
         UNROLL for (int g = 0; g < GEMV_ROWS; g += 4) {  // the halves of rows g .. g + 3: d, m, d, m, ...
             uint hw[8];
             UNROLL for (int t = 0; t < 4; t++) {
-                const uint w = g + t < GEMV_ROWS ? SCALE_HALVES(CHUNK_BLOCK(wrow[g + t], u)) : 0u;
+                const uint w = g + t < GEMV_ROWS ? SCALE_HALVES(blk[g + t]) : 0u;
                 hw[2 * t] = w & 0xffffu;
                 hw[2 * t + 1] = w >> 16;
             }
             union { float8 v; float s[8]; } f;
             f.v = half8_bits((uint8)(hw[0], hw[1], hw[2], hw[3], hw[4], hw[5], hw[6], hw[7]));
             UNROLL for (int t = 0; t < 4 && g + t < GEMV_ROWS; t++) {
-                d[g + t] = f.s[2 * t];
-                m[g + t] = f.s[2 * t + 1];
-                dq_int_scales(CHUNK_BLOCK(wrow[g + t], u), u, &d[g + t], &m[g + t]);
+                bd[g + t] = f.s[2 * t];
+                bm[g + t] = f.s[2 * t + 1];
             }
         }
+        UNROLL for (int sub = 0; sub < QSUB; sub++) {
+            const int u = ub * QSUB + sub;
+            float d[GEMV_ROWS], m[GEMV_ROWS];
+            UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+                d[j] = bd[j];
+                m[j] = bm[j];
+                dq_int_scales(blk[j], sub, &d[j], &m[j]);
+            }
 #if !defined(DQ_SPLIT) && !defined(DQ_NO_MIN)
-        float xs[GEMV_M];  // sum_t x_t of the chunk
-        UNROLL for (int i = 0; i < GEMV_M; i++) {
-            __global const float* x = a + (size_t)i * K + u * QCH;
-            const float16 s16 = F16V(x) + F16V(x + 16);
-            const float8 s8 = s16.lo + s16.hi;
-            const float4 s4 = s8.lo + s8.hi;
-            xs[i] = (s4.x + s4.y) + (s4.z + s4.w);
-        }
-#endif
-        UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
-            float16 q0, q1;
-            dq_int_chunk(wrow[j], u, &q0, &q1);
+            float xs[GEMV_M];  // sum_t x_t of the chunk
             UNROLL for (int i = 0; i < GEMV_M; i++) {
                 __global const float* x = a + (size_t)i * K + u * QCH;
+                const float16 s16 = F16V(x) + F16V(x + 16);
+                const float8 s8 = s16.lo + s16.hi;
+                const float4 s4 = s8.lo + s8.hi;
+                xs[i] = (s4.x + s4.y) + (s4.z + s4.w);
+            }
+#endif
+            UNROLL for (int j = 0; j < GEMV_ROWS; j++) {
+                float16 q0, q1;
+                dq_int_chunk(blk[j], sub, &q0, &q1);
+                UNROLL for (int i = 0; i < GEMV_M; i++) {
+                    __global const float* x = a + (size_t)i * K + u * QCH;
 #ifdef DQ_SPLIT  // d scales elements 0-15, m elements 16-31
-                const float16 t0 = F16V(x) * q0, t1 = F16V(x + 16) * q1;
-                acc[i][j] += d[j] * (t0.lo + t0.hi) + m[j] * (t1.lo + t1.hi);
+                    const float16 t0 = F16V(x) * q0, t1 = F16V(x + 16) * q1;
+                    acc[i][j] += d[j] * (t0.lo + t0.hi) + m[j] * (t1.lo + t1.hi);
 #else
-                const float16 t = F16V(x) * q0 + F16V(x + 16) * q1;
-                acc[i][j] += d[j] * (t.lo + t.hi);
+                    const float16 t = F16V(x) * q0 + F16V(x + 16) * q1;
+                    acc[i][j] += d[j] * (t.lo + t.hi);
 #ifndef DQ_NO_MIN
-                macc[i][j] += m[j] * xs[i];
+                    macc[i][j] += m[j] * xs[i];
 #endif
 #endif
+                }
             }
         }
     }
