@@ -4,8 +4,9 @@ Dettmers et al. 2023, with GGUF's formats instead of NF4).
 :func:`plan` decides, from the file's tensor types, which of a :class:`core.model.Model`'s block
 matrices stay quantized: attn_output and ffn_down alone, and the fused groups [attn_q; attn_k; attn_v]
 and [ffn_gate; ffn_up] (row concatenations: their raw bytes are concatenated) when every member has
-the same type; a group of mixed types, an F32 tensor or a type the kernels do not read stays float32
-(dequantized as before). The embedding, the output projection and the norms always stay float32.
+the same type, or Q8_0 where its members mix Q8_0, Q4_0 and Q5_0 (those widened to Q8_0 losslessly:
+SmolLM2's Q4_K_M files mix Q5_0 and Q8_0 there); a group of other mixed types, an F32 tensor or a type
+the kernels do not read stays float32 (dequantized as before). The embedding, the output projection and the norms always stay float32.
 :class:`QuantFrozen` is the :class:`core.lora.FrozenMatrix` over :mod:`core.kernels.qmatmul`.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from core.config import ModelConfig
-from core.kernels.qmatmul import FORMATS, QMatmul, QuantWeight, upload_weight, weight_nbytes
+from core.kernels.qmatmul import (FORMATS, WIDENS_TO_Q8_0, QMatmul, QuantWeight, upload_weight, weight_nbytes,
+                                  widen_to_q8_0)
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -38,7 +40,8 @@ def _qtype(name: str | int | Q | None) -> Q | None:
 
 def plan(config: ModelConfig, matrices: list[tuple[str, list[str]]],
          tensor_types: dict[str, str | int]) -> dict[str, tuple[list[str], Q]]:
-    """``{matrix name: (member tensor names, GGML type)}`` of the matrices kept quantized.
+    """``{matrix name: (member tensor names, GGML type)}`` of the matrices kept quantized (a group mixing
+    Q8_0, Q4_0 and Q5_0: Q8_0, its other members widened by :func:`upload`).
 
     Args:
         config: the architecture.
@@ -50,7 +53,7 @@ def plan(config: ModelConfig, matrices: list[tuple[str, list[str]]],
     shapes, out = dict(config.param_shapes()), {}
     for matrix, members in matrices:
         types = {_qtype(tensor_types.get(m)) for m in members}
-        qtype = types.pop() if len(types) == 1 else None
+        qtype = types.pop() if len(types) == 1 else Q.Q8_0 if types <= {Q.Q8_0, *WIDENS_TO_Q8_0} else None
         if qtype in KEPT and all(shapes[m][1] % _block(qtype) == 0 for m in members):
             out[matrix] = (members, qtype)
     return out
@@ -74,19 +77,25 @@ def device_bytes(config: ModelConfig, planned: dict[str, tuple[list[str], Q]]) -
 
 
 def upload(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str], Q]],
-           raw: dict[str, np.ndarray]) -> dict[str, QuantWeight]:
+           base: RawBase | None) -> dict[str, QuantWeight]:
     """The :func:`plan`'s matrices on the device: ``{matrix name: QuantWeight}`` of the members' raw
-    bytes (``raw``: ``{tensor name: its GGUF data}``, e.g. ``LoadedModel.quantized``) concatenated.
+    bytes (``base``: the file's, e.g. ``LoadedModel.quantized``) concatenated; a member whose type differs
+    from its matrix's is widened to Q8_0 first (:func:`core.kernels.qmatmul.widen_to_q8_0`).
 
     Raises:
         ValueError: a member's bytes are missing or do not match its type and shape.
     """
     shapes, out = dict(config.param_shapes()), {}
+    base = base or RawBase({}, {})
     for matrix, (members, qtype) in planned.items():
-        missing = [m for m in members if m not in raw]
+        missing = [m for m in members if m not in base.raw or _qtype(base.types.get(m)) is None]
         if missing:
             raise ValueError(f"quantized base: the raw bytes of {missing[0]} are missing")
-        data = np.concatenate([np.asarray(raw[m]).reshape(-1).view(np.uint8) for m in members])
+        parts = []
+        for m in members:
+            own, data = _qtype(base.types[m]), base.raw[m]
+            parts.append(widen_to_q8_0(data, own) if own != qtype else np.asarray(data).reshape(-1).view(np.uint8))
+        data = np.concatenate(parts)
         shape = (sum(shapes[m][0] for m in members), shapes[members[0]][1])
         out[matrix] = upload_weight(dev, data, qtype, shape)
     return out
@@ -98,7 +107,7 @@ def members(planned: dict[str, tuple[list[str], Q]]) -> tuple[str, ...]:
 
 
 def frozen_matrices(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str], Q]],
-                    raw: dict[str, np.ndarray], scratch=None) -> dict[str, QuantFrozen]:
+                    base: RawBase | None, scratch=None) -> dict[str, QuantFrozen]:
     """``{matrix name: QuantFrozen}`` of the :func:`plan`'s matrices on the device (:func:`upload`), over one
     :class:`core.kernels.qmatmul.QMatmul` (``scratch``: the float matmul's pool, shared) whose formats'
     kernels are built now, not mid-step. Empty without a plan.
@@ -109,7 +118,7 @@ def frozen_matrices(dev: Device, config: ModelConfig, planned: dict[str, tuple[l
     if not planned:
         return {}
     qmatmul = QMatmul(dev, scratch=scratch)
-    weights = upload(dev, config, planned, raw)
+    weights = upload(dev, config, planned, base)
     for w in weights.values():
         qmatmul.prepare(w.qtype)
     return {name: QuantFrozen(qmatmul, w) for name, w in weights.items()}

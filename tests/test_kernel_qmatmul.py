@@ -9,7 +9,7 @@ from gguf import GGUFReader, quants
 from core.kernels import qmatmul_ref as ref
 from core.kernels.matmul import PackedConfig
 from core.kernels.qmatmul import (FORMATS, QGemvConfig, QMatmul, QTiledConfig, file_matrices, frozen_matrix_bytes,
-                                  upload_weight, weight_nbytes)
+                                  upload_weight, weight_nbytes, widen_to_q8_0)
 from tests.opcheck import assert_selfcheck, assert_close, from_device, to_device
 
 # name -> QMatmul arguments. Both families run on every device (CI's PoCL covers the GPU kernel).
@@ -222,6 +222,21 @@ def test_device_holds_the_gguf_bytes(device):
         assert_close(from_device(device, DX, ((4, shape[1]), np.float32)), want, atol=_atol(shape[0], 1.0),
                      what=f"{t.name} input_grad")
         assert op.scratch_bytes() < 4 * shape[0] * shape[1]  # (CPUs) one K chunk of panels, not W as floats
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
+def test_widening_to_q8_0_is_lossless(rng, qtype):
+    """Every block of random bytes (every 4/5-bit pattern, every finite half d) dequantizes by gguf-py to the same
+    floats as the Q8_0 it is widened to; bytes that are no whole number of blocks are refused."""
+    size = quants.GGML_QUANT_SIZES[qtype][1]
+    raw = rng.integers(0, 256, (4096, size), dtype=np.uint8)
+    raw[:, :2] = rng.uniform(-2.0, 2.0, 4096).astype(np.float16)[:, None].view(np.uint8)
+    wide = widen_to_q8_0(raw, qtype).reshape(4096, 34)
+    assert np.array_equal(quants.dequantize(wide, Q.Q8_0), quants.dequantize(raw, qtype))
+    with pytest.raises(ValueError, match="cannot widen Q5_0"):
+        widen_to_q8_0(np.zeros(23, np.uint8), Q.Q5_0)
+    with pytest.raises(ValueError, match="cannot widen Q4_1"):
+        widen_to_q8_0(np.zeros(20, np.uint8), Q.Q4_1)
 
 
 def test_memory_figure_and_bad_input(device, rng):

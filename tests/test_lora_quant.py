@@ -27,9 +27,9 @@ from tests.test_lora_cli import PROMPT, write_f32_smol
 from tests.test_model import batch
 
 T = gguf.GGMLQuantizationType
-# layer 0: [q;k;v] all Q8_0 (concatenated bytes), gate/up Q4_1, output F16, down Q4_K;
-# layer 1: q Q4_1 but k/v Q8_0 (mixed: the group stays float32), gate/up BF16, output Q4_0, down F32
-TYPES = {"blk.0.attn_q.weight": T.Q8_0, "blk.0.attn_k.weight": T.Q8_0, "blk.0.attn_v.weight": T.Q8_0,
+# layer 0: [q;k;v] Q5_0, Q4_0, Q8_0 (q and k widened to Q8_0, the bytes concatenated), gate/up Q4_1, output F16,
+# down Q4_K; layer 1: q Q4_1 but k/v Q8_0 (mixed: the group stays float32), gate/up BF16, output Q4_0, down F32
+TYPES = {"blk.0.attn_q.weight": T.Q5_0, "blk.0.attn_k.weight": T.Q4_0, "blk.0.attn_v.weight": T.Q8_0,
          "blk.0.ffn_gate.weight": T.Q4_1, "blk.0.ffn_up.weight": T.Q4_1, "blk.0.attn_output.weight": T.F16,
          "blk.0.ffn_down.weight": T.Q4_K, "blk.1.attn_q.weight": T.Q4_1, "blk.1.attn_k.weight": T.Q8_0,
          "blk.1.attn_v.weight": T.Q8_0, "blk.1.ffn_gate.weight": T.BF16, "blk.1.ffn_up.weight": T.BF16,
@@ -50,6 +50,7 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     lora = LoRAConfig(rank=4, alpha=8.0)
     c = dataclasses.replace(mixed.config, context_length=16)
     assert set(quantized_plan(c, lora, mixed.quantized)) == KEPT
+    assert quantized_plan(c, lora, mixed.quantized)["blk.0.attn_qkv"][1] == T.Q8_0
     ad = random_adapter(c, lora, 7)
     before = device.allocated_bytes
     q = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized)

@@ -101,6 +101,45 @@ def upload_weight(dev: Device, data: np.ndarray, qtype: GGMLQuantizationType, sh
     return QuantWeight(buf, Q(qtype), int(shape[0]), int(shape[1]), need)
 
 
+WIDENS_TO_Q8_0 = (Q.Q4_0, Q.Q5_0)
+"""Types whose blocks are Q8_0's exactly: d * (q - 8) / d * (q - 16) with the same half d and 32 elements,
+the integers within int8 (:func:`widen_to_q8_0`)."""
+
+
+def widen_to_q8_0(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """The Q8_0 bytes of a Q4_0 or Q5_0 tensor, losslessly: each block keeps its half d, and its element t
+    (4 or 5 bits q, ggml's ``dequantize_row_q4_0`` / ``_q5_0`` layout) becomes the int8 ``q - 8`` / ``q - 16``,
+    so every element dequantizes to the same float. Used where one fused matrix's members differ in type.
+
+    Args:
+        data: the tensor's GGUF bytes (any dtype, its bytes used), a whole number of blocks.
+        qtype: Q4_0 or Q5_0.
+
+    Returns:
+        uint8 array of 34 bytes per block.
+
+    Raises:
+        ValueError: another type, or bytes that are not a whole number of its blocks.
+    """
+    size = {Q.Q4_0: 18, Q.Q5_0: 22}.get(Q(qtype))
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if size is None or raw.size % size:
+        raise ValueError(f"qmatmul: cannot widen {Q(qtype).name} ({raw.size} bytes) to Q8_0")
+    blocks = raw.reshape(-1, size)
+    qs = blocks[:, size - 16:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int16)  # elements 0-15, 16-31
+    if qtype == Q.Q5_0:
+        qh = blocks[:, 2:6].copy().view("<u4")  # (blocks, 1)
+        q |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
+        q -= 16
+    else:
+        q -= 8
+    out = np.empty((blocks.shape[0], 34), np.uint8)
+    out[:, :2] = blocks[:, :2]
+    out[:, 2:] = q.astype(np.int8).view(np.uint8)
+    return out.reshape(-1)
+
+
 @dataclass(frozen=True)
 class QTiledConfig(TileGrid):
     """``qmatmul_tiled``: a ``tsm`` x ``tsn`` tile of C per work-group, ``tsk``-deep local tiles,
