@@ -2,7 +2,8 @@
 
     python benchmarks/compare.py [--device N|NAME] [--shapes default,d512] [--steps 5] [--rounds 3]
                                  [--torch-device cpu|cuda] [--torch-compile] [--profile]
-                                 [--no-decode] [--decode-tokens 100] [--decode-gguf FILE] [--decode-only]
+                                 [--no-decode] [--decode-tokens 100] [--decode-gguf FILE [--requantize TYPE]]
+                                 [--decode-only]
                                  [--lora RANK [--lora-only]]
 
 Training: a full step (forward, backward, grad-norm clip to 1.0, AdamW; float32) on identical
@@ -23,7 +24,10 @@ exported as an F32 GGUF (core/gguf_io.py); our Generator (core/generate.py) and 
 (llama-cpp-python, n_threads = cores) each feed a 16-token prompt and then decode
 ``--decode-tokens`` tokens one at a time, greedy (argmax on the host for both), alternating.
 ``--decode-gguf FILE`` adds the same on a GGUF file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf (ours reads
-its quantized matrices as stored, as the app's chat does); ``--decode-only`` skips the training rows.
+its quantized matrices as stored, as the app's chat does); ``--requantize Q4_K_M`` first has llama.cpp
+quantize that file to the given llama.cpp file type (``LLAMA_FTYPE_MOSTLY_<TYPE>``, requantizing allowed;
+written beside it, or reused) and decodes that one: SmolLM2's Q4_K_M is mostly Q5_0 (576 is no multiple of
+the K-quants' 256), with Q8_0, Q4_K and Q6_K. ``--decode-only`` skips the training rows.
 
 On a GPU machine: ``--device NVIDIA --torch-device cuda [--torch-compile]``; the decode
 comparison is a CPU one (llama-cpp-python's CPU build): use ``--no-decode`` there, or a CPU
@@ -278,6 +282,26 @@ def _decode_rounds(dev, a, config: ModelConfig, path: Path, make, name: str) -> 
             "ours_median": statistics.median(r_ours), "ref_median": statistics.median(r_ref)}
 
 
+def requantized(path: str, ftype: str) -> str:
+    """``path`` quantized by llama.cpp (``llama_model_quantize``, requantizing allowed) to file type ``ftype``
+    (e.g. ``Q4_K_M``), written once beside it as ``<stem>.<ftype>.gguf``; its path."""
+    import ctypes
+
+    import llama_cpp
+
+    out = os.path.join(os.path.dirname(os.path.abspath(path)), f"{os.path.basename(path).rsplit('.gguf', 1)[0]}.{ftype}.gguf")
+    if not os.path.exists(out):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}")
+        params.allow_requantize = True
+        params.nthread = os.cpu_count() or 1
+        tmp = out + ".part"
+        if llama_cpp.llama_model_quantize(path.encode(), tmp.encode(), ctypes.byref(params)) != 0:
+            raise SystemExit(f"--requantize {ftype}: llama.cpp could not quantize {path}")
+        os.replace(tmp, out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="OpenCL device index or name (default: the preferred one)")
@@ -296,6 +320,8 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=100)
     ap.add_argument("--decode-gguf", default=None, metavar="FILE",
                     help="also a decode row on this GGUF file (e.g. SmolLM2-135M-Instruct.Q4_1.gguf), ours vs llama.cpp")
+    ap.add_argument("--requantize", default=None, metavar="TYPE",
+                    help="with --decode-gguf: decode llama.cpp's TYPE (e.g. Q4_K_M) quantization of that file")
     ap.add_argument("--decode-only", action="store_true", help="only the decode rows")
     ap.add_argument("--lora", type=int, default=0, metavar="RANK", help="also LoRA rows (benchmarks/lora_bench.py): "
                     "our LoRA step vs our full step vs torch + peft, rank RANK on every linear layer")
@@ -324,7 +350,7 @@ def main() -> None:
     if not a.no_decode:
         rows.append(bench_decode(dev, a))
         if a.decode_gguf:
-            rows.append(bench_decode(dev, a, a.decode_gguf))
+            rows.append(bench_decode(dev, a, requantized(a.decode_gguf, a.requantize) if a.requantize else a.decode_gguf))
     print("\n| shape | params | batch x seq | ours tok/s | reference tok/s | ours/reference | max logit diff |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
