@@ -677,9 +677,11 @@ class Device:
         """Enqueue ``kernel`` (from :meth:`kernel`) on this device's queue with ``args``.
 
         The same as ``kernel(queue, global_size, local_size, *args)`` but without pyopencl's
-        generic call path, which costs about 20 us per launch on PoCL against about 8 us here
-        (``set_args`` + ``enqueue_nd_range_kernel``): what decode, with tens of small launches
-        per token, pays. Records ``(kernel name, event)`` while profiling.
+        generic call path, which cost about 20 us per launch on PoCL against about 8 us here
+        (``set_args`` + ``enqueue_nd_range_kernel``) on a 2-core Xeon VM; on a 2-core Zen 1 EPYC VM
+        this path costs 18-20 us, ``set_args`` about 14 of them, which is why decode replays its
+        recorded launches without it (:mod:`core.replay`, 7-10 us each there). Records
+        ``(kernel name, event)`` while profiling.
 
         Returns:
             The ``cl.Event`` of the launch.
