@@ -282,26 +282,6 @@ def _decode_rounds(dev, a, config: ModelConfig, path: Path, make, name: str) -> 
             "ours_median": statistics.median(r_ours), "ref_median": statistics.median(r_ref)}
 
 
-def requantized(path: str, ftype: str) -> str:
-    """``path`` quantized by llama.cpp (``llama_model_quantize``, requantizing allowed) to file type ``ftype``
-    (e.g. ``Q4_K_M``), written once beside it as ``<stem>.<ftype>.gguf``; its path."""
-    import ctypes
-
-    import llama_cpp
-
-    out = os.path.join(os.path.dirname(os.path.abspath(path)), f"{os.path.basename(path).rsplit('.gguf', 1)[0]}.{ftype}.gguf")
-    if not os.path.exists(out):
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}")
-        params.allow_requantize = True
-        params.nthread = os.cpu_count() or 1
-        tmp = out + ".part"
-        if llama_cpp.llama_model_quantize(path.encode(), tmp.encode(), ctypes.byref(params)) != 0:
-            raise SystemExit(f"--requantize {ftype}: llama.cpp could not quantize {path}")
-        os.replace(tmp, out)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="OpenCL device index or name (default: the preferred one)")
@@ -350,7 +330,12 @@ def main() -> None:
     if not a.no_decode:
         rows.append(bench_decode(dev, a))
         if a.decode_gguf:
-            rows.append(bench_decode(dev, a, requantized(a.decode_gguf, a.requantize) if a.requantize else a.decode_gguf))
+            path = a.decode_gguf
+            if a.requantize:
+                from tests.artifacts import llama_quantize
+
+                path = str(llama_quantize(Path(path), a.requantize))
+            rows.append(bench_decode(dev, a, path))
     print("\n| shape | params | batch x seq | ours tok/s | reference tok/s | ours/reference | max logit diff |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

