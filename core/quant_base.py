@@ -6,7 +6,8 @@ matrices stay quantized: attn_output and ffn_down alone, and the fused groups [a
 and [ffn_gate; ffn_up] (row concatenations: their raw bytes are concatenated) when every member has
 the same type, or Q8_0 where its members mix Q8_0, Q4_0 and Q5_0 (those widened to Q8_0 losslessly:
 SmolLM2's Q4_K_M files mix Q5_0 and Q8_0 there); a group of other mixed types, an F32 tensor or a type
-the kernels do not read stays float32 (dequantized as before). The embedding, the output projection and the norms always stay float32.
+the kernels do not read stays float32 (dequantized as before). The embedding, the output projection and
+the norms always stay float32.
 :class:`QuantFrozen` is the :class:`core.lora.FrozenMatrix` over :mod:`core.kernels.qmatmul`.
 """
 from __future__ import annotations
