@@ -99,7 +99,7 @@ def llama_quantize(path: Path, ftype: str, out: Path | None = None) -> Path:
         raise ValueError(f"llama.cpp has no file type {ftype!r}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.nthread = code, True, os.cpu_count() or 1
-    part = out.with_name(out.name + ".part")
+    part = out.with_name(f"{out.name}.{os.getpid()}.part")  # one writer per file; the last rename wins whole
     if llama_cpp.llama_model_quantize(str(path).encode(), str(part).encode(), ctypes.byref(params)) != 0:
         part.unlink(missing_ok=True)
         raise RuntimeError(f"llama.cpp could not quantize {path} to {ftype}")
