@@ -307,6 +307,8 @@ def main() -> None:
                     "our LoRA step vs our full step vs torch + peft, rank RANK on every linear layer")
     ap.add_argument("--lora-only", action="store_true", help="with --lora: only the LoRA rows")
     a = ap.parse_args()
+    if a.requantize and not a.decode_gguf:
+        ap.error("--requantize needs --decode-gguf FILE (the file to requantize)")
     shapes = (a.shapes or ("default,d512,d768" if a.torch_device == "cuda" else "default,d512")).split(",")
     for s in shapes:
         if s not in SHAPES:
