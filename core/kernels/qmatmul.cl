@@ -205,19 +205,26 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     v->h[1] = d * convert_float16(q1) + m;
 }
 #define DQ_INT
-#ifdef QTYPE_Q5_0
+#ifdef QTYPE_Q5_0  // the integers q - 16 (signed bytes): no m
+#define DQ_NO_MIN
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
-inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = -16.0f * *d; }
+inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = 0.0f; }
+inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
+    uchar16 v0, v1;
+    q5_ints(blk, &v0, &v1);
+    *q0 = convert_float16(as_char16(v0 - (uchar)16));
+    *q1 = convert_float16(as_char16(v1 - (uchar)16));
+}
 #else
 #define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 24 bytes: 4-byte aligned)
 inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {}
-#endif
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     uchar16 v0, v1;
     q5_ints(blk, &v0, &v1);
     *q0 = convert_float16(v0);
     *q1 = convert_float16(v1);
 }
+#endif
 #elif defined(QTYPE_Q4_K)  // 256-element super-block: half d, half dmin, uchar scales[12], uchar qs[128]
 #define QK 256
 #define QB 144
