@@ -89,13 +89,12 @@ def upload(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str],
     shapes, out = dict(config.param_shapes()), {}
     base = base or RawBase({}, {})
     for matrix, (members, qtype) in planned.items():
-        missing = [m for m in members if m not in base.raw or _qtype(base.types.get(m)) is None]
+        own = {m: _qtype(base.types.get(m)) for m in members}
+        missing = [m for m in members if m not in base.raw or own[m] is None]
         if missing:
-            raise ValueError(f"quantized base: the raw bytes of {missing[0]} are missing")
-        parts = []
-        for m in members:
-            own, data = _qtype(base.types[m]), base.raw[m]
-            parts.append(widen_to_q8_0(data, own) if own != qtype else np.asarray(data).reshape(-1).view(np.uint8))
+            raise ValueError(f"quantized base: the raw bytes or the type of {missing[0]} are missing")
+        parts = [widen_to_q8_0(base.raw[m], own[m]) if own[m] != qtype
+                 else np.asarray(base.raw[m]).reshape(-1).view(np.uint8) for m in members]
         data = np.concatenate(parts)
         shape = (sum(shapes[m][0] for m in members), shapes[members[0]][1])
         out[matrix] = upload_weight(dev, data, qtype, shape)

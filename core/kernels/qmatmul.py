@@ -121,7 +121,7 @@ def widen_to_q8_0(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     Raises:
         ValueError: another type, or bytes that are not a whole number of its blocks.
     """
-    size = {Q.Q4_0: 18, Q.Q5_0: 22}.get(Q(qtype))
+    size = GGML_QUANT_SIZES[Q(qtype)][1] if Q(qtype) in WIDENS_TO_Q8_0 else None
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if size is None or raw.size % size:
         raise ValueError(f"qmatmul: cannot widen {Q(qtype).name} ({raw.size} bytes) to Q8_0")
@@ -134,7 +134,7 @@ def widen_to_q8_0(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         q -= 16
     else:
         q -= 8
-    out = np.empty((blocks.shape[0], 34), np.uint8)
+    out = np.empty((blocks.shape[0], GGML_QUANT_SIZES[Q.Q8_0][1]), np.uint8)
     out[:, :2] = blocks[:, :2]
     out[:, 2:] = q.astype(np.int8).view(np.uint8)
     return out.reshape(-1)
