@@ -3,4 +3,5 @@ import sys
 
 from gui.app import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a child process (core.child_call) imports the parent's main module
+    sys.exit(main())

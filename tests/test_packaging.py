@@ -13,6 +13,7 @@ empty HOME, from another working directory, with the bundle folder read-only.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -189,11 +190,16 @@ def test_frozen_self_test_without_system_linker(bundle: Path, tmp_path: Path):
     _check_self_test(proc)
 
 
-def test_frozen_window_starts_offscreen_and_closes(bundle: Path, tmp_path: Path):
-    proc = _run([str(bundle / f"{NAME}{EXE}"), "--quit-after", "3"], _clean_env(tmp_path), cwd=tmp_path,
+def test_frozen_window_starts_offscreen_counts_tokens_and_closes(bundle: Path, tmp_path: Path):
+    """The window opens on the Dataset tab with the starter dataset, whose tokens are counted in a child
+    process: in the bundle that child re-runs the executable, which must serve it (freeze_support), not
+    open a second window."""
+    proc = _run([str(bundle / f"{NAME}{EXE}"), "--quit-after", "10"], _clean_env(tmp_path), cwd=tmp_path,
                 timeout=120)
     assert proc.returncode == 0
     assert "main window" in proc.stdout and "was shown" in proc.stdout
+    assert re.search(r"dataset counts: '.*[1-9][\d,]* tokens \(", proc.stdout), "no token counts in 10 s"
+    assert proc.stdout.count("was shown") == 1
 
 
 @pytest.mark.skipif(not IS_LINUX, reason="desktop entries are for Linux menus")
