@@ -298,13 +298,13 @@ def _print_lora_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, plan
     fine-tune of the same rows; refuses one that does not fit."""
     from core.lora import adapter_params
     from core.model import memory_bytes, memory_problem
-    from core.quant_base import device_bytes
+    from core.quant_base import device_bytes, member_types
 
     b = max(tc.pretrain.batch_size, tc.dialogues.batch_size)
     micro = -(-b // tc.grad_accum)
     if planned:
         quant, floats = device_bytes(mc, planned)
-        kinds = ", ".join(sorted({q.name for _, q in planned.values()}))
+        kinds = ", ".join(sorted({q.name for names, qtype in planned.values() for q in member_types(names, qtype)}))
         print(f"base: {len(planned)} block matrices kept in {kinds} on the device ({quant / 2**20:.1f} MiB; "
               f"float32: {4 * floats / 2**20:.1f} MiB)")
     need = memory_bytes(mc, micro, True, lora=lora, quantized=planned, max_seq=max_seq)[0]

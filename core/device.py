@@ -812,6 +812,22 @@ class Device:
             self.cl.enqueue_copy(self.queue, dst, src, byte_count=n_elems * itemsize,
                                  dst_offset=dst_offset * itemsize, src_offset=src_offset * itemsize)
 
+    def copy_columns(self, dst: cl.Buffer, src: cl.Buffer, rows: int, cols: int, dst_ld: int, src_ld: int,
+                     dst_col: int = 0, src_col: int = 0) -> None:
+        """Device-to-device copy of a block of float32 columns: ``dst[r, dst_col + j] = src[r, src_col + j]``
+        for ``r < rows``, ``j < cols``, both row-major with rows of ``dst_ld`` and ``src_ld`` elements
+        (OpenCL 1.1's clEnqueueCopyBufferRect; nothing when ``rows`` or ``cols`` is 0).
+
+        Raises:
+            ValueError: ``cols`` plus a column offset exceeds its row length.
+        """
+        if dst_col + cols > dst_ld or src_col + cols > src_ld:
+            raise ValueError(f"copy_columns: columns {src_col}+{cols} of {src_ld} into {dst_col}+{cols} of {dst_ld}")
+        if rows and cols:
+            self.cl.enqueue_copy(self.queue, dst, src, src_origin=(4 * src_col, 0, 0), dst_origin=(4 * dst_col, 0, 0),
+                                 region=(4 * cols, rows, 1), src_pitches=(4 * src_ld, 4 * src_ld * rows),
+                                 dst_pitches=(4 * dst_ld, 4 * dst_ld * rows))
+
     def finish(self) -> None:
         """Block until every queued command has completed."""
         self.queue.finish()

@@ -291,7 +291,8 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
     and the trained tensors are the adapters (``core.lora``: their weights, grads, moments,
     the products' scratch and :class:`core.lora.LoRAScratch`); ``quantized`` (:func:`quantized_plan`):
     those base matrices are held in their GGUF formats instead of float32
-    (:func:`core.quant_base.device_bytes`). ``generation``: a core.generate.Generator's buffers (its
+    (:func:`core.quant_base.device_bytes`; a group held as a matrix per member adds
+    :func:`core.quant_base.group_scratch_floats`). ``generation``: a core.generate.Generator's buffers (its
     weights, its :func:`activation_sizes` with ``generation``, the matmuls' scratch of a full prompt;
     ``max_seq`` does not apply: the KV cache holds ``context_length`` rows).
     """
@@ -308,7 +309,7 @@ def memory_bytes(config: ModelConfig, batch_size: int, training: bool = True,
         trained = n_params - sum(math.prod(s) for n, s in config.param_shapes() if n in frozen)
         params = n_params + (3 * trained if training else 0)  # weights (+ grads, m, v)
     quant, replaced = quant_base.device_bytes(config, quantized) if quantized else (0, 0)
-    scratch = scratch_bound_floats(shapes)
+    scratch = scratch_bound_floats(shapes) + (quant_base.group_scratch_floats(config, quantized, rows) if quantized else 0)
     total = 4 * (params - replaced + scratch) + quant + 4 * sum(sum(v) for v in acts.values())
     largest = 4 * max([n_params - replaced] + [max(v) for v in acts.values()])
     return total, largest

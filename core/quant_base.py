@@ -3,12 +3,14 @@ Dettmers et al. 2023, with GGUF's formats instead of NF4).
 
 :func:`plan` decides, from the file's tensor types, which of a :class:`core.model.Model`'s block
 matrices stay quantized: attn_output and ffn_down alone, and the fused groups [attn_q; attn_k; attn_v]
-and [ffn_gate; ffn_up] (row concatenations: their raw bytes are concatenated) when every member has
-the same type, or Q8_0 where its members mix Q8_0, Q4_0 and Q5_0 (those widened to Q8_0 losslessly:
-SmolLM2's Q4_K_M files mix Q5_0 and Q8_0 there); a group of other mixed types, an F32 tensor or a type
-the kernels do not read stays float32 (dequantized as before). The embedding, the output projection and
-the norms always stay float32.
-:class:`QuantFrozen` is the :class:`core.lora.FrozenMatrix` over :mod:`core.kernels.qmatmul`.
+and [ffn_gate; ffn_up] (row concatenations): one matrix, their raw bytes concatenated, when every member
+has the same type, or Q8_0 where its members mix Q8_0, Q4_0 and Q5_0 (those widened to Q8_0 losslessly:
+SmolLM2's Q4_K_M files mix Q5_0 and Q8_0 there); a matrix per member where they mix other kept types
+(llama.cpp's Q4_K_M gives attn_v Q6_K beside Q4_K q and k in half the layers of a model whose d_model is
+a multiple of 256). A group with an F32/F16/BF16 member or a type the kernels do not read stays float32
+(dequantized as before). The embedding, the output projection and the norms always stay float32.
+:class:`QuantFrozen` (one matrix) and :class:`QuantFrozenGroup` (a matrix per member) are the
+:class:`core.lora.FrozenMatrix` over :mod:`core.kernels.qmatmul`.
 """
 from __future__ import annotations
 
@@ -39,10 +41,21 @@ def _qtype(name: str | int | Q | None) -> Q | None:
         return None
 
 
+Planned = dict[str, tuple[list[str], "Q | tuple[Q, ...]"]]
+"""A :func:`plan`: ``{matrix name: (member tensor names, GGML type of the matrix, or a tuple of one type per
+member for a group kept as a matrix per member)}``."""
+
+
+def member_types(members: list[str], qtype: Q | tuple[Q, ...]) -> list[Q]:
+    """The GGML type each member is held in (a planned entry's ``(members, qtype)``)."""
+    return list(qtype) if isinstance(qtype, tuple) else [qtype] * len(members)
+
+
 def plan(config: ModelConfig, matrices: list[tuple[str, list[str]]],
-         tensor_types: dict[str, str | int]) -> dict[str, tuple[list[str], Q]]:
-    """``{matrix name: (member tensor names, GGML type)}`` of the matrices kept quantized (a group mixing
-    Q8_0, Q4_0 and Q5_0: Q8_0, its other members widened by :func:`upload`).
+         tensor_types: dict[str, str | int]) -> Planned:
+    """The matrices kept quantized (:data:`Planned`): a group of one type as that type, one mixing Q8_0,
+    Q4_0 and Q5_0 as Q8_0 (its other members widened by :func:`upload`), one mixing other kept types as a
+    tuple of its members' types (a matrix per member, :class:`QuantFrozenGroup`).
 
     Args:
         config: the architecture.
@@ -53,9 +66,11 @@ def plan(config: ModelConfig, matrices: list[tuple[str, list[str]]],
     """
     shapes, out = dict(config.param_shapes()), {}
     for matrix, members in matrices:
-        types = {_qtype(tensor_types.get(m)) for m in members}
-        qtype = types.pop() if len(types) == 1 else Q.Q8_0 if types <= {Q.Q8_0, *WIDENS_TO_Q8_0} else None
-        if qtype in KEPT and all(shapes[m][1] % _block(qtype) == 0 for m in members):
+        types = [_qtype(tensor_types.get(m)) for m in members]
+        kinds = set(types)
+        qtype = (types[0] if len(kinds) == 1 else Q.Q8_0 if kinds <= {Q.Q8_0, *WIDENS_TO_Q8_0} else tuple(types))
+        held = member_types(members, qtype)
+        if all(t in KEPT and shapes[m][1] % _block(t) == 0 for m, t in zip(members, held)):
             out[matrix] = (members, qtype)
     return out
 
@@ -66,22 +81,40 @@ def _block(qtype: Q) -> int:
     return GGML_QUANT_SIZES[qtype][0]
 
 
-def device_bytes(config: ModelConfig, planned: dict[str, tuple[list[str], Q]]) -> tuple[int, int]:
+def _parts(members: list[str], qtype: Q | tuple[Q, ...]) -> list[tuple[list[str], Q]]:
+    """The device matrices of a planned entry: ``[(its members, type)]``, one for all the members, or
+    one per member."""
+    if isinstance(qtype, tuple):
+        return [([m], t) for m, t in zip(members, qtype)]
+    return [(members, qtype)]
+
+
+def device_bytes(config: ModelConfig, planned: Planned) -> tuple[int, int]:
     """``(bytes in their formats as :func:`core.kernels.qmatmul.upload_weight` holds them, float32
-    elements they replace)`` of the :func:`plan`'s matrices."""
+    elements they replace)`` of the :func:`plan`'s matrices (:func:`group_scratch_floats` aside)."""
     shapes, quant, floats = dict(config.param_shapes()), 0, 0
     for members, qtype in planned.values():
-        n_out, n_in = sum(shapes[m][0] for m in members), shapes[members[0]][1]
-        quant += -(-weight_nbytes(qtype, (n_out, n_in)) // 4) * 4
-        floats += n_out * n_in
+        for part, t in _parts(members, qtype):
+            n_out, n_in = sum(shapes[m][0] for m in part), shapes[part[0]][1]
+            quant += -(-weight_nbytes(t, (n_out, n_in)) // 4) * 4
+            floats += n_out * n_in
     return quant, floats
 
 
-def upload(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str], Q]],
-           base: RawBase | None) -> dict[str, QuantWeight]:
-    """The :func:`plan`'s matrices on the device: ``{matrix name: QuantWeight}`` of the members' raw
-    bytes (``base``: the file's, e.g. ``LoadedModel.quantized``) concatenated; a member whose type differs
-    from its matrix's is widened to Q8_0 first (:func:`core.kernels.qmatmul.widen_to_q8_0`).
+def group_scratch_floats(config: ModelConfig, planned: Planned, rows: int) -> int:
+    """Floats of the one scratch buffer the :class:`QuantFrozenGroup` products of ``rows`` rows use (a
+    member's output, or its columns of dy, (rows, n_out of the widest member)); 0 without such a group."""
+    shapes = dict(config.param_shapes())
+    widest = max((shapes[m][0] for members, qtype in planned.values() if isinstance(qtype, tuple) for m in members),
+                 default=0)
+    return rows * widest if rows > 1 else 0
+
+
+def upload(dev: Device, config: ModelConfig, planned: Planned, base: RawBase | None) -> dict[str, list[QuantWeight]]:
+    """The :func:`plan`'s matrices on the device: ``{matrix name: [QuantWeight]}``, one of the members' raw
+    bytes (``base``: the file's, e.g. ``LoadedModel.quantized``) concatenated (a member whose type differs
+    from its matrix's widened to Q8_0 first: :func:`core.kernels.qmatmul.widen_to_q8_0`), or one per
+    member for a group planned as a tuple of types.
 
     Raises:
         ValueError: a member's bytes are missing or do not match its type and shape.
@@ -93,24 +126,26 @@ def upload(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str],
         missing = [m for m in members if m not in base.raw or own[m] is None]
         if missing:
             raise ValueError(f"quantized base: the raw bytes or the type of {missing[0]} are missing")
-        parts = [widen_to_q8_0(base.raw[m], own[m]) if own[m] != qtype
-                 else np.asarray(base.raw[m]).reshape(-1).view(np.uint8) for m in members]
-        data = np.concatenate(parts)
-        shape = (sum(shapes[m][0] for m in members), shapes[members[0]][1])
-        out[matrix] = upload_weight(dev, data, qtype, shape)
+        out[matrix] = []
+        for part, t in _parts(members, qtype):
+            data = np.concatenate([widen_to_q8_0(base.raw[m], own[m]) if own[m] != t
+                                   else np.asarray(base.raw[m]).reshape(-1).view(np.uint8) for m in part])
+            shape = (sum(shapes[m][0] for m in part), shapes[part[0]][1])
+            out[matrix].append(upload_weight(dev, data, t, shape))
     return out
 
 
-def members(planned: dict[str, tuple[list[str], Q]]) -> tuple[str, ...]:
+def members(planned: Planned) -> tuple[str, ...]:
     """The tensor names of the :func:`plan`'s matrices (what leaves the float32 parameter store)."""
     return tuple(m for names, _ in planned.values() for m in names)
 
 
-def frozen_matrices(dev: Device, config: ModelConfig, planned: dict[str, tuple[list[str], Q]],
-                    base: RawBase | None, scratch=None) -> dict[str, QuantFrozen]:
-    """``{matrix name: QuantFrozen}`` of the :func:`plan`'s matrices on the device (:func:`upload`), over one
-    :class:`core.kernels.qmatmul.QMatmul` (``scratch``: the float matmul's pool, shared) whose formats'
-    kernels are built now, not mid-step. Empty without a plan.
+def frozen_matrices(dev: Device, config: ModelConfig, planned: Planned, base: RawBase | None,
+                    scratch=None) -> dict[str, QuantFrozen | QuantFrozenGroup]:
+    """``{matrix name: QuantFrozen or QuantFrozenGroup}`` of the :func:`plan`'s matrices on the device
+    (:func:`upload`), over one :class:`core.kernels.qmatmul.QMatmul` (``scratch``: the float matmul's pool,
+    shared; the groups' buffer comes from it too) whose formats' kernels are built now, not mid-step.
+    Empty without a plan.
 
     Raises:
         ValueError: as :func:`upload`.
@@ -119,9 +154,11 @@ def frozen_matrices(dev: Device, config: ModelConfig, planned: dict[str, tuple[l
         return {}
     qmatmul = QMatmul(dev, scratch=scratch)
     weights = upload(dev, config, planned, base)
-    for w in weights.values():
-        qmatmul.prepare(w.qtype)
-    return {name: QuantFrozen(qmatmul, w) for name, w in weights.items()}
+    for parts in weights.values():
+        for w in parts:
+            qmatmul.prepare(w.qtype)
+    return {name: QuantFrozen(qmatmul, parts[0]) if len(parts) == 1 else QuantFrozenGroup(qmatmul, parts)
+            for name, parts in weights.items()}
 
 
 class QuantFrozen:
@@ -142,6 +179,50 @@ class QuantFrozen:
     def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
         """``dx (n, n_in) = (or +=) dy (n, n_out) @ W`` (no weight gradient; ``x`` is not needed)."""
         self.qmatmul.input_grad(dx, dy, self.w, n, accumulate=accumulate)
+
+
+class QuantFrozenGroup:
+    """A frozen row-concatenation W = [W_0; W_1; ...] (n_out, n_in) whose members are held in different
+    GGUF formats, each its own matrix: member i's product writes the columns ``[c_i, c_i + n_out_i)`` of
+    the output, and each member's ``dy`` columns add to ``dx``. One row goes straight to those columns (a
+    GEMV per member); more rows go through a scratch buffer of the widest member's (rows, n_out_i)
+    (:func:`group_scratch_floats`, from the qmatmul's scratch pool) and a rectangular copy
+    (:meth:`core.device.Device.copy_columns`).
+
+    Args:
+        qmatmul: the launcher; parts: the members' weights, in row order (:func:`upload`).
+    """
+
+    def __init__(self, qmatmul: QMatmul, parts: list[QuantWeight]):
+        self.qmatmul, self.parts = qmatmul, parts
+        self.n_out, self.n_in = sum(w.n_out for w in parts), parts[0].n_in
+        self._cols = np.cumsum([0] + [w.n_out for w in parts[:-1]]).tolist()
+
+    def _scratch(self, n: int):
+        return self.qmatmul._scratch.get("quant_group", n * max(w.n_out for w in self.parts))
+
+    def forward(self, out: cl.Buffer, x: cl.Buffer, n: int, x_offset: int = 0) -> None:
+        """``out (n, n_out) = x[x_offset:] (n, n_in) @ W^T`` (``x_offset`` in elements)."""
+        dev = self.qmatmul.dev
+        for w, col in zip(self.parts, self._cols):
+            if n == 1:
+                self.qmatmul.forward(out, x, w, 1, x_offset=x_offset, y_offset=col)
+                continue
+            tmp = self._scratch(n)
+            self.qmatmul.forward(tmp, x, w, n, x_offset=x_offset)
+            dev.copy_columns(out, tmp, n, w.n_out, dst_ld=self.n_out, src_ld=w.n_out, dst_col=col)
+
+    def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
+        """``dx (n, n_in) = (or +=) dy (n, n_out) @ W``: the sum of each member's ``dy`` columns times it."""
+        dev = self.qmatmul.dev
+        for i, (w, col) in enumerate(zip(self.parts, self._cols)):
+            add = accumulate or i > 0
+            if n == 1:
+                self.qmatmul.input_grad(dx, dy, w, 1, accumulate=add, dy_offset=col)
+                continue
+            tmp = self._scratch(n)
+            dev.copy_columns(tmp, dy, n, w.n_out, dst_ld=w.n_out, src_ld=self.n_out, src_col=col)
+            self.qmatmul.input_grad(dx, tmp, w, n, accumulate=add)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from core.config import ModelConfig
 from core.generate import Generator
 from core.model import LOGITS_MATRIX, Model
-from core.quant_base import QuantFrozen
+from core.quant_base import QuantFrozen, QuantFrozenGroup
 from core.replay import StepReplayer, _pos_args
 from tests.test_lora_quant import KEPT, mixed  # noqa: F401 (mixed: the quantized file fixture)
 from tests.test_model import TINY, random_weights
@@ -90,8 +90,9 @@ def test_a_quantized_file_decodes_from_its_bytes_like_its_float32_weights(mixed,
     before = device.allocated_bytes
     f = Generator(device, c, mixed.weights)
     f_bytes = device.allocated_bytes - before
-    quantized = {n for n, v in q.views.items() if isinstance(v, QuantFrozen)}
+    quantized = {n for n, v in q.views.items() if isinstance(v, QuantFrozen | QuantFrozenGroup)}
     assert quantized == KEPT | {LOGITS_MATRIX}  # token_embd is Q8_0: the logits read it as stored
+    assert isinstance(q.views["blk.1.attn_qkv"], QuantFrozenGroup)  # Q4_K, Q4_K, Q6_K: a matrix per member
     assert q_bytes < f_bytes - 4 * sum(np.asarray(mixed.weights[n]).size for n in ("blk.0.ffn_gate.weight",
                                                                                       "blk.0.ffn_up.weight"))
     prompt = np.random.default_rng(5).integers(3, c.vocab_size, 4).tolist()
@@ -176,7 +177,7 @@ def test_a_lora_model_on_a_quantized_file_decodes_the_bytes_with_its_adapters(mi
     merged = Generator(device, c, loaded.weights)
     f_bytes = device.allocated_bytes - before
     adapted = [v for v in gen.views.values() if isinstance(v, LoRALinear)]
-    assert {isinstance(v.frozen, QuantFrozen) for v in adapted} == {True, False}  # KEPT: some stay float32
+    assert {isinstance(v.frozen, QuantFrozen | QuantFrozenGroup) for v in adapted} == {True, False}  # some stay float32
     blocks = quant_base.plan(c, block_matrices(c), mixed.quantized.types)
     logits = quant_base.plan(c, [(LOGITS_MATRIX, [c.output_weight])], mixed.quantized.types)
     estimate = (memory_bytes(c, 1, training=False, lora=lora, generation=True, quantized=blocks)[0]

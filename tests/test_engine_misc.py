@@ -238,6 +238,21 @@ def test_pocl_without_a_linker_is_a_clear_error(monkeypatch):
         device_mod.Device(pocl[0])
 
 
+@pytest.mark.parametrize("rows, cols, src_ld, dst_ld, src_col, dst_col", [
+    (1, 5, 5, 13, 0, 8), (7, 3, 11, 9, 8, 0), (4, 64, 64, 192, 0, 128), (5, 1, 1, 2, 0, 1)])
+def test_copy_columns_copies_a_block_between_row_strides(device, rows, cols, src_ld, dst_ld, src_col, dst_col):
+    rng = np.random.default_rng(rows * 100 + cols)
+    src = rng.standard_normal((rows, src_ld)).astype(np.float32)
+    dst = rng.standard_normal((rows, dst_ld)).astype(np.float32)
+    bs, bd = device.upload(src), device.upload(dst)
+    device.copy_columns(bd, bs, rows, cols, dst_ld=dst_ld, src_ld=src_ld, dst_col=dst_col, src_col=src_col)
+    want = dst.copy()
+    want[:, dst_col:dst_col + cols] = src[:, src_col:src_col + cols]
+    assert np.array_equal(device.download(bd, dst.shape), want)  # the other columns untouched too
+    with pytest.raises(ValueError, match="copy_columns"):
+        device.copy_columns(bd, bs, rows, cols, dst_ld=dst_ld, src_ld=src_ld, dst_col=dst_ld - cols + 1)
+
+
 def test_kernel_profiling_records_every_launch(device):
     """Device.start_profiling: launches through Device.launch and through the kernel object are
     recorded with their names and device time; stop_profiling returns to a plain queue."""

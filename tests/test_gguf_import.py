@@ -35,7 +35,8 @@ def tok():
 
 def tensor_bytes(shape, qtype, rng):
     """Random data for one tensor of ``qtype``: floats for F32/F16/BF16 (quantized by gguf), random
-    bytes for the other types (all below 0x30, so every fp16 scale inside them is finite and small)."""
+    bytes for the other types (all below 0x30, so every fp16 scale inside them is finite and small;
+    Q4_K's and Q6_K's super-block scales smaller still)."""
     if qtype in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
         w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
         if qtype == T.F32:
@@ -44,7 +45,12 @@ def tensor_bytes(shape, qtype, rng):
             return w.astype(np.float16)
         return gguf.quants.quantize(w, qtype)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
-    return rng.integers(0, 0x30, (shape[0], shape[1] // block * size), dtype=np.uint8)
+    raw = rng.integers(0, 0x30, (shape[0], shape[1] // block, size), dtype=np.uint8)
+    # Q4_K's d and dmin, Q6_K's d: weights of a trained model's size (|w| < 1), not up to 140 (attention of
+    # such weights saturates, and a LoRA test's gradients then differ by their rounding alone)
+    for off in {T.Q4_K: (0, 2), T.Q6_K: (208,)}.get(qtype, ()):
+        raw[:, :, off:off + 2] = rng.uniform(1e-4, 6e-4, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(shape[0], -1)
 
 
 def write_llama(path, tok, config=CFG, types=None, extra_kv=(), extra_tensors=(), arch="llama", seed=0):

@@ -17,7 +17,7 @@ from core.cli import main
 from core.gguf_import import import_gguf
 from core.lora import LoRAConfig
 from core.model import Model, memory_bytes, quantized_plan
-from core.quant_base import device_bytes
+from core.quant_base import device_bytes, group_scratch_floats
 from core.tokenizer import Tokenizer
 from tests.artifacts import open_llama, write_gguf
 from tests.test_finetune import DATA
@@ -28,14 +28,15 @@ from tests.test_model import batch
 
 T = gguf.GGMLQuantizationType
 # layer 0: [q;k;v] Q5_0, Q4_0, Q8_0 (q and k widened to Q8_0, the bytes concatenated), gate/up Q4_1, output F16,
-# down Q4_K; layer 1: q Q4_1 but k/v Q8_0 (mixed: the group stays float32), gate/up BF16, output Q4_0, down F32
+# down Q4_K; layer 1: [q;k;v] Q4_K, Q4_K, Q6_K as llama.cpp's Q4_K_M makes them (a matrix per member),
+# gate BF16 and up F32 (an F32 member: the group stays float32), output Q4_0, down F32
 TYPES = {"blk.0.attn_q.weight": T.Q5_0, "blk.0.attn_k.weight": T.Q4_0, "blk.0.attn_v.weight": T.Q8_0,
          "blk.0.ffn_gate.weight": T.Q4_1, "blk.0.ffn_up.weight": T.Q4_1, "blk.0.attn_output.weight": T.F16,
-         "blk.0.ffn_down.weight": T.Q4_K, "blk.1.attn_q.weight": T.Q4_1, "blk.1.attn_k.weight": T.Q8_0,
-         "blk.1.attn_v.weight": T.Q8_0, "blk.1.ffn_gate.weight": T.BF16, "blk.1.ffn_up.weight": T.BF16,
+         "blk.0.ffn_down.weight": T.Q4_K, "blk.1.attn_q.weight": T.Q4_K, "blk.1.attn_k.weight": T.Q4_K,
+         "blk.1.attn_v.weight": T.Q6_K, "blk.1.ffn_gate.weight": T.BF16, "blk.1.ffn_up.weight": T.F32,
          "blk.1.attn_output.weight": T.Q4_0, "blk.1.ffn_down.weight": T.F32, "token_embd.weight": T.Q8_0}
 KEPT = {"blk.0.attn_qkv", "blk.0.ffn_gate_up", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
-        "blk.1.ffn_gate_up", "blk.1.attn_output.weight"}
+        "blk.1.attn_qkv", "blk.1.attn_output.weight"}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,7 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     c = dataclasses.replace(mixed.config, context_length=16)
     assert set(quantized_plan(c, lora, mixed.quantized)) == KEPT
     assert quantized_plan(c, lora, mixed.quantized)["blk.0.attn_qkv"][1] == T.Q8_0
+    assert quantized_plan(c, lora, mixed.quantized)["blk.1.attn_qkv"][1] == (T.Q4_K, T.Q4_K, T.Q6_K)
     ad = random_adapter(c, lora, 7)
     before = device.allocated_bytes
     q = Model(device, c, batch_size=2, weights=mixed.weights, lora=lora, adapter=ad, quantized=mixed.quantized)
@@ -64,7 +66,9 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     saved = f_bytes - q_bytes
     assert 4 * floats - quant - 4096 <= saved <= 4 * floats - quant + 4096, (saved, 4 * floats - quant)
     est_q, est_f = memory_bytes(c, 2, lora=lora, quantized=q.quantized_plan)[0], memory_bytes(c, 2, lora=lora)[0]
-    assert est_f - est_q == 4 * floats - quant
+    # less the groups' scratch: blk.1's [q;k;v] is a matrix per member (rows of 2 x 16 tokens, q's 256 outputs)
+    assert group_scratch_floats(c, q.quantized_plan, 2 * 16) == 2 * 16 * 256
+    assert est_f - est_q == 4 * floats - quant - 4 * group_scratch_floats(c, q.quantized_plan, 2 * 16)
     tokens, targets, mask = batch(c, 2, 13, 4)
     np.testing.assert_allclose(q.logits(tokens), f.logits(tokens), atol=2e-4, rtol=1e-4)
     sq, sf = q.forward_backward(tokens, targets, mask), f.forward_backward(tokens, targets, mask)
@@ -78,6 +82,40 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     host = q.weights()  # the host view still has every tensor: the matrices' float32 host arrays
     assert set(host) == {n for n, _ in c.param_shapes()}
     assert np.array_equal(host["blk.0.attn_q.weight"], mixed.weights["blk.0.attn_q.weight"])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_a_group_held_as_a_matrix_per_member_multiplies_as_its_dequantized_rows(device, n):
+    """QuantFrozenGroup ([Q4_K; Q4_K; Q6_K; Q8_0] of 40, 24, 8 and 32 rows, n_in 512): its forward and its
+    input gradient (also accumulating) equal numpy's on the dequantized rows, one row (a GEMV per member
+    into its columns) and more (through the scratch and a rectangular copy)."""
+    from core.kernels import qmatmul_ref
+    from core.kernels.qmatmul import QMatmul, upload_weight
+    from core.quant_base import QuantFrozenGroup
+    from tests.test_kernel_qmatmul import random_weight
+
+    rng = np.random.default_rng(n)
+    parts, dense = [], []
+    for qtype, n_out in ((T.Q4_K, 40), (T.Q4_K, 24), (T.Q6_K, 8), (T.Q8_0, 32)):
+        data, shape = random_weight(rng, qtype, n_out, 512)
+        parts.append(upload_weight(device, data, qtype, shape))
+        dense.append(qmatmul_ref.dequantize(data, qtype, shape).astype(np.float64))
+    w = np.concatenate(dense)
+    group = QuantFrozenGroup(QMatmul(device), parts)
+    assert (group.n_out, group.n_in) == (104, 512)
+    x = rng.standard_normal((n, 512)).astype(np.float32)
+    dy = rng.standard_normal((n, 104)).astype(np.float32)
+    dx0 = rng.standard_normal((n, 512)).astype(np.float32)
+    out, bx, bdy = device.zeros(n * 104), device.upload(x), device.upload(dy)
+    group.forward(out, bx, n)
+    y = device.download(out, (n, 104))
+    want = x.astype(np.float64) @ w.T
+    np.testing.assert_allclose(y, want, atol=1e-4 * np.abs(want).max())
+    for accumulate in (False, True):
+        bdx = device.upload(dx0)
+        group.input_grad(bdx, bdy, n, accumulate=accumulate)
+        want = dy.astype(np.float64) @ w + (dx0 if accumulate else 0)
+        np.testing.assert_allclose(device.download(bdx, (n, 512)), want, atol=1e-4 * np.abs(want).max())
 
 
 def test_lora_model_for_shorter_rows_allocates_less_and_gives_the_same_gradients(mixed, device):
