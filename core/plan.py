@@ -35,7 +35,7 @@ from core.config import PRESETS, ModelConfig, TrainConfig, replace
 
 if TYPE_CHECKING:
     from core.dataset import Dataset
-    from core.device import Device
+    from core.device import Device, DeviceInfo
     from core.estimates import DatasetStats
     from core.trainer import StageReport
 
@@ -524,6 +524,19 @@ def first_run_seconds(dev: Device, programs: int, compile_s: float) -> float:
     return compile_s + tuning + LATER_PROGRAMS * per_program
 
 
+def plan_on(dataset: Dataset, info: DeviceInfo, time_budget_s: float = 0.0) -> Plan:
+    """:func:`plan_for` on the device ``info`` describes, opened here: what the app's Auto preset calls
+    in a worker thread, or for a large dataset in a child process (``gui.workers.call_worker``), which
+    cannot be handed an open device.
+
+    Raises:
+        as :func:`core.device.open_device` and :func:`plan_for`.
+    """
+    from core.device import open_device
+
+    return plan_for(dataset, open_device(info), time_budget_s)[0]
+
+
 def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
              vocab_size: int = ModelConfig.vocab_size) -> tuple[Plan, DatasetStats]:
     """Plan a run of ``dataset`` on ``dev``: token counts, a speed measurement (cached) of the chosen
@@ -645,4 +658,4 @@ _SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questi
 
 
 __all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",
-           "measure_speed", "cached_speed", "store_speed", "speed_key", "format_duration", "padded_length"]
+           "measure_speed", "cached_speed", "plan_on", "store_speed", "speed_key", "format_duration", "padded_length"]

@@ -1,5 +1,6 @@
 """The Dataset tab's "Check" box: the problems of the dataset (core validation, 250 ms after the last edit)
-and its token counts (core.estimates.dataset_stats in a child process on a copy, 700 ms after the last edit,
+and its token counts (core.estimates.dataset_stats on a copy, in a thread or for a large dataset a child
+process: gui.workers.call_worker, 700 ms after the last edit,
 only while the tab is shown)."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from core.config import ModelConfig
 from core.dataset import Dataset
 from core.estimates import DatasetStats, dataset_stats
 from core.wording import count_words
-from gui.workers import ChildCallWorker
+from gui.workers import CallWorker, call_worker
 
 if TYPE_CHECKING:
     from PySide6.QtGui import QShowEvent
@@ -50,7 +51,7 @@ class DatasetCheck(QGroupBox):
         self.vocab_size, self.context_length = ModelConfig.vocab_size, ModelConfig.context_length  # the defaults
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
         self._too_long: list = []
-        self.stats_worker: ChildCallWorker | None = None
+        self.stats_worker: CallWorker | None = None
         self._stats_pending = False
         self._stopped = False
         self.validate_timer = QTimer(self, singleShot=True, interval=250)
@@ -112,7 +113,7 @@ class DatasetCheck(QGroupBox):
         self._highlight(self._problems)
 
     def start_stats(self) -> None:
-        """Count tokens in a child process (its own GIL), on a snapshot of the dataset. Lazy: edits only restart
+        """Count tokens in a worker (a child process for a large dataset: its own GIL), on a snapshot of the dataset. Lazy: edits only restart
         the timer that calls this, and a hidden tab waits until it is shown."""
         if self._stopped:
             return
@@ -124,7 +125,8 @@ class DatasetCheck(QGroupBox):
         if not ds.facts and not ds.dialogues:
             self.stats_label.setText("0 facts, 0 dialogues.")
             return
-        w = ChildCallWorker(dataset_stats, ds, self.vocab_size, self.context_length)
+        w = call_worker(dataset_stats, ds, self.vocab_size, self.context_length,
+                        entries=len(ds.facts) + len(ds.dialogues))
         w.connect_slots(done=self._on_stats, failed=self._on_stats_failed, finished=self._on_stats_finished)
         self.stats_worker = w
         w.start()
@@ -147,7 +149,7 @@ class DatasetCheck(QGroupBox):
             self.start_stats()
 
     def stop(self) -> None:
-        """Stop the timers and the counting process for good (the window closes)."""
+        """Stop the timers and the counting worker for good (the window closes)."""
         self._stopped = True
         for t in (self.validate_timer, self.stats_timer):
             t.stop()

@@ -21,7 +21,7 @@ from gui.dataset_models import NEW_TURN, DialoguesModel, FactsModel, TurnsModel
 from gui.dataset_undo import EditHistory
 from gui.dataset_views import EntryListBox, EntryListView, LiveTextDelegate
 from gui.dialogue_editor import DialogueEditor
-from gui.workers import ChildCallWorker
+from gui.workers import CallWorker
 
 __all__ = ["MAX_LISTED_PROBLEMS", "DatasetTab"]
 
@@ -115,8 +115,8 @@ class DatasetTab(QWidget):
         return lists
 
     @property
-    def _stats_worker(self) -> ChildCallWorker | None:
-        """The token-counting worker (its thread waits for a child process; None before the first count)."""
+    def _stats_worker(self) -> CallWorker | None:
+        """The token-counting worker (None before the first count)."""
         return self.check.stats_worker
 
     # ----------------------------------------------------------------------------- data in/out

@@ -13,17 +13,16 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
 from core.config import PRESETS, ConfigError, ModelConfig, TrainConfig, config_errors
-from core.plan import AUTO
+from core.plan import AUTO, plan_on
 from core.stages import upgrade_keys
 from gui.app_state import AppState
 from gui.lora_choice import LoRAChoice
 from gui.plan_box import PlanBox
 from gui.plan_view import form_lines
 from gui.settings_form import BAD_STYLE, SettingsForm, base_values, build_configs, config_values, preset_values
-from gui.workers import CallWorker
+from gui.workers import CallWorker, call_worker
 
 if TYPE_CHECKING:
-    from core.dataset import Dataset
     from core.device import DeviceInfo
     from core.plan import Plan
 
@@ -36,14 +35,6 @@ EXISTING = "Existing GGUF file..."
 # Fields the base file fixes when training starts from an existing model (context_length stays: the
 # training context, at most the file's).
 BASE_FIXED = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "norm_eps")
-
-
-def _plan(dataset: Dataset, info: DeviceInfo, time_budget_s: float) -> Plan:
-    """core.plan.plan_for on ``info``'s device (run in a worker thread: seconds for a large dataset)."""
-    from core.device import open_device
-    from core.plan import plan_for
-
-    return plan_for(dataset, open_device(info), time_budget_s)[0]
 
 
 class HyperTab(QWidget):
@@ -68,7 +59,7 @@ class HyperTab(QWidget):
         self.plan = None  # core.plan.Plan of the Auto preset (None: not planned)
         self._replan_timer = QTimer(self, singleShot=True, interval=400)
         self._replan_timer.timeout.connect(self._replan_if_auto)
-        self.plan_worker: CallWorker | None = None  # plans in its thread (apply_plan)
+        self.plan_worker: CallWorker | None = None  # plans in a thread or child process (apply_plan)
         self._plan_running = False  # from the worker's start until its last signal has been handled
         self._plan_pending = False  # a plan was asked for while one was being made
         self._stopped = False  # the window closes: no new plan (stop)
@@ -259,8 +250,8 @@ class HyperTab(QWidget):
         """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's
         measured training speed, cached per device) and fill the form with it.
 
-        The plan is made in a worker thread on a copy of the dataset (seconds with 20,000 entries or a
-        device not measured yet; the window stays responsive) and applied only if the dataset, device,
+        The plan is made in a worker on a copy of the dataset (seconds with 20,000 entries or a device not
+        measured yet: in a child process from gui.workers.CHILD_MIN_ENTRIES entries; the window stays responsive) and applied only if the dataset, device,
         budget and Auto are still what it was made for; otherwise it plans again. Until then training
         waits (:meth:`planning`)."""
         if self._stopped:
@@ -276,7 +267,8 @@ class HyperTab(QWidget):
             return
         self._plan_pending = False
         key = self._plan_key()
-        w = CallWorker(_plan, self.app_state.dataset_copy(), info, self._budget())
+        dataset = self.app_state.dataset_copy()
+        w = call_worker(plan_on, dataset, info, self._budget(), entries=len(dataset.facts) + len(dataset.dialogues))
         w.connect_slots(done=lambda plan: self._on_plan(plan, key), failed=self._on_plan_failed,
                         finished=self._on_plan_finished)
         self.plan_worker, self._plan_running = w, True

@@ -13,6 +13,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from core.dataset import Dataset, Dialogue
+from gui.workers import ChildCallWorker
 
 N_FACTS, N_DIALOGUES = 20_000, 2_000
 BOUND_S = 2.0  # per operation; measured ~0.01-0.3 s (see the printed figures)
@@ -104,6 +105,9 @@ def test_twenty_thousand_facts_stay_responsive(main_window, qtbot, timed):
     with timed("search while the tokens are counted"):  # the counting runs in a child process (its own GIL)
         tab.search.setText("signal number 1999")
     assert tab.dialogues.proxy.rowCount() == 1 and tab.dialogues.is_shown(N_DIALOGUES - 1)
+    # the counts and the Auto plan of this many entries run in child processes (their own GIL)
+    assert isinstance(tab._stats_worker, ChildCallWorker)
+    assert main_window.hyper_tab.plan_worker is None or isinstance(main_window.hyper_tab.plan_worker, ChildCallWorker)
     tab.search.clear()
     qtbot.waitUntil(lambda: "tokens" in tab.stats_label.text() and not tab._stats_worker.isRunning(),
                     timeout=120_000)
