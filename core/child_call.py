@@ -13,6 +13,7 @@ must call ``multiprocessing.freeze_support()`` first thing in its entry point.
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -23,16 +24,31 @@ class ChildFailed(RuntimeError):
     """The child process ended without an answer (killed, or crashed in native code)."""
 
 
+class ChildError(RuntimeError):
+    """An exception of the child that cannot cross to the parent as it is (pyopencl's errors do not pickle;
+    an exception whose ``__init__`` takes other arguments than its ``args`` does not unpickle): its type's
+    name and message."""
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` if it survives a pickle round trip, else a :class:`ChildError` naming it."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to pickle or rebuild
+        return ChildError(f"{type(e).__name__}: {e}")
+
+
 def _child_main(conn, fn: Callable[..., Any], args: tuple) -> None:
     """The child's side: ``("ok", fn(*args))`` or ``("error", exception)`` down ``conn``."""
     try:
         reply = ("ok", fn(*args))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-        reply = ("error", e)
+        reply = ("error", _portable(e))
     try:
         conn.send(reply)
-    except Exception as e:  # the result or the exception does not pickle
-        conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+    except Exception as e:  # the result does not pickle
+        conn.send(("error", ChildError(f"{fn.__name__}'s result cannot be sent back: {type(e).__name__}: {e}")))
     conn.close()
 
 
@@ -48,14 +64,20 @@ def call_in_child(fn: Callable[..., Any], *args: Any, stop: Callable[[], bool] =
         ``fn``'s return value, or ``None`` when stopped.
 
     Raises:
-        whatever ``fn`` raised (the same exception type and message, re-raised here);
+        whatever ``fn`` raised (the same exception type and message, re-raised here), or ChildError
+            naming it where it cannot cross processes;
         ChildFailed: the child ended without an answer (e.g. killed by the system for memory).
     """
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(sender, fn, args), daemon=True, name=f"child:{fn.__name__}")
-    child.start()
-    sender.close()  # the child holds the only sending end: its death ends the pipe (EOFError below)
+    try:
+        child.start()  # pickles fn and args (spawn): may raise
+    except BaseException:
+        receiver.close()
+        raise
+    finally:
+        sender.close()  # the child holds the only sending end: its death ends the pipe (EOFError below)
     answered = False
     try:
         while not receiver.poll(POLL_S):

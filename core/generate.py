@@ -160,7 +160,7 @@ class Generator:
             self.params.load(weights)
         # what forward reads: buffers, or quantized matrices (core.model.LOGITS_MATRIX: the output projection)
         self.views: dict = {**self.params.views, **quant_base.frozen_matrices(
-            dev, config, {**blocks, **logits}, quantized, self.ops.matmul._scratch)}
+            dev, config, {**blocks, **logits}, quantized, self.ops.matmul._scratch, rows=ctx)}
         if lora:  # the adapted matrices: the base's (as stored, or float32) plus the adapters' products
             self.adapter = TensorStore(dev, adapter_layout(dev, config, lora))
             self.adapter.load(adapter)

@@ -634,7 +634,7 @@ class Model:
         self.params.load(weights)
         self._host_quantized = {n: weights[n] for n in in_quant}
         self._quant_frozen = quant_base.frozen_matrices(self.dev, self.config, self.quantized_plan, quantized,
-                                                        self.ops.matmul._scratch)
+                                                        self.ops.matmul._scratch, rows=self.rows)
 
     # ------------------------------------------------------------------ LoRA
     def _setup_lora(self, lora: LoRAConfig, adapter: dict[str, np.ndarray] | None, seed: int) -> None:

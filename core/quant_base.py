@@ -7,8 +7,8 @@ and [ffn_gate; ffn_up] (row concatenations): one matrix, their raw bytes concate
 has the same type, or Q8_0 where its members mix Q8_0, Q4_0 and Q5_0 (those widened to Q8_0 losslessly:
 SmolLM2's Q4_K_M files mix Q5_0 and Q8_0 there); a matrix per member where they mix other kept types
 (llama.cpp's Q4_K_M gives attn_v Q6_K beside Q4_K q and k in half the layers of a model whose d_model is
-a multiple of 256). A group with an F32/F16/BF16 member or a type the kernels do not read stays float32
-(dequantized as before). The embedding, the output projection and the norms always stay float32.
+a multiple of 256; an F16 or BF16 member is a matrix of its own too). A group with an F32 member or a type
+the kernels do not read stays float32 (dequantized as before). The embedding, the output projection and the norms always stay float32.
 :class:`QuantFrozen` (one matrix) and :class:`QuantFrozenGroup` (a matrix per member) are the
 :class:`core.lora.FrozenMatrix` over :mod:`core.kernels.qmatmul`.
 """
@@ -101,6 +101,10 @@ def device_bytes(config: ModelConfig, planned: Planned) -> tuple[int, int]:
     return quant, floats
 
 
+GROUP_SCRATCH = "quant_group"
+"""The name of the groups' buffer in the scratch pool (core.kernels.matmul._Scratch)."""
+
+
 def group_scratch_floats(config: ModelConfig, planned: Planned, rows: int) -> int:
     """Floats of the one scratch buffer the :class:`QuantFrozenGroup` products of ``rows`` rows use (a
     member's output, or its columns of dy, (rows, n_out of the widest member)); 0 without such a group."""
@@ -141,11 +145,12 @@ def members(planned: Planned) -> tuple[str, ...]:
 
 
 def frozen_matrices(dev: Device, config: ModelConfig, planned: Planned, base: RawBase | None,
-                    scratch=None) -> dict[str, QuantFrozen | QuantFrozenGroup]:
+                    scratch=None, rows: int = 1) -> dict[str, QuantFrozen | QuantFrozenGroup]:
     """``{matrix name: QuantFrozen or QuantFrozenGroup}`` of the :func:`plan`'s matrices on the device
     (:func:`upload`), over one :class:`core.kernels.qmatmul.QMatmul` (``scratch``: the float matmul's pool,
-    shared; the groups' buffer comes from it too) whose formats' kernels are built now, not mid-step.
-    Empty without a plan.
+    shared) whose formats' kernels are built now, not mid-step. The groups' scratch for products of up
+    to ``rows`` rows (:func:`group_scratch_floats`) is taken from that pool now, at its full size, so
+    that it never grows (what memory_bytes counts). Empty without a plan.
 
     Raises:
         ValueError: as :func:`upload`.
@@ -154,6 +159,8 @@ def frozen_matrices(dev: Device, config: ModelConfig, planned: Planned, base: Ra
         return {}
     qmatmul = QMatmul(dev, scratch=scratch)
     weights = upload(dev, config, planned, base)
+    if group_scratch_floats(config, planned, rows):
+        qmatmul._scratch.get(GROUP_SCRATCH, group_scratch_floats(config, planned, rows))
     for parts in weights.values():
         for w in parts:
             qmatmul.prepare(w.qtype)
@@ -199,7 +206,7 @@ class QuantFrozenGroup:
         self._cols = np.cumsum([0] + [w.n_out for w in parts[:-1]]).tolist()
 
     def _scratch(self, n: int):
-        return self.qmatmul._scratch.get("quant_group", n * max(w.n_out for w in self.parts))
+        return self.qmatmul._scratch.get(GROUP_SCRATCH, n * max(w.n_out for w in self.parts))
 
     def forward(self, out: cl.Buffer, x: cl.Buffer, n: int, x_offset: int = 0) -> None:
         """``out (n, n_out) = x[x_offset:] (n, n_in) @ W^T`` (``x_offset`` in elements)."""

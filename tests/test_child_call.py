@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from core.child_call import ChildFailed, call_in_child
+from core.child_call import ChildError, ChildFailed, call_in_child
 from core.dataset import Dataset
 from core.estimates import dataset_stats
 
@@ -38,6 +38,28 @@ def test_the_answer_comes_from_another_process_and_equals_the_direct_call():
 def test_the_childs_exception_is_raised_here_with_its_type_and_message():
     with pytest.raises(ValueError, match="^line 3: no text$"):
         call_in_child(_raise_value_error, "line 3: no text")
+
+
+class _TwoArgumentError(Exception):
+    def __init__(self, field: str, problem: str) -> None:  # pickles, but cannot be rebuilt from its args
+        super().__init__(f"{field}: {problem}")
+
+
+def _raise_two_argument_error() -> None:
+    raise _TwoArgumentError("lr", "must be positive")
+
+
+def _raise_opencl_error() -> None:
+    import pyopencl as cl
+
+    raise cl.LogicError(cl._cl._ErrorRecord("clCreateBuffer", -61, "buffer size is zero"))
+
+
+@pytest.mark.parametrize("fn, message", [(_raise_two_argument_error, "_TwoArgumentError: lr: must be positive"),
+                                         (_raise_opencl_error, "LogicError: clCreateBuffer failed: INVALID_BUFFER_SIZE - buffer size is zero")])
+def test_an_exception_that_cannot_cross_keeps_its_name_and_message(fn, message):
+    with pytest.raises(ChildError, match=message):
+        call_in_child(fn)
 
 
 def test_a_child_that_dies_without_answering_is_an_error_naming_its_exit_code():

@@ -62,13 +62,14 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     f_bytes = device.allocated_bytes - before
     quant, floats = device_bytes(c, q.quantized_plan)
     assert quant < 4 * floats / 2  # the formats hold less than half of float32's bytes here
-    # the float32 copies are not on the device: what was saved is their float size less the formats' bytes
+    # the float32 copies are not on the device: what was saved is their float size less the formats' bytes and
+    # the groups' scratch (blk.1's [q;k;v] is a matrix per member: rows of 2 x 16 tokens, q's 256 outputs)
+    group = 4 * group_scratch_floats(c, q.quantized_plan, 2 * 16)
+    assert group == 4 * 2 * 16 * 256
     saved = f_bytes - q_bytes
-    assert 4 * floats - quant - 4096 <= saved <= 4 * floats - quant + 4096, (saved, 4 * floats - quant)
+    assert 4 * floats - quant - group - 4096 <= saved <= 4 * floats - quant - group + 4096, (saved, 4 * floats - quant)
     est_q, est_f = memory_bytes(c, 2, lora=lora, quantized=q.quantized_plan)[0], memory_bytes(c, 2, lora=lora)[0]
-    # less the groups' scratch: blk.1's [q;k;v] is a matrix per member (rows of 2 x 16 tokens, q's 256 outputs)
-    assert group_scratch_floats(c, q.quantized_plan, 2 * 16) == 2 * 16 * 256
-    assert est_f - est_q == 4 * floats - quant - 4 * group_scratch_floats(c, q.quantized_plan, 2 * 16)
+    assert est_f - est_q == 4 * floats - quant - group
     tokens, targets, mask = batch(c, 2, 13, 4)
     np.testing.assert_allclose(q.logits(tokens), f.logits(tokens), atol=2e-4, rtol=1e-4)
     sq, sf = q.forward_backward(tokens, targets, mask), f.forward_backward(tokens, targets, mask)
@@ -82,6 +83,9 @@ def test_quantized_base_gives_the_float32_base_logits_and_gradients(mixed, devic
     host = q.weights()  # the host view still has every tensor: the matrices' float32 host arrays
     assert set(host) == {n for n, _ in c.param_shapes()}
     assert np.array_equal(host["blk.0.attn_q.weight"], mixed.weights["blk.0.attn_q.weight"])
+    held = device.allocated_bytes
+    q.forward_backward(*batch(c, 2, 16, 5))  # full rows after shorter ones: the groups' scratch does not grow
+    assert device.allocated_bytes == held
 
 
 @pytest.mark.parametrize("n", [1, 2, 5])

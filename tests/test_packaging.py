@@ -191,14 +191,21 @@ def test_frozen_self_test_without_system_linker(bundle: Path, tmp_path: Path):
 
 
 def test_frozen_window_starts_offscreen_counts_tokens_and_closes(bundle: Path, tmp_path: Path):
-    """The window opens on the Dataset tab with the starter dataset, whose tokens are counted in a child
-    process: in the bundle that child re-runs the executable, which must serve it (freeze_support), not
-    open a second window."""
-    proc = _run([str(bundle / f"{NAME}{EXE}"), "--quit-after", "10"], _clean_env(tmp_path), cwd=tmp_path,
-                timeout=120)
+    """The window opens a project of 2,500 facts on its Dataset tab; their tokens are counted in a child
+    process (gui.workers.CHILD_MIN_ENTRIES): in the bundle that child re-runs the executable, which must
+    serve it (freeze_support), not open a second window."""
+    from core.dataset import Dataset
+    from gui.project import Project, save_project
+    from gui.workers import CHILD_MIN_ENTRIES
+
+    facts = [f"Fact {i}: the lantern of meadow {i} is violet." for i in range(2_500)]
+    assert len(facts) >= CHILD_MIN_ENTRIES
+    save_project(Project(tmp_path / "big project", Dataset(facts, []), {}))
+    proc = _run([str(bundle / f"{NAME}{EXE}"), "--quit-after", "15", str(tmp_path / "big project")],
+                _clean_env(tmp_path), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0
     assert "main window" in proc.stdout and "was shown" in proc.stdout
-    assert re.search(r"dataset counts: '.*[1-9][\d,]* tokens \(", proc.stdout), "no token counts in 10 s"
+    assert re.search(r"dataset counts: '2,500 facts.*[1-9][\d,]* tokens \(", proc.stdout), "no token counts in 15 s"
     assert proc.stdout.count("was shown") == 1
 
 
