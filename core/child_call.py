@@ -3,7 +3,7 @@
 The GUI counts a dataset's tokens after each edit (``core.estimates.dataset_stats``): seconds of pure
 Python for 20,000 entries. In a thread of the GUI process that work holds the GIL, and each of Qt's
 calls into Python (a search asks the model for every row's text) waited for it: a search typed while
-the tokens were counted took 2.2 s instead of 0.3 s. A child process shares no GIL, and stopping it
+the tokens were counted took 2.2 s on CI (0.7 s on this project's 2-core test machine without a count). A child process shares no GIL, and stopping it
 is immediate (the process is terminated), where a thread can only be asked to stop.
 
 The child is started with the ``spawn`` method (the only one on Windows, the default on macOS), so it

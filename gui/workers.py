@@ -545,7 +545,7 @@ class ChildCallWorker(CallWorker):
 CHILD_MIN_ENTRIES = 2_000
 """Datasets of at least this many entries are counted and planned in a child process. Counting 22,000
 entries takes 3.5 s of Python on a 2-core Zen 1 (in a thread it held the GIL from the GUI: a search then
-took 2.2 s instead of 0.3 on CI); 2,000 take about 0.3 s, less than a child costs to start (0.4 s for the
+took 2.2 s on CI, 0.7 s without a count); 2,000 take about 0.3 s, less than a child costs to start (0.4 s for the
 counts, 0.8 s more for a plan, which opens the device again)."""
 
 
