@@ -159,8 +159,8 @@ def frozen_matrices(dev: Device, config: ModelConfig, planned: Planned, base: Ra
         return {}
     qmatmul = QMatmul(dev, scratch=scratch)
     weights = upload(dev, config, planned, base)
-    if group_scratch_floats(config, planned, rows):
-        qmatmul._scratch.get(GROUP_SCRATCH, group_scratch_floats(config, planned, rows))
+    if floats := group_scratch_floats(config, planned, rows):
+        qmatmul._scratch.get(GROUP_SCRATCH, floats)
     for parts in weights.values():
         for w in parts:
             qmatmul.prepare(w.qtype)
@@ -204,30 +204,29 @@ class QuantFrozenGroup:
         self.qmatmul, self.parts = qmatmul, parts
         self.n_out, self.n_in = sum(w.n_out for w in parts), parts[0].n_in
         self._cols = np.cumsum([0] + [w.n_out for w in parts[:-1]]).tolist()
+        self._widest = max(w.n_out for w in parts)
 
     def _scratch(self, n: int):
-        return self.qmatmul._scratch.get(GROUP_SCRATCH, n * max(w.n_out for w in self.parts))
+        return self.qmatmul._scratch.get(GROUP_SCRATCH, n * self._widest)
 
     def forward(self, out: cl.Buffer, x: cl.Buffer, n: int, x_offset: int = 0) -> None:
         """``out (n, n_out) = x[x_offset:] (n, n_in) @ W^T`` (``x_offset`` in elements)."""
-        dev = self.qmatmul.dev
+        dev, tmp = self.qmatmul.dev, self._scratch(n) if n > 1 else None
         for w, col in zip(self.parts, self._cols):
             if n == 1:
                 self.qmatmul.forward(out, x, w, 1, x_offset=x_offset, y_offset=col)
                 continue
-            tmp = self._scratch(n)
             self.qmatmul.forward(tmp, x, w, n, x_offset=x_offset)
             dev.copy_columns(out, tmp, n, w.n_out, dst_ld=self.n_out, src_ld=w.n_out, dst_col=col)
 
     def input_grad(self, dx: cl.Buffer, dy: cl.Buffer, n: int, accumulate: bool = False, x: cl.Buffer = None) -> None:
         """``dx (n, n_in) = (or +=) dy (n, n_out) @ W``: the sum of each member's ``dy`` columns times it."""
-        dev = self.qmatmul.dev
+        dev, tmp = self.qmatmul.dev, self._scratch(n) if n > 1 else None
         for i, (w, col) in enumerate(zip(self.parts, self._cols)):
             add = accumulate or i > 0
             if n == 1:
                 self.qmatmul.input_grad(dx, dy, w, 1, accumulate=add, dy_offset=col)
                 continue
-            tmp = self._scratch(n)
             dev.copy_columns(tmp, dy, n, w.n_out, dst_ld=w.n_out, src_ld=self.n_out, src_col=col)
             self.qmatmul.input_grad(dx, tmp, w, n, accumulate=add)
 

@@ -524,9 +524,12 @@ class CallWorker(Worker):
         self.fn, self.args = fn, args
 
     def work(self) -> None:
-        out = self.fn(*self.args)
+        out = self._call()
         if not self.stop_requested():
             self.done.emit(out)
+
+    def _call(self) -> Any:
+        return self.fn(*self.args)
 
 
 class ChildCallWorker(CallWorker):
@@ -534,12 +537,10 @@ class ChildCallWorker(CallWorker):
     work never holds the GUI's GIL, and :meth:`request_stop` ends it within 50 ms. For calls of seconds
     (:func:`call_worker`); ``fn`` must be a module-level function of ``core`` (the child imports it)."""
 
-    def work(self) -> None:
+    def _call(self) -> Any:
         from core.child_call import call_in_child
 
-        out = call_in_child(self.fn, *self.args, stop=self.stop_requested)
-        if not self.stop_requested():
-            self.done.emit(out)
+        return call_in_child(self.fn, *self.args, stop=self.stop_requested)
 
 
 CHILD_MIN_ENTRIES = 2_000
