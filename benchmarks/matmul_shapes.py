@@ -8,7 +8,7 @@ alternating: cuBLAS (torch, TF32 off) for a GPU device, numpy's BLAS (all cores)
 For each distinct (transposes, M, N, K) of the step (forward ``x @ W.T`` = nt, backward
 ``dy @ W`` = nn and ``dy.T @ x`` = tn) it prints ms per call of each, the ratio, and the step's
 matmul total weighted by the calls per step. ``--no-split`` times ours also without split K
-(core.kernels.matmul.SPLIT_WAVES = 0), so the effect of splitting shows in the same run. As in a Model, each
+(the same tiling in one part), so the effect of splitting shows in the same run. As in a Model, each
 product takes the tiling measured fastest for its shape on this device (GPUs: ``shape_configs``, timed once and
 cached); ``--no-shapes`` gives every product its transpose variant's tuned tiling instead.
 """
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.compare import SHAPES  # noqa: E402
 from core.device import open_device  # noqa: E402
-from core.kernels import matmul, matmul_autotune  # noqa: E402
+from core.kernels import matmul_autotune  # noqa: E402
 from core.kernels.matmul import Matmul  # noqa: E402
 from core.model import loss_chunks, loss_rows  # noqa: E402
 
@@ -128,17 +128,17 @@ def main() -> None:
             err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30)) if not ta else 0.0
             ours = timed(run, dev.finish, args.reps)
             theirs = timed(lambda: oa @ ob, ref.sync, args.reps)
+            kern, parts = mm._route(M, N, K, ta, tb)
+            tiled = hasattr(kern.cfg, "tsm")  # CPUs' packed kernel and GEMV never split K
             nosplit = float("nan")
             if args.no_split:
-                saved, matmul.SPLIT_WAVES = matmul.SPLIT_WAVES, 0
-                nosplit = timed(run, dev.finish, args.reps)
-                matmul.SPLIT_WAVES = saved
+                nosplit = timed(lambda: kern(dc, da, db, M, N, K, ta, 0, 0, 0, parts=1) if tiled else run(),
+                                dev.finish, args.reps)
                 tot["nosplit"] += nosplit * count
             tot["ours"] += ours * count
             tot["ref"] += theirs * count
             name = f"{'t' if ta else 'n'}{'t' if tb else 'n'} {M}x{N}x{K}"
-            kern, split = mm._route(M, N, K, ta, tb)
-            parts = kern.splits(M, N, K)[0] if hasattr(kern.cfg, "tsm") and split else 1  # CPUs' packed kernel: none
+            parts = kern.splits(M, N, K, parts)[0] if tiled else 1
             print(f"  {name:26s} {count:5d} {ours * 1e3:8.3f} {nosplit * 1e3:8.3f} {theirs * 1e3:8.3f} "
                   f"{theirs / ours:6.2f} {2 * M * N * K / ours / 1e12:7.1f}  split {parts} {kern.cfg}"
                   + (f" err {err:.0e}" if err > 1e-5 else ""), flush=True)

@@ -116,6 +116,29 @@ def test_matmul_split_k(device, rng, monkeypatch, config, trans_a, trans_b):
     assert_close(got, ref.matmul_forward(a, b, trans_a, trans_b), atol=_atol(100), what="split K with offsets")
 
 
+@pytest.mark.parametrize("config", ["tiled-64x64-dbuf", "tiled-32x16-k8-prefetch", "tiled-16x32-k8-vw2"])
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_matmul_split_k_into_measured_parts(device, rng, config, trans_a, trans_b):
+    """A per-shape choice of K parts (``shape_configs``: 1 .. 8, the launcher's rule aside): at most that many,
+    each at least SPLIT_MIN_K deep and a multiple of the K tile; the product is exact in each, overwritten and
+    accumulated, and a nearby shorter K (a padded batch) takes fewer parts where it is too shallow."""
+    op = _op(device, config)
+    kernel = op._variants[(trans_a, trans_b)]
+    M, N, K = 9, 21, 7 * matmul.SPLIT_MIN_K + 5
+    try:
+        for parts in (1, 2, 3, 5, 7, 8):
+            got, k_split = kernel.splits(M, N, K, parts)
+            assert got == min(parts, K // matmul.SPLIT_MIN_K) and (got == 1 or k_split % kernel.cfg.tsk == 0), parts
+            assert got == 1 or (got - 1) * k_split < K <= got * k_split
+            op.use_shape_configs({(M, N, K, trans_a, trans_b): (kernel.cfg, parts)})
+            assert op.shape_config(M, N, K, trans_a, trans_b) == (kernel.cfg, parts)
+            _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, f"{parts} parts")
+    finally:
+        op.use_shape_configs({})  # the Matmul is shared by the module's tests
+    assert kernel.splits(M, N, 2 * matmul.SPLIT_MIN_K + 3, 8)[0] == 2
+    assert kernel.splits(M, N, matmul.SPLIT_MIN_K - 1, 8) == (1, matmul.SPLIT_MIN_K - 1)
+
+
 @pytest.mark.parametrize("config", ["default", "tiled-16x32-k8-vw2", "packed-5x3x4-wg3-unpacked-a",
                                     "packed-6x4x16-k-chunks-of-16"])
 @pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
@@ -580,18 +603,18 @@ def test_shape_configs_time_each_product_once_per_device_and_route_it(device, rn
               (4, 80, 300, False, True), (72, 16, 300, False, False)]  # a repeat, a GEMV and a narrow product
     chosen = matmul_autotune.shape_configs(device, shapes)
     assert set(chosen) == {(72, 80, 300, False, True), (96, 68, 260, True, False)}
-    assert all(cfg in grid and isinstance(split, bool) for cfg, split in chosen.values())
-    assert len(timed) == 2 * 2 * 2  # two shapes x two candidates x split and not
+    assert all(cfg in grid and type(parts) is int and parts >= 1 for cfg, parts in chosen.values())
+    assert len(timed) == 2 * 2 * 4  # two shapes x two candidates x K in 1, 2, 3 and 4 parts (at least 64 deep)
     cache = json.loads((tmp_path / matmul_autotune.SHAPE_FILE).read_text())
     assert set(cache[matmul_autotune.device_key(device)]) == {"nt 72x80x300", "tn 96x68x260"}
     monkeypatch.setattr(matmul_autotune, "_shape_memo", {})  # a new process: read from the file, time nothing
-    assert matmul_autotune.shape_configs(device, shapes) == chosen and len(timed) == 8
+    assert matmul_autotune.shape_configs(device, shapes) == chosen and len(timed) == 16
 
     op = Matmul(device, gemv=False)
-    forced = {(72, 80, 300, False, True): (grid[1], False), (96, 68, 260, True, False): (grid[0], True)}
+    forced = {(72, 80, 300, False, True): (grid[1], 1), (96, 68, 260, True, False): (grid[0], 3)}
     op.use_shape_configs(forced)
-    assert op.shape_config(72, 80, 300, False, True) == (grid[1], False) and op.shape_config(72, 80, 301) is None
-    assert op.reserve([(96, 68, 260, True, False)]) >= 4 * 68 * 96 * 2  # its split K's partial products
+    assert op.shape_config(72, 80, 300, False, True) == (grid[1], 1) and op.shape_config(72, 80, 301) is None
+    assert op.reserve([(96, 68, 260, True, False)]) >= 4 * 68 * 96 * 3  # its 3 K parts' partial products
     for (M, N, K, ta, tb) in forced:
         _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"per-shape {M}x{N}x{K}")
 
@@ -604,12 +627,12 @@ def test_products_near_a_measured_shape_take_its_choice(device, rng):
     small_tn = fitted(device, TiledConfig(16, 32, 8, 2, 4, 2, 2, 1), (True, False))
     other = fitted(device, TiledConfig(32, 32, 8, 4, 4, 4, 4, 2), (True, False))
     op = Matmul(device, gemv=False)
-    op.use_shape_configs({(144, 80, 300, False, True): (small, False), (96, 68, 260, True, False): (other, True),
-                          (96, 68, 200, True, False): (small_tn, False)})
-    assert op.shape_config(100, 80, 300, False, True) == (small, False)  # M 144 -> 100
-    assert op.shape_config(96, 68, 140, True, False) == (small_tn, False)  # K: 200 is nearer than 260
-    assert op.shape_config(96, 68, 250, True, False) == (other, True)
-    assert op.shape_config(96, 68, 230, True, False) == (other, True)  # 260/230 < 230/200
+    op.use_shape_configs({(144, 80, 300, False, True): (small, 1), (96, 68, 260, True, False): (other, 2),
+                          (96, 68, 200, True, False): (small_tn, 1)})
+    assert op.shape_config(100, 80, 300, False, True) == (small, 1)  # M 144 -> 100
+    assert op.shape_config(96, 68, 140, True, False) == (small_tn, 1)  # K: 200 is nearer than 260
+    assert op.shape_config(96, 68, 250, True, False) == (other, 2)
+    assert op.shape_config(96, 68, 230, True, False) == (other, 2)  # 260/230 < 230/200
     for far in [(70, 80, 300, False, True), (100, 80, 300, False, False), (100, 90, 300, False, True),
                 (40, 80, 300, False, True), (96, 68, 90, True, False), (96, 68, 120, True, False)]:
         assert op.shape_config(*far) is None, far
@@ -617,7 +640,7 @@ def test_products_near_a_measured_shape_take_its_choice(device, rng):
         _check_overwrite_then_accumulate(device, rng, op, M, N, K, ta, tb, f"near {M}x{N}x{K}")
     op.near_shape_ratio = 1.0  # measured shapes only: earlier answers are forgotten
     assert op.shape_config(100, 80, 300, False, True) is None
-    assert op.shape_config(144, 80, 300, False, True) == (small, False)
+    assert op.shape_config(144, 80, 300, False, True) == (small, 1)
 
 
 def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypatch):
@@ -630,27 +653,30 @@ def test_shape_configs_never_choose_a_wrong_candidate(device, tmp_path, monkeypa
 
 
 def test_shape_configs_retime_what_a_damaged_cache_holds(device, tmp_path, monkeypatch):
-    """Unreadable entries of matmul-shapes.json (hand-edited: no config, a packed one, a float size and a bad split
-    flag, not a dict; a device entry that is no dict) count as untimed: timed again and overwritten; a file that is
-    no JSON is ignored."""
+    """Unreadable entries of matmul-shapes.json (hand-edited: no config, a packed one, a float size and a count of
+    parts that is text, not a dict; an entry of before the K parts were timed, with a split flag; a device entry that
+    is no dict) count as untimed: timed again and overwritten; a file that is no JSON is ignored."""
     cfg = TiledConfig(16, 16, 8, 4, 4, 4, 4, 1)
     timed = _shape_tuning(monkeypatch, tmp_path, [cfg])
     key = matmul_autotune.device_key(device)
     shapes = [(80, 72, 100, False, False), (80, 72, 104, False, False), (80, 72, 108, False, False),
-              (80, 72, 112, False, False)]
+              (80, 72, 112, False, False), (80, 72, 116, False, False), (80, 72, 120, False, False)]
     names = [matmul_autotune._shape_name(*s) for s in shapes]
-    bad = [{"split": True}, {"config": config_to_dict(PackedConfig()), "split": True},
-           {"config": {**config_to_dict(cfg), "tsm": 16.0}, "split": "yes"}, [1, 2]]
+    bad = [{"parts": 1}, {"config": config_to_dict(PackedConfig()), "parts": 1},
+           {"config": {**config_to_dict(cfg), "tsm": 16.0}, "parts": 1},
+           {"config": config_to_dict(cfg), "parts": "2"}, [1, 2], {"config": config_to_dict(cfg), "split": True}]
     (tmp_path / matmul_autotune.SHAPE_FILE).write_text(json.dumps({key: dict(zip(names, bad))}))
     chosen = matmul_autotune.shape_configs(device, shapes)
-    assert set(chosen) == set(shapes) and len(timed) == 4
-    assert all(c == cfg for c, _ in chosen.values())
+    assert set(chosen) == set(shapes) and len(timed) == 6  # K < 128: one part only
+    assert all(c == cfg and parts == 1 for c, parts in chosen.values())
+    assert all("parts" in e and "split" not in e for e in
+               json.loads((tmp_path / matmul_autotune.SHAPE_FILE).read_text())[key].values())
     (tmp_path / matmul_autotune.SHAPE_FILE).write_text(json.dumps({key: "not a dict"}))
     monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
-    assert set(matmul_autotune.shape_configs(device, shapes[1:2])) == set(shapes[1:2]) and len(timed) == 5
+    assert set(matmul_autotune.shape_configs(device, shapes[1:2])) == set(shapes[1:2]) and len(timed) == 7
     (tmp_path / matmul_autotune.SHAPE_FILE).write_text("{not json")
     monkeypatch.setattr(matmul_autotune, "_shape_memo", {})
-    assert set(matmul_autotune.shape_configs(device, shapes[:1])) == set(shapes[:1]) and len(timed) == 6
+    assert set(matmul_autotune.shape_configs(device, shapes[:1])) == set(shapes[:1]) and len(timed) == 8
 
 
 def test_shape_configs_from_two_threads_time_each_shape_once(device, tmp_path, monkeypatch):

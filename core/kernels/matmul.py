@@ -439,14 +439,14 @@ class GemmKernel:
                 dev.check_fits(self._pack_a, PACK_KB, cfg)
 
     def __call__(self, c: cl.Buffer, a: cl.Buffer, b: cl.Buffer, M: int, N: int, K: int, accumulate: bool,
-                 a_offset: int, b_offset: int, c_offset: int, split: bool = True) -> None:
-        """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1. ``split`` False: a
-        tiled product never splits K (:meth:`splits`)."""
+                 a_offset: int, b_offset: int, c_offset: int, parts: int = 0) -> None:
+        """Enqueue C = (or +=) op(A) @ op(B) (see :meth:`Matmul.__call__`); M, N >= 1. ``parts``: how a tiled
+        product splits K (:meth:`splits`: 0 the rule, 1 never, n into n parts)."""
         cfg, q, i32 = self.cfg, self.dev.queue, np.int32
         acc = i32(1 if accumulate else 0)
         if isinstance(cfg, TiledConfig):
             lx, ly = cfg.local
-            splits, k_split = self.splits(M, N, K) if split else (1, K)
+            splits, k_split = self.splits(M, N, K, parts)
             grid = (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly, splits)
             main = self._aligned_kernel() if self.aligned(M, N, K, a_offset, b_offset) else self._main
             if splits == 1:
@@ -506,28 +506,32 @@ class GemmKernel:
                 self._aligned = self._main
         return self._aligned
 
-    def splits(self, M: int, N: int, K: int) -> tuple[int, int]:
-        """(parts, K elements per part) of a tiled product: 1 part unless C's tiles are fewer than
-        ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
-        ``SPLIT_MIN_K`` (``SPLIT_DEEP_K`` when C has half a tile per compute unit or more; the
-        partial products bounded by ``SCRATCH_FLOATS``)."""
+    def splits(self, M: int, N: int, K: int, parts: int = 0) -> tuple[int, int]:
+        """(parts, K elements per part) of a tiled product. ``parts`` 0 (the rule): 1 part unless C's tiles
+        are fewer than ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
+        ``SPLIT_MIN_K`` (``SPLIT_DEEP_K`` when C has half a tile per compute unit or more). ``parts`` n >= 1
+        (a per-shape measurement, ``matmul_autotune.shape_configs``): at most n parts, each at least
+        ``SPLIT_MIN_K`` deep. Either way the partial products stay within ``SCRATCH_FLOATS``."""
         cfg, cu = self.cfg, self.dev.info.compute_units
-        tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
-        want = -(-SPLIT_WAVES * cu // tiles)
-        depth = SPLIT_MIN_K if 2 * tiles < cu else max(SPLIT_MIN_K, SPLIT_DEEP_K)
-        n = min(want, K // depth, SCRATCH_FLOATS // (M * N))
+        if parts > 0:
+            n = min(parts, K // SPLIT_MIN_K, SCRATCH_FLOATS // (M * N))
+        else:
+            tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
+            want = -(-SPLIT_WAVES * cu // tiles)
+            depth = SPLIT_MIN_K if 2 * tiles < cu else max(SPLIT_MIN_K, SPLIT_DEEP_K)
+            n = min(want, K // depth, SCRATCH_FLOATS // (M * N))
         if n <= 1:
             return 1, K
         k_split = -(-(-(-K // n)) // cfg.tsk) * cfg.tsk
         parts = -(-K // k_split)
         return (parts, k_split) if parts > 1 else (1, K)
 
-    def scratch_floats(self, M: int, N: int, K: int, split: bool = True) -> dict[str, int]:
-        """Floats of each scratch buffer a product of this shape uses (``split`` as in :meth:`__call__`):
+    def scratch_floats(self, M: int, N: int, K: int, parts: int = 0) -> dict[str, int]:
+        """Floats of each scratch buffer a product of this shape uses (``parts`` as in :meth:`__call__`):
         ``"splits"`` (tiled kernels' partial products of split K), or ``"b"`` and ``"a"`` (the packed panels
         of op(B) and op(A) of one K chunk; no ``"a"`` when A is read in place)."""
         if isinstance(self.cfg, TiledConfig):
-            splits = self.splits(M, N, K)[0] if split else 1
+            splits = self.splits(M, N, K, parts)[0]
             return {"splits": splits * M * N} if splits > 1 else {}
         return self._packing(M, N, K)[1]
 
@@ -669,8 +673,8 @@ class Matmul:
                     ([tuned[v]] if v in tuned else []) + fallback_gemm, f"matmul {v}",
                     lambda c, v=v: GemmKernel(dev, c, *v, max_items=local_size, scratch=scratch))
             log.debug("matmul trans_a=%s trans_b=%s: %s", *v, self._variants[v].cfg)
-        self._shapes: dict[tuple, tuple[GemmKernel, bool]] = {}  # use_shape_configs: (ta, tb, M, N, K) -> kernel
-        self._near: dict[tuple, tuple[GemmKernel, bool] | None] = {}  # other shapes: _nearest_shape's answer
+        self._shapes: dict[tuple, tuple[GemmKernel, int]] = {}  # use_shape_configs: (ta, tb, M, N, K) -> kernel, parts
+        self._near: dict[tuple, tuple[GemmKernel, int] | None] = {}  # other shapes: _nearest_shape's answer
         self._near_ratio = NEAR_SHAPE_RATIO
         self._gemv = None
         if isinstance(gemv, GemvConfig):
@@ -688,9 +692,9 @@ class Matmul:
         """The GEMV configuration (None when the GEMV path is off)."""
         return self._gemv.cfg if self._gemv is not None else None
 
-    def _route(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> tuple[GemmKernel | GemvKernel, bool]:
-        """The kernel of a product and whether it may split K: the per-shape choice (:meth:`use_shape_configs`),
-        else :meth:`_kernel`'s."""
+    def _route(self, M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> tuple[GemmKernel | GemvKernel, int]:
+        """The kernel of a product and how it splits K (``parts`` of :meth:`GemmKernel.splits`): the per-shape
+        choice (:meth:`use_shape_configs`), else :meth:`_kernel`'s and the rule (0)."""
         if self._shapes:
             key = (bool(trans_a), bool(trans_b), M, N, K)
             entry = self._shapes.get(key)
@@ -700,7 +704,7 @@ class Matmul:
                 entry = self._near[key]
             if entry is not None:
                 return entry
-        return self._kernel(M, N, trans_a, trans_b), True
+        return self._kernel(M, N, trans_a, trans_b), 0
 
     @property
     def near_shape_ratio(self) -> float:
@@ -712,7 +716,7 @@ class Matmul:
     def near_shape_ratio(self, ratio: float) -> None:
         self._near_ratio, self._near = float(ratio), {}  # earlier answers were the old ratio's
 
-    def _nearest_shape(self, key: tuple[bool, bool, int, int, int]) -> tuple[GemmKernel, bool] | None:
+    def _nearest_shape(self, key: tuple[bool, bool, int, int, int]) -> tuple[GemmKernel, int] | None:
         """The per-shape choice of the measured product of the same variant nearest to ``key`` =
         ``(trans_a, trans_b, M, N, K)``: one that differs in one size only, by at most a factor of
         :attr:`near_shape_ratio` (the closest ratio wins, then the larger size); None when there is none.
@@ -780,16 +784,17 @@ class Matmul:
                 self._narrow_kernels[key] = kernel
         return self._narrow_kernels[key]
 
-    def use_shape_configs(self, chosen: dict[tuple[int, int, int, bool, bool], tuple[TiledConfig, bool]]) -> None:
-        """Products of these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, split)``
+    def use_shape_configs(self, chosen: dict[tuple[int, int, int, bool, bool], tuple[TiledConfig, int]]) -> None:
+        """Products of these ``(M, N, K, trans_a, trans_b)`` take the given ``(configuration, parts)``
         (``core.kernels.matmul_autotune.shape_configs``: the fastest measured for each shape of a model's step;
-        ``split`` False never splits K) instead of their transpose variant's; so does a product of the same
+        ``parts`` as in :meth:`GemmKernel.splits`: 0 the rule, 1 never split K, n at most n parts) instead of
+        their transpose variant's; so does a product of the same
         variant that differs from one of them in one size by at most :attr:`near_shape_ratio` (the nearest;
         neither GEMV nor narrow). A configuration whose compiled kernel does not fit is logged and left out.
         Replaces any earlier table."""
         self._shapes, self._near = {}, {}
         built: dict[tuple, GemmKernel | None] = {}
-        for (M, N, K, ta, tb), (cfg, split) in chosen.items():
+        for (M, N, K, ta, tb), (cfg, parts) in chosen.items():
             v = (bool(ta), bool(tb))
             if (cfg, v) not in built:
                 own = self._variants[v]
@@ -800,17 +805,17 @@ class Matmul:
                     log.warning("matmul %s for %dx%dx%d: %s; using %s", v, M, N, K, str(e).splitlines()[0], own.cfg)
                     built[(cfg, v)] = None
             if built[(cfg, v)] is not None:
-                self._shapes[(*v, int(M), int(N), int(K))] = (built[(cfg, v)], bool(split))
+                self._shapes[(*v, int(M), int(N), int(K))] = (built[(cfg, v)], int(parts))
 
     def shape_config(self, M: int, N: int, K: int, trans_a: bool = False,
-                     trans_b: bool = False) -> tuple[GemmConfig, bool] | None:
-        """The ``(configuration, split)`` this product takes from :meth:`use_shape_configs` (its own, or the nearest
+                     trans_b: bool = False) -> tuple[GemmConfig, int] | None:
+        """The ``(configuration, parts)`` this product takes from :meth:`use_shape_configs` (its own, or the nearest
         measured shape's), or None (its transpose variant's configuration)."""
         if not self._shapes:
             return None
-        kernel, split = self._route(M, N, K, trans_a, trans_b)
+        kernel, parts = self._route(M, N, K, trans_a, trans_b)
         key = (bool(trans_a), bool(trans_b), M, N, K)
-        return (kernel.cfg, split) if self._shapes.get(key) or self._near.get(key) else None
+        return (kernel.cfg, parts) if self._shapes.get(key) or self._near.get(key) else None
 
     def reserve(self, shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
         """Allocate now the scratch that products of these ``(M, N, K, trans_a, trans_b)`` shapes need
@@ -821,9 +826,9 @@ class Matmul:
         """
         need: dict[str, int] = {}
         for M, N, K, trans_a, trans_b in shapes:
-            kernel, split = self._route(M, N, K, trans_a, trans_b)
+            kernel, parts = self._route(M, N, K, trans_a, trans_b)
             if M > 0 and N > 0 and isinstance(kernel, GemmKernel):
-                for name, n in kernel.scratch_floats(M, N, K, split).items():
+                for name, n in kernel.scratch_floats(M, N, K, parts).items():
                     need[name] = max(need.get(name, 0), n)
         for name, n in need.items():
             self._scratch.get(name, n)
@@ -843,8 +848,8 @@ class Matmul:
         """
         if M <= 0 or N <= 0:
             return
-        kernel, split = self._route(M, N, K, trans_a, trans_b)
-        if split:
+        kernel, parts = self._route(M, N, K, trans_a, trans_b)
+        if parts == 0:  # also GEMV, which takes no parts
             kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset)
-        else:  # a GemmKernel the per-shape choice keeps from splitting K
-            kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset, split=False)
+        else:  # a GemmKernel of a per-shape choice
+            kernel(c, a, b, M, N, K, accumulate, a_offset, b_offset, c_offset, parts=parts)

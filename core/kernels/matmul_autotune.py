@@ -37,6 +37,7 @@ import numpy as np
 
 from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
+from core.kernels import matmul
 from core.kernels.matmul import (GEMV_MAX_M, NARROW_KINDS, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
                                  default_configs, default_narrow, fallback_configs, fits, narrow_kind,
@@ -558,18 +559,21 @@ def shape_candidates(dev: Device, variant: tuple[bool, bool]) -> list[TiledConfi
 
 
 def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
-    """The fastest ``(configuration, split)`` measured on ``dev`` for each matrix-matrix product in ``shapes``
+    """The fastest ``(configuration, parts)`` measured on ``dev`` for each matrix-matrix product in ``shapes``
     (``(M, N, K, trans_a, trans_b)``, e.g. ``core.model.step_matmuls``), for ``Matmul.use_shape_configs``.
 
     On devices with local tiles (GPUs) every product that is neither GEMV nor narrow (``narrow_kind``) is
-    timed with each of :func:`shape_candidates`, K split (the launcher's rule) and not, on zero operands of
+    timed with each of :func:`shape_candidates`, and where C has few tiles (``GemmKernel.splits``' rule would
+    split K) with K split into each of :data:`SPLIT_PARTS` parts (C's tiles then spread evenly or not over the
+    compute units: a measurement, not a rule, decides), on zero operands of
     its size (one product's at a time: a model of those shapes holds buffers as large), and the winner is
     cached per device key in ``SHAPE_FILE``, so each shape is timed once per device and driver. Candidates
     are checked against numpy on a small product first; a wrong one is never chosen. Timing stops after
     ``budget_s`` (default :data:`SHAPE_BUDGET_S`); untimed shapes are left out of the result.
 
     Returns:
-        ``{(M, N, K, trans_a, trans_b): (TiledConfig, split)}``; ``{}`` on CPUs or with tuning off.
+        ``{(M, N, K, trans_a, trans_b): (TiledConfig, parts)}`` (``parts`` as in ``GemmKernel.splits``: the
+        number of K parts measured fastest, 1 unsplit); ``{}`` on CPUs or with tuning off.
     """
     if not enabled() or not uses_local_tiles(dev):
         return {}
@@ -596,16 +600,39 @@ def _valid_entries(entries) -> dict:
 
 
 def _shape_entry(name: str, entry) -> tuple[TiledConfig, bool] | None:
-    """``(configuration, split)`` of a shape cache entry, or None (logged) when it is not one."""
+    """``(configuration, parts)`` of a shape cache entry, or None (logged) when it is not one. An entry of
+    before the K parts were timed (a ``"split"`` flag) counts as untimed, silently."""
+    if isinstance(entry, dict) and "split" in entry and "parts" not in entry:
+        return None
     try:
         cfg = config_from_dict(entry["config"])
-        if (not isinstance(cfg, TiledConfig) or not isinstance(entry["split"], bool)
+        if (not isinstance(cfg, TiledConfig) or type(entry["parts"]) is not int or entry["parts"] < 1
                 or not all(type(v) is int for v in vars(cfg).values())):
-            raise TypeError("not a tiled configuration of integers and a split flag")
-        return cfg, entry["split"]
+            raise TypeError("not a tiled configuration of integers and a count of K parts")
+        return cfg, entry["parts"]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         log.warning("ignoring the matmul shape cache's entry %r: %s", name, e)
         return None
+
+
+SPLIT_PARTS = (2, 3, 4, 6, 8)
+"""K parts :func:`shape_configs` times a product in besides 1 and the launcher's rule, where C has fewer than
+``2 * SPLIT_WAVES`` tiles per compute unit. Measured on an H100 at d1024's weight gradients (8 x 512 tokens:
+``benchmarks/matmul_shapes.py``): 1024x2816x4096 in 3 parts 43.6 TFLOP/s, where the rule's 2 gave 30.5 and one
+part 31.2 (256x128 tiles); 5632x1024x4096 with 128x64 tiles in 2 parts 42.5, where the rule kept one (39.7):
+how evenly C's tiles fill the compute units depends on how many of them fit at once, which only timing tells."""
+
+
+def _part_counts(kernel: GemmKernel, M: int, N: int, K: int) -> list[int]:
+    """The distinct counts of K parts to time a tiled product in: 1, and where C has fewer than
+    ``2 * SPLIT_WAVES`` tiles per compute unit also the launcher's rule's and :data:`SPLIT_PARTS` (each as
+    ``GemmKernel.splits`` rounds it: parts at least ``SPLIT_MIN_K`` deep, partial products within
+    ``SCRATCH_FLOATS``)."""
+    cfg = kernel.cfg
+    tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
+    if tiles >= 2 * matmul.SPLIT_WAVES * kernel.dev.info.compute_units:
+        return [1]
+    return sorted({1, kernel.splits(M, N, K)[0], *(kernel.splits(M, N, K, p)[0] for p in SPLIT_PARTS)})
 
 
 def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> None:
@@ -636,17 +663,19 @@ def _time_shapes(dev: Device, shapes: list, table: dict, budget_s: float) -> Non
             k = kernels[(cfg, ta, tb)]
             if k is None:
                 continue
-            for split in ((True, False) if k.splits(M, N, K)[0] > 1 else (True,)):
-                s = best_seconds(dev, lambda: k(c, a, b, M, N, K, False, 0, 0, 0, split), 0.005)
+            for parts in _part_counts(k, M, N, K):
+                s = best_seconds(dev, lambda: k(c, a, b, M, N, K, False, 0, 0, 0, parts), 0.005)
+                log.debug("matmul shape timing %s: %s in %d parts at %.0f GFLOP/s", _shape_name(M, N, K, ta, tb),
+                          cfg, parts, 2.0 * M * N * K / s / 1e9)
                 if best is None or s < best[0]:
-                    best = (s, cfg, split)
+                    best = (s, cfg, parts)
         for buf in (a, b, c):
             buf.release()
         if best is not None:
-            table[_shape_name(M, N, K, ta, tb)] = {"config": config_to_dict(best[1]), "split": best[2],
+            table[_shape_name(M, N, K, ta, tb)] = {"config": config_to_dict(best[1]), "parts": best[2],
                                                     "gflops": float(f"{2.0 * M * N * K / best[0] / 1e9:.3g}")}
             log.info("matmul %s: %s%s at %.0f GFLOP/s", _shape_name(M, N, K, ta, tb), best[1],
-                     "" if best[2] else " unsplit", 2.0 * M * N * K / best[0] / 1e9)
+                     f" in {best[2]} K parts" if best[2] > 1 else "", 2.0 * M * N * K / best[0] / 1e9)
 
 
 _shape_memo: dict[str, dict] = {}  # per process: the shape cache's entry of each device
