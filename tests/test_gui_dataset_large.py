@@ -155,3 +155,29 @@ def test_closing_during_a_count_ends_it_at_once(main_window, qtbot):
     assert stopped_s < 3.0, f"stop waited {stopped_s:.1f} s for the count"  # the count itself: 6-12 s
     qtbot.wait(200)
     assert tab.stats_label.text() == label
+
+
+def test_an_edit_during_a_count_ends_the_stale_count(main_window, qtbot):
+    """An edit while 20,000 entries are counted in a child: that count (of the dataset before the edit) is
+    ended, not waited for (6-12 s), its result never shown, and the count of the edited dataset follows."""
+    tab = main_window.dataset_tab
+    main_window.tabs.setCurrentWidget(tab)
+    tab.set_dataset(_big_dataset())
+    tab._stats_timer.stop()
+    tab._start_stats()
+    stale = tab._stats_worker
+    assert isinstance(stale, ChildCallWorker)
+    qtbot.waitUntil(stale.isRunning, timeout=5_000)
+    qtbot.wait(300)  # the child has started counting
+    tab.add_fact("One more fact.")
+    tab._stats_timer.stop()
+    t0 = time.perf_counter()
+    tab._start_stats()  # what the timer does 700 ms after the edit
+    assert stale.stop_requested()
+    qtbot.waitUntil(stale.isFinished, timeout=5_000)
+    ended_s = time.perf_counter() - t0
+    assert ended_s < 3.0, f"the stale count ran on for {ended_s:.1f} s"
+    qtbot.waitUntil(lambda: tab._stats_worker is not stale, timeout=5_000)
+    qtbot.waitUntil(lambda: "tokens" in tab.stats_label.text() and not tab._stats_worker.isRunning(),
+                    timeout=120_000)
+    assert f"{N_FACTS + 1:,} facts, {N_DIALOGUES:,} dialogues" in tab.stats_label.text()
