@@ -563,9 +563,9 @@ def shape_configs(dev: Device, shapes, budget_s: float | None = None) -> dict:
     (``(M, N, K, trans_a, trans_b)``, e.g. ``core.model.step_matmuls``), for ``Matmul.use_shape_configs``.
 
     On devices with local tiles (GPUs) every product that is neither GEMV nor narrow (``narrow_kind``) is
-    timed with each of :func:`shape_candidates`, and where C has few tiles (``GemmKernel.splits``' rule would
-    split K) with K split into each of :data:`SPLIT_PARTS` parts (C's tiles then spread evenly or not over the
-    compute units: a measurement, not a rule, decides), on zero operands of
+    timed with each of :func:`shape_candidates`, unsplit and, where C has few tiles per compute unit
+    (:func:`_part_counts`), with K in the launcher's rule's parts and in each of :data:`SPLIT_PARTS` (whether C's
+    tiles then spread evenly over the compute units is measured, not computed), on zero operands of
     its size (one product's at a time: a model of those shapes holds buffers as large), and the winner is
     cached per device key in ``SHAPE_FILE``, so each shape is timed once per device and driver. Candidates
     are checked against numpy on a small product first; a wrong one is never chosen. Timing stops after
@@ -599,7 +599,7 @@ def _valid_entries(entries) -> dict:
     return {k: v for k, v in entries.items() if _shape_entry(k, v)} if isinstance(entries, dict) else {}
 
 
-def _shape_entry(name: str, entry) -> tuple[TiledConfig, bool] | None:
+def _shape_entry(name: str, entry) -> tuple[TiledConfig, int] | None:
     """``(configuration, parts)`` of a shape cache entry, or None (logged) when it is not one. An entry of
     before the K parts were timed (a ``"split"`` flag) counts as untimed, silently."""
     if isinstance(entry, dict) and "split" in entry and "parts" not in entry:
