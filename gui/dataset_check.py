@@ -33,6 +33,15 @@ def stats_text(dataset: Dataset, s: DatasetStats, context_length: int) -> str:
             f"{count_words(s.longest, 'token')} (context {context_length}) · vocabulary {s.vocab_size} tokens")
 
 
+def _entry_key(dataset: Dataset, kind: str, index: int) -> object:
+    """What entry ``index`` of ``kind`` (``"fact"`` / ``"dialogue"``) holds now, as a value that a later edit
+    of it changes (None past the end)."""
+    if kind == "fact":
+        return dataset.facts[index] if index < len(dataset.facts) else None
+    d = dataset.dialogues[index] if index < len(dataset.dialogues) else None
+    return None if d is None else (d.system, tuple(tuple(t) for t in d.turns))
+
+
 class DatasetCheck(QGroupBox):
     """``stats_label`` (the counts) over ``problem_list`` (the first MAX_LISTED_PROBLEMS problems).
 
@@ -50,9 +59,10 @@ class DatasetCheck(QGroupBox):
         self._dataset, self._copy, self._highlight = dataset, copy, highlight
         self.vocab_size, self.context_length = ModelConfig.vocab_size, ModelConfig.context_length  # the defaults
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
-        self._too_long: list = []
+        self._too_long: list = []  # (too-long problem of the last count, its entry as counted: _entry_key)
         self.stats_worker: CallWorker | None = None
         self._stats_pending = False
+        self._generation = 0  # counts the edits (and limits) so far: a count of an older one is stale
         self._stopped = False
         self.validate_timer = QTimer(self, singleShot=True, interval=250)
         self.validate_timer.timeout.connect(self.validate_now)
@@ -77,16 +87,19 @@ class DatasetCheck(QGroupBox):
         """Vocabulary size and context length used for token counts and the too-long check."""
         if (vocab_size, context_length) != (self.vocab_size, self.context_length):
             self.vocab_size, self.context_length = vocab_size, context_length
+            self._generation += 1
             self.stats_timer.start()
 
     def edited(self) -> None:
         """Something changed: check again soon, count tokens again later (both are restarted by every
         keystroke-sized edit, so typing never waits for them)."""
+        self._generation += 1
         self.validate_timer.start()
         self.stats_timer.start()
 
     def replaced(self) -> None:
         """A new dataset: its too-long entries are not known yet; check now, count soon."""
+        self._generation += 1
         self._too_long = []
         self.validate_now()
         self.stats_timer.start()
@@ -96,8 +109,8 @@ class DatasetCheck(QGroupBox):
         self.validate_timer.stop()
         ds = self._dataset()
         self._problems = ds.validate()
-        self._problems += [p for p in self._too_long if (p.kind == "fact" and p.index < len(ds.facts))
-                           or (p.kind == "dialogue" and p.index < len(ds.dialogues))]
+        # an entry edited (or moved) since the count loses its mark until the next count
+        self._problems += [p for p, key in self._too_long if _entry_key(ds, p.kind, p.index) == key]
         self.problem_list.clear()
         for p in self._problems[:MAX_LISTED_PROBLEMS]:
             it = QListWidgetItem(f"⚠ {p}")
@@ -117,12 +130,12 @@ class DatasetCheck(QGroupBox):
         dataset. Lazy: edits only restart the timer that calls this, and a hidden tab waits until it is shown.
         A count still running counts a dataset edited since: in a child it is ended now (the new count starts
         when it has gone, within 50 ms), in a thread (under 2,000 entries, a fraction of a second) it finishes
-        first; either way its result is not shown."""
+        first. A count of a dataset edited (or replaced, or of other limits) after it started is never shown."""
         if self._stopped:
             return
         if self.stats_worker is not None and self.stats_worker.isRunning():
             self._stats_pending = True
-            if isinstance(self.stats_worker, ChildCallWorker):
+            if isinstance(self.stats_worker, ChildCallWorker) and self.stats_worker.generation != self._generation:
                 self.stats_worker.request_stop()
             return
         if not self.isVisible():
@@ -135,6 +148,7 @@ class DatasetCheck(QGroupBox):
             return
         w = call_worker(dataset_stats, ds, self.vocab_size, self.context_length,
                         entries=len(ds.facts) + len(ds.dialogues))
+        w.generation = self._generation  # what it counts (its signals may arrive after the next one started)
         w.connect_slots(done=self._on_stats, failed=self._on_stats_failed, finished=self._on_stats_finished)
         self.stats_worker = w
         w.start()
@@ -145,16 +159,22 @@ class DatasetCheck(QGroupBox):
             self.stats_timer.start()
 
     def _on_stats(self, s: DatasetStats) -> None:
-        if self._stats_pending:  # counted before an edit: the count that follows replaces it
+        if not self._counted_now():  # counted before an edit: the next count replaces it
             return
         self.stats_label.setText(stats_text(self._dataset(), s, self.context_length))
-        self._too_long = list(s.too_long)
+        ds = self._dataset()  # as counted: no edit since (_counted_now)
+        self._too_long = [(p, _entry_key(ds, p.kind, p.index)) for p in s.too_long]
         self.validate_now()
 
     def _on_stats_failed(self, kind: str, message: str) -> None:
-        if self._stats_pending:  # as in _on_stats
+        if not self._counted_now():  # as in _on_stats
             return
         self.stats_label.setText(f"Token counts unavailable: {message}")
+
+    def _counted_now(self) -> bool:
+        """Whether the worker whose signal is being handled counted the dataset as it is now (no edit, new
+        dataset or new limits since it started)."""
+        return getattr(self.sender(), "generation", None) == self._generation
 
     def _on_stats_finished(self) -> None:
         if self._stats_pending:

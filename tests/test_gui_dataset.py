@@ -401,3 +401,48 @@ def test_token_counts_follow_the_entry_being_typed(main_window, qtbot, where):
     assert tab.undo_stack.index() == before_undo + 1  # typing one entry is one step
     tab.undo_stack.undo()
     assert read() == old
+
+
+LONG_FACT = " ".join(f"word{i}" for i in range(400))  # far past the default context (128 tokens)
+
+
+def _too_long(tab) -> list:
+    return [(p.kind, p.index) for p in tab.problems() if p.message.startswith("too long")]
+
+
+def _counted(tab) -> bool:
+    worker = tab._stats_worker
+    return "tokens" in tab.stats_label.text() and not tab._stats_timer.isActive() and not (
+        worker is not None and worker.isRunning())
+
+
+def test_a_count_of_the_dataset_before_an_edit_is_never_shown(tab, qtbot):
+    """Token counts run on a snapshot; one that ends after an edit (or after another dataset was opened)
+    counted what is gone: its too-long marks and numbers are not shown, and an entry fixed since the last
+    count loses its mark at the next check, not only at the next count."""
+    tab.set_dataset(Dataset([LONG_FACT, "Short fact."], []))
+    qtbot.waitUntil(lambda: _counted(tab), timeout=30_000)
+    assert _too_long(tab) == [("fact", 0)]
+    counted_long = tab.stats_label.text()
+
+    tab._stats_timer.stop()
+    tab._start_stats()  # a count of [LONG_FACT, "Short fact."] in a thread (2 entries)
+    stale = tab._stats_worker
+    _set(tab.facts, 0, "Now short.")  # an edit while it counts
+    qtbot.waitUntil(stale.isFinished, timeout=10_000)
+    qtbot.wait(400)  # the check after the edit (250 ms) has run; the next count is due 700 ms after the edit
+    assert _too_long(tab) == [], "the count of the dataset before the edit was shown"
+    qtbot.waitUntil(lambda: _counted(tab) and tab._stats_worker is not stale, timeout=30_000)
+    assert _too_long(tab) == [] and tab.stats_label.text() != counted_long
+
+    tab.set_dataset(Dataset([LONG_FACT, "Short fact."], []))
+    qtbot.waitUntil(lambda: _counted(tab) and _too_long(tab) == [("fact", 0)], timeout=30_000)
+    tab._stats_timer.stop()
+    tab._start_stats()
+    stale = tab._stats_worker
+    tab.set_dataset(Dataset(["Alpha.", "Beta.", "Gamma."], []))  # another dataset while it counts
+    qtbot.waitUntil(stale.isFinished, timeout=10_000)
+    qtbot.wait(100)
+    assert _too_long(tab) == [], "the old dataset's count was shown on the new one"
+    qtbot.waitUntil(lambda: _counted(tab) and "3 facts" in tab.stats_label.text(), timeout=30_000)
+    assert _too_long(tab) == []
