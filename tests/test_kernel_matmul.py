@@ -1,5 +1,6 @@
 """Matmul against the float64 numpy reference: every kernel family, all transposes, ragged sizes,
 accumulate, offsets, the GEMV path, every tuner candidate, and the tuner's cache."""
+import itertools
 import json
 from dataclasses import replace
 
@@ -693,3 +694,46 @@ def test_shape_configs_from_two_threads_time_each_shape_once(device, tmp_path, m
     for t in threads:
         t.join()
     assert set(out["a"]) == set(a) and set(out["b"]) == set(b) and len(timed) == 4
+
+
+def test_scratch_bound_covers_every_split_a_gpu_may_choose(device):
+    """memory_bytes counts scratch_bound_floats of a step's products before any kernel is built; on a GPU the
+    scratch is split K's partial products, in the launcher's rule's parts or in any count shape_configs may have
+    measured fastest (its _part_counts): for model shapes from 0.7M to 349M parameters, rows of 512-4096 and 20-132
+    compute units, none holds more than the bound, and Matmul.reserve of a measured count stays within it."""
+    import types
+
+    from core.config import PRESETS, ModelConfig
+    from core.model import step_matmuls
+
+    def kernel(cfg, cu):  # splits() of a tiled kernel on a device of cu compute units
+        k = types.SimpleNamespace(cfg=cfg, dev=types.SimpleNamespace(info=types.SimpleNamespace(compute_units=cu)))
+        k.splits = lambda M, N, K, parts=0: GemmKernel.splits(k, M, N, K, parts)
+        return k
+
+    models = [mc for mc, _ in PRESETS.values()] + [
+        ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536),
+        ModelConfig(vocab_size=32000, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=8, ffn_dim=2816)] + [
+        ModelConfig(vocab_size=8192, d_model=d, n_heads=8, n_kv_heads=8, ffn_dim=f, context_length=512)
+        for d, f in [(128, 384), (512, 1536), (768, 2048)]]
+    for mc in models:
+        for rows in (512, 4096):
+            shapes = step_matmuls(mc, rows, True)
+            bound = matmul.scratch_bound_floats(shapes)
+            for M, N, K, ta, tb in shapes:
+                if (tb and not ta and M <= matmul.GEMV_MAX_M) or matmul.narrow_kind(M, N) is not None:
+                    continue
+                for cfg, cu in itertools.product(matmul_autotune.SHAPE_GRID, (20, 60, 132)):
+                    k = kernel(cfg, cu)
+                    for parts in [0, *matmul_autotune._part_counts(k, M, N, K)]:
+                        n = k.splits(M, N, K, parts)[0]
+                        assert n == 1 or n * M * N <= bound, (mc.d_model, rows, (M, N, K), cfg, cu, parts)
+
+    c = ModelConfig(vocab_size=8192, d_model=512, n_heads=8, n_kv_heads=8, ffn_dim=1536, context_length=512)
+    products = step_matmuls(c, 512, True)
+    cfg = fitted(device, TiledConfig(32, 16, 8, 4, 2, 2, 2, 2), (False, True))
+    logits = (512, 8192, 512, False, True)  # the loss head's forward product, measured fastest in 4 K parts
+    op = Matmul(device, configs=cfg, gemv=False)
+    op.use_shape_configs({logits: (cfg, 4)})
+    assert op._variants[(False, True)].splits(*logits[:3], 4)[0] == 4
+    assert op.reserve(products) <= 4 * matmul.scratch_bound_floats(products)

@@ -379,14 +379,18 @@ class _Scratch:
 
 def scratch_bound_floats(shapes: Iterable[tuple[int, int, int, bool, bool]]) -> int:
     """At most the floats of scratch :meth:`Matmul.reserve` holds for these shapes on any device (for
-    memory estimates made before a device's kernels are built): the packed panels of op(A) and op(B)
-    of the widest products (CPUs: rows padded to 16, at most ``SCRATCH_FLOATS`` each); a GPU's split-K
-    partial products are bounded alike."""
+    memory estimates made before a device's kernels are built). A device runs one family of kernels: CPUs
+    the packed one, whose scratch is the packed panels of op(A) and op(B) of the widest products (rows padded
+    to 16, at most ``SCRATCH_FLOATS`` each); GPUs the tiled one, whose scratch is the partial products of a
+    K split into parts at least ``SPLIT_MIN_K`` deep (by the launcher's rule or a measured count of parts:
+    at most ``K // SPLIT_MIN_K`` parts of M x N, and at most ``SCRATCH_FLOATS``). The larger of the two."""
     pad = lambda x: -(-x // 16) * 16  # noqa: E731 - widest register blocks (mr, nr)
     gemm = [(M, N, K) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)]  # GEMV: none
     a = max((min(pad(M) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
     b = max((min(pad(N) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
-    return a + b
+    splits = max((min((K // SPLIT_MIN_K) * M * N, SCRATCH_FLOATS) for M, N, K in gemm if K >= 2 * SPLIT_MIN_K),
+                 default=0)
+    return max(a + b, splits)
 
 
 class GemmKernel:
