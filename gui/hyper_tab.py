@@ -88,7 +88,7 @@ class HyperTab(QWidget):
         state.device_changed.connect(self.set_device)
         state.project_changed.connect(lambda project: self.set_state(project.settings.get("hyperparameters")))
         for sig in (state.dataset_replaced, state.dataset_edited, state.device_changed):
-            sig.connect(self._replan_timer.start)
+            sig.connect(self._plan_outdated)
         for sig in (state.dataset_replaced, state.dataset_edited):  # (a project opened emits only the first)
             sig.connect(self._count_edit)
         state.busy_changed.connect(self._after_a_run)
@@ -218,6 +218,15 @@ class HyperTab(QWidget):
         if not self.app_state.is_training() and self.plan is not None and self.plan.first_run_s:
             self._replan_timer.start()
 
+    def _plan_outdated(self, *_) -> None:
+        """The dataset or the device changed: Auto plans again 400 ms after the last such change (a burst
+        of edits plans once), and training waits from now, not from then (:meth:`planning`): the plan of
+        the dataset before would train meanwhile."""
+        was_planning = self.planning()
+        self._replan_timer.start()
+        if not was_planning and self.preset.currentText() == AUTO and self.base_path() is None:
+            self.validate()  # once per burst: the blocker and the form's note
+
     def _replan_if_auto(self) -> None:
         if self.preset.currentText() == AUTO and self.base_path() is None:
             self.apply_plan()
@@ -243,8 +252,8 @@ class HyperTab(QWidget):
         self.set_values({**preset_values("Small"), "time_budget_s": self._budget()}, preset=AUTO)
 
     def planning(self) -> bool:
-        """True while Auto's plan is being made (training waits for it: AppState.train_blocker)."""
-        return self._plan_running or self._plan_pending
+        """True while Auto's plan is due or being made (training waits for it: AppState.train_blocker)."""
+        return self._plan_running or self._plan_pending or self._replan_timer.isActive()
 
     def apply_plan(self) -> None:
         """Plan the run for the dataset and device (core.plan.plan_for: token counts and the device's

@@ -104,12 +104,10 @@ def prepare_launch(state: AppState, parent: QWidget, resume: bool,
                    continue_with: tuple[Path, TrainConfig] | None = None) -> Launch:
     """The run to start; raises NotStarted (with the banner's text) when the device, the settings, the
     dataset or the folder are not usable, or when the user declines a message box."""
-    if state.device_info() is None:
-        raise NotStarted("No OpenCL device: see the Device tab.")
-    configs = state.configs()
-    if configs is None:
-        raise NotStarted(f"Fix the hyperparameters first: {state.config_error()}")
-    mc, tc = configs
+    blocker = state.train_blocker()  # what disables the buttons: no device, bad settings, Auto still planning
+    if blocker is not None:
+        raise NotStarted(blocker)
+    mc, tc = state.configs()
     if resume:
         return _resumed(state, parent, mc, tc, continue_with)
     return _new(state, parent, mc, tc)

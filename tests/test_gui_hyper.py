@@ -311,3 +311,29 @@ def test_no_plan_starts_after_the_window_closes(tab, main_window, qtbot):
     tab.stop()
     qtbot.wait(100)  # they are handled now
     assert tab.plan_worker is worker and not tab.planning()
+
+
+def test_training_waits_from_the_edit_not_from_the_replan(tab, main_window, qtbot, wait_plan):
+    """Auto plans again 400 ms after the last edit (a burst of edits plans once); the old dataset's plan must
+    not train meanwhile: Start and Resume are off, and a start asked for in code is refused, from the moment
+    of the edit (a new user's import and click within 400 ms trained the Small fallback before)."""
+    from core.dataset import Dataset
+    from core.device import list_devices
+    from core.plan import AUTO
+    from gui.run_setup import NotStarted, prepare_launch
+
+    state, training = main_window.state, main_window.training_tab
+    state.set_device(list_devices()[0])
+    tab.set_preset(AUTO)
+    main_window.dataset_tab.set_dataset(Dataset([f"Fact {i}: the heron of pier {i} is grey." for i in range(8)], []))
+    old = wait_plan(tab)
+    assert old is not None and training.start_button.isEnabled()
+    main_window.dataset_tab.set_dataset(Dataset([f"Fact {i}: the lamp of street {i} is blue." for i in range(20)],
+                                                []))  # an import: the replan is 400 ms away
+    assert tab._replan_timer.isActive() and tab.planning()
+    assert not training.start_button.isEnabled() and "Auto is still planning" in state.train_blocker()
+    with pytest.raises(NotStarted, match="still planning"):
+        prepare_launch(state, main_window, resume=False)
+    new = wait_plan(tab)
+    assert new is not None and new is not old and state.plan() is new
+    assert training.start_button.isEnabled() and state.train_blocker() is None
