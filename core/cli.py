@@ -230,8 +230,9 @@ class _CtrlC:
 def _load_data(path: str):
     from core.dataset import load_dataset
 
-    dataset, problems = load_dataset(path)
-    for p in problems:
+    notes: list[str] = []
+    dataset, problems = load_dataset(path, notes)
+    for p in [*notes, *problems]:
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:
         raise ValueError(f"{path}: no facts or dialogues could be read")
@@ -636,8 +637,9 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.recall import recall_check, sampled, tally
 
     loaded = load_model(args.model)
-    dataset, problems = load_dataset(args.data)
-    for p in problems:
+    notes: list[str] = []
+    dataset, problems = load_dataset(args.data, notes)
+    for p in [*notes, *problems]:
         print(f"warning: {p}", file=sys.stderr)
     dev = open_device(args.device)
     _tune_matmul(dev)

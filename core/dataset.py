@@ -154,8 +154,9 @@ class Dataset:
         def specials(text: str) -> list[str]:
             return sorted((t for t in SPECIAL_TOKENS if t in text), key=text.find)
 
-        def too_long(n: int) -> str:
-            return f"too long: {n} tokens, the limit is {max_tokens}"
+        def too_long(n: int, fact: bool) -> str:  # max_tokens: the context's tokens and one more (the last target)
+            return (f"too long: {n:,} tokens where the model's context holds {max_tokens - 1:,}: trained in pieces "
+                    "of the context" + (", and not checked for recall" if fact else ""))
 
         for i, fact in enumerate(self.facts):
             if not has_text(fact):
@@ -165,7 +166,7 @@ class Dataset:
             if found := specials(fact):
                 out.append(EntryProblem("fact", i, None, f"contains the reserved text {found[0]}"))
             if check_len and (n := len(encode_fact(tokenizer, fact))) > max_tokens:
-                out.append(EntryProblem("fact", i, None, too_long(n)))
+                out.append(EntryProblem("fact", i, None, too_long(n, True)))
         for i, d in enumerate(self.dialogues):
             if not d.turns:
                 out.append(EntryProblem("dialogue", i, None, "no turns"))
@@ -182,7 +183,7 @@ class Dataset:
                     out.append(EntryProblem("dialogue", i, t, f"contains the reserved text {found[0]}"))
             if check_len and (turns := trainable_turns(d)) and \
                     (n := len(encode_dialogue(tokenizer, Dialogue(turns, d.system))[0])) > max_tokens:
-                out.append(EntryProblem("dialogue", i, None, too_long(n)))
+                out.append(EntryProblem("dialogue", i, None, too_long(n, False)))
         return out
 
 
@@ -278,8 +279,12 @@ def _read_text(path: Path) -> str:
     return "\n".join(_LINE_BREAK.split(text))
 
 
-def load_dataset(path: str | PathLike) -> tuple[Dataset, list[Problem]]:
+def load_dataset(path: str | PathLike, notes: list[str] | None = None) -> tuple[Dataset, list[Problem]]:
     """Read a dataset file in any of the supported formats (see the module docstring).
+
+    Args:
+        notes: when given, gets a line for the user where the file's name says nothing of how it was read: a
+            name not ending in .json, .jsonl or .txt (a .csv of questions and answers) read as plain text.
 
     Returns:
         ``(dataset, problems)``: the entries that could be read and one :class:`Problem` per skipped
@@ -301,6 +306,9 @@ def load_dataset(path: str | PathLike) -> tuple[Dataset, list[Problem]]:
         return _parse_jsonl(text, str(path))
     if ext == ".json" or (first.startswith(("{", "[")) and _is_json_document(text)):
         return _parse_json(text, str(path))
+    if notes is not None and ext not in (".txt", ".json", ".jsonl"):
+        notes.append(f"{path}: read as plain text (each line a fact, 'User:' / 'Assistant:' lines dialogues); "
+                     "the dataset formats are .json, .jsonl and .txt")
     return _parse_text(text, str(path))
 
 

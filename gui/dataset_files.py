@@ -73,7 +73,11 @@ class DatasetFileButtons(QHBoxLayout):
             return
         try:
             problems = self._import(path, replace=replace)
-        except (OSError, ValueError) as e:
+        except OSError as e:  # the file vanished or is not readable: its name and why, not Python's repr
+            dialogs.warn(self._parent, "Import failed", f"{e.filename or path}: {e.strerror or e}. "
+                                                        "The dataset was not changed.")
+            return
+        except ValueError as e:
             dialogs.warn(self._parent, "Import failed", str(e))
             return
         if problems:

@@ -104,13 +104,24 @@ def prepare_launch(state: AppState, parent: QWidget, resume: bool,
                    continue_with: tuple[Path, TrainConfig] | None = None) -> Launch:
     """The run to start; raises NotStarted (with the banner's text) when the device, the settings, the
     dataset or the folder are not usable, or when the user declines a message box."""
-    blocker = state.train_blocker()  # what disables the buttons: no device, bad settings, Auto still planning
-    if blocker is not None:
-        raise NotStarted(blocker)
-    mc, tc = state.configs()
+    if state.device_info() is None:
+        raise NotStarted("No OpenCL device: see the Device tab.")
+    configs = state.configs()
+    if configs is None:
+        raise NotStarted(f"Fix the hyperparameters first: {state.config_error()}")
+    mc, tc = configs
     if resume:
+        _refuse_while_blocked(state)
         return _resumed(state, parent, mc, tc, continue_with)
     return _new(state, parent, mc, tc)
+
+
+def _refuse_while_blocked(state: AppState) -> None:
+    """Raises NotStarted while the buttons are off (AppState.train_blocker: Auto still planning, so that
+    its form holds the plan of the dataset before an edit)."""
+    blocker = state.train_blocker()
+    if blocker is not None:
+        raise NotStarted(blocker)
 
 
 def _resumed(state: AppState, parent: QWidget, mc: ModelConfig, tc: TrainConfig,
@@ -134,6 +145,7 @@ def _new(state: AppState, parent: QWidget, mc: ModelConfig, tc: TrainConfig) -> 
     problems = dataset.validate()
     if problems:
         raise NotStarted(f"Fix the dataset first ({count_words(len(problems), 'problem')}), e.g. {problems[0]}")
+    _refuse_while_blocked(state)
     run_dir = state.new_run_dir()
     _refuse_unwritable(parent, run_dir)
     plan = state.plan()  # the Auto plan's time, its one-time costs included (core.plan.Plan)

@@ -239,8 +239,24 @@ def test_validate_too_long():
     ds = Dataset(["short fact", "word " * 40], [Dialogue([("Q", "A")]), Dialogue([("Q " * 30, "A")])])
     issues = ds.validate(tokenizer=tok, max_tokens=16)
     assert [(p.kind, p.index) for p in issues] == [("fact", 1), ("dialogue", 1)]
-    assert "limit is 16" in str(issues[0])
+    assert "where the model's context holds 15: trained in pieces of the context, and not checked for recall" \
+        in str(issues[0])  # what happens to it, not only that it is long
+    assert str(issues[1]).endswith("trained in pieces of the context")  # a dialogue's turns may still be checked
     assert ds.validate(max_tokens=16) == []  # no tokenizer: lengths are not checked
+
+
+def test_a_file_named_for_another_format_is_read_as_text_with_a_note(tmp_path):
+    """A .csv of questions and answers is read as plain text (each line a fact, as documented); the reader says
+    so to whoever asks (the CLI prints it), and says nothing for .txt or for JSON content under any name."""
+    notes = []
+    ds, problems = load_dataset(_write(tmp_path, "qa.csv", "question,answer\nWho runs the mill?,Odile\n"), notes)
+    assert ds.facts == ["question,answer", "Who runs the mill?,Odile"] and not problems
+    assert len(notes) == 1 and "qa.csv: read as plain text" in notes[0] and ".json, .jsonl and .txt" in notes[0]
+    for name, text in [("a.txt", "A fact.\n"), ("b.csv", json.dumps(SAMPLE.to_dict())), ("c.md", '{"text": "A fact."}\n')]:
+        notes = []
+        load_dataset(_write(tmp_path, name, text), notes)
+        assert notes == [], name
+    assert load_dataset(_write(tmp_path, "d.csv", "x\n"))[0].facts == ["x"]  # no list given: no note, same data
 
 
 def test_dataset_hash_is_canonical(tmp_path):

@@ -218,6 +218,12 @@ def test_importing_an_empty_file_says_so_and_changes_nothing(tab, tmp_path, dial
     tab._import_dialog(replace=True)
     assert dialogs.warned and "no facts or dialogues" in dialogs.warned[0][1]
     assert tab.dataset() == before
+    gone = tmp_path / "gone.txt"  # chosen, then removed before it was read
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(gone), "")))
+    tab._import_dialog(replace=True)
+    message = dialogs.warned[-1][1]
+    assert message.startswith(f"{gone}: No such file") and "Errno" not in message and "not changed" in message
+    assert tab.dataset() == before
 
 
 def test_add_fact_opens_an_empty_editor_for_typing(tab, qtbot):
