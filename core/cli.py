@@ -47,15 +47,25 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+TUNE_LINE_EVERY_S = 10.0  # not a terminal (a log file): a tuning progress line at most this often, and the last
+
+
 def _tune_matmul(dev) -> None:
-    """First use of a device: time the matmul kernels once (cached), with a progress line."""
+    """First use of a device: time the matmul kernels once (cached), with a progress line (rewritten in
+    place on a terminal; a line every ``TUNE_LINE_EVERY_S`` seconds in a file or pipe)."""
+    import time
+
     from core.kernels import matmul_autotune
 
-    shown = []
+    shown, tty, last = [], sys.stderr.isatty(), [-math.inf]
 
     def line(fraction: float, message: str) -> None:
         shown.append(message)
-        print(f"\r{message:<72s}", end="" if fraction < 1.0 else "\n", file=sys.stderr, flush=True)
+        if tty:
+            print(f"\r{message:<72s}", end="" if fraction < 1.0 else "\n", file=sys.stderr, flush=True)
+        elif fraction >= 1.0 or time.monotonic() - last[0] >= TUNE_LINE_EVERY_S:
+            last[0] = time.monotonic()
+            print(message, file=sys.stderr, flush=True)
 
     result = matmul_autotune.tuned_configs(dev, progress=line)
     if shown and "seconds" in result:

@@ -181,3 +181,23 @@ def test_damaged_checkpoints_are_one_line_errors(tmp_path, capsys):
     (out / "weights.npz").write_bytes(b"PK\x03\x04 truncated")
     assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
     assert "unreadable" in capsys.readouterr().err
+
+
+def test_tuning_progress_in_a_log_file_is_lines_not_carriage_returns(capsys, monkeypatch):
+    """A first run's matmul tuning prints a progress line rewritten in place on a terminal; in a file (here
+    capsys, no terminal) it prints whole lines, the first, at most one per 10 s, and the last: no carriage
+    returns that join a log's lines into one."""
+    from core import cli
+    from core.kernels import matmul_autotune
+
+    def tuning(dev, progress=None, **_):
+        for i in range(1, 10):
+            progress(i / 9, f"matmul tuning nt: {i}/9")
+        return {"seconds": 1.5}
+
+    monkeypatch.setattr(matmul_autotune, "tuned_configs", tuning)
+    cli._tune_matmul(object())
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines() == ["matmul tuning nt: 1/9", "matmul tuning nt: 9/9",
+                                "matmul tuned in 1.5 s (cached for this device and driver)"]
