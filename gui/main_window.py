@@ -181,16 +181,22 @@ class MainWindow(QMainWindow):
             last = QSettings().value("project/last", "", type=str)
             if last and is_project(last) and not inside(Path(last), u) and self._try_open_initial(last):
                 return
-        if is_project(u) and self._try_open_initial(u):
-            return
+        why = ""
+        if is_project(u):
+            try:
+                self.open_project(u)
+                return
+            except ProjectError as e:  # said once, below, with the path it is moved to
+                why = str(e)
         if is_project(u) or (u / "dataset.json").exists():  # unreadable: keep it, start afresh beside it
             aside = u.with_name(f"untitled-unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
             try:
                 os.replace(u, aside)
             except OSError as e:  # never write over it: better not to start
                 raise SystemExit(f"{u}: unreadable project, and it cannot be moved aside ({e})") from None
-            self._warn_soon("Untitled project", f"The untitled project could not be opened, so it was moved to "
-                            f"{aside} (nothing was deleted) and a new untitled project was started.")
+            why = f" ({why.replace(str(u), str(aside))})" if why else ""
+            self._warn_soon("Untitled project", f"The untitled project could not be opened{why}, so it was moved "
+                            f"to {aside} (nothing was deleted) and a new untitled project was started.")
         try:
             self._set_project(new_project(u))
         except ProjectError as e:  # another window of the app holds the untitled project

@@ -131,9 +131,12 @@ def test_a_broken_last_project_is_not_overwritten_at_start(studio_env, qtbot, di
     qtbot.addWidget(again)
     try:
         qtbot.waitUntil(lambda: bool(dialogs.warned), timeout=2000)
-        assert "dataset.json" in dialogs.warned[0][1] and "moved" in dialogs.warned[1][1]
+        qtbot.wait(100)
         aside = [p for p in untitled_dir().parent.iterdir() if p.name.startswith("untitled-unreadable")]
         assert len(aside) == 1 and (aside[0] / "dataset.json").read_text("utf-8") == '{"facts": 5}'
+        # one message, naming the broken file where it is now (not the fresh project's path)
+        assert len(dialogs.warned) == 1 and "moved" in dialogs.warned[0][1]
+        assert f"{aside[0] / 'dataset.json'}" in dialogs.warned[0][1] and f"{ds}" not in dialogs.warned[0][1]
         assert again.dataset_tab.dataset().facts  # a fresh untitled project
     finally:
         again.close()
