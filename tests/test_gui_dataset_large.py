@@ -136,17 +136,25 @@ def test_twenty_thousand_problems_are_listed_in_part_and_all_highlighted(main_wi
     assert not slow, f"slower than {BOUND_S} s: {slow}"
 
 
-def test_closing_during_a_count_ends_it_at_once(main_window, qtbot):
-    """The token count of 20,000 entries takes seconds; closing the window (DatasetCheck.stop) ends
-    its child process instead of waiting for it, and no late result reaches the label."""
+def _counting(main_window, qtbot):
+    """The Dataset tab with the big dataset, its token count started in a child process and under way:
+    (tab, the count's worker)."""
     tab = main_window.dataset_tab
     main_window.tabs.setCurrentWidget(tab)
     tab.set_dataset(_big_dataset())
     tab._stats_timer.stop()
     tab._start_stats()
     worker = tab._stats_worker
+    assert isinstance(worker, ChildCallWorker)
     qtbot.waitUntil(worker.isRunning, timeout=5_000)
     qtbot.wait(300)  # the child has started counting
+    return tab, worker
+
+
+def test_closing_during_a_count_ends_it_at_once(main_window, qtbot):
+    """The token count of 20,000 entries takes seconds; closing the window (DatasetCheck.stop) ends
+    its child process instead of waiting for it, and no late result reaches the label."""
+    tab, worker = _counting(main_window, qtbot)
     label = tab.stats_label.text()
     t0 = time.perf_counter()
     tab.check.stop()
@@ -160,15 +168,7 @@ def test_closing_during_a_count_ends_it_at_once(main_window, qtbot):
 def test_an_edit_during_a_count_ends_the_stale_count(main_window, qtbot):
     """An edit while 20,000 entries are counted in a child: that count (of the dataset before the edit) is
     ended, not waited for (6-12 s), its result never shown, and the count of the edited dataset follows."""
-    tab = main_window.dataset_tab
-    main_window.tabs.setCurrentWidget(tab)
-    tab.set_dataset(_big_dataset())
-    tab._stats_timer.stop()
-    tab._start_stats()
-    stale = tab._stats_worker
-    assert isinstance(stale, ChildCallWorker)
-    qtbot.waitUntil(stale.isRunning, timeout=5_000)
-    qtbot.wait(300)  # the child has started counting
+    tab, stale = _counting(main_window, qtbot)
     tab.add_fact("One more fact.")
     tab._stats_timer.stop()
     t0 = time.perf_counter()
