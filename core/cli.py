@@ -377,14 +377,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from core.checkpoint import check_output_folder
     from core.folder_lock import FolderBusyError, FolderLock
 
-    if args.resume:  # what a resume needs first: a folder a run saved into (check_output_folder's advice is a new one's)
-        from core.checkpoint_meta import is_checkpoint_folder
-
-        if not os.path.lexists(args.resume):
-            return _fail(f"{args.resume}: no such folder; --resume continues a folder that a run saved into")
-        if os.path.isdir(args.resume) and not is_checkpoint_folder(args.resume):
-            return _fail(f"{args.resume}: not a checkpoint folder of this app (no run saved into it); --resume "
-                         "continues a folder that a run saved into")
     # symlinks and ".." resolved once: every later use (lock, save, messages) is of the real folder, and
     # it is ours (or new, or empty) and writable, or refused here, before any training
     out = check_output_folder(args.out or args.resume or DEFAULT_MODEL_DIR)

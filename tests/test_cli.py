@@ -41,20 +41,6 @@ def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):
     assert "afile" in err and "not a folder" in err and "Traceback" not in err
 
 
-def test_resume_of_a_folder_no_run_saved_into_says_so(tmp_path, capsys):
-    """--resume of a missing folder, or of a folder of the user's (no run saved into it), is refused in one line
-    that says what --resume needs (not check_output_folder's advice for --out), and nothing there changes."""
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "notes.md").write_text("my notes")
-    for folder, why in [(tmp_path / "nowhere", "no such folder"), (mine, "not a checkpoint folder of this app")]:
-        assert train(tmp_path, "--resume", str(folder)) == 2
-        err = capsys.readouterr().err
-        assert f"{folder}: {why}" in err and "continues a folder that a run saved into" in err
-        assert "new or empty" not in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "nowhere").exists() and sorted(p.name for p in mine.iterdir()) == ["notes.md"]
-
-
 def test_dataset_folder_and_missing_file_are_one_line_errors(tmp_path, capsys):
     assert train(tmp_path, "--data", str(tmp_path), "--out", str(tmp_path / "m")) == 2
     assert "is a folder" in capsys.readouterr().err
