@@ -140,6 +140,22 @@ def test_matmul_split_k_into_measured_parts(device, rng, config, trans_a, trans_
     assert kernel.splits(M, N, matmul.SPLIT_MIN_K - 1, 8) == (1, matmul.SPLIT_MIN_K - 1)
 
 
+@pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
+def test_matmul_split_k_first_part_goes_into_c(device, rng, monkeypatch, trans_a, trans_b):
+    """Split K's first part is summed straight into C, so scratch holds the other parts only: with room for two
+    M x N slices a product splits into three parts, exact when overwriting and accumulating."""
+    op = _op(device, "tiled-32x16-k8-prefetch")
+    kernel = op._variants[(trans_a, trans_b)]
+    M, N, K = 13, 22, 3 * matmul.SPLIT_MIN_K + 9
+    monkeypatch.setattr(matmul, "SCRATCH_FLOATS", 2 * M * N)
+    assert kernel.splits(M, N, K, 4)[0] == 3 and kernel.scratch_floats(M, N, K, 4) == {"splits": 2 * M * N}
+    try:
+        op.use_shape_configs({(M, N, K, trans_a, trans_b): (kernel.cfg, 4)})
+        _check_overwrite_then_accumulate(device, rng, op, M, N, K, trans_a, trans_b, "3 parts, 2 in scratch")
+    finally:
+        op.use_shape_configs({})  # the Matmul is shared by the module's tests
+
+
 @pytest.mark.parametrize("config", ["default", "tiled-16x32-k8-vw2", "packed-5x3x4-wg3-unpacked-a",
                                     "packed-6x4x16-k-chunks-of-16"])
 @pytest.mark.parametrize("trans_a,trans_b", VARIANTS)
@@ -727,7 +743,7 @@ def test_scratch_bound_covers_every_split_a_gpu_may_choose(device):
                     k = kernel(cfg, cu)
                     for parts in [0, *matmul_autotune._part_counts(k, M, N, K)]:
                         n = k.splits(M, N, K, parts)[0]
-                        assert n == 1 or n * M * N <= bound, (mc.d_model, rows, (M, N, K), cfg, cu, parts)
+                        assert n == 1 or (n - 1) * M * N <= bound, (mc.d_model, rows, (M, N, K), cfg, cu, parts)
 
     c = ModelConfig(vocab_size=8192, d_model=512, n_heads=8, n_kv_heads=8, ffn_dim=1536, context_length=512)
     products = step_matmuls(c, 512, True)

@@ -19,9 +19,10 @@
 //                   RTSN*VW (CLBlast's STRN=1), so a warp reads consecutive local vectors.
 //                   Split K (few tiles of C for the GPU's compute units, e.g. weight gradients:
 //                   M, N = a layer's sizes, K = the batch's tokens): work-group z of dimension 2
-//                   takes K elements k_split*z .. of the sum and writes its partial product to
-//                   slice z of a scratch buffer (c = that buffer); matmul_reduce_splits then adds
-//                   the slices in order into C (deterministic).
+//                   takes K elements k_split*z .. of the sum; part 0 goes into C (overwritten or added
+//                   to) and part z > 0 into slice z - 1 of a scratch buffer (partial);
+//                   matmul_reduce_splits then adds the slices in order to C (deterministic: the
+//                   same sums in the same order as C + part 0 + part 1 + ...).
 //   matmul_packed   CPUs (local memory is cached RAM; PoCL keeps anything live across a barrier in
 //                   memory, so a barrier-free kernel is the only way to keep accumulators in
 //                   registers). op(B) is first packed by matmul_pack_b into zero-padded panels of NR
@@ -246,14 +247,14 @@ inline void store_tiles(__local floatV* As, __local floatV* Bs, const vec_parts*
 }
 #endif  // DBUF == 2
 
-// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0; the sum over
-// k in k_split * z .. k_split * (z + 1) - 1 (z = group id 2, k < K) written to slice z of c
-// (c + z * M * N) when there are several (split K; c_offset 0, accumulate 0 then).
+// a, b as above -> c (M,N), overwritten, or accumulated into when accumulate != 0; with several work-groups
+// along dimension 2 (split K) group z sums k in k_split * z .. k_split * (z + 1) - 1 (k < K): z = 0 into c as
+// above, z > 0 overwriting slice z - 1 of partial (partial + (z - 1) * M * N; unused without split).
 // Work-item (tn, tm) owns rows m0 + (i / VW) * RTSM * VW + tm * VW + i % VW (i < WPTM) and the
 // columns likewise; rows/columns past M/N are computed on zeros and never stored.
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
-void matmul_tiled(__global float* c, __global const float* a, __global const float* b,
-                  const int M, const int N, const int K, const int accumulate,
+void matmul_tiled(__global float* c, __global float* partial, __global const float* a, __global const float* b,
+                  const int M, const int N, const int K, const int accumulate_c,
                   const int a_offset, const int b_offset, const int c_offset, const int k_split) {
     const int tn = get_local_id(0), tm = get_local_id(1);
     const int tid = tm * RTSN + tn;
@@ -262,7 +263,8 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
     const int k_begin = z * k_split, k_end = k_begin + k_split < K ? k_begin + k_split : K;
     a += a_offset;
     b += b_offset;
-    c += c_offset + (size_t)z * M * N;
+    const int accumulate = z ? 0 : accumulate_c;  // (STORE_C's)
+    c = z ? partial + (size_t)(z - 1) * M * N : c + c_offset;
     __local floatV As[NBUF][TSK * LDA];  // As[buf][k * LDA + r / VW] = op(A)[m0 + r][k0 + k]
     __local floatV Bs[NBUF][TSK * LDB];  // Bs[buf][k * LDB + s / VW] = op(B)[k0 + k][n0 + s]
 
@@ -320,14 +322,13 @@ void matmul_tiled(__global float* c, __global const float* a, __global const flo
     }
 }
 
-// partial (splits, n) -> c[c_offset ..] (n) = the sum of the slices in order (+= when accumulate).
-// One work-item per element.
+// c[c_offset ..] (n) += the slices of partial (slices, n), in order. One work-item per element.
 __kernel void matmul_reduce_splits(__global float* c, __global const float* partial, const int n,
-                                   const int splits, const int accumulate, const int c_offset) {
+                                   const int slices, const int c_offset) {
     const int i = get_global_id(0);
     if (i >= n) return;
-    float s = accumulate ? c[c_offset + i] : 0.0f;
-    for (int z = 0; z < splits; z++) s += partial[(size_t)z * n + i];
+    float s = c[c_offset + i];
+    for (int z = 0; z < slices; z++) s += partial[(size_t)z * n + i];
     c[c_offset + i] = s;
 }
 #endif  // TSM

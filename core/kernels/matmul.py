@@ -37,8 +37,8 @@ SCRATCH_FLOATS = 1 << 24  # largest packed operand of one K chunk (64 MiB): boun
 # matmul_tiled splits K when C has fewer than SPLIT_WAVES work-groups per compute unit (a GPU
 # would idle): into parts at least SPLIT_MIN_K deep where C has fewer tiles than half the compute
 # units, else at least SPLIT_DEEP_K deep (measured on an H200 at d_model 512/768 shapes: splitting
-# K of 512-768 over C's of 1-2 tiles per compute unit loses to the extra pass); the partial
-# products (at most SCRATCH_FLOATS) are summed in order by matmul_reduce_splits
+# K of 512-768 over C's of 1-2 tiles per compute unit loses to the extra pass); the first part goes into
+# C, the others' partial products (at most SCRATCH_FLOATS) are added to it in order by matmul_reduce_splits
 SPLIT_WAVES = 4
 SPLIT_MIN_K = 128
 SPLIT_DEEP_K = 512
@@ -383,12 +383,13 @@ def scratch_bound_floats(shapes: Iterable[tuple[int, int, int, bool, bool]]) -> 
     the packed one, whose scratch is the packed panels of op(A) and op(B) of the widest products (rows padded
     to 16, at most ``SCRATCH_FLOATS`` each); GPUs the tiled one, whose scratch is the partial products of a
     K split into parts at least ``SPLIT_MIN_K`` deep (by the launcher's rule or a measured count of parts:
-    at most ``K // SPLIT_MIN_K`` parts of M x N, and at most ``SCRATCH_FLOATS``). The larger of the two."""
+    at most ``K // SPLIT_MIN_K`` parts, all but the first in scratch as M x N each, and at most ``SCRATCH_FLOATS``).
+    The larger of the two."""
     pad = lambda x: -(-x // 16) * 16  # noqa: E731 - widest register blocks (mr, nr)
     gemm = [(M, N, K) for M, N, K, ta, tb in shapes if not (tb and not ta and M <= GEMV_MAX_M)]  # GEMV: none
     a = max((min(pad(M) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
     b = max((min(pad(N) * K, SCRATCH_FLOATS) for M, N, K in gemm), default=0)
-    splits = max((min((K // SPLIT_MIN_K) * M * N, SCRATCH_FLOATS) for M, N, K in gemm if K >= 2 * SPLIT_MIN_K),
+    splits = max((min((K // SPLIT_MIN_K - 1) * M * N, SCRATCH_FLOATS) for M, N, K in gemm if K >= 2 * SPLIT_MIN_K),
                  default=0)
     return max(a + b, splits)
 
@@ -453,16 +454,14 @@ class GemmKernel:
             splits, k_split = self.splits(M, N, K, parts)
             grid = (-(-N // cfg.tsn) * lx, -(-M // cfg.tsm) * ly, splits)
             main = self._aligned_kernel() if self.aligned(M, N, K, a_offset, b_offset) else self._main
-            if splits == 1:
-                main(q, grid, (lx, ly, 1), c, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
-                           i32(b_offset), i32(c_offset), i32(max(K, 1)))
-                return
-            part = self.scratch.get("splits", splits * M * N)
-            main(q, grid, (lx, ly, 1), part, a, b, i32(M), i32(N), i32(K), i32(0), i32(a_offset),
-                       i32(b_offset), i32(0), i32(k_split))
-            wg = self._reduce_wg
-            self._reduce(q, (-(-(M * N) // wg) * wg,), (wg,), c, part, i32(M * N), i32(splits), acc,
-                         i32(c_offset))
+            # part 0 into c, the others into the scratch's slices, added to c in order afterwards
+            part = self.scratch.get("splits", (splits - 1) * M * N) if splits > 1 else c
+            main(q, grid, (lx, ly, 1), c, part, a, b, i32(M), i32(N), i32(K), acc, i32(a_offset),
+                 i32(b_offset), i32(c_offset), i32(k_split if splits > 1 else max(K, 1)))
+            if splits > 1:
+                wg = self._reduce_wg
+                self._reduce(q, (-(-(M * N) // wg) * wg,), (wg,), c, part, i32(M * N), i32(splits - 1),
+                             i32(c_offset))
             return
         n_panels, n_blocks = -(-N // cfg.nr), -(-M // cfg.mr)
         kc, need = self._packing(M, N, K)
@@ -515,15 +514,16 @@ class GemmKernel:
         are fewer than ``SPLIT_WAVES`` per compute unit, each part a multiple of the K tile deep and at least
         ``SPLIT_MIN_K`` (``SPLIT_DEEP_K`` when C has half a tile per compute unit or more). ``parts`` n >= 1
         (a per-shape measurement, ``matmul_autotune.shape_configs``): at most n parts, each at least
-        ``SPLIT_MIN_K`` deep. Either way the partial products stay within ``SCRATCH_FLOATS``."""
+        ``SPLIT_MIN_K`` deep. Either way the partial products held in scratch (all parts but the first, which goes
+        into C) stay within ``SCRATCH_FLOATS``."""
         cfg, cu = self.cfg, self.dev.info.compute_units
         if parts > 0:
-            n = min(parts, K // SPLIT_MIN_K, SCRATCH_FLOATS // (M * N))
+            n = min(parts, K // SPLIT_MIN_K, SCRATCH_FLOATS // (M * N) + 1)
         else:
             tiles = -(-M // cfg.tsm) * -(-N // cfg.tsn)
             want = -(-SPLIT_WAVES * cu // tiles)
             depth = SPLIT_MIN_K if 2 * tiles < cu else max(SPLIT_MIN_K, SPLIT_DEEP_K)
-            n = min(want, K // depth, SCRATCH_FLOATS // (M * N))
+            n = min(want, K // depth, SCRATCH_FLOATS // (M * N) + 1)
         if n <= 1:
             return 1, K
         k_split = -(-(-(-K // n)) // cfg.tsk) * cfg.tsk
@@ -536,7 +536,7 @@ class GemmKernel:
         of op(B) and op(A) of one K chunk; no ``"a"`` when A is read in place)."""
         if isinstance(self.cfg, TiledConfig):
             splits = self.splits(M, N, K, parts)[0]
-            return {"splits": splits * M * N} if splits > 1 else {}
+            return {"splits": (splits - 1) * M * N} if splits > 1 else {}
         return self._packing(M, N, K)[1]
 
     def _packing(self, M: int, N: int, K: int) -> tuple[int, dict[str, int]]:
