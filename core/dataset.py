@@ -345,10 +345,75 @@ def _looks_like_jsonl_line(line: str) -> bool:
     return isinstance(obj, dict) and ("messages" in obj or "text" in obj)
 
 
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _array_items(text: str, i: int) -> tuple[list[int], int]:
+    """Offsets of the items of the JSON array that opens at ``text[i]``, and the offset past its ``]``."""
+    starts = []
+    i = _JSON_SPACE.match(text, i + 1).end()
+    while text[i] != "]":
+        starts.append(i)
+        i = _JSON_SPACE.match(text, _DECODER.raw_decode(text, i)[1]).end()
+        if text[i] == ",":
+            i = _JSON_SPACE.match(text, i + 1).end()
+    return starts, i + 1
+
+
+def _item_lines(text: str) -> dict[str | None, list[int]]:
+    """1-based line of each item of a JSON dataset's lists: of the top-level list (key None), or of the
+    top-level object's "facts" and "dialogues" lists (of a repeated name the last, as json.loads keeps).
+    A second parse of the text (json's raw_decode, item by item); empty for text that is not such JSON."""
+    starts: dict[str | None, list[int]] = {}
+    try:
+        i = _JSON_SPACE.match(text).end()
+        if text[i] == "[":
+            starts[None] = _array_items(text, i)[0]
+        elif text[i] == "{":
+            i = _JSON_SPACE.match(text, i + 1).end()
+            while text[i] != "}":
+                name, i = _DECODER.raw_decode(text, i)
+                i = _JSON_SPACE.match(text, _JSON_SPACE.match(text, i).end() + 1).end()  # past the ":"
+                if name in ("facts", "dialogues") and text[i] == "[":
+                    starts[name], i = _array_items(text, i)
+                else:
+                    starts.pop(name, None)
+                    i = _DECODER.raw_decode(text, i)[1]
+                i = _JSON_SPACE.match(text, i).end()
+                if text[i] == ",":
+                    i = _JSON_SPACE.match(text, i + 1).end()
+    except (ValueError, IndexError, RecursionError):
+        return {}
+    out = {}
+    for key, offsets in starts.items():
+        out[key], line, at = [], 1, 0
+        for o in offsets:  # in order: the text is counted once
+            line, at = line + text.count("\n", at, o), o
+            out[key].append(line)
+    return out
+
+
+class _JsonLines:
+    """The lines of a JSON dataset's list items (:func:`_item_lines`), found when first asked: only a file
+    with a problem to report pays for the second parse."""
+
+    def __init__(self, text: str) -> None:
+        self._text, self._lines = text, None
+
+    def of(self, key: str | None, i: int) -> int | None:
+        """The line of item ``i`` of the top-level list (``key`` None) or of its ``key`` list; None if unknown."""
+        if self._lines is None:
+            self._lines = _item_lines(self._text)
+        items = self._lines.get(key, [])
+        return items[i] if i < len(items) else None
+
+
 def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     doc = parse_json(text, path, DatasetError, "a dataset")
-    if isinstance(doc, list):  # a JSON array of chat records, as some tools write
-        return _parse_records(doc, path, lambda i: None)
+    lines = _JsonLines(text)
+    if isinstance(doc, list):  # a JSON array of chat records, as some tools write: name the item and its line
+        return _parse_records(doc, path, lambda i: lines.of(None, i), lambda i: f"item [{i}]: ")
     if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):
         raise DatasetError(f"{path}: not an OpenCL LLM Studio dataset (no \"facts\" or \"dialogues\")")
     if doc.get("format", FORMAT_NAME) != FORMAT_NAME:
@@ -360,8 +425,8 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
 
     ds, problems = Dataset(), []
 
-    def bad(msg: str) -> None:
-        problems.append(Problem(path, None, msg))
+    def bad(msg: str, key: str | None = None, i: int = 0) -> None:  # key: the list of item i at fault
+        problems.append(Problem(path, lines.of(key, i) if key else None, msg))
 
     facts = doc.get("facts", [])
     if not isinstance(facts, list):
@@ -369,11 +434,11 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
         facts = []
     for i, f in enumerate(facts):
         if isinstance(f, str) and len(f) > MAX_ENTRY_CHARS:
-            bad(f"facts[{i}]: {_too_long(len(f))}")
+            bad(f"facts[{i}]: {_too_long(len(f))}", "facts", i)
         elif isinstance(f, str):
             ds.facts.append(f)
         else:
-            bad(f"facts[{i}]: not text, skipped")
+            bad(f"facts[{i}]: not text, skipped", "facts", i)
     dialogues = doc.get("dialogues", [])
     if not isinstance(dialogues, list):
         bad("\"dialogues\" must be a list")
@@ -382,7 +447,7 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
         turns = d.get("turns") if isinstance(d, dict) else None
         system = d.get("system") if isinstance(d, dict) else None
         if not isinstance(turns, list) or not (system is None or isinstance(system, str)):
-            bad(f"dialogues[{i}]: needs a \"turns\" list and a text or null \"system\", skipped")
+            bad(f"dialogues[{i}]: needs a \"turns\" list and a text or null \"system\", skipped", "dialogues", i)
             continue
         pairs = []
         for t in turns:
@@ -392,11 +457,11 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
                 break
             pairs.append((t["user"], t["assistant"]))
         if pairs is None:
-            bad(f"dialogues[{i}]: each turn needs text \"user\" and \"assistant\", skipped")
+            bad(f"dialogues[{i}]: each turn needs text \"user\" and \"assistant\", skipped", "dialogues", i)
             continue
         longest = max(len(x) for x in [system or "", *(x for p in pairs for x in p)])
         if longest > MAX_ENTRY_CHARS:
-            bad(f"dialogues[{i}]: a message of {_too_long(longest)}")
+            bad(f"dialogues[{i}]: a message of {_too_long(longest)}", "dialogues", i)
             continue
         ds.dialogues.append(Dialogue(pairs, system))
     return ds, problems
@@ -418,18 +483,24 @@ def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
     return ds, problems + more
 
 
-def _parse_records(records: list, path: str, line_of) -> tuple[Dataset, list[Problem]]:
+def _parse_records(records: list, path: str, line_of, name=lambda i: "") -> tuple[Dataset, list[Problem]]:
+    """Chat records (JSONL lines, a JSON list's items): ``line_of(i)`` the line of record ``i``, ``name(i)``
+    what a problem's message begins with (a JSON list's "item [i]: ")."""
     ds, problems = Dataset(), []
+
+    def bad(i: int, msg: str) -> None:
+        problems.append(Problem(path, line_of(i), name(i) + msg))
+
     for i, rec in enumerate(records):
         err = None
         if isinstance(rec, dict) and isinstance(rec.get("text"), str) and "messages" not in rec:
             text = rec["text"].strip()
             if len(text) > MAX_ENTRY_CHARS:
-                problems.append(Problem(path, line_of(i), _too_long(len(text))))
+                bad(i, _too_long(len(text)))
             elif has_text(text):
                 ds.facts.append(text)
             elif text:
-                problems.append(Problem(path, line_of(i), "no visible text (only control characters), skipped"))
+                bad(i, "no visible text (only control characters), skipped")
             continue
         if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
             err = "expected {\"messages\": [...]} or {\"text\": ...}"
@@ -438,7 +509,7 @@ def _parse_records(records: list, path: str, line_of) -> tuple[Dataset, list[Pro
             if dialogue is not None:
                 ds.dialogues.append(dialogue)
         if err:
-            problems.append(Problem(path, line_of(i), f"{err}, skipped"))
+            bad(i, f"{err}, skipped")
     return ds, problems
 
 

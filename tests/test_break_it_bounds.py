@@ -346,9 +346,9 @@ def _long_json_fact(tmp: Path) -> None:
     ds, problems = load_dataset(path)
     assert ds.facts == ["ok"] and ds.dialogues == []
     assert [str(p) for p in problems] == [
-        f"{path}: facts[0]: 200,000 characters, longer than the 100,000 an entry may have, skipped (split it "
+        f"{path}:1: facts[0]: 200,000 characters, longer than the 100,000 an entry may have, skipped (split it "
         "into shorter facts)",
-        f"{path}: dialogues[0]: a message of 200,000 characters, longer than the 100,000 an entry may have, "
+        f"{path}:1: dialogues[0]: a message of 200,000 characters, longer than the 100,000 an entry may have, "
         "skipped (split it into shorter facts)"]
 
 

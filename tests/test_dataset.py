@@ -161,10 +161,30 @@ def test_app_json_bad_entries_are_skipped(tmp_path):
     doc = {"format": "opencl-llm-studio-dataset", "version": 1, "facts": ["ok", 3, None],
            "dialogues": [{"system": None, "turns": [{"user": "Q", "assistant": "A"}]},
                          {"turns": [{"user": "Q"}]}, "nonsense", {"system": 5, "turns": []}]}
-    ds, problems = load_dataset(_write(tmp_path, "d.json", json.dumps(doc)))
+    ds, problems = load_dataset(_write(tmp_path, "d.json", json.dumps(doc, indent=1)))
     assert ds == Dataset(["ok"], [Dialogue([("Q", "A")])])
     assert len(problems) == 5
-    assert str(problems[0]) == f"{tmp_path / 'd.json'}: facts[1]: not text, skipped"
+    assert str(problems[0]) == f"{tmp_path / 'd.json'}:6: facts[1]: not text, skipped"  # the item's line
+    assert [p.line for p in problems] == [6, 7, 19, 26, 27]  # where each item begins
+
+
+def test_json_list_problems_name_the_item_and_its_line(tmp_path):
+    """A JSON list of chat records (as some tools write) names each skipped item by its index and line, as a
+    .jsonl file names its lines; a repeated key, strings with brackets and CRLF line ends do not mislead it."""
+    items = [{"text": "A [fact], {really}."}, 5, {"messages": [{"role": "user"}]},
+             {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}, {"text": "\x00"}]
+    path = _write(tmp_path, "list.json", json.dumps(items, indent=1).replace("\n", "\r\n"))
+    ds, problems = load_dataset(path)
+    assert ds == Dataset(["A [fact], {really}."], [Dialogue([("Q", "A")])])
+    assert [str(p) for p in problems] == [
+        f"{path}:5: item [1]: expected {{\"messages\": [...]}} or {{\"text\": ...}}, skipped",
+        f"{path}:6: item [2]: message 1 has no text content, skipped",
+        f"{path}:25: item [4]: no visible text (only control characters), skipped"]
+    lines = path.read_text().splitlines()
+    assert lines[4].strip() == "5," and lines[24].strip() == "{"
+    doc = '{"facts": [1], "dialogues": [], "facts": ["ok",\n 2]}'  # json.loads keeps the last "facts"
+    assert [str(p) for p in load_dataset(_write(tmp_path, "d.json", doc))[1]] == \
+        [f"{tmp_path / 'd.json'}:2: facts[1]: not text, skipped"]
 
 
 @pytest.mark.parametrize("content, match", [
