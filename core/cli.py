@@ -241,7 +241,7 @@ def _load_data(path: str):
     from core.dataset import load_dataset
 
     notes: list[str] = []
-    dataset, problems = load_dataset(path, notes)
+    dataset, problems = load_dataset(path, notes, located=True)  # the trainer's warnings name FILE:LINE
     for p in [*notes, *problems]:
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:

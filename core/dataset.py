@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,12 +96,13 @@ class EntryProblem:
     index: int
     turn: int | None
     message: str
+    place: str | None = None  # where the entry is in its file ("FILE:LINE"), when the dataset knows (Origin)
 
     def __str__(self) -> str:
         where = f"{self.kind} {self.index + 1}"
         if self.turn is not None:
             where += f", turn {self.turn + 1}"
-        return f"{where}: {self.message}"
+        return f"{self.place + ': ' if self.place else ''}{where}: {self.message}"
 
 
 @dataclass
@@ -112,12 +113,45 @@ class Dialogue:
     system: str | None = None
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the entries of a dataset read by ``load_dataset(..., located=True)`` are in its file: ``path``, and
+    for each fact and each dialogue ``(entry as read, line, name)``: a fact's text or a dialogue's ``(system,
+    turns)``, its 1-based line (None: unknown) and its name in a JSON file (``facts[2]``, ``item [4]``; None in
+    a text or JSONL file). The entry as read tells an entry edited, added or moved since, which has no place."""
+
+    path: str
+    facts: tuple = ()
+    dialogues: tuple = ()
+
+    @classmethod
+    def of(cls, path: str, dataset: Dataset, facts: list, dialogues: list) -> Origin:
+        """The origin of ``dataset`` as just read from ``path``: ``facts`` and ``dialogues`` hold each entry's
+        ``(line, name)``."""
+        return cls(path, tuple((f, *at) for f, at in zip(dataset.facts, facts)),
+                   tuple(((d.system, tuple(d.turns)), *at) for d, at in zip(dataset.dialogues, dialogues)))
+
+    def place(self, dataset: Dataset, kind: str, index: int) -> str | None:
+        """``FILE:LINE`` (and ``: NAME`` in a JSON file) of entry ``index`` of ``kind`` ("fact" or "dialogue")
+        of ``dataset``; None when it is not the entry read there."""
+        read = self.facts if kind == "fact" else self.dialogues
+        if index >= len(read):
+            return None
+        entry, line, name = read[index]
+        d = dataset.dialogues[index] if kind == "dialogue" else None
+        if entry != (dataset.facts[index] if d is None else (d.system, tuple(d.turns))):
+            return None
+        return self.path + (f":{line}" if line else "") + (f": {name}" if name else "")
+
+
 @dataclass
 class Dataset:
-    """What a model learns from: ``facts`` (pretraining sentences) and ``dialogues`` (chat tuning)."""
+    """What a model learns from: ``facts`` (pretraining sentences) and ``dialogues`` (chat tuning);
+    ``origin``: where a file's entries are in it (read with ``located=True``), for :meth:`validate`'s messages."""
 
     facts: list[str] = field(default_factory=list)
     dialogues: list[Dialogue] = field(default_factory=list)
+    origin: Origin | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-file form (see the module docstring)."""
@@ -146,7 +180,8 @@ class Dataset:
             tokenizer: counts the tokens (with ``max_tokens``); max_tokens: the longest entry trained whole.
 
         Returns:
-            One :class:`EntryProblem` per entry or turn at fault, in dataset order.
+            One :class:`EntryProblem` per entry or turn at fault, in dataset order; with the entry's place in
+            its file (``FILE:LINE: fact 3: ...``) where the dataset has an :class:`Origin` that knows it.
         """
         out: list[EntryProblem] = []
         check_len = tokenizer is not None and max_tokens is not None
@@ -184,6 +219,8 @@ class Dataset:
             if check_len and (turns := trainable_turns(d)) and \
                     (n := len(encode_dialogue(tokenizer, Dialogue(turns, d.system))[0])) > max_tokens:
                 out.append(EntryProblem("dialogue", i, None, too_long(n, False)))
+        if self.origin is not None:
+            out = [replace(p, place=self.origin.place(self, p.kind, p.index)) for p in out]
         return out
 
 
@@ -279,12 +316,15 @@ def _read_text(path: Path) -> str:
     return "\n".join(_LINE_BREAK.split(text))
 
 
-def load_dataset(path: str | PathLike, notes: list[str] | None = None) -> tuple[Dataset, list[Problem]]:
+def load_dataset(path: str | PathLike, notes: list[str] | None = None,
+                 located: bool = False) -> tuple[Dataset, list[Problem]]:
     """Read a dataset file in any of the supported formats (see the module docstring).
 
     Args:
         notes: when given, gets a line for the user where the file's name says nothing of how it was read: a
             name not ending in .json, .jsonl or .txt (a .csv of questions and answers) read as plain text.
+        located: keep where each entry is in the file (``Dataset.origin``), so that :meth:`Dataset.validate`
+            names it ``FILE:LINE`` (the CLI; the app's lists name entries by their row).
 
     Returns:
         ``(dataset, problems)``: the entries that could be read and one :class:`Problem` per skipped
@@ -303,13 +343,13 @@ def load_dataset(path: str | PathLike, notes: list[str] | None = None) -> tuple[
     first = next((ln.strip() for ln in text.split("\n") if ln.strip()), "")
     # JSONL is recognised by its first line too: chat datasets often ship as JSONL named *.json
     if ext == ".jsonl" or _looks_like_jsonl_line(first):
-        return _parse_jsonl(text, str(path))
+        return _parse_jsonl(text, str(path), located)
     if ext == ".json" or (first.startswith(("{", "[")) and _is_json_document(text)):
-        return _parse_json(text, str(path))
+        return _parse_json(text, str(path), located)
     if notes is not None and ext not in (".txt", ".json", ".jsonl"):
         notes.append(f"{path}: read as plain text (each line a fact, 'User:' / 'Assistant:' lines dialogues); "
                      "the dataset formats are .json, .jsonl and .txt")
-    return _parse_text(text, str(path))
+    return _parse_text(text, str(path), located)
 
 
 def default_dataset() -> Dataset:
@@ -409,11 +449,11 @@ class _JsonLines:
         return items[i] if i < len(items) else None
 
 
-def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
     doc = parse_json(text, path, DatasetError, "a dataset")
     lines = _JsonLines(text)
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write: name the item and its line
-        return _parse_records(doc, path, lambda i: lines.of(None, i), lambda i: f"item [{i}]: ")
+        return _parse_records(doc, path, lambda i: lines.of(None, i), lambda i: f"item [{i}]: ", located)
     if not isinstance(doc, dict) or not ({"format", "facts", "dialogues"} & doc.keys()):
         raise DatasetError(f"{path}: not an OpenCL LLM Studio dataset (no \"facts\" or \"dialogues\")")
     if doc.get("format", FORMAT_NAME) != FORMAT_NAME:
@@ -424,6 +464,7 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
                            f"({FORMAT_VERSION})")
 
     ds, problems = Dataset(), []
+    read: dict[str, list[int]] = {"facts": [], "dialogues": []}  # each entry's index in its list
 
     def bad(msg: str, key: str | None = None, i: int = 0) -> None:  # key: the list of item i at fault
         problems.append(Problem(path, lines.of(key, i) if key else None, msg))
@@ -437,6 +478,7 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             bad(f"facts[{i}]: {_too_long(len(f))}", "facts", i)
         elif isinstance(f, str):
             ds.facts.append(f)
+            read["facts"].append(i)
         else:
             bad(f"facts[{i}]: not text, skipped", "facts", i)
     dialogues = doc.get("dialogues", [])
@@ -464,10 +506,14 @@ def _parse_json(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             bad(f"dialogues[{i}]: a message of {_too_long(longest)}", "dialogues", i)
             continue
         ds.dialogues.append(Dialogue(pairs, system))
+        read["dialogues"].append(i)
+    if located:
+        at = {k: [(lines.of(k, i), f"{k}[{i}]") for i in read[k]] for k in read}
+        ds.origin = Origin.of(path, ds, at["facts"], at["dialogues"])
     return ds, problems
 
 
-def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+def _parse_jsonl(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
     records, lines, problems = [], [], []
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
@@ -479,14 +525,16 @@ def _parse_jsonl(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
         except RecursionError:
             problems.append(Problem(path, n, "JSON nested too deeply, skipped"))
-    ds, more = _parse_records(records, path, lambda i: lines[i])
+    ds, more = _parse_records(records, path, lambda i: lines[i], located=located)
     return ds, problems + more
 
 
-def _parse_records(records: list, path: str, line_of, name=lambda i: "") -> tuple[Dataset, list[Problem]]:
+def _parse_records(records: list, path: str, line_of, name=lambda i: "",
+                   located: bool = False) -> tuple[Dataset, list[Problem]]:
     """Chat records (JSONL lines, a JSON list's items): ``line_of(i)`` the line of record ``i``, ``name(i)``
     what a problem's message begins with (a JSON list's "item [i]: ")."""
     ds, problems = Dataset(), []
+    facts, dialogues = [], []  # the record of each entry
 
     def bad(i: int, msg: str) -> None:
         problems.append(Problem(path, line_of(i), name(i) + msg))
@@ -499,6 +547,7 @@ def _parse_records(records: list, path: str, line_of, name=lambda i: "") -> tupl
                 bad(i, _too_long(len(text)))
             elif has_text(text):
                 ds.facts.append(text)
+                facts.append(i)
             elif text:
                 bad(i, "no visible text (only control characters), skipped")
             continue
@@ -508,8 +557,13 @@ def _parse_records(records: list, path: str, line_of, name=lambda i: "") -> tupl
             dialogue, err = _messages_to_dialogue(rec["messages"])
             if dialogue is not None:
                 ds.dialogues.append(dialogue)
+                dialogues.append(i)
         if err:
             bad(i, f"{err}, skipped")
+    if located:
+        def at(which: list[int]) -> list:  # (line, name) of each of these records
+            return [(line_of(i), name(i).removesuffix(": ") or None) for i in which]
+        ds.origin = Origin.of(path, ds, at(facts), at(dialogues))
     return ds, problems
 
 
@@ -560,13 +614,14 @@ def _too_long(n: int) -> str:
 _NO_ANSWER = "'User:' line without an 'Assistant:' answer, skipped"
 
 
-def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
+def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
     ds, problems = Dataset(), []
+    fact_lines, dialogue_lines = [], []  # each entry's (first) line
     turns: list[tuple[str, str]] = []
     system: str | None = None
     system_line = 0  # line of a pending "System:" line, 0 when there is none
     question: str | None = None
-    question_line = 0
+    question_line = first_line = 0  # first_line: of the dialogue's first turn
 
     def end_dialogue() -> None:
         nonlocal turns, system, system_line, question
@@ -574,6 +629,7 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             problems.append(Problem(path, question_line, _NO_ANSWER))
         if turns:
             ds.dialogues.append(Dialogue(turns, system))
+            dialogue_lines.append((system_line or first_line, None))
         elif system_line:
             problems.append(Problem(path, system_line, "'System:' line without a dialogue after it, skipped"))
         turns, system, system_line, question = [], None, 0, None
@@ -593,6 +649,7 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
             end_dialogue()
             if line:
                 ds.facts.append(line)
+                fact_lines.append((n, None))
             continue
         role, content = m.group(1).lower(), m.group(2).strip()
         if not has_text(content):  # "Assistant: " followed by NUL bytes is an empty answer
@@ -615,7 +672,10 @@ def _parse_text(text: str, path: str) -> tuple[Dataset, list[Problem]]:
                 problems.append(Problem(path, n, "empty 'Assistant:' answer, skipped with its question"))
                 question = None
             else:
+                first_line = first_line if turns else question_line
                 turns.append((question, content))
                 question = None
     end_dialogue()
+    if located:
+        ds.origin = Origin.of(path, ds, fact_lines, dialogue_lines)
     return ds, problems

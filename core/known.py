@@ -84,7 +84,8 @@ def first_sentence(text: str) -> str:
 
 def with_replay(dataset: Dataset, pairs: list[tuple[str, str]], unfinished: list[str] = ()) -> tuple[Dataset, Replay]:
     """A copy of ``dataset`` with one dialogue per (question, answer) appended, and its :class:`Replay`."""
-    out = Dataset(facts=list(dataset.facts), dialogues=list(dataset.dialogues) + [Dialogue(turns=[p]) for p in pairs])
+    out = Dataset(facts=list(dataset.facts), dialogues=list(dataset.dialogues) + [Dialogue(turns=[p]) for p in pairs],
+                  origin=dataset.origin)  # the file's entries keep their lines in the trainer's warnings
     return out, Replay(tuple(pairs), len(dataset.dialogues), tuple(unfinished))
 
 

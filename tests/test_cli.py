@@ -49,6 +49,16 @@ def test_dataset_folder_and_missing_file_are_one_line_errors(tmp_path, capsys):
     assert f"{tmp_path / 'nope.txt'}: no such file" in err and "Errno" not in err and not (tmp_path / "m").exists()
 
 
+def test_a_too_long_entry_is_named_by_its_file_and_line(tmp_path, capsys):
+    """The warning about an entry longer than the model's context names the file and the line it is on, not
+    only its number among the facts (a blank line before it: line 4 holds fact 3). From a new user's trial."""
+    data = tmp_path / "d.txt"
+    data.write_text("The cat is black.\nParis is in France.\n\n" + "word " * 200 + "\n")
+    assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
+                 "--tune-steps", "0") == 0
+    assert f"warning: {data}:4: fact 3: too long" in capsys.readouterr().out
+
+
 def test_too_big_model_is_refused_with_sizes(tmp_path, capsys):
     args = ["train", "--d-model", "4096", "--n-heads", "32", "--n-kv-heads", "32", "--ffn-dim", "16384",
             "--n-layers", "64", "--batch-size", "64", "--context-length", "2048", "--out", str(tmp_path / "m"), "-q"]

@@ -265,6 +265,30 @@ def test_validate_too_long():
     assert ds.validate(max_tokens=16) == []  # no tokenizer: lengths are not checked
 
 
+def test_validate_names_the_file_and_line_of_a_located_dataset(tmp_path):
+    """Read with ``located=True`` (the CLI), a problem names the entry's file and line (a JSON file's item too),
+    not only its number; an entry edited, added or moved since it was read is named by its number alone."""
+    tok = Tokenizer.train(default_dataset().tokenizer_texts(), 400)
+    long = "word " * 40
+    ds = Dataset(["A fact.", long], [Dialogue([("Q <|eos|>", "A")], "S"), Dialogue([("Q", "A")])])
+    where = {"d.txt": ["d.txt:2: fact 2", "d.txt:4: dialogue 1, turn 1"],  # a blank line, then the dialogues
+             "d.jsonl": ["d.jsonl:2: fact 2", "d.jsonl:3: dialogue 1, turn 1"],
+             "d.json": ["d.json:6: facts[1]: fact 2", "d.json:9: dialogues[0]: dialogue 1, turn 1"]}
+    for name, writer in (("d.txt", export_text), ("d.jsonl", export_jsonl), ("d.json", save_dataset)):
+        writer(ds, tmp_path / name)
+        read, _ = load_dataset(tmp_path / name, located=True)
+        problems = [str(p) for p in read.validate(tok, 40)]
+        assert [p.split(": too long")[0].split(": contains")[0] for p in problems] == \
+            [f"{tmp_path / w}" for w in where[name]], problems
+        assert str(load_dataset(tmp_path / name)[0].validate(tok, 40)[0]).startswith("fact 2: too long")
+    items = [{"text": "A fact."}, 7, {"text": long}]
+    read, _ = load_dataset(_write(tmp_path, "list.json", json.dumps(items, indent=1)), located=True)
+    assert str(read.validate(tok, 40)[0]).startswith(f"{tmp_path / 'list.json'}:6: item [2]: fact 2: too long")
+    read.facts.insert(0, long)  # fact 1 is new, fact 3 the one read as fact 2
+    read.dialogues.append(Dialogue([("Q <|pad|>", "A")]))
+    assert [str(p).split(": ")[0] for p in read.validate(tok, 40)] == ["fact 1", "fact 3", "dialogue 1, turn 1"]
+
+
 def test_a_file_named_for_another_format_is_read_as_text_with_a_note(tmp_path):
     """A .csv of questions and answers is read as plain text (each line a fact, as documented); the reader says
     so to whoever asks (the CLI prints it), and says nothing for .txt or for JSON content under any name."""
