@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core import __version__
+from core.atomic import readable_folder
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
 from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
@@ -447,6 +448,35 @@ def is_checkpoint_folder(folder: str | os.PathLike) -> bool:
         return CheckpointMeta.read(f).version < 3
     except CheckpointError:
         return False
+
+
+def resume_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` holds no training run to continue, in one line, or None.
+
+    "PATH: no such folder": neither the folder nor the backup of a save killed between its renames is there
+    (the folder a load reads, core.atomic.readable_folder: the backup is put back, not refused). "PATH: no
+    training run was saved here (--resume needs ...)": a folder with none of a save's own files (the marker,
+    weights.npz, optimizer.npz, a config.json of our format), e.g. a user's folder or an empty one. A folder
+    with any of them is left to the readers, whose one-line messages name what is damaged or missing; a file
+    or a folder that cannot be listed to :func:`check_output_folder`'s.
+    """
+    folder = readable_folder(os.path.realpath(path))
+    if not folder.exists():
+        return f"{path}: no such folder"
+    try:
+        names = set(os.listdir(folder)) if folder.is_dir() else None
+    except OSError:
+        names = None
+    if names is None or names & {MARKER, WEIGHTS_FILE, OPTIMIZER_FILE}:
+        return None
+    if CONFIG_FILE in names:
+        try:
+            d = json.loads(read_text(folder / CONFIG_FILE, MAX_CONFIG_BYTES))
+        except (CheckpointError, ValueError, RecursionError):
+            d = None  # another tool's or a broken file: the format is ours only when it says so
+        if isinstance(d, dict) and d.get("format") == FORMAT:
+            return None
+    return f"{path}: no training run was saved here (--resume needs a folder that `train --out` wrote)"
 
 
 def _not_ours(folder: Path, first: str) -> str:

@@ -375,8 +375,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     import os
 
     from core.checkpoint import check_output_folder
+    from core.checkpoint_meta import resume_problem
     from core.folder_lock import FolderBusyError, FolderLock
 
+    # --resume of a folder no run saved into says so, not check_output_folder's advice for --out; a folder a save
+    # was cut in (its backup beside it) or with a damaged checkpoint passes, to be recovered or named by the load
+    if args.resume and (why := resume_problem(args.resume)):
+        return _fail(why)
     # symlinks and ".." resolved once: every later use (lock, save, messages) is of the real folder, and
     # it is ours (or new, or empty) and writable, or refused here, before any training
     out = check_output_folder(args.out or args.resume or DEFAULT_MODEL_DIR)

@@ -41,6 +41,47 @@ def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):
     assert "afile" in err and "not a folder" in err and "Traceback" not in err
 
 
+def test_resume_of_a_folder_no_run_saved_into_says_so(tmp_path, capsys):
+    """--resume of a missing folder, or of one no run saved into (a user's, an empty one, another tool's with a
+    config.json), is refused in one line that says so, not with check_output_folder's advice for --out, and
+    nothing is created or changed. From a new user's trial."""
+    mine, empty, hf = tmp_path / "mine", tmp_path / "empty", tmp_path / "hf"
+    for d, files in ((mine, {"notes.md": "my notes"}), (empty, {}), (hf, {"config.json": '{"model_type": "llama"}'})):
+        d.mkdir()
+        for name, text in files.items():
+            (d / name).write_text(text)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for folder, why in [(tmp_path / "a" / "nowhere", "no such folder"), (mine, "no training run was saved here"),
+                        (empty, "no training run was saved here"), (hf, "no training run was saved here")]:
+        assert main(["train", "--resume", str(folder), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [f"opencl-llm: error: {folder}: {why}" + (
+            "" if why == "no such folder" else " (--resume needs a folder that `train --out` wrote)")]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_resume_still_recovers_a_cut_save_and_names_a_damaged_config(tmp_path, capsys):
+    """What the refusal above must not catch (an earlier attempt did, and was reverted): a checkpoint whose save
+    was killed between its renames (the folder absent, its backup .NAME.bak beside it) is put back and resumed,
+    and a damaged checkpoint's config.json keeps its own one-line message."""
+    import shutil
+    from pathlib import Path
+
+    from core.checkpoint_meta import resume_problem
+
+    fixture = Path(__file__).parent / "data" / "checkpoint_v1"  # written before the marker file
+    ck = tmp_path / "ck"
+    shutil.copytree(fixture, tmp_path / ".ck.bak")
+    assert resume_problem(ck) is None
+    assert main(["train", "--resume", str(ck), "-q"]) == 0  # both stages done: nothing to train, but read back
+    assert (ck / "weights.npz").is_file() and not (tmp_path / ".ck.bak").exists()
+    capsys.readouterr()
+    (ck / "config.json").write_text("[1, 2, 3]")
+    assert resume_problem(ck) is None
+    assert main(["train", "--resume", str(ck), "-q"]) == 2
+    assert "config.json: field '(top level)' must be an object" in capsys.readouterr().err
+
+
 def test_dataset_folder_and_missing_file_are_one_line_errors(tmp_path, capsys):
     assert train(tmp_path, "--data", str(tmp_path), "--out", str(tmp_path / "m")) == 2
     assert "is a folder" in capsys.readouterr().err
