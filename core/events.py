@@ -58,7 +58,8 @@ class StageReport:
     ``recall_stopped`` is True when a stop request cut the recall check short (the table is partial;
     the stage itself is complete and was announced by :class:`StageFinished`). ``recall_sampled`` names the
     kinds of which a huge dataset had only an evenly spaced sample checked
-    (:data:`core.recall.FULL_CHECK_MAX`), ``{kind: (checked, prompts in all)}``.
+    (:data:`core.recall.FULL_CHECK_MAX`), ``{kind: (checked, prompts in all)}``. ``recall_left_out``: the facts
+    and dialogue answers that got no prompt, ``{kind: {why: count}}`` (``left_out=`` of core.recall.recall_prompts).
     """
 
     stage: Stage
@@ -68,6 +69,7 @@ class StageReport:
     recall_stopped: bool = False
     recall_sampled: dict = field(default_factory=dict)  # {kind: (checked, in all)}: kinds only sampled
     end_reason: str = "steps"  # "steps" (all run), "learned", "no progress", "time budget", "stopped"
+    recall_left_out: dict = field(default_factory=dict)  # {kind: {why: n}}: facts / answers the check could not ask
 
     @property
     def facts_recalled(self) -> tuple[int, int]:

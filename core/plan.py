@@ -607,20 +607,27 @@ class Verdict:
 
 def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
             preset: str | None = None, chat: tuple[int, int] = (0, 0),
-            heldout: tuple[int, int] = (0, 0)) -> Verdict:
+            heldout: tuple[int, int] = (0, 0), left_out: dict | None = None) -> Verdict:
     """The honest end of a run from its final recall counts ((reproduced, checked) of facts, dialogue
     answers, answers in the middle of a conversation and held-out questions), the recall target (share
     of each but the held-out ones, which are reported, not required) and why the last stage ended
-    ("steps", "learned", "no progress", "time budget", "stopped")."""
+    ("steps", "learned", "no progress", "time budget", "stopped"). ``left_out``: ``{kind: {why: n}}`` of the
+    facts and answers the check could not ask ("0 of 2 facts checked (1 too long for the context to check)":
+    the dataset's count is not the checked one)."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
 
+    def count(ok_n: tuple[int, int], kind: str, noun: str) -> str:
+        why = (left_out or {}).get(kind)
+        note = f" checked ({', '.join(f'{n:,} {reason}' for reason, n in why.items())})" if why else ""
+        return f"{ok_n[0]:,} of {ok_n[1]:,} {noun}{note}"
+
     parts = []
-    if answers[1]:
-        parts.append(f"{answers[0]:,} of {answers[1]:,} answers")
-    if facts[1]:
-        parts.append(f"{facts[0]:,} of {facts[1]:,} facts")
+    if answers[1] or (left_out or {}).get("dialogue"):
+        parts.append(count(answers, "dialogue", "answers"))
+    if facts[1] or (left_out or {}).get("fact"):
+        parts.append(count(facts, "fact", "facts"))
     if chat[1]:
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
     learned = met(facts) and met(answers) and met(chat)
@@ -646,7 +653,7 @@ def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = No
     """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table); a table of a
     huge dataset that was only sampled (``report.recall_sampled``) says so."""
     v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
-                report.chat_recalled, report.heldout_recalled)
+                report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None))
     sampled = getattr(report, "recall_sampled", None) or {}
     if sampled:
         note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())

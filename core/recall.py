@@ -133,9 +133,16 @@ def chat_history(dialogues: list, i: int, before: int = CHAT_BEFORE) -> list[tup
     return [t for j in picks for t in dialogues[j].turns]
 
 
+TOO_LONG = "too long for the context to check"
+ONE_WORD = "of a single word"
+"""Why a fact or a dialogue answer is not checked (``left_out=`` of :func:`recall_prompts`): its prompt leaves
+no room in the context for the answer; a fact of one word has no rest to reproduce."""
+
+
 def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
                    heldout: list[tuple[str, str]] | tuple = (), sample: int = 0,
-                   sizes: dict[str, int] | None = None) -> list[_Prompt]:
+                   sizes: dict[str, int] | None = None,
+                   left_out: dict[str, dict[str, int]] | None = None) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
     turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
     other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
@@ -149,6 +156,9 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         kinds: which of :data:`KINDS`; heldout: (question, answer) pairs of the "heldout" kind.
         sample: prompts per kind (0: all, up to :data:`FULL_CHECK_MAX`).
         sizes: when given, filled with ``{kind: prompts before sampling}`` (for "n of N checked").
+        left_out: when given, filled with ``{kind: {why: count}}`` for "fact" and "dialogue": the facts and the
+            (trained) dialogue answers that get no prompt, and why (:data:`TOO_LONG`, :data:`ONE_WORD`), so a
+            count of checked items can say why it is short of the dataset's.
 
     Returns:
         The prompts, kinds in :data:`KINDS` order, each in dataset order.
@@ -156,11 +166,13 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     out = []
     if "fact" in kinds:
         out += _fact_prompts(tok, dataset.facts)
+    fact_prompts, answers = len(out), 0
     if "dialogue" in kinds:
         for i, dlg in enumerate(dataset.dialogues):
             # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
             # prompts (every later one is longer and would be left out below)
             turns = trainable_turns(dlg)  # as trained: turns without a question or answer are not
+            answers += len(turns)
             for (user, answer), ids in zip(turns, chat_format.turn_prompt_ids(tok, turns, dlg.system, context_length)):
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
@@ -173,6 +185,10 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
     if sizes is not None:
         sizes.update({k: len(v) for k, v in by_kind.items() if v})
+    if left_out is not None:
+        counts = {"fact": {TOO_LONG: fact_prompts - len(by_kind["fact"]), ONE_WORD: len(dataset.facts) - fact_prompts},
+                  "dialogue": {TOO_LONG: answers - len(by_kind["dialogue"])}}
+        left_out.update({k: {why: n for why, n in v.items() if n} for k, v in counts.items() if k in kinds})
     limit = sample or FULL_CHECK_MAX
     if any(len(v) > limit for v in by_kind.values()):
         out = [p for k in KINDS for p in _spaced(by_kind[k], limit)]
@@ -330,7 +346,8 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
                  should_stop: Callable[[], bool] | None = None,
                  heldout: list[tuple[str, str]] | tuple = (),
                  sample: int = 0, sizes: dict[str, int] | None = None,
-                 speed: CheckSpeed | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 speed: CheckSpeed | None = None,
+                 left_out: dict[str, dict[str, int]] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
@@ -338,7 +355,7 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
     (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
-    ``sample``, ``sizes``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
+    ``sample``, ``sizes``, ``left_out``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
     prompts per kind). ``speed``: how fast this model decodes (:class:`CheckSpeed`, measured); a batch then
     decodes its prompts one by one (:func:`greedy_cached`) where :func:`decode_seconds` says that is faster
     (a large model on a CPU), else together (None: always).
@@ -351,7 +368,7 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         batch, ends the check early (the last yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes, left_out)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 

@@ -224,6 +224,7 @@ class Trainer:
         # recall checks then decode each batch together or one prompt at a time, whichever is faster (core.recall)
         self.check_speed: CheckSpeed | None = None
         self._check_sizes: dict[str, int] = {}  # prompts per kind before sampling (core.recall.recall_prompts)
+        self._check_left_out: dict[str, dict[str, int]] = {}  # {kind: {why: n}} not asked (recall_prompts)
         self._facts_kept: tuple[int, int] | None = None  # facts of pretraining's end (tuning keeps them)
         self.last_loss = float("nan")
 
@@ -394,7 +395,7 @@ class Trainer:
         items = yield from self._check(stage, kinds, final=True, sample=0 if last else None)
         table = tuple(sorted(reuse + items, key=lambda r: (KINDS.index(r.kind), r.index)))
         report = StageReport(stage, steps_done, False, table, self._stop, sampled(self._check_sizes, table),
-                             end_reason)
+                             end_reason, {k: v for k, v in self._check_left_out.items() if v})
         if si == 0 and not self._stop and tally(table, "fact")[1]:
             self._facts_kept = tally(table, "fact")  # what pretraining ended with
         yield LogEvent("INFO", stage_line(report))
@@ -468,7 +469,8 @@ class Trainer:
         sample = self.train_config.check_sample if sample is None else sample
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                should_stop=lambda: self._stop, heldout=self.heldout_pairs,
-                                               sample=sample, sizes=self._check_sizes, speed=self.check_speed):
+                                               sample=sample, sizes=self._check_sizes, speed=self.check_speed,
+                                               left_out=self._check_left_out):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

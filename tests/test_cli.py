@@ -100,6 +100,22 @@ def test_a_too_long_entry_is_named_by_its_file_and_line(tmp_path, capsys):
     assert f"warning: {data}:4: fact 3: too long" in capsys.readouterr().out
 
 
+def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, capsys):
+    """The dataset line says 3 facts; the verdict counts the 2 the recall check could ask and says why the
+    third is not counted, in one line. From a new user's trial."""
+    import re
+
+    data = tmp_path / "d.txt"
+    data.write_text("The cat is black.\nParis is in France.\n" + "word " * 200 + "\n")
+    assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
+                 "--tune-steps", "0") == 0
+    out = capsys.readouterr().out
+    assert "dataset: 3 facts, 0 dialogues" in out
+    verdict = [ln for ln in out.splitlines() if "learned: " in ln.lower()]
+    assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check\)$",
+                                           verdict[0]), out
+
+
 def test_too_big_model_is_refused_with_sizes(tmp_path, capsys):
     args = ["train", "--d-model", "4096", "--n-heads", "32", "--n-kv-heads", "32", "--ffn-dim", "16384",
             "--n-layers", "64", "--batch-size", "64", "--context-length", "2048", "--out", str(tmp_path / "m"), "-q"]

@@ -172,6 +172,34 @@ def test_verdict_says_what_was_learned_and_what_to_do():
     assert verdict((1900, 2000), (190, 200), target=0.95).learned
 
 
+def test_the_verdict_says_why_it_checked_fewer_facts_than_the_dataset_has():
+    """A fact whose prompt leaves no room in the context, or of a single word, is not checked: the verdict says so
+    where its count would otherwise fall short of the dataset's ("0 of 2 facts" of a dataset of 3 facts). From a
+    new user's trial."""
+    from core.plan import verdict_of
+    from core.dataset import Dataset, Dialogue
+    from core.recall import ONE_WORD, TOO_LONG, RecallItem, recall_prompts
+    from core.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(default_dataset().tokenizer_texts(), 300)
+    data = Dataset(["The cat is black.", "Hello.", "word " * 200, "Paris is in France."],
+                   [Dialogue([("Q?", "A."), ("word " * 100, "A."), ("", "skipped: not trained")])])
+    left_out = {}
+    prompts = recall_prompts(tok, data, 64, left_out=left_out)
+    assert left_out == {"fact": {TOO_LONG: 1, ONE_WORD: 1}, "dialogue": {TOO_LONG: 1}}
+    assert sum(p.kind == "fact" for p in prompts) == 2 and sum(p.kind == "dialogue" for p in prompts) == 1
+    table = tuple(RecallItem(p.kind, p.index, p.prompt, p.expected, "", False) for p in prompts)
+    report = StageReport("pretrain", 3, False, table, recall_left_out=left_out)
+    assert verdict_of(report).text == ("Not fully learned: 0 of 1 answers checked (1 too long for the context to "
+                                       "check), 0 of 2 facts checked (1 too long for the context to check, 1 of a "
+                                       "single word)")
+    left_out.clear()
+    assert recall_prompts(tok, Dataset(["The cat is black."]), 64, left_out=left_out) and left_out == {"fact": {}, "dialogue": {}}
+    ok = RecallItem("fact", 0, "The cat", " is black.", " is black.", True)
+    assert verdict_of(StageReport("pretrain", 3, False, (ok,), recall_left_out={})).text == \
+        "Learned: 1 of 1 facts — try the model on the Chat tab"  # nothing left out: no note
+
+
 def test_plan_scales_with_the_data_and_fits_a_time_budget():
     from core.estimates import DatasetStats
     from core.plan import make_plan
