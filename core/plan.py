@@ -632,6 +632,10 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
     learned = met(facts) and met(answers) and met(chat)
     what = ", ".join(parts) or "nothing to check"
+    if not (facts[1] or answers[1] or chat[1]) and any((left_out or {}).values()):  # all there is was left out
+        return Verdict(False, f"Nothing could be checked: {what}",
+                       "recall asks facts of two words or more and answers whose question fits the model's context",
+                       answers, facts, chat, heldout)
     if heldout[1]:
         what += (f"; questions about facts without a dialogue (held out of training): {heldout[0]:,} of "
                  f"{heldout[1]:,} answered")

@@ -198,6 +198,9 @@ def test_the_verdict_says_why_it_checked_fewer_facts_than_the_dataset_has():
     ok = RecallItem("fact", 0, "The cat", " is black.", " is black.", True)
     assert verdict_of(StageReport("pretrain", 3, False, (ok,), recall_left_out={})).text == \
         "Learned: 1 of 1 facts — try the model on the Chat tab"  # nothing left out: no note
+    none = verdict_of(StageReport("pretrain", 3, False, (), recall_left_out={"fact": {TOO_LONG: 2}}))
+    assert not none.learned and none.text == "Nothing could be checked: 0 of 0 facts checked (2 too long for the " \
+                                             "context to check)"  # not "Learned" when every fact was left out
 
 
 def test_plan_scales_with_the_data_and_fits_a_time_budget():
