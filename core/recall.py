@@ -181,7 +181,10 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         for i, (user, answer) in enumerate(heldout):
             ids = chat_format.prompt_ids(tok, [], user)
             out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
-    out = [p for p in out if len(p.ids) < context_length]
+    # a prompt must leave room for its answer; a fact's whole text must fit the context too (a fact trained in pieces
+    # of the context cannot be reproduced from its first words: "not checked for recall", as Dataset.validate says)
+    out = [p for p in out if len(p.ids) < context_length
+           and (p.kind != "fact" or len(p.ids) + p.max_new - ANSWER_SLACK <= context_length)]
     by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
     if sizes is not None:
         sizes.update({k: len(v) for k, v in by_kind.items() if v})

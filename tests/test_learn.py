@@ -198,6 +198,12 @@ def test_the_verdict_says_why_it_checked_fewer_facts_than_the_dataset_has():
     ok = RecallItem("fact", 0, "The cat", " is black.", " is black.", True)
     assert verdict_of(StageReport("pretrain", 3, False, (ok,), recall_left_out={})).text == \
         "Learned: 1 of 1 facts — try the model on the Chat tab"  # nothing left out: no note
+    left_out.clear()  # a fact longer than the context whose first words fit: left out too (trained in pieces)
+    long_fact = "Paris is in France and " + "it is a city of many old streets and " * 8
+    n = len(tok.encode(long_fact))
+    assert 2 * 128 > n > 128 and not recall_prompts(tok, Dataset([long_fact]), 128, left_out=left_out) and \
+        left_out == {"fact": {TOO_LONG: 1}, "dialogue": {}}
+    assert [p.kind for p in recall_prompts(tok, Dataset([long_fact]), n + 2)] == ["fact"]  # it fits: checked
     none = verdict_of(StageReport("pretrain", 3, False, (), recall_left_out={"fact": {TOO_LONG: 2}}))
     assert not none.learned and none.text == "Nothing could be checked: 0 of 0 facts checked (2 too long for the " \
                                              "context to check)"  # not "Learned" when every fact was left out
