@@ -34,7 +34,8 @@ comparison is a CPU one (llama-cpp-python's CPU build): use ``--no-decode`` ther
 ``--device`` for it.
 
 ``--profile`` adds one profiled run of our step per shape (and of decode): device time per kernel
-from OpenCL event profiling (sum, launches, share).
+from OpenCL event profiling (sum, launches, share); with ``--torch-device cuda`` also the reference's step's CUDA
+kernels (torch.profiler).
 
 ``--lora RANK``: LoRA rows first (benchmarks/lora_bench.py): our LoRA step, our full fine-tune step and
 torch + peft's LoRA step on the same shape, interleaved; with the memory estimate of both of ours.
@@ -166,6 +167,23 @@ def print_profile(title: str, records: list[tuple[str, float]], steps: int) -> N
         print(f"  {name:32s} {t / steps * 1e3:9.3f} {k / steps:9.1f} {100 * t / total:6.1f}%")
 
 
+def profile_torch(ref: Torch, steps: int) -> list[tuple[str, float]]:
+    """The reference's CUDA kernels over ``steps`` steps (torch.profiler): ``[(kernel name, device seconds)]``, as
+    Device.stop_profiling's records; empty where the reference runs on the CPU."""
+    torch = ref.torch
+    if not ref.device.startswith("cuda"):
+        return []
+    from torch.profiler import ProfilerActivity, profile
+
+    ref.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            ref.step()
+        ref.sync()
+    return [(e.name, (e.device_time if hasattr(e, "device_time") else e.cuda_time) * 1e-6)  # microseconds
+            for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     from core.model import init_weights
 
@@ -193,6 +211,9 @@ def bench_training(dev, name: str, config: ModelConfig, a) -> dict:
     print(f"{name}: ours {r['ours']:,.0f}, reference {r['ref']:,.0f} tok/s ({r['ours'] / r['ref']:.2f}x; medians "
           f"{r['ours_median'] / r['ref_median']:.2f}x)", flush=True)  # a run cut short keeps its finished shapes
     if a.profile:
+        if records := profile_torch(ref, a.steps):
+            print_profile(f"{name}, the reference's training step (CUDA kernels; names cut to 32 characters)",
+                          [(n[:32], t) for n, t in records], a.steps)
         del ours
         print_profile(f"{name}, our training step",
                       profile_steps(dev, lambda: Ours(dev, config, batch, weights, seq), (x, y, m), a.steps), a.steps)
