@@ -166,7 +166,9 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     out = []
     if "fact" in kinds:
         out += _fact_prompts(tok, dataset.facts)
+    asked = {p.index for p in out}
     fact_prompts, answers = len(out), 0
+    one_word = sum(1 for i, f in enumerate(dataset.facts) if i not in asked and f.strip()) if "fact" in kinds else 0
     if "dialogue" in kinds:
         for i, dlg in enumerate(dataset.dialogues):
             # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
@@ -181,15 +183,16 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         for i, (user, answer) in enumerate(heldout):
             ids = chat_format.prompt_ids(tok, [], user)
             out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
-    # a prompt must leave room for its answer; a fact's whole text must fit the context too (a fact trained in pieces
-    # of the context cannot be reproduced from its first words: "not checked for recall", as Dataset.validate says)
-    out = [p for p in out if len(p.ids) < context_length
-           and (p.kind != "fact" or len(p.ids) + p.max_new - ANSWER_SLACK <= context_length)]
+    # a prompt must leave room for its answer; a fact must be trained whole (Dataset.validate's rule: BOS, text and
+    # EOS at most the context and one more token): one trained in pieces of the context cannot be reproduced from
+    # its first words ("not checked for recall", as validate says)
+    out = [p for p in out if len(p.ids) < context_length and (
+        p.kind != "fact" or len(chat_format.encode_fact(tok, dataset.facts[p.index])) <= context_length + 1)]
     by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
     if sizes is not None:
         sizes.update({k: len(v) for k, v in by_kind.items() if v})
     if left_out is not None:
-        counts = {"fact": {TOO_LONG: fact_prompts - len(by_kind["fact"]), ONE_WORD: len(dataset.facts) - fact_prompts},
+        counts = {"fact": {TOO_LONG: fact_prompts - len(by_kind["fact"]), ONE_WORD: one_word},
                   "dialogue": {TOO_LONG: answers - len(by_kind["dialogue"])}}
         left_out.update({k: {why: n for why, n in v.items() if n} for k, v in counts.items() if k in kinds})
     limit = sample or FULL_CHECK_MAX

@@ -347,7 +347,7 @@ class Run:
 
         t = self.trainer
         v, general = None, ""
-        if final is not None and final.recall and not final.recall_stopped:
+        if final is not None and (final.recall or any(final.recall_left_out.values())) and not final.recall_stopped:
             preset = self.plan.preset if self.plan is not None else self.request.preset
             v = verdict_of(final, t.train_config.recall_target, preset)
             if self._replay is not None and self._replay.pairs:

@@ -116,6 +116,17 @@ def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, c
                                            verdict[0]), out
 
 
+def test_a_run_that_could_check_nothing_says_so(tmp_path, capsys):
+    """Every fact longer than the context: nothing is asked, and the run's last line says so (it printed no verdict at
+    all: the verdict was made only from a non-empty recall table). From a review of the verdict change."""
+    data = tmp_path / "d.txt"
+    data.write_text("word " * 200 + "\n" + "more " * 150 + "\n")
+    assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
+                 "--tune-steps", "0") == 0
+    out = capsys.readouterr().out
+    assert "Nothing could be checked: 0 of 0 facts checked (2 too long for the context to check)" in out, out
+
+
 def test_too_big_model_is_refused_with_sizes(tmp_path, capsys):
     args = ["train", "--d-model", "4096", "--n-heads", "32", "--n-kv-heads", "32", "--ffn-dim", "16384",
             "--n-layers", "64", "--batch-size", "64", "--context-length", "2048", "--out", str(tmp_path / "m"), "-q"]

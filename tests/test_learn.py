@@ -179,6 +179,7 @@ def test_the_verdict_says_why_it_checked_fewer_facts_than_the_dataset_has():
     from core.plan import verdict_of
     from core.dataset import Dataset, Dialogue
     from core.recall import ONE_WORD, TOO_LONG, RecallItem, recall_prompts
+    from core.chat_format import encode_fact
     from core.tokenizer import Tokenizer
 
     tok = Tokenizer.train(default_dataset().tokenizer_texts(), 300)
@@ -204,6 +205,14 @@ def test_the_verdict_says_why_it_checked_fewer_facts_than_the_dataset_has():
     assert 2 * 128 > n > 128 and not recall_prompts(tok, Dataset([long_fact]), 128, left_out=left_out) and \
         left_out == {"fact": {TOO_LONG: 1}, "dialogue": {}}
     assert [p.kind for p in recall_prompts(tok, Dataset([long_fact]), n + 2)] == ["fact"]  # it fits: checked
+    fits = next(f for f in (" ".join(["Paris is a city"] * n) for n in range(2, 40))
+                if len(encode_fact(tok, f)) > 40)  # Dataset.validate's rule at the boundary: whole at context + 1
+    ctx = len(encode_fact(tok, fits)) - 1
+    assert not Dataset([fits]).validate(tok, ctx + 1) and [p.index for p in recall_prompts(tok, Dataset([fits]), ctx)] == [0]
+    assert Dataset([fits]).validate(tok, ctx) and not recall_prompts(tok, Dataset([fits]), ctx - 1)
+    left_out.clear()  # empty facts are no facts of a single word
+    assert [p.index for p in recall_prompts(tok, Dataset(["", "Hello.", "The cat sleeps."]), 64, left_out=left_out)] \
+        == [2] and left_out == {"fact": {ONE_WORD: 1}, "dialogue": {}}
     none = verdict_of(StageReport("pretrain", 3, False, (), recall_left_out={"fact": {TOO_LONG: 2}}))
     assert not none.learned and none.text == "Nothing could be checked: 0 of 0 facts checked (2 too long for the " \
                                              "context to check)"  # not "Learned" when every fact was left out
