@@ -660,8 +660,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
     kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
-    items, sizes = [], {}
-    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes):
+    items, sizes, left_out = [], {}, {}
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes, left_out=left_out):
         pass
     of_all = sampled(sizes, items)
     if args.show_wrong:
@@ -670,9 +670,13 @@ def cmd_recall(args: argparse.Namespace) -> int:
                 print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
     for k, noun in (("dialogue", "answers"), ("fact", "facts")):
         ok, n = tally(items, k)
+        why = left_out.get(k)  # what the check could not ask (too long for the model's context, one word)
+        skipped = f"; not checked: {', '.join(f'{c:,} {reason}' for reason, c in why.items())}" if why else ""
         if n:
             some = f" (a sample: {n:,} of {of_all[k][1]:,} checked)" if k in of_all else ""
-            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}")
+            print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}{skipped}")
+        elif why:
+            print(f"0 {noun} checked{skipped}")
     return 0
 
 

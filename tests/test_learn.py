@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -323,6 +324,10 @@ def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, devi
     ok, n = sum(r.ok for r in ref), len(ref)
     assert f"{ok:,} of {n:,} answers" in out and "facts" not in out.splitlines()[-1]
     assert out.count("got ") == n - ok
+    data.write_text("The cat is black.\n" + "word " * 400 + "\n")  # the second longer than the model's context
+    assert main(["recall", "--model", str(model), "--data", str(data), "--device", str(device.info.index)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]  # (whether the model knows the cat does not matter here)
+    assert re.fullmatch(r"[01] of 1 facts \([0-9.]+ %\); not checked: 1 too long for the context to check", last), last
 
 
 def test_patience_waits_for_the_planned_steps(device):
