@@ -524,13 +524,17 @@ def check_output_folder(path: str | os.PathLike) -> Path:
         The resolved folder.
 
     Raises:
-        CheckpointError: one line naming the folder and what is wrong: not a folder, not ours (the
-            first foreign file named), a newer app's checkpoint, read-only (the folder or the one it
+        CheckpointError: one line naming the folder and what is wrong: not a folder, inside another
+            checkpoint folder, not ours (the first foreign file named), a newer app's checkpoint, read-only (the folder or the one it
             is in), an old backup ``.NAME.bak`` that cannot be removed.
     """
     folder = Path(os.path.realpath(path))
     if folder.parent == folder:
         raise CheckpointError(f"{folder}: cannot be a checkpoint folder (a save writes beside it, in its parent)")
+    holder = next((p for p in folder.parents if is_checkpoint_folder(p)), None)
+    if holder is not None:  # the outer checkpoint's next save would replace this one, or refuse it as foreign
+        raise CheckpointError(f"{folder}: inside the checkpoint folder {holder} (a save replaces that folder as a "
+                              "whole); give a folder outside it")
     if folder.exists() and not folder.is_dir():
         raise CheckpointError(f"{folder}: exists and is not a folder")
     if folder.is_dir():

@@ -375,7 +375,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     import os
 
     from core.checkpoint import check_output_folder
-    from core.checkpoint_meta import resume_problem
+    from core.atomic import readable_folder
+    from core.checkpoint_meta import is_checkpoint_folder, resume_problem
     from core.folder_lock import FolderBusyError, FolderLock
 
     # --resume of a folder no run saved into says so, not check_output_folder's advice for --out; a folder a save
@@ -387,6 +388,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = check_output_folder(args.out or args.resume or DEFAULT_MODEL_DIR)
     if args.resume:
         args.resume = os.path.realpath(args.resume)
+    # a trained model is replaced only on request: a second `train` with the same (or the default) --out lost it
+    if not args.overwrite and (not args.resume or Path(args.resume) != out) and \
+            is_checkpoint_folder(readable_folder(out)):
+        return _fail(f"{out}: holds a trained model; continue it with --resume {out}, give --overwrite to replace it, "
+                     "or give another --out")
     locks = []
     try:
         for folder in dict.fromkeys([out] + ([Path(args.resume)] if args.resume else [])):
@@ -857,6 +863,8 @@ def _add_train(sub) -> None:
     s.add_argument("--resume", metavar="DIR", help="continue training a checkpoint folder exactly where it stopped; "
                    "steps, lr, batch size, clipping, weight decay and replay share may be changed, the model and "
                    "dataset may not")
+    s.add_argument("--overwrite", action="store_true", help="replace the model saved in --out (without it a folder "
+                   "holding a trained model is refused, unless it is the --resume folder)")
     s.add_argument("--allow-new-data", action="store_true", help="with --resume: continue on a dataset other than "
                    "the one the run was trained on (--data, or an edited dataset.json); the checkpoint records it")
     s.add_argument("--preset", choices=["Auto", "Tiny", "Small", "Larger"], help="model and training preset (default: "

@@ -110,7 +110,7 @@ def _kill_training(tmp_path, n: int, seed: int) -> dict:
     old = CheckpointMeta.read(out)
     counts = {"runs": 0, "old": 0, "stage_1": 0, "final": 0}
     for i in range(n):
-        p = cli("train", *TINY, "--pretrain-steps", "6", "--tune-steps", "6", "--seed", str(i), "--out", str(out))
+        p = cli("train", *TINY, "--overwrite", "--pretrain-steps", "6", "--tune-steps", "6", "--seed", str(i), "--out", str(out))
         time.sleep(rng.uniform(0.5, 5.0))
         p.send_signal(signal.SIGKILL)
         p.communicate()
@@ -134,7 +134,7 @@ def test_kill_9_at_random_moments_of_training_many(tmp_path):
 
 def _ops_of_cli_save(tmp_path, out: Path) -> list[str]:
     log = tmp_path / "ops.log"
-    rc, _, err = run("train", *TINY, "--pretrain-steps", "1", "--tune-steps", "0", "--out", str(out),
+    rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--tune-steps", "0", "--out", str(out),
                      env={CRASH_LOG_ENV: str(log)})
     assert rc == 0, err
     return log.read_text().splitlines()
@@ -149,7 +149,7 @@ def test_cli_killed_between_the_renames_and_in_the_middle_of_a_save(tmp_path):
     counts = {"kill_between_renames": 0, "kill_mid_write": 0, "double_ctrl_c_in_save": 0}
     before = CheckpointMeta.read(out)
     for name, n in (("kill_between_renames", between), ("kill_mid_write", middle)):
-        rc, _, err = run("train", *TINY, "--pretrain-steps", "1", "--tune-steps", "0", "--seed", "3", "--out", str(out),
+        rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--tune-steps", "0", "--seed", "3", "--out", str(out),
                          env={CRASH_ENV: str(n)})
         assert rc == -signal.SIGKILL, err
         if name == "kill_between_renames":
@@ -163,7 +163,7 @@ def test_cli_killed_between_the_renames_and_in_the_middle_of_a_save(tmp_path):
         assert assert_whole(out).saved == before.saved  # the previous checkpoint, whole
         counts[name] += 1
     # a double Ctrl-C in the middle of the save: the save finishes first, then exit 130
-    rc, outp, err = run("train", *TINY, "--pretrain-steps", "1", "--tune-steps", "0", "--seed", "4", "--out", str(out),
+    rc, outp, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--tune-steps", "0", "--seed", "4", "--out", str(out),
                         env={CRASH_ENV: f"sigint2:{middle}"})
     assert rc == 130 and "Traceback" not in err, err
     assert "keeps the checkpoint of the last completed stage" in outp
@@ -184,7 +184,7 @@ def test_full_tmpfs_during_a_save(tmp_path):
         out = mnt / "ck"
         shutil.copytree(FIXTURE, out)
         before = CheckpointMeta.read(out)
-        rc, _, err = run("train", *TINY, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out))
+        rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out))
         line = assert_one_line_error(rc, err)
         assert "No space left" in line or "disk is full" in line, line
         assert assert_whole(out).saved == before.saved
@@ -203,13 +203,13 @@ def test_two_writers_on_one_folder_and_a_stale_lock(tmp_path):
 
     project = tmp_path / "proj"
     out = project / "checkpoint"
-    a = cli("train", *TINY, "--pretrain-steps", "20000", "--tune-steps", "0", "--out", str(out))
+    a = cli("train", *TINY, "--overwrite", "--pretrain-steps", "20000", "--tune-steps", "0", "--out", str(out))
     try:
         deadline = time.time() + 60
         while not lock_path(out).exists() and time.time() < deadline:
             time.sleep(0.05)
         assert lock_path(out).exists()
-        rc, _, err = run("train", *TINY, "--pretrain-steps", "1", "--out", str(out))
+        rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--out", str(out))
         line = assert_one_line_error(rc, err)
         assert f"process {a.pid}" in line and "opencl-llm train" in line
         with pytest.raises(ProjectError, match=f"process {a.pid}"):  # the app refuses the project too
@@ -225,7 +225,7 @@ def test_two_writers_on_one_folder_and_a_stale_lock(tmp_path):
                                "time.sleep(60)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        rc, _, err = run("train", *TINY, "--pretrain-steps", "1", "--out", str(out))
+        rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--out", str(out))
         assert f"process {holder.pid}" in assert_one_line_error(rc, err)  # the app holds the project
     finally:
         holder.kill()
@@ -237,7 +237,7 @@ def test_two_writers_on_one_folder_and_a_stale_lock(tmp_path):
 # ------------------------------------------------------------------------------------ non-finite
 def test_lr_1e308_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "ck"
-    rc, _, err = run("train", *TINY, "--pretrain-lr", "1e308", "--tune-lr", "1e308", "--out", str(out))
+    rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-lr", "1e308", "--tune-lr", "1e308", "--out", str(out))
     assert "pretrain.lr: must be <= 1" in assert_one_line_error(rc, err)
     assert not out.exists()
 

@@ -116,6 +116,33 @@ def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, c
                                            verdict[0]), out
 
 
+def test_a_trained_model_in_out_is_replaced_only_with_overwrite(tmp_path, capsys):
+    """A second `train` into a folder holding a trained model (the same --out, or the default one twice) is refused
+    before any training, the model untouched, with what to do; --overwrite replaces it, and the --resume folder is
+    continued as before. From a new user's trial: the model of a finished run was replaced without a word."""
+    from core.checkpoint import CheckpointMeta
+
+    m = tmp_path / "m"
+    assert train(tmp_path, "--pretrain-steps", "2", "--tune-steps", "0", "--out", str(m)) == 0
+    before = (m / "weights.npz").read_bytes(), CheckpointMeta.read(m).saved
+    capsys.readouterr()
+    assert train(tmp_path, "--pretrain-steps", "2", "--tune-steps", "0", "--seed", "5", "--out", str(m)) == 2
+    err = capsys.readouterr().err
+    assert f"{m}: holds a trained model; continue it with --resume {m}, give --overwrite to replace it" in err, err
+    assert ((m / "weights.npz").read_bytes(), CheckpointMeta.read(m).saved) == before
+    other = tmp_path / "other"
+    assert main(["train", "--resume", str(m), "--out", str(other), "--tune-steps", "1", "-q"]) == 0  # a new --out
+    assert main(["train", "--resume", str(m), "--out", str(other), "--tune-steps", "2", "-q"]) == 2  # not twice
+    assert main(["train", "--resume", str(m), "--tune-steps", "1", "-q"]) == 0  # the --resume folder itself: fine
+    assert train(tmp_path, "--pretrain-steps", "2", "--tune-steps", "0", "--seed", "5", "--out", str(m),
+                 "--overwrite") == 0
+    meta = CheckpointMeta.read(m)
+    assert meta.train.seed == 5 and meta.saved != before[1]
+    capsys.readouterr()  # a new model inside that checkpoint: refused (its next save would replace it, or refuse it)
+    assert train(tmp_path, "--pretrain-steps", "2", "--tune-steps", "0", "--out", str(m / "sub")) == 2
+    assert f"{m / 'sub'}: inside the checkpoint folder {m}" in capsys.readouterr().err and not (m / "sub").exists()
+
+
 def test_a_run_that_could_check_nothing_says_so(tmp_path, capsys):
     """Every fact longer than the context: nothing is asked, and the run's last line says so (it printed no verdict at
     all: the verdict was made only from a non-empty recall table). From a review of the verdict change."""
