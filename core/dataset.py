@@ -12,7 +12,8 @@ Readers (:func:`load_dataset`), chosen by extension and content:
   ``User: ...`` / ``Assistant: ...`` lines, which form dialogues (several turns allowed; a blank line or
   a fact line ends a dialogue). An optional ``System: ...`` line may open a dialogue.
 - chat JSONL (``.jsonl``): one ``{"messages": [{"role": "system"|"user"|"assistant", "content": ...}]}``
-  per line; a ``{"text": "..."}`` line is a fact.
+  per line; a ``{"text": "..."}`` line (or a JSON string) is a fact. A ``.json`` file holding a JSON list of such
+  records (``["fact", {"messages": [...]}]``) reads the same.
 
 All readers take UTF-8 with or without a byte-order mark and read CRLF and bare CR as LF. Text and
 JSONL contents are trimmed of surrounding whitespace. A malformed entry becomes a :class:`Problem`
@@ -541,18 +542,25 @@ def _parse_records(records: list, path: str, line_of, name=lambda i: "",
 
     for i, rec in enumerate(records):
         err = None
-        if isinstance(rec, dict) and isinstance(rec.get("text"), str) and "messages" not in rec:
-            text = rec["text"].strip()
+        # a fact: {"text": "..."}, or the text alone (a JSON list of strings, the first thing a user writes)
+        text = rec if isinstance(rec, str) else rec.get("text") if isinstance(rec, dict) and "messages" not in rec \
+            else None
+        if isinstance(rec, dict) and "text" in rec and "messages" not in rec and not isinstance(text, str):
+            kind = {bool: "true or false", int: "a number", float: "a number", list: "a list", dict: "an object"}
+            bad(i, f"\"text\" must be a string, not {kind.get(type(text), 'null')}, skipped")
+            continue
+        if isinstance(text, str):
+            text = text.strip()
             if len(text) > MAX_ENTRY_CHARS:
                 bad(i, _too_long(len(text)))
             elif has_text(text):
                 ds.facts.append(text)
                 facts.append(i)
-            elif text:
-                bad(i, "no visible text (only control characters), skipped")
+            else:
+                bad(i, "no visible text (only control characters), skipped" if text else "empty text, skipped")
             continue
         if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
-            err = "expected {\"messages\": [...]} or {\"text\": ...}"
+            err = "expected {\"messages\": [...]}, {\"text\": ...} or a string"
         else:
             dialogue, err = _messages_to_dialogue(rec["messages"])
             if dialogue is not None:

@@ -168,6 +168,20 @@ def test_app_json_bad_entries_are_skipped(tmp_path):
     assert [p.line for p in problems] == [6, 7, 19, 26, 27]  # where each item begins
 
 
+def test_a_json_list_of_strings_is_a_list_of_facts(tmp_path):
+    """["fact", "fact"] is the first JSON dataset a user writes: its strings are facts, as {"text": ...} records are
+    (it was refused: "no facts or dialogues could be read"); a "text" that is no string and an empty one are named.
+    From a new user's trial."""
+    path = _write(tmp_path, "facts.json", json.dumps(["The Kappa lamp costs $12.", " Ada lives in Oslo. ",
+                                                      {"text": 5}, {"text": ""}, ["nested"]], indent=1))
+    ds, problems = load_dataset(path)
+    assert ds == Dataset(["The Kappa lamp costs $12.", "Ada lives in Oslo."], [])
+    assert [str(p) for p in problems] == [
+        f"{path}:4: item [2]: \"text\" must be a string, not a number, skipped",
+        f"{path}:7: item [3]: empty text, skipped",
+        f"{path}:10: item [4]: expected {{\"messages\": [...]}}, {{\"text\": ...}} or a string, skipped"]
+
+
 def test_json_list_problems_name_the_item_and_its_line(tmp_path):
     """A JSON list of chat records (as some tools write) names each skipped item by its index and line, as a
     .jsonl file names its lines; a repeated key, strings with brackets and CRLF line ends do not mislead it."""
@@ -177,7 +191,7 @@ def test_json_list_problems_name_the_item_and_its_line(tmp_path):
     ds, problems = load_dataset(path)
     assert ds == Dataset(["A [fact], {really}."], [Dialogue([("Q", "A")])])
     assert [str(p) for p in problems] == [
-        f"{path}:5: item [1]: expected {{\"messages\": [...]}} or {{\"text\": ...}}, skipped",
+        f"{path}:5: item [1]: expected {{\"messages\": [...]}}, {{\"text\": ...}} or a string, skipped",
         f"{path}:6: item [2]: message 1 has no text content, skipped",
         f"{path}:25: item [4]: no visible text (only control characters), skipped"]
     lines = path.read_text().splitlines()
