@@ -509,6 +509,11 @@ def _newer_version(folder: Path) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > FORMAT_VERSION else None
 
 
+def enclosing_checkpoint(path: Path) -> Path | None:
+    """The checkpoint folder of ours that ``path`` (a resolved path) is or lies in, nearest first; None."""
+    return next((d for d in (path, *path.parents) if d.is_dir() and is_checkpoint_folder(d)), None)
+
+
 def check_output_folder(path: str | os.PathLike) -> Path:
     """Resolve and check a folder a checkpoint is to be saved into, before any training.
 
@@ -531,7 +536,7 @@ def check_output_folder(path: str | os.PathLike) -> Path:
     folder = Path(os.path.realpath(path))
     if folder.parent == folder:
         raise CheckpointError(f"{folder}: cannot be a checkpoint folder (a save writes beside it, in its parent)")
-    holder = next((p for p in folder.parents if is_checkpoint_folder(p)), None)
+    holder = enclosing_checkpoint(folder.parent)
     if holder is not None:  # the outer checkpoint's next save would replace this one, or refuse it as foreign
         raise CheckpointError(f"{folder}: inside the checkpoint folder {holder} (a save replaces that folder as a "
                               "whole); give a folder outside it")
@@ -602,11 +607,11 @@ def check_export_target(path: str | os.PathLike, replace: bool = False) -> Path:
             this app (one line naming it).
     """
     p = Path(os.path.realpath(path))
-    for d in (p, *p.parents):
-        if d.is_dir() and is_checkpoint_folder(d):
-            raise CheckpointError(f"{path}: inside the checkpoint folder {d}, whose next save would delete it; "
-                                  "export to another folder" if d != p else
-                                  f"{path}: is a checkpoint folder; export to another folder")
+    d = enclosing_checkpoint(p)
+    if d is not None:
+        raise CheckpointError(f"{path}: inside the checkpoint folder {d}, whose next save would delete it; "
+                              "export to another folder" if d != p else
+                              f"{path}: is a checkpoint folder; export to another folder")
     if p.is_file() and not replace and not written_by_app(p):
         raise CheckpointError(f"{path}: exists and was not written by this app; choose another name or remove it")
     return p

@@ -186,8 +186,11 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
     # a prompt must leave room for its answer; a fact must be trained whole (Dataset.validate's rule: BOS, text and
     # EOS at most the context and one more token): one trained in pieces of the context cannot be reproduced from
     # its first words ("not checked for recall", as validate says)
+    # (the fact is tokenized whole only where its parts' counts come near the context: prompt and rest apart count
+    # it within a token or two, and tokenizing every fact again cost a fifth of this function)
     out = [p for p in out if len(p.ids) < context_length and (
-        p.kind != "fact" or len(chat_format.encode_fact(tok, dataset.facts[p.index])) <= context_length + 1)]
+        p.kind != "fact" or len(p.ids) + p.max_new - ANSWER_SLACK < context_length - 8
+        or len(chat_format.encode_fact(tok, dataset.facts[p.index])) <= context_length + 1)]
     by_kind = {k: [p for p in out if p.kind == k] for k in KINDS}
     if sizes is not None:
         sizes.update({k: len(v) for k, v in by_kind.items() if v})
