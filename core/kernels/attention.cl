@@ -114,7 +114,7 @@ inline float dot_row(const floatV* a, const floatV* b) {
         _Pragma("unroll") for (int e_ = 1; e_ < (N); e_++) cm_ = (s).a[e_] > cm_ ? (s).a[e_] : cm_; \
         const float mn_ = cm_ > (m) ? cm_ : (m); \
         const float ms_ = mn_ == -INFINITY ? 0.0f : mn_;  /* nothing visible yet: all p are 0 */ \
-        (s).v = exp((s).v - ms_); \
+        (s).v = EXPV((s).v - ms_); \
         const float alpha_ = exp((m) - ms_); \
         float ps_ = 0.0f; \
         _Pragma("unroll") for (int e_ = 0; e_ < (N); e_++) ps_ += (s).a[e_]; \
@@ -298,7 +298,7 @@ void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_
                 }
                 // keys past row i0 + r (or past seq), and rows past seq, get p = 0: exp(-inf)
                 const float lim = i0 + r < seq ? (float)(i0 + r) : -1.0f;
-                p[r] = exp(key.v <= lim ? s - lb[i] : (floatKV)(-INFINITY));
+                p[r] = EXPV(key.v <= lim ? s - lb[i] : (floatKV)(-INFINITY));
                 ds[r] = p[r] * (dp - db[i]);
             }
             _Pragma("unroll") for (int d = 0; d < HD; d++) {
@@ -381,7 +381,7 @@ void attention_backward_dq(__global float* d_q, BACKWARD_INPUTS) {
             _Pragma("unroll") for (int r = 0; r < BQ; r++)
                 p[r].a[jj] = j <= i0 + r ? dot_row(qr[r], kk) - li[r] : -INFINITY;
         }
-        _Pragma("unroll") for (int r = 0; r < BQ; r++) p[r].v = exp(p[r].v);
+        _Pragma("unroll") for (int r = 0; r < BQ; r++) p[r].v = EXPV(p[r].v);
         _Pragma("unroll") for (int jj = 0; jj < BK; jj++) {
             floatV vv[NV];
             const int j = j0 + jj;
@@ -557,7 +557,7 @@ void attention_backward_dq_lanes(__global float* d_q, __global const float* kvt,
         }
         _Pragma("unroll") for (int r = 0; r < BQ; r++) {  // dS (without the scale); keys past row i0 + r: 0
             const floatT sc = pos.v <= (floatT)((float)(i0 + r - j0)) ? p[r].v - li[r] : (floatT)(-INFINITY);
-            p[r].v = exp(sc) * (dp[r] - di[r]);
+            p[r].v = EXPV(sc) * (dp[r] - di[r]);
         }
         add_lane_rows(dq, p, kb + (size_t)j0 * kv_stride, kv_stride, n_keys - j0 < BKT ? n_keys - j0 : BKT);  // dS K
     }

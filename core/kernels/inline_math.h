@@ -11,7 +11,15 @@
 //   LOAD2(i, p) / STORE2(v, i, p)   vload2 / vstore2
 //   MAXF(a, b)                      the larger of two floats or float vectors; a NaN b is dropped
 //                                   (fmax drops a NaN operand; callers pass the running max as a)
+//   EXPV(x)                         exp of a float or float2/4/8/16 vector
+//   CONVERT_FLOAT16(x)              convert_float16 of a 16-lane integer vector
 // core/device.py pastes this file in place of `#include "inline_math.h"`.
+//
+// On CPU devices no builtin is called on a 16-float (or 16-lane) vector: EXPV and CONVERT_FLOAT16 take such
+// a vector in two 8-lane halves. pip's PoCL (3.0, LLVM 14) cannot compile a 16-wide builtin call on an AVX-512
+// CPU its LLVM does not know (AMD Zen 4: target znver3 with AVX-512's features): "LLVM ERROR: Cannot select",
+// "Do not know how to scalarize this operator's operand" or a segfault in X86's TranslateX86CC, each of
+// which kills the process at the kernel's first launch. 8-wide builtins and 16-wide arithmetic compile there.
 
 #ifdef CPU_DEVICE
 
@@ -42,6 +50,14 @@ inline void store2_inline(const float2 v, const size_t i, __global float* p) {
 #define STORE2(v, i, p) store2_inline((v), (i), (p))
 #define MAXF(a, b) ((b) > (a) ? (b) : (a))
 
+inline float __attribute__((overloadable)) expv(const float x) { return exp(x); }
+inline float2 __attribute__((overloadable)) expv(const float2 x) { return exp(x); }
+inline float4 __attribute__((overloadable)) expv(const float4 x) { return exp(x); }
+inline float8 __attribute__((overloadable)) expv(const float8 x) { return exp(x); }
+inline float16 __attribute__((overloadable)) expv(const float16 x) { return (float16)(exp(x.lo), exp(x.hi)); }
+#define EXPV(x) expv(x)
+#define CONVERT_FLOAT16(x) ((float16)(convert_float8((x).lo), convert_float8((x).hi)))
+
 #else
 
 #define LOAD4(i, p) vload4((i), (p))
@@ -49,6 +65,8 @@ inline void store2_inline(const float2 v, const size_t i, __global float* p) {
 #define LOAD2(i, p) vload2((i), (p))
 #define STORE2(v, i, p) vstore2((v), (i), (p))
 #define MAXF(a, b) fmax((a), (b))
+#define EXPV(x) exp(x)
+#define CONVERT_FLOAT16(x) convert_float16(x)
 
 #endif
 

@@ -27,6 +27,7 @@
 //                   multiply x by the integers and apply d and m once per chunk.
 
 #include "matmul_common.h"
+#include "inline_math.h"
 #define QCH 32  // elements of a GEMV chunk: every format's (sub-)block holds a whole number of them
 
 // a half at byte p (2-byte aligned: every block size and field offset below is even). CPUs: bit
@@ -113,8 +114,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 #define SCALE_HALVES(blk) ((uint)*(__global const ushort*)(blk))
 inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = 0.0f; }
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
-    *q0 = convert_float16(C16(blk + 2));
-    *q1 = convert_float16(C16(blk + 18));
+    *q0 = CONVERT_FLOAT16(C16(blk + 2));
+    *q1 = CONVERT_FLOAT16(C16(blk + 18));
 }
 #elif defined(QTYPE_Q4_0)  // block: half d, uchar qs[16]; element t < 16 low nibble, t >= 16 high; x = d * (q - 8)
 #define QK 32
@@ -136,8 +137,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) { *m = -8.0f * *d; }
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     const uint16 q = W16(blk + 2);
-    *q0 = convert_float16(as_int16(q & 15u));
-    *q1 = convert_float16(as_int16(q >> 4));
+    *q0 = CONVERT_FLOAT16(as_int16(q & 15u));
+    *q1 = CONVERT_FLOAT16(as_int16(q >> 4));
 }
 #elif defined(QTYPE_Q4_1)  // block: half d, half m, uchar qs[16]; x = d * q + m
 #define QK 32
@@ -159,8 +160,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
 inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, float* m) {}
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     const uint16 q = W16(blk + 4);
-    *q0 = convert_float16(as_int16(q & 15u));
-    *q1 = convert_float16(as_int16(q >> 4));
+    *q0 = CONVERT_FLOAT16(as_int16(q & 15u));
+    *q1 = CONVERT_FLOAT16(as_int16(q >> 4));
 }
 #elif defined(QTYPE_Q5_0) || defined(QTYPE_Q5_1)
 // Q5_0 block: half d, uchar qh[4], uchar qs[16]; x = d * (q - 16). Q5_1: half d, half m, uchar qh[4],
@@ -201,8 +202,8 @@ inline void dq_chunk(__global const uchar* row, const int u, chunk_t* v) {
     uchar16 q0, q1;
     q5_ints(blk, &q0, &q1);
     const float d = ld_half(blk), m = Q5_MIN(blk, d);
-    v->h[0] = d * convert_float16(q0) + m;
-    v->h[1] = d * convert_float16(q1) + m;
+    v->h[0] = d * CONVERT_FLOAT16(q0) + m;
+    v->h[1] = d * CONVERT_FLOAT16(q1) + m;
 }
 #define DQ_INT
 #ifdef QTYPE_Q5_0  // the integers q - 16 (signed bytes): no m
@@ -212,8 +213,8 @@ inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, fl
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     uchar16 v0, v1;
     q5_ints(blk, &v0, &v1);
-    *q0 = convert_float16(as_char16(v0 - (uchar)16));
-    *q1 = convert_float16(as_char16(v1 - (uchar)16));
+    *q0 = CONVERT_FLOAT16(as_char16(v0 - (uchar)16));
+    *q1 = CONVERT_FLOAT16(as_char16(v1 - (uchar)16));
 }
 #else
 #define SCALE_HALVES(blk) (*(__global const uint*)(blk))  // d, m (blocks of 24 bytes: 4-byte aligned)
@@ -221,8 +222,8 @@ inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, fl
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     uchar16 v0, v1;
     q5_ints(blk, &v0, &v1);
-    *q0 = convert_float16(v0);
-    *q1 = convert_float16(v1);
+    *q0 = CONVERT_FLOAT16(v0);
+    *q1 = CONVERT_FLOAT16(v1);
 }
 #endif
 #elif defined(QTYPE_Q4_K)  // 256-element super-block: half d, half dmin, uchar scales[12], uchar qs[128]
@@ -262,8 +263,8 @@ inline void dq_int_scales(__global const uchar* blk, const int sub, float* d, fl
 inline void dq_int_chunk(__global const uchar* blk, const int sub, float16* q0, float16* q1) {
     __global const uchar* qs = blk + 16 + (sub / 2) * 32;
     const uchar shift = (sub & 1) * 4;
-    *q0 = convert_float16((B16(qs) >> shift) & (uchar)15);
-    *q1 = convert_float16((B16(qs + 16) >> shift) & (uchar)15);
+    *q0 = CONVERT_FLOAT16((B16(qs) >> shift) & (uchar)15);
+    *q1 = CONVERT_FLOAT16((B16(qs + 16) >> shift) & (uchar)15);
 }
 #elif defined(QTYPE_Q6_K)  // 256-element super-block: uchar ql[128], uchar qh[64], char scales[16], half d
 #define QK 256
@@ -305,9 +306,9 @@ CPU_INLINE inline void dq_int_chunk(__global const uchar* blk, const int sub, fl
     __global const uchar* ql = blk + h * 64 + (s & 1) * 32;
     __global const uchar* qh = blk + 128 + h * 32;
     const uchar ls = (s / 2) * 4, hs = 2 * s;
-    *q0 = convert_float16(as_char16((((B16(ql) >> ls) & (uchar)15) | (((B16(qh) >> hs) & (uchar)3) << (uchar)4))
+    *q0 = CONVERT_FLOAT16(as_char16((((B16(ql) >> ls) & (uchar)15) | (((B16(qh) >> hs) & (uchar)3) << (uchar)4))
                                     - (uchar)32));
-    *q1 = convert_float16(as_char16((((B16(ql + 16) >> ls) & (uchar)15) | (((B16(qh + 16) >> hs) & (uchar)3)
+    *q1 = CONVERT_FLOAT16(as_char16((((B16(ql + 16) >> ls) & (uchar)15) | (((B16(qh + 16) >> hs) & (uchar)3)
                                                                           << (uchar)4)) - (uchar)32));
 }
 #elif defined(QTYPE_F16)
