@@ -25,6 +25,30 @@ def test_list_devices_orders_integrated_gpu_first():
         assert d.max_work_group_size >= 1 and d.local_mem_bytes > 0 and d.compute_units >= 1
 
 
+@pytest.mark.parametrize("width, version, expected", [
+    (16, "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-znver3", 8),  # pip's PoCL on an AMD Zen 4
+    (16, "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-skylake-avx512", 16),
+    (16, "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-znver4", 16),
+    (8, "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-znver3", 8),
+    (16, "OpenCL 3.0 CUDA", 16),  # no HSTR: the device's word
+    (1, "OpenCL 3.0 (Mesa)", 1),
+])
+def test_simd_width_is_that_of_the_cpu_pocl_compiles_for(width, version, expected):
+    import pyopencl as cl
+    from types import SimpleNamespace
+
+    from core.kernels._launch import simd_width
+    from core.kernels.attention import default_tiles
+    from core.kernels.matmul import cpu_vector_width
+
+    dev = SimpleNamespace(cl=cl, cl_device=SimpleNamespace(preferred_vector_width_float=width, version=version,
+                                                           type=cl.device_type.CPU))
+    assert simd_width(dev) == expected
+    assert cpu_vector_width(dev) == (expected if expected in (4, 8, 16) else 4)
+    # the CPU attention's keys-as-lanes kernels only where the compiled code has 16-float registers
+    assert bool(default_tiles(dev, 64).lanes) == (expected >= 16)
+
+
 def test_select_device_by_index_name_and_errors():
     first = device_mod.list_devices()[0]
     assert device_mod.select_device(0) == first

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.device import Device, KernelBuildError, KernelLimitError
+from core.kernels._launch import simd_width
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -218,10 +219,7 @@ def default_tiles(dev: Device, head_dim: int, max_items: int | None = None) -> A
         # AVX-512 Xeon (PoCL profile, transposition included) 120.8 -> 94.9 ms at SmolLM2's shape (1 x 256; 9/3
         # heads), 72.9 -> 68.9 at d512 (16 x 128; 8/8 heads: twice the keys to transpose per query head).
         # Narrower SIMD (AVX2) keeps the kernels above: lanes there are unmeasured.
-        try:
-            width = int(dev.cl_device.preferred_vector_width_float)
-        except dev.cl.Error:
-            width = 4
+        width = simd_width(dev)
         wide = width >= 8
         if width >= 16:
             return AttentionTiles(1, 8, 8, 16, vector=8 if head_dim >= 16 else 4, lanes=16)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from core.device import Device, KernelBuildError, KernelLimitError
+from core.kernels._launch import simd_width
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -278,11 +279,9 @@ def cpu_group_width(dev: Device) -> int:
 
 
 def cpu_vector_width(dev: Device) -> int:
-    """Preferred float vector width of the device (16 on AVX-512 CPUs, 8 on AVX2), 4 if unknown."""
-    try:
-        w = int(dev.cl_device.preferred_vector_width_float)
-    except dev.cl.Error:
-        w = 4
+    """Float vector width of the CPU kernels: :func:`core.kernels._launch.simd_width` (16 on AVX-512 CPUs, 8 on
+    AVX2), 4 if it is none of 4, 8, 16."""
+    w = simd_width(dev)
     return w if w in (4, 8, 16) else 4
 
 

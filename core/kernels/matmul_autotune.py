@@ -38,6 +38,7 @@ import numpy as np
 from core.atomic import atomic_write
 from core.device import Device, KernelBuildError, KernelLimitError, kernel_source, user_cache_dir
 from core.kernels import matmul
+from core.kernels._launch import simd_width
 from core.kernels.matmul import (GEMV_MAX_M, NARROW_KINDS, GemmKernel, GemvConfig, GemvKernel, PackedConfig,
                                  TiledConfig, config_from_dict, config_to_dict, cpu_group_width, cpu_vector_width,
                                  default_configs, default_narrow, fallback_configs, fits, narrow_kind,
@@ -94,8 +95,10 @@ def device_key(dev: Device, kernel: str = "matmul") -> str:
         driver = str(dev.cl_device.driver_version).strip()
     except dev.cl.Error:
         driver = "?"
+    # CPUs: the SIMD width the kernels are built for (its rule may change under a cached winner)
+    simd = "" if uses_local_tiles(dev) else f" | simd {simd_width(dev)}"
     return (f"{dev.info.platform.strip()} | {dev.info.name.strip()} | driver {driver} | "
-            f"{kernel}.cl {src} | v{TUNER_VERSION}")
+            f"{kernel}.cl {src} | v{TUNER_VERSION}{simd}")
 
 
 def shapes(dev: Device) -> dict[tuple[bool, bool], list[tuple[int, int, int]]]:
