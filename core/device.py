@@ -649,7 +649,17 @@ class Device:
         profiling (:meth:`start_profiling`) the kernel comes wrapped so that each launch records
         ``(kernel_name, event)``.
         """
-        knl = self.cl.Kernel(self.program(program, options), kernel_name)
+        try:
+            knl = self.cl.Kernel(self.program(program, options), kernel_name)
+        except self.cl.LogicError as e:
+            # PoCL's kernel cache keeps a program whose first kernel compile crashed its compiler (seen with pip's
+            # PoCL on an AMD Zen 4): every later process then loads it without kernels, INVALID_KERNEL_NAME for all
+            # of them, until that cache entry is deleted. Build it once more under another cache key.
+            if "INVALID_KERNEL_NAME" not in str(e) or not re.search(rf"\b{re.escape(kernel_name)}\s*\(",
+                                                                    kernel_source(program)):
+                raise
+            log.warning("%s.cl from the driver's kernel cache has no kernel %s: building it again", program, kernel_name)
+            knl = self.cl.Kernel(self.program(program, (*options, "-DOPENCL_LLM_REBUILT")), kernel_name)
         self._declare_scalar_types(knl)
         return _ProfiledKernel(self, knl, kernel_name) if self.profiling else knl
 

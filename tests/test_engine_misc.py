@@ -277,6 +277,28 @@ def test_copy_columns_copies_a_block_between_row_strides(device, rows, cols, src
         device.copy_columns(bd, bs, rows, cols, dst_ld=dst_ld, src_ld=src_ld, dst_col=dst_ld - cols + 1)
 
 
+def test_a_program_whose_kernels_the_driver_cache_lost_is_built_again(device, monkeypatch):
+    """A compiler crash at a kernel's first launch left PoCL's cached program without kernels (pip's PoCL on a
+    Zen 4): INVALID_KERNEL_NAME in every later process. The program is built again under another cache key."""
+    real = device.cl
+    lost = device.program("sums")  # the cached build that lost its kernels
+
+    class Driver:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def Kernel(self, prg, name):  # noqa: N802 (pyopencl's name)
+            if prg is lost:
+                raise real.LogicError("clCreateKernel failed: INVALID_KERNEL_NAME")
+            return real.Kernel(prg, name)
+
+    monkeypatch.setattr(device, "cl", Driver())
+    knl = device.kernel("sums", "sum_final")
+    assert knl.function_name == "sum_final" and knl.program.int_ptr != lost.int_ptr
+    with pytest.raises(real.LogicError, match="INVALID_KERNEL_NAME"):  # a name the file does not define: no retry
+        device.kernel("sums", "sum_nothing")
+
+
 def test_kernel_profiling_records_every_launch(device):
     """Device.start_profiling: launches through Device.launch and through the kernel object are
     recorded with their names and device time; stop_profiling returns to a plain queue."""
