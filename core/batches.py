@@ -241,13 +241,15 @@ class Batches:
     def longest_row(self) -> int:
         """The most tokens a row of any batch of any step can hold (an example's ``len(ids) - 1``): the
         longest dialogue, fact question or conversation, and the longest row of ``pack_facts`` facts (at
-        most the ``pack_facts`` longest facts together: :func:`pack` never fills a row past
-        ``context_length + 1``); 1 without examples. Exact for ``pack_facts`` 1, an upper bound above."""
+        most ``pack_facts`` times the longest fact: a row's facts are consecutive draws of per-epoch
+        permutations, so one fact comes twice where the draws cross an epoch, and every time in a dataset
+        of fewer facts than ``pack_facts``; :func:`pack` never fills a row past ``context_length + 1``);
+        1 without examples. Exact for ``pack_facts`` 1, an upper bound above."""
         singles = self.dialogues + self.questions + self.conversations
         longest = max((len(e.ids) for e in singles), default=2)
-        k = self.train_config.pack_facts
-        packed = sum(sorted((len(e.ids) for e in self.facts), reverse=True)[:k])
-        return max(longest, min(packed, self.context_length + 1)) - 1
+        longest_fact = max((len(e.ids) for e in self.facts), default=0)
+        packed = min(self.train_config.pack_facts * longest_fact, max(self.context_length + 1, longest_fact))
+        return max(longest, packed) - 1
 
     def padded_tokens(self, stage: int, step: int) -> int:
         """Tokens (rows x padded length) of batch ``step`` of ``stage``: what the step costs."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.dataset import default_dataset
@@ -189,3 +190,21 @@ def test_no_batch_has_a_row_longer_than_the_batches_longest_row():
         assert longest <= b.longest_row()
         if tc.pack_facts == 1:
             assert longest == b.longest_row()
+
+
+@pytest.mark.parametrize("n_facts", [1, 2, 3, 5])
+@pytest.mark.parametrize("pack_facts", [2, 4])
+def test_packed_rows_of_a_few_facts_stay_within_the_longest_row(n_facts, pack_facts):
+    """Fewer facts than a row packs (one fact and one dialogue: a new user's first try) put one fact in a row
+    several times, and draws across an epoch put one twice: the model was built for 28 tokens and got a
+    batch of 31 ("batch of 16 x 31 tokens exceeds the 16 x 28 (max_seq)")."""
+    from core.batches import Batches
+    from core.dataset import Dataset, Dialogue
+    from core.tokenizer import Tokenizer
+
+    facts = [("Quillmere is a town " + "by the river " * i).strip() + "." for i in range(n_facts)]
+    ds = Dataset(facts, [Dialogue([("What is Quillmere?", "A town.")])])
+    tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=300)
+    b = Batches(tok, ds, 128, _tc(pack_facts=pack_facts))
+    longest = max(len(e.ids) - 1 for s in range(60) for e in b.examples(0, s))
+    assert longest <= b.longest_row()
