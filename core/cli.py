@@ -186,8 +186,10 @@ class ProgressLines:
         """The line for a :class:`core.trainer.RecallProgress`, or None."""
         start = not self.checking
         self.checking = ev.done < ev.total
-        if not self._due(self.clock(), start) or (not start and ev.done == ev.total):
+        if ev.total == 0 or not self._due(self.clock(), start) or (not start and ev.done == ev.total):
             return None
+        if start:
+            return f"{ev.stage}: checking recall of {count_words(ev.total, 'prompt')}"
         return f"{ev.stage}: checking recall, {ev.done:,} of {ev.total:,} prompts"
 
 

@@ -53,14 +53,17 @@ def test_lines_at_a_stages_ends_and_every_interval_between():
 def test_a_recall_check_says_it_starts_and_how_far_it_is():
     clock = Clock()
     lines = ProgressLines(every_s=10.0, clock=clock)
-    assert lines.check(RecallProgress("pretrain", 0, 0, 40, True)) == "pretrain: checking recall, 0 of 40 prompts"
+    assert lines.check(RecallProgress("pretrain", 0, 0, 40, True)) == "pretrain: checking recall of 40 prompts"
     clock.t = 5.0
     assert lines.check(RecallProgress("pretrain", 0, 16, 40, True)) is None
     clock.t = 12.0
     assert lines.check(RecallProgress("pretrain", 0, 32, 40, True)) == "pretrain: checking recall, 32 of 40 prompts"
     assert lines.check(RecallProgress("pretrain", 0, 40, 40, True)) is None  # its end: the stage's report says it
     clock.t = 13.0
-    assert lines.check(RecallProgress("dialogues", 0, 0, 8, True)).startswith("dialogues: checking recall, 0 of 8")
+    assert lines.check(RecallProgress("dialogues", 0, 0, 8, True)) == "dialogues: checking recall of 8 prompts"
+    clock.t = 14.0  # a check with nothing to ask says nothing
+    assert lines.check(RecallProgress("dialogues", 0, 0, 0, True)) is None
+    assert lines.check(RecallProgress("dialogues", 0, 1, 1, True)) == "dialogues: checking recall of 1 prompt"
 
 
 def small_data(tmp_path) -> Path:
@@ -74,7 +77,7 @@ def test_training_prints_progress_lines_when_its_output_is_not_a_terminal(tmp_pa
                  "--pretrain-steps", "3", "--tune-steps", "2"]) == 0
     out = capsys.readouterr().out
     for line in ("pretrain step 1/3: loss ", "pretrain step 3/3: loss ", "dialogues step 1/2: loss ", "dialogues step 2/2: loss ",
-                 "pretrain: checking recall, 0 of "):
+                 "pretrain: checking recall of "):
         assert line in out
     assert "━" not in out  # no bar drawn at the end instead
 
