@@ -708,10 +708,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():  # a folder: write <model name>.gguf inside it
         out = out / (Path(args.model).resolve().stem + ".gguf")
+    earlier = _gguf_file_type(out)  # the app replaces its own earlier export: say so, and what it was
     result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
     for note in getattr(result, "notes", []) or []:
         print(f"note: {note}")
-    print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype})")
+    replaced = f"; replaced the earlier {earlier} export" if earlier else ""
+    print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype}{replaced})")
     if result.modelfile:
         import shlex
 
@@ -720,6 +722,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
               f"{shlex.quote(str(result.modelfile))})")
     return 0
+
+
+def _gguf_file_type(path: Path) -> str | None:
+    """What an existing GGUF file at ``path`` holds, as "q8_0" or "f32" (its ``general.file_type``, llama.cpp's
+    ``llama_ftype``), "GGUF" when it has none; None when there is no file there."""
+    if not path.is_file():
+        return None
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(path).get_field(gguf.Keys.General.FILE_TYPE)
+        return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+    except Exception:  # unreadable or without a file type: export_gguf decides whether it may be replaced
+        return "GGUF"
 
 
 def _export_adapter(args: argparse.Namespace) -> int:
