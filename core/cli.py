@@ -403,6 +403,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         for lk in locks:
             lk.release()
         return _fail(str(e))
+    from core.atomic import recover_folder
+
+    for folder in dict.fromkeys([out] + ([Path(args.resume)] if args.resume else [])):
+        recover_folder(folder)  # the writer finishes what a cut save left (a finished run is not saved again)
     try:
         return _train(args, out)
     finally:
@@ -438,7 +442,8 @@ def _run_request(args):
                       general_questions=questions, auto=auto,
                       time_budget_s=60.0 * args.time_budget if args.time_budget else 0.0,
                       vocab_size=args.vocab_size or ModelConfig.vocab_size, adjust=_plan_adjust(args),
-                      learn_heldout=bool(args.learn_heldout), save_at_end=True, preset=args.preset)
+                      learn_heldout=bool(args.learn_heldout), preset=args.preset, save_at_end=True,
+                      resume_in_place=bool(args.resume) and Path(args.resume) == Path(args.out or args.resume).resolve())
 
 
 def _plan_adjust(args):
@@ -529,7 +534,7 @@ def _finish(done, out: Path, recall_stopped) -> int:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
               f"{out} (continue with: opencl-llm train --resume {out})")
         return 130
-    print(f"model saved to {out}")
+    print(f"model saved to {out}" if done.checkpoint else f"model unchanged in {out}")
     if done.verdict:
         print(done.verdict.replace(" — try the model on the Chat tab", ""))
         if done.advice:

@@ -60,8 +60,11 @@ class RunRequest:
             ``learn_heldout`` trains the fact questions the plan holds out.
         val_every: None: no validation loss; 0: at each stage end; N: also every N steps.
         save_at_end: save once more at the end (and on a stop before the first step) when the trainer's
-            state (stage, step, AdamW step) is not the last save's, e.g. a resumed run with nothing left
-            to train (``train`` does; the app keeps the checkpoint it has).
+            state (stage, step, AdamW step, dataset) is not the last save's, e.g. a resumed run with nothing
+            left to train saving into another folder, or continuing on new data with nothing to train on it
+            (``train`` does; the app keeps the checkpoint it has).
+        resume_in_place: the run saves into the folder it resumes, so the resumed state counts as saved
+            (a finished run resumed there is not written again).
         preset: the preset's name for the verdict's advice (the plan's when ``auto``).
         plan_s: ``(run_s, first_run_s)`` of a plan made before (the app's Auto plan) for RunStarted.
     """
@@ -84,6 +87,7 @@ class RunRequest:
     learn_heldout: bool = False
     val_every: int | None = None
     save_at_end: bool = False
+    resume_in_place: bool = False
     preset: str | None = None
     plan_s: tuple[float, float] | None = None
 
@@ -124,7 +128,7 @@ class Run:
         self._stop = False
         self._replay = None  # core.known.Replay of a fine-tune's general questions
         self._resident_before: int | None = None  # a fine-tune's resident bytes before its trainer
-        self._saved_state: tuple[int, int, int] | None = None  # (stage, step, AdamW step) of the last save
+        self._saved_state: tuple | None = None  # Run._state of the last save
 
     def request_stop(self) -> None:
         """Stop after the step in progress (or the recall prompt), with a checkpoint (thread-safe flag)."""
@@ -149,7 +153,7 @@ class Run:
             trainer.request_stop()
         yield from self._started(dev, trainer, base, (builds, build_s))
         if self._stop:
-            if self.request.save_at_end:
+            if self.request.save_at_end and self._saved_state != self._state(trainer):
                 self._save(trainer, False)
             yield self._done(True, None)
             return
@@ -215,6 +219,10 @@ class Run:
         if earlier is not None and trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
             yield LogEvent("INFO", f"continuing on a new dataset ({count_words(len(trainer.dataset.facts), 'fact')}, "
                                    f"{count_words(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
+        if req.resume_in_place:  # what the folder holds: the trainer's position, and the data it was saved with
+            new_data = earlier is not None and trainer.previous_dataset_hashes != earlier
+            self._saved_state = (*self._state(trainer)[:3],
+                                 trainer.previous_dataset_hashes[-1] if new_data else trainer.dataset_hash)
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         yield LogEvent("INFO", f"resuming {req.resume} at {where}")
@@ -327,14 +335,18 @@ class Run:
         except TrainingDiverged:
             self._save(trainer, False)  # the weights of the last good step are kept
             raise
-        changed = self._saved_state != (trainer.stage_index, trainer.stage_step, trainer.model.adam_step)
-        if (stopped and progressed) or (self.request.save_at_end and changed):
+        if (stopped and progressed) or (self.request.save_at_end and self._saved_state != self._state(trainer)):
             self._save(trainer, False)
         yield self._done(stopped, final)
 
+    @staticmethod
+    def _state(trainer: Trainer) -> tuple[int, int, int, str]:
+        """What a save records of the run's progress: (stage, step, AdamW step, dataset hash)."""
+        return trainer.stage_index, trainer.stage_step, trainer.model.adam_step, trainer.dataset_hash
+
     def _save(self, trainer: Trainer, stage_end: bool) -> None:
         self.saved = self.hooks.save(trainer, stage_end)
-        self._saved_state = (trainer.stage_index, trainer.stage_step, trainer.model.adam_step)
+        self._saved_state = self._state(trainer)
 
     @staticmethod
     def _validation(trainer: Trainer, stage: Stage, global_step: int) -> ValidationLoss:

@@ -33,6 +33,22 @@ def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):
     assert "cannot change when resuming" in capsys.readouterr().err
 
 
+def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys):
+    """A finished run resumed into its own folder has nothing to train: its checkpoint is not written again
+    (it was, and the output said "model saved"); resumed into another folder, it is saved there."""
+    out = tmp_path / "run"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1") == 0
+    before = {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()}
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "-q"]) == 0
+    shown = capsys.readouterr().out
+    assert "nothing left to train" in shown and f"model unchanged in {out}" in shown and "model saved" not in shown
+    assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()} == before
+    assert main(["train", "--resume", str(out), "--out", str(tmp_path / "copy"), "-q"]) == 0
+    assert f"model saved to {tmp_path / 'copy'}" in capsys.readouterr().out
+    assert stage_state(tmp_path / "copy") == stage_state(out)
+
+
 def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
