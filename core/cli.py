@@ -664,7 +664,16 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.model import Model
     from core.recall import recall_check, sampled, tally
 
+    from core.checkpoint_meta import DATASET_FILE
+
     loaded = load_model(args.model)
+    if args.data is None:  # a checkpoint folder: the dataset it was trained on
+        own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
+        if own is None or not own.is_file():
+            return _fail(f"{args.model}: has no dataset of its own (a checkpoint folder keeps the one it was trained "
+                         "on); give the dataset to check with --data FILE")
+        args.data = own
+        print(f"checking the dataset it was trained on ({Path(args.model) / DATASET_FILE})")
     notes: list[str] = []
     dataset, problems = load_dataset(args.data, notes)
     for p in [*notes, *problems]:
@@ -965,7 +974,8 @@ def _add_recall(sub) -> None:
                        "training.")
     s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
                    f"(default: {DEFAULT_MODEL_DIR})")
-    s.add_argument("--data", required=True, help="dataset file whose dialogues (and facts) to check")
+    s.add_argument("--data", help="dataset file whose dialogues (and facts) to check (default: a checkpoint "
+                   "folder's own, the dataset it was trained on)")
     s.add_argument("--device", help="device index or name")
     s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
     s.set_defaults(func=cmd_recall)

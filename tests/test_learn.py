@@ -328,6 +328,18 @@ def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, devi
     assert main(["recall", "--model", str(model), "--data", str(data), "--device", str(device.info.index)]) == 0
     last = capsys.readouterr().out.splitlines()[-1]  # (whether the model knows the cat does not matter here)
     assert re.fullmatch(r"[01] of 1 facts \([0-9.]+ %\); not checked: 1 too long for the context to check", last), last
+    # without --data a checkpoint folder is checked on the dataset it was trained on; a .gguf has none
+    assert main(["recall", "--model", str(model), "--device", str(device.info.index)]) == 0
+    out = capsys.readouterr().out
+    assert f"({model / 'dataset.json'})" in out.splitlines()[0]
+    assert main(["recall", "--model", str(model), "--data", str(model / "dataset.json"),
+                 "--device", str(device.info.index)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == out.splitlines()[-2:]
+    gguf = tmp_path / "m.gguf"
+    assert main(["export", "--model", str(model), "--out", str(gguf)]) == 0
+    capsys.readouterr()
+    assert main(["recall", "--model", str(gguf)]) == 2
+    assert "m.gguf: has no dataset of its own" in capsys.readouterr().err
 
 
 def test_patience_waits_for_the_planned_steps(device):
