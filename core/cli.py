@@ -416,7 +416,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _run_request(args):
     """``train``'s options as a core.run.RunRequest; raises ValueError for options that do not go together
-    (a bad setting: "invalid setting FIELD: ...")."""
+    (a bad setting: "--OPTION: ...", :func:`_setting_error`)."""
     from core.checkpoint import load_checkpoint
     from core.config import ConfigError, ModelConfig
     from core.run import RunRequest
@@ -435,7 +435,7 @@ def _run_request(args):
         elif not auto:
             mc, tc = _configs(args)
     except ConfigError as e:
-        raise ValueError(f"invalid setting {e}") from None
+        raise _setting_error(e, args) from None
     return RunRequest(device=args.device, dataset=_load_data(args.data) if args.data else None, model_config=mc,
                       train_config=tc, resume=args.resume, allow_new_data=args.allow_new_data, base=args.base,
                       context_length=args.context_length, lora=lora, lora_base=args.lora_base,
@@ -454,9 +454,23 @@ def _plan_adjust(args):
         try:
             return _configs(args, (mc, tc))
         except ConfigError as e:
-            raise ValueError(f"invalid setting {e}") from None
+            raise _setting_error(e, args) from None
 
     return adjust
+
+
+_OPTION_OF_FIELD = {"pretrain.steps": "--pretrain-steps", "dialogues.steps": "--tune-steps",
+                    "pretrain.lr": "--pretrain-lr", "dialogues.lr": "--tune-lr",
+                    "pretrain.batch_size": "--batch-size", "dialogues.batch_size": "--batch-size"}
+
+
+def _setting_error(e, args) -> ValueError:
+    """A bad setting (core.config.ConfigError) as the one-line message of the option that sets it
+    ("--batch-size: must be >= 1, got 0"); a field no option of ``args`` sets keeps its own name."""
+    option = _OPTION_OF_FIELD.get(e.field) or "--" + e.field.rsplit(".", 1)[-1].replace("_", "-")
+    if hasattr(args, option[2:].replace("-", "_")):
+        return ValueError(f"{option}: {e.problem}")
+    return ValueError(f"invalid setting {e}")
 
 
 def _print_setup(ev, quiet: bool) -> None:

@@ -9,7 +9,7 @@ with :func:`check_dataclass`.
 Messages are one line. ``str(FieldError)`` is ``"name: problem"`` (the settings' form; the GUI
 highlights ``name``); a file reader names its file with :meth:`FieldError.at`:
 ``"FILE: field 'name' problem"``. The problem says what was wanted and what was got, e.g.
-``must be an integer, got a string``, ``must be within 0..2, got 7``, ``must be <= 1, got 5.0``.
+``must be an integer, got a string``, ``must be within 0..2, got 7``, ``must be >= 1, got 0``, ``must be <= 1, got 5.0``.
 
 This module imports nothing of the project, so every other module may use it.
 """
@@ -54,8 +54,9 @@ def whole(minimum: int | None = 0, maximum: int | None = None) -> Check:
         if not isinstance(value, int) or isinstance(value, bool):
             raise FieldError(name, f"must be an integer, got {kind(value)}")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            low, high = "" if minimum is None else minimum, "" if maximum is None else maximum
-            raise FieldError(name, f"must be within {low}..{high}, got {value}")
+            bound = (f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None
+                     else f"within {minimum}..{maximum}")
+            raise FieldError(name, f"must be {bound}, got {value}")
         return value
     return check
 

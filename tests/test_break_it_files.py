@@ -312,7 +312,7 @@ CASES = [
     Case("config-version-true", _ck_edited(version=True), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
          "field 'version' must be an integer, got a boolean"),
     Case("config-version-negative", _ck_edited(version=-5), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
-         "field 'version' must be within 1.., got -5"),
+         "field 'version' must be >= 1, got -5"),
     Case("config-version-99", _ck_edited(version=99), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],
          "field 'version' is 99: written by a newer app version"),
     Case("config-without-weights-hash", _ck_edited(weights_sha256=None), ["chat", "--model", "{ws}/ck", "--prompt", "hi"],

@@ -70,7 +70,7 @@ def test_meta_round_trip_and_current_version(ck):
     (lambda d: d | {"model": d["model"] | {"rope_theta": 1e-30}}, "field 'model.rope_theta' must be >= 1"),
     (lambda d: d | {"model": {k: v for k, v in d["model"].items() if k != "d_model"}}, "field 'model.d_model' is missing"),
     (lambda d: d | {"stage_index": 7}, "field 'stage_index' must be within 0..2, got 7"),
-    (lambda d: d | {"stage_step": -1}, "field 'stage_step' must be within"),
+    (lambda d: d | {"stage_step": -1}, "field 'stage_step' must be >= 0, got -1"),
     (lambda d: d | {"adam_step": "6"}, "field 'adam_step' must be an integer, got a string"),
     (lambda d: d | {"format": "other"}, "field 'format' is 'other'"),
     (lambda d: d | {"version": 99}, "field 'version' is 99: written by a newer app version"),
@@ -214,9 +214,9 @@ def test_out_folder_with_user_files_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, message", [
-    (["--pretrain-lr", "1e308", "--tune-lr", "1e308"], "pretrain.lr: must be <= 1"),
-    (["--tune-lr", "1e30"], "dialogues.lr: must be <= 1"),
-    (["--rope-theta", "1e-30"], "rope_theta: must be >= 1"),
+    (["--pretrain-lr", "1e308", "--tune-lr", "1e308"], "--pretrain-lr: must be <= 1"),
+    (["--tune-lr", "1e30"], "--tune-lr: must be <= 1"),
+    (["--rope-theta", "1e-30"], "--rope-theta: must be >= 1"),
 ])
 def test_learning_rate_and_rope_theta_bounds(tmp_path, capsys, flag, message):
     assert message in one_line_error(capsys, main(["train", *flag, "--out", str(tmp_path / "o"), "-q"]))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 
 from core.cli import main
 
@@ -47,6 +48,22 @@ def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys
     assert main(["train", "--resume", str(out), "--out", str(tmp_path / "copy"), "-q"]) == 0
     assert f"model saved to {tmp_path / 'copy'}" in capsys.readouterr().out
     assert stage_state(tmp_path / "copy") == stage_state(out)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    (["--tune-steps", "-3"], "--tune-steps: must be >= 0, got -3"),
+    (["--pretrain-lr", "-1"], "--pretrain-lr: must be > 0"),
+    (["--n-heads", "5"], "--n-heads: d_model (32) must be divisible by n_heads (5)"),
+    (["--context-length", "1"], "--context-length: must be within 2..8192, got 1"),
+])
+def test_a_bad_setting_names_its_option(tmp_path, capsys, options, message):
+    """Settings errors name the option the user typed, not the config's field (it said
+    'invalid setting pretrain.batch_size: must be within 1.., got 0'); nothing is written."""
+    assert train(tmp_path, "--out", str(tmp_path / "m"), *options) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"opencl-llm: error: {message}"), err
+    assert not (tmp_path / "m").exists()
 
 
 def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):

@@ -12,7 +12,8 @@ from core.schema import (MISSING, FieldError, check_dataclass, flag, items, mapp
 
 @pytest.mark.parametrize("check, value, message", [
     (whole(0, 2), 7, "x: must be within 0..2, got 7"),
-    (whole(1), -5, "x: must be within 1.., got -5"),
+    (whole(1), -5, "x: must be >= 1, got -5"),
+    (whole(None, 3), 4, "x: must be <= 3, got 4"),
     (whole(), "6", "x: must be an integer, got a string"),
     (whole(), True, "x: must be an integer, got a boolean"),
     (number(above=0, maximum=1, why="a share"), 5, "x: must be <= 1 (a share), got 5"),
