@@ -732,11 +732,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
     args.dtype = args.dtype or "f32"
-    loaded = load_model(args.model)
     out = Path(args.out)
     if out.is_dir():  # a folder: write <model name>.gguf inside it
         out = out / (Path(args.model).resolve().stem + ".gguf")
-    earlier = _gguf_file_type(out)  # the app replaces its own earlier export: say so, and what it was
+    if why := _existing_exports(out, args):
+        return _fail(why)
+    loaded = load_model(args.model)
+    earlier = _gguf_file_type(out)  # with --overwrite: what the replaced export was
     result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
     for note in getattr(result, "notes", []) or []:
         print(f"note: {note}")
@@ -750,6 +752,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
               f"{shlex.quote(str(result.modelfile))})")
     return 0
+
+
+def _existing_exports(gguf_path: Path, args: argparse.Namespace) -> str | None:
+    """``export``'s refusal to replace a file that exists (the .gguf, and its Modelfile with --modelfile) unless
+    ``--overwrite``: a user's earlier export, or a Modelfile they edited, is theirs. A file this app did not write
+    is refused even then (core.checkpoint_meta.check_export_target). None when nothing would be replaced."""
+    if args.overwrite:
+        return None
+    targets = [gguf_path] + ([gguf_path.with_name(gguf_path.stem + ".Modelfile")] if args.modelfile else [])
+    found = [p for p in targets if p.is_file()]
+    if not found:
+        return None
+    what = " and ".join(str(p) for p in found)
+    return (f"{what}: {'exists' if len(found) == 1 else 'exist'}; give --overwrite to replace "
+            f"{'it' if len(found) == 1 else 'them'}, or another --out")
 
 
 def _gguf_file_type(path: Path) -> str | None:
@@ -774,6 +791,10 @@ def _export_adapter(args: argparse.Namespace) -> int:
 
     if args.dtype not in (None, "f32"):
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
+    out = Path(args.out)  # export_adapter_gguf's file name: .gguf appended when missing
+    if args.format != "hf" and (why := _existing_exports(
+            out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf"), args)):
+        return _fail(why)
     loaded = load_model(args.model)
     if args.format == "hf":
         folder = export_peft(loaded, args.out)
@@ -1010,6 +1031,8 @@ def _add_export(sub) -> None:
                    "(default); f16: half the size; q8_0: about a quarter, slightly less exact; q4_0: about an "
                    "eighth, noticeably less exact")
     s.add_argument("--modelfile", action="store_true", help="also write an Ollama Modelfile next to it")
+    s.add_argument("--overwrite", action="store_true", help="replace an earlier export of this app at --out (and "
+                   "its Modelfile); a file the app did not write is never replaced")
     s.add_argument("--adapter", action="store_true", help="a LoRA run (train --lora): write only its adapter, as "
                    "llama.cpp's adapter GGUF (--modelfile: FROM the base, ADAPTER the file), or with --format hf "
                    "a PEFT folder; without --adapter the base with the adapter merged in is exported")

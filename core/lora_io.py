@@ -123,6 +123,7 @@ def _write_adapter_modelfile(adapter_path: Path, loaded: LoadedModel) -> Path:
     lines = [f"{MODELFILE_HEADER}: the base model with the LoRA adapter",
              f"# {ollama_create_command(adapter_path)} && ollama run {ollama_name(adapter_path)}",
              f"FROM {base}", f"ADAPTER ./{adapter_path.name}", "PARAMETER temperature 0",
+             "PARAMETER repeat_penalty 1",  # as the merged export's: the app's chat applies none
              f"PARAMETER num_ctx {loaded.config.context_length}"]
     path = adapter_path.with_name(adapter_path.stem + ".Modelfile")
     atomic_write(path, "\n".join(lines) + "\n")

@@ -238,7 +238,7 @@ def test_two_writers_on_one_folder_and_a_stale_lock(tmp_path):
 def test_lr_1e308_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "ck"
     rc, _, err = run("train", *TINY, "--overwrite", "--pretrain-lr", "1e308", "--tune-lr", "1e308", "--out", str(out))
-    assert "pretrain.lr: must be <= 1" in assert_one_line_error(rc, err)
+    assert "--pretrain-lr: must be <= 1" in assert_one_line_error(rc, err)
     assert not out.exists()
 
 
@@ -276,11 +276,11 @@ def test_export_killed_before_its_rename_keeps_the_old_file(tmp_path):
     rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path))
     assert rc == 0, err
     before = gguf_path.read_bytes()
-    rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16",
+    rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16", "--overwrite",
                      env={CRASH_ENV: "3"})  # core.atomic.atomic_path: create, fsync, then the rename into place
     assert rc == -signal.SIGKILL, err
     assert gguf_path.read_bytes() == before and len(list(tmp_path.glob(".m.gguf.*.tmp"))) == 1
-    rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16")
+    rc, _, err = run("export", "--model", str(FIXTURE), "--out", str(gguf_path), "--dtype", "f16", "--overwrite")
     assert rc == 0 and gguf_path.read_bytes() != before, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # the leftover is gone
     report("export", {"kill_before_rename": 3})

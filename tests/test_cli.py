@@ -230,8 +230,12 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     assert main(["export", "--model", str(out), "--out", str(folder)]) == 0
     assert (folder / "model.gguf").is_file()
     assert "replaced" not in capsys.readouterr().out
-    # the app's own earlier export is replaced, and the output says so and what it was
-    assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0"]) == 0
+    # an earlier export (the app's own) is replaced only with --overwrite, and the output says what it was
+    before = (folder / "model.gguf").read_bytes()
+    assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0"]) == 2
+    assert "model.gguf: exists; give --overwrite to replace it" in capsys.readouterr().err
+    assert (folder / "model.gguf").read_bytes() == before
+    assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0", "--overwrite"]) == 0
     assert "q8_0; replaced the earlier f32 export" in capsys.readouterr().out
     lines = "Where is Brindlewick?\n" + "word " * 200 + "\n\udce9t\u00e9?\n/exit\nnever read\n"
     monkeypatch.setattr("sys.stdin", TerminalInput(lines))

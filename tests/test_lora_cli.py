@@ -102,6 +102,12 @@ def test_adapter_gguf_logits_in_llama_cpp_equal_ours(lora_run, f32_base, tmp_pat
     del r
     mf = (tmp_path / "adapter.Modelfile").read_text()
     assert f"FROM {f32_base.resolve()}" in mf and "ADAPTER ./adapter.gguf" in mf
+    assert "PARAMETER repeat_penalty 1" in mf.splitlines()  # Ollama's default is 1.1; the app's chat has none
+    (tmp_path / "adapter.Modelfile").write_text(mf + "# my own line\n")  # an earlier export, edited: kept
+    assert main(["export", "--model", str(lora_run), "--adapter", "--modelfile", "--out", str(ad)]) == 2
+    assert (tmp_path / "adapter.Modelfile").read_text().endswith("# my own line\n")
+    assert main(["export", "--model", str(lora_run), "--adapter", "--modelfile", "--out", str(ad), "--overwrite"]) == 0
+    assert (tmp_path / "adapter.Modelfile").read_text() == mf
     ck = load_checkpoint(lora_run)
     ids = ck.tokenizer.encode(PROMPT, parse_special=True)
     ours = _ours(ck, ids)
