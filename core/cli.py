@@ -104,9 +104,7 @@ def _configs(args, planned=None):
                "grad_accum": getattr(args, "grad_accum", None),
                "freeze_embeddings": True if getattr(args, "freeze_embeddings", False) else None}
     tc = replace(tc, pretrain=pre, dialogues=tune, **{k: v for k, v in tfields.items() if v is not None})
-    if args.time_budget is not None:
-        tc = replace(tc, time_budget_s=60.0 * args.time_budget)
-    return mc, tc
+    return mc, replace(tc, **_budget(args))
 
 
 _MODEL_OPTIONS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "context_length", "rope_theta",
@@ -130,7 +128,7 @@ def _resume_config(args, saved):
                  "batch_size": args.batch_size}
         stages[stage.value] = replace(getattr(saved, stage.value), **{k: v for k, v in given.items() if v is not None})
     extra = {k: getattr(args, k) for k in ("replay_share", "grad_clip", "weight_decay") if getattr(args, k) is not None}
-    tc = replace(saved, **stages, **extra)
+    tc = replace(saved, **stages, **extra, **_budget(args))
     if getattr(args, "learn_heldout", False):
         from core.plan import with_heldout_trained
 
@@ -270,7 +268,13 @@ def _base_config(args):
         steps, lr = getattr(args, f"{stage.flag}_steps"), getattr(args, f"{stage.flag}_lr")
         given = {k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None}
         stages[stage.value] = replace(getattr(tc, stage.value), **given)
-    return replace(tc, **stages)
+    return replace(tc, **stages, **_budget(args))
+
+
+def _budget(args) -> dict:
+    """``--time-budget MIN`` as TrainConfig's ``time_budget_s`` (empty when not given): a fine-tune and a
+    resumed run stop at it as an Auto run does (core.trainer; it was ignored there)."""
+    return {"time_budget_s": 60.0 * args.time_budget} if args.time_budget is not None else {}
 
 
 def _lora_lr(args) -> float | None:

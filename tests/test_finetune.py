@@ -123,6 +123,21 @@ def test_frozen_embeddings_stay_as_the_base(tiny_base, tmp_path, capsys):
     assert not np.array_equal(ck.weights["blk.0.attn_q.weight"], base.weights["blk.0.attn_q.weight"])
 
 
+def test_a_finetune_stops_at_its_time_budget(tiny_base, tmp_path, capsys):
+    """``--time-budget`` with ``--base`` was ignored (a new user's 3 s budget ran all its steps); it now ends
+    each stage at its share of the budget, and config.json records it."""
+    import time
+
+    out, data = tmp_path / "tuned", tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    t0 = time.perf_counter()
+    assert train_base(tiny_base, out, data, "--steps", "100000", "--time-budget", "0.05") == 0
+    assert time.perf_counter() - t0 < 120
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["train"]["time_budget_s"] == pytest.approx(3.0)
+    assert 0 < meta["adam_step"] < 1000  # the steps it took (a stage ended early counts as done)
+
+
 def test_base_refuses_architecture_options(tiny_base, tmp_path, capsys):
     data = tmp_path / "data.json"
     data.write_text(json.dumps(DATA))
