@@ -918,6 +918,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unknown_options(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit (2) with ``command``'s usage and "unrecognized arguments: --lora-rnak 8 (did you mean
+    --lora-rank?)": argparse's own message came from the top-level parser, with its usage of the commands."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    hints = [m[0] for u in unknown if u.startswith("--")
+             for m in [difflib.get_close_matches(u.split("=", 1)[0], known, n=1, cutoff=0.6)] if m]
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
+
+
 def _add_devices(sub) -> None:
     """``devices``: list the OpenCL devices."""
     s = sub.add_parser("devices", help="list OpenCL devices", description="List every OpenCL device, preferred first.")
@@ -1069,7 +1081,10 @@ def _add_tokenize(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``opencl-llm``; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage and a likely meant option, not the top level's list of commands
+        _unknown_options(parser, args.command, unknown)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     from core.checkpoint import CheckpointError
     from core.config import ConfigError

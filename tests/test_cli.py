@@ -66,6 +66,19 @@ def test_a_bad_setting_names_its_option(tmp_path, capsys, options, message):
     assert not (tmp_path / "m").exists()
 
 
+def test_a_mistyped_option_gets_its_commands_usage_and_a_suggestion(capsys):
+    """argparse's own message for an unknown option came from the top-level parser (the list of commands)."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--lora-rnak", "8"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: opencl-llm train ")
+    assert err.strip().endswith("opencl-llm train: error: unrecognized arguments: --lora-rnak 8 "
+                                "(did you mean --lora-rank?)")
+    with pytest.raises(SystemExit):
+        main(["chat", "hello"])
+    assert capsys.readouterr().err.strip().endswith("opencl-llm chat: error: unrecognized arguments: hello")
+
+
 def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
