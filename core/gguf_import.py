@@ -429,6 +429,9 @@ def import_gguf(path: str | os.PathLike, tensors: Collection[str] | None = None)
         raise GGUFError(f"{source}: required key {G.ARCHITECTURE} is missing")
     if kv[G.ARCHITECTURE] != ARCH:  # before the tokenizer: the clearer reason
         model_config(kv, source, 0)
+    if kv.get(G.TYPE) == "adapter":  # llama.cpp's LoRA adapter file (ours: core.lora_io), not a model
+        raise GGUFError(f"{source}: a LoRA adapter ({G.TYPE} 'adapter'), not a model: llama.cpp loads it with "
+                        "--lora on its base model; chat with or export the run folder that wrote it")
     tokens = kv.get(Keys.Tokenizer.LIST)
     if not isinstance(tokens, list) or not tokens:
         raise GGUFError(f"{source}: required key {Keys.Tokenizer.LIST} is missing")

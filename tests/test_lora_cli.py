@@ -108,6 +108,12 @@ def test_adapter_gguf_logits_in_llama_cpp_equal_ours(lora_run, f32_base, tmp_pat
     assert (tmp_path / "adapter.Modelfile").read_text().endswith("# my own line\n")
     assert main(["export", "--model", str(lora_run), "--adapter", "--modelfile", "--out", str(ad), "--overwrite"]) == 0
     assert (tmp_path / "adapter.Modelfile").read_text() == mf
+    capsys.readouterr()
+    (tmp_path / "d.txt").write_text("The kettle costs forty dollars.\n")
+    for cmd in (["train", "--base", str(ad), "--data", str(tmp_path / "d.txt"), "--out", str(tmp_path / "no")],
+                ["chat", "--model", str(ad), "--prompt", "hi"]):  # the adapter given as a model: said so
+        assert main(cmd) == 2
+        assert "adapter.gguf: a LoRA adapter (general.type 'adapter'), not a model" in capsys.readouterr().err
     ck = load_checkpoint(lora_run)
     ids = ck.tokenizer.encode(PROMPT, parse_special=True)
     ours = _ours(ck, ids)
