@@ -735,7 +735,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         folder = export_hf(load_model(args.model), args.out)
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
-    args.dtype = args.dtype or "f32"
+    chosen, args.dtype = args.dtype, args.dtype or "f32"
     out = Path(args.out)
     if out.is_dir():  # a folder: write <model name>.gguf inside it
         out = out / (Path(args.model).resolve().stem + ".gguf")
@@ -748,6 +748,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     replaced = f"; replaced the earlier {earlier} export" if earlier else ""
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype}{replaced})")
+    if chosen is None and result.size_bytes > BIG_EXPORT_BYTES:  # the exact default of a model to share: the choice
+        print(f"note: f32 is exact; --dtype q8_0 writes about {result.size_bytes * 0.27 / 1e6:.0f} MB (slightly less "
+              "exact), q4_0 about an eighth")
     if result.modelfile:
         import shlex
 
@@ -756,6 +759,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
               f"{shlex.quote(str(result.modelfile))})")
     return 0
+
+
+BIG_EXPORT_BYTES = 100e6
+"""An F32 export by default larger than this gets a note on --dtype (SmolLM2-135M: 540 MB, its Q8_0 145 MB)."""
 
 
 def _existing_exports(gguf_path: Path, args: argparse.Namespace) -> str | None:

@@ -240,16 +240,19 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "3") == 0
     folder = tmp_path / "exports"
     folder.mkdir()
+    monkeypatch.setattr("core.cli.BIG_EXPORT_BYTES", 1000)  # every export is "big": the default's note
     assert main(["export", "--model", str(out), "--out", str(folder)]) == 0
     assert (folder / "model.gguf").is_file()
-    assert "replaced" not in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "replaced" not in shown and "note: f32 is exact; --dtype q8_0 writes about " in shown
     # an earlier export (the app's own) is replaced only with --overwrite, and the output says what it was
     before = (folder / "model.gguf").read_bytes()
     assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0"]) == 2
     assert "model.gguf: exists; give --overwrite to replace it" in capsys.readouterr().err
     assert (folder / "model.gguf").read_bytes() == before
     assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0", "--overwrite"]) == 0
-    assert "q8_0; replaced the earlier f32 export" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "q8_0; replaced the earlier f32 export" in shown and "note:" not in shown  # a dtype chosen: no note
     lines = "Where is Brindlewick?\n" + "word " * 200 + "\n\udce9t\u00e9?\n/exit\nnever read\n"
     monkeypatch.setattr("sys.stdin", TerminalInput(lines))
     assert main(["chat", "--model", str(out), "--max-tokens", "4"]) == 0
