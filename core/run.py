@@ -353,6 +353,15 @@ class Run:
         losses = trainer.validation_loss()
         return ValidationLoss(global_step, stage, losses.get("facts"), losses.get("dialogues"))
 
+    def _without_replay(self, final: StageReport) -> StageReport:
+        """``final`` with its answers and conversation counts of the user's dialogues only: the replayed general
+        questions (core.known, appended after them) have their own line, "general questions: n of N answered as
+        before", and were counted as answers too ("14 of 14 answers" of a dataset with 4 dialogues)."""
+        from dataclasses import replace
+
+        first = self._replay.first_dialogue
+        return replace(final, recall=tuple(r for r in final.recall if r.kind not in ("dialogue", "chat") or r.index < first))
+
     def _done(self, stopped: bool, final: StageReport | None) -> RunDone:
         """:class:`RunDone` with the verdict of the last stage's full recall table (core.plan.verdict_of)."""
         from core.plan import verdict_of
@@ -361,10 +370,11 @@ class Run:
         v, general = None, ""
         if final is not None and (final.recall or any(final.recall_left_out.values())) and not final.recall_stopped:
             preset = self.plan.preset if self.plan is not None else self.request.preset
-            v = verdict_of(final, t.train_config.recall_target, preset)
             if self._replay is not None and self._replay.pairs:
                 from core.known import verdict_line
 
                 general = verdict_line(final.recall, self._replay)
+                final = self._without_replay(final)
+            v = verdict_of(final, t.train_config.recall_target, preset)
         return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
                        v.learned if v else False, v.text if v else "", v.advice if v else "", general)

@@ -55,3 +55,22 @@ def test_smollm2_with_a_fresh_adapter_answers_every_general_question_as_before(d
                       weights=base.weights, lora=LoRAConfig())
     items = trainer.recall(("dialogue",))
     assert answered_as_before(items, replay) == (len(pairs), len(pairs))
+
+
+def test_the_verdict_counts_the_users_dialogues_and_the_general_questions_apart():
+    """A fine-tune's verdict said "14 of 14 answers" of a dataset with 4 dialogues: the 10 replayed general
+    questions were counted as answers too, besides their own line (a new user's trial)."""
+    from core.events import StageReport
+    from core.run import Run
+
+    ds = Dataset(facts=["A fact."], dialogues=[Dialogue(turns=[("Q?", "A.")])])
+    _, replay = with_replay(ds, [("What is the capital of France?", "Paris."), ("Who?", "Me.")])
+    recall = (RecallItem("fact", 0, "A", "fact.", "fact.", True), RecallItem("dialogue", 0, "Q?", "A.", "A.", True),
+              RecallItem("dialogue", 1, "What?", "Paris.", "Paris.", True),
+              RecallItem("dialogue", 2, "Who?", "Me.", "You.", False), RecallItem("chat", 0, "Q?", "A.", "B.", False),
+              RecallItem("chat", 2, "Who?", "Me.", "Me.", True))
+    run = Run.__new__(Run)
+    run._replay = replay
+    own = run._without_replay(StageReport("dialogues", 3, False, recall))
+    assert own.dialogues_recalled == (1, 1) and own.chat_recalled == (0, 1) and own.facts_recalled == (1, 1)
+    assert verdict_line(list(recall), replay) == "general questions: 1 of 2 answered as before"
