@@ -677,12 +677,11 @@ def cmd_recall(args: argparse.Namespace) -> int:
     """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
     device, core.recall): e.g. questions held out of training."""
     from core.checkpoint import load_model
+    from core.checkpoint_meta import DATASET_FILE
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
     from core.recall import recall_check, sampled, tally
-
-    from core.checkpoint_meta import DATASET_FILE
 
     loaded = load_model(args.model)
     if args.data is None:  # a checkpoint folder: the dataset it was trained on
