@@ -722,7 +722,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
-    from core.gguf_io import export_gguf
+    from core.gguf_io import export_gguf, gguf_path
 
     if args.adapter:
         return _export_adapter(args)
@@ -736,8 +736,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     chosen, args.dtype = args.dtype, args.dtype or "f32"
     out = Path(args.out)
-    if out.is_dir():  # a folder: write <model name>.gguf inside it
-        out = out / (Path(args.model).resolve().stem + ".gguf")
+    # a folder: <model name>.gguf inside it; else the file export_gguf writes (".gguf" added when missing)
+    out = out / (Path(args.model).resolve().stem + ".gguf") if out.is_dir() else gguf_path(out)
     if why := _existing_exports(out, args):
         return _fail(why)
     loaded = load_model(args.model)
@@ -764,13 +764,14 @@ BIG_EXPORT_BYTES = 100e6
 """An F32 export by default larger than this gets a note on --dtype (SmolLM2-135M: 540 MB, its Q8_0 145 MB)."""
 
 
-def _existing_exports(gguf_path: Path, args: argparse.Namespace) -> str | None:
-    """``export``'s refusal to replace a file that exists (the .gguf, and its Modelfile with --modelfile) unless
+def _existing_exports(target: Path, args: argparse.Namespace) -> str | None:
+    """``export``'s refusal to replace a file that exists (``target``, the .gguf file the export writes, and its
+    Modelfile with --modelfile) unless
     ``--overwrite``: a user's earlier export, or a Modelfile they edited, is theirs. A file this app did not write
     is refused even then (core.checkpoint_meta.check_export_target). None when nothing would be replaced."""
     if args.overwrite:
         return None
-    targets = [gguf_path] + ([gguf_path.with_name(gguf_path.stem + ".Modelfile")] if args.modelfile else [])
+    targets = [target] + ([target.with_name(target.stem + ".Modelfile")] if args.modelfile else [])
     found = [p for p in targets if p.is_file()]
     if not found:
         return None
@@ -797,13 +798,12 @@ def _export_adapter(args: argparse.Namespace) -> int:
     """``export --adapter``: a LoRA checkpoint's adapters as llama.cpp's adapter GGUF (with --modelfile an
     Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
     from core.checkpoint import load_model
+    from core.gguf_io import gguf_path
     from core.lora_io import export_adapter_gguf, export_peft
 
     if args.dtype not in (None, "f32"):
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
-    out = Path(args.out)  # export_adapter_gguf's file name: .gguf appended when missing
-    if args.format != "hf" and (why := _existing_exports(
-            out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf"), args)):
+    if args.format != "hf" and (why := _existing_exports(gguf_path(args.out), args)):  # the file it writes
         return _fail(why)
     loaded = load_model(args.model)
     if args.format == "hf":

@@ -224,12 +224,17 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     return ExportResult(out, size, mf, tuple(notes))
 
 
-def _export_target(out_path: str | os.PathLike, replace: bool = False) -> Path:
-    """The ``.gguf`` path to write (the suffix added when missing), checked: never inside a
-    checkpoint folder (its next save would delete the file), into a folder that exists."""
+def gguf_path(out_path: str | os.PathLike) -> Path:
+    """The file an export to ``out_path`` writes: ``out_path`` with ``.gguf`` appended unless it ends so
+    ("model" and "v1.0" -> "model.gguf", "v1.0.gguf"); its Modelfile is ``<that stem>.Modelfile``."""
     out = Path(out_path)
-    if out.suffix.lower() != ".gguf":
-        out = out.with_name(out.name + ".gguf")
+    return out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf")
+
+
+def _export_target(out_path: str | os.PathLike, replace: bool = False) -> Path:
+    """The ``.gguf`` path to write (:func:`gguf_path`), checked: never inside a checkpoint folder (its
+    next save would delete the file), into a folder that exists."""
+    out = gguf_path(out_path)
     check_export_target(out, replace)
     if not out.parent.is_dir():
         raise GGUFError(f"{out.parent}: folder does not exist")
@@ -482,4 +487,4 @@ def _write_modelfile(gguf_path: Path, config: ModelConfig, ours: bool = True) ->
     return path
 
 
-__all__ = ["GGUFError", "ExportResult", "export_gguf", "import_gguf", "read_fields", "META_PREFIX"]
+__all__ = ["GGUFError", "ExportResult", "export_gguf", "gguf_path", "import_gguf", "read_fields", "META_PREFIX"]

@@ -72,8 +72,9 @@ def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelf
         writable, disk full (nothing is left behind).
     """
     lora, adapter = _adapter_of(loaded)
-    out = Path(out_path)
-    out = out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf")
+    from core.gguf_io import gguf_path
+
+    out = gguf_path(out_path)
     check_export_target(out, replace)
     if modelfile:
         check_export_target(out.with_name(out.stem + ".Modelfile"), replace)

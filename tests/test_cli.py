@@ -253,6 +253,16 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     assert main(["export", "--model", str(out), "--out", str(folder), "--dtype", "q8_0", "--overwrite"]) == 0
     shown = capsys.readouterr().out
     assert "q8_0; replaced the earlier f32 export" in shown and "note:" not in shown  # a dtype chosen: no note
+    # --out without ".gguf" names the same files (export adds the suffix): "v1.0" -> v1.0.gguf, v1.0.Modelfile
+    assert main(["export", "--model", str(out), "--out", str(folder / "v1.0"), "--modelfile"]) == 0
+    (folder / "v1.0.Modelfile").write_text((folder / "v1.0.Modelfile").read_text() + "# my edit\n")
+    capsys.readouterr()
+    for target in (folder / "v1.0", folder / "model"):
+        assert main(["export", "--model", str(out), "--out", str(target), "--modelfile", "--dtype", "q4_0"]) == 2
+        assert "exist" in capsys.readouterr().err
+    assert (folder / "v1.0.Modelfile").read_text().endswith("# my edit\n")
+    assert main(["export", "--model", str(out), "--out", str(folder / "model"), "--overwrite"]) == 0
+    assert "replaced the earlier q8_0 export" in capsys.readouterr().out
     lines = "Where is Brindlewick?\n" + "word " * 200 + "\n\udce9t\u00e9?\n/exit\nnever read\n"
     monkeypatch.setattr("sys.stdin", TerminalInput(lines))
     assert main(["chat", "--model", str(out), "--max-tokens", "4"]) == 0
