@@ -690,7 +690,9 @@ def cmd_recall(args: argparse.Namespace) -> int:
             return _fail(f"{args.model}: has no dataset of its own (a checkpoint folder keeps the one it was trained "
                          "on); give the dataset to check with --data FILE")
         args.data = own
-        print(f"checking the dataset it was trained on ({Path(args.model) / DATASET_FILE})")
+        general = (" with the base model's replayed answers to the general questions, checked as dialogues"
+                   if loaded.meta.get("base_model") else "")  # a fine-tune's dataset.json holds them (core.known)
+        print(f"checking the dataset it was trained on ({Path(args.model) / DATASET_FILE}){general}")
     notes: list[str] = []
     dataset, problems = load_dataset(args.data, notes)
     for p in [*notes, *problems]:

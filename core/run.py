@@ -250,8 +250,11 @@ class Run:
         yield LogEvent("INFO", f"base: {req.base} ({type(loaded.tokenizer).__name__}, {own})")
         dataset = yield from self._with_general_questions(dev, mc, loaded, dataset)
         self._resident_before = resident_bytes()  # the base's weights and libraries, before the device's buffers
-        return base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf",
-                            check_memory=check)
+        trainer = base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf",
+                               check_memory=check)
+        if self._replay is not None and self._replay.pairs:
+            trainer.replayed_from = self._replay.first_dialogue  # its stage lines count them apart
+        return trainer
 
     def _with_general_questions(self, dev: Device, mc: ModelConfig, loaded, dataset: Dataset):
         """``dataset`` with the base model's answers to the general questions appended (core/known.py)."""

@@ -64,14 +64,20 @@ _NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a 
          "heldout": "held-out answers"}
 
 
-def stage_line(report: StageReport) -> str:
+def stage_line(report: StageReport, replayed_from: int | None = None) -> str:
     """The log line of a stage's end: "pretrain done: facts recalled 9/10, dialogue answers 0/0" and what
-    the check left out (stopped early, only a sample)."""
-    f_ok, f_n = report.facts_recalled
-    d_ok, d_n = report.dialogues_recalled
+    the check left out (stopped early, only a sample). ``replayed_from``: the first dialogue that replays the
+    base model's answer to a general question (core.known); those are counted apart, "general questions 9/10"."""
+    own, general = list(report.recall), []
+    if replayed_from is not None:
+        general = [r for r in own if r.kind == "dialogue" and r.index >= replayed_from]
+        own = [r for r in own if r.kind not in ("dialogue", "chat") or r.index < replayed_from]
+    f_ok, f_n = tally(own, "fact")
+    d_ok, d_n = tally(own, "dialogue")
     cut = " (check stopped early)" if report.recall_stopped else ""
     cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
-    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [tally(report.recall, k)] if n)
+    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [tally(own, k)] if n)
+    more += f", general questions {sum(r.ok for r in general)}/{len(general)}" if general else ""
     return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
 
 
@@ -218,6 +224,7 @@ class Trainer:
         self.stage_step = 0  # steps done in the current stage
         self.dataset_hash = dataset_hash(dataset)
         self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
+        self.replayed_from: int | None = None  # a fine-tune's first replayed general question (core.run; stage_line)
         self._stop = False
         self._check_s = 0.0  # seconds the last recall check took
         # how fast the model decodes (core.recall.CheckSpeed, measured by core.from_base.estimate_time): the
@@ -398,7 +405,7 @@ class Trainer:
                              end_reason, {k: v for k, v in self._check_left_out.items() if v})
         if si == 0 and not self._stop and tally(table, "fact")[1]:
             self._facts_kept = tally(table, "fact")  # what pretraining ended with
-        yield LogEvent("INFO", stage_line(report))
+        yield LogEvent("INFO", stage_line(report, self.replayed_from))
         yield report
 
     def _forward_backward(self, tokens, targets, mask):

@@ -74,3 +74,9 @@ def test_the_verdict_counts_the_users_dialogues_and_the_general_questions_apart(
     own = run._without_replay(StageReport("dialogues", 3, False, recall))
     assert own.dialogues_recalled == (1, 1) and own.chat_recalled == (0, 1) and own.facts_recalled == (1, 1)
     assert verdict_line(list(recall), replay) == "general questions: 1 of 2 answered as before"
+    from core.trainer import stage_line
+
+    report = StageReport("dialogues", 3, False, recall)
+    assert stage_line(report) == "dialogues done: facts recalled 1/1, dialogue answers 2/3, answers in a conversation 1/2"
+    assert stage_line(report, replay.first_dialogue) == ("dialogues done: facts recalled 1/1, dialogue answers 1/1, "
+                                                         "answers in a conversation 0/1, general questions 1/2")
