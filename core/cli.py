@@ -501,9 +501,9 @@ def _train(args, out: Path) -> int:
         _print_setup(ev, args.quiet)
         if isinstance(ev, RunStarted):
             break
-    if run.trainer.done:
-        print(f"nothing left to train in {args.resume}: both stages are complete (give more --tune-steps "
-              "than it has done to continue)")
+    if run.trainer.done:  # a stage that ended early (learned, time budget) counts as all its planned steps done
+        print(f"nothing left to train in {args.resume}: both stages are complete (give --tune-steps above "
+              f"{run.trainer.train_config.dialogues.steps:,}, its planned steps, to continue)")
     return _follow(args, out, run, events, ctrl_c)
 
 

@@ -44,6 +44,7 @@ def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys
     assert main(["train", "--resume", str(out), "-q"]) == 0
     shown = capsys.readouterr().out
     assert "nothing left to train" in shown and f"model unchanged in {out}" in shown and "model saved" not in shown
+    assert "give --tune-steps above 1, its planned steps, to continue" in shown
     assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()} == before
     assert main(["train", "--resume", str(out), "--out", str(tmp_path / "copy"), "-q"]) == 0
     assert f"model saved to {tmp_path / 'copy'}" in capsys.readouterr().out
