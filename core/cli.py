@@ -291,11 +291,15 @@ def _lora_config(args):
         if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
             raise ValueError("--lora-rank, --lora-alpha and --lora-targets need --lora")
         return None
-    from core.lora import TARGETS, LoRAConfig
+    from core.lora import TARGETS, LoRAConfig, LoRAError
 
     targets = tuple(t for item in (args.lora_targets or [",".join(TARGETS)]) for t in item.split(",") if t)
-    return LoRAConfig(rank=LoRAConfig.rank if args.lora_rank is None else args.lora_rank,
-                      alpha=LoRAConfig.alpha if args.lora_alpha is None else args.lora_alpha, targets=targets)
+    try:
+        return LoRAConfig(rank=LoRAConfig.rank if args.lora_rank is None else args.lora_rank,
+                          alpha=LoRAConfig.alpha if args.lora_alpha is None else args.lora_alpha, targets=targets)
+    except LoRAError as e:  # named as the option that sets it ("lora rank: ..." -> "--lora-rank: ...")
+        field, _, problem = str(e).partition(": ")
+        raise ValueError(f"--{field.replace(' ', '-')}: {problem}") from None
 
 
 def _general_questions(args) -> tuple[str, ...] | None:

@@ -179,7 +179,9 @@ def test_bad_lora_input_is_one_line_and_writes_nothing(f32_base, lora_run, tmp_p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(q81) in err and "blk.0.attn_q.weight" in err and "Q8_1" in err
     assert main(["train", "--base", str(f32_base), *args, "--lora-targets", "attn_q,lm_head"]) == 2
-    assert "lora targets" in capsys.readouterr().err
+    assert "opencl-llm: error: --lora-targets: ['lm_head'] is not a list" in capsys.readouterr().err
+    assert main(["train", "--base", str(f32_base), *args, "--lora-rank", "0"]) == 2
+    assert "opencl-llm: error: --lora-rank: must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["train", *args]) == 2
     assert "--lora needs --base" in capsys.readouterr().err
     assert not out.exists()
