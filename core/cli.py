@@ -733,10 +733,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.adapter:
         return _export_adapter(args)
     if args.format == "hf":
+        from core.hf_io import FILES as HF_FILES
         from core.hf_io import export_hf
 
         if args.dtype not in (None, "f32") or args.modelfile:
             return _fail("--format hf writes float32 weights only; --dtype and --modelfile are for GGUF")
+        if why := _existing_folder(Path(args.out), args, HF_FILES):
+            return _fail(why)
         folder = export_hf(load_model(args.model), args.out)
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
@@ -786,6 +789,15 @@ def _existing_exports(target: Path, args: argparse.Namespace) -> str | None:
             f"{'it' if len(found) == 1 else 'them'}, or another --out")
 
 
+def _existing_folder(folder: Path, args: argparse.Namespace, files: tuple[str, ...]) -> str | None:
+    """``export --format hf``'s refusal to replace an earlier export (a folder holding only ``files``, what
+    such an export writes) unless ``--overwrite``, as :func:`_existing_exports`. A folder with other files is
+    refused by the export itself (core.hf_io, core.lora_io), with --overwrite too."""
+    if args.overwrite or not folder.is_dir() or not (names := {p.name for p in folder.iterdir()}) or names - set(files):
+        return None
+    return f"{folder}: holds an earlier export; give --overwrite to replace it, or another --out"
+
+
 def _gguf_file_type(path: Path) -> str | None:
     """What an existing GGUF file at ``path`` holds, as "q8_0" or "f32" (its ``general.file_type``, llama.cpp's
     ``llama_ftype``), "GGUF" when it has none; None when there is no file there."""
@@ -805,7 +817,7 @@ def _export_adapter(args: argparse.Namespace) -> int:
     Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
     from core.checkpoint import load_model
     from core.gguf_io import gguf_path
-    from core.lora_io import export_adapter_gguf, export_peft
+    from core.lora_io import PEFT_CONFIG, PEFT_WEIGHTS, export_adapter_gguf, export_peft
 
     if args.dtype not in (None, "f32"):
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
@@ -813,6 +825,8 @@ def _export_adapter(args: argparse.Namespace) -> int:
         return _fail(why)
     loaded = load_model(args.model)
     if args.format == "hf":
+        if why := _existing_folder(Path(args.out), args, (PEFT_CONFIG, PEFT_WEIGHTS)):
+            return _fail(why)
         folder = export_peft(loaded, args.out)
         print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")
         return 0

@@ -218,7 +218,9 @@ def test_cli_export_chat_and_back_to_gguf(ckpt, tmp_path, capsys):
     folder = tmp_path / "hf"
     assert main(["export", "--format", "hf", "--model", str(ckpt[0]), "--out", str(folder)]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert main(["export", "--format", "hf", "--model", str(ckpt[0]), "--out", str(folder)]) == 0  # replaces it
+    assert main(["export", "--format", "hf", "--model", str(ckpt[0]), "--out", str(folder)]) == 2  # asks first
+    assert "hf: holds an earlier export; give --overwrite to replace it" in capsys.readouterr().err
+    assert main(["export", "--format", "hf", "--model", str(ckpt[0]), "--out", str(folder), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temp or old folder left
     capsys.readouterr()
     answers = []

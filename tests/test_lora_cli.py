@@ -149,6 +149,8 @@ def test_peft_folder_logits_in_transformers_equal_ours(lora_run, f32_base, tmp_p
 
     pf, hf = tmp_path / "peft", tmp_path / "hf"
     assert main(["export", "--model", str(lora_run), "--adapter", "--format", "hf", "--out", str(pf)]) == 0
+    assert main(["export", "--model", str(lora_run), "--adapter", "--format", "hf", "--out", str(pf)]) == 2
+    assert main(["export", "--model", str(lora_run), "--adapter", "--format", "hf", "--out", str(pf), "--overwrite"]) == 0
     assert main(["export", "--model", str(f32_base), "--format", "hf", "--out", str(hf)]) == 0  # the base, as HF
     from transformers import AutoTokenizer
 
