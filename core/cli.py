@@ -953,6 +953,8 @@ def _unknown_options(parser: argparse.ArgumentParser, command: str, unknown: lis
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
     hints = [m[0] for u in unknown if u.startswith("--")
              for m in [difflib.get_close_matches(u.split("=", 1)[0], known, n=1, cutoff=0.6)] if m]
+    if {"-v", "--verbose"} & set(unknown):
+        hints.append(f"opencl-llm -v {command} ... (-v goes before the command)")
     sub.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
 
 

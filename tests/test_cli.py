@@ -76,6 +76,9 @@ def test_a_mistyped_option_gets_its_commands_usage_and_a_suggestion(capsys):
     assert err.strip().endswith("opencl-llm train: error: unrecognized arguments: --lora-rnak 8 "
                                 "(did you mean --lora-rank?)")
     with pytest.raises(SystemExit):
+        main(["devices", "-v"])
+    assert "(did you mean opencl-llm -v devices ... (-v goes before the command)?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         main(["chat", "hello"])
     assert capsys.readouterr().err.strip().endswith("opencl-llm chat: error: unrecognized arguments: hello")
 
