@@ -1107,13 +1107,53 @@ def _add_tokenize(sub) -> None:
     s.add_argument("--no-parse-special", action="store_true", help="tokenize special-token text as plain text")
     s.set_defaults(func=cmd_tokenize)
 
+def _interrupt_raises() -> list:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt as by default, and is remembered in the returned list; system
+    calls it lands in are restarted (``siginterrupt`` off), so a driver compiling kernels (PoCL renaming its
+    cache files) finishes instead of failing with a build error that names no interruption (a review helper's
+    Ctrl-C half a second into ``train --resume``). ``train`` installs its own handler for the training itself."""
+    import signal
+
+    seen: list = []
+
+    def handler(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    if hasattr(signal, "SIGINT"):
+        try:
+            signal.signal(signal.SIGINT, handler)
+            if hasattr(signal, "siginterrupt"):
+                signal.siginterrupt(signal.SIGINT, False)
+        except ValueError:  # not the main thread (an embedding program): its handlers stay
+            pass
+    return seen
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``opencl-llm``; returns the process exit code."""
+    import signal
+
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage and a likely meant option, not the top level's list of commands
         _unknown_options(parser, args.command, unknown)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        return _command(args, _interrupt_raises())
+    except KeyboardInterrupt:  # also one that came while an error below was being reported
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        try:
+            signal.signal(signal.SIGINT, previous)
+        except (ValueError, TypeError):  # not the main thread, or a handler not set from Python
+            pass
+
+
+def _command(args: argparse.Namespace, interrupted: list) -> int:
+    """Run the command, each expected error as one line and its exit code (:func:`main`)."""
     from core.checkpoint import CheckpointError
     from core.config import ConfigError
     from core.device import KernelBuildError, OpenCLUnavailableError
@@ -1122,6 +1162,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (OpenCLUnavailableError, KernelBuildError) as e:
+        if interrupted:  # Ctrl-C while the driver compiled: its failure is the interruption's, not a real one
+            print("\ninterrupted", file=sys.stderr)
+            return 130
         print(f"opencl-llm: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

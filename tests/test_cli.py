@@ -362,3 +362,27 @@ def test_tuning_progress_in_a_log_file_is_lines_not_carriage_returns(capsys, mon
     assert "\r" not in err
     assert err.splitlines() == ["matmul tuning nt: 1/9", "matmul tuning nt: 9/9",
                                 "matmul tuned in 1.5 s (cached for this device and driver)"]
+
+
+def test_ctrl_c_during_a_kernel_build_says_interrupted(monkeypatch, capsys):
+    """Ctrl-C while the driver compiles made PoCL's build fail ("unable to rename temporary ..."), and the CLI
+    reported that build error with exit 1 (a review helper's Ctrl-C half a second into train --resume): a build
+    error after a Ctrl-C is the interruption, exit 130; the caller's SIGINT handler is back afterwards."""
+    import signal
+
+    import core.cli
+    from core.device import KernelBuildError
+
+    def compiling(args):
+        try:
+            signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C, caught inside the driver's call
+        except KeyboardInterrupt:
+            pass
+        raise KernelBuildError("building matmul.cl failed: clBuildProgram failed: BUILD_PROGRAM_FAILURE")
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(core.cli, "cmd_devices", compiling)
+    assert main(["devices"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "BUILD_PROGRAM_FAILURE" not in err
+    assert signal.getsignal(signal.SIGINT) is before
