@@ -817,10 +817,12 @@ def _export_adapter(args: argparse.Namespace) -> int:
     Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
     from core.checkpoint import load_model
     from core.gguf_io import gguf_path
-    from core.lora_io import PEFT_CONFIG, PEFT_WEIGHTS, export_adapter_gguf, export_peft
+    from core.lora_io import PEFT_CONFIG, PEFT_WEIGHTS, adapter_beside, export_adapter_gguf, export_peft
 
     if args.dtype not in (None, "f32"):
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
+    if args.format != "hf" and Path(args.out).is_dir():  # a folder: <model name>-lora.gguf inside it (as the
+        args.out = str(adapter_beside(Path(args.out) / f"{Path(args.model).resolve().stem}.gguf"))  # merged export)
     if args.format != "hf" and (why := _existing_exports(gguf_path(args.out), args)):  # the file it writes
         return _fail(why)
     loaded = load_model(args.model)

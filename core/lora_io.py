@@ -159,6 +159,12 @@ def peft_config(lora: LoRAConfig, base: str | None) -> dict:
             "base_model_name_or_path": base}
 
 
+def adapter_beside(out: Path, hf: bool = False) -> Path:
+    """Where an adapter goes beside the merged export ``out`` (the Export tab's "Both", ``export --adapter``
+    into a folder): ``NAME-lora.gguf``, or for a Hugging Face folder the PEFT folder ``NAME-lora``."""
+    return out.with_name(out.name + "-lora") if hf else out.with_name(out.stem + "-lora.gguf")
+
+
 def export_peft(loaded: LoadedModel, out_folder: str | os.PathLike) -> Path:
     """Write a LoRA checkpoint's adapters as a PEFT folder (see the module docstring), as one unit.
 
@@ -183,4 +189,4 @@ def export_peft(loaded: LoadedModel, out_folder: str | os.PathLike) -> Path:
     return out
 
 
-__all__ = ["export_adapter_gguf", "export_peft", "peft_tensors", "peft_config", "HF_MODULES"]
+__all__ = ["adapter_beside", "export_adapter_gguf", "export_peft", "peft_tensors", "peft_config", "HF_MODULES"]

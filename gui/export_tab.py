@@ -27,12 +27,6 @@ WHAT = [("Merged model — the base with the adapters added in: one model", "mer
 """What a LoRA checkpoint exports (the choice is not shown for any other model)."""
 
 
-def adapter_beside(out: Path, hf: bool) -> Path:
-    """Where "Both" writes the adapter beside the merged export ``out``: ``NAME-lora.gguf``, or for a
-    Hugging Face folder the PEFT folder ``NAME-lora``."""
-    return out.with_name(out.name + "-lora") if hf else out.with_name(out.stem + "-lora.gguf")
-
-
 class ExportTab(QWidget):
     """Runs an :class:`gui.workers.ExportWorker` for the project's trained model (or an opened one).
 
@@ -141,6 +135,8 @@ class ExportTab(QWidget):
 
     def _targets(self, out: str) -> tuple[str | None, str | None]:
         """``(merged export, adapter export)`` of the path ``out`` for :meth:`exports` (None: not written)."""
+        from core.lora_io import adapter_beside
+
         what = self.exports()
         if what == "merged":
             return out, None

@@ -108,6 +108,10 @@ def test_adapter_gguf_logits_in_llama_cpp_equal_ours(lora_run, f32_base, tmp_pat
     assert (tmp_path / "adapter.Modelfile").read_text().endswith("# my own line\n")
     assert main(["export", "--model", str(lora_run), "--adapter", "--modelfile", "--out", str(ad), "--overwrite"]) == 0
     assert (tmp_path / "adapter.Modelfile").read_text() == mf
+    into = tmp_path / "exports"  # a folder: the adapter goes inside it, named as the Export tab's "Both" names it
+    into.mkdir()
+    assert main(["export", "--model", str(lora_run), "--adapter", "--out", str(into)]) == 0
+    assert [p.name for p in into.iterdir()] == [f"{lora_run.name}-lora.gguf"]
     capsys.readouterr()
     (tmp_path / "d.txt").write_text("The kettle costs forty dollars.\n")
     for cmd in (["train", "--base", str(ad), "--data", str(tmp_path / "d.txt"), "--out", str(tmp_path / "no")],
