@@ -93,7 +93,13 @@ def answered_as_before(recall: list[RecallItem], replay: Replay) -> tuple[int, i
     """(replayed general questions answered word for word as the base answered them, those checked) in a
     stage's recall items (kind ``dialogue``, the replay's dialogue indices)."""
     items = [r for r in recall if r.kind == "dialogue" and r.index >= replay.first_dialogue]
-    return sum(r.ok or r.got.strip().startswith(r.expected.strip()) for r in items), len(items)
+    return sum(map(as_before, items)), len(items)
+
+
+def as_before(item: RecallItem) -> bool:
+    """Whether a replayed general question got the base's answer: word for word, or a longer answer that
+    begins with it (the base's answer was cut at its first sentence)."""
+    return item.ok or item.got.strip().startswith(item.expected.strip())
 
 
 def verdict_line(recall: list[RecallItem], replay: Replay) -> str:

@@ -42,6 +42,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
+from core.known import as_before
 from core.recall import KINDS, RecallItem, fact_prompt_words, fact_split, recall_check, sampled, tally
 from core.events import LogEvent, RecallProgress, StageFinished, StageReport, StepReport  # noqa: F401 (re-exported)
 from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
@@ -77,7 +78,7 @@ def stage_line(report: StageReport, replayed_from: int | None = None) -> str:
     cut = " (check stopped early)" if report.recall_stopped else ""
     cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
     more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [tally(own, k)] if n)
-    more += f", general questions {sum(r.ok for r in general)}/{len(general)}" if general else ""
+    more += f", general questions {sum(map(as_before, general))}/{len(general)}" if general else ""
     return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
 
 

@@ -80,3 +80,5 @@ def test_the_verdict_counts_the_users_dialogues_and_the_general_questions_apart(
     assert stage_line(report) == "dialogues done: facts recalled 1/1, dialogue answers 2/3, answers in a conversation 1/2"
     assert stage_line(report, replay.first_dialogue) == ("dialogues done: facts recalled 1/1, dialogue answers 1/1, "
                                                          "answers in a conversation 0/1, general questions 1/2")
+    longer = recall[:3] + (RecallItem("dialogue", 2, "Who?", "Me.", "Me. And you.", False),) + recall[4:]
+    assert stage_line(StageReport("dialogues", 3, False, longer), 1).endswith("general questions 2/2")  # as the verdict
