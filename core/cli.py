@@ -1110,10 +1110,11 @@ def _add_tokenize(sub) -> None:
     s.set_defaults(func=cmd_tokenize)
 
 def _interrupt_raises() -> list:
-    """Ctrl-C (SIGINT) raises KeyboardInterrupt as by default, and is remembered in the returned list; system
-    calls it lands in are restarted (``siginterrupt`` off), so a driver compiling kernels (PoCL renaming its
-    cache files) finishes instead of failing with a build error that names no interruption (a review helper's
-    Ctrl-C half a second into ``train --resume``). ``train`` installs its own handler for the training itself."""
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt as by default, and is remembered in the returned list: a driver
+    compiling kernels when it comes (PoCL renaming its cache files) fails with a build error that names no
+    interruption (a review helper's Ctrl-C half a second into ``train --resume``), which :func:`main` then reports
+    as the interruption. System calls are still interrupted (a piped chat waiting for input stops at once).
+    ``train`` installs its own handler for the training itself."""
     import signal
 
     seen: list = []
@@ -1122,13 +1123,10 @@ def _interrupt_raises() -> list:
         seen.append(signum)
         raise KeyboardInterrupt
 
-    if hasattr(signal, "SIGINT"):
-        try:
-            signal.signal(signal.SIGINT, handler)
-            if hasattr(signal, "siginterrupt"):
-                signal.siginterrupt(signal.SIGINT, False)
-        except ValueError:  # not the main thread (an embedding program): its handlers stay
-            pass
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread (an embedding program): its handlers stay
+        pass
     return seen
 
 

@@ -386,3 +386,27 @@ def test_ctrl_c_during_a_kernel_build_says_interrupted(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "interrupted" in err and "BUILD_PROGRAM_FAILURE" not in err
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_stops_a_piped_chat_waiting_for_input(tmp_path):
+    """SIGINT ends a chat blocked reading its piped input at once (the CLI's own SIGINT handler, main's, must not
+    make that read wait for more input)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "model"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1") == 0
+    p = subprocess.Popen([sys.executable, "-m", "core.cli", "chat", "--model", str(out)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        time.sleep(8)  # loaded and reading its input (a SIGINT during the imports ends it as well)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=20)  # the pipe stays open: only the signal can end it
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    assert p.returncode in (0, 130, -signal.SIGINT)  # the chat takes Ctrl-C as "quit" (0), as at a terminal
