@@ -89,10 +89,18 @@ def with_replay(dataset: Dataset, pairs: list[tuple[str, str]], unfinished: list
     return out, Replay(tuple(pairs), len(dataset.dialogues), tuple(unfinished))
 
 
+def split_replayed(recall, first_dialogue: int) -> tuple[list[RecallItem], list[RecallItem]]:
+    """``(the user's items, the replayed general questions)`` of a stage's recall items: the replays are the
+    dialogues from ``first_dialogue`` on (:func:`with_replay` appends them), asked alone (kind ``dialogue``;
+    their ``chat`` prompts are left out of both)."""
+    own = [r for r in recall if r.kind not in ("dialogue", "chat") or r.index < first_dialogue]
+    return own, [r for r in recall if r.kind == "dialogue" and r.index >= first_dialogue]
+
+
 def answered_as_before(recall: list[RecallItem], replay: Replay) -> tuple[int, int]:
     """(replayed general questions answered word for word as the base answered them, those checked) in a
     stage's recall items (kind ``dialogue``, the replay's dialogue indices)."""
-    items = [r for r in recall if r.kind == "dialogue" and r.index >= replay.first_dialogue]
+    items = split_replayed(recall, replay.first_dialogue)[1]
     return sum(map(as_before, items)), len(items)
 
 

@@ -362,8 +362,9 @@ class Run:
         before", and were counted as answers too ("14 of 14 answers" of a dataset with 4 dialogues)."""
         from dataclasses import replace
 
-        first = self._replay.first_dialogue
-        return replace(final, recall=tuple(r for r in final.recall if r.kind not in ("dialogue", "chat") or r.index < first))
+        from core.known import split_replayed
+
+        return replace(final, recall=tuple(split_replayed(final.recall, self._replay.first_dialogue)[0]))
 
     def _done(self, stopped: bool, final: StageReport | None) -> RunDone:
         """:class:`RunDone` with the verdict of the last stage's full recall table (core.plan.verdict_of)."""

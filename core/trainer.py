@@ -42,7 +42,7 @@ from core.config import ModelConfig, StageConfig, TrainConfig, lr_at, replace
 from core.dataset import Dataset, dataset_hash
 from core.device import Device
 from core.model import Model
-from core.known import as_before
+from core.known import as_before, split_replayed
 from core.recall import KINDS, RecallItem, fact_prompt_words, fact_split, recall_check, sampled, tally
 from core.events import LogEvent, RecallProgress, StageFinished, StageReport, StepReport  # noqa: F401 (re-exported)
 from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
@@ -69,10 +69,7 @@ def stage_line(report: StageReport, replayed_from: int | None = None) -> str:
     """The log line of a stage's end: "pretrain done: facts recalled 9/10, dialogue answers 0/0" and what
     the check left out (stopped early, only a sample). ``replayed_from``: the first dialogue that replays the
     base model's answer to a general question (core.known); those are counted apart, "general questions 9/10"."""
-    own, general = list(report.recall), []
-    if replayed_from is not None:
-        general = [r for r in own if r.kind == "dialogue" and r.index >= replayed_from]
-        own = [r for r in own if r.kind not in ("dialogue", "chat") or r.index < replayed_from]
+    own, general = (list(report.recall), []) if replayed_from is None else split_replayed(report.recall, replayed_from)
     f_ok, f_n = tally(own, "fact")
     d_ok, d_n = tally(own, "dialogue")
     cut = " (check stopped early)" if report.recall_stopped else ""
