@@ -57,7 +57,8 @@ def atomic_path(path: str | os.PathLike, sync_folder: bool = True) -> Iterator[P
     For writers that want a file name (gguf-py's ``GGUFWriter``); :func:`atomic_write` takes the data
     itself. The block writes ``.NAME.<random>.tmp`` beside ``NAME`` (it may read it back to verify);
     when the block ends without an exception the file is fsynced, renamed over ``NAME`` and the
-    folder fsynced, else it is removed and ``path`` untouched.
+    folder fsynced, else it is removed and ``path`` untouched. Where ``path`` is a symbolic link the link
+    stays and the file it points to is replaced (as ``cp`` and editors write through a link).
 
     Args:
         path: the file to write; its folder must exist.
@@ -67,7 +68,7 @@ def atomic_path(path: str | os.PathLike, sync_folder: bool = True) -> Iterator[P
         OSError: the folder is not writable (on entering), the disk is full, ...; the old file is
             untouched and the temporary file removed. Whatever the block raises, likewise.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 & ~_umask() if os.name != "nt" else 0o666))
     try:

@@ -267,6 +267,13 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
     assert (folder / "v1.0.Modelfile").read_text().endswith("# my edit\n")
     assert main(["export", "--model", str(out), "--out", str(folder / "model"), "--overwrite"]) == 0
     assert "replaced the earlier q8_0 export" in capsys.readouterr().out
+    # through a link the user made to an export: the link stays, the export it names is replaced
+    (folder / "current.gguf").symlink_to("model.gguf")
+    f32 = (folder / "model.gguf").read_bytes()
+    assert main(["export", "--model", str(out), "--out", str(folder / "current.gguf"), "--dtype", "q8_0",
+                 "--overwrite"]) == 0
+    assert "replaced the earlier f32 export" in capsys.readouterr().out
+    assert (folder / "current.gguf").is_symlink() and len((folder / "model.gguf").read_bytes()) < len(f32)
     lines = "Where is Brindlewick?\n" + "word " * 200 + "\n\udce9t\u00e9?\n/exit\nnever read\n"
     monkeypatch.setattr("sys.stdin", TerminalInput(lines))
     assert main(["chat", "--model", str(out), "--max-tokens", "4"]) == 0
