@@ -151,7 +151,7 @@ class AttentionTiles:
         """Local memory the largest kernel declares: the forward's staged key and value chunks; the staged
         forward's (fwd_rows + 2 fwd_keys, row) blocks (rows of head_dim padded to 4, plus 4), its score tile
         (rows of fwd_keys + 4) and three rows; or the staged backward's four (bwd_tile, row) blocks, two tiles
-        (rows of bwd_tile + 1) and two rows."""
+        (rows of bwd_tile + 4; + 1 below 4) and two rows."""
         padded = -(-head_dim // self.vector) * self.vector
         fwd = 2 * self.keys * padded * 4 if self.stage_kv else 0
         row = -(-head_dim // 4) * 4 + 4
@@ -161,7 +161,7 @@ class AttentionTiles:
         blocked = 4 * max((2 * br + 2 * bc) * row + 2 * bc * (br + 4) + 2 * br,
                           (2 * br + 2 * bc) * row + br * (bc + 4) + 2 * br) if br else 0
         t = self.bwd_tile
-        return max(fwd, tiled, blocked, 4 * (4 * t * row + 2 * t * (t + 1) + 2 * t))
+        return max(fwd, tiled, blocked, 4 * (4 * t * row + 2 * t * (t + (4 if t >= 4 else 1)) + 2 * t))
 
     def options(self, head_dim: int) -> tuple[str, ...]:
         """Build options for this tiling and ``head_dim``."""

@@ -18,8 +18,10 @@
 // Backward (built with -DBT=..., a power of two): FlashAttention-2's blocked loop (Dao 2023, Algorithm 2):
 // a work-group stages a block of BT keys and values and a block of BT query rows (with their lse and D),
 // computes the BT x BT tile of P = exp(S - lse) and dS = P (dP - D) once into local memory (micro-tiles of
-// TI x TJ), then adds TJ rows x 4 columns of dK and dV (or dQ) into registers; tile rows are LDP = BT + 1
-// floats (odd: the dQ pass reads 8 rows of one column). The dK/dV kernel fetches the next query block into
+// TI x TJ), then adds TJ rows x 4 columns of dK and dV (or dQ) into registers. The dK/dV pass's tiles are
+// key-major, so it reads 4 query rows of a key's P and dS as one float4 (on an H100 at d1024's shape 13.1 -> 12.5 ms
+// of a training step); the dQ pass's are query-major. Tile rows are LDP = BT + 4 floats (float4-aligned; the 8 rows
+// a quarter warp reads at once lie 4 banks apart). The dK/dV kernel fetches the next query block into
 // registers while it uses this one (Q_PREFETCH: where that is at most 16 floats each of Q and dO per work-item;
 // on an H100 at d1024's shape 13.6 -> 13.1 ms of a training step; the same for the staged forward's key blocks
 // measured 5 % slower, so it stages them as before). The blocked backward (-DBR, -DBC) is further below.
@@ -28,7 +30,11 @@
 #define TJ (BT < 4 ? BT : 4)
 #define HD4 ((HD + 3) / 4)                 // float4 vectors of a row
 #define LDR (HD4 * 4 + 4)                  // local row stride
-#define LDP (BT + 1)                       // P / dS tile row stride
+#if BT >= 4
+#define LDP (BT + 4)                       // P / dS tile row stride: float4-aligned rows, 4 banks apart
+#else
+#define LDP (BT + 1)
+#endif
 #define NMT ((BT / TI) * (BT / TJ))        // micro-tiles of the P / dS tile
 #define NMA ((BT / TJ) * HD4)              // micro-tiles of dK / dV / dQ (TJ rows x 4 columns)
 #define MA ((NMA + BWG - 1) / BWG)         // accumulator micro-tiles per work-item
@@ -39,10 +45,18 @@ union lanes4 { float4 v; float a[4]; };
 // work-group's work-items (lid of items)
 inline void stage_rows(__local float* dst, const __global float* x, const int r0, const int n, const int seq,
                        const size_t stride, const int lid, const int items) {
+#if HD % 4 == 0  // whole float4s: a quarter of the loads and stores
+    for (int e = lid; e < n * HD4; e += items) {
+        const int r = e / HD4, d4 = e % HD4;
+        const float4 v = r0 + r < seq ? vload4(0, x + (size_t)(r0 + r) * stride + 4 * d4) : (float4)(0.0f);
+        vstore4(v, 0, dst + r * LDR + 4 * d4);
+    }
+#else
     for (int e = lid; e < n * HD4 * 4; e += items) {
         const int r = e / (HD4 * 4), d = e % (HD4 * 4);
         dst[r * LDR + d] = r0 + r < seq && d < HD ? x[(size_t)(r0 + r) * stride + d] : 0.0f;
     }
+#endif
 }
 
 // keys j0 .. j0 + n - 1 of one kv head (0.0f past seq): k and v -> ks and vs, by the work-group's work-items
@@ -227,12 +241,13 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
     __global float* dk_out = split ? d_k + (size_t)b * seq * out_stride + (size_t)h0 * 2 * HD : d_k + kv_base; \
     __global float* dv_out = split ? dk_out + HD : d_v + kv_base;
 
-// Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j]; 0.0f where
+// Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j] (query-major), or with
+// kmajor ps[j * LDP + i], dss[j * LDP + i] (the dK/dV pass reads 4 query rows of a key at once); 0.0f where
 // key j0 + j is masked for row i0 + i or either lies past seq. dS also to tile[i * BT + j] unless tile is 0.
 inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
                       __local const float* dos, __local const float* ks, __local const float* vs,
                       __local const float* ls, __local const float* ds, const int i0, const int j0,
-                      const int seq, const float scale, const int lid, __global float* tile) {
+                      const int seq, const float scale, const int lid, __global float* tile, const int kmajor) {
     for (int e = lid; e < NMT; e += BWG) {
         const int ti = e / (BT / TJ), tj = e % (BT / TJ);
         float sv[TI][TJ], dpv[TI][TJ];  // scalar sums of float4 products: 1/4 the registers of float4 sums
@@ -257,11 +272,12 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
             _Pragma("unroll") for (int c = 0; c < TJ; c++) {
                 const int j = tj + c * (BT / TJ);
                 const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
-                const float p = ok ? exp(sv[a][c] * scale - ls[i]) : 0.0f;
-                ps[i * LDP + j] = p;
-                dss[i * LDP + j] = p * (dpv[a][c] - ds[i]);
+                const float p = ok ? exp(sv[a][c] * scale - ls[i]) : 0.0f, g = p * (dpv[a][c] - ds[i]);
+                const int at = kmajor ? j * LDP + i : i * LDP + j;
+                ps[at] = p;
+                dss[at] = g;
 #ifdef DS_STORE
-                if (tile) tile[i * BT + j] = dss[i * LDP + j];
+                if (tile) tile[i * BT + j] = g;
 #endif
             }
         }
@@ -293,7 +309,7 @@ inline void add_ds_k(float4 dq[MA][TJ], __local const float* dss, __local const 
     _Pragma("unroll") for (int m = 0; m < MA; m++) {
         const int e = lid + m * BWG;
         const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
-        for (int j = 0; j < BT; j++) {
+        for (int j = 0; j < BT; j++) {  // (float4 reads of 4 keys of dS measured 9 % slower on an H100)
             const float4 kv = lrow(ks, j, d4);
             _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDP + j] * kv;
         }
@@ -314,19 +330,36 @@ inline void dkdv_block(float4 dk[MA][TJ], float4 dv[MA][TJ], __local float* ps, 
                        __local const float* qs, __local const float* dos, __local const float* ks,
                        __local const float* vs, __local const float* ls, __local const float* ds, const int i0,
                        const int j0, const int seq, const float scale, const int lid, __global float* tile) {
-    tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, tile);
+    tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, tile, 1);
     barrier(CLK_LOCAL_MEM_FENCE);
     _Pragma("unroll") for (int m = 0; m < MA; m++) {
         const int e = lid + m * BWG;
         const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
+#if BT >= 4  // 4 query rows of each key's P and dS at once (the tiles are key-major)
+        for (int i = 0; i < BT; i += 4) {
+            union lanes4 p[TJ], g[TJ];
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+                p[c].v = vload4(0, ps + (t + c * (BT / TJ)) * LDP + i);
+                g[c].v = vload4(0, dss + (t + c * (BT / TJ)) * LDP + i);
+            }
+            _Pragma("unroll") for (int ii = 0; ii < 4; ii++) {
+                const float4 dov = lrow(dos, i + ii, d4), qv = lrow(qs, i + ii, d4);
+                _Pragma("unroll") for (int c = 0; c < TJ; c++) {
+                    dv[m][c] += p[c].a[ii] * dov;
+                    dk[m][c] += g[c].a[ii] * qv;
+                }
+            }
+        }
+#else
         for (int i = 0; i < BT; i++) {
             const float4 dov = lrow(dos, i, d4), qv = lrow(qs, i, d4);
             _Pragma("unroll") for (int c = 0; c < TJ; c++) {
                 const int j = t + c * (BT / TJ);
-                dv[m][c] += ps[i * LDP + j] * dov;
-                dk[m][c] += dss[i * LDP + j] * qv;
+                dv[m][c] += ps[j * LDP + i] * dov;
+                dk[m][c] += dss[j * LDP + i] * qv;
             }
         }
+#endif
     }
 }
 
@@ -457,7 +490,7 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
         stage_kv(ks, vs, k + kv_base, v + kv_base, j0, BT, seq, kv_stride, lid, BWG);
         barrier(CLK_LOCAL_MEM_FENCE);
-        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, 0);
+        tile_p_ds(ps, dss, qs, dos, ks, vs, ls, ds, i0, j0, seq, scale, lid, 0, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
         add_ds_k(dq, dss, ks, lid);
     }
@@ -488,7 +521,11 @@ void attention_backward_dq_stored(__global float* d_q, __global const float* ds_
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
         stage_rows(ks, kb, jb * BT, BT, seq, kv_stride, lid, BWG);
         const __global float* tile = ds_in + ds_off + ds_tile(bh, ib, jb, seq);
+#if BT >= 4
+        for (int e = lid; e < BT * BT / 4; e += BWG) vstore4(vload4(e, tile), 0, dss + (4 * e / BT) * LDP + 4 * e % BT);
+#else
         for (int e = lid; e < BT * BT; e += BWG) dss[(e / BT) * LDP + e % BT] = tile[e];
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         add_ds_k(dq, dss, ks, lid);
     }
