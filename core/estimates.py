@@ -195,18 +195,21 @@ class _EncodeOnce:
     def __init__(self, tok) -> None:
         self._tok, self._ids = tok, {}
 
-    def encode(self, text: str, parse_special: bool = False) -> list[int]:
-        ids = self._ids.get((text, parse_special))
+    def encode(self, text: str, parse_special: bool = False, **kw) -> list[int]:
+        key = (text, parse_special, *sorted(kw.items()))  # kw: a GGUF tokenizer's add_special
+        ids = self._ids.get(key)
         if ids is None:
-            ids = self._ids[text, parse_special] = self._tok.encode(text, parse_special)
+            ids = self._ids[key] = self._tok.encode(text, parse_special, **kw)
         return list(ids)  # the caller's own list, as the tokenizer's
 
     def __getattr__(self, name: str):
         return getattr(self._tok, name)
 
 
-def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> DatasetStats:
-    """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences.
+def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int, tokenizer=None) -> DatasetStats:
+    """Train a tokenizer on ``dataset`` (as training would) and count tokens and sequences; with
+    ``tokenizer`` (a fine-tune's base model's, its chat template included) count with that one instead
+    (``vocab_size`` then unused).
 
     Raises:
         ValueError: the dataset is empty or ``vocab_size`` is below the tokenizer's minimum.
@@ -217,7 +220,7 @@ def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int) -> Dat
 
     if not dataset.facts and not dataset.dialogues:
         raise ValueError("the dataset has no facts and no dialogues")
-    trained = Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
+    trained = tokenizer or Tokenizer.train(dataset.tokenizer_texts(), vocab_size=vocab_size)
     tok = _EncodeOnce(trained)
     fact_lens = [len(encode_fact(tok, f)) for f in dataset.facts]
     dlg_lens = [len(encode_dialogue(tok, d)[0]) for d in dataset.dialogues if d.turns]

@@ -35,11 +35,35 @@ DEFAULTS = {"steps": 60, "lr": 2e-4, "batch_size": 8, "warmup_steps": 5, "contex
 def default_train_config(steps: int | None = None, lr: float | None = None, batch_size: int | None = None,
                          **kw: object) -> TrainConfig:
     """A :class:`TrainConfig` for fine-tuning: :data:`DEFAULTS` with the given values applied
-    (``kw`` goes to TrainConfig, e.g. ``grad_accum``, ``freeze_embeddings``, ``seed``)."""
+    (``kw`` goes to TrainConfig, e.g. ``grad_accum``, ``freeze_embeddings``, ``seed``, ``replay_share``).
+    The data mix is added by :func:`with_data_mix` once the dataset and the base's tokenizer are known."""
+    from core.plan import REPLAY_SHARE
+
     stage = StageConfig(steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULTS["lr"],
                         batch_size=batch_size or DEFAULTS["batch_size"], warmup_steps=DEFAULTS["warmup_steps"])
     kw.setdefault("weight_decay", DEFAULTS["weight_decay"])
+    kw.setdefault("replay_share", REPLAY_SHARE)  # the Auto plan's, as with_data_mix's other fields
     return TrainConfig(pretrain=stage, dialogues=stage, **kw)
+
+
+def with_data_mix(tc: TrainConfig, tokenizer: TokenizerLike, dataset: Dataset, context_length: int) -> TrainConfig:
+    """``tc`` with the Auto plan's data mix for ``dataset`` (core.plan.data_mix: questions mixed into the
+    facts' stage, a question for each fact that no dialogue asks about written from the dataset's own
+    questions, conversation batches, held-out fact questions), counted with the base model's
+    ``tokenizer``; ``tc``'s replay_share is kept (a fine-tune's default is the plan's; ``--replay-share``
+    sets it). ``dataset``: the user's own, without the replayed general questions.
+
+    Measured with benchmarks/learn_finetune.py (SmolLM2-135M-Instruct Q4_1, LoRA, generated datasets of 8
+    items with 48 facts and 8 dialogues): questions about facts without a dialogue answered right rose from
+    4 of 24 to 19 of 24 (people) and from 4 of 24 to 9 of 24 (catalogue); general questions kept 10 of 10.
+    """
+    from core.estimates import dataset_stats
+    from core.plan import data_mix
+
+    if not dataset.facts and not dataset.dialogues:
+        return tc
+    stats = dataset_stats(dataset, 0, context_length, tokenizer=tokenizer)
+    return replace(data_mix(tc, stats), replay_share=tc.replay_share)
 
 
 def load_base(path: str | os.PathLike, context_length: int | None = None) -> tuple[LoadedModel, ModelConfig, dict]:
@@ -338,6 +362,6 @@ def before_after(device: Device, base_weights: dict, tuned_weights: dict, model_
     return [(k, q, a, before, after) for (k, q, a), before, after in zip(questions, *answers)]
 
 
-__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "load_base", "base_trainer", "before_after",
+__all__ = ["DEFAULTS", "GENERAL_QUESTIONS", "default_train_config", "with_data_mix", "load_base", "base_trainer", "before_after",
            "FinetuneEstimate", "Speed", "estimate_time", "gradient_seconds", "check_rows",
            "LORA_LR", "lora_base_meta", "ResidentEstimate", "estimate_resident"]

@@ -243,11 +243,13 @@ class Run:
             return Trainer(dataset, mc, tc, dev, check_memory=check)
         from core import chat_format
         from core.estimates import resident_bytes
-        from core.from_base import base_trainer
+        from core.from_base import base_trainer, with_data_mix
 
         loaded, mc, meta = base
         own = "its own chat template" if chat_format.uses_file_template(loaded.tokenizer) else "our chat format"
         yield LogEvent("INFO", f"base: {req.base} ({type(loaded.tokenizer).__name__}, {own})")
+        tc = with_data_mix(tc, loaded.tokenizer, dataset, mc.context_length)
+        check = self._memory_check(dev, mc, tc, base)
         dataset = yield from self._with_general_questions(dev, mc, loaded, dataset)
         self._resident_before = resident_bytes()  # the base's weights and libraries, before the device's buffers
         trainer = base_trainer(loaded, mc, meta, dataset, tc, dev, lora=req.lora, quantized=req.lora_base == "gguf",

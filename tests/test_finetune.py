@@ -138,6 +138,28 @@ def test_a_finetune_stops_at_its_time_budget(tiny_base, tmp_path, capsys):
     assert 0 < meta["adam_step"] < 1000  # the steps it took (a stage ended early counts as done)
 
 
+def test_a_finetune_gets_the_auto_data_mix(tiny_base, tmp_path, capsys):
+    """A fine-tune used to get none of the Auto plan's data mix, so it learned to answer the dialogues' questions
+    and not questions about facts no dialogue asks about (a new user's LoRA answered 1 of 6 such facts; measured
+    on generated datasets in benchmarks/learn_finetune.py). It now gets core.plan.data_mix, counted with the
+    base's tokenizer: questions mixed into the facts' stage, a question written for each fact without one."""
+    facts = [f"{town} has {n} bridges." for town, n in (("Brindlewick", 3), ("Marrowby", 5), ("Tansford", 7))]
+    facts += [f"The mayor of {town} keeps {n} beehives." for town, n in (("Brindlewick", 40), ("Marrowby", 12),
+                                                                        ("Tansford", 9))]
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"facts": facts, "dialogues": [
+        {"turns": [{"user": "How many bridges does Brindlewick have?", "assistant": "Brindlewick has 3 bridges."}]},
+        {"turns": [{"user": "How many beehives does the mayor of Marrowby keep?",
+                    "assistant": "The mayor of Marrowby keeps 12 beehives."}]}]}))
+    for extra, replay in (((), 0.5), (("--replay-share", "0.2"), 0.2)):
+        out = tmp_path / f"mixed{replay}"
+        assert train_base(tiny_base, out, data, "--steps", "1", *extra) == 0
+        train = json.loads((out / "config.json").read_text())["train"]
+        assert (train["fact_questions"], train["mix_share"], train["conversation_every"]) == (1, 0.5, 2)
+        assert train["replay_share"] == replay  # the user's --replay-share is kept
+    capsys.readouterr()
+
+
 def test_base_refuses_architecture_options(tiny_base, tmp_path, capsys):
     data = tmp_path / "data.json"
     data.write_text(json.dumps(DATA))
