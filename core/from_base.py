@@ -37,33 +37,36 @@ def default_train_config(steps: int | None = None, lr: float | None = None, batc
     """A :class:`TrainConfig` for fine-tuning: :data:`DEFAULTS` with the given values applied
     (``kw`` goes to TrainConfig, e.g. ``grad_accum``, ``freeze_embeddings``, ``seed``, ``replay_share``).
     The data mix is added by :func:`with_data_mix` once the dataset and the base's tokenizer are known."""
-    from core.plan import REPLAY_SHARE
-
     stage = StageConfig(steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULTS["lr"],
                         batch_size=batch_size or DEFAULTS["batch_size"], warmup_steps=DEFAULTS["warmup_steps"])
     kw.setdefault("weight_decay", DEFAULTS["weight_decay"])
-    kw.setdefault("replay_share", REPLAY_SHARE)  # the Auto plan's, as with_data_mix's other fields
     return TrainConfig(pretrain=stage, dialogues=stage, **kw)
 
 
 def with_data_mix(tc: TrainConfig, tokenizer: TokenizerLike, dataset: Dataset, context_length: int) -> TrainConfig:
-    """``tc`` with the Auto plan's data mix for ``dataset`` (core.plan.data_mix: questions mixed into the
-    facts' stage, a question for each fact that no dialogue asks about written from the dataset's own
-    questions, conversation batches, held-out fact questions), counted with the base model's
-    ``tokenizer``; ``tc``'s replay_share is kept (a fine-tune's default is the plan's; ``--replay-share``
-    sets it). ``dataset``: the user's own, without the replayed general questions.
+    """``tc`` with the Auto plan's data mix (core.plan.data_mix: questions mixed into the facts' stage, a question
+    for each fact that no dialogue asks about written from the dataset's own questions, conversation batches,
+    held-out fact questions, the plan's replay share) where ``dataset`` has more facts than dialogues (facts no
+    dialogue asks about), counted with the base model's ``tokenizer``; otherwise ``tc`` unchanged. A replay
+    share other than TrainConfig's default (``--replay-share``) is kept. ``dataset``: the user's own, without
+    the replayed general questions.
 
     Measured with benchmarks/learn_finetune.py (SmolLM2-135M-Instruct Q4_1, LoRA, generated datasets of 8
-    items with 48 facts and 8 dialogues): questions about facts without a dialogue answered right rose from
-    4 of 24 to 19 of 24 (people) and from 4 of 24 to 9 of 24 (catalogue); general questions kept 10 of 10.
+    items, 48 facts, 8 dialogues, busy 2-core CPU): questions about the items without a dialogue answered right
+    4 -> 19 of 24 (people), 4 -> 9 (catalogue), 7 -> 15 (events); general questions 10 of 10 in both; the
+    run's wall time 1.8-2.1x (rows of conversations). Where every fact has its dialogue (five facts, five
+    dialogues) the mix writes no question and only the cost would remain (estimated 9:18 against 4-5 minutes).
     """
     from core.estimates import dataset_stats
     from core.plan import data_mix
 
-    if not dataset.facts and not dataset.dialogues:
+    if len(dataset.facts) <= len(dataset.dialogues):
         return tc
     stats = dataset_stats(dataset, 0, context_length, tokenizer=tokenizer)
-    return replace(data_mix(tc, stats), replay_share=tc.replay_share)
+    if stats.fact_sequences <= stats.dialogue_sequences:
+        return tc
+    mixed = data_mix(tc, stats)
+    return mixed if tc.replay_share == TrainConfig.replay_share else replace(mixed, replay_share=tc.replay_share)
 
 
 def load_base(path: str | os.PathLike, context_length: int | None = None) -> tuple[LoadedModel, ModelConfig, dict]:

@@ -157,6 +157,12 @@ def test_a_finetune_gets_the_auto_data_mix(tiny_base, tmp_path, capsys):
         train = json.loads((out / "config.json").read_text())["train"]
         assert (train["fact_questions"], train["mix_share"], train["conversation_every"]) == (1, 0.5, 2)
         assert train["replay_share"] == replay  # the user's --replay-share is kept
+    # every fact with its dialogue: no mix (it would write no question; only its cost would remain)
+    data.write_text(json.dumps(DATA))
+    assert train_base(tiny_base, tmp_path / "plain", data, "--steps", "1") == 0
+    train = json.loads((tmp_path / "plain" / "config.json").read_text())["train"]
+    assert (train["fact_questions"], train["mix_share"], train["conversation_every"], train["replay_share"]) == \
+        (0, 0.0, 0, 0.25)
     capsys.readouterr()
 
 
