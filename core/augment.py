@@ -166,7 +166,8 @@ def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) 
             if n and keys[i:i + n] == old:
                 last_word, last_space = toks[i + n - 1]
                 new_toks = [(w, s) for w, s in new]
-                if new_toks and toks[i][0][:1].isupper() and new_toks[0][0][:1].islower():  # a sentence's start
+                start = i == 0 or toks[i - 1][0] in (".", "!", "?")  # a sentence's start, not a name inside one
+                if new_toks and start and toks[i][0][:1].isupper() and new_toks[0][0][:1].islower():
                     new_toks[0] = (new_toks[0][0][:1].upper() + new_toks[0][0][1:], new_toks[0][1])
                 if new_toks:
                     w, _ = new_toks[-1]

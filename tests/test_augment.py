@@ -93,6 +93,16 @@ def test_a_value_of_another_length_is_put_in_whole():
                                           (2, "How much is the Cora lamp?", "The Cora lamp costs $3, no more.")]
 
 
+def test_a_name_inside_a_sentence_replaced_by_a_lowercase_value_stays_lowercase():
+    """A helper's bakery data: "The head baker is Tobias Wrenfield." as the pattern for the bakery cat gave
+    "The bakery cat is A ginger tom named Crumpet." (a capitalised old word was taken for a sentence's start)."""
+    ds = Dataset(["The head baker of Marrowby Bakery is Tobias Wrenfield.",
+                  "The bakery cat of Marrowby Bakery is a ginger tom named Crumpet."],
+                 [Dialogue([("Who is the head baker of Marrowby Bakery?", "The head baker is Tobias Wrenfield.")])])
+    assert augment.fact_questions(ds) == [(1, "Who is the bakery cat of Marrowby Bakery?",
+                                           "The bakery cat is a ginger tom named Crumpet.")]
+
+
 def test_fact_questions_on_the_generated_datasets_ask_about_the_right_fact():
     """On each of the five generated datasets (tests/make_datasets.py) nearly every fact without a dialogue
     gets a question, and the question is one the generator itself would ask about that fact with the
