@@ -20,8 +20,8 @@
 // computes the BT x BT tile of P = exp(S - lse) and dS = P (dP - D) once into local memory (micro-tiles of
 // TI x TJ), then adds TJ rows x 4 columns of dK and dV (or dQ) into registers. The dK/dV pass's tiles are
 // key-major, so it reads 4 query rows of a key's P and dS as one float4 (on an H100 at d1024's shape 13.1 -> 12.5 ms
-// of a training step); the dQ pass's are query-major. Tile rows are LDP = BT + 4 floats (float4-aligned; the 8 rows
-// a quarter warp reads at once lie 4 banks apart). The dK/dV kernel fetches the next query block into
+// of a training step), rows of LDP = BT + 4 floats (float4-aligned; the 8 rows a quarter warp reads at once lie 4
+// banks apart); the dQ pass's are query-major, rows of LDQ = BT + 1 floats. The dK/dV kernel fetches the next query block into
 // registers while it uses this one (Q_PREFETCH: where that is at most 16 floats each of Q and dO per work-item;
 // on an H100 at d1024's shape 13.6 -> 13.1 ms of a training step; the same for the staged forward's key blocks
 // measured 5 % slower, so it stages them as before). The blocked backward (-DBR, -DBC) is further below.
@@ -31,10 +31,11 @@
 #define HD4 ((HD + 3) / 4)                 // float4 vectors of a row
 #define LDR (HD4 * 4 + 4)                  // local row stride
 #if BT >= 4
-#define LDP (BT + 4)                       // P / dS tile row stride: float4-aligned rows, 4 banks apart
+#define LDP (BT + 4)                       // key-major P / dS tile row stride: float4-aligned rows, 4 banks apart
 #else
 #define LDP (BT + 1)
 #endif
+#define LDQ (BT + 1)                       // query-major P / dS tile row stride (odd: dQ reads 8 rows of a column)
 #define NMT ((BT / TI) * (BT / TJ))        // micro-tiles of the P / dS tile
 #define NMA ((BT / TJ) * HD4)              // micro-tiles of dK / dV / dQ (TJ rows x 4 columns)
 #define MA ((NMA + BWG - 1) / BWG)         // accumulator micro-tiles per work-item
@@ -241,7 +242,7 @@ void attention_forward_tiled(__global float* out, __global float* lse, __global 
     __global float* dk_out = split ? d_k + (size_t)b * seq * out_stride + (size_t)h0 * 2 * HD : d_k + kv_base; \
     __global float* dv_out = split ? dk_out + HD : d_v + kv_base;
 
-// Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDP + j], dss[i * LDP + j] (query-major), or with
+// Tile of P and dS for query rows i0.. and keys j0..: ps[i * LDQ + j], dss[i * LDQ + j] (query-major), or with
 // kmajor ps[j * LDP + i], dss[j * LDP + i] (the dK/dV pass reads 4 query rows of a key at once); 0.0f where
 // key j0 + j is masked for row i0 + i or either lies past seq. dS also to tile[i * BT + j] unless tile is 0.
 inline void tile_p_ds(__local float* ps, __local float* dss, __local const float* qs,
@@ -273,7 +274,7 @@ inline void tile_p_ds(__local float* ps, __local float* dss, __local const float
                 const int j = tj + c * (BT / TJ);
                 const bool ok = j0 + j <= i0 + i && i0 + i < seq && j0 + j < seq;
                 const float p = ok ? exp(sv[a][c] * scale - ls[i]) : 0.0f, g = p * (dpv[a][c] - ds[i]);
-                const int at = kmajor ? j * LDP + i : i * LDP + j;
+                const int at = kmajor ? j * LDP + i : i * LDQ + j;
                 ps[at] = p;
                 dss[at] = g;
 #ifdef DS_STORE
@@ -309,9 +310,9 @@ inline void add_ds_k(float4 dq[MA][TJ], __local const float* dss, __local const 
     _Pragma("unroll") for (int m = 0; m < MA; m++) {
         const int e = lid + m * BWG;
         const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
-        for (int j = 0; j < BT; j++) {  // (float4 reads of 4 keys of dS measured 9 % slower on an H100)
+        for (int j = 0; j < BT; j++) {  // (float4 reads of 4 keys of dS, rows of BT + 4: 4.0 -> 4.4 ms on an H100)
             const float4 kv = lrow(ks, j, d4);
-            _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDP + j] * kv;
+            _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDQ + j] * kv;
         }
     }
 }
@@ -479,7 +480,7 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
     const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
     const size_t kv_base = (size_t)b * seq * kv_stride + (size_t)kvh * HD;
     __local float ks[BT * LDR], vs[BT * LDR], qs[BT * LDR], dos[BT * LDR];
-    __local float ps[BT * LDP], dss[BT * LDP], ls[BT], ds[BT];
+    __local float ps[BT * LDQ], dss[BT * LDQ], ls[BT], ds[BT];
     stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lse + (size_t)bh * seq, d_sum + (size_t)bh * seq, i0,
                   BT, seq, q_stride, lid);
     float4 dq[MA][TJ];
@@ -513,7 +514,7 @@ void attention_backward_dq_stored(__global float* d_q, __global const float* ds_
     const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
     const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
     const __global float* kb = k + (size_t)b * seq * kv_stride + (size_t)kvh * HD;
-    __local float ks[BT * LDR], dss[BT * LDP];
+    __local float ks[BT * LDR], dss[BT * LDQ];
     float4 dq[MA][TJ];
     _Pragma("unroll") for (int m = 0; m < MA; m++)
         _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] = (float4)(0.0f);
@@ -521,11 +522,7 @@ void attention_backward_dq_stored(__global float* d_q, __global const float* ds_
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
         stage_rows(ks, kb, jb * BT, BT, seq, kv_stride, lid, BWG);
         const __global float* tile = ds_in + ds_off + ds_tile(bh, ib, jb, seq);
-#if BT >= 4
-        for (int e = lid; e < BT * BT / 4; e += BWG) vstore4(vload4(e, tile), 0, dss + (4 * e / BT) * LDP + 4 * e % BT);
-#else
-        for (int e = lid; e < BT * BT; e += BWG) dss[(e / BT) * LDP + e % BT] = tile[e];
-#endif
+        for (int e = lid; e < BT * BT; e += BWG) dss[(e / BT) * LDQ + e % BT] = tile[e];
         barrier(CLK_LOCAL_MEM_FENCE);
         add_ds_k(dq, dss, ks, lid);
     }
