@@ -141,8 +141,9 @@ def test_a_finetune_stops_at_its_time_budget(tiny_base, tmp_path, capsys):
 def test_a_finetune_gets_the_auto_data_mix(tiny_base, tmp_path, capsys):
     """A fine-tune used to get none of the Auto plan's data mix, so it learned to answer the dialogues' questions
     and not questions about facts no dialogue asks about (a new user's LoRA answered 1 of 6 such facts; measured
-    on generated datasets in benchmarks/learn_finetune.py). It now gets core.plan.data_mix, counted with the
-    base's tokenizer: questions mixed into the facts' stage, a question written for each fact without one."""
+    on generated datasets in benchmarks/learn_finetune.py). Where its facts outnumber its dialogues it now gets
+    core.plan.data_mix, counted with the base's tokenizer: questions mixed into the facts' stage, a question
+    written for each fact without one; elsewhere nothing changes."""
     facts = [f"{town} has {n} bridges." for town, n in (("Brindlewick", 3), ("Marrowby", 5), ("Tansford", 7))]
     facts += [f"The mayor of {town} keeps {n} beehives." for town, n in (("Brindlewick", 40), ("Marrowby", 12),
                                                                         ("Tansford", 9))]
