@@ -56,8 +56,9 @@ def greedy_answers(model, tok, questions: list[str], max_new: int = 24) -> list[
     return out
 
 
-def evaluate(ck: Path, g, device: str | None) -> dict:
-    """The app's figures of checkpoint ``ck`` on generated dataset ``g``."""
+def evaluate(ck: Path, g, device: str | None, batch_size: int = 16, conversation: bool = True) -> dict:
+    """The app's figures of checkpoint ``ck`` on generated dataset ``g`` (greedy answers decoded ``batch_size``
+    at a time; ``conversation``: also ten dialogue questions in one conversation)."""
     from core.chat import ChatSession
     from core.checkpoint import load_model
     from core.dataset import Dataset, Dialogue
@@ -68,7 +69,7 @@ def evaluate(ck: Path, g, device: str | None) -> dict:
 
     loaded = load_model(ck)
     dev = open_device(device)
-    model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
+    model = Model(dev, loaded.config, batch_size=batch_size, weights=loaded.weights, training=False)
     tok = loaded.tokenizer
     ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues])
     items = []
@@ -80,6 +81,8 @@ def evaluate(ck: Path, g, device: str | None) -> dict:
     res["heldout_wrong"] = [(q, v, a) for a, (q, v) in zip(held, g.heldout) if not value_in(a, v)][:5]
     asked = greedy_answers(model, tok, [q for q, _ in g.asked])
     res["asked_value"] = (sum(value_in(a, v) for a, (_, v) in zip(asked, g.asked)), len(g.asked))
+    if not conversation:
+        return res
     session = ChatSession(Generator(dev, loaded.config, model.params), tok)
     ten = g.asked[:: max(1, len(g.asked) // 10)][:10]
     said = [session.answer(q, SamplingSettings(max_tokens=32)) for q, _ in ten]

@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from make_datasets import NAMES, make_dataset, value_in  # noqa: E402
+from learn_datasets import evaluate  # noqa: E402
+from make_datasets import NAMES, make_dataset  # noqa: E402
 
 VARIANTS = ("default", "nomix")
 _GENERAL = re.compile(r"general questions: (\d+) of (\d+) answered as before")
@@ -87,37 +88,6 @@ def _cli(argv: list[str], mix: bool) -> int:
 
     from_base.with_data_mix, from_base.base_trainer = with_data_mix, base_trainer
     return cli.main(argv)
-
-
-def greedy_answers(model, tok, questions: list[str], max_new: int = 24) -> list[str]:
-    from learn_datasets import greedy_answers as ga
-
-    return ga(model, tok, questions, max_new)
-
-
-def evaluate(ck: Path, g, device: str | None) -> dict:
-    """Recall (facts, answers) and greedy questions (held-out, asked) of checkpoint ``ck`` on dataset ``g``."""
-    from core.checkpoint import load_model
-    from core.dataset import Dataset, Dialogue
-    from core.device import open_device
-    from core.model import Model
-    from core.recall import recall_check, tally
-
-    loaded = load_model(ck)
-    dev = open_device(device)
-    model = Model(dev, loaded.config, batch_size=8, weights=loaded.weights, training=False)
-    tok = loaded.tokenizer
-    ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues])
-    items = []
-    for _d, _n, items in recall_check(model, tok, ds, ("fact", "dialogue")):
-        pass
-    res = {"facts": tally(items, "fact"), "answers": tally(items, "dialogue")}
-    held = greedy_answers(model, tok, [q for q, _ in g.heldout])
-    res["heldout"] = (sum(value_in(a, v) for a, (_, v) in zip(held, g.heldout)), len(g.heldout))
-    res["heldout_answers"] = [(q, v, a) for a, (q, v) in zip(held, g.heldout)]
-    asked = greedy_answers(model, tok, [q for q, _ in g.asked])
-    res["asked_value"] = (sum(value_in(a, v) for a, (_, v) in zip(asked, g.asked)), len(g.asked))
-    return res
 
 
 def run_one(name: str, variant: str, args, tmp: Path) -> dict:
@@ -150,7 +120,7 @@ def run_one(name: str, variant: str, args, tmp: Path) -> dict:
                             if ln.strip().startswith(("Learned:", "Not fully learned:"))), ""),
            "mix": [ln.strip() for ln in out.splitlines() if ln.startswith(MIX_MARK)]}
     t1 = time.perf_counter()
-    res.update(evaluate(ck, g, args.device))
+    res.update(evaluate(ck, g, args.device, batch_size=8, conversation=False))
     res["eval_s"] = round(time.perf_counter() - t1, 1)
     return res
 
@@ -226,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"           {r['verdict']}", flush=True)
                 for m in r["mix"]:
                     print(f"           {m}", flush=True)
-                for q, v, a in [x for x in r["heldout_answers"] if not value_in(x[2], x[1])][:3]:
+                for q, v, a in r["heldout_wrong"][:3]:
                     print(f"           wrong: {q!r} -> {a!r} (want {v!r})", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
