@@ -41,6 +41,9 @@ a template word in a share of every item's: the geometric mean of one fact and a
 the two from a few dozen facts to many thousands (40 towns of 10 facts: names in 10, threshold 20,
 template words in 40; 300 people of 6 facts: names in 6, threshold 42, template words in 300)."""
 
+SUFFIX_MAX = 3
+"""Letters by which two forms of a word may differ at their end ("weigh", "weighs", "weighed")."""
+
 _WORD = re.compile(r"([\w'’-]+|[^\w\s])(\s*)", re.UNICODE)
 _POSSESSIVE = re.compile(r"['’]s$")
 _PUNCT = re.compile(r"[^\w\s]")
@@ -152,16 +155,17 @@ def _patterns(dataset: Dataset, fx: _Facts) -> list[Pattern]:
     return out
 
 
-def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) -> tuple[str, int]:
+def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) -> tuple[str, set[int]]:
     """``text`` with every span of words whose keys equal a substitution's old keys replaced by its new
     words (each with the spacing of the fact it came from; a possessive ``'s`` of the text kept).
-    Returns (new text, spans replaced)."""
+    Returns (new text, indices in ``subs`` of the substitutions made)."""
     toks = _tokens(text.strip())
     keys = [_key(w) for w, _ in toks]
     out: list[tuple[str, str]] = []
-    done, i = 0, 0
+    done: set[int] = set()
+    i = 0
     while i < len(toks):
-        for old, new in subs:
+        for s, (old, new) in enumerate(subs):
             n = len(old)
             if n and keys[i:i + n] == old:
                 last_word, last_space = toks[i + n - 1]
@@ -176,7 +180,7 @@ def _substitute(text: str, subs: list[tuple[list[str], list[tuple[str, str]]]]) 
                     new_toks[-1] = (base + suffix, last_space)
                 out += new_toks
                 i += n
-                done += 1
+                done.add(s)
                 break
         else:
             out.append(toks[i])
@@ -218,24 +222,59 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     """The question and answer that pattern ``p`` gives fact ``j``: the words in which fact ``j`` differs
     from the pattern's fact (the item, the values; aligned with :class:`difflib.SequenceMatcher`) put into
     the pattern's question and answer. None when the question would not name fact ``j``'s item (no rare
-    word of the question that its fact holds was replaced)."""
+    word of the question that its fact holds was replaced), or when the facts differ in more than the
+    question and answer state: a difference that neither holds is another kind of fact ("The weight of the
+    X is 600 grams." against "The price of the Y is $290.": "How heavy is the Y?" -> "About $290." would be
+    wrong; an answer that is the fact itself states them all); when
+    words put into the question and not into the answer are all lower-case words, no name or number ("What price is
+    the Y?" -> "In $12." from "What colour is the X?" -> "In white."); and when the new question or answer holds a word of the pattern's fact (or another form of
+    it, :func:`_holds`) that fact ``j`` lacks ("What does the Y weigh?" for "The Y went on sale in 2018.")."""
     a_keys, b_keys = fx.keys[p.fact], fx.keys[j]
     subs = _differing_spans(fx.tokens[p.fact], fx.tokens[j])
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:
         return None
-    q, nq = _substitute(question, subs)
-    if not nq:
+    q, in_q = _substitute(question, subs)
+    if not in_q:
         return None
     if answer.strip() == " ".join(_fact_text(fx, p.fact).split()):
         a = _fact_text(fx, j)
     else:
-        a, _ = _substitute(answer, subs)
+        a, in_a = _substitute(answer, subs)
+        if _left_out(subs, in_q | in_a):
+            return None
+        if any(_lowercase(subs[s][1]) for s in in_q - in_a):
+            return None  # words put into the question alone that are neither a name nor a number: another question
     # every name and value the new question and answer state must be fact j's own
     if any(fx.rare(k) and k not in b_keys for k in (_key(w) for w in words(q) + words(a))):
         return None
+    # and every word of theirs that the pattern's fact holds ("weigh" of "weighs", "room"): the question asks
+    # for what the pattern's fact says ("What does the X weigh?" is not a question for "The Y went on sale in 2018.")
+    if any(_holds(a_keys, k) and not _holds(b_keys, k) for k in (_key(w) for w in words(q) + words(a))):
+        return None
     return q, a
+
+
+def _holds(keys: list[str], k: str) -> bool:
+    """Whether ``keys`` hold word key ``k`` or another form of it (one of them the other plus at most
+    :data:`SUFFIX_MAX` letters, both at least 4 long: "weigh" and "weighs", "cost" and "costs")."""
+    return any(k == x or (min(len(k), len(x)) >= 4 and abs(len(k) - len(x)) <= SUFFIX_MAX
+                          and (k.startswith(x) or x.startswith(k))) for x in keys)
+
+
+def _lowercase(toks: list[tuple[str, str]]) -> bool:
+    """Whether (word, space) tokens are lower-case words only: no name (capitalised) and no number ("price", not
+    "Zenira K41")."""
+    return all(w[:1].isalpha() and w[:1].islower() for w, _ in toks)
+
+
+def _left_out(subs: list[tuple[list[str], list]], used: set[int]) -> list[int]:
+    """Indices of the substitutions (:func:`_differing_spans`) neither made (``used``) nor inside one made (the
+    "2" of "2,200")."""
+    def inside(a: list[str], b: list[str]) -> bool:
+        return any(b[i:i + len(a)] == a for i in range(len(b) - len(a) + 1))
+    return [s for s in range(len(subs)) if s not in used and not any(inside(subs[s][0], subs[u][0]) for u in used)]
 
 
 def _fact_text(fx: _Facts, i: int) -> str:

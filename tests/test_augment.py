@@ -224,3 +224,17 @@ def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
     assert no_dialogues.train_config.mix_share == 0 and no_dialogues.train_config.heldout == 0
     assert tc.pack_facts == 2  # a question row (26 tokens) is two fact rows (13 tokens) long
     assert np.isclose(p.pretrain_passes, p.planned_steps[0] * 20 / 2000)  # 8 rows of 2 facts + 4 fact questions of 16
+
+
+def test_a_pattern_asks_only_about_facts_of_its_own_kind():
+    """A small catalogue (a helper's and the generated ones at 8-40 items): where relation words are as rare as names,
+    "How heavy is the X?" -> "About 600 grams." wrote "About $290." for a price, "What colour is the X?" -> "In
+    white." wrote "What price is the Y?" -> "In $290.", and "What does the X weigh?" -> "It weighs 900 grams." wrote
+    "It went on sale in April 2018." A fact of the pattern's own kind still gets its question."""
+    ds = Dataset(["The weight of the Alto kettle is 600 grams.", "The colour of the Bexa kettle is white.",
+                  "The Cirro kettle weighs 900 grams.", "The price of the Dorra kettle is $290.",
+                  "The Elno kettle went on sale in April 2018.", "The weight of the Fenno kettle is 750 grams."],
+                 [Dialogue([("How heavy is the Alto kettle?", "About 600 grams.")]),
+                  Dialogue([("What colour is the Bexa kettle?", "In white.")]),
+                  Dialogue([("What does the Cirro kettle weigh?", "It weighs 900 grams.")])])
+    assert augment.fact_questions(ds) == [(5, "How heavy is the Fenno kettle?", "About 750 grams.")]
