@@ -49,13 +49,16 @@ APP_VERSION_KEY = META_PREFIX + "app_version"
 MODELFILE_HEADER = "# Ollama Modelfile written by OpenCL LLM Studio"
 """The first line of every Modelfile this app writes (what marks it as ours)."""
 BASE_META_KEYS = ("base_model", "gguf_general", "gguf_context_length", "name", "lora", "base_sha256",
-                  "from_base")
+                  "from_base", "general_replay")
 """Checkpoint keys of a model fine-tuned from a GGUF file (``Trainer.base_meta``): what the export
 writes back (general.* keys, the file's context length, its name); for LoRA (core/lora.py) the
 adapters' settings (``lora``: rank, alpha, targets) and the sha256 of the base file, which a LoRA
 checkpoint does not copy (its weights.npz holds only the adapters); for a full fine-tune whose frozen
 tensors are still the base's (``--freeze-embeddings``), their names (``from_base``) and the base file's
-sha256: its weights.npz and optimizer.npz leave them out, a load reads them from the base file."""
+sha256: its weights.npz and optimizer.npz leave them out, a load reads them from the base file; where the run
+replays the base's answers to general questions (core.known), which of dataset.json's dialogues they are
+(``general_replay``: ``first_dialogue``, their ``questions``, the ``unfinished`` ones), so that a resumed run counts
+them apart as the run it continues did."""
 
 
 class TrainingKeys:
@@ -178,6 +181,11 @@ def _sha256(name: str, v) -> str:
 def _base(name: str, v) -> dict:
     base = {k: x for k, x in mapping(name, v).items() if k in BASE_META_KEYS}
     _check_lora_base(base)
+    if "general_replay" in base:
+        r = mapping(f"{name}.general_replay", base["general_replay"])
+        whole(0)(f"{name}.general_replay.first_dialogue", r.get("first_dialogue"))
+        for key in ("questions", "unfinished"):
+            texts(f"{name}.general_replay.{key}", r.get(key))
     return base
 
 

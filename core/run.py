@@ -223,6 +223,7 @@ class Run:
             new_data = earlier is not None and trainer.previous_dataset_hashes != earlier
             self._saved_state = (*self._state(trainer)[:3],
                                  trainer.previous_dataset_hashes[-1] if new_data else trainer.dataset_hash)
+        self._restore_replay(trainer)
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         yield LogEvent("INFO", f"resuming {req.resume} at {where}")
@@ -256,7 +257,25 @@ class Run:
                                check_memory=check)
         if self._replay is not None and self._replay.pairs:
             trainer.replayed_from = self._replay.first_dialogue  # its stage lines count them apart
+            trainer.base_meta["general_replay"] = {"first_dialogue": self._replay.first_dialogue,  # (for a resume)
+                                                   "questions": [q for q, _ in self._replay.pairs],
+                                                   "unfinished": list(self._replay.unfinished)}
         return trainer
+
+    def _restore_replay(self, trainer: Trainer) -> None:
+        """A resumed fine-tune's replayed general questions (config.json's ``base.general_replay``) as the run it
+        continues had them, where its dataset still ends with them; else (a new dataset) none."""
+        from core.known import Replay
+
+        r = trainer.base_meta.get("general_replay")
+        if r is None:
+            return
+        replays = trainer.dataset.dialogues[r["first_dialogue"]:]
+        if [d.turns[0][0] if len(d.turns) == 1 else None for d in replays] != r["questions"]:
+            del trainer.base_meta["general_replay"]
+            return
+        self._replay = Replay(tuple(d.turns[0] for d in replays), r["first_dialogue"], tuple(r["unfinished"]))
+        trainer.replayed_from = r["first_dialogue"]
 
     def _with_general_questions(self, dev: Device, mc: ModelConfig, loaded, dataset: Dataset):
         """``dataset`` with the base model's answers to the general questions appended (core/known.py)."""

@@ -75,6 +75,10 @@ def test_meta_round_trip_and_current_version(ck):
     (lambda d: d | {"format": "other"}, "field 'format' is 'other'"),
     (lambda d: d | {"version": 99}, "field 'version' is 99: written by a newer app version"),
     (lambda d: d | {"last_loss": [1]}, "field 'last_loss' must be a number or null"),
+    (lambda d: d | {"base": {"general_replay": {"first_dialogue": -1, "questions": [], "unfinished": []}}},
+     "field 'base.general_replay.first_dialogue' must be >= 0, got -1"),
+    (lambda d: d | {"base": {"general_replay": {"first_dialogue": 2, "questions": "Who?", "unfinished": []}}},
+     "field 'base.general_replay.questions' must be"),
 ])
 def test_bad_config_fields_name_file_and_field(ck, edit, message):
     edit_config(ck, edit)

@@ -112,6 +112,23 @@ def test_finetune_resume_export_and_llama_cpp_parity(tiny_base, tmp_path, capsys
     np.testing.assert_allclose(ours, theirs, atol=1e-3, rtol=1e-3)
 
 
+def test_a_resumed_finetune_counts_the_general_questions_apart(tiny_base, tmp_path, capsys):
+    """The base's answers to the general questions are dialogues of the saved dataset; a resumed run counted them
+    as the user's answers ("8 of 12 answers" for a dataset of 2 dialogues) and said nothing of them. config.json
+    now records which they are (base.general_replay), and a resume counts them apart as the run it continues did."""
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(DATA))
+    out = tmp_path / "run"
+    assert train_base(tiny_base, out, data, "--steps", "2") == 0
+    replay = json.loads((out / "config.json").read_text())["base"]["general_replay"]
+    assert replay["first_dialogue"] == 2 and len(replay["questions"]) + len(replay["unfinished"]) == len(GENERAL_QUESTIONS)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--tune-steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "general questions: " in printed and " of 2 answers" in printed, printed[-600:]
+    assert ", general questions " in next(ln for ln in printed.splitlines() if ln.startswith("dialogues done"))
+
+
 def test_frozen_embeddings_stay_as_the_base(tiny_base, tmp_path, capsys):
     data = tmp_path / "data.json"
     data.write_text(json.dumps(DATA))
