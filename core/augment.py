@@ -225,10 +225,10 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     word of the question that its fact holds was replaced), or when the facts differ in more than the
     question and answer state: a difference that neither holds is another kind of fact ("The weight of the
     X is 600 grams." against "The price of the Y is $290.": "How heavy is the Y?" -> "About $290." would be
-    wrong; an answer that is the fact itself states them all); when
-    words put into the question and not into the answer are all lower-case words, no name or number ("What price is
-    the Y?" -> "In $12." from "What colour is the X?" -> "In white."); and when the new question or answer holds a word of the pattern's fact (or another form of
-    it, :func:`_holds`) that fact ``j`` lacks ("What does the Y weigh?" for "The Y went on sale in 2018.")."""
+    wrong; an answer that is the fact itself states them all); or when the new question or answer holds a word of
+    the pattern's fact (or another form of it, :func:`_holds`) that fact ``j`` lacks ("What does the Y weigh?" for
+    "The Y went on sale in 2018."). A question whose relation word is put in with the item ("What price is the
+    Y?" -> "In $12." from "What colour is the X?" -> "In white.") is kept: it asks for fact ``j``'s value."""
     a_keys, b_keys = fx.keys[p.fact], fx.keys[j]
     subs = _differing_spans(fx.tokens[p.fact], fx.tokens[j])
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
@@ -244,8 +244,6 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
         a, in_a = _substitute(answer, subs)
         if _left_out(subs, in_q | in_a):
             return None
-        if any(_lowercase(subs[s][1]) for s in in_q - in_a):
-            return None  # words put into the question alone that are neither a name nor a number: another question
     # every name and value the new question and answer state must be fact j's own
     if any(fx.rare(k) and k not in b_keys for k in (_key(w) for w in words(q) + words(a))):
         return None
@@ -261,12 +259,6 @@ def _holds(keys: list[str], k: str) -> bool:
     :data:`SUFFIX_MAX` letters, both at least 4 long: "weigh" and "weighs", "cost" and "costs")."""
     return any(k == x or (min(len(k), len(x)) >= 4 and abs(len(k) - len(x)) <= SUFFIX_MAX
                           and (k.startswith(x) or x.startswith(k))) for x in keys)
-
-
-def _lowercase(toks: list[tuple[str, str]]) -> bool:
-    """Whether (word, space) tokens are lower-case words only: no name (capitalised) and no number ("price", not
-    "Zenira K41")."""
-    return all(w[:1].isalpha() and w[:1].islower() for w, _ in toks)
 
 
 def _left_out(subs: list[tuple[list[str], list]], used: set[int]) -> list[int]:
