@@ -89,6 +89,23 @@ def with_replay(dataset: Dataset, pairs: list[tuple[str, str]], unfinished: list
     return out, Replay(tuple(pairs), len(dataset.dialogues), tuple(unfinished))
 
 
+def replay_meta(replay: Replay) -> dict:
+    """What a checkpoint records of ``replay`` (config.json's ``base.general_replay``, core.checkpoint_meta): the
+    index of the first replayed dialogue, the replayed questions and the unfinished ones."""
+    return {"first_dialogue": replay.first_dialogue, "questions": [q for q, _ in replay.pairs],
+            "unfinished": list(replay.unfinished)}
+
+
+def replay_of(meta: dict, dataset: Dataset) -> Replay | None:
+    """The :class:`Replay` that :func:`replay_meta` recorded, read back from a checkpoint's ``dataset`` (its
+    dialogues from ``first_dialogue`` on); None where the dataset no longer ends with those questions (a
+    resume on new data)."""
+    replays = dataset.dialogues[meta["first_dialogue"]:]
+    if [d.turns[0][0] if len(d.turns) == 1 else None for d in replays] != meta["questions"]:
+        return None
+    return Replay(tuple(d.turns[0] for d in replays), meta["first_dialogue"], tuple(meta["unfinished"]))
+
+
 def split_replayed(recall, first_dialogue: int) -> tuple[list[RecallItem], list[RecallItem]]:
     """``(the user's items, the replayed general questions)`` of a stage's recall items: the replays are the
     dialogues from ``first_dialogue`` on (:func:`with_replay` appends them), asked alone (kind ``dialogue``;
@@ -136,5 +153,6 @@ def read_questions(path: str) -> tuple[str, ...]:
     return questions
 
 
-__all__ = ["GENERAL_QUESTIONS", "ANSWER_TOKENS", "Replay", "base_answers", "first_sentence", "with_replay", "answered_as_before",
+__all__ = ["GENERAL_QUESTIONS", "ANSWER_TOKENS", "Replay", "base_answers", "first_sentence", "with_replay",
+           "replay_meta", "replay_of", "answered_as_before",
            "verdict_line", "read_questions"]

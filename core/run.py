@@ -238,18 +238,17 @@ class Run:
         dataset = req.dataset if req.dataset is not None else default_dataset()
         yield LogEvent("INFO", f"dataset: {count_words(len(dataset.facts), 'fact')}, "
                                f"{count_words(len(dataset.dialogues), 'dialogue')}")
-        check = self._memory_check(dev, mc, tc, base)
         if base is None:
             yield Phase("build", "training the tokenizer and building the model")
-            return Trainer(dataset, mc, tc, dev, check_memory=check)
-        from core import chat_format
+            return Trainer(dataset, mc, tc, dev, check_memory=self._memory_check(dev, mc, tc, base))
+        from core import chat_format, known
         from core.estimates import resident_bytes
         from core.from_base import base_trainer, with_data_mix
 
         loaded, mc, meta = base
         own = "its own chat template" if chat_format.uses_file_template(loaded.tokenizer) else "our chat format"
         yield LogEvent("INFO", f"base: {req.base} ({type(loaded.tokenizer).__name__}, {own})")
-        tc = with_data_mix(tc, loaded.tokenizer, dataset, mc.context_length)
+        tc = with_data_mix(tc, loaded.tokenizer, dataset, mc.context_length)  # (before the memory check: its rows)
         check = self._memory_check(dev, mc, tc, base)
         dataset = yield from self._with_general_questions(dev, mc, loaded, dataset)
         self._resident_before = resident_bytes()  # the base's weights and libraries, before the device's buffers
@@ -257,25 +256,21 @@ class Run:
                                check_memory=check)
         if self._replay is not None and self._replay.pairs:
             trainer.replayed_from = self._replay.first_dialogue  # its stage lines count them apart
-            trainer.base_meta["general_replay"] = {"first_dialogue": self._replay.first_dialogue,  # (for a resume)
-                                                   "questions": [q for q, _ in self._replay.pairs],
-                                                   "unfinished": list(self._replay.unfinished)}
+            trainer.base_meta["general_replay"] = known.replay_meta(self._replay)  # (for a resume)
         return trainer
 
     def _restore_replay(self, trainer: Trainer) -> None:
         """A resumed fine-tune's replayed general questions (config.json's ``base.general_replay``) as the run it
         continues had them, where its dataset still ends with them; else (a new dataset) none."""
-        from core.known import Replay
+        from core.known import replay_of
 
-        r = trainer.base_meta.get("general_replay")
-        if r is None:
+        if "general_replay" not in trainer.base_meta:
             return
-        replays = trainer.dataset.dialogues[r["first_dialogue"]:]
-        if [d.turns[0][0] if len(d.turns) == 1 else None for d in replays] != r["questions"]:
+        self._replay = replay_of(trainer.base_meta["general_replay"], trainer.dataset)
+        if self._replay is None:
             del trainer.base_meta["general_replay"]
-            return
-        self._replay = Replay(tuple(d.turns[0] for d in replays), r["first_dialogue"], tuple(r["unfinished"]))
-        trainer.replayed_from = r["first_dialogue"]
+        else:
+            trainer.replayed_from = self._replay.first_dialogue
 
     def _with_general_questions(self, dev: Device, mc: ModelConfig, loaded, dataset: Dataset):
         """``dataset`` with the base model's answers to the general questions appended (core/known.py)."""
