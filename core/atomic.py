@@ -13,7 +13,10 @@ A folder (a checkpoint, after SQLite's atomic commit): :func:`replace_folder` wr
 ``.NAME.bak``. A reader sees the old or the new folder, never a mix: :func:`readable_folder` returns
 ``.NAME.bak`` in the one moment between the two renames, and :func:`recover_folder` (run by the next
 writer, or by a reader when no writer holds the folder) finishes or discards what an interrupted swap
-left.
+left. Only what the swap itself made is ever taken for its leftovers: the temp folder and the old folder get
+the file :data:`MARK` before they take those names (the new folder loses it once in place), so a user's own
+``.NAME.bak`` or ``.NAME.tmp-old`` is never moved or deleted (a save beside one is refused), and a file
+write's leftover matches ``.NAME.<8 hex digits>.tmp`` exactly.
 
 Crash tests inject faults at each of these file operations from outside (tests/file_ops.py), so this
 module holds no test hook.
@@ -22,12 +25,21 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+MARK = ".opencl-llm-swap"
+"""An empty file in a folder that a swap made or is moving (its temp folder, the old folder about to become
+``.NAME.bak``): what tells the swap's own leftovers from a user's folders of the same names."""
+
+_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+"""The name :func:`atomic_path` gives its temporary file (``secrets.token_hex(4)``)."""
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -130,7 +142,7 @@ def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
     except OSError:
         return out
     for p in entries:
-        if p.name.startswith(".") and p.name.endswith(".tmp") and p.is_file():
+        if _TEMP_FILE.match(p.name) and p.is_file():
             try:
                 p.unlink()
                 out.append(p)
@@ -154,6 +166,57 @@ def backup_path(folder: str | os.PathLike) -> Path:
     """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way."""
     folder = Path(folder)
     return folder.with_name(f".{folder.name}.bak")
+
+
+def _mark(folder: Path) -> None:
+    """Put :data:`MARK` in ``folder`` (a swap's temp folder, or the old folder before it becomes the backup)."""
+    os.close(os.open(folder / MARK, os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def _unmark(folder: Path) -> bool:
+    """Remove :data:`MARK` from ``folder`` (the new folder once in place); whether there was one."""
+    try:
+        os.unlink(folder / MARK)
+        return True
+    except OSError:
+        return False
+
+
+def made_by_swap(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` (a ``.NAME.bak`` or ``.NAME.tmp-...``) is a swap's own: it holds :data:`MARK`."""
+    return (Path(folder) / MARK).is_file()
+
+
+_ours = made_by_swap
+
+
+def _remove_ours(folder: Path, strict: bool = False) -> None:
+    """Delete a swap's folder, its :data:`MARK` only once all else is gone: one that cannot be removed whole
+    stays recognisable as the swap's. ``strict``: raise the first failure (OSError naming the file), else
+    leave what cannot be removed."""
+    try:
+        entries = [p for p in folder.iterdir() if p.name != MARK]
+    except OSError:
+        if strict:
+            raise
+        return
+    for p in entries:
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except OSError:
+            if strict:
+                raise
+    try:
+        if any(p.name != MARK for p in folder.iterdir()):
+            return
+        _unmark(folder)
+        folder.rmdir()
+    except OSError:
+        if strict:
+            raise
 
 
 def _temp_prefix(folder: Path) -> str:
@@ -191,7 +254,7 @@ def readable_folder(folder: str | os.PathLike) -> Path:
     """The folder a reader should read: ``folder`` itself, or its ``.bak`` when a swap was cut
     between its two renames (the old, complete folder). Changes nothing on disk."""
     folder = Path(folder)
-    if not folder.exists() and backup_path(folder).is_dir():
+    if not folder.exists() and backup_path(folder).is_dir() and _ours(backup_path(folder)):
         return backup_path(folder)
     return folder
 
@@ -202,7 +265,12 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     - ``.NAME.bak`` and no ``NAME``: the swap was cut between its renames; the old folder is renamed back.
     - ``.NAME.bak`` and ``NAME``: the swap finished; the backup is deleted.
     - ``.NAME.tmp-...`` folders of processes that are gone: deleted (never a live writer's).
-    - ``.X.<random>.tmp`` files inside ``NAME`` (an interrupted file write): deleted.
+    - :data:`MARK` in ``NAME`` (a swap cut just before or after its renames): removed.
+    - ``.X.<8 hex digits>.tmp`` files inside ``NAME`` (an interrupted file write): deleted.
+
+    A ``.NAME.bak`` or ``.NAME.tmp-...`` folder without :data:`MARK` is the user's (a swap marks both before
+    they take those names) and is left as it is; so is an empty temp folder's absence of one (it is removed:
+    it holds nothing).
 
     Call it only while no other process writes the folder (hold its :class:`core.folder_lock.FolderLock`,
     or check that nobody does).
@@ -213,7 +281,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     folder = Path(folder)
     done = []
     bak = backup_path(folder)
-    if bak.is_dir():
+    if bak.is_dir() and _ours(bak):
         if not folder.exists():
             try:
                 os.rename(bak, folder)
@@ -222,7 +290,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
             except OSError:
                 pass
         else:
-            shutil.rmtree(bak, ignore_errors=True)
+            _remove_ours(bak)
             done.append(f"removed {bak} (left by a save that had finished)")
     prefix = _temp_prefix(folder)
     try:
@@ -231,8 +299,15 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
         siblings = []
     for p in siblings:
         if p.name.startswith(prefix) and p.is_dir() and _temp_owner_dead(p.name, prefix):
-            shutil.rmtree(p, ignore_errors=True)
-            done.append(f"removed {p} (an unfinished save)")
+            try:
+                empty = not any(p.iterdir())
+            except OSError:
+                continue
+            if empty or _ours(p):
+                _remove_ours(p)
+                done.append(f"removed {p} (an unfinished save)")
+    if folder.is_dir():
+        _unmark(folder)
     for p in remove_stale_temp_files(folder) if folder.is_dir() else []:
         done.append(f"removed {p} (an unfinished file write)")
     return done
@@ -262,6 +337,7 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
     tmp = folder.with_name(f"{_temp_prefix(folder)}{_host()}-{os.getpid()}-{secrets.token_hex(3)}")
     try:
         tmp.mkdir()
+        _mark(tmp)
         write(tmp)
         for p in sorted(tmp.iterdir()):
             if p.is_file():
@@ -287,34 +363,42 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     Raises:
         OSError: a rename failed (the old folder is then back in place, or restorable by
             :func:`recover_folder`; ``source`` is still there); an old ``.NAME.bak`` cannot be removed
-            (the message says which file and why).
+            (the message says which file and why); a ``.NAME.bak`` the app did not make is in the way
+            (EEXIST; it is left as it is).
     """
     source, folder = Path(source), Path(folder)
     if recover:
         recover_folder(folder)
     bak = backup_path(folder)
-    if bak.exists() and folder.exists():  # a finished save's backup that recover_folder could not remove
+    theirs = (bak.exists() or bak.is_symlink()) and not (bak.is_dir() and _ours(bak))
+    if theirs and folder.exists():  # (with no old folder to put aside, the name is not needed)
+        raise OSError(errno.EEXIST, f"{bak}: a folder or file of that name is in the way of the save (the app "
+                      f"names the old {folder.name} so while it puts the new one in place); move or rename it")
+    if not theirs and bak.exists() and folder.exists():  # a finished save's backup recover_folder could not remove
         try:
-            remove_tree(bak)
+            _remove_ours(bak, strict=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot remove the old backup {bak} ({e.strerror or e}: "
                           f"{e.filename or bak}); remove it by hand") from None
     if folder.exists():
+        _mark(folder)  # becomes the backup: marked as the swap's first
         os.rename(folder, bak)
     try:
         os.rename(source, folder)
     except BaseException:
-        if bak.is_dir() and not folder.exists():
+        if bak.is_dir() and _ours(bak) and not folder.exists():
             os.rename(bak, folder)  # put the old one back
+            _unmark(folder)
         raise
     try:  # the new folder is in place: what follows only tidies up, and may fail without harm
         fsync_folder(folder.parent)
-        if bak.exists():
-            shutil.rmtree(bak, ignore_errors=True)
+        if bak.is_dir() and _ours(bak):
+            _remove_ours(bak)
+        _unmark(folder)
     except OSError:
-        pass  # a leftover .bak is removed by the next recover_folder
+        pass  # a leftover .bak (or mark) is removed by the next recover_folder
     return folder
 
 
-__all__ = ["atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
+__all__ = ["MARK", "made_by_swap", "atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
            "remove_stale_temp_files", "remove_tree", "fsync_folder"]

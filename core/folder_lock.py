@@ -86,6 +86,23 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
 
 
+FOREIGN = "a file this app did not write"
+"""``LockHolder.what`` of a lock file that holds something else than a lock record (never removed)."""
+
+
+def _unreadable(p: Path) -> LockHolder | None:
+    """The holder to respect for lock file ``p`` that :func:`read_holder` cannot read: an empty one younger than
+    a minute is being written (the exclusive-create fallback of :func:`_link`); an empty older one is stale
+    (None: taken over); one with text in it the app did not write, so it is never removed (:data:`FOREIGN`)."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    if st.st_size:
+        return LockHolder(0, "?", st.st_mtime, "", FOREIGN, p)
+    return LockHolder(0, "?", st.st_mtime, "", "unreadable lock file", p) if time.time() - st.st_mtime < 60 else None
+
+
 def _mine(h: LockHolder) -> bool:
     return h.pid == os.getpid() and h.host == socket.gethostname()
 
@@ -116,14 +133,10 @@ def live_holder(folder: str | os.PathLike, include_self: bool = False) -> LockHo
         if not p.is_file():
             continue
         h = read_holder(p)
-        if h is None:
-            # Unreadable: being created right now (it is written before it is linked, so that is not
-            # possible) or damaged; damaged locks older than a minute are stale.
-            try:
-                if time.time() - p.stat().st_mtime < 60:
-                    return LockHolder(0, "?", p.stat().st_mtime, "", "unreadable lock file", p)
-            except OSError:
-                pass
+        if h is None:  # empty (being created, or cut by a crash) or not a lock of this app
+            u = _unreadable(p)
+            if u is not None:
+                return u
             continue
         if _mine(h):
             if include_self:
@@ -206,12 +219,17 @@ class FolderLock:
                 old = read_holder(self.path)
                 if old is not None and _is_live(old) and old.pid != os.getpid():
                     raise self._busy(old)
-                _remove(self.path)  # stale: a dead holder's lock; take it over
+                if old is None and (u := _unreadable(self.path)) is not None:
+                    raise self._busy(u)
+                _remove(self.path)  # stale: a dead holder's lock (or an empty one); take it over
             raise FolderBusyError(f"{self.folder}: another process keeps taking the lock {self.path}")
         finally:
             _remove(tmp)
 
     def _busy(self, holder: LockHolder) -> FolderBusyError:
+        if holder.what == FOREIGN:
+            return FolderBusyError(f"{self.folder}: its lock file {holder.path} holds text this app did not write; "
+                                   "move or rename that file, then try again")
         return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop it "
                                f"(lock file {holder.path})")
 

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.atomic import atomic_write, backup_path, recover_folder, swap_in_folder
+from core.atomic import atomic_write, backup_path, made_by_swap, recover_folder, swap_in_folder
 from core.checkpoint_meta import CheckpointError, CheckpointMeta, has_checkpoint
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
 from core.folder_lock import FolderBusyError, FolderLock
@@ -83,7 +83,8 @@ def recover_project(folder: str | Path) -> None:
     folder = Path(folder)
     checkpoint, pending = folder / CHECKPOINT, folder / PENDING
     legacy_old = checkpoint.with_name(checkpoint.name + ".old")
-    aside = [p for p in (backup_path(checkpoint), legacy_old) if p.is_dir()]
+    aside = [p for p in (backup_path(checkpoint), legacy_old) if p.is_dir()
+             and (made_by_swap(p) or p == legacy_old)]  # (a user's own .checkpoint.bak is not ours to use)
     if aside and not checkpoint.exists() and has_checkpoint(pending):
         try:
             os.replace(pending, checkpoint)

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from core.atomic import MARK
 from core.checkpoint import FORMAT_VERSION, MARKER, CheckpointMeta, load_checkpoint
 from core.cli import main
 
@@ -202,6 +203,7 @@ def _stuck_backup(ws, base):
     copy_ck(base, ws / "ck")
     bak = ws / ".ck.bak"
     bak.mkdir()
+    (bak / MARK).touch()  # a save's own backup (core.atomic marks it)
     (bak / "config.json").write_text("{}\n")
     bak.chmod(0o555)
     return [bak / "config.json"]
@@ -373,6 +375,71 @@ def test_the_table_covers_every_case_of_the_issue():
 
 
 # ------------------------------------------------------------------------------------ cases outside the table
+def test_folders_and_files_named_like_a_saves_leftovers_but_the_users_are_never_touched(base, tmp_path, capsys):
+    """A tester's copy of a model in ``.model.bak``, a ``.model.tmp-old`` folder and ``model/.draft.tmp`` were
+    deleted by a plain `chat` (every reader finished "interrupted saves"); `train --out proj` beside a user's
+    ``.proj.bak`` moved it into ``proj`` and then refused ``proj`` after training. Only what a save marked
+    (core.atomic.MARK) is a leftover: the user's are left as they are, and a save that would need the name is
+    refused before training."""
+    ck = copy_ck(base, tmp_path / "model")
+    for d in (tmp_path / ".model.bak", tmp_path / ".model.tmp-old", tmp_path / ".model.tmp-host-999999999-abc"):
+        d.mkdir()
+        (d / "notes.txt").write_text("mine\n")
+    (ck / ".draft.tmp").write_text("d\n")
+    before = snapshot(tmp_path)
+    assert main(["chat", "--model", str(ck), "--prompt", "hi", "--max-tokens", "2"]) == 0
+    assert main(["recall", "--model", str(ck)]) in (0, 1)
+    assert snapshot(tmp_path) == before
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), *TINY, "--tune-steps", "8"]) != 0
+    assert "holds .draft.tmp, which this app did not write" in capsys.readouterr().err  # a save would delete it
+    (ck / ".draft.tmp").unlink()
+    before = snapshot(tmp_path)
+    assert main(["train", "--resume", str(ck), *TINY, "--tune-steps", "8"]) != 0
+    err = capsys.readouterr().err
+    assert ".model.bak: in the way of saves" in err and "move or rename it" in err, err
+    assert snapshot(tmp_path) == before
+
+    proj, bak = tmp_path / "proj", tmp_path / ".proj.bak"
+    bak.mkdir()
+    (bak / "notes.txt").write_text("b\n")
+    assert main(["train", *TINY, "--steps", "1", "--out", str(proj)]) != 0
+    assert ".proj.bak: in the way of saves" in capsys.readouterr().err and not proj.exists()
+    assert (bak / "notes.txt").read_text() == "b\n"
+
+
+def test_an_hf_export_beside_a_users_backup_named_folder_leaves_it(base, tmp_path, capsys):
+    """``export --format hf --out hf`` moved a user's ``.hf.bak`` into ``hf`` and deleted it with its files."""
+    bak = tmp_path / ".hf.bak"
+    bak.mkdir()
+    (bak / "notes.txt").write_text("n\n")
+    assert main(["export", "--model", str(base), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert (bak / "notes.txt").read_text() == "n\n" and (tmp_path / "hf" / "config.json").is_file()
+    assert not (tmp_path / "hf" / MARK).exists()
+    # replacing that export needs the name for the old folder: refused, both folders as they were
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(["export", "--model", str(base), "--format", "hf", "--out", str(tmp_path / "hf"), "--overwrite"]) != 0
+    assert ".hf.bak: a folder or file of that name is in the way" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before
+
+
+def test_a_lock_file_the_app_did_not_write_is_never_removed(base, tmp_path, capsys):
+    """``.lk.lock`` holding a user's text, two hours old, was taken for a stale lock and deleted."""
+    lock = tmp_path / ".lk.lock"
+    lock.write_text("mine\n")
+    old = time.time() - 7200
+    os.utime(lock, (old, old))
+    assert main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "lk")]) != 0
+    err = capsys.readouterr().err
+    assert "holds text this app did not write" in err and ".lk.lock" in err, err
+    assert lock.read_text() == "mine\n"
+    lock.write_text("")  # an empty one (a lock cut by a crash) older than a minute is stale: taken over
+    os.utime(lock, (old, old))
+    assert main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "lk")]) == 0
+    assert not lock.exists()
+
+
 def test_an_undeletable_backup_is_named_at_save_not_directory_not_empty(base, tmp_path, monkeypatch):
     """The save says what really failed (the old backup cannot be removed), and the folder keeps its
     checkpoint; earlier the rename onto the leftover said "Directory not empty"."""
@@ -383,11 +450,13 @@ def test_an_undeletable_backup_is_named_at_save_not_directory_not_empty(base, tm
     ck = copy_ck(base, tmp_path / "ck")
     bak = tmp_path / ".ck.bak"
     bak.mkdir()
-    (bak / "weights.npz").write_bytes(b"old")
+    (bak / MARK).touch()  # a save's own backup (core.atomic marks it)
+    (bak / "stuck").mkdir()
+    (bak / "stuck" / "weights.npz").write_bytes(b"old")
     real_rmtree = shutil.rmtree
 
     def rmtree(path, ignore_errors=False, **kw):  # a backup no one may delete (another user's files, say)
-        if Path(path).name == ".ck.bak":
+        if Path(path).name == "stuck":
             if ignore_errors:
                 return
             raise PermissionError(13, "Permission denied", str(Path(path) / "weights.npz"))

@@ -338,14 +338,19 @@ def test_chat_drops_old_turns_to_keep_room_for_the_answer():
 
 
 def test_leftovers_of_old_and_new_saves_are_removed_on_load(ck, tmp_path):
-    from core.atomic import _host, backup_path
+    from core.atomic import MARK, _host, backup_path
 
-    (ck / ".optimizer.npz.k2j3h1.tmp").write_bytes(b"x" * 1000)  # what today's main left on a kill
+    (ck / ".optimizer.npz.0a2f3e1b.tmp").write_bytes(b"x" * 1000)  # what a kill during a file write leaves
     dead = tmp_path / f".ck.tmp-{_host()}-999999999-abc"  # an unfinished save of a process that is gone
     dead.mkdir()
+    (dead / MARK).touch()
+    (dead / "weights.npz").write_bytes(b"part")
     load_checkpoint(ck)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"] and not any(p.name.endswith(".tmp") for p in ck.iterdir())
-    ck.rename(backup_path(ck))  # cut between the two renames of a swap: the backup is the checkpoint
+    (ck / MARK).touch()  # cut between the two renames of a swap (which marks the old folder): the backup is the
+    ck.rename(backup_path(ck))  # checkpoint
+    assert load_checkpoint(ck).checkpoint.adam_step == 6 and ck.is_dir() and not backup_path(ck).exists()
+    assert not (ck / MARK).exists()
     assert load_checkpoint(ck).checkpoint.adam_step == 6 and ck.is_dir() and not backup_path(ck).exists()
 
 

@@ -265,11 +265,12 @@ def _model(folder: Path, tag: str, complete: bool = True) -> Path:
 def test_a_promotion_cut_between_its_renames_leaves_one_whole_model(tmp_path, pending_complete):
     """A kill after the old model went aside and before the new run came in: the complete new run
     becomes the model, else the old model comes back; nothing is left aside."""
-    from core.atomic import backup_path
+    from core.atomic import MARK, backup_path
     from gui.project import CHECKPOINT, PENDING, recover_project
 
     checkpoint = tmp_path / CHECKPOINT
-    _model(backup_path(checkpoint), "old")  # the state between the two renames of swap_in_folder
+    _model(backup_path(checkpoint), "old")  # the state between the two renames of swap_in_folder (which marks it)
+    (backup_path(checkpoint) / MARK).touch()
     _model(tmp_path / PENDING, "new", complete=pending_complete)
     recover_project(tmp_path)
     assert (checkpoint / "weights.npz").read_text() == ("new" if pending_complete else "old")
