@@ -143,6 +143,13 @@ def patterns(dataset: Dataset) -> list[Pattern]:
     return _patterns(dataset, fx)
 
 
+def asked_facts(dataset: Dataset) -> set[int]:
+    """Indices of the facts that a turn of one of the dataset's dialogues asks about (:func:`_link`: its question
+    names the fact's item and its answer states the fact's value), in dialogues of any length."""
+    fx = _Facts(dataset.facts)
+    return {j for d in dataset.dialogues for q, a in d.turns for j in [_link(fx, q, a)] if j is not None}
+
+
 def _patterns(dataset: Dataset, fx: _Facts) -> list[Pattern]:
     out = []
     for i, d in enumerate(dataset.dialogues):
@@ -356,4 +363,4 @@ def conversations(dialogues: list[Dialogue], count: int, length: tuple[int, int]
     return out
 
 
-__all__ = ["Pattern", "patterns", "fact_questions", "knowledge_bits", "conversations", "words", "MIN_SIMILARITY"]
+__all__ = ["Pattern", "patterns", "asked_facts", "fact_questions", "knowledge_bits", "conversations", "words", "MIN_SIMILARITY"]

@@ -131,6 +131,9 @@ class Batches:
         questions: examples of the trained fact questions (``fact_questions``, core.augment).
         heldout_pairs: (question, answer) of the fact questions kept out of training (``heldout``).
         conversations: examples of several dialogues one after another (``conversation_every``).
+        unasked: indices of the facts no question asks about: no dialogue's turn (core.augment.asked_facts) and no
+            fact question, trained or held out. The model learns them as text only and may not answer
+            questions about them (Allen-Zhu & Li 2023, see core.augment).
     """
 
     def __init__(self, tokenizer: Tokenizer, dataset: Dataset, context_length: int, train_config: TrainConfig):
@@ -141,6 +144,8 @@ class Batches:
         self._asked: list[tuple[int, str, str]] = []
         self.questions, self.heldout_pairs = self._fact_questions(cl)
         self.conversations = self._conversations(cl)
+        asked = augment.asked_facts(dataset) | {i for i, _, _ in self._asked}
+        self.unasked = [i for i, f in enumerate(dataset.facts) if f.strip() and i not in asked]
 
     def stage_config(self, index: int) -> StageConfig:
         return self.train_config.pretrain if index == 0 else self.train_config.dialogues

@@ -607,13 +607,14 @@ class Verdict:
 
 def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
             preset: str | None = None, chat: tuple[int, int] = (0, 0),
-            heldout: tuple[int, int] = (0, 0), left_out: dict | None = None) -> Verdict:
+            heldout: tuple[int, int] = (0, 0), left_out: dict | None = None, unasked: int = 0) -> Verdict:
     """The honest end of a run from its final recall counts ((reproduced, checked) of facts, dialogue
     answers, answers in the middle of a conversation and held-out questions), the recall target (share
     of each but the held-out ones, which are reported, not required) and why the last stage ended
     ("steps", "learned", "no progress", "time budget", "stopped"). ``left_out``: ``{kind: {why: n}}`` of the
     facts and answers the check could not ask ("0 of 2 facts checked (1 too long for the context to check)":
-    the dataset's count is not the checked one)."""
+    the dataset's count is not the checked one). ``unasked``: facts no question asks about
+    (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them)"."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
@@ -627,7 +628,9 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     if answers[1] or (left_out or {}).get("dialogue"):
         parts.append(count(answers, "dialogue", "answers"))
     if facts[1] or (left_out or {}).get("fact"):
-        parts.append(count(facts, "fact", "facts"))
+        parts.append(count(facts, "fact", "facts")
+                     + (f" ({unasked:,} as text only: no question asks about {'it' if unasked == 1 else 'them'})"
+                        if unasked else ""))
     if chat[1]:
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
     learned = met(facts) and met(answers) and met(chat)
@@ -653,11 +656,12 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     return Verdict(False, f"Not fully learned: {what}", advice, answers, facts, chat, heldout)
 
 
-def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None) -> Verdict:
-    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table); a table of a
-    huge dataset that was only sampled (``report.recall_sampled``) says so."""
+def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None, unasked: int = 0) -> Verdict:
+    """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table) and its count of
+    facts no question asks about; a table of a huge dataset that was only sampled (``report.recall_sampled``)
+    says so."""
     v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
-                report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None))
+                report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None), unasked)
     sampled = getattr(report, "recall_sampled", None) or {}
     if sampled:
         note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())

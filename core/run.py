@@ -301,6 +301,12 @@ class Run:
         c, tc = trainer.model_config, trainer.train_config
         yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, "
                                f"{count_words(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
+        unasked, n_facts = len(trainer.batches.unasked), sum(1 for f in trainer.dataset.facts if f.strip())
+        if unasked:
+            yield LogEvent("INFO", f"questions: no dialogue asks about {unasked:,} of {count_words(n_facts, 'fact')} and "
+                                   "no question was written for them, so the model may not answer questions about them; "
+                                   "add a dialogue asking about one fact of each kind (questions for the others of "
+                                   "that kind are then written for you)")
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 
@@ -395,6 +401,6 @@ class Run:
 
                 general = verdict_line(final.recall, self._replay)
                 final = self._without_replay(final)
-            v = verdict_of(final, t.train_config.recall_target, preset)
+            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked))
         return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
                        v.learned if v else False, v.text if v else "", v.advice if v else "", general)

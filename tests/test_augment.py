@@ -240,6 +240,29 @@ def test_verdict_reports_conversation_and_held_out_answers():
     assert ok.learned and "10 of 100" in ok.text
 
 
+def test_facts_no_question_asks_about_are_counted_and_the_verdict_says_so():
+    """A user's notes rarely have a dialogue per fact: the facts that no dialogue's turn asks about (in any turn of
+    a longer dialogue too) and that got no written question are Batches.unasked, and the verdict's fact count
+    says how many were learned as text only (a new user read "28 of 28 facts" as "it knows them")."""
+    from core.plan import verdict
+
+    facts = ["The Alto kettle costs $40.", "The Bexa kettle costs $25.", "Mira Tolsen plays the cello.",
+             "The river Vela floods every spring.", "Oskar Brun was born in 1902."]
+    ds = Dataset(facts, [Dialogue([("How much is the Alto kettle?", "It costs $40.")]),
+                         Dialogue([("Hi!", "Hello."), ("What does Mira Tolsen play?", "She plays the cello.")])])
+    assert augment.asked_facts(ds) == {0, 2}  # the second dialogue's second turn asks about fact 2
+    tok = Tokenizer.train(ds.tokenizer_texts(), vocab_size=300)
+    b = Batches(tok, ds, 64, replace(PRESETS["Tiny"][1], fact_questions=1))
+    assert {i for i, _, _ in augment.fact_questions(ds)} == {1}  # "How much is the Bexa kettle?" by analogy
+    assert b.unasked == [3, 4]
+    off = Batches(tok, ds, 64, replace(PRESETS["Tiny"][1], fact_questions=0))  # none written: 1 unasked too
+    assert off.unasked == [1, 3, 4]
+    assert verdict((5, 5), (2, 2), unasked=2).text.startswith(
+        "Learned: 2 of 2 answers, 5 of 5 facts (2 as text only: no question asks about them)")
+    assert "(1 as text only: no question asks about it)" in verdict((4, 5), (2, 2), unasked=1).text
+    assert "text only" not in verdict((5, 5), (2, 2)).text
+
+
 def test_auto_plan_mixes_questions_and_conversations_for_a_towns_like_dataset():
     from core.estimates import DatasetStats
     from core.plan import make_plan
