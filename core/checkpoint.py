@@ -358,7 +358,8 @@ def load_base_file(path: str, sha256: str, config_path: Path, tensors: tuple[str
                               f"({e.strerror or e}); the checkpoint reads {needs} from it") from None
     if digest != sha256:
         raise CheckpointError(f"{config_path}: field 'base.base_sha256': the base file {p} has changed since "
-                              f"training (its sha256 differs); the checkpoint's {needs} came from another base")
+                              f"training (its sha256 differs); the checkpoint reads {needs} from it, so put the "
+                              "original file back there")
     return import_gguf(p, tensors)
 
 

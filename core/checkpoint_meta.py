@@ -604,20 +604,24 @@ def written_by_app(path: Path) -> bool:
     return False
 
 
-def check_export_target(path: str | os.PathLike, replace: bool = False) -> Path:
+def check_export_target(path: str | os.PathLike, replace: bool = False, base: str | None = None) -> Path:
     """Resolve and check where an export (a .gguf file, a Modelfile, a Hugging Face folder) is to be
-    written: never into a checkpoint folder, whose next save would delete it, and never over a file this
-    app did not write (:func:`written_by_app`: a user's notes, a downloaded model, the base model itself)
+    written: never into a checkpoint folder, whose next save would delete it, never over the base file
+    ``base`` of the model exported (``base.base_model``: a LoRA checkpoint reads its weights from it), and
+    never over a file this app did not write (:func:`written_by_app`: a user's notes, a downloaded model)
     unless ``replace`` (the user was asked and said so: the app's Export tab asks before replacing a file).
 
     Returns:
         The resolved path.
 
     Raises:
-        CheckpointError: ``path`` is a checkpoint folder or inside one, or an existing file not written by
-            this app (one line naming it).
+        CheckpointError: ``path`` is a checkpoint folder or inside one, the model's base file (with ``replace``
+            too), or an existing file not written by this app (one line naming it).
     """
     p = Path(os.path.realpath(path))
+    if base and p.is_file() and os.path.realpath(base) == str(p):
+        raise CheckpointError(f"{path}: is the base model this model was fine-tuned from (its checkpoint reads it); "
+                              "export to another file")
     d = enclosing_checkpoint(p)
     if d is not None:
         raise CheckpointError(f"{path}: inside the checkpoint folder {d}, whose next save would delete it; "

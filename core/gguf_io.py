@@ -200,7 +200,7 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     """
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = _export_target(out_path, replace)
+    out = _export_target(out_path, replace, (loaded.meta or {}).get("base_model"))
     if modelfile:
         check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
     _check_model(loaded)
@@ -231,11 +231,11 @@ def gguf_path(out_path: str | os.PathLike) -> Path:
     return out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf")
 
 
-def _export_target(out_path: str | os.PathLike, replace: bool = False) -> Path:
+def _export_target(out_path: str | os.PathLike, replace: bool = False, base: str | None = None) -> Path:
     """The ``.gguf`` path to write (:func:`gguf_path`), checked: never inside a checkpoint folder (its
-    next save would delete the file), into a folder that exists."""
+    next save would delete the file), never over the model's base file ``base``, into a folder that exists."""
     out = gguf_path(out_path)
-    check_export_target(out, replace)
+    check_export_target(out, replace, base)
     if not out.parent.is_dir():
         raise GGUFError(f"{out.parent}: folder does not exist")
     return out

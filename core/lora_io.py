@@ -75,7 +75,7 @@ def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelf
     from core.gguf_io import gguf_path
 
     out = gguf_path(out_path)
-    check_export_target(out, replace)
+    check_export_target(out, replace, (loaded.meta or {}).get("base_model"))
     if modelfile:
         check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
     if not out.parent.is_dir():

@@ -213,3 +213,24 @@ def test_bad_lora_input_is_one_line_and_writes_nothing(f32_base, lora_run, tmp_p
     assert not target.exists()
     assert main(["export", "--model", str(f32_base), "--adapter", "--out", str(target)]) == 2
     assert "not a LoRA checkpoint" in capsys.readouterr().err and not target.exists()
+
+
+def test_an_export_never_replaces_the_base_file_the_model_reads(f32_base, lora_run, tmp_path, capsys):
+    """`export --model LORA --out base.gguf --overwrite` replaced the base file the LoRA checkpoint reads its
+    weights from (an earlier export of the app, so --overwrite allowed it): chat, export and resume of the
+    checkpoint then all failed on the base's changed sha256. Refused now, as the adapter export is."""
+    import shutil
+
+    run, base = tmp_path / "run", tmp_path / "base.gguf"
+    shutil.copytree(lora_run, run)
+    shutil.copy(f32_base, base)
+    meta = json.loads((run / "config.json").read_text())
+    meta["base"]["base_model"] = str(base)
+    (run / "config.json").write_text(json.dumps(meta))
+    before = base.read_bytes()
+    for extra in ([], ["--adapter"]):
+        assert main(["export", "--model", str(run), *extra, "--out", str(base), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is the base model this model was fine-tuned from" in err, err
+    assert base.read_bytes() == before
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "merged.gguf")]) == 0
