@@ -470,6 +470,10 @@ def resume_problem(path: str | os.PathLike) -> str | None:
     """
     folder = readable_folder(os.path.realpath(path))
     if not folder.exists():
+        bak = folder.with_name(f".{folder.name}.bak")
+        if bak.is_dir():  # not taken for a cut save's (readable_folder): no swap marked it
+            return (f"{path}: no such folder ({bak.name} beside it is not a save's backup of this version; if it is "
+                    f"your checkpoint, rename it to {folder.name})")
         return f"{path}: no such folder"
     try:
         names = set(os.listdir(folder)) if folder.is_dir() else None

@@ -619,18 +619,18 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
 
-    def count(ok_n: tuple[int, int], kind: str, noun: str) -> str:
+    def count(ok_n: tuple[int, int], kind: str, noun: str, extra: str = "") -> str:
         why = (left_out or {}).get(kind)
-        note = f" checked ({', '.join(f'{n:,} {reason}' for reason, n in why.items())})" if why else ""
-        return f"{ok_n[0]:,} of {ok_n[1]:,} {noun}{note}"
+        notes = [", ".join(f"{n:,} {reason}" for reason, n in why.items())] if why else []
+        notes += [extra] if extra else []
+        return f"{ok_n[0]:,} of {ok_n[1]:,} {noun}{' checked' if why else ''}" + (f" ({'; '.join(notes)})" if notes else "")
 
     parts = []
     if answers[1] or (left_out or {}).get("dialogue"):
         parts.append(count(answers, "dialogue", "answers"))
     if facts[1] or (left_out or {}).get("fact"):
-        parts.append(count(facts, "fact", "facts")
-                     + (f" ({unasked:,} as text only: no question asks about {'it' if unasked == 1 else 'them'})"
-                        if unasked else ""))
+        parts.append(count(facts, "fact", "facts", f"{unasked:,} as text only: no question asks about "
+                                                   f"{'it' if unasked == 1 else 'them'}" if unasked else ""))
     if chat[1]:
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
     learned = met(facts) and met(answers) and met(chat)

@@ -119,9 +119,15 @@ def test_resume_still_recovers_a_cut_save_and_names_a_damaged_config(tmp_path, c
 
     from core.checkpoint_meta import resume_problem
 
+    from core.atomic import MARK
+
     fixture = Path(__file__).parent / "data" / "checkpoint_v1"  # written before the marker file
     ck = tmp_path / "ck"
     shutil.copytree(fixture, tmp_path / ".ck.bak")
+    # a backup no swap marked (a user's copy, or an older version's cut save): not taken, but named
+    assert resume_problem(ck) == (f"{ck}: no such folder (.ck.bak beside it is not a save's backup of this version; "
+                                  "if it is your checkpoint, rename it to ck)")
+    (tmp_path / ".ck.bak" / MARK).touch()  # what a swap does before the rename
     assert resume_problem(ck) is None
     assert main(["train", "--resume", str(ck), "-q"]) == 0  # both stages done: nothing to train, but read back
     assert (ck / "weights.npz").is_file() and not (tmp_path / ".ck.bak").exists()
@@ -162,8 +168,8 @@ def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, c
     out = capsys.readouterr().out
     assert "dataset: 3 facts, 0 dialogues" in out
     verdict = [ln for ln in out.splitlines() if "learned: " in ln.lower()]
-    assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check\)$",
-                                           verdict[0]), out
+    assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check; 3 as text "
+                                           r"only: no question asks about them\)$", verdict[0]), out
 
 
 def test_a_trained_model_in_out_is_replaced_only_with_overwrite(tmp_path, capsys):
@@ -201,7 +207,7 @@ def test_a_run_that_could_check_nothing_says_so(tmp_path, capsys):
     assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
                  "--tune-steps", "0") == 0
     out = capsys.readouterr().out
-    assert "Nothing could be checked: 0 of 0 facts checked (2 too long for the context to check)" in out, out
+    assert "Nothing could be checked: 0 of 0 facts checked (2 too long for the context to check; " in out, out
 
 
 def test_too_big_model_is_refused_with_sizes(tmp_path, capsys):
