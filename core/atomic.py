@@ -163,8 +163,9 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 def backup_path(folder: str | os.PathLike) -> Path:
-    """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way."""
-    folder = Path(folder)
+    """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way (``.`` and ``x/..`` named by
+    the folder they are)."""
+    folder = Path(os.path.abspath(folder))
     return folder.with_name(f".{folder.name}.bak")
 
 
@@ -278,7 +279,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     Returns:
         One line per thing done (for the log). Never raises for what it cannot remove.
     """
-    folder = Path(folder)
+    folder = Path(os.path.abspath(folder))  # (".": its name and siblings are those of the folder it is)
     done = []
     bak = backup_path(folder)
     if bak.is_dir() and _ours(bak):
@@ -329,7 +330,7 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
         OSError: anything the writes or renames raise (the old folder is then still in place, or
             restorable by :func:`recover_folder`); whatever ``write`` raises.
     """
-    folder = Path(folder)
+    folder = Path(os.path.abspath(folder))
     folder.parent.mkdir(parents=True, exist_ok=True)
     if folder.exists() and not folder.is_dir():
         raise OSError(errno.ENOTDIR, f"{folder}: exists and is not a folder")
@@ -366,7 +367,7 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
             (the message says which file and why); a ``.NAME.bak`` the app did not make is in the way
             (EEXIST; it is left as it is).
     """
-    source, folder = Path(source), Path(folder)
+    source, folder = Path(source), Path(os.path.abspath(folder))
     if recover:
         recover_folder(folder)
     bak = backup_path(folder)

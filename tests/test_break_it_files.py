@@ -554,3 +554,14 @@ def test_chat_tab_shows_why_a_checkpoint_cannot_be_loaded(main_window, qtbot, ba
     assert "field 'version' is 99" in c.model_label.text()
     assert not c.send("hi again")  # nothing to chat with: the reason stays in view
     assert "field 'version' is 99" in c.model_label.text()
+
+
+def test_a_model_given_as_dot_from_inside_its_folder_works(base, tmp_path, monkeypatch, capsys):
+    """`cd model && opencl-llm chat --model .` (also recall, export) failed with "PosixPath('.') has an empty
+    name": the recovery of a cut save named the backup after '.'."""
+    ck = copy_ck(base, tmp_path / "model")
+    monkeypatch.chdir(ck)
+    assert main(["chat", "--model", ".", "--prompt", "hi", "--max-tokens", "2"]) == 0
+    assert main(["export", "--model", ".", "--out", str(tmp_path / "m.gguf")]) == 0
+    assert main(["recall", "--model", "."]) in (0, 1)
+    assert "empty name" not in capsys.readouterr().err and (tmp_path / "m.gguf").is_file()
