@@ -450,6 +450,21 @@ class _JsonLines:
         return items[i] if i < len(items) else None
 
 
+def _lone_surrogate(*texts: str | None) -> bool:
+    """Whether a text holds a lone UTF-16 surrogate (JSON's "\\ud800" alone): no UTF-8 encodes it, so the
+    tokenizer, a save and every export would fail on it."""
+    for t in texts:
+        if t and not t.isascii():
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
+
+
+_SURROGATE = "holds an invalid character (a lone UTF-16 surrogate such as \\ud800), skipped"
+
+
 def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
     doc = parse_json(text, path, DatasetError, "a dataset")
     lines = _JsonLines(text)
@@ -460,7 +475,9 @@ def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, l
     if doc.get("format", FORMAT_NAME) != FORMAT_NAME:
         raise DatasetError(f"{path}: unknown format {doc.get('format')!r}")
     version = doc.get("version", FORMAT_VERSION)
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise DatasetError(f"{path}: field 'version' must be a whole number 1 or more, got {json.dumps(version)}")
+    if version > FORMAT_VERSION:
         raise DatasetError(f"{path}: dataset version {version!r} is newer than this app reads "
                            f"({FORMAT_VERSION})")
 
@@ -477,6 +494,8 @@ def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, l
     for i, f in enumerate(facts):
         if isinstance(f, str) and len(f) > MAX_ENTRY_CHARS:
             bad(f"facts[{i}]: {_too_long(len(f))}", "facts", i)
+        elif isinstance(f, str) and _lone_surrogate(f):
+            bad(f"facts[{i}]: {_SURROGATE}", "facts", i)
         elif isinstance(f, str):
             ds.facts.append(f)
             read["facts"].append(i)
@@ -505,6 +524,9 @@ def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, l
         longest = max(len(x) for x in [system or "", *(x for p in pairs for x in p)])
         if longest > MAX_ENTRY_CHARS:
             bad(f"dialogues[{i}]: a message of {_too_long(longest)}", "dialogues", i)
+            continue
+        if _lone_surrogate(system, *(x for p in pairs for x in p)):
+            bad(f"dialogues[{i}]: a message {_SURROGATE}", "dialogues", i)
             continue
         ds.dialogues.append(Dialogue(pairs, system))
         read["dialogues"].append(i)
@@ -553,6 +575,8 @@ def _parse_records(records: list, path: str, line_of, name=lambda i: "",
             text = text.strip()
             if len(text) > MAX_ENTRY_CHARS:
                 bad(i, _too_long(len(text)))
+            elif _lone_surrogate(text):
+                bad(i, _SURROGATE)
             elif has_text(text):
                 ds.facts.append(text)
                 facts.append(i)
@@ -585,6 +609,8 @@ def _messages_to_dialogue(messages: list) -> tuple[Dialogue | None, str | None]:
             return None, f"message {k + 1} has unknown role {role!r} (expected system, user or assistant)"
         if not isinstance(content, str):
             return None, f"message {k + 1} has no text content"
+        if _lone_surrogate(content):
+            return None, f"message {k + 1} {_SURROGATE.removesuffix(', skipped')}"
         content = content.strip()
         if len(content) > MAX_ENTRY_CHARS:
             return None, f"message {k + 1}: {_too_long(len(content)).removesuffix(', skipped (split it into shorter facts)')}"

@@ -201,11 +201,31 @@ def test_json_list_problems_name_the_item_and_its_line(tmp_path):
         [f"{tmp_path / 'd.json'}:2: facts[1]: not text, skipped"]
 
 
+def test_a_lone_surrogate_is_a_skipped_entry_named_by_its_line(tmp_path):
+    """JSON's "\\ud800" alone decodes to a character no UTF-8 encodes: the whole run failed at the tokenizer with
+    "'utf-8' codec can't encode character" and no file or line. Each such entry is skipped with a warning."""
+    jl = _write(tmp_path, "d.jsonl", '{"text": "Iron is a metal."}\n{"text": "a\\ud800b"}\n'
+                '{"messages": [{"role": "user", "content": "q\\udc00"}, {"role": "assistant", "content": "a"}]}\n')
+    ds, problems = load_dataset(jl)
+    assert ds.facts == ["Iron is a metal."] and not ds.dialogues
+    assert [str(p) for p in problems] == [
+        f"{jl}:2: holds an invalid character (a lone UTF-16 surrogate such as \\ud800), skipped",
+        f"{jl}:3: message 1 holds an invalid character (a lone UTF-16 surrogate such as \\ud800), skipped"]
+    js = _write(tmp_path, "d.json", '{"facts": ["ok", "x\\ud800"],\n "dialogues": [{"turns": [{"user": "Hi", '
+                '"assistant": "\\udfff"}]}]}')
+    ds, problems = load_dataset(js)
+    assert ds.facts == ["ok"] and not ds.dialogues and len(problems) == 2
+    assert "facts[1]: holds an invalid character" in str(problems[0])
+    assert "dialogues[0]: a message holds an invalid character" in str(problems[1])
+
+
 @pytest.mark.parametrize("content, match", [
     ('{"facts": ["a",', r"d.json:1: broken JSON"),
     ('{"format": "opencl-llm-studio-dataset", "version": 2, "facts": []}', "newer"),
     ('{"something": "else"}', "not an OpenCL LLM Studio dataset"),
     ('{"format": "other", "facts": []}', "unknown format"),
+    ('{"format": "opencl-llm-studio-dataset", "version": 1.0, "facts": []}',
+     r"field 'version' must be a whole number 1 or more, got 1.0"),  # was "version 1.0 is newer than ... (1)"
 ])
 def test_app_json_whole_file_errors(tmp_path, content, match):
     with pytest.raises(DatasetError, match=match):
