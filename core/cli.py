@@ -111,13 +111,17 @@ _MODEL_OPTIONS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "co
                   "vocab_size", "seed")
 
 
-def _resume_config(args, saved):
-    """The saved TrainConfig with the training options given on the command line applied."""
+def _resume_config(args, saved, new_data: bool = False):
+    """The saved TrainConfig with the training options given on the command line applied; ``new_data``: --data
+    is another dataset than the checkpoint's (the same one given again is no change)."""
     from core.config import replace
 
     fixed = [f"--{n.replace('_', '-')}" for n in _MODEL_OPTIONS if getattr(args, n) is not None]
-    if (args.data and not args.allow_new_data) or args.preset or fixed:
-        what = ", ".join(fixed + (["--data"] if args.data and not args.allow_new_data else [])
+    if new_data and not args.allow_new_data and not (args.preset or fixed):
+        raise ValueError(f"--data: {args.data} is not the dataset this run was trained on (its dataset.json); give "
+                         "--allow-new-data to continue on it")
+    if (new_data and not args.allow_new_data) or args.preset or fixed:
+        what = ", ".join(fixed + (["--data"] if new_data and not args.allow_new_data else [])
                          + (["--preset"] if args.preset else []))
         raise ValueError(f"{what}: cannot change when resuming (the checkpoint fixes the model, dataset and "
                          "tokenizer); only steps, lr, batch size, clipping, weight decay and replay share can "
@@ -435,16 +439,20 @@ def _run_request(args):
         raise ValueError("--lora needs --base FILE.gguf (the model whose adapters are trained)")
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
     mc = tc = lora = questions = None
+    data = _load_data(args.data) if args.data else None
     try:
         if args.base:
             tc, lora, questions = _base_config(args), _lora_config(args), _general_questions(args)
         elif args.resume:
-            tc = _resume_config(args, load_checkpoint(args.resume).checkpoint.train)
+            from core.dataset import dataset_hash
+
+            saved = load_checkpoint(args.resume).checkpoint
+            tc = _resume_config(args, saved.train, data is not None and dataset_hash(data) != saved.dataset_hash)
         elif not auto:
             mc, tc = _configs(args)
     except ConfigError as e:
         raise _setting_error(e, args) from None
-    return RunRequest(device=args.device, dataset=_load_data(args.data) if args.data else None, model_config=mc,
+    return RunRequest(device=args.device, dataset=data, model_config=mc,
                       train_config=tc, resume=args.resume, allow_new_data=args.allow_new_data, base=args.base,
                       context_length=args.context_length, lora=lora, lora_base=args.lora_base,
                       general_questions=questions, auto=auto,

@@ -32,6 +32,20 @@ def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--d-model", "64", "-q"]) == 2
     assert "cannot change when resuming" in capsys.readouterr().err
+    # the dataset it was trained on, given again, is no change (a new user's resume was refused for it)
+    from core.dataset import default_dataset, save_dataset
+
+    same, other = tmp_path / "same.json", tmp_path / "other.json"
+    save_dataset(default_dataset(), same)
+    d = default_dataset()
+    d.facts.append("The Brindlewick ferry leaves at nine.")
+    save_dataset(d, other)
+    assert main(["train", "--resume", str(out), "--data", str(same), "--tune-steps", "6", "-q"]) == 0
+    assert stage_state(out) == (2, 0, 6)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--data", str(other), "-q"]) == 2
+    assert (f"--data: {other} is not the dataset this run was trained on (its dataset.json); give --allow-new-data"
+            in capsys.readouterr().err)
 
 
 def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys):
