@@ -558,7 +558,12 @@ def _finish(done, out: Path, recall_stopped) -> int:
     """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit 130), or
     "model saved" and the verdict."""
     if done.stopped:
-        print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+        if done.checkpoint:
+            print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+        elif out.exists():  # a resumed run stopped before its first new step
+            print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
+        else:
+            print("stopped before any step; nothing saved")
         return 130
     if recall_stopped is not None:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "

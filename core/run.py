@@ -60,7 +60,8 @@ class RunRequest:
             ``learn_heldout`` trains the fact questions the plan holds out.
         val_every: None: no validation loss; 0: at each stage end; N: also every N steps.
         save_at_end: save once more at the end (and on a stop before the first step) when the trainer's
-            state (stage, step, AdamW step, dataset) is not the last save's, e.g. a resumed run with nothing
+            state (stage, step, AdamW step, dataset) is not the last save's (never a new model no step trained:
+            nothing is saved of a run stopped during its setup), e.g. a resumed run with nothing
             left to train saving into another folder, or continuing on new data with nothing to train on it
             (``train`` does; the app keeps the checkpoint it has).
         resume_in_place: the run saves into the folder it resumes, so the resumed state counts as saved
@@ -153,7 +154,7 @@ class Run:
             trainer.request_stop()
         yield from self._started(dev, trainer, base, (builds, build_s))
         if self._stop:
-            if self.request.save_at_end and self._saved_state != self._state(trainer):
+            if self._save_at_end(trainer):
                 self._save(trainer, False)
             yield self._done(True, None)
             return
@@ -360,9 +361,16 @@ class Run:
         except TrainingDiverged:
             self._save(trainer, False)  # the weights of the last good step are kept
             raise
-        if (stopped and progressed) or (self.request.save_at_end and self._saved_state != self._state(trainer)):
+        if (stopped and progressed) or self._save_at_end(trainer):
             self._save(trainer, False)
         yield self._done(stopped, final)
+
+    def _save_at_end(self, trainer: Trainer) -> bool:
+        """``save_at_end``'s save: the trainer's state is not the last save's, and it is not a new model that no
+        step trained yet (a stop during setup: an untrained model would take the folder, and refuse the next
+        `train` into it as "a trained model")."""
+        untrained = not self.request.resume and trainer.model.adam_step == 0
+        return self.request.save_at_end and self._saved_state != self._state(trainer) and not untrained
 
     @staticmethod
     def _state(trainer: Trainer) -> tuple[int, int, int, str]:

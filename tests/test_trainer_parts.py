@@ -138,6 +138,25 @@ def test_the_run_saves_at_each_stage_end_and_gives_the_verdict(device):
     assert [e.global_step for e in events if isinstance(e, StepReport)] == [1, 2, 3, 4]
 
 
+def test_a_new_run_stopped_during_its_setup_saves_nothing(device):
+    """`train` (save_at_end) stopped before its first step saved the untrained model: a fresh `train` into that
+    folder was then refused as "a trained model", and chat answered garbage. A new model saves only once a
+    step trained it; a resumed run stopped before its first new step is saved as before where it changed."""
+    from core.run import Run, RunHooks, RunRequest
+
+    saves = []
+    run = Run(RunRequest(device=device, model_config=SMALL, train_config=_tc(2), save_at_end=True),
+              RunHooks(save=lambda trainer, stage_end: saves.append(trainer.stage_step) or "here"))
+    events = []
+    for ev in run.events():
+        events.append(ev)
+        if isinstance(ev, RunStarted):
+            run.request_stop()
+    done = events[-1]
+    assert isinstance(done, RunDone) and done.stopped and not done.checkpoint and saves == []
+    assert not any(isinstance(e, StepReport) for e in events)
+
+
 # ----------------------------------------------------------------------------- the model's rows
 def _long_conversation_data():
     """The default dataset's facts and first turns, and one conversation of three of those turns: the
