@@ -951,6 +951,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+PRESET_NAMES = ("Auto", "Tiny", "Small", "Larger")
+
+
+def _preset_name(text: str) -> str:
+    """``--preset``'s value in any case ("tiny" is Tiny); argparse's choices check the rest."""
+    return next((p for p in PRESET_NAMES if p.lower() == text.lower()), text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``opencl-llm`` parser: one sub-parser per command (``_add_<command>``)."""
     p = argparse.ArgumentParser(prog="opencl-llm", description="Train, chat with and export small llama-style "
@@ -996,7 +1004,7 @@ def _add_train(sub) -> None:
                    "holding a trained model is refused, unless it is the --resume folder)")
     s.add_argument("--allow-new-data", action="store_true", help="with --resume: continue on a dataset other than "
                    "the one the run was trained on (--data, or an edited dataset.json); the checkpoint records it")
-    s.add_argument("--preset", choices=["Auto", "Tiny", "Small", "Larger"], help="model and training preset (default: "
+    s.add_argument("--preset", choices=PRESET_NAMES, type=_preset_name, help="model and training preset (default: "
                    "Auto: a model size and passes planned from the dataset and this device's measured speed, "
                    "trained until every answer and fact is learned)")
     s.add_argument("--time-budget", type=finite_float, metavar="MIN", help="stop training after this many minutes "

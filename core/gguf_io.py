@@ -451,10 +451,18 @@ def _verify(path: Path, plan, expected_kv: dict[str, tuple[Any, int]]) -> None:
 
 def ollama_name(gguf_path: str | Path) -> str:
     """The model name suggested for ``ollama create NAME`` — by the Modelfile's comment, the CLI and the
-    Export tab alike: the file's stem in lower case, other characters than letters, digits, ``-``, ``_``
-    and ``.`` replaced by ``-`` ("Brindle wick.gguf" -> "brindle-wick"; "mymodel" when nothing is left)."""
-    stem = Path(gguf_path).stem
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem.lower()) or "mymodel"
+    Export tab alike: the file's stem in lower case, accents taken off ("modèle été" -> "modele-ete"), other
+    characters than ASCII letters, digits, ``-``, ``_`` and ``.`` replaced by ``-``, beginning with a letter or
+    digit, no ``..``, at most 80 characters ("Brindle wick.gguf" -> "brindle-wick"; "mymodel" when fewer than
+    2 are left). Ollama's rule for a name's model part: ``isValidPart`` in its ``types/model/name.go``."""
+    import re
+    import unicodedata
+
+    stem = unicodedata.normalize("NFKD", Path(gguf_path).stem.lower())
+    stem = "".join(ch for ch in stem if not unicodedata.combining(ch))
+    name = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "-" for ch in stem)
+    name = re.sub(r"\.{2,}", ".", name).lstrip("-_.")[:80]
+    return name if len(name) >= 2 else "mymodel"
 
 
 def ollama_create_command(gguf_path: str | Path) -> str:

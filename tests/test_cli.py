@@ -437,3 +437,13 @@ def test_ctrl_c_stops_a_piped_chat_waiting_for_input(tmp_path):
             p.kill()
         p.communicate()
     assert p.returncode in (0, 130, -signal.SIGINT)  # the chat takes Ctrl-C as "quit" (0), as at a terminal
+
+
+def test_a_preset_is_taken_in_any_case():
+    """`--preset tiny` was refused ("invalid choice"): the names are for people, not for case."""
+    from core.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--preset", "tiny"]).preset == "Tiny"
+    assert build_parser().parse_args(["train", "--preset", "LARGER"]).preset == "Larger"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--preset", "huge"])

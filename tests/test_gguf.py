@@ -269,6 +269,19 @@ def test_modelfile(tok, tmp_path):
     assert "# ollama create my-model -f 'my model.Modelfile' && ollama run my-model" in lines
 
 
+def test_the_ollama_name_keeps_to_ollamas_name_rule():
+    """Ollama takes ASCII letters, digits, '_', '-', '.' in a model name, beginning with a letter or digit
+    (types/model/name.go, isValidPart); "modèle été" was suggested as "modèle-été"."""
+    from core.gguf_io import ollama_name
+
+    assert ollama_name("modèle été.gguf") == "modele-ete"
+    assert ollama_name("/x/.Notes..v2.gguf") == "notes.v2"
+    assert ollama_name("日本語.gguf") == ollama_name("a.gguf") == "mymodel"
+    for stem in ("Ωmega 1", "Crème brûlée", "x" * 200, "--a", "über"):
+        name = ollama_name(stem + ".gguf")
+        assert re.fullmatch(r"[a-z0-9][a-z0-9_.-]{1,79}", name) and ".." not in name, name
+
+
 def test_export_replaces_only_files_this_app_wrote(tok, tmp_path):
     """An export over its own earlier file (GGUF and Modelfile) replaces it; over a user's file, another
     program's GGUF or a Modelfile of the user's it is refused in one line naming the file, before anything is
