@@ -656,6 +656,7 @@ def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, l
     system_line = 0  # line of a pending "System:" line, 0 when there is none
     question: str | None = None
     question_line = first_line = 0  # first_line: of the dialogue's first turn
+    answer_line = 0  # the line of the last 'Assistant:' answer
 
     def end_dialogue() -> None:
         nonlocal turns, system, system_line, question
@@ -680,6 +681,10 @@ def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, l
             continue
         m = _ROLE_LINE.match(line)
         if not line or not m:
+            if line and turns and question is None and answer_line == n - 1:  # a wrapped answer, likely
+                problems.append(Problem(path, n, f"text right after the answer on line {n - 1} is read as a fact, "
+                                                 "not as more of that answer (an answer is one line; leave a blank "
+                                                 "line before a fact)"))
             end_dialogue()
             if line:
                 ds.facts.append(line)
@@ -708,7 +713,7 @@ def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, l
             else:
                 first_line = first_line if turns else question_line
                 turns.append((question, content))
-                question = None
+                question, answer_line = None, n
     end_dialogue()
     if located:
         ds.origin = Origin.of(path, ds, fact_lines, dialogue_lines)

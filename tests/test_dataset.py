@@ -104,9 +104,14 @@ def test_text_format_dialogues_and_facts(tmp_path):
         "Another fact.\n"
     ))
     ds, problems = load_dataset(path)
-    assert problems == []
+    # a fact line ends a dialogue; right after an answer it may be the answer wrapped onto two lines: said so
+    assert [str(p) for p in problems] == [f"{path}:11: text right after the answer on line 10 is read as a fact, "
+                                          "not as more of that answer (an answer is one line; leave a blank line "
+                                          "before a fact)"]
     assert ds.facts == ["A fact.", "Another fact."]
     assert ds.dialogues == [Dialogue([("Q1", "A1"), ("Q2", "A2")]), Dialogue([("Q3", "A3")], "Be brief.")]
+    path.write_text(path.read_text().replace("Another fact.", "\nAnother fact."))
+    assert load_dataset(path) == (ds, [])
 
 
 def test_text_format_malformed_lines_are_reported(tmp_path):
