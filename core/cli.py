@@ -714,6 +714,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     dataset, problems = load_dataset(args.data, notes)
     for p in [*notes, *problems]:
         print(f"warning: {p}", file=sys.stderr)
+    if not dataset.facts and not dataset.dialogues:  # (printed nothing and exited 0)
+        return _fail(f"{args.data}: no facts or dialogues could be read, so there is nothing to check")
     dev = open_device(args.device)
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
