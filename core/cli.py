@@ -513,10 +513,16 @@ def _train(args, out: Path) -> int:
         _print_setup(ev, args.quiet)
         if isinstance(ev, RunStarted):
             break
-    if run.trainer.done:  # a stage that ended early (learned, time budget) counts as all its planned steps done
+    if run.trainer.done:  # a stage that ended early (learned, time budget) counts as all its steps done
         print(f"nothing left to train in {args.resume}: both stages are complete (give --tune-steps above "
-              f"{run.trainer.train_config.dialogues.steps:,}, its planned steps, to continue)")
-    return _follow(args, out, run, events, ctrl_c)
+              f"{run.trainer.train_config.dialogues.steps:,}, the most it was given, to continue)")
+    code = _follow(args, out, run, events, ctrl_c)
+    if code == 0 and run.new_data and run.resumed_at[0] >= 1:  # (a resume within pretraining trains them there)
+        data = args.data or str(Path(args.resume) / "dataset.json")
+        print("note: the facts stage was over before this dataset came, so facts new in it are trained only as tuning "
+              f"replays facts, and slowly; a new run learns them in its facts stage: opencl-llm train --data {data} "
+              "--out NEW_FOLDER")
+    return code
 
 
 def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:

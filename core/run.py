@@ -130,6 +130,8 @@ class Run:
         self._replay = None  # core.known.Replay of a fine-tune's general questions
         self._resident_before: int | None = None  # a fine-tune's resident bytes before its trainer
         self._saved_state: tuple | None = None  # Run._state of the last save
+        self.new_data = False  # a resume that continues on another dataset than the checkpoint's
+        self.resumed_at = (0, 0)  # a resume's (stage index, stage step) at its start
 
     def request_stop(self) -> None:
         """Stop after the step in progress (or the recall prompt), with a checkpoint (thread-safe flag)."""
@@ -217,14 +219,15 @@ class Run:
         earlier = load_checkpoint(req.resume).checkpoint.previous_dataset_hashes if req.allow_new_data else None
         trainer = resume_trainer(req.resume, dev, train_config=req.train_config, dataset=req.dataset,
                                  allow_new_data=req.allow_new_data)
-        if earlier is not None and trainer.previous_dataset_hashes[-1:] and trainer.previous_dataset_hashes != earlier:
+        self.new_data = earlier is not None and trainer.previous_dataset_hashes != earlier
+        if self.new_data and trainer.previous_dataset_hashes[-1:]:
             yield LogEvent("INFO", f"continuing on a new dataset ({count_words(len(trainer.dataset.facts), 'fact')}, "
                                    f"{count_words(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         if req.resume_in_place:  # what the folder holds: the trainer's position, and the data it was saved with
-            new_data = earlier is not None and trainer.previous_dataset_hashes != earlier
             self._saved_state = (*self._state(trainer)[:3],
-                                 trainer.previous_dataset_hashes[-1] if new_data else trainer.dataset_hash)
+                                 trainer.previous_dataset_hashes[-1] if self.new_data else trainer.dataset_hash)
         self._restore_replay(trainer)
+        self.resumed_at = (trainer.stage_index, trainer.stage_step)
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
         yield LogEvent("INFO", f"resuming {req.resume} at {where}")

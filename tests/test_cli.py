@@ -46,6 +46,11 @@ def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):
     assert main(["train", "--resume", str(out), "--data", str(other), "-q"]) == 2
     assert (f"--data: {other} is not the dataset this run was trained on (its dataset.json); give --allow-new-data"
             in capsys.readouterr().err)
+    # on it, past the facts stage: its new fact is trained only by tuning's replay, and the output says so
+    assert main(["train", "--resume", str(out), "--data", str(other), "--allow-new-data", "-q"]) == 0
+    assert (f"note: the facts stage was over before this dataset came, so facts new in it are trained only as tuning "
+            f"replays facts, and slowly; a new run learns them in its facts stage: opencl-llm train --data {other} "
+            "--out NEW_FOLDER") in capsys.readouterr().out
 
 
 def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys):
@@ -58,7 +63,7 @@ def test_resuming_a_finished_run_leaves_its_checkpoint_as_it_is(tmp_path, capsys
     assert main(["train", "--resume", str(out), "-q"]) == 0
     shown = capsys.readouterr().out
     assert "nothing left to train" in shown and f"model unchanged in {out}" in shown and "model saved" not in shown
-    assert "give --tune-steps above 1, its planned steps, to continue" in shown
+    assert "give --tune-steps above 1, the most it was given, to continue" in shown
     assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()} == before
     assert main(["train", "--resume", str(out), "--out", str(tmp_path / "copy"), "-q"]) == 0
     assert f"model saved to {tmp_path / 'copy'}" in capsys.readouterr().out
