@@ -311,7 +311,8 @@ def test_resume_refuses_a_changed_dataset_unless_allowed(ck, tmp_path, device, c
     capsys.readouterr()
     other = tmp_path / "other.txt"
     other.write_text("Completely new fact one.\nCompletely new fact two.\n")
-    assert "--data: cannot change" in one_line_error(capsys, main(["train", "--resume", str(ck), "--data", str(other)]))
+    line = one_line_error(capsys, main(["train", "--resume", str(ck), "--data", str(other)]))
+    assert f"--data: {other} is not the dataset this run was trained on" in line and "--allow-new-data" in line
     assert main(["train", "--resume", str(ck), "--data", str(other), "--allow-new-data", "--tune-steps", "5", "-q"]) == 0
     m2 = CheckpointMeta.read(ck)
     assert m2.previous_dataset_hashes == (old_hash, m.dataset_hash)
