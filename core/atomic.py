@@ -29,6 +29,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,8 +175,21 @@ def _mark(folder: Path) -> None:
     os.close(os.open(folder / MARK, os.O_WRONLY | os.O_CREAT, 0o644))
 
 
+def is_mark(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a swap's :data:`MARK`: an empty regular file of that name (a user's file of the same
+    name with something in it, or a link, is theirs)."""
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    return p.name == MARK and stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
 def _unmark(folder: Path) -> bool:
     """Remove :data:`MARK` from ``folder`` (the new folder once in place); whether there was one."""
+    if not is_mark(folder / MARK):
+        return False
     try:
         os.unlink(folder / MARK)
         return True
@@ -184,8 +198,28 @@ def _unmark(folder: Path) -> bool:
 
 
 def made_by_swap(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` (a ``.NAME.bak`` or ``.NAME.tmp-...``) is a swap's own: it holds :data:`MARK`."""
-    return (Path(folder) / MARK).is_file()
+    """Whether ``folder`` (a ``.NAME.bak`` or ``.NAME.tmp-...``) is a swap's own: a folder, not a link to one,
+    holding :data:`MARK` (:func:`is_mark`)."""
+    return not os.path.islink(folder) and is_mark(Path(folder) / MARK)
+
+
+def removable_backup(bak: Path) -> bool:
+    """Whether ``.NAME.bak`` is the swap's (marked), or an empty folder (a swap killed after removing its mark
+    and before the folder): either may be removed, the empty one losing nothing."""
+    if made_by_swap(bak):
+        return True
+    try:
+        return bak.is_dir() and not bak.is_symlink() and not any(bak.iterdir())
+    except OSError:
+        return False
+
+
+def _named_as_backup(folder: Path) -> bool:
+    """Whether ``folder`` is itself ``.NAME.bak`` beside no ``NAME`` (a reader inside a cut save's backup, e.g.
+    ``--model .`` from a shell left in it): its mark is what lets the next command put it back."""
+    name = folder.name
+    return name.startswith(".") and name.endswith(".bak") and len(name) > 5 and \
+        not folder.with_name(name[1:-4]).exists()
 
 
 _ours = made_by_swap
@@ -282,8 +316,13 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     folder = Path(os.path.abspath(folder))  # (".": its name and siblings are those of the folder it is)
     done = []
     bak = backup_path(folder)
-    if bak.is_dir() and _ours(bak):
-        if not folder.exists():
+    if bak.is_dir() and not bak.is_symlink() and removable_backup(bak):
+        if not folder.exists() and not _ours(bak):  # empty: nothing to restore
+            try:
+                bak.rmdir()
+            except OSError:
+                pass
+        elif not folder.exists():
             try:
                 os.rename(bak, folder)
                 fsync_folder(folder.parent)
@@ -307,7 +346,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
             if empty or _ours(p):
                 _remove_ours(p)
                 done.append(f"removed {p} (an unfinished save)")
-    if folder.is_dir():
+    if folder.is_dir() and not _named_as_backup(folder):
         _unmark(folder)
     for p in remove_stale_temp_files(folder) if folder.is_dir() else []:
         done.append(f"removed {p} (an unfinished file write)")
@@ -330,7 +369,7 @@ def replace_folder(folder: str | os.PathLike, write: Callable[[Path], None]) -> 
         OSError: anything the writes or renames raise (the old folder is then still in place, or
             restorable by :func:`recover_folder`); whatever ``write`` raises.
     """
-    folder = Path(os.path.abspath(folder))
+    folder = Path(os.path.realpath(folder) if os.path.islink(folder) else os.path.abspath(folder))  # (a link stays)
     folder.parent.mkdir(parents=True, exist_ok=True)
     if folder.exists() and not folder.is_dir():
         raise OSError(errno.ENOTDIR, f"{folder}: exists and is not a folder")
@@ -367,11 +406,12 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
             (the message says which file and why); a ``.NAME.bak`` the app did not make is in the way
             (EEXIST; it is left as it is).
     """
-    source, folder = Path(source), Path(os.path.abspath(folder))
+    source = Path(source)
+    folder = Path(os.path.realpath(folder) if os.path.islink(folder) else os.path.abspath(folder))  # (a link stays)
     if recover:
         recover_folder(folder)
     bak = backup_path(folder)
-    theirs = (bak.exists() or bak.is_symlink()) and not (bak.is_dir() and _ours(bak))
+    theirs = (bak.exists() or bak.is_symlink()) and not removable_backup(bak)
     if theirs and folder.exists():  # (with no old folder to put aside, the name is not needed)
         raise OSError(errno.EEXIST, f"{bak}: a folder or file of that name is in the way of the save (the app "
                       f"names the old {folder.name} so while it puts the new one in place); move or rename it")
@@ -387,13 +427,13 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     try:
         os.rename(source, folder)
     except BaseException:
-        if bak.is_dir() and _ours(bak) and not folder.exists():
+        if _ours(bak) and not folder.exists():
             os.rename(bak, folder)  # put the old one back
             _unmark(folder)
         raise
     try:  # the new folder is in place: what follows only tidies up, and may fail without harm
         fsync_folder(folder.parent)
-        if bak.is_dir() and _ours(bak):
+        if removable_backup(bak):
             _remove_ours(bak)
         _unmark(folder)
     except OSError:
@@ -401,5 +441,5 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     return folder
 
 
-__all__ = ["MARK", "made_by_swap", "atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
+__all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
            "remove_stale_temp_files", "remove_tree", "fsync_folder"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core import __version__
-from core.atomic import MARK, made_by_swap, readable_folder
+from core.atomic import is_mark, readable_folder, removable_backup
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
 from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
@@ -436,7 +436,7 @@ def foreign_files(folder: str | os.PathLike) -> list[str]:
     """
     out = []
     for entry in os.scandir(folder):
-        ours = entry.name in CHECKPOINT_FILES and entry.is_file(follow_symlinks=False) or entry.name == MARK
+        ours = entry.name in CHECKPOINT_FILES and entry.is_file(follow_symlinks=False) or is_mark(entry.path)
         if not ours and not _is_temp_leftover(entry.name):
             out.append(entry.name)
     return sorted(out)
@@ -556,7 +556,7 @@ def check_output_folder(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{folder}: exists and is not a folder")
     if folder.is_dir():
         try:
-            names = sorted(n for n in os.listdir(folder) if n != MARK)  # (a mark a cut swap left: its own)
+            names = sorted(n for n in os.listdir(folder) if not is_mark(folder / n))  # (a mark a cut swap left)
             foreign = foreign_files(folder) if names else []
         except OSError as e:
             raise CheckpointError(f"{folder}: cannot be read ({e.strerror or e})") from None
@@ -573,7 +573,7 @@ def check_output_folder(path: str | os.PathLike) -> Path:
         if _read_only(folder):
             raise CheckpointError(f"{folder}: the folder is read-only; make it writable or give another folder")
     bak = folder.with_name(f".{folder.name}.bak")
-    if (bak.exists() or bak.is_symlink()) and not made_by_swap(bak):
+    if (bak.exists() or bak.is_symlink()) and not removable_backup(bak):
         raise CheckpointError(f"{bak}: in the way of saves (a save names the old {folder.name} so while it puts the "
                               "new one in place), and this app did not write it; move or rename it")
     if bak.is_dir() and folder.is_dir():

@@ -814,9 +814,9 @@ def _existing_folder(folder: Path, args: argparse.Namespace, files: tuple[str, .
     """``export --format hf``'s refusal to replace an earlier export (a folder holding only ``files``, what
     such an export writes) unless ``--overwrite``, as :func:`_existing_exports`. A folder with other files is
     refused by the export itself (core.hf_io, core.lora_io), with --overwrite too."""
-    from core.atomic import MARK
+    from core.atomic import is_mark
 
-    if args.overwrite or not folder.is_dir() or not (names := {p.name for p in folder.iterdir()} - {MARK}) \
+    if args.overwrite or not folder.is_dir() or not (names := {p.name for p in folder.iterdir() if not is_mark(p)}) \
             or names - set(files):
         return None
     return f"{folder}: holds an earlier export; give --overwrite to replace it, or another --out"

@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,19 +87,20 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
 
 
-FOREIGN = "a file this app did not write"
+FOREIGN = "not a lock file this app can read"
 """``LockHolder.what`` of a lock file that holds something else than a lock record (never removed)."""
 
 
 def _unreadable(p: Path) -> LockHolder | None:
     """The holder to respect for lock file ``p`` that :func:`read_holder` cannot read: an empty one younger than
     a minute is being written (the exclusive-create fallback of :func:`_link`); an empty older one is stale
-    (None: taken over); one with text in it the app did not write, so it is never removed (:data:`FOREIGN`)."""
+    (None: taken over); one with text in it the app did not write, a folder or a link is never removed
+    (:data:`FOREIGN`)."""
     try:
-        st = p.stat()
+        st = os.lstat(p)
     except OSError:
         return None
-    if st.st_size:
+    if st.st_size or not stat.S_ISREG(st.st_mode):
         return LockHolder(0, "?", st.st_mtime, "", FOREIGN, p)
     return LockHolder(0, "?", st.st_mtime, "", "unreadable lock file", p) if time.time() - st.st_mtime < 60 else None
 
@@ -228,8 +230,9 @@ class FolderLock:
 
     def _busy(self, holder: LockHolder) -> FolderBusyError:
         if holder.what == FOREIGN:
-            return FolderBusyError(f"{self.folder}: its lock file {holder.path} holds text this app did not write; "
-                                   "move or rename that file, then try again")
+            return FolderBusyError(f"{self.folder}: its lock file {holder.path} cannot be read as a lock of this app "
+                                   "(not a lock file, or another user's); if no other program uses the folder, move "
+                                   "or rename it, then try again")
         return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop it "
                                f"(lock file {holder.path})")
 

@@ -37,7 +37,7 @@ import numpy as np
 from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
-from core.atomic import MARK, replace_folder
+from core.atomic import is_mark, replace_folder
 from core.checkpoint_meta import check_export_target, has_our_weights
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.gguf_tokenizer import GGUFTokenizer
@@ -129,7 +129,7 @@ def _prepare_target(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise HFError(f"{out}: exists and is not a folder")
     if out.is_dir():
-        foreign = [p.name for p in out.iterdir() if p.name not in FILES and p.name != MARK]
+        foreign = [p.name for p in out.iterdir() if p.name not in FILES and not is_mark(p)]
         if foreign:
             raise HFError(f"{out}: the folder is not empty ({foreign[0]} ...); choose a new or empty folder")
     if not out.parent.is_dir():

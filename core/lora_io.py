@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 
 from core import __version__
-from core.atomic import MARK, atomic_path, atomic_write, replace_folder
+from core.atomic import atomic_path, atomic_write, is_mark, replace_folder
 from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, check_export_target
 from core.loaded import LoadedModel
 from core.lora import SUFFIX_A, SUFFIX_B, TARGETS, LoRAConfig, LoRAError, adapter_shapes, base_name
@@ -177,7 +177,7 @@ def export_peft(loaded: LoadedModel, out_folder: str | os.PathLike) -> Path:
     tensors = peft_tensors(loaded)
     out = Path(out_folder)
     check_export_target(out)
-    if out.exists() and (not out.is_dir() or set(os.listdir(out)) - {PEFT_CONFIG, PEFT_WEIGHTS, MARK}):
+    if out.exists() and (not out.is_dir() or {n for n in os.listdir(out) if not is_mark(out / n)} - {PEFT_CONFIG, PEFT_WEIGHTS}):
         raise LoRAError(f"{out}: holds files other than a PEFT adapter's; choose a new or empty folder")
     text = json.dumps(peft_config(loaded.lora, (loaded.meta or {}).get("base_model")), indent=2)
 

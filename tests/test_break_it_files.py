@@ -432,7 +432,7 @@ def test_a_lock_file_the_app_did_not_write_is_never_removed(base, tmp_path, caps
     os.utime(lock, (old, old))
     assert main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "lk")]) != 0
     err = capsys.readouterr().err
-    assert "holds text this app did not write" in err and ".lk.lock" in err, err
+    assert "cannot be read as a lock of this app" in err and ".lk.lock" in err, err
     assert lock.read_text() == "mine\n"
     lock.write_text("")  # an empty one (a lock cut by a crash) older than a minute is stale: taken over
     os.utime(lock, (old, old))
@@ -565,3 +565,62 @@ def test_a_model_given_as_dot_from_inside_its_folder_works(base, tmp_path, monke
     assert main(["export", "--model", ".", "--out", str(tmp_path / "m.gguf")]) == 0
     assert main(["recall", "--model", "."]) in (0, 1)
     assert "empty name" not in capsys.readouterr().err and (tmp_path / "m.gguf").is_file()
+
+
+def test_what_a_swap_cut_at_its_last_moments_leaves_never_blocks_or_loses(base, tmp_path, capsys):
+    """A second break-it round on the marks (core.atomic.MARK): an empty .NAME.bak (a save killed between removing
+    its mark and its folder) blocked every later save as "the user's"; a reader whose shell stood inside a cut
+    save's backup (`--model .`) removed the mark that lets the next command put it back; a user's own file named
+    like the mark, with something in it, was deleted; and a lock that is a folder or a link is never removed."""
+    ck = copy_ck(base, tmp_path / "m")
+    (tmp_path / ".m.bak").mkdir()  # empty: removing it loses nothing
+    assert main(["train", "--resume", str(ck), "--tune-steps", "3", "-q"]) == 0
+    assert not (tmp_path / ".m.bak").exists()
+
+    ck.rename(tmp_path / ".m.bak")  # a save cut between its two renames (which marks the old folder first)
+    (tmp_path / ".m.bak" / MARK).touch()
+    os.chdir(tmp_path / ".m.bak")
+    try:
+        assert main(["chat", "--model", ".", "--prompt", "hi", "--max-tokens", "2"]) == 0
+    finally:
+        os.chdir(tmp_path)
+    assert (tmp_path / ".m.bak" / MARK).is_file()  # still the swap's: the next command puts it back
+    assert main(["chat", "--model", str(ck), "--prompt", "hi", "--max-tokens", "2"]) == 0
+    assert ck.is_dir() and not (tmp_path / ".m.bak").exists() and not (ck / MARK).exists()
+
+    (ck / MARK).write_text("my notes\n")  # the user's file of that name: theirs
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--tune-steps", "4", "-q"]) != 0
+    assert f"holds {MARK}, which this app did not write" in capsys.readouterr().err
+    assert (ck / MARK).read_text() == "my notes\n"
+    (ck / MARK).unlink()
+    other = tmp_path / ".m2.bak"
+    other.mkdir()
+    (other / MARK).write_text("x\n")
+    (other / "a.txt").write_text("a\n")
+    m2 = copy_ck(base, tmp_path / "m2")
+    assert main(["chat", "--model", str(m2), "--prompt", "hi", "--max-tokens", "2"]) == 0
+    assert (other / "a.txt").read_text() == "a\n"
+
+    for kind in ("folder", "link"):
+        lock = tmp_path / ".lk.lock"
+        lock.mkdir() if kind == "folder" else lock.symlink_to(tmp_path / "nowhere")
+        assert main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "lk")]) != 0
+        assert "cannot be read as a lock of this app" in capsys.readouterr().err
+        assert lock.is_dir() if kind == "folder" else lock.is_symlink()
+        lock.rmdir() if kind == "folder" else lock.unlink()
+
+
+def test_an_hf_export_through_a_linked_folder_replaces_the_folder_it_names(base, tmp_path, capsys):
+    """`export --format hf --out hf --overwrite` where hf is a link to an earlier export elsewhere emptied that
+    folder and put a real folder in place of the link. As a file export does, it now replaces the folder the link
+    names and keeps the link."""
+    real = tmp_path / "big" / "hfreal"
+    real.parent.mkdir()
+    assert main(["export", "--model", str(base), "--format", "hf", "--out", str(real)]) == 0
+    link = tmp_path / "hf"
+    link.symlink_to(real, target_is_directory=True)
+    assert main(["export", "--model", str(base), "--format", "hf", "--out", str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and (real / "config.json").is_file() and not (real / MARK).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "hf"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["hfreal"]
