@@ -548,7 +548,8 @@ class Attention:
                 kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 1, t.items, 1), L, d_k, d_v,
                           scratch, np.int32(batch * seq), np.int32(n_heads), np.int32(n_kv_heads))
             if ds_off >= 0:
-                kn.dq_stored(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, scratch, np.int32(ds_off), k,
+                blocks = -(-seq // rows)  # a work-group per two query blocks
+                kn.dq_stored(queue, (-(-blocks // 2) * n, batch * n_heads), LB, d_q, scratch, np.int32(ds_off), k,
                              *sizes)
                 return
             dq(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)

@@ -310,7 +310,7 @@ inline void add_ds_k(float4 dq[MA][TJ], __local const float* dss, __local const 
     _Pragma("unroll") for (int m = 0; m < MA; m++) {
         const int e = lid + m * BWG;
         const int t = e % (BT / TJ), d4 = e < NMA ? e / (BT / TJ) : 0;
-        for (int j = 0; j < BT; j++) {  // (float4 reads of 4 keys of dS, rows of BT + 4: 4.0 -> 4.4 ms on an H100)
+        for (int j = 0; j < BT; j++) {
             const float4 kv = lrow(ks, j, d4);
             _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] += dss[(t + c * (BT / TJ)) * LDQ + j] * kv;
         }
@@ -500,9 +500,40 @@ void attention_backward_dq_tiled(__global float* d_q, BACKWARD_INPUTS) {
 }
 
 #ifdef DS_STORE
+// The stored-dS dQ pass (on an H100 at d1024's shape 4.36 -> 3.53 ms of a training step, against one query block
+// a work-group and a float per dS read): a work-group owns two query blocks (DQ_ROWS = 2 BT rows), so each block of
+// K it stages serves both, and each work-item adds DQR rows (t + c * DQT, c < DQR) x 4 columns (4 d4 ..) of dQ from float4 reads
+// of 4 keys of a row of dS (rows of LDD = BT + 4 floats for BT >= 4: float4-aligned, the 8 rows a quarter warp
+// reads 4 banks apart). The next key block's dS and K are fetched into registers while this one is used.
+#define DQ_ROWS (2 * BT)
+#define DQR (DQ_ROWS < 8 ? DQ_ROWS : 8)               // rows of a work-item's dQ micro-tile
+#define DQT (DQ_ROWS / DQR)                          // micro-tiles down the rows
+#define NMQ (DQT * HD4)                              // dQ micro-tiles (DQR rows x 4 columns)
+#define MQ ((NMQ + BWG - 1) / BWG)                   // dQ micro-tiles per work-item
+#define LDD (BT >= 4 ? BT + 4 : BT + 1)              // dS row stride
+#define DS_PER ((DQ_ROWS * BT + BWG - 1) / BWG)      // floats of the two dS tiles per work-item
+#define K_PER ((BT * HD4 * 4 + BWG - 1) / BWG)       // floats of a block of K per work-item
+
+// key block jb of the stored dS of query blocks ib0 and ib0 + 1 of (b, h) = bh (0.0f where a block lies past the
+// last or sees no key of jb) and of one kv head's K (kb; 0.0f past seq and in columns HD ..) -> registers: work-item
+// lid holds elements lid, lid + BWG, ... of the (DQ_ROWS, BT) dS rows and of the (BT, HD4 * 4) K rows
+inline void fetch_dq_block(float* rs, float* rk, const __global float* ds_in, const __global float* kb, const int bh,
+                           const int ib0, const int jb, const int seq, const size_t kv_stride, const int lid) {
+    const int nb = (seq + BT - 1) / BT;
+    _Pragma("unroll") for (int t = 0; t < DS_PER; t++) {
+        const int e = lid + t * BWG, r = e / BT, ib = ib0 + r / BT;
+        rs[t] = e < DQ_ROWS * BT && ib < nb && jb <= ib ? ds_in[ds_tile(bh, ib, jb, seq) + (r % BT) * BT + e % BT]
+                                                       : 0.0f;
+    }
+    _Pragma("unroll") for (int t = 0; t < K_PER; t++) {
+        const int e = lid + t * BWG, r = e / (HD4 * 4), d = e % (HD4 * 4);
+        rk[t] = e < BT * HD4 * 4 && jb * BT + r < seq && d < HD ? kb[(size_t)(jb * BT + r) * kv_stride + d] : 0.0f;
+    }
+}
+
 // as attention_backward_dq_tiled, from the dS tiles attention_backward_dkdv_tiled stored (ds_in + ds_off, ds_tile):
-// dQ = scale dS K with no scores recomputed (no Q, dO, V, lse or D read). Work-group (x, bh) owns query block
-// ib (x = 0 the last) of (b, h).
+// dQ = scale dS K with no scores recomputed (no Q, dO, V, lse or D read). Work-group (x, bh) owns query blocks
+// ib0 = 2 p and ib0 + 1 of (b, h), p = num_groups(0) - 1 - x (the most keys first).
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
 void attention_backward_dq_stored(__global float* d_q, __global const float* ds_in, const int ds_off,
                                   __global const float* k, const int seq, const int n_heads, const int n_kv_heads,
@@ -510,24 +541,66 @@ void attention_backward_dq_stored(__global float* d_q, __global const float* ds_
     const int lid = get_local_id(0), bh = get_group_id(1);
     const int h = bh % n_heads, b = bh / n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
-    const int ib = (int)get_num_groups(0) - 1 - (int)get_group_id(0);
+    const int ib0 = 2 * ((int)get_num_groups(0) - 1 - (int)get_group_id(0));
+    const int nb = (seq + BT - 1) / BT, last = ib0 + 1 < nb ? ib0 + 1 : ib0;  // the last key block either sees
     const size_t q_stride = (size_t)n_heads * HD, kv_stride = (size_t)n_kv_heads * HD;
-    const size_t q_base = (size_t)b * seq * q_stride + (size_t)h * HD;
     const __global float* kb = k + (size_t)b * seq * kv_stride + (size_t)kvh * HD;
-    __local float ks[BT * LDR], dss[BT * LDQ];
-    float4 dq[MA][TJ];
-    _Pragma("unroll") for (int m = 0; m < MA; m++)
-        _Pragma("unroll") for (int c = 0; c < TJ; c++) dq[m][c] = (float4)(0.0f);
-    for (int jb = 0; jb <= ib; jb++) {
+    ds_in += ds_off;
+    __local float ks[BT * LDR], dss[DQ_ROWS * LDD];
+    float4 dq[MQ][DQR];
+    _Pragma("unroll") for (int m = 0; m < MQ; m++)
+        _Pragma("unroll") for (int c = 0; c < DQR; c++) dq[m][c] = (float4)(0.0f);
+    float rs[DS_PER], rk[K_PER];
+    fetch_dq_block(rs, rk, ds_in, kb, bh, ib0, 0, seq, kv_stride, lid);
+    for (int jb = 0; jb <= last; jb++) {
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous key block
-        stage_rows(ks, kb, jb * BT, BT, seq, kv_stride, lid, BWG);
-        const __global float* tile = ds_in + ds_off + ds_tile(bh, ib, jb, seq);
-        for (int e = lid; e < BT * BT; e += BWG) dss[(e / BT) * LDQ + e % BT] = tile[e];
+        _Pragma("unroll") for (int t = 0; t < DS_PER; t++) {
+            const int e = lid + t * BWG;
+            if (e < DQ_ROWS * BT) dss[(e / BT) * LDD + e % BT] = rs[t];
+        }
+        _Pragma("unroll") for (int t = 0; t < K_PER; t++) {
+            const int e = lid + t * BWG;
+            if (e < BT * HD4 * 4) ks[(e / (HD4 * 4)) * LDR + e % (HD4 * 4)] = rk[t];
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
-        add_ds_k(dq, dss, ks, lid);
+        if (jb < last) fetch_dq_block(rs, rk, ds_in, kb, bh, ib0, jb + 1, seq, kv_stride, lid);
+        _Pragma("unroll") for (int m = 0; m < MQ; m++) {
+            const int e = lid + m * BWG;
+            const int t = e % DQT, d4 = e < NMQ ? e / DQT : 0;
+#if BT >= 4
+            for (int j = 0; j < BT; j += 4) {
+                union lanes4 g[DQR];
+                _Pragma("unroll") for (int c = 0; c < DQR; c++) g[c].v = vload4(0, dss + (t + c * DQT) * LDD + j);
+                _Pragma("unroll") for (int jj = 0; jj < 4; jj++) {
+                    const float4 kv = lrow(ks, j + jj, d4);
+                    _Pragma("unroll") for (int c = 0; c < DQR; c++) dq[m][c] += g[c].a[jj] * kv;
+                }
+            }
+#else
+            for (int j = 0; j < BT; j++) {
+                const float4 kv = lrow(ks, j, d4);
+                _Pragma("unroll") for (int c = 0; c < DQR; c++) dq[m][c] += dss[(t + c * DQT) * LDD + j] * kv;
+            }
+#endif
+        }
     }
-    _Pragma("unroll") for (int m = 0; m < MA; m++)
-        store_micro(d_q + q_base, dq[m], lid + m * BWG, ib * BT, seq, q_stride, scale);
+    _Pragma("unroll") for (int m = 0; m < MQ; m++) {
+        const int e = lid + m * BWG;
+        if (e < NMQ) {
+            const int t = e % DQT, d = 4 * (e / DQT);
+            _Pragma("unroll") for (int c = 0; c < DQR; c++) {
+                const int r = ib0 * BT + t + c * DQT;
+                if (r < seq) {
+                    const float4 v = dq[m][c] * scale;
+                    __global float* row = d_q + (size_t)b * seq * q_stride + (size_t)r * q_stride + (size_t)h * HD + d;
+                    row[0] = v.x;
+                    if (d + 1 < HD) row[1] = v.y;
+                    if (d + 2 < HD) row[2] = v.z;
+                    if (d + 3 < HD) row[3] = v.w;
+                }
+            }
+        }
+    }
 }
 #endif  // DS_STORE
 
