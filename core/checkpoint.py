@@ -482,6 +482,12 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     """
     p = Path(path)
     if not p.exists() and not readable_folder(p).exists():
+        from core.folder_lock import live_holder
+
+        holder = live_holder(p)
+        if holder is not None and holder.pid:  # a first training run that has not saved yet
+            raise FileNotFoundError(f"{p}: no model saved there yet ({holder.describe()} is writing it; its first "
+                                    "save comes at the end of its first stage or on a stop)")
         raise FileNotFoundError(f"{p}: no such file or folder")
     if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
         from core.gguf_io import import_gguf

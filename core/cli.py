@@ -772,6 +772,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(why)
     loaded = load_model(args.model)
     earlier = _gguf_file_type(out)  # with --overwrite: what the replaced export was
+    modelfile_before = out.with_name(out.stem + ".Modelfile")
+    modelfile_before = modelfile_before.read_bytes() if args.modelfile and modelfile_before.is_file() else None
     result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
     for note in getattr(result, "notes", []) or []:
         print(f"note: {note}")
@@ -785,8 +787,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         from core.gguf_io import ollama_name
 
+        changed = modelfile_before is not None and modelfile_before != result.modelfile.read_bytes()
         print(f"wrote {result.modelfile} (ollama create {ollama_name(result.path)} -f "
-              f"{shlex.quote(str(result.modelfile))})")
+              f"{shlex.quote(str(result.modelfile))}" + ("; replaced the earlier one, which differed: edits to it "
+                                                         "are gone" if changed else "") + ")")
     return 0
 
 

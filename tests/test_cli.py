@@ -290,6 +290,11 @@ def test_export_into_a_folder_and_interactive_chat(tmp_path, capsys, monkeypatch
         assert main(["export", "--model", str(out), "--out", str(target), "--modelfile", "--dtype", "q4_0"]) == 2
         assert "exist" in capsys.readouterr().err
     assert (folder / "v1.0.Modelfile").read_text().endswith("# my edit\n")
+    # with --overwrite the edited Modelfile is replaced, and the output says its edits are gone
+    assert main(["export", "--model", str(out), "--out", str(folder / "v1.0"), "--modelfile", "--overwrite"]) == 0
+    assert "replaced the earlier one, which differed: edits to it are gone" in capsys.readouterr().out
+    assert main(["export", "--model", str(out), "--out", str(folder / "v1.0"), "--modelfile", "--overwrite"]) == 0
+    assert "edits to it are gone" not in capsys.readouterr().out  # the same text again: nothing lost
     assert main(["export", "--model", str(out), "--out", str(folder / "model"), "--overwrite"]) == 0
     assert "replaced the earlier q8_0 export" in capsys.readouterr().out
     # through a link the user made to an export: the link stays, the export it names is replaced
@@ -452,3 +457,26 @@ def test_a_preset_is_taken_in_any_case():
     assert build_parser().parse_args(["train", "--preset", "LARGER"]).preset == "Larger"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--preset", "huge"])
+
+
+def test_chat_with_a_folder_a_first_run_has_not_saved_yet_says_so(tmp_path, capsys):
+    """`chat --model m` while the first `train --out m` has not saved yet said "m: no such file or folder"."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "m"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from core.folder_lock import FolderLock; "
+                               f"FolderLock({str(out)!r}, 'opencl-llm train').acquire(); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: no model saved there yet (process {holder.pid} on host" in err and "opencl-llm train" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
+    assert f"{out}: no such file or folder" in capsys.readouterr().err
