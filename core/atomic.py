@@ -441,5 +441,6 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     return folder
 
 
-__all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "atomic_write", "atomic_path", "replace_folder", "swap_in_folder", "recover_folder", "readable_folder", "backup_path",
-           "remove_stale_temp_files", "remove_tree", "fsync_folder"]
+__all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "atomic_write", "atomic_path", "replace_folder",
+           "swap_in_folder", "recover_folder", "readable_folder", "backup_path", "remove_stale_temp_files", "remove_tree",
+           "fsync_folder"]

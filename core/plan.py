@@ -623,7 +623,8 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         why = (left_out or {}).get(kind)
         notes = [", ".join(f"{n:,} {reason}" for reason, n in why.items())] if why else []
         notes += [extra] if extra else []
-        return f"{ok_n[0]:,} of {ok_n[1]:,} {noun}{' checked' if why else ''}" + (f" ({'; '.join(notes)})" if notes else "")
+        head = f"{ok_n[0]:,} of {ok_n[1]:,} {noun}{' checked' if why else ''}"
+        return head + (f" ({'; '.join(notes)})" if notes else "")
 
     parts = []
     if answers[1] or (left_out or {}).get("dialogue"):
