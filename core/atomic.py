@@ -153,16 +153,6 @@ def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------ folders
-def remove_tree(path: str | os.PathLike) -> None:
-    """Delete a folder and everything in it (``shutil.rmtree``), the first failure raised as it is.
-
-    Raises:
-        OSError: the first file or folder that cannot be removed (its ``filename`` and ``strerror``
-            say which and why, e.g. permission denied); what could be removed is gone.
-    """
-    shutil.rmtree(path)
-
-
 def backup_path(folder: str | os.PathLike) -> Path:
     """``.NAME.bak`` beside ``NAME``: the previous folder while a swap is under way (``.`` and ``x/..`` named by
     the folder they are)."""
@@ -214,15 +204,19 @@ def removable_backup(bak: Path) -> bool:
         return False
 
 
+def backup_in_the_way(folder: str | os.PathLike) -> Path | None:
+    """``.NAME.bak`` of ``folder`` where it is there and not the swap's (:func:`removable_backup`), so a swap
+    cannot put the old folder aside; None when the name is free or the swap's own."""
+    bak = backup_path(folder)
+    return bak if (bak.exists() or bak.is_symlink()) and not removable_backup(bak) else None
+
+
 def _named_as_backup(folder: Path) -> bool:
     """Whether ``folder`` is itself ``.NAME.bak`` beside no ``NAME`` (a reader inside a cut save's backup, e.g.
     ``--model .`` from a shell left in it): its mark is what lets the next command put it back."""
     name = folder.name
     return name.startswith(".") and name.endswith(".bak") and len(name) > 5 and \
         not folder.with_name(name[1:-4]).exists()
-
-
-_ours = made_by_swap
 
 
 def _remove_ours(folder: Path, strict: bool = False) -> None:
@@ -289,7 +283,7 @@ def readable_folder(folder: str | os.PathLike) -> Path:
     """The folder a reader should read: ``folder`` itself, or its ``.bak`` when a swap was cut
     between its two renames (the old, complete folder). Changes nothing on disk."""
     folder = Path(folder)
-    if not folder.exists() and backup_path(folder).is_dir() and _ours(backup_path(folder)):
+    if not folder.exists() and backup_path(folder).is_dir() and made_by_swap(backup_path(folder)):
         return backup_path(folder)
     return folder
 
@@ -317,7 +311,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
     done = []
     bak = backup_path(folder)
     if bak.is_dir() and not bak.is_symlink() and removable_backup(bak):
-        if not folder.exists() and not _ours(bak):  # empty: nothing to restore
+        if not folder.exists() and not made_by_swap(bak):  # empty: nothing to restore
             try:
                 bak.rmdir()
             except OSError:
@@ -343,7 +337,7 @@ def recover_folder(folder: str | os.PathLike) -> list[str]:
                 empty = not any(p.iterdir())
             except OSError:
                 continue
-            if empty or _ours(p):
+            if empty or made_by_swap(p):
                 _remove_ours(p)
                 done.append(f"removed {p} (an unfinished save)")
     if folder.is_dir() and not _named_as_backup(folder):
@@ -411,7 +405,7 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     if recover:
         recover_folder(folder)
     bak = backup_path(folder)
-    theirs = (bak.exists() or bak.is_symlink()) and not removable_backup(bak)
+    theirs = backup_in_the_way(folder) is not None
     if theirs and folder.exists():  # (with no old folder to put aside, the name is not needed)
         raise OSError(errno.EEXIST, f"{bak}: a folder or file of that name is in the way of the save (the app "
                       f"names the old {folder.name} so while it puts the new one in place); move or rename it")
@@ -427,7 +421,7 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     try:
         os.rename(source, folder)
     except BaseException:
-        if _ours(bak) and not folder.exists():
+        if made_by_swap(bak) and not folder.exists():
             os.rename(bak, folder)  # put the old one back
             _unmark(folder)
         raise
@@ -441,6 +435,6 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
     return folder
 
 
-__all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "atomic_write", "atomic_path", "replace_folder",
-           "swap_in_folder", "recover_folder", "readable_folder", "backup_path", "remove_stale_temp_files", "remove_tree",
+__all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "backup_in_the_way", "atomic_write", "atomic_path", "replace_folder",
+           "swap_in_folder", "recover_folder", "readable_folder", "backup_path", "remove_stale_temp_files",
            "fsync_folder"]

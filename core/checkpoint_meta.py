@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from core import __version__
-from core.atomic import is_mark, readable_folder, removable_backup
+from core.atomic import backup_in_the_way, backup_path, is_mark, readable_folder
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.json_text import parse_json
 from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
@@ -470,7 +470,7 @@ def resume_problem(path: str | os.PathLike) -> str | None:
     """
     folder = readable_folder(os.path.realpath(path))
     if not folder.exists():
-        bak = folder.with_name(f".{folder.name}.bak")
+        bak = backup_path(folder)
         if bak.is_dir():  # not taken for a cut save's (readable_folder): no swap marked it
             return (f"{path}: no such folder ({bak.name} beside it is not a save's backup of this version; if it is "
                     f"your checkpoint, rename it to {folder.name})")
@@ -572,8 +572,8 @@ def check_output_folder(path: str | os.PathLike) -> Path:
                                   f"app version (this one writes {FORMAT_VERSION}); not replaced")
         if _read_only(folder):
             raise CheckpointError(f"{folder}: the folder is read-only; make it writable or give another folder")
-    bak = folder.with_name(f".{folder.name}.bak")
-    if (bak.exists() or bak.is_symlink()) and not removable_backup(bak):
+    bak = backup_path(folder)
+    if backup_in_the_way(folder) is not None:
         raise CheckpointError(f"{bak}: in the way of saves (a save names the old {folder.name} so while it puts the "
                               "new one in place), and this app did not write it; move or rename it")
     if bak.is_dir() and folder.is_dir():
