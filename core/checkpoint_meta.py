@@ -17,12 +17,15 @@ import json
 import math
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Iterator
 
 from core import __version__
 from core.atomic import backup_in_the_way, backup_path, is_mark, readable_folder
 from core.config import ModelConfig, StageConfig, TrainConfig
+from core.folder_lock import FolderBusyError, FolderLock
 from core.json_text import parse_json
 from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
 from core.stages import STAGES
@@ -634,3 +637,36 @@ def check_export_target(path: str | os.PathLike, replace: bool = False, base: st
     if p.is_file() and not replace and not written_by_app(p):
         raise CheckpointError(f"{path}: exists and was not written by this app; choose another name or remove it")
     return p
+
+
+@contextmanager
+def export_target(path: str | os.PathLike, replace: bool = False, base: str | None = None,
+                  modelfile: bool = False) -> Iterator[Path]:
+    """Hold where an export writes while it is checked and written: the lock of ``path`` (a ``.gguf`` file or a
+    Hugging Face / PEFT folder; :class:`core.folder_lock.FolderLock`, ``.NAME.lock`` beside it), then
+    :func:`check_export_target` of it (and of its ``<stem>.Modelfile`` with ``modelfile``) under the lock, so
+    two exports never write one target at once (one writer per folder: two HF exports racing into one folder
+    could leave an unmarked ``.NAME.bak``) and none writes into a folder a run or the app holds.
+
+    Yields:
+        The resolved path (as :func:`check_export_target` returns it); the lock is given back on leaving.
+
+    Raises:
+        CheckpointError: as :func:`check_export_target`, or another live process holds the target or a folder
+            above it (one line naming the holder and its lock file).
+        OSError: the lock file cannot be written. The folder the target lies in is created when missing, so a
+            ``.gguf`` export checks that it exists first.
+    """
+    p = Path(os.path.realpath(path))
+    try:
+        lock = FolderLock(p, "an export").acquire()
+    except FolderBusyError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        check_export_target(path, replace, base)
+        if modelfile:
+            given = Path(path)
+            check_export_target(given.with_name(given.stem + ".Modelfile"), replace)
+        yield p
+    finally:
+        lock.release()

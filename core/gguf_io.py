@@ -46,7 +46,7 @@ import numpy as np
 
 from core import __version__, chat_format
 from core.atomic import atomic_path, atomic_write
-from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, check_export_target
+from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, export_target
 from core.config import ModelConfig, tensor_name
 from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
                               import_gguf, read_fields)  # the import side, re-exported
@@ -195,33 +195,35 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
         GGUFError: unknown dtype, non-finite weights, vocabulary/shape mismatch, a tokenizer without
             merges, or a written file that does not read back identically (nothing is left behind).
         OSError: the folder is not writable, the disk is full (nothing is left behind).
-        CheckpointError: the target (or its Modelfile) is inside a checkpoint folder, or an existing file this
-            app did not write (core.checkpoint_meta.check_export_target).
+        CheckpointError: the target (or its Modelfile) is inside a checkpoint folder, an existing file this
+            app did not write, or held by another live process, e.g. another export to it
+            (core.checkpoint_meta.export_target).
     """
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = _export_target(out_path, replace, (loaded.meta or {}).get("base_model"))
-    if modelfile:
-        check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
-    _check_model(loaded)
-    foreign, vocab = _vocabulary(loaded.tokenizer)
-    notes: list[str] = []
-    plan = []  # (name, numpy shape, array written, ggml type, original float32)
-    for tname, shape in loaded.config.gguf_tensors():  # llama.cpp's converter order
-        w = np.asarray(loaded.weights[tname], np.float32).reshape(shape)
-        data, qtype = _encode_tensor(tname, w, dtype, notes)
-        plan.append((tname, shape, data, qtype, w))
-    for n in notes:
-        log.warning("%s", n)
-    if name is None:
-        name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
-    hp = _hyperparameters(loaded, dtype, name or out.stem)
-    facts = _training_facts(loaded, training_meta)
-    _write_atomically(out, lambda tmp: _write_file(tmp, hp, loaded, foreign, vocab, facts, plan))
-    mf = _write_modelfile(out, loaded.config, ours=foreign is None) if modelfile else None
-    size = out.stat().st_size
-    log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
-    return ExportResult(out, size, mf, tuple(notes))
+    out = gguf_path(out_path)
+    if not out.parent.is_dir():  # (before the lock, which would create it)
+        raise GGUFError(f"{out.parent}: folder does not exist")
+    with export_target(out, replace, (loaded.meta or {}).get("base_model"), modelfile):
+        _check_model(loaded)
+        foreign, vocab = _vocabulary(loaded.tokenizer)
+        notes: list[str] = []
+        plan = []  # (name, numpy shape, array written, ggml type, original float32)
+        for tname, shape in loaded.config.gguf_tensors():  # llama.cpp's converter order
+            w = np.asarray(loaded.weights[tname], np.float32).reshape(shape)
+            data, qtype = _encode_tensor(tname, w, dtype, notes)
+            plan.append((tname, shape, data, qtype, w))
+        for n in notes:
+            log.warning("%s", n)
+        if name is None:
+            name = (loaded.meta or {}).get("name") if (loaded.meta or {}).get("format") == "gguf" else None
+        hp = _hyperparameters(loaded, dtype, name or out.stem)
+        facts = _training_facts(loaded, training_meta)
+        _write_atomically(out, lambda tmp: _write_file(tmp, hp, loaded, foreign, vocab, facts, plan))
+        mf = _write_modelfile(out, loaded.config, ours=foreign is None) if modelfile else None
+        size = out.stat().st_size
+        log.info("gguf: wrote %s (%d bytes, %s)", out, size, dtype)
+        return ExportResult(out, size, mf, tuple(notes))
 
 
 def gguf_path(out_path: str | os.PathLike) -> Path:
@@ -229,16 +231,6 @@ def gguf_path(out_path: str | os.PathLike) -> Path:
     ("model" and "v1.0" -> "model.gguf", "v1.0.gguf"); its Modelfile is ``<that stem>.Modelfile``."""
     out = Path(out_path)
     return out if out.suffix.lower() == ".gguf" else out.with_name(out.name + ".gguf")
-
-
-def _export_target(out_path: str | os.PathLike, replace: bool = False, base: str | None = None) -> Path:
-    """The ``.gguf`` path to write (:func:`gguf_path`), checked: never inside a checkpoint folder (its
-    next save would delete the file), never over the model's base file ``base``, into a folder that exists."""
-    out = gguf_path(out_path)
-    check_export_target(out, replace, base)
-    if not out.parent.is_dir():
-        raise GGUFError(f"{out.parent}: folder does not exist")
-    return out
 
 
 def _vocabulary(tok) -> tuple[Any, tuple[list, list, list]]:

@@ -38,7 +38,7 @@ from gguf import MODEL_TENSOR
 
 from core import __version__, chat_format
 from core.atomic import is_mark, replace_folder
-from core.checkpoint_meta import check_export_target, has_our_weights
+from core.checkpoint_meta import export_target, has_our_weights
 from core.config import ConfigError, ModelConfig, tensor_name
 from core.gguf_tokenizer import GGUFTokenizer
 from core.hf_tokenizer import (HFError, check_tokenizer_file, folder_chat_template, probe_texts, read_tokenizer,
@@ -166,35 +166,36 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
         raise HFError(str(e)) from None
     c, tok = loaded.config, loaded.tokenizer
     out = Path(out_folder)
-    check_export_target(out)  # never a checkpoint folder (or one inside it)
-    _prepare_target(out)
+    with export_target(out):  # never a checkpoint folder (or one inside it), nor one another export writes
+        _prepare_target(out)
 
-    tensors = _hf_tensors(loaded)
-    try:
-        texts = _hf_texts(c, tok)
-    except HFError as e:  # a vocabulary a tokenizer.json cannot hold (named by its GGUF key)
-        raise HFError(f"{loaded.path}: {e}") from None
-
-    def write(tmp: Path) -> None:
+        tensors = _hf_tensors(loaded)
         try:
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": what transformers expects
-        except SafetensorError as e:  # its Rust I/O errors come as this one type, with the OS error in the text
-            raise _write_error(out / WEIGHTS_FILE, str(e)) from None
-        for name, text in texts.items():
-            try:
-                (tmp / name).write_text(text, encoding="utf-8")
-            except OSError as e:
-                raise _write_error(out / name, e.strerror or str(e), e.errno) from None
-        _verify(tmp, loaded)
+            texts = _hf_texts(c, tok)
+        except HFError as e:  # a vocabulary a tokenizer.json cannot hold (named by its GGUF key)
+            raise HFError(f"{loaded.path}: {e}") from None
 
-    try:
-        replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
-    except OSError as e:
-        if e.filename is None and len(e.args) == 2 and str(out) in str(e.strerror):
-            raise  # already one line naming the file
-        raise _write_error(out, e.strerror or str(e), e.errno) from None
-    log.info("hf: wrote %s (%d tensors)", out, len(tensors))
-    return out
+        def write(tmp: Path) -> None:
+            try:
+                # "pt": what transformers expects
+                save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            except SafetensorError as e:  # its Rust I/O errors come as this one type, with the OS error in the text
+                raise _write_error(out / WEIGHTS_FILE, str(e)) from None
+            for name, text in texts.items():
+                try:
+                    (tmp / name).write_text(text, encoding="utf-8")
+                except OSError as e:
+                    raise _write_error(out / name, e.strerror or str(e), e.errno) from None
+            _verify(tmp, loaded)
+
+        try:
+            replace_folder(out, write)  # an earlier export (checked above) is replaced as one unit
+        except OSError as e:
+            if e.filename is None and len(e.args) == 2 and str(out) in str(e.strerror):
+                raise  # already one line naming the file
+            raise _write_error(out, e.strerror or str(e), e.errno) from None
+        log.info("hf: wrote %s (%d tensors)", out, len(tensors))
+        return out
 
 
 def _hf_tensors(loaded: LoadedModel) -> dict[str, np.ndarray]:

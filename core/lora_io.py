@@ -24,7 +24,7 @@ import numpy as np
 
 from core import __version__
 from core.atomic import atomic_path, atomic_write, is_mark, replace_folder
-from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, check_export_target
+from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, export_target
 from core.loaded import LoadedModel
 from core.lora import SUFFIX_A, SUFFIX_B, TARGETS, LoRAConfig, LoRAError, adapter_shapes, base_name
 
@@ -75,31 +75,29 @@ def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelf
     from core.gguf_io import gguf_path
 
     out = gguf_path(out_path)
-    check_export_target(out, replace, (loaded.meta or {}).get("base_model"))
-    if modelfile:
-        check_export_target(out.with_name(out.stem + ".Modelfile"), replace)
     if not out.parent.is_dir():
-        raise LoRAError(f"{out.parent}: folder does not exist")
-    names = [n for n, _ in adapter_shapes(loaded.config, lora)]
-    with atomic_path(out) as tmp:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        try:
-            w.add_type(gguf.GGUFType.ADAPTER)
-            w.add_string(gguf.Keys.Adapter.TYPE, "lora")
-            w.add_string(APP_VERSION_KEY, __version__)  # marks the file as ours (check_export_target replaces it)
-            w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(lora.alpha))
-            w.add_name(f"{(loaded.meta or {}).get('name') or Path(loaded.path).name} LoRA")
-            for name in names:
-                w.add_tensor(name, np.ascontiguousarray(adapter[name], np.float32))
-            w.write_header_to_file(tmp)
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-        finally:
-            w.close()
-        _verify_adapter_gguf(tmp, {n: adapter[n] for n in names})
-    mf = _write_adapter_modelfile(out, loaded) if modelfile else None
-    log.info("lora: wrote %s (%d tensors, rank %d, alpha %g)", out, len(names), lora.rank, lora.alpha)
-    return out, mf
+        raise LoRAError(f"{out.parent}: folder does not exist")  # (before the lock, which would create it)
+    with export_target(out, replace, (loaded.meta or {}).get("base_model"), modelfile):
+        names = [n for n, _ in adapter_shapes(loaded.config, lora)]
+        with atomic_path(out) as tmp:
+            w = gguf.GGUFWriter(tmp, ARCH)
+            try:
+                w.add_type(gguf.GGUFType.ADAPTER)
+                w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+                w.add_string(APP_VERSION_KEY, __version__)  # marks the file as ours (check_export_target replaces it)
+                w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(lora.alpha))
+                w.add_name(f"{(loaded.meta or {}).get('name') or Path(loaded.path).name} LoRA")
+                for name in names:
+                    w.add_tensor(name, np.ascontiguousarray(adapter[name], np.float32))
+                w.write_header_to_file(tmp)
+                w.write_kv_data_to_file()
+                w.write_tensors_to_file()
+            finally:
+                w.close()
+            _verify_adapter_gguf(tmp, {n: adapter[n] for n in names})
+        mf = _write_adapter_modelfile(out, loaded) if modelfile else None
+        log.info("lora: wrote %s (%d tensors, rank %d, alpha %g)", out, len(names), lora.rank, lora.alpha)
+        return out, mf
 
 
 def _verify_adapter_gguf(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -176,17 +174,18 @@ def export_peft(loaded: LoadedModel, out_folder: str | os.PathLike) -> Path:
 
     tensors = peft_tensors(loaded)
     out = Path(out_folder)
-    check_export_target(out)
-    if out.exists() and (not out.is_dir() or {n for n in os.listdir(out) if not is_mark(out / n)} - {PEFT_CONFIG, PEFT_WEIGHTS}):
-        raise LoRAError(f"{out}: holds files other than a PEFT adapter's; choose a new or empty folder")
-    text = json.dumps(peft_config(loaded.lora, (loaded.meta or {}).get("base_model")), indent=2)
+    with export_target(out):
+        if out.exists() and (not out.is_dir() or
+                             {n for n in os.listdir(out) if not is_mark(out / n)} - {PEFT_CONFIG, PEFT_WEIGHTS}):
+            raise LoRAError(f"{out}: holds files other than a PEFT adapter's; choose a new or empty folder")
+        text = json.dumps(peft_config(loaded.lora, (loaded.meta or {}).get("base_model")), indent=2)
 
-    def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
-        (tmp / PEFT_CONFIG).write_text(text, encoding="utf-8")
+        def write(tmp: Path) -> None:
+            save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+            (tmp / PEFT_CONFIG).write_text(text, encoding="utf-8")
 
-    replace_folder(out, write)
-    return out
+        replace_folder(out, write)
+        return out
 
 
 __all__ = ["adapter_beside", "export_adapter_gguf", "export_peft", "peft_tensors", "peft_config", "HF_MODULES"]

@@ -624,3 +624,41 @@ def test_an_hf_export_through_a_linked_folder_replaces_the_folder_it_names(base,
     assert link.is_symlink() and (real / "config.json").is_file() and not (real / MARK).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "hf"]
     assert sorted(p.name for p in real.parent.iterdir()) == ["hfreal"]
+
+
+def test_an_export_takes_its_target_as_one_writer(base, tmp_path, capsys):
+    """Exports took no lock: two exports into one folder at once could leave a ``.NAME.bak`` no swap marked, which
+    blocked later saves. An export now holds its target (core.checkpoint_meta.export_target) while it checks and
+    writes it: one whose target, or a folder above it, another live process holds is refused, one line naming the
+    holder, and writes nothing; a finished export leaves no lock file behind."""
+    for target, extra in ((tmp_path / "m.gguf", []), (tmp_path / "hf", ["--format", "hf"])):
+        holder = subprocess.Popen([sys.executable, "-c", "import time; from core.folder_lock import FolderLock; "
+                                   f"FolderLock({str(target)!r}, 'an export').acquire(); print('held', flush=True); "
+                                   "time.sleep(60)"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            before = snapshot(tmp_path)
+            capsys.readouterr()
+            assert main(["export", "--model", str(base), *extra, "--out", str(target)]) != 0
+            err = capsys.readouterr().err
+            assert f"{target}: in use by process {holder.pid} on host" in err and "an export" in err, err
+            assert len(err.strip().splitlines()) == 1 and snapshot(tmp_path) == before
+        finally:
+            holder.kill()
+            holder.wait()
+        assert main(["export", "--model", str(base), *extra, "--out", str(target)]) == 0  # its stale lock taken over
+        assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+    # a folder the app holds as a project: another process's export into it is refused
+    project = tmp_path / "proj"
+    project.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from core.folder_lock import FolderLock; "
+                               f"FolderLock({str(project)!r}, 'OpenCL LLM Studio').acquire(); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert main(["export", "--model", str(base), "--out", str(project / "m.gguf")]) != 0
+        assert "OpenCL LLM Studio" in capsys.readouterr().err and not (project / "m.gguf").exists()
+    finally:
+        holder.kill()
+        holder.wait()
