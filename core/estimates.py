@@ -176,6 +176,8 @@ class DatasetStats:
         fact_sequences, dialogue_sequences: training sequences (long entries are cut into windows).
         longest: tokens of the longest single entry.
         too_long: ``EntryProblem`` list of entries longer than ``context_length + 1`` tokens.
+        fact_questions: facts that core.augment.fact_questions writes a question for (0: no dialogue is a
+            pattern for any fact); None: not counted (core.plan.data_mix then assumes questions are written).
     """
 
     vocab_size: int
@@ -185,6 +187,7 @@ class DatasetStats:
     dialogue_sequences: int
     longest: int
     too_long: list
+    fact_questions: int | None = None
 
 
 class _EncodeOnce:
@@ -214,6 +217,7 @@ def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int, tokeni
     Raises:
         ValueError: the dataset is empty or ``vocab_size`` is below the tokenizer's minimum.
     """
+    from core.augment import fact_questions
     from core.chat_format import encode_dialogue, encode_fact
     from core.tokenizer import Tokenizer
     from core.batches import dialogue_examples, fact_examples
@@ -228,5 +232,6 @@ def dataset_stats(dataset: Dataset, vocab_size: int, context_length: int, tokeni
     dialogues = dialogue_examples(tok, dataset.dialogues, context_length)
     too_long = dataset.validate(tok, context_length + 1)
     too_long = [p for p in too_long if p.message.startswith("too long")]
+    asked = {i for i, _, _ in fact_questions(dataset)} if dataset.facts and dataset.dialogues else set()
     return DatasetStats(trained.vocab_size, sum(fact_lens), sum(dlg_lens), len(facts), len(dialogues),
-                        max(fact_lens + dlg_lens, default=0), too_long)
+                        max(fact_lens + dlg_lens, default=0), too_long, len(asked))

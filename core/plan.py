@@ -386,7 +386,9 @@ def data_mix(tc: TrainConfig, stats: DatasetStats) -> TrainConfig:
     the facts). Without dialogues there is nothing to mix: ``tc`` as it is."""
     if not stats.dialogue_sequences:
         return tc
-    many = stats.fact_sequences > stats.dialogue_sequences  # facts that no dialogue asks about
+    # facts that no dialogue asks about, and questions for them can be written (none: no fact question rows in
+    # the batches, so the plan counts none either: its passes are then the ones the run makes)
+    many = stats.fact_sequences > stats.dialogue_sequences and stats.fact_questions != 0
     fact_len = stats.fact_tokens / max(stats.fact_sequences, 1)
     question_len = stats.dialogue_tokens / max(stats.dialogue_sequences, 1)
     pack = max(1, min(PACK_MAX, round(question_len / max(fact_len, 1.0)))) if stats.fact_sequences else 1

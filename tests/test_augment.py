@@ -3,6 +3,8 @@ dataset's own patterns, conversations of several dialogues, the batches that mix
 prompts asked in the middle of a conversation, and the verdict that reports them."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from core import augment
@@ -12,6 +14,8 @@ from core.recall import chat_every, chat_history, recall_prompts
 from core.tokenizer import Tokenizer
 from core.trainer import Batches
 from tests.make_towns_dataset import ATTRIBUTES, FACTS_PER_TOWN, make_towns, write
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _dataset(towns) -> Dataset:
@@ -291,3 +295,36 @@ def test_a_pattern_asks_only_about_facts_of_its_own_kind():
                   Dialogue([("What colour is the Bexa kettle?", "In white.")]),
                   Dialogue([("What does the Cirro kettle weigh?", "It weighs 900 grams.")])])
     assert augment.fact_questions(ds) == [(5, "How heavy is the Fenno kettle?", "About 750 grams.")]
+
+
+def test_the_plans_passes_are_the_runs_where_no_fact_question_can_be_written():
+    """The plan counted rows of fact questions in every step wherever facts outnumber dialogues, also where no
+    dialogue is a pattern for any fact, so no question is written: it said "80 passes over the facts" (the bundled
+    example) where the run makes 64, and planned too few steps to reach its passes (300 facts and 20 unrelated
+    dialogues: 600 steps for "40 passes", 32 made). core.estimates.dataset_stats now counts the facts a question is
+    written for, and the plan's data mix writes none where that is 0: planned passes are the run's
+    (core.batches.stage_passes, what the progress line shows)."""
+    from dataclasses import replace as dc_replace
+
+    from core.estimates import dataset_stats
+    from core.plan import make_plan
+
+    facts = [f"Shop {n} opens at {h} in the morning and closes at {h + 9} at night." for n, h in
+             zip(("Alder", "Birch", "Cedar", "Dogwood", "Elm", "Fir", "Gum", "Hazel"), range(5, 13))]
+    chat = [Dialogue([("Hello!", "Hi! How can I help you today?")]), Dialogue([("Thanks a lot.", "You are welcome.")])]
+    for ds in (Dataset(facts * 40, chat * 10), load_dataset(ROOT / "resources" / "default_dataset.json")[0]):
+        stats = dataset_stats(ds, 600, 64)
+        assert stats.fact_questions == 0 and stats.fact_sequences > stats.dialogue_sequences
+        plan = make_plan(stats, 1e-5)
+        tc = plan.train_config
+        assert tc.fact_questions == 0 and tc.mix_share > 0
+        b = Batches(Tokenizer.train(ds.tokenizer_texts(), vocab_size=600), ds, 64, tc)
+        assert not b.questions
+        assert np.isclose(b.passes(0, plan.planned_steps[0]), plan.pretrain_passes)
+        assert np.isclose(b.passes(1, plan.planned_steps[1]), plan.tune_passes, rtol=0.05)  # conversation steps whole
+        before = make_plan(dc_replace(stats, fact_questions=None), 1e-5)  # as the plan counted before
+        assert before.pretrain_passes > plan.pretrain_passes
+    assert plan.planned_steps[0] == before.planned_steps[0]  # the bundled example: both at the least steps
+    big = make_plan(dataset_stats(Dataset(facts * 40, chat * 10), 600, 64), 1e-5)
+    assert big.planned_steps[0] > make_plan(dc_replace(dataset_stats(Dataset(facts * 40, chat * 10), 600, 64),
+                                                       fact_questions=None), 1e-5).planned_steps[0]
