@@ -131,6 +131,17 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable, sync_fol
     return path
 
 
+def temp_files_of(path: str | os.PathLike) -> list[Path]:
+    """The temporary files :func:`atomic_path` makes for ``path`` that are there now: ``.NAME.<8 hex>.tmp`` beside
+    it (a user's ``.NAME.notes.tmp`` is not one)."""
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp$")
+    try:
+        return [p for p in path.parent.iterdir() if pattern.match(p.name) and p.is_file()]
+    except OSError:
+        return []
+
+
 def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
     """Delete the ``.NAME.<random>.tmp`` files an interrupted :func:`atomic_write` left in ``folder``.
 
@@ -436,5 +447,5 @@ def swap_in_folder(source: str | os.PathLike, folder: str | os.PathLike, recover
 
 
 __all__ = ["MARK", "is_mark", "made_by_swap", "removable_backup", "backup_in_the_way", "atomic_write", "atomic_path", "replace_folder",
-           "swap_in_folder", "recover_folder", "readable_folder", "backup_path", "remove_stale_temp_files",
+           "swap_in_folder", "recover_folder", "readable_folder", "backup_path", "remove_stale_temp_files", "temp_files_of",
            "fsync_folder"]

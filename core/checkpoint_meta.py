@@ -642,31 +642,43 @@ def check_export_target(path: str | os.PathLike, replace: bool = False, base: st
 @contextmanager
 def export_target(path: str | os.PathLike, replace: bool = False, base: str | None = None,
                   modelfile: bool = False) -> Iterator[Path]:
-    """Hold where an export writes while it is checked and written: the lock of ``path`` (a ``.gguf`` file or a
-    Hugging Face / PEFT folder; :class:`core.folder_lock.FolderLock`, ``.NAME.lock`` beside it), then
-    :func:`check_export_target` of it (and of its ``<stem>.Modelfile`` with ``modelfile``) under the lock, so
-    two exports never write one target at once (one writer per folder: two HF exports racing into one folder
-    could leave an unmarked ``.NAME.bak``) and none writes into a folder a run or the app holds.
+    """Hold where an export writes while it is checked and written, so two exports never write one target at once
+    (one writer per folder: two HF exports racing into one folder could leave an unmarked ``.NAME.bak``) and none
+    writes into a folder another process holds (a run, a project the app has open).
+
+    First :func:`check_export_target` of ``path`` (and of its ``<stem>.Modelfile`` with ``modelfile``) and that its
+    folder exists, before anything is written (a refused export creates no lock file, no folder); then the lock of
+    the resolved path (:class:`core.folder_lock.FolderLock`: ``.NAME.lock`` beside it) and the same checks again
+    under it. The caller writes the path yielded: the one checked and locked (links and ``..`` resolved as the OS
+    walks them, so ``link/../name`` is the ``name`` beside the folder the link names).
 
     Yields:
-        The resolved path (as :func:`check_export_target` returns it); the lock is given back on leaving.
+        The resolved path; the lock is given back on leaving.
 
     Raises:
-        CheckpointError: as :func:`check_export_target`, or another live process holds the target or a folder
-            above it (one line naming the holder and its lock file).
-        OSError: the lock file cannot be written. The folder the target lies in is created when missing, so a
-            ``.gguf`` export checks that it exists first.
+        CheckpointError: as :func:`check_export_target`; the folder it would go in does not exist; another live
+            process holds the target or a folder above it (one line naming the holder and its lock file).
+        OSError: the lock file cannot be written.
     """
     p = Path(os.path.realpath(path))
+    given = Path(path)
+
+    def check() -> None:
+        check_export_target(path, replace, base)
+        if modelfile:
+            check_export_target(given.with_name(given.stem + ".Modelfile"), replace)
+        if not p.name:
+            raise CheckpointError(f"{path}: the root folder cannot be an export; choose a folder in it")
+        if not p.parent.is_dir():
+            raise CheckpointError(f"{given.parent}: folder does not exist")
+
+    check()
     try:
         lock = FolderLock(p, "an export").acquire()
     except FolderBusyError as e:
         raise CheckpointError(str(e)) from None
     try:
-        check_export_target(path, replace, base)
-        if modelfile:
-            given = Path(path)
-            check_export_target(given.with_name(given.stem + ".Modelfile"), replace)
+        check()  # again: what another process did before the lock was taken
         yield p
     finally:
         lock.release()

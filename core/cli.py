@@ -749,6 +749,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint import load_model
+    from core.checkpoint_meta import export_target
     from core.gguf_io import export_gguf, gguf_path
 
     if args.adapter:
@@ -759,22 +760,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         if args.dtype not in (None, "f32") or args.modelfile:
             return _fail("--format hf writes float32 weights only; --dtype and --modelfile are for GGUF")
-        if why := _existing_folder(Path(args.out), args, HF_FILES):
-            return _fail(why)
-        folder = export_hf(load_model(args.model), args.out)
+        with export_target(args.out) as target:  # held from the check to the end: the check still holds then
+            if why := _existing_folder(target, args, HF_FILES):
+                return _fail(why)
+            folder = export_hf(load_model(args.model), target)
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
     chosen, args.dtype = args.dtype, args.dtype or "f32"
     out = Path(args.out)
     # a folder: <model name>.gguf inside it; else the file export_gguf writes (".gguf" added when missing)
     out = out / (Path(args.model).resolve().stem + ".gguf") if out.is_dir() else gguf_path(out)
-    if why := _existing_exports(out, args):
-        return _fail(why)
-    loaded = load_model(args.model)
-    earlier = _gguf_file_type(out)  # with --overwrite: what the replaced export was
-    modelfile_before = out.with_name(out.stem + ".Modelfile")
-    modelfile_before = modelfile_before.read_bytes() if args.modelfile and modelfile_before.is_file() else None
-    result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
+    # held from the check to the end of the export
+    with export_target(out, base=_base_file(args.model), modelfile=args.modelfile):
+        if why := _existing_exports(out, args):
+            return _fail(why)
+        loaded = load_model(args.model)
+        earlier = _gguf_file_type(out)  # with --overwrite: what the replaced export was
+        modelfile_before = out.with_name(out.stem + ".Modelfile")
+        modelfile_before = modelfile_before.read_bytes() if args.modelfile and modelfile_before.is_file() else None
+        result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
     for note in getattr(result, "notes", []) or []:
         print(f"note: {note}")
     replaced = f"; replaced the earlier {earlier} export" if earlier else ""
@@ -796,6 +800,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 BIG_EXPORT_BYTES = 100e6
 """An F32 export by default larger than this gets a note on --dtype (SmolLM2-135M: 540 MB, its Q8_0 145 MB)."""
+
+
+def _base_file(model: str) -> str | None:
+    """The base file a fine-tuned checkpoint ``model`` reads (its config.json's ``base.base_model``), so an export
+    over it is refused before the model is loaded; None where there is none or it cannot be read now (the load
+    then says why)."""
+    from core.checkpoint_meta import CheckpointMeta
+
+    try:
+        return (CheckpointMeta.read(model).base or {}).get("base_model") if Path(model).is_dir() else None
+    except (ValueError, OSError):  # core.checkpoint_meta.CheckpointError is one
+        return None
 
 
 def _existing_exports(target: Path, args: argparse.Namespace) -> str | None:
@@ -844,6 +860,7 @@ def _export_adapter(args: argparse.Namespace) -> int:
     """``export --adapter``: a LoRA checkpoint's adapters as llama.cpp's adapter GGUF (with --modelfile an
     Ollama Modelfile: FROM the base, ADAPTER the file), or with --format hf as a PEFT folder."""
     from core.checkpoint import load_model
+    from core.checkpoint_meta import export_target
     from core.gguf_io import gguf_path
     from core.lora_io import PEFT_CONFIG, PEFT_WEIGHTS, adapter_beside, export_adapter_gguf, export_peft
 
@@ -851,16 +868,19 @@ def _export_adapter(args: argparse.Namespace) -> int:
         return _fail("--adapter writes float32 adapters; --dtype is for the merged export")
     if args.format != "hf" and Path(args.out).is_dir():  # a folder: <model name>-lora.gguf inside it (as the
         args.out = str(adapter_beside(Path(args.out) / f"{Path(args.model).resolve().stem}.gguf"))  # merged export)
-    if args.format != "hf" and (why := _existing_exports(gguf_path(args.out), args)):  # the file it writes
-        return _fail(why)
-    loaded = load_model(args.model)
-    if args.format == "hf":
-        if why := _existing_folder(Path(args.out), args, (PEFT_CONFIG, PEFT_WEIGHTS)):
+    target = args.out if args.format == "hf" else gguf_path(args.out)  # the folder or file it writes
+    with export_target(target, base=_base_file(args.model), modelfile=args.modelfile and args.format != "hf") \
+            as resolved:  # held from the check to the end of the export
+        if args.format != "hf" and (why := _existing_exports(Path(target), args)):
             return _fail(why)
-        folder = export_peft(loaded, args.out)
-        print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")
-        return 0
-    path, mf = export_adapter_gguf(loaded, args.out, modelfile=args.modelfile)
+        if args.format == "hf" and (why := _existing_folder(resolved, args, (PEFT_CONFIG, PEFT_WEIGHTS))):
+            return _fail(why)
+        loaded = load_model(args.model)
+        if args.format == "hf":
+            folder = export_peft(loaded, resolved)
+            print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")
+            return 0
+        path, mf = export_adapter_gguf(loaded, target, modelfile=args.modelfile)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, LoRA adapter rank {loaded.lora.rank}; llama.cpp: "
           f"--lora {path.name} on {loaded.meta['base_model']})")
     if mf:

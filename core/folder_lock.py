@@ -60,9 +60,22 @@ def _remove(path: Path) -> None:
         pass
 
 
+def _resolved(folder: str | os.PathLike) -> Path:
+    """``folder`` with links and ``..`` resolved (as the OS walks them): every spelling of one folder, a link to
+    it included, has one lock.
+
+    Raises:
+        ValueError: ``folder`` is the root folder (nothing to put a lock beside).
+    """
+    folder = Path(os.path.realpath(folder))
+    if not folder.name:
+        raise ValueError(f"{folder}: the root folder cannot be locked or written as a whole; choose a folder in it")
+    return folder
+
+
 def lock_path(folder: str | os.PathLike) -> Path:
-    """``.NAME.lock`` beside ``folder``."""
-    folder = Path(os.path.abspath(folder))
+    """``.NAME.lock`` beside ``folder`` (links and ``..`` resolved)."""
+    folder = _resolved(folder)
     return folder.with_name(f".{folder.name}.lock")
 
 
@@ -87,6 +100,9 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
 
 
+EMPTY = "an empty lock file"
+"""``LockHolder.what`` of an empty lock file under a minute old (being written; respected, not taken over)."""
+
 FOREIGN = "not a lock file this app can read"
 """``LockHolder.what`` of a lock file that holds something else than a lock record (never removed)."""
 
@@ -102,7 +118,7 @@ def _unreadable(p: Path) -> LockHolder | None:
         return None
     if st.st_size or not stat.S_ISREG(st.st_mode):
         return LockHolder(0, "?", st.st_mtime, "", FOREIGN, p)
-    return LockHolder(0, "?", st.st_mtime, "", "unreadable lock file", p) if time.time() - st.st_mtime < 60 else None
+    return LockHolder(0, "?", st.st_mtime, "", EMPTY, p) if time.time() - st.st_mtime < 60 else None
 
 
 def _mine(h: LockHolder) -> bool:
@@ -124,7 +140,7 @@ def live_holder(folder: str | os.PathLike, include_self: bool = False) -> LockHo
     """The live process (not this one, unless ``include_self``) that holds ``folder``, a folder above
     it, or a folder directly inside it; None when it is free. Stale locks are ignored (and left for
     :class:`FolderLock`)."""
-    folder = Path(os.path.abspath(folder))
+    folder = Path(os.path.realpath(folder))
     candidates = [lock_path(a) for a in [folder, *folder.parents] if a.name]
     if folder.is_dir():
         try:
@@ -180,6 +196,34 @@ def _link(tmp: Path, lock: Path, record: str) -> bool:
     return True
 
 
+NAME_KEPT = 200
+"""Characters of a lock's name kept in the names of its temp and set-aside files (a name near the file system's
+255 would otherwise be too long for them)."""
+
+
+def _take_over(lock: Path, seen: os.stat_result) -> None:
+    """Remove the stale lock file ``lock`` that was judged from ``seen`` (its ``lstat``), and only that file: two
+    processes taking over one stale lock at once each removed it and then each other's new lock, so both held
+    the folder. It is renamed aside first (one step: of two such renames one gets it, the other nothing); what
+    was renamed is removed where it is the file judged (same inode), else it is a lock another process took
+    meanwhile and is put back."""
+    aside = lock.with_name(f"{lock.name[:NAME_KEPT]}.{secrets.token_hex(4)}.stale")
+    try:
+        os.rename(lock, aside)
+    except OSError:
+        return  # taken over (or given back) meanwhile: the caller tries again
+    try:
+        got = os.lstat(aside)
+    except OSError:
+        return
+    if (got.st_ino, got.st_dev) != (seen.st_ino, seen.st_dev):
+        try:
+            os.link(aside, lock)  # another process's new lock: give it back
+        except OSError:
+            pass  # a third process has taken the name since: the caller finds it live
+    _remove(aside)
+
+
 class FolderLock:
     """Hold ``folder`` for writing, as a context manager or with :meth:`acquire` / :meth:`release`.
 
@@ -193,7 +237,7 @@ class FolderLock:
     """
 
     def __init__(self, folder: str | os.PathLike, what: str = ""):
-        self.folder = Path(os.path.abspath(folder))
+        self.folder = _resolved(folder)
         self.path = lock_path(self.folder)
         self.what = what
         self._held = False
@@ -211,19 +255,23 @@ class FolderLock:
             return self
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                              "proc_start": _proc_start(os.getpid()), "what": self.what}) + "\n"
-        tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = self.path.with_name(f"{self.path.name[:NAME_KEPT]}.{secrets.token_hex(4)}.tmp")
         try:
             _write(tmp, record, self.path)
-            for _ in range(3):
+            for _ in range(5):
                 if _link(tmp, self.path, record):
                     self._held = True
                     return self
+                try:
+                    seen = os.lstat(self.path)
+                except FileNotFoundError:
+                    continue  # given back meanwhile: try again (a lock not seen is never removed)
                 old = read_holder(self.path)
                 if old is not None and _is_live(old) and old.pid != os.getpid():
                     raise self._busy(old)
                 if old is None and (u := _unreadable(self.path)) is not None:
                     raise self._busy(u)
-                _remove(self.path)  # stale: a dead holder's lock (or an empty one); take it over
+                _take_over(self.path, seen)  # stale: a dead holder's lock (or an empty one)
             raise FolderBusyError(f"{self.folder}: another process keeps taking the lock {self.path}")
         finally:
             _remove(tmp)
@@ -233,8 +281,13 @@ class FolderLock:
             return FolderBusyError(f"{self.folder}: its lock file {holder.path} cannot be read as a lock of this app "
                                    "(not a lock file, or another user's); if no other program uses the folder, move "
                                    "or rename it, then try again")
+        if holder.what == EMPTY:
+            return FolderBusyError(f"{self.folder}: its lock file {holder.path} is empty and under a minute old (being "
+                                   "written by another process, or left by one that was killed); try again in a minute")
+        there = "" if holder.host == socket.gethostname() else \
+            "; if no process on that host uses it any more (a renamed or restarted machine), remove the lock file"
         return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop it "
-                               f"(lock file {holder.path})")
+                               f"(lock file {holder.path}){there}")
 
     def release(self) -> None:
         """Give the lock back (only if this process holds it)."""

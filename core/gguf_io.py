@@ -30,7 +30,6 @@ types, alignment, bytes, and dequantized values) and every key before it renames
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import logging
 import os
@@ -45,7 +44,7 @@ import gguf
 import numpy as np
 
 from core import __version__, chat_format
-from core.atomic import atomic_path, atomic_write
+from core.atomic import atomic_path, atomic_write, temp_files_of
 from core.checkpoint_meta import APP_VERSION_KEY, MODELFILE_HEADER, export_target
 from core.config import ModelConfig, tensor_name
 from core.gguf_import import (ARCH, META_PREFIX, TOKENIZER_MODEL, TOKENIZER_PRE, GGUFError,  # noqa: F401
@@ -202,8 +201,6 @@ def export_gguf(loaded: LoadedModel, out_path: str | os.PathLike, dtype: str = "
     if dtype not in DTYPES:
         raise GGUFError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     out = gguf_path(out_path)
-    if not out.parent.is_dir():  # (before the lock, which would create it)
-        raise GGUFError(f"{out.parent}: folder does not exist")
     with export_target(out, replace, (loaded.meta or {}).get("base_model"), modelfile):
         _check_model(loaded)
         foreign, vocab = _vocabulary(loaded.tokenizer)
@@ -284,7 +281,7 @@ def _write_atomically(out: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` into a temporary file renamed to ``out`` when it returns (core.atomic.atomic_path),
     after removing what a killed export of this file left. A full disk or an unwritable folder is
     one OSError naming the file; nothing is left behind."""
-    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+    for stale in temp_files_of(out):
         try:
             stale.unlink()
         except OSError:

@@ -132,8 +132,6 @@ def _prepare_target(out: Path) -> None:
         foreign = [p.name for p in out.iterdir() if p.name not in FILES and not is_mark(p)]
         if foreign:
             raise HFError(f"{out}: the folder is not empty ({foreign[0]} ...); choose a new or empty folder")
-    if not out.parent.is_dir():
-        raise HFError(f"{out.parent}: folder does not exist")
 
 
 def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
@@ -165,8 +163,9 @@ def export_hf(model: LoadedModel, out_folder: str | os.PathLike) -> Path:
     except GGUFError as e:
         raise HFError(str(e)) from None
     c, tok = loaded.config, loaded.tokenizer
-    out = Path(out_folder)
-    with export_target(out):  # never a checkpoint folder (or one inside it), nor one another export writes
+    # never a checkpoint folder (or one inside it), nor one another export writes; the resolved folder, the one
+    # checked and locked, is the one written
+    with export_target(out_folder) as out:
         _prepare_target(out)
 
         tensors = _hf_tensors(loaded)

@@ -75,8 +75,6 @@ def export_adapter_gguf(loaded: LoadedModel, out_path: str | os.PathLike, modelf
     from core.gguf_io import gguf_path
 
     out = gguf_path(out_path)
-    if not out.parent.is_dir():
-        raise LoRAError(f"{out.parent}: folder does not exist")  # (before the lock, which would create it)
     with export_target(out, replace, (loaded.meta or {}).get("base_model"), modelfile):
         names = [n for n, _ in adapter_shapes(loaded.config, lora)]
         with atomic_path(out) as tmp:
@@ -173,8 +171,7 @@ def export_peft(loaded: LoadedModel, out_folder: str | os.PathLike) -> Path:
     from safetensors.numpy import save_file
 
     tensors = peft_tensors(loaded)
-    out = Path(out_folder)
-    with export_target(out):
+    with export_target(out_folder) as out:  # the resolved folder: the one checked and locked is the one written
         if out.exists() and (not out.is_dir() or
                              {n for n in os.listdir(out) if not is_mark(out / n)} - {PEFT_CONFIG, PEFT_WEIGHTS}):
             raise LoRAError(f"{out}: holds files other than a PEFT adapter's; choose a new or empty folder")

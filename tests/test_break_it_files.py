@@ -662,3 +662,112 @@ def test_an_export_takes_its_target_as_one_writer(base, tmp_path, capsys):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _hold(folder: Path, what: str) -> subprocess.Popen:
+    """Another process holding ``folder`` (core.folder_lock) until killed."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; from core.folder_lock import FolderLock; "
+                          f"FolderLock({str(folder)!r}, {what!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_an_export_checks_locks_and_writes_one_and_the_same_folder(base, tmp_path, capsys):
+    """From a break-it helper: `export --format hf --out lnk/../mydocs` (lnk a link to a folder elsewhere) checked and
+    locked the folder the OS names (beside the link's target) but wrote ./mydocs, deleting the user's notes in it (or
+    a trained checkpoint). Now the folder checked, locked and written is one: the one the OS walks to."""
+    (tmp_path / "other" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "other" / "sub", target_is_directory=True)
+    (tmp_path / "mydocs").mkdir()
+    (tmp_path / "mydocs" / "notes.txt").write_text("precious\n")
+    shutil.copytree(base, tmp_path / "ck")
+    ck_before = snapshot(tmp_path / "ck")
+    for name, extra in (("mydocs", ["--format", "hf"]), ("ck", ["--format", "hf"])):
+        assert main(["export", "--model", str(base), *extra, "--out", str(tmp_path / "lnk" / ".." / name)]) == 0
+        assert (tmp_path / "other" / name / "config.json").is_file()
+    assert (tmp_path / "mydocs" / "notes.txt").read_text() == "precious\n" and snapshot(tmp_path / "ck") == ck_before
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".lock", ".bak"))]
+
+
+def test_a_refused_export_writes_nothing_and_odd_targets_get_one_line(base, tmp_path, capsys):
+    """A refused export into a checkpoint folder created the folders on the way and its lock file there (so `train
+    --resume` then refused the checkpoint); an HF export made every missing folder above it; a target name near the
+    file system's limit failed on the lock's temp name; `--out /` said "PosixPath('/') has an empty name"; a GGUF
+    export deleted a user's `.m.gguf.my notes.tmp`."""
+    ck = tmp_path / "ck"
+    shutil.copytree(base, ck)
+    before = snapshot(tmp_path)
+    for out, extra in ((ck / "sub" / "deeper" / "hf", ["--format", "hf"]), (ck / "x.gguf", []),
+                       (tmp_path / "nope" / "a" / "hf", ["--format", "hf"]), (tmp_path / "nope" / "m.gguf", [])):
+        capsys.readouterr()
+        assert main(["export", "--model", str(base), *extra, "--out", str(out)]) != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("inside the checkpoint folder" in err or "folder does not exist" in err)
+        assert snapshot(tmp_path) == before, out
+    assert main(["export", "--model", str(base), "--format", "hf", "--out", "/"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "root folder" in err and "PosixPath" not in err, err
+    long = tmp_path / ("a" * 233 + ".gguf")  # 238 characters, as the helper's
+    assert main(["export", "--model", str(base), "--out", str(long)]) == 0 and long.is_file()
+    notes = tmp_path / ".m.gguf.my notes.tmp"
+    notes.write_text("mine\n")
+    assert main(["export", "--model", str(base), "--out", str(tmp_path / "m.gguf")]) == 0
+    assert main(["export", "--model", str(base), "--out", str(tmp_path / "m.gguf"), "--overwrite"]) == 0
+    assert notes.read_text() == "mine\n"
+
+
+def test_a_project_opened_through_a_link_is_held_for_exports(base, tmp_path, capsys):
+    """The app locked a project opened as `plink` (a link) beside the link, exports locked the real folder: another
+    process's export into the project was not refused. Locks are now of the resolved folder."""
+    (tmp_path / "preal").mkdir()
+    (tmp_path / "plink").symlink_to(tmp_path / "preal", target_is_directory=True)
+    holder = _hold(tmp_path / "plink", "OpenCL LLM Studio")
+    try:
+        for extra, out in (([], "x.gguf"), (["--format", "hf"], "hf")):
+            capsys.readouterr()
+            assert main(["export", "--model", str(base), *extra, "--out", str(tmp_path / "plink" / out)]) != 0
+            assert "OpenCL LLM Studio" in capsys.readouterr().err and not (tmp_path / "preal" / out).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+LOCK_RACER = """
+import os, sys, time
+from core.folder_lock import FolderBusyError, FolderLock
+target, log, go = sys.argv[1], sys.argv[2], float(sys.argv[3])
+while time.time() < go:
+    pass
+try:
+    lk = FolderLock(target, "racer").acquire()
+except FolderBusyError:
+    sys.exit(0)
+t0 = time.time()
+time.sleep(0.2)
+with open(log, "a") as f:
+    f.write(f"{t0} {time.time()}\\n")
+lk.release()
+"""
+
+
+def test_a_stale_lock_taken_over_by_several_processes_at_once_has_one_holder(tmp_path):
+    """From a break-it helper: two processes that both found a dead holder's lock each removed it, and one then
+    removed the other's new lock: both held the folder (19 of 100 rounds). A stale lock is now set aside and
+    removed only where it is the file judged stale (core.folder_lock._take_over)."""
+    script = tmp_path / "racer.py"
+    script.write_text(LOCK_RACER)
+    target, log = tmp_path / "t.gguf", tmp_path / "held.log"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for _ in range(30):  # the old code had two holders in the first of 40 rounds here
+        (tmp_path / ".t.gguf.lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename,
+                                                            "started": 1.0, "proc_start": "", "what": "x"}) + "\n")
+        go = time.time() + 0.6
+        racers = [subprocess.Popen([sys.executable, str(script), str(target), str(log), str(go)], cwd=ROOT)
+                  for _ in range(3)]
+        for r in racers:
+            assert r.wait() == 0
+    spans = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    assert len(spans) >= 30  # every round someone held it
+    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), spans  # never two at once
