@@ -238,6 +238,11 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     Y?" -> "In $12." from "What colour is the X?" -> "In white.") is kept: it asks for fact ``j``'s value."""
     a_keys, b_keys = fx.keys[p.fact], fx.keys[j]
     subs = _differing_spans(fx.tokens[p.fact], fx.tokens[j])
+    # a word where the other fact has only punctuation ("does" and ","): the facts are worded differently, not
+    # two of one kind ("The warranty does not cover crash damage." against "Parts are covered by ..., not by us."
+    # wrote ", the warranty by us?" -> "No, the warranty , not by us.")
+    if any(_only_punctuation(old) or _only_punctuation([_key(w) for w, _ in new]) for old, new in subs):
+        return None
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:
@@ -259,6 +264,10 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     if any(_holds(a_keys, k) and not _holds(b_keys, k) for k in (_key(w) for w in words(q) + words(a))):
         return None
     return q, a
+
+
+def _only_punctuation(keys: list[str]) -> bool:
+    return all(_PUNCT.fullmatch(k) for k in keys)
 
 
 def _holds(keys: list[str], k: str) -> bool:

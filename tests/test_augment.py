@@ -328,3 +328,18 @@ def test_the_plans_passes_are_the_runs_where_no_fact_question_can_be_written():
     big = make_plan(dataset_stats(Dataset(facts * 40, chat * 10), 600, 64), 1e-5)
     assert big.planned_steps[0] > make_plan(dc_replace(dataset_stats(Dataset(facts * 40, chat * 10), 600, 64),
                                                        fact_questions=None), 1e-5).planned_steps[0]
+
+
+def test_no_question_is_written_from_facts_worded_unlike_the_pattern():
+    """A new user's notes: "The warranty does not cover crash damage." asked by "Does the warranty cover crash
+    damage?", and "Parts are covered by the manufacturers warranty, not by us." got the question ", the warranty by
+    us?" -> "No, the warranty , not by us.", which the model learned and said to "hi": "does" had become ",". A
+    word where the other fact has only punctuation makes no question now; facts of one kind still get theirs."""
+    ds = Dataset(["Parts are covered by the manufacturers warranty, not by us.",
+                  "The warranty does not cover crash damage.", "We sell Shimano and SRAM parts."],
+                 [Dialogue([("Does the warranty cover crash damage?", "No, the warranty does not cover crash damage.")])])
+    assert augment.fact_questions(ds) == []
+    kinds = Dataset(["A tune-up costs $45.", "A new chain costs $20.", "Wheel truing costs $25.", "We open at 9.",
+                     "A flat tire repair costs $12."], [Dialogue([("How much is a tune-up?", "A tune-up costs $45.")])])
+    assert [q for _, q, _ in augment.fact_questions(kinds)] == ["How much is a new chain?", "How much is Wheel truing?",
+                                                                "How much is a flat tire repair?"]
