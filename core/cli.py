@@ -513,9 +513,14 @@ def _train(args, out: Path) -> int:
         _print_setup(ev, args.quiet)
         if isinstance(ev, RunStarted):
             break
+    more = f"--tune-steps above {run.trainer.train_config.dialogues.steps:,}, the most it was given"
+    if run.trainer.done and run.new_data:  # saving would record a dataset the model was never trained on
+        events.close()
+        return _fail(f"{args.resume}: both stages are complete, so --data {args.data} would not be trained on; nothing "
+                     f"saved (give {more}, to train on it, or start a new run: opencl-llm train --data {args.data} "
+                     "--out NEW_FOLDER)")
     if run.trainer.done:  # a stage that ended early (learned, time budget) counts as all its steps done
-        print(f"nothing left to train in {args.resume}: both stages are complete (give --tune-steps above "
-              f"{run.trainer.train_config.dialogues.steps:,}, the most it was given, to continue)")
+        print(f"nothing left to train in {args.resume}: both stages are complete (give {more}, to continue)")
     code = _follow(args, out, run, events, ctrl_c)
     if code == 0 and run.new_data and run.resumed_at[0] >= 1:  # (a resume within pretraining trains them there)
         data = args.data or str(Path(args.resume) / "dataset.json")

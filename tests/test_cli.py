@@ -46,8 +46,16 @@ def test_resume_continues_in_the_same_folder_with_new_steps(tmp_path, capsys):
     assert main(["train", "--resume", str(out), "--data", str(other), "-q"]) == 2
     assert (f"--data: {other} is not the dataset this run was trained on (its dataset.json); give --allow-new-data"
             in capsys.readouterr().err)
-    # on it, past the facts stage: its new fact is trained only by tuning's replay, and the output says so
-    assert main(["train", "--resume", str(out), "--data", str(other), "--allow-new-data", "-q"]) == 0
+    # a finished run has nothing left to train on it: refused, nothing saved (it was saved with the new dataset
+    # recorded, which recall then said the model was trained on)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert main(["train", "--resume", str(out), "--data", str(other), "--allow-new-data", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"both stages are complete, so --data {other} would not be trained on; nothing saved" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # with more steps, past the facts stage: its new fact is trained only by tuning's replay, and the output says so
+    assert main(["train", "--resume", str(out), "--data", str(other), "--allow-new-data", "--tune-steps", "7",
+                 "-q"]) == 0
     assert (f"note: the facts stage was over before this dataset came, so facts new in it are trained only as tuning "
             f"replays facts, and slowly; a new run learns them in its facts stage: opencl-llm train --data {other} "
             "--out NEW_FOLDER") in capsys.readouterr().out
