@@ -623,7 +623,8 @@ class _Bars:
         elif isinstance(ev, StageReport) and ev.recall_stopped:
             self.recall_stopped = ev.stage
         elif isinstance(ev, StageReport) and not ev.stopped and ev.recall and ev.end_reason != "steps":
-            self.progress.console.print(f"{ev.stage}: ended after {count_words(ev.steps_done, 'step')} ({ev.end_reason})")
+            why = STAGE_LEARNED.get(ev.stage, ev.end_reason) if ev.end_reason == "learned" else ev.end_reason
+            self.progress.console.print(f"{ev.stage}: ended after {count_words(ev.steps_done, 'step')} ({why})")
 
     def _step(self, ev) -> None:
         if self.check_task is not None:
@@ -802,6 +803,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                                                          "are gone" if changed else "") + ")")
     return 0
 
+
+STAGE_LEARNED = {"pretrain": "facts learned",
+                 "dialogues": "answers learned, and the facts the facts stage left learned kept"}
+"""What a stage's "learned" end means, as the line a stage ended early prints it: tuning ends once its answers are
+learned and the facts pretraining reproduced are kept (core.trainer), which is not every fact when pretraining was
+short (a new user read "dialogues: ended after 25 steps (learned)" before "Not fully learned: ... 9 of 35 facts")."""
 
 BIG_EXPORT_BYTES = 100e6
 """An F32 export by default larger than this gets a note on --dtype (SmolLM2-135M: 540 MB, its Q8_0 145 MB)."""

@@ -197,6 +197,12 @@ class Run:
         yield LogEvent("INFO", f"plan: {self.plan.summary()}")
         for note in self.plan.notes:
             yield LogEvent("INFO", f"note: {note}")
+        planned = self.plan.train_config
+        given = [f"{name} {now.steps:,} steps (planned {plan:,})" for name, now, old, plan in
+                 (("pretrain", tc.pretrain, planned.pretrain, self.plan.planned_steps[0]),
+                  ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1])) if now.steps != old.steps]
+        if given:  # the steps asked for replace the plan's (its estimate is of the plan's)
+            yield LogEvent("INFO", f"note: as you asked, {' and '.join(given)}; the estimate above is the plan's")
         self.hooks.tune(dev)
         return mc, tc
 

@@ -286,6 +286,9 @@ def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsy
                  "--pretrain-steps", "3000", "--tune-steps", "3000"]) == 0
     text = capsys.readouterr().out
     assert "plan: Tiny model" in text and "passes over the facts" in text
+    # the steps given replace the plan's, and the output says so (a new user saw "pretrain 124 steps" planned, then
+    # 50 steps run, with no word on why)
+    assert "note: as you asked, pretrain 3,000 steps (planned " in text and "and tune 3,000 steps (planned " in text
     assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
 
 
