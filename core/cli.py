@@ -647,6 +647,18 @@ class _Bars:
 
 
 # ----------------------------------------------------------------------------- chat
+def _unfinished(loaded) -> str | None:
+    """A note for chat and export of a checkpoint whose run stopped before both stages ended (Ctrl-C, a stop, a save
+    between stages), naming where and how to continue it; None for a finished run or another kind of file."""
+    meta = loaded.checkpoint
+    if meta is None or meta.done:
+        return None
+    stage = ("pretrain", "tune")[meta.stage_index]
+    steps = (meta.train.pretrain, meta.train.dialogues)[meta.stage_index].steps
+    return (f"note: {loaded.path} is a run that stopped in its {stage} stage at step {meta.stage_step:,} of "
+            f"{steps:,}, so its answers may be poor; continue it: opencl-llm train --resume {loaded.path}")
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from core.chat import ChatSession
     from core.checkpoint import load_model
@@ -654,6 +666,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from core.generate import ContextFullError, Generator, SamplingSettings
 
     loaded = load_model(args.model)
+    if note := _unfinished(loaded):
+        print(note, file=sys.stderr)  # (stdout: only answers, for a pipe)
     dev = open_device(args.device)
     _tune_matmul(dev)
     gen = Generator.for_model(dev, loaded)
@@ -787,6 +801,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = export_gguf(loaded, out, dtype=args.dtype, modelfile=args.modelfile)
     for note in getattr(result, "notes", []) or []:
         print(f"note: {note}")
+    if note := _unfinished(loaded):
+        print(note)
     replaced = f"; replaced the earlier {earlier} export" if earlier else ""
     print(f"wrote {result.path} ({result.size_bytes / 1e6:.2f} MB, {args.dtype}{replaced})")
     if chosen is None and result.size_bytes > BIG_EXPORT_BYTES:  # the exact default of a model to share: the choice

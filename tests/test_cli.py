@@ -488,3 +488,26 @@ def test_chat_with_a_folder_a_first_run_has_not_saved_yet_says_so(tmp_path, caps
     time.sleep(0.1)
     assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
     assert f"{out}: no such file or folder" in capsys.readouterr().err
+
+
+def test_chat_and_export_of_a_run_stopped_midway_say_so(tmp_path, capsys):
+    """A new user chatted with and exported a run stopped 2 s in (Ctrl-C) and got "No, the warranty , the warranty ,
+    ..." with no hint that the model was unfinished. Chat (on stderr: stdout keeps only answers) and export now say
+    where it stopped and how to continue it; a finished run gets no such note."""
+    import json
+
+    out = tmp_path / "run"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "2") == 0
+    capsys.readouterr()
+    assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 0
+    assert "stopped" not in capsys.readouterr().err
+    meta = json.loads((out / "config.json").read_text())
+    meta.update(stage_index=0, stage_step=2)  # as a stop at pretraining's step 2 saves it
+    (out / "config.json").write_text(json.dumps(meta))
+    assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 0
+    cap = capsys.readouterr()
+    note = f"note: {out} is a run that stopped in its pretrain stage at step 2 of 3, so its answers may be poor; " \
+           f"continue it: opencl-llm train --resume {out}"
+    assert note in cap.err and "note" not in cap.out
+    assert main(["export", "--model", str(out), "--out", str(tmp_path / "m.gguf")]) == 0
+    assert note in capsys.readouterr().out
