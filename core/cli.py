@@ -788,6 +788,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     chosen, args.dtype = args.dtype, args.dtype or "f32"
     out = Path(args.out)
+    if args.out.endswith(("/", "\\")) and not out.is_dir():  # a folder meant ("exports/"), not "exports.gguf"
+        return _fail(f"{args.out}: folder does not exist; create it first, or give a file name")
     # a folder: <model name>.gguf inside it; else the file export_gguf writes (".gguf" added when missing)
     out = out / (Path(args.model).resolve().stem + ".gguf") if out.is_dir() else gguf_path(out)
     # held from the check to the end of the export

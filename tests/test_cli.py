@@ -511,3 +511,16 @@ def test_chat_and_export_of_a_run_stopped_midway_say_so(tmp_path, capsys):
     assert note in cap.err and "note" not in cap.out
     assert main(["export", "--model", str(out), "--out", str(tmp_path / "m.gguf")]) == 0
     assert note in capsys.readouterr().out
+
+
+def test_export_to_a_folder_name_that_does_not_exist_is_refused(tmp_path, capsys):
+    """`export --out newdir/` wrote ./newdir.gguf (a new user meant a folder)."""
+    out = tmp_path / "run"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1") == 0
+    capsys.readouterr()
+    assert main(["export", "--model", str(out), "--out", str(tmp_path / "newdir") + "/"]) == 2
+    assert "newdir/: folder does not exist; create it first" in capsys.readouterr().err
+    assert not (tmp_path / "newdir.gguf").exists() and not (tmp_path / "newdir").exists()
+    (tmp_path / "newdir").mkdir()
+    assert main(["export", "--model", str(out), "--out", str(tmp_path / "newdir") + "/"]) == 0
+    assert (tmp_path / "newdir" / "run.gguf").is_file()
