@@ -625,6 +625,8 @@ class _Bars:
         elif isinstance(ev, StageReport) and not ev.stopped and ev.recall and ev.end_reason != "steps":
             why = STAGE_LEARNED.get(ev.stage, ev.end_reason) if ev.end_reason == "learned" else ev.end_reason
             self.progress.console.print(f"{ev.stage}: ended after {count_words(ev.steps_done, 'step')} ({why})")
+            if ev.stage in self.tasks:  # a stage over before its most steps: its bar full, nothing "left"
+                self.progress.update(self.tasks[ev.stage], total=ev.steps_done, completed=ev.steps_done)
 
     def _step(self, ev) -> None:
         if self.check_task is not None:
