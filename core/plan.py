@@ -616,7 +616,8 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     ("steps", "learned", "no progress", "time budget", "stopped"). ``left_out``: ``{kind: {why: n}}`` of the
     facts and answers the check could not ask ("0 of 2 facts checked (1 too long for the context to check)":
     the dataset's count is not the checked one). ``unasked``: facts no question asks about
-    (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them)"."""
+    (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them, so the model may
+    not answer questions about them)"."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
@@ -632,8 +633,9 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     if answers[1] or (left_out or {}).get("dialogue"):
         parts.append(count(answers, "dialogue", "answers"))
     if facts[1] or (left_out or {}).get("fact"):
-        parts.append(count(facts, "fact", "facts", f"{unasked:,} as text only: no question asks about "
-                                                   f"{'it' if unasked == 1 else 'them'}" if unasked else ""))
+        them = "it" if unasked == 1 else "them"
+        parts.append(count(facts, "fact", "facts", f"{unasked:,} as text only: no question asks about {them}, so the "
+                                                   f"model may not answer questions about {them}" if unasked else ""))
     if chat[1]:
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
     learned = met(facts) and met(answers) and met(chat)

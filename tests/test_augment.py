@@ -262,8 +262,10 @@ def test_facts_no_question_asks_about_are_counted_and_the_verdict_says_so():
     off = Batches(tok, ds, 64, replace(PRESETS["Tiny"][1], fact_questions=0))  # none written: 1 unasked too
     assert off.unasked == [1, 3, 4]
     assert verdict((5, 5), (2, 2), unasked=2).text.startswith(
-        "Learned: 2 of 2 answers, 5 of 5 facts (2 as text only: no question asks about them)")
-    assert "(1 as text only: no question asks about it)" in verdict((4, 5), (2, 2), unasked=1).text
+        "Learned: 2 of 2 answers, 5 of 5 facts (2 as text only: no question asks about them, so the model may not "
+        "answer questions about them)")
+    assert "(1 as text only: no question asks about it, so the model may not answer questions about it)" in \
+        verdict((4, 5), (2, 2), unasked=1).text
     assert "text only" not in verdict((5, 5), (2, 2)).text
 
 
