@@ -700,6 +700,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             return 0
         if line == "/clear":
             session.clear()
+            if interactive:
+                print("(the conversation is forgotten; the next message starts a new one)")
             continue
         if interactive:
             print("Assistant:", end="", flush=True)

@@ -65,6 +65,9 @@ def trainable_turns(dialogue: "Dialogue") -> list[tuple[str, str]]:
     """The turns of ``dialogue`` that training learns: both question and answer have text
     (:func:`has_text`). :meth:`Dataset.validate` reports the others; training skips them."""
     return [(u, a) for u, a in dialogue.turns if has_text(u) and has_text(a)]
+_OTHER_ROLE = re.compile(r"^(Q|A|Question|Answer|Human|AI|Bot)\s*:", re.IGNORECASE)
+"""Other names for a dialogue's lines that the text format does not read as one (a line starting so is a fact)."""
+
 _ROLE_LINE = re.compile(r"^(user|assistant|system)\s*:\s?(.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -657,6 +660,7 @@ def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, l
     question: str | None = None
     question_line = first_line = 0  # first_line: of the dialogue's first turn
     answer_line = 0  # the line of the last 'Assistant:' answer
+    other_roles = False  # a line like "Q: ..." was named
 
     def end_dialogue() -> None:
         nonlocal turns, system, system_line, question
@@ -686,6 +690,11 @@ def _parse_text(text: str, path: str, located: bool = False) -> tuple[Dataset, l
                                                  "not as more of that answer (an answer is one line; leave a blank "
                                                  "line before a fact)"))
             end_dialogue()
+            if line and not other_roles and (other := _OTHER_ROLE.match(line)):  # "Q: ..." / "A: ...": said once
+                other_roles = True
+                problems.append(Problem(path, n, f"'{other.group(1)}:' is read as a fact, not as a dialogue's line "
+                                                 "(nor is any later line like it); a dialogue's lines begin 'User:' "
+                                                 "and 'Assistant:'"))
             if line:
                 ds.facts.append(line)
                 fact_lines.append((n, None))

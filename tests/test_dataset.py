@@ -380,3 +380,15 @@ def test_text_export_reports_what_it_cannot_keep(tmp_path):
     assert export_text(clean, tmp_path / "c.txt") == []
     back, problems = load_dataset(tmp_path / "c.txt")
     assert back.facts == clean.facts and back.dialogues[0].turns == [("Hi", "Hello")] and not problems
+
+
+def test_q_and_a_lines_are_read_as_facts_and_said_so_once(tmp_path):
+    """A new user's notes had "Q: ..." / "A: ..." lines: silently kept as facts. Still facts (the format's dialogue
+    lines are User:/Assistant:), with one warning naming the first such line."""
+    p = tmp_path / "notes.txt"
+    p.write_text("The shop opens at 9.\nQ: When do you open?\nA: At 9.\nanswer: no\n\nUser: hi\nAssistant: hello\n")
+    ds, problems = load_dataset(p)
+    assert ds.facts == ["The shop opens at 9.", "Q: When do you open?", "A: At 9.", "answer: no"]
+    assert len(ds.dialogues) == 1
+    assert [str(x) for x in problems] == [f"{p}:2: 'Q:' is read as a fact, not as a dialogue's line (nor is any later "
+                                          "line like it); a dialogue's lines begin 'User:' and 'Assistant:'"]
