@@ -241,8 +241,8 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     # a word where the other fact has only punctuation ("does" and ","): the facts are worded differently, not
     # two of one kind ("The warranty does not cover crash damage." against "Parts are covered by ..., not by us."
     # wrote ", the warranty by us?" -> "No, the warranty , not by us.")
-    if any(_only_punctuation(old) or _only_punctuation([_key(w) for w, _ in new]) for old, new in subs):
-        return None
+    if any(_only_punctuation(old) != _only_punctuation([_key(w) for w, _ in new]) for old, new in subs):
+        return None  # ("." against "!" is a difference of punctuation only: facts of one kind)
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:

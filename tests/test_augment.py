@@ -341,6 +341,12 @@ def test_no_question_is_written_from_facts_worded_unlike_the_pattern():
                   "The warranty does not cover crash damage.", "We sell Shimano and SRAM parts."],
                  [Dialogue([("Does the warranty cover crash damage?", "No, the warranty does not cover crash damage.")])])
     assert augment.fact_questions(ds) == []
+    # a difference of punctuation only ("." against "!" or ";") is still one kind (a break-it helper found the first
+    # version of this rule dropping these)
+    shops = Dataset(["The Alto shop opens at 10 o'clock.", "The Bexa shop opens at 11 o'clock!",
+                     "The Cirro shop opens at 9 o'clock;", "The Dunmo shop opens at 8 o'clock."],
+                    [Dialogue([("When does the Alto shop open?", "At 10 o'clock.")])])
+    assert [a for _, _, a in augment.fact_questions(shops)] == ["At 11 o'clock!", "At 9 o'clock;", "At 8 o'clock."]
     kinds = Dataset(["A tune-up costs $45.", "A new chain costs $20.", "Wheel truing costs $25.", "We open at 9.",
                      "A flat tire repair costs $12."], [Dialogue([("How much is a tune-up?", "A tune-up costs $45.")])])
     assert [q for _, q, _ in augment.fact_questions(kinds)] == ["How much is a new chain?", "How much is Wheel truing?",
