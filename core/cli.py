@@ -514,20 +514,29 @@ def _train(args, out: Path) -> int:
         if isinstance(ev, RunStarted):
             break
     more = f"--tune-steps above {run.trainer.train_config.dialogues.steps:,}, the most it was given"
+    data = args.data or str(Path(args.resume or "") / "dataset.json")  # the new data: --data, or an edited copy
     if run.trainer.done and run.new_data:  # saving would record a dataset the model was never trained on
         events.close()
-        return _fail(f"{args.resume}: both stages are complete, so --data {args.data} would not be trained on; nothing "
-                     f"saved (give {more}, to train on it, or start a new run: opencl-llm train --data {args.data} "
-                     "--out NEW_FOLDER)")
+        what = f"--data {args.data}" if args.data else f"the changed {data}"
+        return _fail(f"{args.resume}: both stages are complete, so {what} would not be trained on; nothing saved (give "
+                     f"{more}, to train on it, or start a new run: {_new_run(run.trainer, data)})")
     if run.trainer.done:  # a stage that ended early (learned, time budget) counts as all its steps done
         print(f"nothing left to train in {args.resume}: both stages are complete (give {more}, to continue)")
     code = _follow(args, out, run, events, ctrl_c)
     if code == 0 and run.new_data and run.resumed_at[0] >= 1:  # (a resume within pretraining trains them there)
-        data = args.data or str(Path(args.resume) / "dataset.json")
         print("note: the facts stage was over before this dataset came, so facts new in it are trained only as tuning "
-              f"replays facts, and slowly; a new run learns them in its facts stage: opencl-llm train --data {data} "
-              "--out NEW_FOLDER")
+              f"replays facts, and slowly; a new run learns them in its facts stage: {_new_run(run.trainer, data)}")
     return code
+
+
+def _new_run(trainer, data: str) -> str:
+    """The command of a new run on ``data`` of the kind ``trainer``'s is: from its base file, with LoRA adapters of
+    its rank where it has them (a fine-tune's new run keeps its base)."""
+    import shlex
+
+    base, lora = trainer.base_meta.get("base_model"), trainer.model.lora
+    of_base = f" --base {shlex.quote(str(base))}" + (f" --lora --lora-rank {lora.rank}" if lora else "") if base else ""
+    return f"opencl-llm train{of_base} --data {shlex.quote(data)} --out NEW_FOLDER"
 
 
 def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
@@ -776,6 +785,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from core.checkpoint_meta import export_target
     from core.gguf_io import export_gguf, gguf_path
 
+    if why := _out_problem(args.out):
+        return _fail(why)
     if args.adapter:
         return _export_adapter(args)
     if args.format == "hf":
@@ -787,13 +798,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         with export_target(args.out) as target:  # held from the check to the end: the check still holds then
             if why := _existing_folder(target, args, HF_FILES):
                 return _fail(why)
-            folder = export_hf(load_model(args.model), target)
+            loaded = load_model(args.model)
+            folder = export_hf(loaded, target)
+        if note := _unfinished(loaded):
+            print(note)
         print(f"wrote {folder} (Hugging Face LlamaForCausalLM folder, float32; see docs/scale-out.md)")
         return 0
     chosen, args.dtype = args.dtype, args.dtype or "f32"
     out = Path(args.out)
-    if args.out.endswith(("/", "\\")) and not out.is_dir():  # a folder meant ("exports/"), not "exports.gguf"
-        return _fail(f"{args.out}: folder does not exist; create it first, or give a file name")
     # a folder: <model name>.gguf inside it; else the file export_gguf writes (".gguf" added when missing)
     out = out / (Path(args.model).resolve().stem + ".gguf") if out.is_dir() else gguf_path(out)
     # held from the check to the end of the export
@@ -834,6 +846,17 @@ short (a new user read "dialogues: ended after 25 steps (learned)" before "Not f
 
 BIG_EXPORT_BYTES = 100e6
 """An F32 export by default larger than this gets a note on --dtype (SmolLM2-135M: 540 MB, its Q8_0 145 MB)."""
+
+
+def _out_problem(out: str) -> str | None:
+    """``export --out``'s refusal of a name that means no file: empty, or a folder ("exports/", "exports/.") that
+    does not exist (it wrote exports.gguf); None when it is fine."""
+    if not out.strip():
+        return "--out: empty; give a file or folder name"
+    folder_meant = out.endswith(("/", "\\")) or Path(out).name in (".", "..") or out.endswith(("/.", "\\."))
+    if folder_meant and not Path(out).is_dir():
+        return f"{out}: folder does not exist; create it first, or give a file name"
+    return None
 
 
 def _base_file(model: str) -> str | None:
@@ -910,6 +933,8 @@ def _export_adapter(args: argparse.Namespace) -> int:
         if args.format == "hf" and (why := _existing_folder(resolved, args, (PEFT_CONFIG, PEFT_WEIGHTS))):
             return _fail(why)
         loaded = load_model(args.model)
+        if note := _unfinished(loaded):
+            print(note)
         if args.format == "hf":
             folder = export_peft(loaded, resolved)
             print(f"wrote {folder} (PEFT LoRA adapter for the --format hf export of the base model)")

@@ -100,6 +100,9 @@ def read_holder(path: Path) -> LockHolder | None:
         return None
 
 
+APP_HOLDER = "OpenCL LLM Studio"
+"""``what`` of the app's lock of an open project (gui.project.lock_project)."""
+
 EMPTY = "an empty lock file"
 """``LockHolder.what`` of an empty lock file under a minute old (being written; respected, not taken over)."""
 
@@ -279,15 +282,16 @@ class FolderLock:
     def _busy(self, holder: LockHolder) -> FolderBusyError:
         if holder.what == FOREIGN:
             return FolderBusyError(f"{self.folder}: its lock file {holder.path} cannot be read as a lock of this app "
-                                   "(not a lock file, or another user's); if no other program uses the folder, move "
-                                   "or rename it, then try again")
+                                   "(not a lock file, or another user's); if no other program uses {self.folder.name}, "
+                                   "move or rename the lock file, then try again")
         if holder.what == EMPTY:
             return FolderBusyError(f"{self.folder}: its lock file {holder.path} is empty and under a minute old (being "
                                    "written by another process, or left by one that was killed); try again in a minute")
         there = "" if holder.host == socket.gethostname() else \
             "; if no process on that host uses it any more (a renamed or restarted machine), remove the lock file"
-        return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; wait for it to finish or stop it "
-                               f"(lock file {holder.path}){there}")
+        what = "close the project in the app, or use the app's own Export tab" if holder.what == APP_HOLDER else \
+            "wait for it to finish or stop it"
+        return FolderBusyError(f"{self.folder}: in use by {holder.describe()}; {what} (lock file {holder.path}){there}")
 
     def release(self) -> None:
         """Give the lock back (only if this process holds it)."""

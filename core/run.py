@@ -62,8 +62,8 @@ class RunRequest:
         save_at_end: save once more at the end (and on a stop before the first step) when the trainer's
             state (stage, step, AdamW step, dataset) is not the last save's (never a new model no step trained:
             nothing is saved of a run stopped during its setup), e.g. a resumed run with nothing
-            left to train saving into another folder, or continuing on new data with nothing to train on it
-            (``train`` does; the app keeps the checkpoint it has).
+            left to train saving into another folder (``train`` does; the app keeps the checkpoint it has;
+            ``train`` refuses new data with nothing to train on it before this).
         resume_in_place: the run saves into the folder it resumes, so the resumed state counts as saved
             (a finished run resumed there is not written again).
         preset: the preset's name for the verdict's advice (the plan's when ``auto``).
@@ -198,9 +198,11 @@ class Run:
         for note in self.plan.notes:
             yield LogEvent("INFO", f"note: {note}")
         planned = self.plan.train_config
-        given = [f"{name} {now.steps:,} steps (planned {plan:,})" for name, now, old, plan in
+        # a stage with data (planned steps) whose most steps the caller set to another number than the plan's
+        given = [f"{name} {count_words(now.steps, 'step')} (planned {plan:,})" for name, now, old, plan in
                  (("pretrain", tc.pretrain, planned.pretrain, self.plan.planned_steps[0]),
-                  ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1])) if now.steps != old.steps]
+                  ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1]))
+                 if plan and now.steps != old.steps and now.steps != plan]
         if given:  # the steps asked for replace the plan's (its estimate is of the plan's)
             yield LogEvent("INFO", f"note: as you asked, {' and '.join(given)}; the estimate above is the plan's")
         self.hooks.tune(dev)
@@ -226,7 +228,7 @@ class Run:
         trainer = resume_trainer(req.resume, dev, train_config=req.train_config, dataset=req.dataset,
                                  allow_new_data=req.allow_new_data)
         self.new_data = earlier is not None and trainer.previous_dataset_hashes != earlier
-        if self.new_data and trainer.previous_dataset_hashes[-1:]:
+        if self.new_data and trainer.previous_dataset_hashes[-1:] and not trainer.done:  # (done: nothing trains on it)
             yield LogEvent("INFO", f"continuing on a new dataset ({count_words(len(trainer.dataset.facts), 'fact')}, "
                                    f"{count_words(len(trainer.dataset.dialogues), 'dialogue')}); the checkpoint records it")
         if req.resume_in_place:  # what the folder holds: the trainer's position, and the data it was saved with

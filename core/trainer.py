@@ -46,6 +46,7 @@ from core.known import as_before, split_replayed
 from core.recall import KINDS, RecallItem, fact_prompt_words, fact_split, recall_check, sampled, tally
 from core.events import LogEvent, RecallProgress, StageFinished, StageReport, StepReport  # noqa: F401 (re-exported)
 from core.stages import STAGES, Stage  # noqa: F401 (STAGES: the run order, for callers)
+from core.wording import count_words
 from core.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -289,8 +290,8 @@ class Trainer:
                 self.stage_index, self.stage_step = self.stage_index + 1, 0
                 continue
             if self.stage_step == 0:
-                planned = (f"{cfg.decay_steps} steps planned, at most {cfg.steps}"
-                           if 0 < cfg.decay_steps < cfg.steps else f"{cfg.steps} steps")
+                planned = (f"{count_words(cfg.decay_steps, 'step')} planned, at most {cfg.steps:,}"
+                           if 0 < cfg.decay_steps < cfg.steps else count_words(cfg.steps, "step"))
                 yield LogEvent("INFO", f"{stage}: {planned}, lr {cfg.lr:g}, batch {cfg.batch_size}")
             ended = yield from self._stage_steps(stage, cfg, t_start)
             if ended is None:  # stopped between two steps

@@ -10,8 +10,9 @@
                           never leaves a half-trained model in place of a finished one)
 
 These are the project's own files: nothing else in the folder is ever written or deleted (the
-user may keep exported GGUF files there). No Qt here; the main window reads and writes projects
-through these functions.
+user may keep exported GGUF files there: the Export tab writes them while the app holds the project; another
+process's export into it waits until the project is closed, core.checkpoint_meta.export_target). No Qt here;
+the main window reads and writes projects through these functions.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from core.atomic import atomic_write, backup_path, made_by_swap, recover_folder, swap_in_folder
 from core.checkpoint_meta import CheckpointError, CheckpointMeta, has_checkpoint
 from core.dataset import Dataset, default_dataset, load_dataset, save_dataset
-from core.folder_lock import FolderBusyError, FolderLock
+from core.folder_lock import APP_HOLDER, FolderBusyError, FolderLock
 from core.json_text import read_format_json
 from gui.history import CHAT_FILE, HISTORY_FILE
 
@@ -65,7 +66,7 @@ def lock_project(folder: str | Path) -> FolderLock:
             folders) holds it; the message names the holder.
     """
     try:
-        lock = FolderLock(folder, "OpenCL LLM Studio").acquire()
+        lock = FolderLock(folder, APP_HOLDER).acquire()
     except FolderBusyError as e:
         raise ProjectError(str(e)) from None
     except OSError as e:

@@ -196,7 +196,8 @@ def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, c
     assert "dataset: 3 facts, 0 dialogues" in out
     verdict = [ln for ln in out.splitlines() if "learned: " in ln.lower()]
     assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check; 3 as text "
-                                           r"only: no question asks about them\)$", verdict[0]), out
+                                           r"only: no question asks about them, so the model may not answer questions "
+                                           r"about them\)$", verdict[0]), out
 
 
 def test_a_trained_model_in_out_is_replaced_only_with_overwrite(tmp_path, capsys):
@@ -524,3 +525,32 @@ def test_export_to_a_folder_name_that_does_not_exist_is_refused(tmp_path, capsys
     (tmp_path / "newdir").mkdir()
     assert main(["export", "--model", str(out), "--out", str(tmp_path / "newdir") + "/"]) == 0
     assert (tmp_path / "newdir" / "run.gguf").is_file()
+
+
+def test_export_out_names_that_mean_no_file_are_refused_and_notes_name_the_kind_of_run(tmp_path, capsys):
+    """From a break-it helper: `--out ''` wrote ./run.gguf, `--out nd/.` wrote nd.gguf and the adapter export
+    wrote NEWD.gguf for `--out NEWD/`; the refusal of new data on a finished run said `--data None` for an edited
+    dataset.json."""
+    import json
+
+    from core.dataset import default_dataset, save_dataset
+
+    out = tmp_path / "run"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "2", "--tune-steps", "1") == 0
+    for bad, why in (("", "--out: empty"), (str(tmp_path / "nd") + "/.", "folder does not exist"),
+                     (str(tmp_path / "nd") + "/", "folder does not exist")):
+        for extra in ([], ["--adapter"]):
+            capsys.readouterr()
+            assert main(["export", "--model", str(out), *extra, "--out", bad]) == 2
+            assert why in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    d = default_dataset()
+    d.facts.append("The Brindlewick ferry leaves at nine.")
+    save_dataset(d, out / "dataset.json")  # edited in place
+    meta = json.loads((out / "config.json").read_text())
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--allow-new-data", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"so the changed {out / 'dataset.json'} would not be trained on; nothing saved" in err, err
+    assert "None" not in err and f"opencl-llm train --data {out / 'dataset.json'} --out NEW_FOLDER" in err
+    assert json.loads((out / "config.json").read_text()) == meta
