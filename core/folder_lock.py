@@ -282,7 +282,7 @@ class FolderLock:
     def _busy(self, holder: LockHolder) -> FolderBusyError:
         if holder.what == FOREIGN:
             return FolderBusyError(f"{self.folder}: its lock file {holder.path} cannot be read as a lock of this app "
-                                   "(not a lock file, or another user's); if no other program uses {self.folder.name}, "
+                                   f"(not a lock file, or another user's); if no other program uses {self.folder.name}, "
                                    "move or rename the lock file, then try again")
         if holder.what == EMPTY:
             return FolderBusyError(f"{self.folder}: its lock file {holder.path} is empty and under a minute old (being "

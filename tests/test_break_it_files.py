@@ -433,6 +433,7 @@ def test_a_lock_file_the_app_did_not_write_is_never_removed(base, tmp_path, caps
     assert main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "lk")]) != 0
     err = capsys.readouterr().err
     assert "cannot be read as a lock of this app" in err and ".lk.lock" in err, err
+    assert "if no other program uses lk, move or rename the lock file" in err, err
     assert lock.read_text() == "mine\n"
     lock.write_text("")  # an empty one (a lock cut by a crash) older than a minute is stale: taken over
     os.utime(lock, (old, old))
