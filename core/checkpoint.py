@@ -173,7 +173,7 @@ def trainer_meta(trainer: Trainer) -> CheckpointMeta:
                           stage_step=trainer.stage_step, adam_step=trainer.model.adam_step,
                           dataset_hash=trainer.dataset_hash,
                           previous_dataset_hashes=tuple(trainer.previous_dataset_hashes),
-                          last_loss=float(trainer.last_loss), base=base)
+                          last_loss=float(trainer.last_loss), base=base, stages_run=tuple(trainer.stages_run))
 
 
 def save_trainer(trainer: Trainer, directory: str | os.PathLike) -> Path:
@@ -559,6 +559,7 @@ def resume_trainer(directory: str | os.PathLike, device: Device, train_config: T
                       lora=loaded.lora, adapter=loaded.adapter, quantized=loaded.quantized)
     trainer.model.load_optimizer_state({"m": moment1, "v": moment2, "step": meta.adam_step})
     trainer.stage_index, trainer.stage_step = stage_index, stage_step
+    trainer.stages_run = list(meta.stages_run)
     trainer.last_loss = meta.last_loss
     trainer.previous_dataset_hashes = previous
     trainer.base_meta = dict(meta.base)

@@ -27,7 +27,7 @@ from core.atomic import backup_in_the_way, backup_path, is_mark, readable_folder
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.folder_lock import FolderBusyError, FolderLock
 from core.json_text import parse_json
-from core.schema import MISSING, FieldError, kind, mapping, read, text, texts, whole
+from core.schema import MISSING, FieldError, items, kind, mapping, read, text, texts, whole
 from core.stages import STAGES
 
 FORMAT = "opencl-llm-studio-checkpoint"
@@ -213,6 +213,9 @@ class CheckpointMeta:
             :attr:`from_base` tensors); empty for a model trained from scratch.
         app_version: the app that wrote it.
         version: the checkpoint format version (:data:`FORMAT_VERSION` when written by this app).
+        stages_run: the steps each finished stage ran, in stage order: fewer than its ``steps`` where it ended
+            early (learned, no progress, time budget); empty in checkpoints written before this field (each
+            finished stage then counts its ``steps``).
         weights_sha256: sha256 hex digest of weights.npz ("" before version 3).
         optimizer_sha256: sha256 hex digest of optimizer.npz ("" before version 3, or when the save had
             no optimizer state).
@@ -233,6 +236,7 @@ class CheckpointMeta:
     version: int = FORMAT_VERSION
     weights_sha256: str = ""
     optimizer_sha256: str = ""
+    stages_run: tuple[int, ...] = ()
 
     # ---- derived
     @property
@@ -265,10 +269,19 @@ class CheckpointMeta:
             return pre, self.stage_step
         return pre, dialogues
 
+    def stage_steps_run(self) -> tuple[int, int]:
+        """(pretrain steps run, dialogue stage's steps run): as :meth:`stage_steps_done`, with a finished stage's
+        steps as it ran them (:attr:`stages_run`) where that is recorded, not its most steps (a stage that ended
+        early counts as all its steps done for a resume, but an export records what ran)."""
+        done = list(self.stage_steps_done())
+        for i, n in enumerate(self.stages_run[:min(self.stage_index, len(done))]):
+            done[i] = n
+        return done[0], done[1]
+
     def training_summary(self) -> dict:
         """What a GGUF export records of the training (keys without the ``opencl_llm_studio.`` prefix);
         entries without a value (a NaN loss, no date) are left out."""
-        pre, dialogues = self.stage_steps_done()
+        pre, dialogues = self.stage_steps_run()
         k = TrainingKeys
         values = {
             k.APP_VERSION: self.app_version, k.DATE: self.saved or None,
@@ -289,7 +302,7 @@ class CheckpointMeta:
                 "previous_dataset_hashes": list(self.previous_dataset_hashes),
                 "last_loss": self.last_loss if math.isfinite(self.last_loss) else None,
                 "saved": self.saved, "base": dict(self.base), "weights_sha256": self.weights_sha256,
-                "optimizer_sha256": self.optimizer_sha256}
+                "optimizer_sha256": self.optimizer_sha256, "stages_run": list(self.stages_run)}
 
     def to_json(self) -> str:
         """config.json's text (indented JSON, no NaN literals)."""
@@ -329,7 +342,8 @@ class CheckpointMeta:
                        saved=read(d, "saved", text, default=""), base=base,
                        app_version=read(d, "app_version", text, default=""), version=version,
                        weights_sha256=read(d, "weights_sha256", _sha256, default=MISSING if version >= 3 else ""),
-                       optimizer_sha256=read(d, "optimizer_sha256", _sha256, default=""))
+                       optimizer_sha256=read(d, "optimizer_sha256", _sha256, default=""),
+                       stages_run=tuple(read(d, "stages_run", items(whole(0)), default=[])[:len(STAGE_NAMES)]))
         except FieldError as e:
             raise CheckpointError(e.at(path)) from None
 

@@ -221,6 +221,7 @@ class Trainer:
         self.base_meta: dict = {}  # what a model imported from a GGUF file keeps for its export
         self.stage_index = 0  # next stage to run
         self.stage_step = 0  # steps done in the current stage
+        self.stages_run: list[int] = []  # steps each finished stage ran (CheckpointMeta.stages_run)
         self.dataset_hash = dataset_hash(dataset)
         self.previous_dataset_hashes: tuple[str, ...] = ()  # earlier datasets of a resumed run
         self.replayed_from: int | None = None  # a fine-tune's first replayed general question (core.run; stage_line)
@@ -287,6 +288,7 @@ class Trainer:
             stage, cfg = Stage.at(self.stage_index), self.stage_config(self.stage_index)
             if not self._stage_has_data(stage.index) or cfg.steps == 0:
                 yield LogEvent("INFO", f"{stage}: skipped ({'no steps' if cfg.steps == 0 else 'no data for this stage'})")
+                self._ran(self.stage_index, 0)
                 self.stage_index, self.stage_step = self.stage_index + 1, 0
                 continue
             if self.stage_step == 0:
@@ -377,6 +379,12 @@ class Trainer:
                          now - (t0 if t_start is None else t_start), self.passes(stage.index, self.stage_step))
         return rep, undone
 
+    def _ran(self, si: int, steps: int) -> None:
+        """Record that stage ``si`` ran ``steps`` steps (:attr:`stages_run`; a checkpoint from before that field
+        leaves the earlier stages at their most steps)."""
+        earlier = [*self.stages_run[:si], *(self.stage_config(k).steps for k in range(len(self.stages_run), si))]
+        self.stages_run = [*earlier, steps]
+
     def end_stage(self, stage: Stage, end_reason: str = "steps", last_check: tuple | None = None,
                   recall: bool = True):
         """End ``stage`` (its steps done, ``stage_index`` moves on): yields :class:`StageFinished` (save
@@ -388,6 +396,7 @@ class Trainer:
             self._facts_kept = tally(last_check[2], "fact")
         steps_done = self.stage_step
         self.stage_index, self.stage_step = si + 1, 0
+        self._ran(si, steps_done)
         yield StageFinished(stage, steps_done)
         if not recall or self._stop:
             yield StageReport(stage, steps_done, stopped=False, recall_stopped=recall, end_reason=end_reason)

@@ -101,6 +101,15 @@ def test_a_stage_ends_when_its_facts_are_learned(device):
     events = list(tr.run())
     rep = next(e for e in events if isinstance(e, StageReport) and e.stage == "pretrain")
     assert rep.end_reason == "learned" and rep.steps_done < 600 and rep.steps_done % 25 == 0
+    # what ran is recorded, and a GGUF export says it (it said 600: the stage's most steps); tuning had none
+    from core.checkpoint import trainer_meta
+    from core.checkpoint_meta import CheckpointMeta, TrainingKeys
+
+    meta = CheckpointMeta.from_json(trainer_meta(tr).to_json())
+    assert tr.stages_run == [rep.steps_done, 0] and meta.stages_run == (rep.steps_done, 0)
+    summary = meta.training_summary()
+    assert summary[TrainingKeys.PRETRAIN_STEPS] == rep.steps_done and summary[TrainingKeys.DIALOGUES_STEPS] == 0
+    assert meta.stage_steps_done() == (600, 0)  # a resume still counts the stage as all its steps done
     ok, n = rep.facts_recalled
     assert ok == n == len(default_dataset().facts)
     checks = [e for e in events if isinstance(e, RecallProgress)]
