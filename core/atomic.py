@@ -38,7 +38,8 @@ MARK = ".opencl-llm-swap"
 """An empty file in a folder that a swap made or is moving (its temp folder, the old folder about to become
 ``.NAME.bak``): what tells the swap's own leftovers from a user's folders of the same names."""
 
-_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+_TEMP_SUFFIX = r"\.[0-9a-f]{8}\.tmp"  # after ".NAME": secrets.token_hex(4), then ".tmp"
+_TEMP_FILE = re.compile(rf"^\..+{_TEMP_SUFFIX}$")
 """The name :func:`atomic_path` gives its temporary file (``secrets.token_hex(4)``)."""
 
 
@@ -135,7 +136,7 @@ def temp_files_of(path: str | os.PathLike) -> list[Path]:
     """The temporary files :func:`atomic_path` makes for ``path`` that are there now: ``.NAME.<8 hex>.tmp`` beside
     it (a user's ``.NAME.notes.tmp`` is not one)."""
     path = Path(path)
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp$")
+    pattern = re.compile(rf"^\.{re.escape(path.name)}{_TEMP_SUFFIX}$")
     try:
         return [p for p in path.parent.iterdir() if pattern.match(p.name) and p.is_file()]
     except OSError:
