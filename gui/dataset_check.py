@@ -61,6 +61,7 @@ class DatasetCheck(QGroupBox):
         self._problems: list = []  # core.dataset.EntryProblem + too-long problems from the stats
         self._too_long: list = []  # (too-long problem of the last count, its entry as counted: _entry_key)
         self.stats_worker: CallWorker | None = None
+        self.stats_delivered: CallWorker | None = None  # the last worker whose signals have all been handled
         self._stats_pending = False
         self._generation = 0  # counts the edits (and limits) so far: a count of an older one is stale
         self._stopped = False
@@ -177,6 +178,7 @@ class DatasetCheck(QGroupBox):
         return getattr(self.sender(), "generation", None) == self._generation
 
     def _on_stats_finished(self) -> None:
+        self.stats_delivered = self.sender()  # its result (queued before this) has been handled
         if self._stats_pending:
             self.start_stats()
 

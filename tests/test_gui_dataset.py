@@ -366,7 +366,10 @@ def _counted_tokens(tab) -> str:
 
 
 def _counts_settled(tab) -> bool:
-    return not tab._stats_timer.isActive() and not (tab._stats_worker is not None and tab._stats_worker.isRunning())
+    """No count due or running, and the last one's signals handled (a finished thread's queued result may not
+    have reached the label yet)."""
+    worker = tab._stats_worker
+    return not tab._stats_timer.isActive() and (worker is None or tab.check.stats_delivered is worker)
 
 
 @pytest.mark.parametrize("where", ["fact", "turn"])
@@ -417,9 +420,7 @@ def _too_long(tab) -> list:
 
 
 def _counted(tab) -> bool:
-    worker = tab._stats_worker
-    return "tokens" in tab.stats_label.text() and not tab._stats_timer.isActive() and not (
-        worker is not None and worker.isRunning())
+    return "tokens" in tab.stats_label.text() and _counts_settled(tab)
 
 
 def test_a_count_of_the_dataset_before_an_edit_is_never_shown(tab, qtbot):
