@@ -197,6 +197,7 @@ class _Kernels:
     forward_tiled: object = None
     kv_sum: object = None
     dq_stored: object = None
+    dsum_rows: object = None
 
 
 def _is_cpu(dev: Device) -> bool:
@@ -324,9 +325,11 @@ class Attention:
                         ("attention_forward", "attention_backward_dsum", "attention_backward_dkdv" + staged,
                          "attention_backward_dq" + staged) + lanes]
                 fwd_tiled = self.dev.kernel("attention", "attention_forward_tiled", opts) if t.fwd_rows else None
+                dsum_rows = self.dev.kernel("attention", "attention_backward_dsum_rows", opts) if staged else None
                 # a kernel can allow fewer work-items than the device (registers): then use fewer
                 allowed = min(self.dev.work_group_size(kn) for kn in (knls[:2] + knls[4:5] if staged else knls))
-                allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4] + knls[5:6]) if staged else t.items
+                allowed_bwd = min(self.dev.work_group_size(kn) for kn in knls[2:4] + knls[5:6] + [dsum_rows]) \
+                    if staged else t.items
                 allowed_fwd = self.dev.work_group_size(fwd_tiled) if fwd_tiled is not None else t.forward_items
             except (KernelLimitError, KernelBuildError) as e:
                 dropped = t if self._forced is not None else self._without_failed(t, plain, head_dim, e)
@@ -345,7 +348,7 @@ class Attention:
                         fwd_items=min(allowed_fwd, t.forward_items) if t.fwd_rows else 0)
         log.debug("attention head_dim=%d: %s", head_dim, t)
         extra = dict(zip(("transpose_kv", "forward_lanes", "dq_lanes") if t.lanes else ("kv_sum", "dq_stored"), knls[4:]))
-        built = self._built[head_dim] = _Kernels(t, *knls[:4], forward_tiled=fwd_tiled, **extra)
+        built = self._built[head_dim] = _Kernels(t, *knls[:4], forward_tiled=fwd_tiled, dsum_rows=dsum_rows, **extra)
         return built
 
     def _chosen(self, t: AttentionTiles, head_dim: int, choice: dict[str, int]) -> AttentionTiles:
@@ -445,6 +448,18 @@ class Attention:
         return self._decode[head_dim]
 
     @staticmethod
+    def _dsum_lanes(head_dim: int, items: int) -> int:
+        """Work-items a row of attention_backward_dsum_rows (its DRL): float4s of a row rounded up to a power of two
+        (at most 32), at most the largest power of two <= ``items``."""
+        need = 1
+        while need < min(-(-head_dim // 4), 32):
+            need *= 2
+        most = 1
+        while most * 2 <= min(items, 32):
+            most *= 2
+        return min(need, most)
+
+    @staticmethod
     def _check_heads(n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or head_dim < 1:
             raise ValueError(f"attention needs n_kv_heads ({n_kv_heads}) dividing n_heads "
@@ -530,11 +545,12 @@ class Attention:
         queue, L = self.dev.queue, (t.items, 1)
         sizes = (np.int32(seq), np.int32(n_heads), np.int32(n_kv_heads),
                  np.float32(1.0 / math.sqrt(head_dim)))
-        dsum(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_sum, d_out, out,
-             np.int32(seq), np.int32(n_heads))
         if t.bwd_tile:  # one work-group per block of keys (dK, dV) or query rows (dQ)
             keys, rows = (t.bwd_keys, t.bwd_rows) if t.bwd_rows else (t.bwd_tile, t.bwd_tile)
             n, LB = t.backward_items, (t.backward_items, 1)
+            lanes = self._dsum_lanes(head_dim, n)  # D: rows in memory order, lanes work-items each
+            kn.dsum_rows(queue, (-(-batch * seq * n_heads // (n // lanes)) * n,), (n,), d_sum, d_out, out,
+                         np.int32(seq), np.int32(n_heads), np.int32(batch * seq * n_heads))
             parts = self.split_floats(batch, seq, n_heads, n_kv_heads, head_dim)
             room = scratch.size // 4 if scratch is not None else 0
             ds = self.store_floats(batch, seq, n_heads, head_dim, t.bwd_tile) if t.bwd_store else 0
@@ -554,6 +570,8 @@ class Attention:
                 return
             dq(queue, (-(-seq // rows) * n, batch * n_heads), LB, d_q, q, k, v, d_out, lse, d_sum, *sizes)
             return
+        dsum(queue, self._grid(seq, t.rows, t.items, batch * n_heads), L, d_sum, d_out, out,
+             np.int32(seq), np.int32(n_heads))
         dkdv(queue, self._grid(seq, t.kv_rows, t.items, batch * n_kv_heads), L, d_k, d_v, q, k, v, d_out,
              lse, d_sum, *sizes)
         if S := self._transpose(kn, scratch, k, v, batch, seq, n_kv_heads, head_dim, True):
