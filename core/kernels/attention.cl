@@ -327,16 +327,27 @@ void attention_backward_dkdv(__global float* d_k, __global float* d_v, BACKWARD_
 
 // 2 of 3, with split (the staged and blocked dK/dV kernels of GPUs, attention_tiled.h's DKDV_SPLIT): parts
 // (rows, n_heads, 2 HD), each query head's partial dK then dV -> d_k, d_v (rows, n_kv_heads, HD) = the sums over
-// each kv head's group of query heads, in head order. rows = B * seq; work-item x owns element x of d_k and d_v.
+// each kv head's group of query heads, in head order. rows = B * seq; work-item x owns element x of d_k and d_v
+// (elements 4x .. 4x + 3, as one float4, where HD is a multiple of 4: KV_SUM_W).
+#define KV_SUM_W (HD % 4 == 0 ? 4 : 1)
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_backward_kv_sum(__global float* d_k, __global float* d_v, __global const float* parts,
                                const int rows, const int n_heads, const int n_kv_heads) {
-    const size_t x = get_global_id(0);
+    const size_t x = get_global_id(0) * KV_SUM_W;
     if (x >= (size_t)rows * n_kv_heads * HD) return;
     const int group = n_heads / n_kv_heads;
     const size_t r = x / ((size_t)n_kv_heads * HD);
     const int kvh = (int)(x / HD % n_kv_heads), d = (int)(x % HD);
     const __global float* p = parts + (r * n_heads + (size_t)kvh * group) * 2 * HD + d;
+#if HD % 4 == 0
+    float4 sk = (float4)(0.0f), sv = (float4)(0.0f);
+    for (int hh = 0; hh < group; hh++) {
+        sk += vload4(0, p + hh * 2 * HD);
+        sv += vload4(0, p + hh * 2 * HD + HD);
+    }
+    vstore4(sk, 0, d_k + x);
+    vstore4(sv, 0, d_v + x);
+#else
     float sk = 0.0f, sv = 0.0f;
     for (int hh = 0; hh < group; hh++) {
         sk += p[hh * 2 * HD];
@@ -344,6 +355,7 @@ void attention_backward_kv_sum(__global float* d_k, __global float* d_v, __globa
     }
     d_k[x] = sk;
     d_v[x] = sv;
+#endif
 }
 
 // 3 of 3. q, d_out (B, seq, n_heads, HD), k, v (B, seq, n_kv_heads, HD), lse, d_sum

@@ -561,7 +561,8 @@ class Attention:
                  *((scratch, scratch) if split else (d_k, d_v)), np.int32(split), *store, q, k, v, d_out, lse, d_sum,
                  *sizes)
             if split:
-                kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 1, t.items, 1), L, d_k, d_v,
+                kn.kv_sum(queue, self._grid(batch * seq * n_kv_heads * head_dim, 4 if head_dim % 4 == 0 else 1,
+                                            t.items, 1), L, d_k, d_v,
                           scratch, np.int32(batch * seq), np.int32(n_heads), np.int32(n_kv_heads))
             if ds_off >= 0:
                 blocks = -(-seq // rows)  # a work-group per two query blocks
