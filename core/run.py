@@ -307,6 +307,8 @@ class Run:
             estimate = (self.plan.run_s, self.plan.first_run_s, 0)
         elif req.plan_s and not req.resume:
             estimate = (*req.plan_s, 0)
+        elif not req.resume:  # a named preset or given sizes: no plan timed the device, so time this model
+            estimate = yield from self._finetune_estimate(dev, trainer, "the run")
         if dev.build_seconds - built[1] >= 1.0:
             yield LogEvent("INFO", f"compiled {count_words(dev.builds - built[0], 'kernel program')} in "
                                    f"{dev.build_seconds - built[1]:.0f} s (first run on this device; cached for the next)")
@@ -322,12 +324,14 @@ class Run:
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 
-    def _finetune_estimate(self, dev: Device, trainer: Trainer):
-        """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune, measured on its own model
-        before the first step (core.from_base.estimate_time, estimate_resident); its one-time costs are paid."""
+    def _finetune_estimate(self, dev: Device, trainer: Trainer, what: str = "the fine-tune"):
+        """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune (or of ``what``: a new model of a named
+        preset, which no plan timed), measured on its own model before the first step (core.from_base.estimate_time,
+        estimate_resident: a fine-tune's); its one-time costs are paid."""
         from core.from_base import estimate_resident, estimate_time
 
-        yield Phase("estimate", "estimating the fine-tune: timing a few passes of the base model")
+        model = "the base model" if what == "the fine-tune" else "the model"
+        yield Phase("estimate", f"estimating {what}: timing a few passes of {model}")
         est = estimate_time(trainer)
         trainer.check_speed = est.decoding  # its recall checks decode as this speed says is faster (core.recall)
         yield LogEvent("INFO", f"plan: {est.summary()}")

@@ -178,9 +178,12 @@ class RunStatus:
                        for stage, why, done, planned in self._early)
 
     def failed(self) -> None:
-        """The run failed: the caller's "Failed" label stays."""
+        """The run failed: the caller's "Failed" label stays; the estimate of a run that failed before its first step
+        is gone (a step's numbers stay)."""
         self._ended = True
         self.stage_label.setText("Failed")
+        if self.last is None:
+            self.speed_label.setText("")
 
     def run_done(self, d: RunDone) -> None:
         """The run's end: its verdict, or where it stopped."""

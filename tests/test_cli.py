@@ -554,3 +554,17 @@ def test_export_out_names_that_mean_no_file_are_refused_and_notes_name_the_kind_
     assert f"so the changed {out / 'dataset.json'} would not be trained on; nothing saved" in err, err
     assert "None" not in err and f"opencl-llm train --data {out / 'dataset.json'} --out NEW_FOLDER" in err
     assert json.loads((out / "config.json").read_text()) == meta
+
+
+def test_a_named_preset_prints_its_estimate(tmp_path, capsys):
+    """No plan timed the device for a named preset (or given sizes), so the run times its own model first and
+    prints the estimate, as a fine-tune does; a resume prints none."""
+    import re
+
+    out = tmp_path / "run"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "3", "--tune-steps", "2") == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^plan: estimated \d+:\d\d \(pretrain 3 steps of about [\d.]+ m?s, dialogues 2 steps of about "
+                     r"[\d.]+ m?s; checks \d+:\d\d, saves \d+:\d\d\)$", text, re.M), text
+    assert main(["train", "--resume", str(out), "--tune-steps", "3", "-q"]) == 0
+    assert "plan:" not in capsys.readouterr().out
