@@ -36,7 +36,9 @@ def _entry(device, path):
 def test_tiling_times_every_option_once_and_caches_the_fastest(device, tuning, monkeypatch):
     choice = attention_autotune.tiling(device, *SHAPE)
     fwd, bwd = attention_autotune.options(device, SHAPE[-1])
-    assert len(fwd) == 1 + attention_autotune.FORWARD_CANDIDATES and len(bwd) == 2 * (2 + len(attention.BWD_BLOCKS))
+    assert len(fwd) == 1 + attention_autotune.FORWARD_CANDIDATES * len(attention_autotune.FORWARD_ITEM_SHARES)
+    assert len(bwd) == 2 * (2 + len(attention.BWD_BLOCKS))
+    assert {o["fwd_items"] for o in fwd[1:]} == {GPU_LIKE.bwd_items // s for s in attention_autotune.FORWARD_ITEM_SHARES}
     assert [o["bwd_split"] for o in bwd] == [0] * (len(bwd) // 2) + [1] * (len(bwd) // 2)  # each unsplit and split
     assert sum(o["bwd_store"] for o in bwd) == 2  # the staged one storing dS, unsplit and split
     assert set(choice) == set(TUNED_FIELDS)

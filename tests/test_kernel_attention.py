@@ -60,6 +60,11 @@ TILINGS = [
                    bwd_store=1, bwd_split=1),
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, bwd_store=1, bwd_split=1),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3, bwd_store=1),
+    # the blocked backward storing dS (blocks of the staged tile): the GPU's 32 x 32, and an odd small one, split
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=64,
+                   bwd_rows=32, bwd_keys=32, bwd_store=1),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=5, bwd_rows=8, bwd_keys=8,
+                   bwd_store=1, bwd_split=1),
     # keys as lanes over K and V transposed (CPUs with 16-float SIMD): the default's (8 rows), 4 rows, and 8 lanes,
     # 3 rows, float4
     AttentionTiles(items=1, rows=8, keys=8, kv_rows=16, vector=8, lanes=16),
@@ -85,7 +90,8 @@ def fitted(device, tiles, head_dim):
             if "local memory" in str(e) and tiles.fwd_rows > 4:  # smaller staged blocks (llvmpipe: 32 KiB)
                 tiles = replace(tiles, fwd_rows=tiles.fwd_rows // 2, fwd_keys=max(4, tiles.fwd_keys // 2))
             elif "local memory" in str(e) and tiles.bwd_rows > 4:
-                tiles = replace(tiles, bwd_rows=tiles.bwd_rows // 2, bwd_keys=max(4, tiles.bwd_keys // 2))
+                tiles = replace(tiles, bwd_rows=tiles.bwd_rows // 2, bwd_keys=max(4, tiles.bwd_keys // 2),
+                                bwd_tile=tiles.bwd_tile // 2 if tiles.bwd_store else tiles.bwd_tile)  # (its blocks)
             elif "local memory" in str(e) and tiles.bwd_tile > 1:
                 tiles = replace(tiles, bwd_tile=tiles.bwd_tile // 2)
             elif tiles.items > 1 or tiles.backward_items > 1 or tiles.forward_items > 1:

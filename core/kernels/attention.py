@@ -91,8 +91,9 @@ class AttentionTiles:
             runs one work-group per query head, not per kv head, into the caller's scratch, and
             ``attention_backward_kv_sum`` adds each group's partials (:meth:`Attention.backward`). A launch
             choice: the same build.
-        bwd_store: 0, or 1 (with ``bwd_tile``, not ``bwd_rows``): the staged backward is built with ``-DDS_STORE``;
-            its dK/dV kernel stores each dS tile into the caller's scratch and dQ is computed from them
+        bwd_store: 0, or 1 (with ``bwd_tile``, and without ``bwd_rows`` or with blocks of ``bwd_tile`` x ``bwd_tile``:
+            :attr:`stores_blocks`): the backward is built with ``-DDS_STORE``; its dK/dV kernel (staged or blocked)
+            stores each dS tile into the caller's scratch and dQ is computed from them
             (``attention_backward_dq_stored``), where the scratch holds :meth:`Attention.store_floats`.
     """
 
@@ -134,8 +135,15 @@ class AttentionTiles:
             raise ValueError(f"bwd_rows and bwd_keys must both be 0, or both one of {_FWD_BLOCKS} with bwd_tile: {self}")
         if self.bwd_split not in (0, 1) or (self.bwd_split and not self.bwd_tile):
             raise ValueError(f"bwd_split must be 0, or 1 with bwd_tile: {self}")
-        if self.bwd_store not in (0, 1) or (self.bwd_store and (not self.bwd_tile or self.bwd_rows)):
-            raise ValueError(f"bwd_store must be 0, or 1 with bwd_tile and without bwd_rows: {self}")
+        if self.bwd_store not in (0, 1) or (self.bwd_store and not self.stores_blocks):
+            raise ValueError(f"bwd_store must be 0, or 1 with bwd_tile and without bwd_rows or with bwd_rows = bwd_keys "
+                             f"= bwd_tile: {self}")
+
+    @property
+    def stores_blocks(self) -> bool:
+        """Whether the backward's dK/dV kernel can store its dS blocks for attention_backward_dq_stored (bwd_store):
+        the staged one, or the blocked one with blocks of bwd_tile x bwd_tile."""
+        return bool(self.bwd_tile) and (not self.bwd_rows or self.bwd_rows == self.bwd_keys == self.bwd_tile)
 
     @property
     def backward_items(self) -> int:
@@ -356,8 +364,7 @@ class Attention:
         not fit the device's local memory and work-group limits (and ``local_size``)."""
         if not t.bwd_tile:
             return t
-        t = replace(t, bwd_split=1 if choice.get("bwd_split") else 0,
-                    bwd_store=1 if choice.get("bwd_store") and not choice.get("bwd_rows") else 0)
+        t = replace(t, bwd_split=1 if choice.get("bwd_split") else 0, bwd_store=0)
         most = min(self.dev.max_work_group_size, self._local_size or self.dev.max_work_group_size)
         for kind, on in (("fwd", choice["fwd_rows"]), ("bwd", choice["bwd_rows"])):
             if not on:
@@ -371,7 +378,7 @@ class Attention:
             if tried.local_mem_bytes(head_dim) <= self.dev.local_mem_size and \
                     max(tried.forward_items, tried.backward_items) <= most:
                 t = tried
-        return t
+        return replace(t, bwd_store=1) if choice.get("bwd_store") and t.stores_blocks else t
 
     def _without_failed(self, t: AttentionTiles, plain: AttentionTiles, head_dim: int, e: Exception) -> AttentionTiles:
         """``t`` without the chosen part that failed with ``e``: the staged forward or the blocked backward that its
@@ -555,7 +562,7 @@ class Attention:
             room = scratch.size // 4 if scratch is not None else 0
             ds = self.store_floats(batch, seq, n_heads, head_dim, t.bwd_tile) if t.bwd_store else 0
             ds_off = parts if ds and parts + ds <= min(room, 2**31 - 1) else -1  # the stored dS: after the partials
-            store = (scratch if ds_off >= 0 else d_k, np.int32(ds_off)) if not t.bwd_rows else ()  # (staged kernel's)
+            store = (scratch if ds_off >= 0 else d_k, np.int32(ds_off))
             split = bool(t.bwd_split and parts and room >= parts)  # partials into the scratch, then their sums
             dkdv(queue, (-(-seq // keys) * n, batch * (n_heads if split else n_kv_heads)), LB,
                  *((scratch, scratch) if split else (d_k, d_v)), np.int32(split), *store, q, k, v, d_out, lse, d_sum,

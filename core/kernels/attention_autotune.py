@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CACHE_FILE = "attention-kernels.json"
 FORWARD_CANDIDATES = 3  # staged block shapes timed besides the per-row forward: the largest that fit
+FORWARD_ITEM_SHARES = (1, 2)  # each with the staged backward's work-items, and half as many (more micro-tiles each)
 _lock = threading.Lock()
 _memo: dict[str, dict] = {}  # per process: the cache file's entry of each device
 
@@ -50,8 +51,10 @@ def label(option: dict[str, int]) -> str:
 def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     """The forward's and the backward's options on ``dev`` (each the reference first): ``fwd_*`` and ``bwd_*``
     fields of :data:`core.kernels.attention.TUNED_FIELDS`. The per-row forward and up to
-    :data:`FORWARD_CANDIDATES` staged block shapes that fit; the staged backward and the blocked ones of
-    :data:`core.kernels.attention.BWD_BLOCKS` that fit and the staged one storing dS, each unsplit and split. Only the
+    :data:`FORWARD_CANDIDATES` staged block shapes that fit, each with the staged backward's work-items divided by
+    each of :data:`FORWARD_ITEM_SHARES`; the staged backward and the blocked ones of
+    :data:`core.kernels.attention.BWD_BLOCKS` that fit (those of the staged tile's size also storing dS) and the
+    staged one storing dS, each unsplit and split. Only the
     references on CPUs."""
     base = attention.default_tiles(dev, head_dim)
     fwd = [{"fwd_rows": 0, "fwd_keys": 0, "fwd_items": 0}]
@@ -59,12 +62,15 @@ def options(dev: Device, head_dim: int) -> tuple[list[dict], list[dict]]:
     if not base.bwd_tile:
         return fwd, bwd
     items = base.backward_items
-    fwd += [{"fwd_rows": r, "fwd_keys": k, "fwd_items": items}
-            for r, k in attention.forward_blocks(dev, base, head_dim)[:FORWARD_CANDIDATES]]
+    fwd += [{"fwd_rows": r, "fwd_keys": k, "fwd_items": items // share}
+            for r, k in attention.forward_blocks(dev, base, head_dim)[:FORWARD_CANDIDATES]
+            for share in FORWARD_ITEM_SHARES if items // share >= 1]
     for r, k, w in attention.BWD_BLOCKS:
         t = replace(base, bwd_rows=r, bwd_keys=k, bwd_items=w)
         if w <= dev.max_work_group_size and t.local_mem_bytes(head_dim) <= dev.local_mem_size:
             bwd.append({"bwd_rows": r, "bwd_keys": k, "bwd_items": w, "bwd_split": 0, "bwd_store": 0})
+            if t.stores_blocks:  # blocks of the staged tile: also storing dS
+                bwd.append({**bwd[-1], "bwd_store": 1})
     bwd.append({**bwd[0], "bwd_store": 1})
     return fwd, bwd + [{**o, "bwd_split": 1} for o in bwd]
 

@@ -710,11 +710,16 @@ inline void store_micro8(__global float* x, float4 acc[4][2], const int t, const
     }
 }
 
-// as attention_backward_dkdv_tiled (split included): -> d_k, d_v. Work-group (x, y) owns keys j0 .. j0+BC-1 of
-// (b, kvh) and walks the blocks of BR query rows that see them, for every query head of the group (with split:
-// of its one query head).
+// as attention_backward_dkdv_tiled (split and stored dS included): -> d_k, d_v. Work-group (x, y) owns keys
+// j0 .. j0+BC-1 of (b, kvh) and walks the blocks of BR query rows that see them, for every query head of the group
+// (with split: of its one query head). With -DDS_STORE (blocks of BR = BC = BT only) and ds_off >= 0 each dS block
+// also goes to ds_out + ds_off (ds_tile) for attention_backward_dq_stored, as the staged kernel's.
+#if defined(DS_STORE) && (BR != BT || BC != BT)
+#error "the stored dS of the blocked backward needs blocks of BT x BT"
+#endif
 __kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
-void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, const int split, BACKWARD_INPUTS) {
+void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, const int split, __global float* ds_out,
+                                     const int ds_off, BACKWARD_INPUTS) {
     const int lid = get_local_id(0);
     const int j0 = get_group_id(0) * BC;  // group 0 (the most query rows) first
     DKDV_SPLIT
@@ -733,6 +738,9 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, c
             barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the previous query block
             stage_queries(qs, dos, ls, ds, q + q_base, d_out + q_base, lb, db, i0, BR, seq, q_stride, lid);
             barrier(CLK_LOCAL_MEM_FENCE);
+#ifdef DS_STORE
+            __global float* tile = ds_off < 0 ? 0 : ds_out + ds_off + ds_tile(b * n_heads + h, i0 / BT, j0 / BT, seq);
+#endif
             for (int e = lid; e < NSB; e += BWG) {  // P^T and dS^T of the block pair
                 const int ti = e / (BC / 4), tj = e % (BC / 4);
                 float p[4][4], g[4][4];
@@ -741,6 +749,9 @@ void attention_backward_dkdv_blocked(__global float* d_k, __global float* d_v, c
                     _Pragma("unroll") for (int c = 0; c < 4; c++) {
                         pt[(tj + c * (BC / 4)) * LDBT + ti + a * (BR / 4)] = p[a][c];
                         dst[(tj + c * (BC / 4)) * LDBT + ti + a * (BR / 4)] = g[a][c];
+#ifdef DS_STORE
+                        if (tile) tile[(ti + a * (BR / 4)) * BT + tj + c * (BC / 4)] = g[a][c];
+#endif
                     }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
