@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core import chat_format
-from core.dataset import trainable_turns
+from core.dataset import has_text, trainable_turns
 
 if TYPE_CHECKING:
     from core.dataset import Dataset
@@ -168,7 +168,7 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         out += _fact_prompts(tok, dataset.facts)
     asked = {p.index for p in out}
     fact_prompts, answers = len(out), 0
-    one_word = sum(1 for i, f in enumerate(dataset.facts) if i not in asked and f.strip()) if "fact" in kinds else 0
+    one_word = sum(1 for i, f in enumerate(dataset.facts) if i not in asked and has_text(f)) if "fact" in kinds else 0
     if "dialogue" in kinds:
         for i, dlg in enumerate(dataset.dialogues):
             # linear in the turns; a turn whose prompt leaves no room in the context ends the dialogue's
@@ -210,7 +210,7 @@ def _fact_prompts(tok: Tokenizer, facts: list[str]) -> list[_Prompt]:
     out = []
     for i, (fact, k) in enumerate(zip(facts, fact_prompt_words(facts))):
         prompt, expected = fact_split(fact, k)
-        if expected:
+        if expected and has_text(fact):  # (a fact of spaces or control characters alone is not trained)
             ids = chat_format.fact_prompt_ids(tok, prompt)
             out.append(_Prompt("fact", i, prompt, expected, ids, len(tok.encode(expected)) + ANSWER_SLACK))
     return out
@@ -222,9 +222,10 @@ def _chat_prompts(tok: Tokenizer, dialogues: list, context_length: int) -> list[
     out = []
     for i in range(0, len(dialogues), chat_every(len(dialogues))):
         dlg = dialogues[i]
-        if not dlg.turns:
+        turns = trainable_turns(dlg)  # (as trained)
+        if not turns:
             continue
-        user, answer = dlg.turns[0]
+        user, answer = turns[0]
         max_new = len(tok.encode(answer)) + ANSWER_SLACK
         room = min(max(max_new, CHAT_ROOM), context_length - 1)
         history = _fitting_tail(tok, chat_history(dialogues, i), context_length - room)

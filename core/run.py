@@ -93,6 +93,18 @@ class RunRequest:
     plan_s: tuple[float, float] | None = None
 
 
+def dataset_line(dataset: Dataset) -> str:
+    """The run's dataset line: the facts and dialogues it trains ("dataset: 25 facts, 13 dialogues"), and how many
+    entries hold nothing to train (an empty fact, a dialogue without a turn of text; each named in a warning)."""
+    from core.dataset import has_text, trainable_turns
+
+    facts = sum(1 for f in dataset.facts if has_text(f))
+    dialogues = sum(1 for d in dataset.dialogues if trainable_turns(d))
+    empty = len(dataset.facts) - facts + len(dataset.dialogues) - dialogues
+    return (f"dataset: {count_words(facts, 'fact')}, {count_words(dialogues, 'dialogue')}"
+            + (f" ({count_words(empty, 'entry', 'entries')} with nothing to train left out)" if empty else ""))
+
+
 def _no_memory_check(dev: Device, mc: ModelConfig, tc: TrainConfig, lora: LoRAConfig | None,
                      planned: dict, max_seq: int) -> None:
     """The default: no check before the trainer (the Model refuses what does not fit, core.model.check_fits)."""
@@ -248,8 +260,7 @@ class Run:
 
         req = self.request
         dataset = req.dataset if req.dataset is not None else default_dataset()
-        yield LogEvent("INFO", f"dataset: {count_words(len(dataset.facts), 'fact')}, "
-                               f"{count_words(len(dataset.dialogues), 'dialogue')}")
+        yield LogEvent("INFO", dataset_line(dataset))
         if base is None:
             yield Phase("build", "training the tokenizer and building the model")
             return Trainer(dataset, mc, tc, dev, check_memory=self._memory_check(dev, mc, tc, base))

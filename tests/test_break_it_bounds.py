@@ -596,3 +596,22 @@ def test_the_training_tab_says_when_the_table_is_a_sample(main_window):
     main_window.training_tab._on_stage_done(StageDone("pretrain", 10, False, (item,),
                                                       recall_sampled={"fact": (5_000, 100_000)}))
     assert "Checked a sample of the facts: 5,000 of 100,000." in main_window.training_tab.recall_label.text()
+
+
+def test_entries_with_nothing_to_train_are_neither_counted_nor_checked():
+    """A fact of spaces alone and a dialogue without turns (or without a turn of text) are warned about and not
+    trained: the run's dataset line leaves them out, and the recall check asks nothing of them (a fact of spaces was
+    a prompt expecting '   ', so a run could not end 'Learned')."""
+    from core.recall import recall_prompts
+    from core.run import dataset_line
+
+    ds = Dataset(["The Bexa shop opens at nine.", "   ", "\x00"],
+                 [Dialogue([]), Dialogue([("What time does the Bexa shop open?", "")]),
+                  Dialogue([("What time does the Bexa shop open?", "At nine.")]),
+                  Dialogue([("Where is the Bexa shop?", "By the river.")])])
+    assert dataset_line(ds) == "dataset: 1 fact, 2 dialogues (4 entries with nothing to train left out)"
+    left_out: dict = {}
+    prompts = recall_prompts(_tok(), ds, 256, left_out=left_out)
+    assert [(p.kind, p.index) for p in prompts if p.kind != "chat"] == [("fact", 0), ("dialogue", 2), ("dialogue", 3)]
+    assert all(p.expected.strip() for p in prompts) and left_out == {"fact": {}, "dialogue": {}}
+    assert dataset_line(default_dataset()) == "dataset: 25 facts, 13 dialogues"
