@@ -250,6 +250,10 @@ class Run:
         self.resumed_at = (trainer.stage_index, trainer.stage_step)
         where = "both stages complete" if trainer.done else \
             f"stage {trainer.stage_index + 1} of 2, step {trainer.stage_step}"
+        ran = trainer.stages_run[trainer.stage_index] if trainer.stage_index < len(trainer.stages_run) else None
+        if not trainer.done and ran is not None and ran < trainer.stage_step:  # a stage that ended early, extended
+            where += (f" (the stage had ended after {count_words(ran, 'step')}; its steps up to "
+                      f"{trainer.stage_step} count as done)")
         yield LogEvent("INFO", f"resuming {req.resume} at {where}")
         return trainer
 

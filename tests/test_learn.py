@@ -117,6 +117,25 @@ def test_a_stage_ends_when_its_facts_are_learned(device):
     assert sum(isinstance(e, StepReport) for e in events) == rep.steps_done
 
 
+def test_a_resume_that_extends_a_stage_that_ended_early_says_so(device, tmp_path, capsys):
+    """A tuning stage that ended early (learned) and is given more steps resumes after all its planned steps (they
+    count as done), and the resume line says how many ran (it said only 'step 150')."""
+    from core.checkpoint import save_trainer
+    from core.cli import main
+
+    mc, tc = PRESETS["Tiny"]
+    tc = replace(tc, pretrain=replace(tc.pretrain, steps=360, decay_steps=100),  # as Auto plans the bundled dataset
+                 dialogues=replace(tc.dialogues, steps=150, decay_steps=150), replay_share=0.5, check_every=25,
+                 patience=4, mix_share=0.5, conversation_every=2, pack_facts=2)
+    tr = Trainer(default_dataset(), mc, tc, device)
+    rep = [e for e in tr.run() if isinstance(e, StageReport)][-1]
+    assert rep.stage == "dialogues" and rep.end_reason == "learned" and rep.steps_done < 150
+    save_trainer(tr, tmp_path / "run")
+    assert main(["train", "--resume", str(tmp_path / "run"), "--tune-steps", "151", "-q"]) == 0
+    assert (f"resuming {tmp_path / 'run'} at stage 2 of 2, step 150 (the stage had ended after {rep.steps_done} "
+            f"steps; its steps up to 150 count as done)") in capsys.readouterr().out
+
+
 def test_a_stage_is_not_learned_before_its_learned_after_share_of_steps(device):
     """learned_after: a check that finds every fact before that share of the stage's planned steps does
     not end the stage; the first one after it does."""
