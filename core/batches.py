@@ -145,7 +145,7 @@ class Batches:
         self.questions, self.heldout_pairs = self._fact_questions(cl)
         self.conversations = self._conversations(cl)
         asked = augment.asked_facts(dataset) | {i for i, _, _ in self._asked}
-        self.unasked = [i for i, f in enumerate(dataset.facts) if f.strip() and i not in asked]
+        self.unasked = [i for i, f in enumerate(dataset.facts) if has_text(f) and i not in asked]
 
     def stage_config(self, index: int) -> StageConfig:
         return self.train_config.pretrain if index == 0 else self.train_config.dialogues

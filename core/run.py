@@ -25,6 +25,7 @@ from core.config import ModelConfig
 from core.events import (LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageFinished, StageReport,
                          StepReport, ValidationLoss)
 from core.stages import Stage
+from core.dataset import has_text
 from core.wording import count_words
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class RunRequest:
 def dataset_line(dataset: Dataset) -> str:
     """The run's dataset line: the facts and dialogues it trains ("dataset: 25 facts, 13 dialogues"), and how many
     entries hold nothing to train (an empty fact, a dialogue without a turn of text; each named in a warning)."""
-    from core.dataset import has_text, trainable_turns
+    from core.dataset import trainable_turns
 
     facts = sum(1 for f in dataset.facts if has_text(f))
     dialogues = sum(1 for d in dataset.dialogues if trainable_turns(d))
@@ -330,9 +331,12 @@ class Run:
         c, tc = trainer.model_config, trainer.train_config
         yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, "
                                f"{count_words(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
-        unasked, n_facts = len(trainer.batches.unasked), sum(1 for f in trainer.dataset.facts if f.strip())
+        unasked, n_facts = len(trainer.batches.unasked), sum(1 for f in trainer.dataset.facts if has_text(f))
         if unasked:
-            yield LogEvent("INFO", f"questions: no dialogue asks about {unasked:,} of {count_words(n_facts, 'fact')} and "
+            first = " ".join(trainer.dataset.facts[trainer.batches.unasked[0]].split())
+            first = first if len(first) <= 60 else first[:59].rstrip() + "…"
+            yield LogEvent("INFO", f"questions: no dialogue asks about {unasked:,} of {count_words(n_facts, 'fact')} "
+                                   f"(such as \"{first}\") and "
                                    "no question was written for them, so the model may not answer questions about them; "
                                    "add a dialogue asking about one fact of each kind (questions for the others of "
                                    "that kind are then written for you)")
