@@ -38,6 +38,12 @@ TILINGS = [
     AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, fwd_rows=16, fwd_keys=8,
                    fwd_items=13),
     AttentionTiles(items=2, rows=2, keys=2, kv_rows=1, vector=8, bwd_tile=2, bwd_items=3, fwd_rows=4, fwd_keys=4),
+    # ... and with 4 x 8 score tiles (as many work-items as tiles or fewer): the GPU's blocks with half its work-items,
+    # and an odd small one
+    AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=128,
+                   fwd_rows=64, fwd_keys=32, fwd_items=64),
+    AttentionTiles(items=4, rows=1, keys=4, kv_rows=1, vector=4, bwd_tile=8, bwd_items=7, fwd_rows=16, fwd_keys=8,
+                   fwd_items=3),
     # the blocked backward (GPUs): 32 x 32 blocks, and blocks of more rows than keys (and the reverse) with
     # work-groups of fewer or more items than micro-tiles
     AttentionTiles(items=16, rows=1, keys=16, kv_rows=1, vector=4, stage_kv=True, bwd_tile=32, bwd_items=64,

@@ -123,7 +123,11 @@ void attention_backward_dsum_rows(__global float* d_sum, __global const float* d
 
 #ifdef FQ
 #define FA 4                              // score micro-tile rows (and output micro-tile rows)
-#define FC 4                              // score micro-tile keys
+#if FK >= 8 && (FQ / FA) * (FK / 8) >= FWG  // score micro-tile keys: 8 where every work-item still gets a tile
+#define FC 8                              // (4 x 8: 12 local float4 reads per 128 FMAs, where 4 x 4 reads 8 per 64)
+#else
+#define FC 4
+#endif
 #define LDS (FK + 4)                      // score tile row stride: float4-aligned rows, 4 banks apart
 #define NMS ((FQ / FA) * (FK / FC))       // score micro-tiles
 #define NMO ((FQ / FA) * HD8)             // output micro-tiles (FA rows x 8 columns)
