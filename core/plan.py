@@ -609,7 +609,8 @@ class Verdict:
 
 def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
             preset: str | None = None, chat: tuple[int, int] = (0, 0),
-            heldout: tuple[int, int] = (0, 0), left_out: dict | None = None, unasked: int = 0) -> Verdict:
+            heldout: tuple[int, int] = (0, 0), left_out: dict | None = None, unasked: int = 0,
+            fixed_steps: bool = False) -> Verdict:
     """The honest end of a run from its final recall counts ((reproduced, checked) of facts, dialogue
     answers, answers in the middle of a conversation and held-out questions), the recall target (share
     of each but the held-out ones, which are reported, not required) and why the last stage ended
@@ -617,7 +618,8 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     facts and answers the check could not ask ("0 of 2 facts checked (1 too long for the context to check)":
     the dataset's count is not the checked one). ``unasked``: facts no question asks about
     (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them, so the model may
-    not answer questions about them)"."""
+    not answer questions about them)". ``fixed_steps``: a new model trained for set steps (a named preset, no
+    recall checks during the stages): the advice also names Auto, which plans the run and trains until learned."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
@@ -658,15 +660,19 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         advice = "the run was stopped: resume it to learn the rest"
     else:
         advice = f"train longer (more steps or passes){bigger}"
+    if fixed_steps and end_reason != "stopped":
+        advice += ", or train a new run with the Auto preset (the default: it plans the run and trains until learned)"
     return Verdict(False, f"Not fully learned: {what}", advice, answers, facts, chat, heldout)
 
 
-def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None, unasked: int = 0) -> Verdict:
+def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = None, unasked: int = 0,
+               fixed_steps: bool = False) -> Verdict:
     """:func:`verdict` of a finished run's last core.trainer.StageReport (its recall table) and its count of
-    facts no question asks about; a table of a huge dataset that was only sampled (``report.recall_sampled``)
-    says so."""
+    facts no question asks about (and ``fixed_steps``, as there); a table of a huge dataset that was only sampled
+    (``report.recall_sampled``) says so."""
     v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
-                report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None), unasked)
+                report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None), unasked,
+                fixed_steps)
     sampled = getattr(report, "recall_sampled", None) or {}
     if sampled:
         note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())

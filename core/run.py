@@ -335,11 +335,15 @@ class Run:
         if unasked:
             first = " ".join(trainer.dataset.facts[trainer.batches.unasked[0]].split())
             first = first if len(first) <= 60 else first[:59].rstrip() + "…"
+            if tc.fact_questions or tc.check_every or trainer.base_meta or not trainer.batches.dialogues:
+                advice = ("no question was written for them, so the model may not answer questions about them; add a "
+                          "dialogue asking about one fact of each kind (questions for the others of that kind are then "
+                          "written for you)")
+            else:  # a new model of a named preset (set steps): its mix writes none, Auto's does
+                advice = ("this run writes no questions for facts, so the model may not answer questions about them; "
+                          "the Auto preset (the default) writes them for facts of each kind a dialogue asks about")
             yield LogEvent("INFO", f"questions: no dialogue asks about {unasked:,} of {count_words(n_facts, 'fact')} "
-                                   f"(such as \"{first}\") and "
-                                   "no question was written for them, so the model may not answer questions about them; "
-                                   "add a dialogue asking about one fact of each kind (questions for the others of "
-                                   "that kind are then written for you)")
+                                   f"(such as \"{first}\") and {advice}")
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 
@@ -443,6 +447,7 @@ class Run:
 
                 general = verdict_line(final.recall, self._replay)
                 final = self._without_replay(final)
-            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked))
+            fixed = not t.train_config.check_every and not t.base_meta  # a new model of set steps (a named preset)
+            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked), fixed)
         return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
                        v.learned if v else False, v.text if v else "", v.advice if v else "", general)

@@ -196,6 +196,11 @@ def test_verdict_says_what_was_learned_and_what_to_do():
     assert "more time" in v.advice and "bigger model" in v.advice
     assert "bigger model" in verdict((1, 2), (2, 2), end_reason="no progress").advice
     assert "bigger" not in verdict((1, 2), (2, 2), end_reason="steps", preset="Larger").advice
+    # a named preset's set steps: the advice names Auto too (a new user's Tiny run took 'train longer', got worse)
+    fixed = verdict((1, 2), (2, 2), end_reason="steps", preset="Tiny", fixed_steps=True).advice
+    assert fixed == ("train longer (more steps or passes) or a bigger model, or train a new run with the Auto preset "
+                     "(the default: it plans the run and trains until learned)")
+    assert "Auto" not in verdict((1, 2), (2, 2), end_reason="steps", preset="Tiny").advice
     ok = verdict((2000, 2000), (200, 200), end_reason="learned")
     assert ok.learned and ok.advice == "" and ok.text.startswith("Learned: 200 of 200 answers, 2,000 of 2,000 facts")
     assert verdict((1900, 2000), (190, 200), target=0.95).learned
