@@ -482,13 +482,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     """
     p = Path(path)
     if not p.exists() and not readable_folder(p).exists():
-        from core.folder_lock import live_holder
+        from core.checkpoint_meta import not_saved_yet
 
-        holder = live_holder(p)
-        if holder is not None and holder.pid:  # a first training run that has not saved yet
-            raise FileNotFoundError(f"{p}: no model saved there yet ({holder.describe()} is writing it; its first "
-                                    "save comes at the end of its first stage or on a stop)")
-        raise FileNotFoundError(f"{p}: no such file or folder")
+        raise FileNotFoundError(not_saved_yet(p) or f"{p}: no such file or folder")  # (a first run not saved yet)
     if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
         from core.gguf_io import import_gguf
 

@@ -475,6 +475,18 @@ def is_checkpoint_folder(folder: str | os.PathLike) -> bool:
         return False
 
 
+def not_saved_yet(path: str | os.PathLike) -> str | None:
+    """"PATH: no model saved there yet (process N on HOST is writing it; ...)" where a live process holds the
+    folder ``path`` (a first training run before its first save), else None."""
+    from core.folder_lock import live_holder
+
+    holder = live_holder(path)
+    if holder is None or not holder.pid:
+        return None
+    return (f"{path}: no model saved there yet ({holder.describe()} is writing it; its first save comes at the end "
+            "of its first stage or on a stop)")
+
+
 def resume_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` holds no training run to continue, in one line, or None.
 
@@ -487,6 +499,8 @@ def resume_problem(path: str | os.PathLike) -> str | None:
     """
     folder = readable_folder(os.path.realpath(path))
     if not folder.exists():
+        if writing := not_saved_yet(path):  # a first run that has not saved yet
+            return writing
         bak = backup_path(folder)
         if bak.is_dir():  # not taken for a cut save's (readable_folder): no swap marked it
             return (f"{path}: no such folder ({bak.name} beside it is not a save's backup of this version; if it is "
@@ -505,6 +519,8 @@ def resume_problem(path: str | os.PathLike) -> str | None:
             d = None  # another tool's or a broken file: the format is ours only when it says so
         if isinstance(d, dict) and d.get("format") == FORMAT:
             return None
+    if writing := not_saved_yet(path):
+        return writing
     return f"{path}: no training run was saved here (--resume needs a folder that `train --out` wrote)"
 
 

@@ -1292,6 +1292,10 @@ def _command(args: argparse.Namespace, interrupted: list) -> int:
             return _fail(e.strerror)  # our own message, without the "[Errno 28]" prefix
         if isinstance(e, OSError) and e.filename is not None and e.strerror:
             return _fail(f"{e.filename}: {e.strerror.lower()}")  # "FILE: no such file or directory"
+        if (isinstance(e, FileNotFoundError) and getattr(args, "model", None) == DEFAULT_MODEL_DIR
+                and str(e) == f"{DEFAULT_MODEL_DIR}: no such file or folder"):  # no --model given, nothing trained here
+            return _fail(f"{e} (the folder `opencl-llm train` saves into by default, here: train a model first, or "
+                         "give --model PATH)")
         return _fail(str(e))
     except Exception as e:
         import pyopencl as cl

@@ -303,6 +303,10 @@ def _read_text(path: Path) -> str:
         raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
     try:
         with open(path, "rb") as fh:  # read(n) allocates n bytes first: ask for the file's size, not 1 GiB
+            if fh.read(4) == b"GGUF":  # a model file given as the data (a new user's --data model.gguf)
+                raise DatasetError(f"{path}: a GGUF model file, not a dataset; to teach it your data, give it as the "
+                                   "base model (train --base FILE.gguf --data DATASET, or the Hyperparameters tab)")
+            fh.seek(0)
             size = os.fstat(fh.fileno()).st_size
             data = fh.read(min(size, MAX_DATASET_BYTES) + 1)
             if len(data) > size:  # grew meanwhile, or a /proc-like file that says 0

@@ -483,10 +483,17 @@ def test_chat_with_a_folder_a_first_run_has_not_saved_yet_says_so(tmp_path, caps
         assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
         err = capsys.readouterr().err
         assert f"{out}: no model saved there yet (process {holder.pid} on host" in err and "opencl-llm train" in err
+        # and a resume of it (it said "m: no such folder"), the folder made or not
+        for made in (False, True):
+            if made:
+                out.mkdir()
+            assert main(["train", "--resume", str(out), "-q"]) == 2
+            assert f"{out}: no model saved there yet (process {holder.pid} on host" in capsys.readouterr().err
     finally:
         holder.kill()
         holder.wait()
     time.sleep(0.1)
+    out.rmdir()
     assert main(["chat", "--model", str(out), "--prompt", "hi"]) == 2
     assert f"{out}: no such file or folder" in capsys.readouterr().err
 
@@ -568,3 +575,18 @@ def test_a_named_preset_prints_its_estimate(tmp_path, capsys):
                      r"[\d.]+ m?s; checks \d+:\d\d, saves \d+:\d\d\)$", text, re.M), text
     assert main(["train", "--resume", str(out), "--tune-steps", "3", "-q"]) == 0
     assert "plan:" not in capsys.readouterr().out
+    # a named preset writes no fact questions: the questions line says so and names Auto, which does (it told a
+    # new user of Tiny to add dialogues, which write questions only under Auto)
+    assert ("and this run writes no questions for facts, so the model may not answer questions about them; the Auto "
+            "preset (the default) writes them for facts of each kind a dialogue asks about") in text
+
+
+def test_chat_without_a_model_here_says_what_to_do(tmp_path, capsys, monkeypatch):
+    """`chat --prompt hi` where nothing was trained said only 'opencl-llm-model: no such file or folder'."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["chat", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "opencl-llm: error: opencl-llm-model: no such file or folder (the folder `opencl-llm train` saves into by "
+        "default, here: train a model first, or give --model PATH)")
+    assert main(["chat", "--model", "elsewhere", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "opencl-llm: error: elsewhere: no such file or folder"

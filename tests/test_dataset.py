@@ -90,6 +90,15 @@ def test_not_utf8_names_the_file(tmp_path):
     assert isinstance(e.value, ValueError)
 
 
+def test_a_gguf_model_given_as_the_dataset_says_what_it_is(tmp_path):
+    """A new user gave their model file as --data and read 'bakery.gguf:1: the file is not UTF-8 text (byte 0xb2)'."""
+    path = _write(tmp_path, "bakery.gguf", b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    with pytest.raises(DatasetError) as e:
+        load_dataset(path)
+    assert str(e.value) == (f"{path}: a GGUF model file, not a dataset; to teach it your data, give it as the base "
+                            "model (train --base FILE.gguf --data DATASET, or the Hyperparameters tab)")
+
+
 def test_text_format_dialogues_and_facts(tmp_path):
     path = _write(tmp_path, "mixed.txt", (
         "  A fact.  \n"
