@@ -579,7 +579,8 @@ def _finish(done, out: Path, recall_stopped) -> int:
     "model saved" and the verdict."""
     if done.stopped:
         if done.checkpoint:
-            print(f"stopped; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+            where = f" at {('pretrain', 'tune')[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""
+            print(f"stopped{where}; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
         elif out.exists():  # a resumed run stopped before its first new step
             print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
         else:
