@@ -241,12 +241,17 @@ class _CtrlC:
         return str(out)
 
 
+def _by_line(problems: list) -> list:
+    """A file's skipped entries (core.dataset.Problem) in line order (the reader finds some in an earlier pass)."""
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0))
+
+
 def _load_data(path: str):
     from core.dataset import load_dataset
 
     notes: list[str] = []
     dataset, problems = load_dataset(path, notes, located=True)  # the trainer's warnings name FILE:LINE
-    for p in [*notes, *problems]:
+    for p in [*notes, *_by_line(problems)]:
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:
         raise ValueError(f"{path}: no facts or dialogues could be read")
@@ -752,7 +757,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
         print(f"checking the dataset it was trained on ({Path(args.model) / DATASET_FILE}){general}")
     notes: list[str] = []
     dataset, problems = load_dataset(args.data, notes)
-    for p in [*notes, *problems]:
+    for p in [*notes, *_by_line(problems)]:
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:  # (printed nothing and exited 0)
         return _fail(f"{args.data}: no facts or dialogues could be read, so there is nothing to check")

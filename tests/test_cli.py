@@ -590,3 +590,16 @@ def test_chat_without_a_model_here_says_what_to_do(tmp_path, capsys, monkeypatch
         "default, here: train a model first, or give --model PATH)")
     assert main(["chat", "--model", "elsewhere", "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == "opencl-llm: error: elsewhere: no such file or folder"
+
+
+def test_a_files_warnings_come_in_line_order(tmp_path, capsys):
+    """A JSONL file's warnings came as line 4 (not valid JSON, found in an earlier pass), then line 2."""
+    data = tmp_path / "pets.jsonl"
+    data.write_text('{"text": "Biscuit is a brown beagle."}\n{"text": "   "}\n{"text": "Luna is a grey cat."}\n'
+                    '{"text": "Pepper is a parrot."\n'
+                    '{"messages": [{"role": "user", "content": "What colour is Biscuit?"}, '
+                    '{"role": "assistant", "content": "Brown."}]}\n', encoding="utf-8")
+    assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
+                 "--tune-steps", "1") == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"warning: {data}:")]
+    assert [int(w.split(":")[2]) for w in warned] == [2, 4], warned
