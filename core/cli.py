@@ -602,6 +602,8 @@ def _finish(done, out: Path, recall_stopped) -> int:
             print(f"to learn the rest: {done.advice}")
         if done.general:
             print(done.general)
+        if " as text only: " in done.verdict:  # (core.plan.verdict's words)
+            print(f"the facts learned as text only: opencl-llm recall --model {out} --text-only")
     return 0
 
 
@@ -761,6 +763,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:  # (printed nothing and exited 0)
         return _fail(f"{args.data}: no facts or dialogues could be read, so there is nothing to check")
+    if args.text_only:
+        return _text_only(loaded, dataset)
     dev = open_device(args.device)
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
@@ -782,6 +786,26 @@ def cmd_recall(args: argparse.Namespace) -> int:
             print(f"{ok:,} of {n:,} {noun} ({100 * ok / n:.1f} %){some}{skipped}")
         elif why:
             print(f"0 {noun} checked{skipped}")
+    return 0
+
+
+def _text_only(loaded, dataset) -> int:
+    """``recall --text-only``: the facts of ``dataset`` that ``loaded``'s run learns as text only
+    (core.batches.Batches.unasked, in the run's data mix: what its questions line and verdict count)."""
+    from core.batches import Batches
+
+    if loaded.checkpoint is None:
+        return _fail(f"{loaded.path}: --text-only needs a checkpoint folder (its run's data mix says which questions "
+                     "were written)")
+    from core.dataset import has_text
+
+    unasked = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train).unasked
+    n = sum(1 for f in dataset.facts if has_text(f))
+    print(f"{len(unasked):,} of {count_words(n, 'fact')} learned as text only (no dialogue or written question asks "
+          f"about {'it' if len(unasked) == 1 else 'them'}, so the model may not answer questions about "
+          f"{'it' if len(unasked) == 1 else 'them'}){':' if unasked else ''}")
+    for i in unasked:
+        print(f"[fact {i + 1}] {dataset.facts[i]}")
     return 0
 
 
@@ -1180,6 +1204,8 @@ def _add_recall(sub) -> None:
                    "folder's own, the dataset it was trained on)")
     s.add_argument("--device", help="device index or name")
     s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
+    s.add_argument("--text-only", action="store_true", help="list the facts the run learned as text only (no dialogue "
+                   "or written question asks about them, so the model may not answer questions about them) and stop")
     s.set_defaults(func=cmd_recall)
 
 

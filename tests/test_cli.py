@@ -603,3 +603,15 @@ def test_a_files_warnings_come_in_line_order(tmp_path, capsys):
                  "--tune-steps", "1") == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"warning: {data}:")]
     assert [int(w.split(":")[2]) for w in warned] == [2, 4], warned
+
+
+def test_recall_lists_the_facts_learned_as_text_only(tmp_path, capsys):
+    """The verdict counts facts no question asks about ('11 as text only'); a new user asked which they are."""
+    out = tmp_path / "m"
+    assert train(tmp_path, "--out", str(out), "--pretrain-steps", "1", "--tune-steps", "1") == 0
+    assert f"the facts learned as text only: opencl-llm recall --model {out} --text-only" in capsys.readouterr().out
+    assert main(["recall", "--model", str(out), "--text-only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("11 of 25 facts learned as text only (no dialogue or written question asks about them, so the "
+                        "model may not answer questions about them):")
+    assert lines[2] == "[fact 6] The Brindlewick library keeps a map drawn by the town founder." and len(lines) == 13
