@@ -152,6 +152,12 @@ class Plan:
         return self.expected_run_s or self.total_s
 
     @property
+    def most_s(self) -> float:
+        """Seconds the run takes if every planned step runs (:attr:`total_s`), with the one-time :attr:`first_run_s`
+        as :attr:`run_s` has them (a first run's plan said "estimated 0:25 (first run: +0:21 ...; at most 0:06 ...)")."""
+        return self.total_s + self.first_run_s
+
+    @property
     def run_s(self) -> float:
         """Seconds the run is expected to take on this device: :attr:`expected_s` and the one-time
         :attr:`first_run_s`."""
@@ -168,7 +174,7 @@ class Plan:
         """One line for the CLI and the Hyperparameters tab."""
         p, t = self.planned_steps
         seen = f", each fact seen {self.fact_exposures:.0f} times" if self.fact_exposures else ""
-        most = (f"; at most {format_duration(self.total_s)} for the planned steps, it stops once learned"
+        most = (f"; at most {format_duration(self.most_s)} for the planned steps, it stops once learned"
                 if self.expected_s < self.total_s else "")
         first = f"{self.first_run_note()}; " if self.first_run_note() else ""
         return (f"{self.preset} model ({self.model_config.n_params():,} parameters); pretrain {p} steps "

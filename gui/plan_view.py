@@ -86,7 +86,7 @@ def plan_lines(plan: Plan) -> list[Line]:
     first = f" ({plan.first_run_note()})" if plan.first_run_note() else ""
     time = f"about {format_duration(plan.run_s)}{first}, recall checks included"
     if plan.expected_s < plan.total_s:
-        time += (f"; at most {format_duration(plan.total_s)} for the planned steps (checks "
+        time += (f"; at most {format_duration(plan.most_s)} for the planned steps (checks "
                  f"{format_duration(plan.check_s)}): a stage stops once everything is learned")
     else:
         time += f" ({format_duration(plan.check_s)} of checks)"

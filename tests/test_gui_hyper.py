@@ -172,7 +172,7 @@ def test_every_number_shown_is_the_plans(tab, main_window, wait_plan):
     assert _numbers(r"each fact seen (\d+) times", text) == [f"{p.fact_exposures:.0f}"]
     assert _numbers(r"Time: about (\d+:\d\d)", text) == [format_duration(p.run_s)]
     assert _numbers(r"at most (\d+:\d\d) for the planned steps \(checks (\d+:\d\d)\)", text) == [
-        (format_duration(p.total_s), format_duration(p.check_s))]
+        (format_duration(p.most_s), format_duration(p.check_s))]
     assert _numbers(r"ends after (\d+:\d\d) at the latest", text) == [format_duration(tc.time_budget_s)]
     assert _numbers(r"every (\d+) steps", text) == [str(tc.check_every)]
     # the form's fields are the plan's too (the vocabulary field is the target the tokenizer may reach)
