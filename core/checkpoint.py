@@ -514,8 +514,9 @@ def resume_position(meta: CheckpointMeta, train_config: TrainConfig) -> tuple[in
     if si >= 1 and new_pre > pre_done and meta.train.pretrain.steps < new_pre:
         if si == 1 and ss == 0:
             return 0, pre_done
+        ran = meta.stage_steps_run()[0]
         raise CheckpointError(f"--pretrain-steps {new_pre}: the run has already begun tuning after "
-                              f"{pre_done} pretrain steps; it can get more tune steps, or start a new run")
+                              f"{ran} pretrain steps; it can get more tune steps, or start a new run")
     if si == 2 and new_tune > tune_done:
         return 1, tune_done
     return si, ss

@@ -584,7 +584,7 @@ def _finish(done, out: Path, recall_stopped) -> int:
     "model saved" and the verdict."""
     if done.stopped:
         if done.checkpoint:
-            where = f" at {('pretrain', 'tune')[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""
+            where = f" at {STAGES[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""  # as its lines
             print(f"stopped{where}; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
         elif out.exists():  # a resumed run stopped before its first new step
             print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
@@ -742,12 +742,14 @@ def cmd_recall(args: argparse.Namespace) -> int:
     device, core.recall): e.g. questions held out of training."""
     from core.checkpoint import load_model
     from core.checkpoint_meta import DATASET_FILE
-    from core.dataset import load_dataset
+    from core.dataset import has_text, load_dataset, trainable_turns
     from core.device import open_device
     from core.model import Model
     from core.recall import recall_check, sampled, tally
 
     loaded = load_model(args.model)
+    if args.text_only:
+        return _text_only(loaded, args)
     if args.data is None:  # a checkpoint folder: the dataset it was trained on
         own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
         if own is None or not own.is_file():
@@ -761,10 +763,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     dataset, problems = load_dataset(args.data, notes)
     for p in [*notes, *_by_line(problems)]:
         print(f"warning: {p}", file=sys.stderr)
-    if not dataset.facts and not dataset.dialogues:  # (printed nothing and exited 0)
-        return _fail(f"{args.data}: no facts or dialogues could be read, so there is nothing to check")
-    if args.text_only:
-        return _text_only(loaded, dataset)
+    if not any(map(has_text, dataset.facts)) and not any(map(trainable_turns, dataset.dialogues)):  # (printed nothing)
+        return _fail(f"{args.data}: no facts or dialogues with text could be read, so there is nothing to check")
     dev = open_device(args.device)
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
@@ -789,23 +789,32 @@ def cmd_recall(args: argparse.Namespace) -> int:
     return 0
 
 
-def _text_only(loaded, dataset) -> int:
-    """``recall --text-only``: the facts of ``dataset`` that ``loaded``'s run learns as text only
+def _text_only(loaded, args) -> int:
+    """``recall --text-only``: the facts of ``loaded``'s own dataset that its run learned as text only
     (core.batches.Batches.unasked, in the run's data mix: what its questions line and verdict count)."""
     from core.batches import Batches
+    from core.checkpoint_meta import DATASET_FILE
+    from core.dataset import has_text, load_dataset
 
-    if loaded.checkpoint is None:
-        return _fail(f"{loaded.path}: --text-only needs a checkpoint folder (its run's data mix says which questions "
-                     "were written)")
-    from core.dataset import has_text
-
+    if args.data is not None or args.show_wrong:
+        return _fail("--text-only lists the facts of the dataset the run was trained on: give it without --data "
+                     "and --show-wrong")
+    own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
+    if own is None or not own.is_file():
+        return _fail(f"{args.model}: --text-only needs a checkpoint folder (its dataset and its run's data mix say "
+                     "which questions were written)")
+    dataset, _ = load_dataset(own)
     unasked = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train).unasked
     n = sum(1 for f in dataset.facts if has_text(f))
+    if not unasked:
+        print(f"none of its {count_words(n, 'fact')} was learned as text only: a dialogue or a written question asks "
+              f"about {'it' if n == 1 else 'each'}")
+        return 0
+    them = "it" if len(unasked) == 1 else "them"
     print(f"{len(unasked):,} of {count_words(n, 'fact')} learned as text only (no dialogue or written question asks "
-          f"about {'it' if len(unasked) == 1 else 'them'}, so the model may not answer questions about "
-          f"{'it' if len(unasked) == 1 else 'them'}){':' if unasked else ''}")
+          f"about {them}, so the model may not answer questions about {them}):")
     for i in unasked:
-        print(f"[fact {i + 1}] {dataset.facts[i]}")
+        print(f"[fact {i + 1}] {' '.join(dataset.facts[i].split())}")
     return 0
 
 

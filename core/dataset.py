@@ -303,7 +303,8 @@ def _read_text(path: Path) -> str:
         raise DatasetError(f"{path}: not a regular file; give a dataset file (.json, .jsonl or .txt)")
     try:
         with open(path, "rb") as fh:  # read(n) allocates n bytes first: ask for the file's size, not 1 GiB
-            if fh.read(4) == b"GGUF":  # a model file given as the data (a new user's --data model.gguf)
+            head = fh.read(8)  # a model file given as the data (a new user's --data model.gguf): GGUF's magic and
+            if head[:4] == b"GGUF" and 1 <= int.from_bytes(head[4:], "little") <= 3:  # a version (1-3), not a text
                 raise DatasetError(f"{path}: a GGUF model file, not a dataset; to teach it your data, give it as the "
                                    "base model (train --base FILE.gguf --data DATASET, or the Hyperparameters tab)")
             fh.seek(0)

@@ -146,8 +146,9 @@ class FinetuneEstimate:
     def summary(self) -> str:
         """One line for the CLI: ``estimated 12:40 (pretrain 60 steps of about 5.2 s, ...; checks 0:30, ...)``."""
         from core.plan import format_duration
+        from core.wording import count_words
 
-        parts = [f"{name} {n} steps of about {s:.1f} s" if s >= 0.1 else f"{name} {n} steps of about {s * 1e3:.0f} ms"
+        parts = [f"{name} {count_words(n, 'step')} of about " + (f"{s:.1f} s" if s >= 0.1 else f"{s * 1e3:.0f} ms")
                  for name, n, s in zip(STAGES, self.steps, self.step_s) if n]
         return (f"estimated {format_duration(self.total_s)} ({', '.join(parts) or 'no steps'}; checks "
                 f"{format_duration(self.check_s)}, saves {format_duration(self.save_s)})")

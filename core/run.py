@@ -335,13 +335,14 @@ class Run:
         if unasked:
             first = " ".join(trainer.dataset.facts[trainer.batches.unasked[0]].split())
             first = first if len(first) <= 60 else first[:59].rstrip() + "…"
-            if tc.fact_questions or tc.check_every or trainer.base_meta or not trainer.batches.dialogues:
+            if tc.fact_questions or tc.check_every or trainer.base_meta:
                 advice = ("no question was written for them, so the model may not answer questions about them; add a "
                           "dialogue asking about one fact of each kind (questions for the others of that kind are then "
                           "written for you)")
             else:  # a new model of a named preset (set steps): its mix writes none, Auto's does
                 advice = ("this run writes no questions for facts, so the model may not answer questions about them; "
-                          "the Auto preset (the default) writes them for facts of each kind a dialogue asks about")
+                          "with a dialogue asking about one fact of each kind, the Auto preset (the default) writes "
+                          "them for the others")
             yield LogEvent("INFO", f"questions: no dialogue asks about {unasked:,} of {count_words(n_facts, 'fact')} "
                                    f"(such as \"{first}\") and {advice}")
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),

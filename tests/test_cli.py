@@ -577,8 +577,9 @@ def test_a_named_preset_prints_its_estimate(tmp_path, capsys):
     assert "plan:" not in capsys.readouterr().out
     # a named preset writes no fact questions: the questions line says so and names Auto, which does (it told a
     # new user of Tiny to add dialogues, which write questions only under Auto)
-    assert ("and this run writes no questions for facts, so the model may not answer questions about them; the Auto "
-            "preset (the default) writes them for facts of each kind a dialogue asks about") in text
+    assert ("and this run writes no questions for facts, so the model may not answer questions about them; with a "
+            "dialogue asking about one fact of each kind, the Auto preset (the default) writes them for the others"
+            ) in text
 
 
 def test_chat_without_a_model_here_says_what_to_do(tmp_path, capsys, monkeypatch):
@@ -612,6 +613,15 @@ def test_recall_lists_the_facts_learned_as_text_only(tmp_path, capsys):
     assert f"the facts learned as text only: opencl-llm recall --model {out} --text-only" in capsys.readouterr().out
     assert main(["recall", "--model", str(out), "--text-only"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == ("11 of 25 facts learned as text only (no dialogue or written question asks about them, so the "
+    assert lines[0] == ("11 of 25 facts learned as text only (no dialogue or written question asks about them, so the "
                         "model may not answer questions about them):")
-    assert lines[2] == "[fact 6] The Brindlewick library keeps a map drawn by the town founder." and len(lines) == 13
+    assert lines[1] == "[fact 6] The Brindlewick library keeps a map drawn by the town founder." and len(lines) == 12
+    # only the run's own dataset (another file's facts were not learned at all), not with --show-wrong
+    for extra in (["--data", str(out / "dataset.json")], ["--show-wrong"]):
+        assert main(["recall", "--model", str(out), "--text-only", *extra]) == 2
+        assert "--text-only lists the facts of the dataset the run was trained on" in capsys.readouterr().err
+    # nothing to check in a dataset of empty entries is said (it printed nothing and exited 0)
+    empty = tmp_path / "spaces.json"
+    empty.write_text('{"version": 1, "facts": ["   ", "\\t"], "dialogues": [{"turns": []}]}', encoding="utf-8")
+    assert main(["recall", "--model", str(out), "--data", str(empty)]) == 2
+    assert "no facts or dialogues with text could be read, so there is nothing to check" in capsys.readouterr().err

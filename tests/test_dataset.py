@@ -97,6 +97,9 @@ def test_a_gguf_model_given_as_the_dataset_says_what_it_is(tmp_path):
         load_dataset(path)
     assert str(e.value) == (f"{path}: a GGUF model file, not a dataset; to teach it your data, give it as the base "
                             "model (train --base FILE.gguf --data DATASET, or the Hyperparameters tab)")
+    # a text that starts with the word is a text (a break-it helper's 'GGUF is a file format for models.')
+    for text in ("GGUF is a file format for models.\nThe sky is blue.\n", "GGUF\nThe sky is blue.\n"):
+        assert load_dataset(_write(tmp_path, "gguf.txt", text.encode()))[0].facts[-1] == "The sky is blue."
 
 
 def test_text_format_dialogues_and_facts(tmp_path):

@@ -383,7 +383,7 @@ def test_cli_recall_checks_a_dataset_file_against_a_model(tmp_path, capsys, devi
     assert "m.gguf: has no dataset of its own" in capsys.readouterr().err
     (tmp_path / "empty.txt").write_text("User: a question with no answer\n")  # printed nothing and exited 0
     assert main(["recall", "--model", str(model), "--data", str(tmp_path / "empty.txt")]) == 2
-    assert "empty.txt: no facts or dialogues could be read, so there is nothing to check" in capsys.readouterr().err
+    assert "empty.txt: no facts or dialogues with text could be read, so there is nothing to check" in capsys.readouterr().err
 
 
 def test_patience_waits_for_the_planned_steps(device):
