@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import ModelConfig
+from core.dataset import has_text
 from core.events import (LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageFinished, StageReport,
                          StepReport, ValidationLoss)
 from core.stages import Stage
-from core.dataset import has_text
 from core.wording import count_words
 
 if TYPE_CHECKING:
@@ -104,6 +104,12 @@ def dataset_line(dataset: Dataset) -> str:
     empty = len(dataset.facts) - facts + len(dataset.dialogues) - dialogues
     return (f"dataset: {count_words(facts, 'fact')}, {count_words(dialogues, 'dialogue')}"
             + (f" ({count_words(empty, 'entry', 'entries')} with nothing to train left out)" if empty else ""))
+
+
+def _set_steps(trainer: Trainer) -> bool:
+    """Whether ``trainer`` trains a new model for set steps (a named preset or given sizes: no recall checks during
+    its stages, no fact questions written), where Auto would plan the run and train until learned."""
+    return not trainer.train_config.check_every and not trainer.base_meta
 
 
 def _no_memory_check(dev: Device, mc: ModelConfig, tc: TrainConfig, lora: LoRAConfig | None,
@@ -335,7 +341,7 @@ class Run:
         if unasked:
             first = " ".join(trainer.dataset.facts[trainer.batches.unasked[0]].split())
             first = first if len(first) <= 60 else first[:59].rstrip() + "…"
-            if tc.fact_questions or tc.check_every or trainer.base_meta:
+            if tc.fact_questions or not _set_steps(trainer):
                 advice = ("no question was written for them, so the model may not answer questions about them; add a "
                           "dialogue asking about one fact of each kind (questions for the others of that kind are then "
                           "written for you)")
@@ -448,7 +454,6 @@ class Run:
 
                 general = verdict_line(final.recall, self._replay)
                 final = self._without_replay(final)
-            fixed = not t.train_config.check_every and not t.base_meta  # a new model of set steps (a named preset)
-            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked), fixed)
+            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked), _set_steps(t))
         return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
                        v.learned if v else False, v.text if v else "", v.advice if v else "", general)
