@@ -595,7 +595,8 @@ def _finish(done, out: Path, recall_stopped) -> int:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
               f"{out} (continue with: opencl-llm train --resume {out})")
         return 130
-    print(f"model saved to {out}" if done.checkpoint else f"model unchanged in {out}")
+    print(f"model saved to {out}" if done.checkpoint else f"model unchanged in {out}" if out.exists()
+          else "no steps to train; nothing saved")  # (a new run of --steps 0 said 'unchanged in' a folder never made)
     if done.verdict:
         print(done.verdict.replace(" — try the model on the Chat tab", ""))
         if done.advice:

@@ -625,3 +625,10 @@ def test_recall_lists_the_facts_learned_as_text_only(tmp_path, capsys):
     empty.write_text('{"version": 1, "facts": ["   ", "\\t"], "dialogues": [{"turns": []}]}', encoding="utf-8")
     assert main(["recall", "--model", str(out), "--data", str(empty)]) == 2
     assert "no facts or dialogues with text could be read, so there is nothing to check" in capsys.readouterr().err
+
+
+def test_a_new_run_of_no_steps_says_nothing_was_saved(tmp_path, capsys):
+    """`train --steps 0` into a new folder said 'model unchanged in DIR', a folder it never made (a break-it helper)."""
+    assert train(tmp_path, "--out", str(tmp_path / "z"), "--steps", "0") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "no steps to train; nothing saved"
+    assert not (tmp_path / "z").exists()
