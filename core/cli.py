@@ -743,7 +743,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     device, core.recall): e.g. questions held out of training."""
     from core.checkpoint import load_model
     from core.checkpoint_meta import DATASET_FILE
-    from core.dataset import has_text, load_dataset, trainable_turns
+    from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
     from core.recall import recall_check, sampled, tally
@@ -752,8 +752,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     if args.text_only:
         return _text_only(loaded, args)
     if args.data is None:  # a checkpoint folder: the dataset it was trained on
-        own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
-        if own is None or not own.is_file():
+        own = _own_dataset(loaded)
+        if own is None:
             return _fail(f"{args.model}: has no dataset of its own (a checkpoint folder keeps the one it was trained "
                          "on); give the dataset to check with --data FILE")
         args.data = own
@@ -764,7 +764,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     dataset, problems = load_dataset(args.data, notes)
     for p in [*notes, *_by_line(problems)]:
         print(f"warning: {p}", file=sys.stderr)
-    if not any(map(has_text, dataset.facts)) and not any(map(trainable_turns, dataset.dialogues)):  # (printed nothing)
+    if not any(dataset.trained_counts()):  # (printed nothing and exited 0)
         return _fail(f"{args.data}: no facts or dialogues with text could be read, so there is nothing to check")
     dev = open_device(args.device)
     _tune_matmul(dev)
@@ -790,23 +790,30 @@ def cmd_recall(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_dataset(loaded) -> Path | None:
+    """The dataset.json a checkpoint folder keeps (the one its run trained on); None for other models or without one."""
+    from core.checkpoint_meta import DATASET_FILE
+
+    own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
+    return own if own is not None and own.is_file() else None
+
+
 def _text_only(loaded, args) -> int:
     """``recall --text-only``: the facts of ``loaded``'s own dataset that its run learned as text only
     (core.batches.Batches.unasked, in the run's data mix: what its questions line and verdict count)."""
     from core.batches import Batches
-    from core.checkpoint_meta import DATASET_FILE
-    from core.dataset import has_text, load_dataset
+    from core.dataset import load_dataset
 
     if args.data is not None or args.show_wrong:
         return _fail("--text-only lists the facts of the dataset the run was trained on: give it without --data "
                      "and --show-wrong")
-    own = loaded.path / DATASET_FILE if loaded.checkpoint is not None else None
-    if own is None or not own.is_file():
+    own = _own_dataset(loaded)
+    if own is None:
         return _fail(f"{args.model}: --text-only needs a checkpoint folder (its dataset and its run's data mix say "
                      "which questions were written)")
     dataset, _ = load_dataset(own)
     unasked = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train).unasked
-    n = sum(1 for f in dataset.facts if has_text(f))
+    n = dataset.trained_counts()[0]
     if not unasked:
         print(f"none of its {count_words(n, 'fact')} was learned as text only: a dialogue or a written question asks "
               f"about {'it' if n == 1 else 'each'}")

@@ -167,6 +167,11 @@ class Dataset:
                           for d in self.dialogues],
         }
 
+    def trained_counts(self) -> tuple[int, int]:
+        """(facts, dialogues) that training learns from: facts with text (:func:`has_text`) and dialogues with a turn
+        of text (:func:`trainable_turns`); the others are reported by :meth:`validate` and skipped."""
+        return (sum(1 for f in self.facts if has_text(f)), sum(1 for d in self.dialogues if trainable_turns(d)))
+
     def tokenizer_texts(self) -> list[str]:
         """Plain texts to train the tokenizer on: the facts and each dialogue as rendered (no specials)."""
         return list(self.facts) + [plain_text(d.turns, d.system) for d in self.dialogues]

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import ModelConfig
-from core.dataset import has_text
 from core.events import (LogEvent, Phase, RecallProgress, RunDone, RunStarted, StageFinished, StageReport,
                          StepReport, ValidationLoss)
 from core.stages import Stage
@@ -97,10 +96,7 @@ class RunRequest:
 def dataset_line(dataset: Dataset) -> str:
     """The run's dataset line: the facts and dialogues it trains ("dataset: 25 facts, 13 dialogues"), and how many
     entries hold nothing to train (an empty fact, a dialogue without a turn of text; each named in a warning)."""
-    from core.dataset import trainable_turns
-
-    facts = sum(1 for f in dataset.facts if has_text(f))
-    dialogues = sum(1 for d in dataset.dialogues if trainable_turns(d))
+    facts, dialogues = dataset.trained_counts()
     empty = len(dataset.facts) - facts + len(dataset.dialogues) - dialogues
     return (f"dataset: {count_words(facts, 'fact')}, {count_words(dialogues, 'dialogue')}"
             + (f" ({count_words(empty, 'entry', 'entries')} with nothing to train left out)" if empty else ""))
@@ -324,20 +320,21 @@ class Run:
         (``(dev.builds, dev.build_seconds)`` before), the model line and :class:`RunStarted`."""
         req, estimate = self.request, (0.0, 0.0, 0)
         if base is not None:
-            estimate = yield from self._finetune_estimate(dev, trainer)
+            estimate = yield from self._measured_estimate(dev, trainer)
         elif self.plan is not None:
             estimate = (self.plan.run_s, self.plan.first_run_s, 0)
         elif req.plan_s and not req.resume:
             estimate = (*req.plan_s, 0)
         elif not req.resume:  # a named preset or given sizes: no plan timed the device, so time this model
-            estimate = yield from self._finetune_estimate(dev, trainer, "the run")
+            estimate = yield from self._measured_estimate(dev, trainer, "estimating the run: timing a few passes of "
+                                                                        "the model")
         if dev.build_seconds - built[1] >= 1.0:
             yield LogEvent("INFO", f"compiled {count_words(dev.builds - built[0], 'kernel program')} in "
                                    f"{dev.build_seconds - built[1]:.0f} s (first run on this device; cached for the next)")
         c, tc = trainer.model_config, trainer.train_config
         yield LogEvent("INFO", f"model: {c.n_params():,} parameters (d_model {c.d_model}, {count_words(c.n_layers, 'layer')}, "
                                f"{count_words(c.n_heads, 'head')}, vocab {c.vocab_size}, context {c.context_length})")
-        unasked, n_facts = len(trainer.batches.unasked), sum(1 for f in trainer.dataset.facts if has_text(f))
+        unasked, n_facts = len(trainer.batches.unasked), trainer.dataset.trained_counts()[0]
         if unasked:
             first = " ".join(trainer.dataset.facts[trainer.batches.unasked[0]].split())
             first = first if len(first) <= 60 else first[:59].rstrip() + "…"
@@ -354,14 +351,14 @@ class Run:
         yield RunStarted(dev.info.label, c.n_params(), c.vocab_size, (tc.pretrain.steps, tc.dialogues.steps),
                          trainer.stage_index, trainer.stage_step, bool(req.resume), *estimate)
 
-    def _finetune_estimate(self, dev: Device, trainer: Trainer, what: str = "the fine-tune"):
-        """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune (or of ``what``: a new model of a named
-        preset, which no plan timed), measured on its own model before the first step (core.from_base.estimate_time,
-        estimate_resident: a fine-tune's); its one-time costs are paid."""
+    def _measured_estimate(self, dev: Device, trainer: Trainer,
+                           phase: str = "estimating the fine-tune: timing a few passes of the base model"):
+        """``(estimated_s, first_run_s, peak_resident_bytes)`` of a fine-tune (or of a new model of a named preset,
+        which no plan timed), measured on its own model before the first step (core.from_base.estimate_time;
+        a fine-tune's resident memory: estimate_resident) after the Phase ``phase``; its one-time costs are paid."""
         from core.from_base import estimate_resident, estimate_time
 
-        model = "the base model" if what == "the fine-tune" else "the model"
-        yield Phase("estimate", f"estimating {what}: timing a few passes of {model}")
+        yield Phase("estimate", phase)
         est = estimate_time(trainer)
         trainer.check_speed = est.decoding  # its recall checks decode as this speed says is faster (core.recall)
         yield LogEvent("INFO", f"plan: {est.summary()}")
