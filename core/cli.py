@@ -591,6 +591,10 @@ def _finish(done, out: Path, recall_stopped) -> int:
         else:
             print("stopped before any step; nothing saved")
         return 130
+    if recall_stopped is not None and done.finished:  # the last stage's check: a resume finds nothing to train
+        print(f"stopped during the final recall check; model saved to {out}, without its verdict (what it learned: "
+              f"opencl-llm recall --model {out})")
+        return 130
     if recall_stopped is not None:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
               f"{out} (continue with: opencl-llm train --resume {out})")

@@ -385,6 +385,34 @@ def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, devic
     assert (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 2)
 
 
+def test_ctrl_c_during_the_final_recall_check_names_recall_not_resume(tmp_path, device, capsys, monkeypatch):
+    """A SIGINT in the last stage's recall check: the model is saved with both stages done, so a resume would
+    find nothing to train and give no verdict; the message names `recall` for what it learned instead."""
+    import os
+    import signal
+
+    from core import trainer as trainer_mod
+
+    real, calls = trainer_mod.recall_check, []
+
+    def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None, **kw):
+        calls.append(1)
+        if len(calls) == 2:  # the pretrain stage's final check, then the dialogues stage's
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(model, tok, dataset, kinds, should_stop, **kw)
+
+    monkeypatch.setattr(trainer_mod, "recall_check", recall_with_ctrl_c)
+    out = tmp_path / "ck"
+    tiny = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
+            "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
+    assert main(["train", *tiny, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out)]) == 130
+    said = capsys.readouterr().out
+    assert "stopped during the final recall check" in said and f"opencl-llm recall --model {out}" in said
+    assert "--resume" not in said
+    m = CheckpointMeta.read(out)
+    assert (m.stage_index, m.stage_step, m.adam_step) == (2, 0, 4)
+
+
 def test_a_read_that_starts_between_a_saves_renames_is_repeated_not_mixed(ck, tmp_path, monkeypatch):
     """The flaky crash test's window, made deterministic: the folder is renamed away just before the
     reader pins it (so nothing is pinned), the next save's folder then appears under the name, and a
