@@ -213,8 +213,17 @@ class _CtrlC:
     def __init__(self, run):
         self.run, self.count, self.saving, self.pending = run, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
+        self.signum = 2  # the first stop signal's number (SIGINT until one comes)
 
-    def __call__(self, *_):
+    @property
+    def exit_code(self) -> int:
+        """The shell's code of a process ended by the first stop signal: 128 + its number (130 Ctrl-C, 143 SIGTERM,
+        129 SIGHUP)."""
+        return 128 + self.signum
+
+    def __call__(self, signum=None, *_):
+        if self.count == 0 and isinstance(signum, int):
+            self.signum = signum
         self.count += 1
         self.run.request_stop()
         if self.count >= 2:
@@ -570,18 +579,18 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
         what = "the checkpoint of the last completed stage" if ctrl_c.saved else "its previous checkpoint (if any)"
         print(f"interrupted; {out} keeps {what}")
-        return 130
+        return ctrl_c.exit_code
     except TrainingDiverged as e:  # the run saved the last good step's weights
         return _fail(f"{e}; checkpoint saved to {out}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _finish(done, out, bars.recall_stopped)
+    return _finish(done, out, bars.recall_stopped, ctrl_c.exit_code)
 
 
-def _finish(done, out: Path, recall_stopped) -> int:
-    """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit 130), or
-    "model saved" and the verdict."""
+def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
+    """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit ``stopped_code``:
+    128 + the stop signal's number), or "model saved" and the verdict."""
     if done.stopped:
         if done.checkpoint:
             where = f" at {STAGES[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""  # as its lines
@@ -590,15 +599,15 @@ def _finish(done, out: Path, recall_stopped) -> int:
             print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
         else:
             print("stopped before any step; nothing saved")
-        return 130
+        return stopped_code
     if recall_stopped is not None and done.finished:  # the last stage's check: a resume finds nothing to train
         print(f"stopped during the final recall check; model saved to {out}, without its verdict (what it learned: "
               f"opencl-llm recall --model {out})")
-        return 130
+        return stopped_code
     if recall_stopped is not None:
         print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
               f"{out} (continue with: opencl-llm train --resume {out})")
-        return 130
+        return stopped_code
     print(f"model saved to {out}" if done.checkpoint else f"model unchanged in {out}" if out.exists()
           else "no steps to train; nothing saved")  # (a new run of --steps 0 said 'unchanged in' a folder never made)
     if done.verdict:
