@@ -93,6 +93,10 @@ class RunRequest:
     plan_s: tuple[float, float] | None = None
 
 
+_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "context_length", "rope_theta")
+"""The model's shape fields that train's options can set over an Auto plan's (core.cli._configs)."""
+
+
 def dataset_line(dataset: Dataset) -> str:
     """The run's dataset line: the facts and dialogues it trains ("dataset: 25 facts, 13 dialogues"), and how many
     entries hold nothing to train (an empty fact, a dialogue without a turn of text; each named in a warning)."""
@@ -218,8 +222,14 @@ class Run:
                  (("pretrain", tc.pretrain, planned.pretrain, self.plan.planned_steps[0]),
                   ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1]))
                  if plan and now.steps != old.steps and now.steps != plan]
-        if given:  # the steps asked for replace the plan's (its estimate is of the plan's)
-            yield LogEvent("INFO", f"note: as you asked, {' and '.join(given)}; the estimate above is the plan's")
+        pm = self.plan.model_config  # the plan's line names its model's size, not the one trained
+        shape = [f"{f} {getattr(mc, f):g} (planned {getattr(pm, f):g})" for f in _SHAPE_FIELDS
+                 if getattr(mc, f) != getattr(pm, f)]
+        asked = [f"{', '.join(shape)}: {mc.n_params():,} parameters (planned {pm.n_params():,})"] if shape else []
+        if given:
+            asked.append(" and ".join(given))
+        if asked:  # the shape and steps asked for replace the plan's (its estimate is of the plan's)
+            yield LogEvent("INFO", f"note: as you asked, {'; '.join(asked)}; the estimate above is the plan's")
         self.hooks.tune(dev)
         return mc, tc
 

@@ -325,6 +325,26 @@ def test_cli_auto_plans_trains_until_learned_and_gives_a_verdict(tmp_path, capsy
     assert "Not fully learned:" in text and "to learn the rest: the time budget ran out: give more time" in text
 
 
+def test_an_auto_run_of_another_shape_names_the_size_trained(tmp_path, capsys, device):
+    """Auto with --d-model: the plan's line names the plan's model, so a note names the shape asked for and the
+    size of the model trained (it printed only the plan's size, 185,792 parameters for a model of 303,264)."""
+    import re
+
+    from core.checkpoint import load_model
+    from core.cli import main
+
+    out = tmp_path / "m"
+    assert main(["train", "--out", str(out), "--device", str(device.info.index), "-q", "--d-model", "96",
+                 "--pretrain-steps", "2", "--tune-steps", "2"]) == 0
+    text = capsys.readouterr().out
+    note = re.search(r"note: as you asked, d_model 96 \(planned (\d+)\): ([\d,]+) parameters \(planned ([\d,]+)\); "
+                     r"pretrain 2 steps \(planned [\d,]+\) and tune 2 steps", text)
+    assert note, text
+    planned_d, trained, planned = int(note[1]), int(note[2].replace(",", "")), int(note[3].replace(",", ""))
+    assert planned_d != 96 and trained != planned
+    assert trained == load_model(str(out)).config.n_params()
+
+
 @pytest.mark.parametrize("seed", [0, 2])  # seed 2: pretraining runs all its steps, its last check short of the end's
 def test_the_bundled_example_is_learned_whole_with_default_settings(tmp_path, capsys, device, seed):
     """`opencl-llm train` with no options (Auto): every fact, every answer and every answer in the middle
