@@ -622,7 +622,7 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     of each but the held-out ones, which are reported, not required) and why the last stage ended
     ("steps", "learned", "no progress", "time budget", "stopped"). ``left_out``: ``{kind: {why: n}}`` of the
     facts and answers the check could not ask ("0 of 2 facts checked (1 too long for the context to check)":
-    the dataset's count is not the checked one). ``unasked``: facts no question asks about
+    the dataset's count is not the checked one). ``unasked``: the checked facts no question asks about
     (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them, so the model may
     not answer questions about them)". ``fixed_steps``: a new model trained for set steps (a named preset, no
     recall checks during the stages): the advice also names Auto, which plans the run and trains until learned."""

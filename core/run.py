@@ -461,6 +461,8 @@ class Run:
 
                 general = verdict_line(final.recall, self._replay)
                 final = self._without_replay(final)
-            v = verdict_of(final, t.train_config.recall_target, preset, len(t.batches.unasked), _set_steps(t))
+            unasked = set(t.batches.unasked)  # of the facts checked (a fact of one word is not: the count exceeded theirs)
+            checked = sum(1 for r in final.recall if r.kind == "fact" and r.index in unasked)
+            v = verdict_of(final, t.train_config.recall_target, preset, checked, _set_steps(t))
         return RunDone(stopped, t.done, self.saved, t.stage_index, t.stage_step, self.hooks.replaced(),
                        v.learned if v else False, v.text if v else "", v.advice if v else "", general)

@@ -606,6 +606,21 @@ def test_a_files_warnings_come_in_line_order(tmp_path, capsys):
     assert [int(w.split(":")[2]) for w in warned] == [2, 4], warned
 
 
+def test_the_verdict_counts_text_only_facts_among_the_checked_ones(tmp_path, capsys):
+    """Facts of one word are not checked; they were counted as text only all the same ('0 of 2 facts checked (2 of a
+    single word; 3 as text only ...)': more text-only facts than checked ones)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "Zebra."}\n{"text": "Kettle."}\n{"text": "Mira Tolsen plays the cello."}\n'
+                    '{"text": "Biscuit is a brown dog."}\n{"messages": [{"role": "user", "content": "What colour is '
+                    'Biscuit?"}, {"role": "assistant", "content": "Brown."}]}\n', encoding="utf-8")
+    out = tmp_path / "m"
+    assert train(tmp_path, "--data", str(data), "--out", str(out), "--pretrain-steps", "1", "--tune-steps", "1") == 0
+    said = capsys.readouterr().out
+    assert "of 2 facts checked (2 of a single word; 1 as text only: no question asks about it," in said, said
+    assert main(["recall", "--model", str(out), "--text-only"]) == 0  # the dataset's own count keeps all three
+    assert capsys.readouterr().out.startswith("3 of 4 facts learned as text only")
+
+
 def test_recall_lists_the_facts_learned_as_text_only(tmp_path, capsys):
     """The verdict counts facts no question asks about ('11 as text only'); a new user asked which they are."""
     out = tmp_path / "m"
