@@ -682,9 +682,18 @@ class _Bars:
 # ----------------------------------------------------------------------------- chat
 def _unfinished(loaded) -> str | None:
     """A note for chat and export of a checkpoint whose run stopped before both stages ended (Ctrl-C, a stop, a save
-    between stages), naming where and how to continue it; None for a finished run or another kind of file."""
+    between stages), naming where and how to continue it, or of one that another process is training now; None for a
+    finished run or another kind of file."""
+    from core.folder_lock import live_holder
+
     meta = loaded.checkpoint
-    if meta is None or meta.done:
+    if meta is None:
+        return None
+    where = "" if meta.done else f" at {('pretrain', 'tune')[meta.stage_index]} step {meta.stage_step:,}"
+    if (holder := live_holder(loaded.path)) is not None and holder.pid:
+        return (f"note: {loaded.path} is being trained now by {holder.describe()}; this is its last save{where}, "
+                "so its answers may change once the run saves again")  # (it said "continue it" of a running run)
+    if meta.done:
         return None
     stage = ("pretrain", "tune")[meta.stage_index]
     steps = (meta.train.pretrain, meta.train.dialogues)[meta.stage_index].steps

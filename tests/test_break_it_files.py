@@ -675,6 +675,30 @@ def _hold(folder: Path, what: str) -> subprocess.Popen:
     return p
 
 
+def test_chat_with_a_run_another_process_trains_says_so(base, tmp_path, capsys):
+    """`chat` on a folder that another process is training (a resume): the note said "stopped ... continue it:
+    opencl-llm train --resume" of a run that was running; it now names the process and that this is its last save."""
+    import json
+
+    ck = tmp_path / "ck"
+    shutil.copytree(base, ck)
+    meta = json.loads((ck / "config.json").read_text())
+    meta.update(stage_index=0, stage_step=2)  # saved at pretraining's step 2
+    (ck / "config.json").write_text(json.dumps(meta))
+    holder = _hold(ck, "opencl-llm train")
+    try:
+        capsys.readouterr()
+        assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0
+        err = capsys.readouterr().err
+        assert f"note: {ck} is being trained now by process {holder.pid} on host" in err, err
+        assert "this is its last save at pretrain step 2, so its answers may change" in err and "--resume" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0  # the holder gone: stopped, continue it
+    assert f"continue it: opencl-llm train --resume {ck}" in capsys.readouterr().err
+
+
 def test_an_export_checks_locks_and_writes_one_and_the_same_folder(base, tmp_path, capsys):
     """From a break-it helper: `export --format hf --out lnk/../mydocs` (lnk a link to a folder elsewhere) checked and
     locked the folder the OS names (beside the link's target) but wrote ./mydocs, deleting the user's notes in it (or
