@@ -264,6 +264,33 @@ def _temp_prefix(folder: Path) -> str:
     return f".{folder.name}.tmp-"
 
 
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or of the nearest existing folder above it)
+    allows: ``PC_NAME_MAX``, or 255 where the OS does not say (Windows, most file systems' limit)."""
+    for p in (folder, *folder.parents):
+        if p.is_dir():
+            try:
+                return int(os.pathconf(p, "PC_NAME_MAX"))
+            except (AttributeError, OSError, ValueError):
+                return 255
+    return 255
+
+
+def swap_name_problem(folder: str | os.PathLike) -> str | None:
+    """Why :func:`replace_folder` cannot write beside ``folder``: its temp folder ``.NAME.tmp-HOST-PID-XXXXXX``, the
+    longest name a swap writes, would be longer than the file system allows (:func:`_name_max`); None when it fits.
+    One line naming ``folder`` and the longest name that fits. (A 245-character name trained a whole stage, then
+    failed to save: "File name too long".)"""
+    folder = Path(folder)
+    longest = len(os.fsencode(f"{_temp_prefix(folder)}{_host()}-{'9' * 7}-{'0' * 6}"))  # pids have up to 7 digits
+    limit = _name_max(folder.parent)
+    if longest <= limit:
+        return None
+    fits = len(os.fsencode(folder.name)) - (longest - limit)
+    return (f"{folder}: name too long for a save, which writes the new copy beside it first as .NAME.tmp-HOST-PID-..."
+            f" ({longest} bytes, over this file system's {limit}); give a name of at most {max(fits, 0)} bytes")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

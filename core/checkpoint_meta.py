@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from core import __version__
-from core.atomic import backup_in_the_way, backup_path, is_mark, readable_folder
+from core.atomic import backup_in_the_way, backup_path, is_mark, readable_folder, swap_name_problem
 from core.config import ModelConfig, StageConfig, TrainConfig
 from core.folder_lock import FolderBusyError, FolderLock
 from core.json_text import parse_json
@@ -576,11 +576,14 @@ def check_output_folder(path: str | os.PathLike) -> Path:
     Raises:
         CheckpointError: one line naming the folder and what is wrong: not a folder, inside another
             checkpoint folder, not ours (the first foreign file named), a newer app's checkpoint, read-only (the folder or the one it
-            is in), an old backup ``.NAME.bak`` that cannot be removed.
+            is in), an old backup ``.NAME.bak`` that cannot be removed, a name too long for a save's temp folder
+            (core.atomic.swap_name_problem).
     """
     folder = Path(os.path.realpath(path))
     if folder.parent == folder:
         raise CheckpointError(f"{folder}: cannot be a checkpoint folder (a save writes beside it, in its parent)")
+    if (too_long := swap_name_problem(folder)) is not None:  # before any training, not at the first save
+        raise CheckpointError(too_long)
     holder = enclosing_checkpoint(folder.parent)
     if holder is not None:  # the outer checkpoint's next save would replace this one, or refuse it as foreign
         raise CheckpointError(f"{folder}: inside the checkpoint folder {holder} (a save replaces that folder as a "

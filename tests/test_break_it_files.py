@@ -716,6 +716,26 @@ def test_an_export_checks_locks_and_writes_one_and_the_same_folder(base, tmp_pat
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith((".lock", ".bak"))]
 
 
+def test_a_train_target_too_long_for_a_saves_temp_folder_is_refused_before_training(tmp_path, capsys):
+    """`train --out` with a 245-character name trained its first stage, then failed to save it ("File name too long":
+    the save's temp folder .NAME.tmp-HOST-PID-XXXXXX is 23+ characters longer). It is refused before training, one
+    line naming the longest name that fits, and writes nothing; that name trains and saves."""
+    from core.atomic import swap_name_problem
+
+    why = swap_name_problem(tmp_path / ("m" * 245))
+    assert why is not None and why.startswith(str(tmp_path / ("m" * 245)) + ": name too long for a save"), why
+    fits = int(why.rsplit("at most ", 1)[1].split()[0])
+    assert 200 < fits < 245 and swap_name_problem(tmp_path / ("m" * fits)) is None
+    assert swap_name_problem(tmp_path / ("m" * (fits + 1))) is not None
+    before = snapshot(tmp_path)
+    assert main(["train", *TINY, "--out", str(tmp_path / ("m" * 245)), "--pretrain-steps", "1", "--tune-steps", "1"]) != 0
+    cap = capsys.readouterr()
+    assert "name too long for a save" in cap.err and len(cap.err.strip().splitlines()) == 1, cap.err
+    assert "pretrain step" not in cap.out and snapshot(tmp_path) == before
+    assert main(["train", *TINY, "--out", str(tmp_path / ("m" * fits)), "--pretrain-steps", "1", "--tune-steps", "1"]) == 0
+    assert_ours(tmp_path / ("m" * fits))
+
+
 def test_a_refused_export_writes_nothing_and_odd_targets_get_one_line(base, tmp_path, capsys):
     """A refused export into a checkpoint folder created the folders on the way and its lock file there (so `train
     --resume` then refused the checkpoint); an HF export made every missing folder above it; a target name near the
