@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.atomic import atomic_write
-from core.json_text import parse_json
+from core.json_text import parse_json, repeated_keys
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -479,7 +479,20 @@ _SURROGATE = "holds an invalid character (a lone UTF-16 surrogate such as \\ud80
 
 
 def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
-    doc = parse_json(text, path, DatasetError, "a dataset")
+    repeated: list[str] = []
+    doc = parse_json(text, path, DatasetError, "a dataset", repeated)
+    ds, problems = _parse_json_doc(doc, text, path, located)
+    if repeated:  # json keeps the last value of a name given twice: say that one was dropped
+        problems.insert(0, Problem(path, None, _repeated_message(repeated)))
+    return ds, problems
+
+
+def _repeated_message(repeated: list[str]) -> str:
+    names = ", ".join(json.dumps(k) for k in dict.fromkeys(repeated))
+    return f"{names} given twice in one object; only the last value is read"
+
+
+def _parse_json_doc(doc, text: str, path: str, located: bool) -> tuple[Dataset, list[Problem]]:
     lines = _JsonLines(text)
     if isinstance(doc, list):  # a JSON array of chat records, as some tools write: name the item and its line
         return _parse_records(doc, path, lambda i: lines.of(None, i), lambda i: f"item [{i}]: ", located)
@@ -555,8 +568,11 @@ def _parse_jsonl(text: str, path: str, located: bool = False) -> tuple[Dataset, 
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            repeated: list[str] = []
+            records.append(json.loads(line, object_pairs_hook=repeated_keys(repeated)))
             lines.append(n)
+            if repeated:
+                problems.append(Problem(path, n, _repeated_message(repeated)))
         except json.JSONDecodeError as e:
             problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
         except RecursionError:

@@ -10,11 +10,26 @@ from typing import Any
 from core.schema import FieldError, read, whole
 
 
-def parse_json(text: str, path: str | os.PathLike, error: type[Exception], what: str) -> Any:
+def repeated_keys(repeated: list[str]):
+    """A ``json.loads`` ``object_pairs_hook`` that builds each object as json.loads does (of a name given twice, the
+    last value) and appends each name given twice in one object to ``repeated``, so a reader can say that a value
+    was dropped."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            seen: set[str] = set()
+            repeated.extend(k for k, _ in pairs if k in seen or seen.add(k))
+        return obj
+    return hook
+
+
+def parse_json(text: str, path: str | os.PathLike, error: type[Exception], what: str,
+               repeated: list[str] | None = None) -> Any:
     """``json.loads(text)``; broken or too deeply nested JSON raises ``error`` with one line:
-    ``PATH:LINE: broken JSON (reason)`` or ``PATH: JSON nested too deeply to be WHAT``."""
+    ``PATH:LINE: broken JSON (reason)`` or ``PATH: JSON nested too deeply to be WHAT``. ``repeated``: filled with
+    the names given twice in one object (:func:`repeated_keys`)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=repeated_keys(repeated)) if repeated is not None else json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
     except RecursionError:
