@@ -185,7 +185,7 @@ def test_a_too_long_entry_is_named_by_its_file_and_line(tmp_path, capsys):
 
 def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, capsys):
     """The dataset line says 3 facts; the verdict counts the 2 the recall check could ask and says why the
-    third is not counted, in one line. From a new user's trial."""
+    third is not counted, in one line; its text-only count is of the checked facts too. From a new user's trial."""
     import re
 
     data = tmp_path / "d.txt"
@@ -195,7 +195,7 @@ def test_the_verdict_says_why_it_counts_fewer_facts_than_the_dataset(tmp_path, c
     out = capsys.readouterr().out
     assert "dataset: 3 facts, 0 dialogues" in out
     verdict = [ln for ln in out.splitlines() if "learned: " in ln.lower()]
-    assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check; 3 as text "
+    assert len(verdict) == 1 and re.search(r"\b\d of 2 facts checked \(1 too long for the context to check; 2 as text "
                                            r"only: no question asks about them, so the model may not answer questions "
                                            r"about them\)$", verdict[0]), out
 
