@@ -82,6 +82,7 @@ class RunStatus:
         self._early: list[tuple[str, str, int, int]] = []
         # the bar shows at least this: the planned end of a stage that ended early (its last step is short of it)
         self._progress_floor = 0
+        self.check_cut = False  # the last stage's recall check was cut short by a stop (StageDone.recall_stopped)
         self._first_run = (f" (first run on this device: about {format_duration(first_run_s)} for tuning and "
                            "compiling)" if first_run_s else "")
 
@@ -192,6 +193,9 @@ class RunStatus:
         if d.finished and d.verdict:
             self.stage_label.setText(d.verdict + (f"; {d.general}" if d.general else "") + self._early_note()
                                      + ("" if d.learned else f" — to learn the rest: {d.advice}"))
+        elif d.finished and self.check_cut:  # (it said "no recall check" of a check that a stop cut short)
+            self.stage_label.setText("Training finished; its last recall check was stopped, so there is no verdict "
+                                     "— try the model on the Chat tab")
         elif d.finished:
             self.stage_label.setText("Training finished (no recall check) — try the model on the Chat tab")
         elif d.stopped:

@@ -326,6 +326,7 @@ class TrainingTab(QWidget):
 
     def _on_stage_done(self, d: StageDone) -> None:
         self.plots.flush()
+        self.status.check_cut = d.recall_stopped
         if d.stopped:
             self.append_log("INFO", f"{d.stage}: stopped at step {d.steps_done}")
             return

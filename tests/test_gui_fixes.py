@@ -57,3 +57,19 @@ def test_the_app_and_the_cli_default_to_auto(main_window):
     args = build_parser().parse_args(["train"])
     assert args.preset is None  # the CLI's Auto (see core.cli: None or "Auto" plans)
     assert "default: Auto" in build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+
+
+def test_a_stop_in_the_last_recall_check_is_named_not_called_no_check(main_window):
+    """A stop during the last stage's recall check ends the run finished but without a verdict; the label said
+    "Training finished (no recall check)", as of a run that never checks. It says the check was stopped."""
+    from core.events import RunDone, StageReport
+
+    t = main_window.training_tab
+    status = t.status
+    t._on_stage_done(StageReport("dialogues", 2, False, (), recall_stopped=True))
+    status.run_done(RunDone(stopped=False, finished=True, checkpoint="ck", stage_index=2, stage_step=0, replaced=True))
+    assert status.stage_label.text().startswith("Training finished; its last recall check was stopped, so there is "
+                                                "no verdict")
+    status.begin(False, 0.0)  # a new run forgets it
+    status.run_done(RunDone(stopped=False, finished=True, checkpoint="ck", stage_index=2, stage_step=0, replaced=True))
+    assert status.stage_label.text().startswith("Training finished (no recall check)")
