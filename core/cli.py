@@ -684,13 +684,14 @@ def _unfinished(loaded) -> str | None:
     """A note for chat and export of a checkpoint whose run stopped before both stages ended (Ctrl-C, a stop, a save
     between stages), naming where and how to continue it, or of one that another process is training now; None for a
     finished run or another kind of file."""
-    from core.folder_lock import live_holder
+    from core.folder_lock import live_holder, lock_path
 
     meta = loaded.checkpoint
     if meta is None:
         return None
     where = "" if meta.done else f" at {('pretrain', 'tune')[meta.stage_index]} step {meta.stage_step:,}"
-    if (holder := live_holder(loaded.path)) is not None and holder.pid:
+    holder = live_holder(loaded.path)  # a train holds the folder itself (an app holds its project, above it)
+    if holder is not None and holder.pid and holder.path == lock_path(loaded.path):
         return (f"note: {loaded.path} is being trained now by {holder.describe()}; this is its last save{where}, "
                 "so its answers may change once the run saves again")  # (it said "continue it" of a running run)
     if meta.done:

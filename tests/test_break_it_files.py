@@ -697,6 +697,14 @@ def test_chat_with_a_run_another_process_trains_says_so(base, tmp_path, capsys):
         holder.wait()
     assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0  # the holder gone: stopped, continue it
     assert f"continue it: opencl-llm train --resume {ck}" in capsys.readouterr().err
+    holder = _hold(tmp_path, "OpenCL LLM Studio")  # an app with the folder above open is not training it
+    try:
+        assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0
+        err = capsys.readouterr().err
+        assert "being trained now" not in err and f"continue it: opencl-llm train --resume {ck}" in err, err
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_an_export_checks_locks_and_writes_one_and_the_same_folder(base, tmp_path, capsys):
