@@ -335,8 +335,9 @@ def load_dataset(path: str | PathLike, notes: list[str] | None = None,
     """Read a dataset file in any of the supported formats (see the module docstring).
 
     Args:
-        notes: when given, gets a line for the user where the file's name says nothing of how it was read: a
-            name not ending in .json, .jsonl or .txt (a .csv of questions and answers) read as plain text.
+        notes: when given, gets a line for the user where the file's name says nothing of how it was read (a
+            name not ending in .json, .jsonl or .txt, e.g. a .csv of questions and answers, read as plain text),
+            and one where a JSON object gives a name twice (JSON keeps the last value; the first is not read).
         located: keep where each entry is in the file (``Dataset.origin``), so that :meth:`Dataset.validate`
             names it ``FILE:LINE`` (the CLI; the app's lists name entries by their row).
 
@@ -357,9 +358,9 @@ def load_dataset(path: str | PathLike, notes: list[str] | None = None,
     first = next((ln.strip() for ln in text.split("\n") if ln.strip()), "")
     # JSONL is recognised by its first line too: chat datasets often ship as JSONL named *.json
     if ext == ".jsonl" or _looks_like_jsonl_line(first):
-        return _parse_jsonl(text, str(path), located)
+        return _parse_jsonl(text, str(path), located, notes)
     if ext == ".json" or (first.startswith(("{", "[")) and _is_json_document(text)):
-        return _parse_json(text, str(path), located)
+        return _parse_json(text, str(path), located, notes)
     if notes is not None and ext not in (".txt", ".json", ".jsonl"):
         notes.append(f"{path}: read as plain text (each line a fact, 'User:' / 'Assistant:' lines dialogues); "
                      "the dataset formats are .json, .jsonl and .txt")
@@ -478,18 +479,20 @@ def _lone_surrogate(*texts: str | None) -> bool:
 _SURROGATE = "holds an invalid character (a lone UTF-16 surrogate such as \\ud800), skipped"
 
 
-def _parse_json(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
+def _parse_json(text: str, path: str, located: bool = False,
+                notes: list[str] | None = None) -> tuple[Dataset, list[Problem]]:
     repeated: list[str] = []
-    doc = parse_json(text, path, DatasetError, "a dataset", repeated)
-    ds, problems = _parse_json_doc(doc, text, path, located)
-    if repeated:  # json keeps the last value of a name given twice: say that one was dropped
-        problems.insert(0, Problem(path, None, _repeated_message(repeated)))
-    return ds, problems
+    doc = parse_json(text, path, DatasetError, "a dataset", repeated if notes is not None else None)
+    if repeated:  # json keeps the last value of a name given twice: say that one was not read
+        notes.append(f"{path}: {_repeated_message(repeated)}")
+    return _parse_json_doc(doc, text, path, located)
 
 
 def _repeated_message(repeated: list[str]) -> str:
-    names = ", ".join(json.dumps(k) for k in dict.fromkeys(repeated))
-    return f"{names} given twice in one object; only the last value is read"
+    """'"text" given twice in an object; only its last value is read' (each name once, as written)."""
+    names = list(dict.fromkeys(repeated))
+    return (f"{', '.join(json.dumps(k, ensure_ascii=False) for k in names)} given twice in an object; only "
+            f"{'its last value is' if len(names) == 1 else 'the last value of each is'} read")
 
 
 def _parse_json_doc(doc, text: str, path: str, located: bool) -> tuple[Dataset, list[Problem]]:
@@ -562,17 +565,19 @@ def _parse_json_doc(doc, text: str, path: str, located: bool) -> tuple[Dataset, 
     return ds, problems
 
 
-def _parse_jsonl(text: str, path: str, located: bool = False) -> tuple[Dataset, list[Problem]]:
+def _parse_jsonl(text: str, path: str, located: bool = False,
+                 notes: list[str] | None = None) -> tuple[Dataset, list[Problem]]:
     records, lines, problems = [], [], []
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             repeated: list[str] = []
-            records.append(json.loads(line, object_pairs_hook=repeated_keys(repeated)))
+            records.append(json.loads(line, object_pairs_hook=repeated_keys(repeated)) if notes is not None
+                           else json.loads(line))
             lines.append(n)
             if repeated:
-                problems.append(Problem(path, n, _repeated_message(repeated)))
+                notes.append(f"{path}:{n}: {_repeated_message(repeated)}")
         except json.JSONDecodeError as e:
             problems.append(Problem(path, n, f"not valid JSON ({e.msg}), skipped"))
         except RecursionError:

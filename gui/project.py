@@ -162,7 +162,8 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
     """Read a project folder.
 
     Returns:
-        (project, warnings): warnings say what was substituted (a missing dataset file).
+        (project, warnings): warnings say what was substituted (a missing dataset file) or not read (a name
+        given twice in a JSON object of dataset.json: its last value is read).
 
     Raises:
         ProjectError: no project.json, or it is not ours, unreadable or of a newer version (never opened, so
@@ -178,7 +179,7 @@ def load_project(folder: str | Path) -> tuple[Project, list[str]]:
     ds_path = folder / "dataset.json"
     if ds_path.is_file():
         try:
-            dataset, problems = load_dataset(ds_path)
+            dataset, problems = load_dataset(ds_path, warnings)  # (a name given twice: noted, not refused)
         except (OSError, ValueError) as e:
             raise ProjectError(str(e)) from None
         if problems:

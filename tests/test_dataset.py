@@ -83,28 +83,32 @@ def test_case_messages_jsonl():
 
 # ---- readers ----------------------------------------------------------------------------------
 
-def test_a_name_given_twice_in_one_object_is_reported(tmp_path):
+def test_a_name_given_twice_in_an_object_is_noted(tmp_path):
     """JSON keeps the last value of a name given twice ({"text": A, "text": B} reads B): A was dropped without a
-    word. The reader names the file, the line (JSONL) and the name; what is read is as before."""
+    word. A reader asking for notes (the CLI) gets one naming the file, the line (JSONL) and the name; what is read
+    is as before, and nothing counts as a skipped entry (an app's project with such a dataset.json still opens)."""
     jl = tmp_path / "d.jsonl"
     jl.write_text('{"text": "Mira Tolsen plays the cello.", "text": "Biscuit is a brown dog."}\n\n'
-                  '{"messages": [{"role": "user", "content": "What colour is Biscuit?", "content": "Which colour?"}, '
-                  '{"role": "assistant", "content": "Brown."}]}\n{"text": "Oskar Brun was born in 1902."}\n',
-                  encoding="utf-8")
-    ds, problems = load_dataset(jl)
-    assert ds.facts == ["Biscuit is a brown dog.", "Oskar Brun was born in 1902."]
+                  '{"messages": [{"role": "user", "content": "What colour is Biscuit?", "cöntent": "x", "cöntent": "y",'
+                  ' "content": "Which colour?"}, {"role": "assistant", "content": "Brown."}]}\n'
+                  '{"text": "Oskar Brun was born in 1902."}\n', encoding="utf-8")
+    notes: list[str] = []
+    ds, problems = load_dataset(jl, notes)
+    assert ds.facts == ["Biscuit is a brown dog.", "Oskar Brun was born in 1902."] and problems == []
     assert ds.dialogues[0].turns == [("Which colour?", "Brown.")]
-    assert [str(p) for p in problems] == [
-        f'{jl}:1: "text" given twice in one object; only the last value is read',
-        f'{jl}:3: "content" given twice in one object; only the last value is read']
+    assert notes == [f'{jl}:1: "text" given twice in an object; only its last value is read',
+                     f'{jl}:3: "cöntent", "content" given twice in an object; only the last value of each is read']
+    assert load_dataset(jl) == (ds, [])  # no notes asked for: none made
     js = tmp_path / "d.json"
     js.write_text('{"facts": ["Mira Tolsen plays the cello."],\n "facts": ["Biscuit is a brown dog."], '
                   '"dialogues": []}', encoding="utf-8")
-    ds, problems = load_dataset(js)
-    assert ds.facts == ["Biscuit is a brown dog."]
-    assert [str(p) for p in problems] == [f'{js}: "facts" given twice in one object; only the last value is read']
+    notes = []
+    ds, problems = load_dataset(js, notes)
+    assert ds.facts == ["Biscuit is a brown dog."] and problems == []
+    assert notes == [f'{js}: "facts" given twice in an object; only its last value is read']
     js.write_text('{"facts": ["Biscuit is a brown dog."], "dialogues": []}', encoding="utf-8")
-    assert load_dataset(js)[1] == []
+    notes = []
+    assert load_dataset(js, notes)[1] == [] and notes == []
 
 
 def test_not_utf8_names_the_file(tmp_path):
@@ -239,8 +243,7 @@ def test_json_list_problems_name_the_item_and_its_line(tmp_path):
     assert lines[4].strip() == "5," and lines[24].strip() == "{"
     doc = '{"facts": [1], "dialogues": [], "facts": ["ok",\n 2]}'  # json.loads keeps the last "facts"
     assert [str(p) for p in load_dataset(_write(tmp_path, "d.json", doc))[1]] == \
-        [f"{tmp_path / 'd.json'}: \"facts\" given twice in one object; only the last value is read",
-         f"{tmp_path / 'd.json'}:2: facts[1]: not text, skipped"]
+        [f"{tmp_path / 'd.json'}:2: facts[1]: not text, skipped"]
 
 
 def test_a_lone_surrogate_is_a_skipped_entry_named_by_its_line(tmp_path):

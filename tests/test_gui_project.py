@@ -319,3 +319,20 @@ def test_export_suggests_the_project_folders_exports_and_never_the_home_folder(m
     (towns / "project.json").write_text(json.dumps(meta), "utf-8")
     main_window.open_project(towns)
     assert Path(main_window.export_tab.path.text()) == towns / "exports" / "towns.gguf"
+
+
+def test_a_project_whose_dataset_gives_a_name_twice_opens_and_says_so(tmp_path):
+    """A hand-edited dataset.json with a name given twice in an object (JSON reads its last value) is no entry
+    that cannot be read: the project opens, and the warning names the file and the name (a break-it helper found
+    it refused once the dataset reader began noting repeated names)."""
+    from gui.project import load_project, new_project, save_project
+
+    p = new_project(tmp_path / "proj")
+    save_project(p)
+    ds = p.folder / "dataset.json"
+    text = ds.read_text(encoding="utf-8")
+    assert text.lstrip().startswith("{")
+    ds.write_text(text.replace("{", '{"version": 1,', 1), encoding="utf-8")
+    project, warnings = load_project(p.folder)
+    assert project.dataset == p.dataset
+    assert warnings == [f'{ds}: "version" given twice in an object; only its last value is read']
