@@ -195,6 +195,9 @@ class ProgressLines:
         return f"{ev.stage}: checking recall, {ev.done:,} of {ev.total:,} prompts"
 
 
+TRAIN_HOLDER = "opencl-llm train"
+"""What ``train`` names itself in the lock of the folder it writes (core.folder_lock)."""
+
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 """Signals that stop a training run with a checkpoint: Ctrl-C, and what a logout (SIGHUP) or
 ``systemctl stop`` / ``kill`` (SIGTERM) sends."""
@@ -424,7 +427,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     locks = []
     try:
         for folder in dict.fromkeys([out] + ([Path(args.resume)] if args.resume else [])):
-            locks.append(FolderLock(folder, "opencl-llm train").acquire())
+            locks.append(FolderLock(folder, TRAIN_HOLDER if folder == out else
+                                    f"{TRAIN_HOLDER}, resuming from it into {out}").acquire())
     except FolderBusyError as e:
         for lk in locks:
             lk.release()
@@ -690,8 +694,10 @@ def _unfinished(loaded) -> str | None:
     if meta is None:
         return None
     where = "" if meta.done else f" at {('pretrain', 'tune')[meta.stage_index]} step {meta.stage_step:,}"
-    holder = live_holder(loaded.path)  # a train holds the folder itself (an app holds its project, above it)
-    if holder is not None and holder.pid and holder.path == lock_path(loaded.path):
+    # a train writing into the folder itself holds it as TRAIN_HOLDER (an app holds its project, above it; a train
+    # resuming from the folder into another holds it by another name)
+    holder = live_holder(loaded.path)
+    if holder is not None and holder.pid and holder.path == lock_path(loaded.path) and holder.what == TRAIN_HOLDER:
         return (f"note: {loaded.path} is being trained now by {holder.describe()}; this is its last save{where}, "
                 "so its answers may change once the run saves again")  # (it said "continue it" of a running run)
     if meta.done:

@@ -697,7 +697,11 @@ def test_chat_with_a_run_another_process_trains_says_so(base, tmp_path, capsys):
         holder.wait()
     assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0  # the holder gone: stopped, continue it
     assert f"continue it: opencl-llm train --resume {ck}" in capsys.readouterr().err
-    holder = _hold(tmp_path, "OpenCL LLM Studio")  # an app with the folder above open is not training it
+    for what, folder in (("OpenCL LLM Studio", tmp_path), ("opencl-llm train, resuming from it into other", ck)):
+        _not_training(ck, _hold(folder, what), capsys)  # an app with the folder above open; a resume into another
+
+
+def _not_training(ck: Path, holder: subprocess.Popen, capsys) -> None:
     try:
         assert main(["chat", "--model", str(ck), "--prompt", "hi"]) == 0
         err = capsys.readouterr().err
