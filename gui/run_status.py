@@ -214,8 +214,8 @@ class RunStatus:
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1)
             self.progress.setValue(0)
-        if stopping and not self.stage_label.text().startswith(("Stopped", "Failed")):
-            self.stage_label.setText("Stopped")
+        if stopping and not self._ended:  # the run's end (run_done, failed) stays: a stop in the last recall check
+            self.stage_label.setText("Stopped")  # ends it "finished" without a verdict, not plain "Stopped"
 
     def show_saved(self, position: tuple[int, int, list[int]] | None, folder: bool, has_plots: bool,
                    status: str, resumable: bool, kept: bool) -> None:

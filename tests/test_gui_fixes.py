@@ -70,6 +70,8 @@ def test_a_stop_in_the_last_recall_check_is_named_not_called_no_check(main_windo
     status.run_done(RunDone(stopped=False, finished=True, checkpoint="ck", stage_index=2, stage_step=0, replaced=True))
     assert status.stage_label.text().startswith("Training finished; its last recall check was stopped, so there is "
                                                 "no verdict")
+    status.finished(True)  # the worker's end after a stop request: the run's end stays (it became "Stopped")
+    assert status.stage_label.text().startswith("Training finished; its last recall check was stopped")
     status.begin(False, 0.0)  # a new run forgets it
     status.run_done(RunDone(stopped=False, finished=True, checkpoint="ck", stage_index=2, stage_step=0, replaced=True))
     assert status.stage_label.text().startswith("Training finished (no recall check)")
