@@ -216,6 +216,7 @@ class _CtrlC:
     def __init__(self, run):
         self.run, self.count, self.saving, self.pending = run, 0, False, False
         self.saved = False  # a checkpoint was saved by this run
+        self.saved_at = ""  # where the last save was: " at pretrain step 70", " at the end of the pretrain stage"
         self.signum = 2  # the first stop signal's number (SIGINT until one comes)
 
     @property
@@ -235,14 +236,18 @@ class _CtrlC:
             else:
                 raise KeyboardInterrupt
 
-    def save(self, trainer, out: Path) -> str:
-        """Save ``trainer`` to ``out`` (a second signal waits until the save is whole); returns the folder."""
+    def save(self, trainer, out: Path, stage_end: bool = False) -> str:
+        """Save ``trainer`` to ``out`` (a second signal waits until the save is whole); returns the folder.
+        ``stage_end``: the save of a stage's end (core.run.RunHooks.save), for :attr:`saved_at`."""
         from core.checkpoint import save_trainer
 
         self.saving = True
         try:
             save_trainer(trainer, out)
             self.saved = True
+            si = trainer.stage_index
+            self.saved_at = (f" at the end of the {STAGES[si - 1]} stage" if stage_end else
+                             f" at {STAGES[si]} step {trainer.stage_step:,}" if si < 2 else "")
         except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
             raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
                           "its previous checkpoint (if any)") from None
@@ -523,7 +528,7 @@ def _train(args, out: Path) -> int:
     from core.run import Run, RunHooks
 
     ctrl_c = None
-    run = Run(_run_request(args), RunHooks(save=lambda trainer, _stage_end: ctrl_c.save(trainer, out),
+    run = Run(_run_request(args), RunHooks(save=lambda trainer, stage_end: ctrl_c.save(trainer, out, stage_end),
                                            tune=_tune_matmul, check_memory=_check_memory))
     ctrl_c = _CtrlC(run)
     events = run.events()
@@ -581,8 +586,10 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
                     _print_line(lines, ev)
                 bars.show(ev)
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
-        what = "the checkpoint of the last completed stage" if ctrl_c.saved else "its previous checkpoint (if any)"
-        print(f"interrupted; {out} keeps {what}")
+        # (it said "the last completed stage" of a stop's save at pretrain step 70: a new user)
+        what = f"the checkpoint saved{ctrl_c.saved_at}" if ctrl_c.saved else "its previous checkpoint (if any)"
+        print(f"interrupted; {out} keeps {what}" + (f" (continue with: opencl-llm train --resume {out})"
+                                                    if ctrl_c.saved or out.exists() else ""))
         return ctrl_c.exit_code
     except TrainingDiverged as e:  # the run saved the last good step's weights
         return _fail(f"{e}; checkpoint saved to {out}")

@@ -504,6 +504,30 @@ def test_sighup_saves_like_ctrl_c(tmp_path, capsys):
     assert m.stage_index == 0 and 0 < m.stage_step < 6
 
 
+def test_a_second_signal_during_a_stops_save_names_that_save(tmp_path, capsys, monkeypatch):
+    """Ctrl-C at pretrain step 2, then another while the stop's checkpoint is written: the save finishes and the
+    message names it ("keeps the checkpoint saved at pretrain step 2", with the resume command); it said "keeps the
+    checkpoint of the last completed stage" when no stage had completed (a new user's double Ctrl-C)."""
+    from core import checkpoint
+    from tests.signals import signal_at_step
+
+    real = checkpoint.save_trainer
+
+    def save_then_signal(trainer, out, *a, **k):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives during the save: honoured once it is whole
+        return real(trainer, out, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "save_trainer", save_then_signal)
+    out = tmp_path / "run"
+    with signal_at_step(signal.SIGINT, 2):
+        assert main(["train", *TINY, "--out", str(out), "--pretrain-steps", "6", "--tune-steps", "1"]) == 130
+    said = capsys.readouterr().out
+    assert f"interrupted; {out} keeps the checkpoint saved at pretrain step 2 (continue with: opencl-llm train " \
+           f"--resume {out})" in said, said
+    m = assert_ours(out)
+    assert (m.stage_index, m.stage_step) == (0, 2)
+
+
 def test_sigterm_saves_a_complete_checkpoint(tmp_path):
     """``kill`` / ``systemctl stop`` during training (a real process): a complete checkpoint is saved
     and loads, and training resumes from it."""

@@ -166,7 +166,8 @@ def test_cli_killed_between_the_renames_and_in_the_middle_of_a_save(tmp_path):
     rc, outp, err = run("train", *TINY, "--overwrite", "--pretrain-steps", "1", "--tune-steps", "0", "--seed", "4", "--out", str(out),
                         env={CRASH_ENV: f"sigint2:{middle}"})
     assert rc == 130 and "Traceback" not in err, err
-    assert "keeps the checkpoint of the last completed stage" in outp
+    assert f"keeps the checkpoint saved at the end of the pretrain stage (continue with: opencl-llm train --resume {out})" \
+        in outp, outp
     m = assert_whole(out)
     assert m.train.seed == 4 and (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 1)  # the finished stage kept
     counts["double_ctrl_c_in_save"] += 1
