@@ -223,9 +223,13 @@ class Run:
                   ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1]))
                  if plan and now.steps != old.steps and now.steps != plan]
         pm = self.plan.model_config  # the plan's line names its model's size, not the one trained
-        shape = [f"{f} {getattr(mc, f):g} (planned {getattr(pm, f):g})" for f in _SHAPE_FIELDS
+        def num(v) -> str:  # as given on the command line: 1000000, not 1e+06
+            return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+        shape = [f"{f} {num(getattr(mc, f))} (planned {num(getattr(pm, f))})" for f in _SHAPE_FIELDS
                  if getattr(mc, f) != getattr(pm, f)]
-        asked = [f"{', '.join(shape)}: {mc.n_params():,} parameters (planned {pm.n_params():,})"] if shape else []
+        size = f": {mc.n_params():,} parameters (planned {pm.n_params():,})" if mc.n_params() != pm.n_params() else ""
+        asked = [", ".join(shape) + size] if shape else []
         if given:
             asked.append(" and ".join(given))
         if asked:  # the shape and steps asked for replace the plan's (its estimate is of the plan's)

@@ -343,6 +343,11 @@ def test_an_auto_run_of_another_shape_names_the_size_trained(tmp_path, capsys, d
     planned_d, trained, planned = int(note[1]), int(note[2].replace(",", "")), int(note[3].replace(",", ""))
     assert planned_d != 96 and trained != planned
     assert trained == load_model(str(out)).config.n_params()
+    # a float as given (not 1e+06), and no size where the shape asked for has the plan's parameter count
+    assert main(["train", "--out", str(tmp_path / "r"), "--device", str(device.info.index), "-q", "--rope-theta",
+                 "1000000", "--pretrain-steps", "1", "--tune-steps", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "note: as you asked, rope_theta 1000000 (planned 10000); pretrain 1 step" in text, text
 
 
 @pytest.mark.parametrize("seed", [0, 2])  # seed 2: pretraining runs all its steps, its last check short of the end's
