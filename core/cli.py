@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -408,8 +409,6 @@ def _check_memory(dev: Device, mc: ModelConfig, tc: TrainConfig, lora, planned: 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import os
-
     from core.checkpoint import check_output_folder
     from core.atomic import readable_folder
     from core.checkpoint_meta import is_checkpoint_folder, resume_problem
@@ -533,7 +532,11 @@ def _train(args, out: Path) -> int:
     ctrl_c = _CtrlC(run)
     events = run.events()
     for ev in events:
-        _print_setup(ev, args.quiet)
+        try:
+            _print_setup(ev, args.quiet)
+        except BrokenPipeError:  # the reader went away before training: the run stops before its first step
+            _discard_stdout()
+            ctrl_c(_SIGPIPE)
         if isinstance(ev, RunStarted):
             break
     more = f"--tune-steps above {run.trainer.train_config.dialogues.steps:,}, the most it was given"
@@ -562,6 +565,21 @@ def _new_run(trainer, data: str) -> str:
     return f"opencl-llm train{of_base} --data {shlex.quote(data)} --out NEW_FOLDER"
 
 
+_SIGPIPE = 13
+"""SIGPIPE's number (POSIX; Windows has no such signal): a run whose output's reader went away exits 128 + it, as
+a process that SIGPIPE ends does."""
+
+
+def _discard_stdout() -> None:
+    """Send what is still written to standard output (its buffer, the run's last lines) to the null device: its
+    reader has gone, and each write would raise BrokenPipeError again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+
+
 def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
     """The run's training events as bars or lines, with stop signals caught; then its end (:func:`_finish`)."""
     import signal
@@ -583,7 +601,11 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
                 if isinstance(ev, RunDone):
                     done = ev
                 elif lines is not None:
-                    _print_line(lines, ev)
+                    try:
+                        _print_line(lines, ev)
+                    except BrokenPipeError:  # the reader went away (`| head`): stop and save, as a closed terminal
+                        _discard_stdout()
+                        ctrl_c(_SIGPIPE)  # (the run was lost: "error: Broken pipe", exit 2)
                 bars.show(ev)
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
         # (it said "the last completed stage" of a stop's save at pretrain step 70: a new user)
