@@ -130,6 +130,7 @@ class Batches:
         facts, dialogues: examples of the dataset's facts and dialogues.
         questions: examples of the trained fact questions (``fact_questions``, core.augment).
         heldout_pairs: (question, answer) of the fact questions kept out of training (``heldout``).
+        question_pairs: (question, answer) of the trained fact questions (the recall check's "question" kind).
         conversations: examples of several dialogues one after another (``conversation_every``).
         unasked: indices of the facts no question asks about: no dialogue's turn (core.augment.asked_facts) and no
             fact question, trained or held out. The model learns them as text only and may not answer
@@ -142,6 +143,7 @@ class Batches:
         self.facts = fact_examples(tokenizer, dataset.facts, cl)
         self.dialogues = dialogue_examples(tokenizer, dataset.dialogues, cl)
         self._asked: list[tuple[int, str, str]] = []
+        self.question_pairs: list[tuple[str, str]] = []
         self.questions, self.heldout_pairs = self._fact_questions(cl)
         self.conversations = self._conversations(cl)
         asked = augment.asked_facts(dataset) | {i for i, _, _ in self._asked}
@@ -162,6 +164,7 @@ class Batches:
         out = set(np.random.default_rng([tc.seed, 7]).choice(facts, n_out, replace=False).tolist()) if n_out else set()
         trained = [Dialogue([(q, a)]) for i, q, a in qs if i not in out]
         heldout = [(q, a) for i, q, a in qs if i in out]
+        self.question_pairs = [(q, a) for i, q, a in qs if i not in out]
         return dialogue_examples(self.tokenizer, trained, cl), heldout
 
     def _conversations(self, cl: int) -> list[Example]:

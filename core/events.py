@@ -87,6 +87,11 @@ class StageReport:
         return tally(self.recall, "chat")
 
     @property
+    def questions_recalled(self) -> tuple[int, int]:
+        """(questions written for facts and trained that were answered, asked): core.recall's "question" kind."""
+        return tally(self.recall, "question")
+
+    @property
     def heldout_recalled(self) -> tuple[int, int]:
         """(held-out questions answered, asked): questions about facts no trained example asks about."""
         return tally(self.recall, "heldout")

@@ -296,7 +296,8 @@ def _check_prompts(trainer: Trainer) -> list:
     from core.recall import KINDS, recall_prompts
 
     return sorted(recall_prompts(trainer.tokenizer, trainer.dataset, trainer.model_config.context_length,
-                                 KINDS, trainer.heldout_pairs), key=lambda p: len(p.ids))
+                                 KINDS, trainer.heldout_pairs, questions=trainer.question_pairs),
+                  key=lambda p: len(p.ids))
 
 
 def check_rows(trainer: Trainer) -> int:

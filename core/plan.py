@@ -569,7 +569,8 @@ def plan_for(dataset: Dataset, dev: Device, time_budget_s: float = 0.0,
     sampled = 64  # steps whose padded tokens are counted (a multiple of CONVERSATION_EVERY)
     step_tokens = tuple(float(np.mean([batches.padded_tokens(st, k) for k in range(sampled)]))
                         if (batches.facts if st == 0 else batches.dialogues) else 0.0 for st in (0, 1))
-    prompts = recall_prompts(tok, dataset, mc.context_length, KINDS, batches.heldout_pairs)
+    prompts = recall_prompts(tok, dataset, mc.context_length, KINDS, batches.heldout_pairs,
+                             questions=batches.question_pairs)
     kinds = {}
     for k in KINDS:
         ps = [p for p in prompts if p.kind == k]
@@ -616,7 +617,7 @@ class Verdict:
 def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.0, end_reason: str = "steps",
             preset: str | None = None, chat: tuple[int, int] = (0, 0),
             heldout: tuple[int, int] = (0, 0), left_out: dict | None = None, unasked: int = 0,
-            fixed_steps: bool = False) -> Verdict:
+            fixed_steps: bool = False, questions: tuple[int, int] = (0, 0)) -> Verdict:
     """The honest end of a run from its final recall counts ((reproduced, checked) of facts, dialogue
     answers, answers in the middle of a conversation and held-out questions), the recall target (share
     of each but the held-out ones, which are reported, not required) and why the last stage ended
@@ -625,7 +626,9 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
     the dataset's count is not the checked one). ``unasked``: the checked facts no question asks about
     (core.batches.Batches.unasked): "28 of 28 facts (24 as text only: no question asks about them, so the model may
     not answer questions about them)". ``fixed_steps``: a new model trained for set steps (a named preset, no
-    recall checks during the stages): the advice also names Auto, which plans the run and trains until learned."""
+    recall checks during the stages): the advice also names Auto, which plans the run and trains until learned.
+    ``questions``: the questions written for facts and trained (core.recall's "question" kind), required as the
+    answers are ("6 of 6 written questions"; a run said "Learned" while 3 of them were answered wrong)."""
     def met(ok_n):
         ok, n = ok_n
         return n == 0 or ok >= math.ceil(target * n - 1e-9)
@@ -644,11 +647,13 @@ def verdict(facts: tuple[int, int], answers: tuple[int, int], target: float = 1.
         them = "it" if unasked == 1 else "them"
         parts.append(count(facts, "fact", "facts", f"{unasked:,} as text only: no question asks about {them}, so the "
                                                    f"model may not answer questions about {them}" if unasked else ""))
+    if questions[1]:
+        parts.append(f"{questions[0]:,} of {questions[1]:,} written questions")
     if chat[1]:
         parts.append(f"{chat[0]:,} of {chat[1]:,} in a conversation")
-    learned = met(facts) and met(answers) and met(chat)
+    learned = met(facts) and met(answers) and met(chat) and met(questions)
     what = ", ".join(parts) or "nothing to check"
-    if not (facts[1] or answers[1] or chat[1]) and any((left_out or {}).values()):  # all there is was left out
+    if not (facts[1] or answers[1] or chat[1] or questions[1]) and any((left_out or {}).values()):  # all there is was left out
         return Verdict(False, f"Nothing could be checked: {what}",
                        "recall asks facts of two words or more and answers whose question fits the model's context",
                        answers, facts, chat, heldout)
@@ -678,7 +683,7 @@ def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = No
     (``report.recall_sampled``) says so."""
     v = verdict(report.facts_recalled, report.dialogues_recalled, target, report.end_reason, preset,
                 report.chat_recalled, report.heldout_recalled, getattr(report, "recall_left_out", None), unasked,
-                fixed_steps)
+                fixed_steps, report.questions_recalled)
     sampled = getattr(report, "recall_sampled", None) or {}
     if sampled:
         note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())
@@ -686,7 +691,8 @@ def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = No
     return v
 
 
-_SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions"}
+_SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions",
+            "question": "written questions"}
 
 
 __all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",

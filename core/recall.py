@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     from core.model import Model
     from core.tokenizer import Tokenizer
 
-KINDS = ("fact", "dialogue", "chat", "heldout")
+KINDS = ("fact", "dialogue", "chat", "heldout", "question")
 """fact: a fact's rest from its first words; dialogue: each dialogue turn after its own earlier turns;
 chat: a dialogue's question asked in the middle of a conversation (after other dialogues' turns);
-heldout: questions about facts that no trained example asks about (``heldout=`` of the check)."""
+heldout: questions about facts that no trained example asks about (``heldout=`` of the check);
+question: the questions written for facts and trained (core.augment.fact_questions; ``questions=``), each as a
+new conversation (a new user's run ended "Learned" while 3 of the 6 written for it were answered wrong)."""
 
 ROW_TOKENS = 48
 """Tokens (prompt + answer) per row of a full recall batch; longer prompts go in smaller batches."""
@@ -142,7 +144,8 @@ no room in the context for the answer; a fact of one word has no rest to reprodu
 def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds: tuple[str, ...] = KINDS,
                    heldout: list[tuple[str, str]] | tuple = (), sample: int = 0,
                    sizes: dict[str, int] | None = None,
-                   left_out: dict[str, dict[str, int]] | None = None) -> list[_Prompt]:
+                   left_out: dict[str, dict[str, int]] | None = None,
+                   questions: list[tuple[str, str]] | tuple = ()) -> list[_Prompt]:
     """Every recall prompt of ``dataset``: facts (BOS + first words), each dialogue turn (the earlier
     turns and the question), every :func:`chat_every`-th dialogue's first question after the turns of
     other dialogues (oldest turns dropped until the answer fits, as core.chat.ChatSession does), and the
@@ -153,7 +156,8 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
 
     Args:
         tok: the tokenizer; dataset: its facts and dialogues; context_length: the model's.
-        kinds: which of :data:`KINDS`; heldout: (question, answer) pairs of the "heldout" kind.
+        kinds: which of :data:`KINDS`; heldout: (question, answer) pairs of the "heldout" kind; questions: of the
+            "question" kind.
         sample: prompts per kind (0: all, up to :data:`FULL_CHECK_MAX`).
         sizes: when given, filled with ``{kind: prompts before sampling}`` (for "n of N checked").
         left_out: when given, filled with ``{kind: {why: count}}`` for "fact" and "dialogue": the facts and the
@@ -183,6 +187,10 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
         for i, (user, answer) in enumerate(heldout):
             ids = chat_format.prompt_ids(tok, [], user)
             out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
+    if "question" in kinds:
+        for i, (user, answer) in enumerate(questions):
+            ids = chat_format.prompt_ids(tok, [], user)
+            out.append(_Prompt("question", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     # a prompt must leave room for its answer; a fact must be trained whole (Dataset.validate's rule: BOS, text and
     # EOS at most the context and one more token): one trained in pieces of the context cannot be reproduced from
     # its first words ("not checked for recall", as validate says)
@@ -357,14 +365,16 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
                  heldout: list[tuple[str, str]] | tuple = (),
                  sample: int = 0, sizes: dict[str, int] | None = None,
                  speed: CheckSpeed | None = None,
-                 left_out: dict[str, dict[str, int]] | None = None) -> Iterator[tuple[int, int, list[RecallItem]]]:
+                 left_out: dict[str, dict[str, int]] | None = None,
+                 questions: list[tuple[str, str]] | tuple = ()) -> Iterator[tuple[int, int, list[RecallItem]]]:
     """Run the recall check in batches of ``model.batch_size`` prompts.
 
     Facts: the model gets BOS + the fact's first words (:func:`core.recall.fact_prompt_words`: enough to
     tell it from every other fact) and must continue with the rest exactly.
     Dialogues: for each turn, the model gets the previous turns and the question and must answer exactly
     (surrounding whitespace ignored). Chat: the same in the middle of a conversation
-    (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation.
+    (:func:`chat_history`). Held-out: each ``heldout`` (question, answer) as a new conversation; written questions
+    (``questions``) the same.
     ``sample``, ``sizes``, ``left_out``: see :func:`recall_prompts` (a full check asks at most :data:`FULL_CHECK_MAX`
     prompts per kind). ``speed``: how fast this model decodes (:class:`CheckSpeed`, measured); a batch then
     decodes its prompts one by one (:func:`greedy_cached`) where :func:`decode_seconds` says that is faster
@@ -378,7 +388,8 @@ def recall_check(model: Model, tok: Tokenizer, dataset: Dataset, kinds: tuple[st
         batch, ends the check early (the last yield then holds a partial table).
     """
     stop = should_stop or (lambda: False)
-    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes, left_out)
+    prompts = recall_prompts(tok, dataset, model.config.context_length, kinds, heldout, sample, sizes, left_out,
+                             questions)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     results: dict[int, RecallItem] = {}
 

@@ -59,11 +59,11 @@ log = logging.getLogger(__name__)
 
 FACTS_KEPT = 0.97
 """Share of the facts pretraining's last check reproduced that tuning must keep to end "learned"."""
-STAGE_KINDS = (("fact",), ("fact", "dialogue", "chat"))
+STAGE_KINDS = (("fact",), ("fact", "dialogue", "chat", "question"))
 """What each stage must reproduce, and so what its checks during the stage look at (tuning replays the
-facts, so it must keep them as well as learn the answers)."""
+facts, so it must keep them as well as learn the answers, and the questions written for facts that it trains)."""
 _NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
-         "heldout": "held-out answers"}
+         "heldout": "held-out answers", "question": "written questions"}
 
 
 def stage_line(report: StageReport, replayed_from: int | None = None) -> str:
@@ -75,7 +75,7 @@ def stage_line(report: StageReport, replayed_from: int | None = None) -> str:
     d_ok, d_n = tally(own, "dialogue")
     cut = " (check stopped early)" if report.recall_stopped else ""
     cut += "".join(f" (a sample: {_NOUN[k]} {c:,} of {n:,} checked)" for k, (c, n) in report.recall_sampled.items())
-    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("chat", "heldout") for o, n in [tally(own, k)] if n)
+    more = "".join(f", {_NOUN[k]} {o}/{n}" for k in ("question", "chat", "heldout") for o, n in [tally(own, k)] if n)
     more += f", general questions {sum(map(as_before, general))}/{len(general)}" if general else ""
     return f"{report.stage} done: facts recalled {f_ok}/{f_n}, dialogue answers {d_ok}/{d_n}{more}{cut}"
 
@@ -161,7 +161,8 @@ def max_seq_of(batches: Batches, micro_batch: int) -> int:
 
     cl = batches.context_length
     # every prompt (no FULL_CHECK_MAX cap: a sampled check during a stage draws from all of them)
-    prompts = recall_prompts(batches.tokenizer, batches.dataset, cl, KINDS, batches.heldout_pairs, sample=sys.maxsize)
+    prompts = recall_prompts(batches.tokenizer, batches.dataset, cl, KINDS, batches.heldout_pairs, sample=sys.maxsize,
+                             questions=batches.question_pairs)
     return min(cl, max(batches.longest_row(), -(-longest_forward(prompts, cl) // micro_batch)))
 
 
@@ -208,6 +209,7 @@ class Trainer:
         self.batches = Batches(tokenizer, dataset, cl, train_config)
         self.facts, self.dialogues = self.batches.facts, self.batches.dialogues
         self.heldout_pairs = self.batches.heldout_pairs
+        self.question_pairs = self.batches.question_pairs
         if not self.facts and not self.dialogues:
             raise ValueError("the dataset has nothing to learn: every fact and dialogue is empty")
         batch = max(train_config.pretrain.batch_size, train_config.dialogues.batch_size)
@@ -458,7 +460,7 @@ class Trainer:
         items = []
         for _done, _total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                  should_stop=lambda: self._stop, heldout=self.heldout_pairs,
-                                                 speed=self.check_speed):
+                                                 speed=self.check_speed, questions=self.question_pairs):
             pass
         return items
 
@@ -485,7 +487,7 @@ class Trainer:
         for done, total, items in recall_check(self.model, self.tokenizer, self.dataset, kinds,
                                                should_stop=lambda: self._stop, heldout=self.heldout_pairs,
                                                sample=sample, sizes=self._check_sizes, speed=self.check_speed,
-                                               left_out=self._check_left_out):
+                                               left_out=self._check_left_out, questions=self.question_pairs):
             yield RecallProgress(stage, self.stage_step if not final else 0, done, total, final)
         self._check_s = time.perf_counter() - t0
         return items

@@ -24,7 +24,7 @@ Index = QModelIndex | QPersistentModelIndex
 @dataclass(frozen=True)
 class RecallRow:
     """One prompt of a recall check: the stage's saved key (a core.stages.Stage value), the kind ("fact",
-    "dialogue", "chat", "heldout"), the prompt, the expected and the generated text, and whether they match."""
+    "dialogue", "chat", "heldout", "question"), the prompt, the expected and the generated text, and whether they match."""
 
     stage: str
     kind: str
@@ -118,7 +118,7 @@ class RecallView(QTableView):
 
 
 SAMPLED_NOUN = {"fact": "facts", "dialogue": "dialogue answers", "chat": "answers in a conversation",
-                "heldout": "held-out questions"}
+                "heldout": "held-out questions", "question": "written questions"}
 RECALL_HINT = "Shown when a stage ends: which facts and dialogue answers the model reproduces."
 
 
@@ -131,8 +131,11 @@ def stage_summary(d: StageDone) -> str:
     """"After pretrain: 3 of 4 facts and 1 of 2 dialogue answers reproduced exactly." (with the samples)."""
     f_ok, f_n = d.facts_recalled
     g_ok, g_n = d.dialogues_recalled
+    q_ok, q_n = d.questions_recalled
     some = "".join(f" Checked a sample of the {SAMPLED_NOUN.get(k, k)}: {c:,} of {n:,}." for k, c, n in d.sampled)
-    return f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers reproduced exactly.{some}"
+    written = f" {q_ok} of {q_n} questions written for facts answered exactly." if q_n else ""
+    return (f"After {d.stage}: {f_ok} of {f_n} facts and {g_ok} of {g_n} dialogue answers reproduced exactly."
+            f"{written}{some}")
 
 
 class RecallBox(QGroupBox):

@@ -260,10 +260,10 @@ def test_closing_the_window_mid_work_exits_cleanly(studio_env, what):
         assert [p.name for p in studio_env.iterdir() if "gguf" in p.name] in ([], ["closing.gguf"])
 
 
-def test_a_generated_dataset_end_to_end_shows_the_verdicts_four_counts(main_window, qtbot, wait_plan):
+def test_a_generated_dataset_end_to_end_shows_the_verdicts_counts(main_window, qtbot, wait_plan):
     """Issue 18: a small generated catalogue (tests/make_datasets.py) trained with the Auto plan through the
-    app; the verdict gives facts, answers, answers in a conversation and questions about facts without a
-    dialogue (held out of training), each as "n of N", and the model learned most of them."""
+    app; the verdict gives facts, answers, the questions written for facts, answers in a conversation and questions
+    about facts without a dialogue (held out of training), each as "n of N", and the model learned most of them."""
     from core.dataset import Dataset, Dialogue
     from core.plan import AUTO
     from tests.make_datasets import make_dataset
@@ -280,11 +280,12 @@ def test_a_generated_dataset_end_to_end_shows_the_verdicts_four_counts(main_wind
     qtbot.mouseClick(t.start_button, Qt.MouseButton.LeftButton)
     wait_idle(qtbot, t)
     verdict = t.stage_label.text()
-    m = re.search(r"([\d,]+) of ([\d,]+) answers, ([\d,]+) of ([\d,]+) facts(?: \([^)]*\))?, ([\d,]+) of ([\d,]+) in a "
-                  r"conversation; "
+    m = re.search(r"([\d,]+) of ([\d,]+) answers, ([\d,]+) of ([\d,]+) facts(?: \([^)]*\))?, ([\d,]+) of ([\d,]+) "
+                  r"written questions, ([\d,]+) of ([\d,]+) in a conversation; "
                   r"questions about facts without a dialogue \(held out of training\): ([\d,]+) of ([\d,]+) answered",
                   verdict)
     assert m, verdict
-    answers, facts, chat, heldout = [tuple(int(x.replace(",", "")) for x in m.groups()[i:i + 2]) for i in (0, 2, 4, 6)]
-    assert answers[1] == 15 and facts[1] == 150 and chat[1] == 15 and heldout[1] > 0
-    assert answers[0] >= 14 and facts[0] >= 0.9 * facts[1] and chat[0] >= 13, verdict
+    answers, facts, written, chat, heldout = [tuple(int(x.replace(",", "")) for x in m.groups()[i:i + 2])
+                                              for i in (0, 2, 4, 6, 8)]
+    assert answers[1] == 15 and facts[1] == 150 and chat[1] == 15 and heldout[1] > 0 and written[1] > 0
+    assert answers[0] >= 14 and facts[0] >= 0.9 * facts[1] and chat[0] >= 13 and written[0] >= 0.9 * written[1], verdict
