@@ -225,6 +225,14 @@ def _differing_spans(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list
     return sorted(out, key=lambda s: (-len(s[0]), -len(s[1])))  # the longest first (a name before its words)
 
 
+def _dropped(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> set[str]:
+    """Keys of the words of fact ``a`` (``_tokens``) that the alignment with fact ``b`` (as
+    :func:`_differing_spans`') drops: those of a :class:`difflib.SequenceMatcher` deletion, punctuation left out."""
+    ka, kb = [_key(w) for w, _ in a], [_key(w) for w, _ in b]
+    ops = difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_opcodes()
+    return {k for op, i1, i2, _, _ in ops if op == "delete" for k in ka[i1:i2] if not _PUNCT.fullmatch(k)}
+
+
 def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tuple[str, str] | None:
     """The question and answer that pattern ``p`` gives fact ``j``: the words in which fact ``j`` differs
     from the pattern's fact (the item, the values; aligned with :class:`difflib.SequenceMatcher`) put into
@@ -246,6 +254,12 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:
+        return None
+    # the pattern's value (its answer's words the question lacks) must have a counterpart in fact j: where the
+    # alignment drops it, fact j states no such value ("The club workshop is open on Wednesday evenings." against
+    # "Marta Kowal is the club captain.": "Who is the club workshop is open on Wednesday evenings?", a new user)
+    value = {_key(w) for w in words(answer)} - {_key(w) for w in words(question)}
+    if value & (_dropped(fx.tokens[p.fact], fx.tokens[j]) - changed):  # (not the "50" of "$42.50" for "$7")
         return None
     q, in_q = _substitute(question, subs)
     if not in_q:

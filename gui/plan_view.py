@@ -58,10 +58,14 @@ def _checked(tc: TrainConfig) -> str:
             give_up = f", or past its planned steps once a check gains less than {tc.min_gain:.0%} of the items"
         else:
             give_up = f", or after {count_words(tc.patience, 'check')} without progress" if tc.patience else ""
-        text = (f"every {count_words(tc.check_every, 'step')}, which facts and dialogue answers the model reproduces"
+        written = " (and the questions written for facts)" if tc.fact_questions else ""
+        text = (f"every {count_words(tc.check_every, 'step')}, which facts and dialogue answers{written} the model "
+                "reproduces"
                 f"{sample}; a stage ends once all are learned{give_up}.")
     else:
-        text = "after each stage, which facts and dialogue answers the model reproduces (the Training tab's table)."
+        written = " (and the questions written for facts)" if tc.fact_questions else ""
+        text = (f"after each stage, which facts and dialogue answers{written} the model reproduces (the Training tab's "
+                "table).")
     if tc.heldout:
         text += (f" {count_words(tc.heldout, 'fact question')} {'is' if tc.heldout == 1 else 'are'} kept out of training "
                  "to measure answers about facts no dialogue asks about.")

@@ -351,3 +351,14 @@ def test_no_question_is_written_from_facts_worded_unlike_the_pattern():
                      "A flat tire repair costs $12."], [Dialogue([("How much is a tune-up?", "A tune-up costs $45.")])])
     assert [q for _, q, _ in augment.fact_questions(kinds)] == ["How much is a new chain?", "How much is Wheel truing?",
                                                                 "How much is a flat tire repair?"]
+
+
+def test_no_question_by_analogy_for_a_fact_without_the_patterns_value():
+    """"The club workshop is open on Wednesday evenings." aligned with "Marta Kowal is the club captain." ("Who is the
+    club captain?") drops the pattern's value, Marta Kowal: it states no such value, so no question is written for
+    it by that pattern (a new user's run wrote "Who is the club workshop is open on Wednesday evenings?"). The
+    treasurer, a fact of the captain's kind, still gets one."""
+    facts = ["Marta Kowal is the club captain.", "Dev Patel is the club treasurer.",
+             "The club workshop is open on Wednesday evenings."]
+    ds = Dataset(facts, [Dialogue([("Who is the club captain?", "Marta Kowal is the club captain.")])])
+    assert augment.fact_questions(ds) == [(1, "Who is the club treasurer?", "Dev Patel is the club treasurer.")]
