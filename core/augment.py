@@ -116,11 +116,14 @@ def knowledge_bits(facts: list[str]) -> float:
 def _link(fx: _Facts, question: str, answer: str) -> int | None:
     """Index of the fact that the dialogue (``question``, ``answer``) asks about: among the facts that
     hold the question's rare words (names), the one sharing the most (idf-weighted) of the answer's other
-    words; None when no fact holds a rare word of the question or the answer shares none with it."""
+    words; None when the answer shares none with them (not the answer's alone then: "How long is the warranty on
+    the Quaanu M82 scale?" -> "The warranty lasts 3 years." is no question about another item's warranty of 3 years).
+    A question with no rare word a fact holds ("When does the club meet?") is linked by its answer alone
+    (:func:`_link_by_answer`)."""
     qk = {_key(w) for w in words(question)}
     rare = [k for k in qk if fx.rare(k)]
     if not rare:
-        return None
+        return _link_by_answer(fx, answer)
     hits: dict[int, int] = {}
     for k in rare:
         for i in fx.postings[k]:
@@ -133,6 +136,24 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
         if score > best_score + 1e-9:
             best, best_score = i, score
     return best
+
+
+def _link_by_answer(fx: _Facts, answer: str) -> int | None:
+    """The fact an answer restates, for a question that names nothing ("When does the club meet?" -> "Every
+    Saturday at 8 am outside the Lantern Cafe." for "The club meets every Saturday at 8 am outside the Lantern
+    Cafe."; a new user's dialogues were counted as asking about no fact): the one fact holding the most of the
+    answer's rare words, at least two of them and at least half; None for an answer of fewer rare words ("Yes.")
+    or one that as many facts hold."""
+    ak = {k for k in (_key(w) for w in words(answer)) if fx.rare(k)}
+    hits: dict[int, int] = {}
+    for k in ak:
+        for i in fx.postings[k]:
+            hits[i] = hits.get(i, 0) + 1
+    if not hits:
+        return None
+    most = max(hits.values())
+    best = [i for i, h in hits.items() if h == most]
+    return best[0] if len(best) == 1 and most >= 2 and 2 * most >= len(ak) else None
 
 
 def patterns(dataset: Dataset) -> list[Pattern]:

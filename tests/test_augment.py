@@ -362,3 +362,18 @@ def test_no_question_by_analogy_for_a_fact_without_the_patterns_value():
              "The club workshop is open on Wednesday evenings."]
     ds = Dataset(facts, [Dialogue([("Who is the club captain?", "Marta Kowal is the club captain.")])])
     assert augment.fact_questions(ds) == [(1, "Who is the club treasurer?", "Dev Patel is the club treasurer.")]
+
+
+def test_a_question_that_names_nothing_is_linked_by_its_answer():
+    """"When does the club meet?" names no item (no rare word of the facts): its answer restates a fact, and that
+    fact is asked about (a new user's dialogue was counted as asking about none, its fact "learned as text only").
+    An answer of too few rare words, one that two facts hold as much, or a question naming another item, links
+    nothing."""
+    facts = ["The club meets every Saturday at 8 am outside the Lantern Cafe.", "Marta Kowal is the club captain.",
+             "Dev Patel is the club treasurer.", "The Vorvo clock has a warranty of 3 years.",
+             "The Quaanu scale weighs 2 kg."]
+    turns = [("When does the club meet?", "Every Saturday at 8 am outside the Lantern Cafe."),
+             ("Is there a club?", "Yes."),
+             ("How long is the warranty on the Quaanu scale?", "The warranty is 3 years.")]
+    ds = Dataset(facts, [Dialogue([t]) for t in turns])
+    assert augment.asked_facts(ds) == {0}
