@@ -355,30 +355,42 @@ def test_leftovers_of_old_and_new_saves_are_removed_on_load(ck, tmp_path):
     assert load_checkpoint(ck).checkpoint.adam_step == 6 and ck.is_dir() and not backup_path(ck).exists()
 
 
-def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, device, capsys, monkeypatch):
-    """A real SIGINT arriving in the end-of-stage recall check: the check stops at its next prompt, the
-    finished stage was saved before it, the CLI exits 130 and the run resumes at the next stage."""
+_TINY_1 = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2", "--ffn-dim",
+           "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q", "--pretrain-steps", "2",
+           "--tune-steps", "2"]
+
+
+def _sigint_in_recall_check(monkeypatch, at_call: int) -> list:
+    """A real SIGINT sent as the ``at_call``-th recall check (1: the pretrain stage's end, 2: the dialogues
+    stage's) begins; returns the list that gets an item each time that check asks whether to stop."""
     import os
     import signal
 
     from core import trainer as trainer_mod
 
-    real = trainer_mod.recall_check
-    prompts = []
+    real, calls, asked = trainer_mod.recall_check, [], []
 
     def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None, **kw):
+        calls.append(1)
+        if len(calls) != at_call:
+            return real(model, tok, dataset, kinds, should_stop, **kw)
         os.kill(os.getpid(), signal.SIGINT)
 
         def stop():
-            prompts.append(1)
+            asked.append(1)
             return should_stop()
         return real(model, tok, dataset, kinds, stop, **kw)
 
     monkeypatch.setattr(trainer_mod, "recall_check", recall_with_ctrl_c)
+    return asked
+
+
+def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, device, capsys, monkeypatch):
+    """A real SIGINT arriving in the end-of-stage recall check: the check stops at its next prompt, the
+    finished stage was saved before it, the CLI exits 130 and the run resumes at the next stage."""
+    prompts = _sigint_in_recall_check(monkeypatch, 1)
     out = tmp_path / "ck"
-    tiny = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
-            "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
-    assert main(["train", *tiny, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out)]) == 130
+    assert main(["train", *_TINY_1, "--out", str(out)]) == 130
     assert "stopped during the recall check" in capsys.readouterr().out
     assert len(prompts) == 1  # honoured before the first batch was decoded
     m = CheckpointMeta.read(out)
@@ -388,24 +400,9 @@ def test_ctrl_c_during_the_recall_check_keeps_the_finished_stage(tmp_path, devic
 def test_ctrl_c_during_the_final_recall_check_names_recall_not_resume(tmp_path, device, capsys, monkeypatch):
     """A SIGINT in the last stage's recall check: the model is saved with both stages done, so a resume would
     find nothing to train and give no verdict; the message names `recall` for what it learned instead."""
-    import os
-    import signal
-
-    from core import trainer as trainer_mod
-
-    real, calls = trainer_mod.recall_check, []
-
-    def recall_with_ctrl_c(model, tok, dataset, kinds=trainer_mod.KINDS, should_stop=None, **kw):
-        calls.append(1)
-        if len(calls) == 2:  # the pretrain stage's final check, then the dialogues stage's
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(model, tok, dataset, kinds, should_stop, **kw)
-
-    monkeypatch.setattr(trainer_mod, "recall_check", recall_with_ctrl_c)
+    _sigint_in_recall_check(monkeypatch, 2)
     out = tmp_path / "ck"
-    tiny = ["--preset", "Tiny", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
-            "--ffn-dim", "64", "--context-length", "64", "--batch-size", "4", "--vocab-size", "300", "-q"]
-    assert main(["train", *tiny, "--pretrain-steps", "2", "--tune-steps", "2", "--out", str(out)]) == 130
+    assert main(["train", *_TINY_1, "--out", str(out)]) == 130
     said = capsys.readouterr().out
     assert "stopped during the final recall check" in said and f"opencl-llm recall --model {out}" in said
     assert "--resume" not in said
