@@ -611,7 +611,7 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
         # (it said "the last completed stage" of a stop's save at pretrain step 70: a new user)
         what = f"the checkpoint saved{ctrl_c.saved_at}" if ctrl_c.saved else "its previous checkpoint (if any)"
         print(f"interrupted; {out} keeps {what}" + (f" (continue with: opencl-llm train --resume {out})"
-                                                    if ctrl_c.saved or out.exists() else ""))
+                                                    if ctrl_c.saved else ""))
         return ctrl_c.exit_code
     except TrainingDiverged as e:  # the run saved the last good step's weights
         return _fail(f"{e}; checkpoint saved to {out}")
