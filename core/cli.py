@@ -522,21 +522,28 @@ def _print_setup(ev, quiet: bool) -> None:
 
 
 def _train(args, out: Path) -> int:
-    """``train`` after its folders are locked: the run (core.run.Run) and its lines, bars and exit code."""
-    from core.events import RunStarted
+    """``train`` after its folders are locked: the run (core.run.Run) and its lines, bars and exit code; standard
+    output through :class:`_LostReader` (a reader that goes away stops the run)."""
     from core.run import Run, RunHooks
 
     ctrl_c = None
     run = Run(_run_request(args), RunHooks(save=lambda trainer, stage_end: ctrl_c.save(trainer, out, stage_end),
                                            tune=_tune_matmul, check_memory=_check_memory))
     ctrl_c = _CtrlC(run)
+    stdout, sys.stdout = sys.stdout, _LostReader(sys.stdout, lambda: ctrl_c(_SIGPIPE))
+    try:
+        return _train_lines(args, out, run, ctrl_c)
+    finally:
+        sys.stdout = stdout
+
+
+def _train_lines(args, out: Path, run, ctrl_c: _CtrlC) -> int:
+    """:func:`_train`'s run, its setup lines, then its training (:func:`_follow`) and the last notes."""
+    from core.events import RunStarted
+
     events = run.events()
     for ev in events:
-        try:
-            _print_setup(ev, args.quiet)
-        except BrokenPipeError:  # the reader went away before training: the run stops before its first step
-            _discard_stdout()
-            ctrl_c(_SIGPIPE)
+        _print_setup(ev, args.quiet)
         if isinstance(ev, RunStarted):
             break
     more = f"--tune-steps above {run.trainer.train_config.dialogues.steps:,}, the most it was given"
@@ -570,14 +577,42 @@ _SIGPIPE = 13
 a process that SIGPIPE ends does."""
 
 
-def _discard_stdout() -> None:
-    """Send what is still written to standard output (its buffer, the run's last lines) to the null device: its
-    reader has gone, and each write would raise BrokenPipeError again."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, sys.stdout.fileno())
-    finally:
-        os.close(null)
+class _LostReader:
+    """``sys.stdout`` while ``train`` runs: a write or flush that finds the reader gone (``train ... | head``:
+    BrokenPipeError) calls ``on_lost`` once (a stop request, as SIGHUP's for a closed terminal: the run stops after
+    the step and saves) and sends the rest to the null device. Every writer (print, rich's console, which would
+    otherwise exit 1 on a broken pipe) goes through it. The run was lost: "error: Broken pipe" (exit 2), or exit 1
+    from rich, with nothing saved (a new user, then a break-it helper)."""
+
+    def __init__(self, stream, on_lost) -> None:
+        self._stream, self._on_lost, self.lost = stream, on_lost, False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        null = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere, not to a broken pipe at exit
+        try:
+            os.dup2(null, self._stream.fileno())
+        finally:
+            os.close(null)
+        self._on_lost()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding ...: the stream's
+        return getattr(self._stream, name)
 
 
 def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
@@ -601,11 +636,7 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
                 if isinstance(ev, RunDone):
                     done = ev
                 elif lines is not None:
-                    try:
-                        _print_line(lines, ev)
-                    except BrokenPipeError:  # the reader went away (`| head`): stop and save, as a closed terminal
-                        _discard_stdout()
-                        ctrl_c(_SIGPIPE)  # (the run was lost: "error: Broken pipe", exit 2)
+                    _print_line(lines, ev)
                 bars.show(ev)
     except KeyboardInterrupt:  # a second Ctrl-C: the step may be half done, so nothing more is saved
         # (it said "the last completed stage" of a stop's save at pretrain step 70: a new user)
@@ -624,6 +655,14 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
 def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
     """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit ``stopped_code``:
     128 + the stop signal's number), or "model saved" and the verdict."""
+    if recall_stopped is not None and done.finished:  # the last stage's check: a resume finds nothing to train
+        print(f"stopped during the final recall check; model saved to {out}, without its verdict (what it learned: "
+              f"opencl-llm recall --model {out})")
+        return stopped_code
+    if recall_stopped is not None:
+        print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
+              f"{out} (continue with: opencl-llm train --resume {out})")
+        return stopped_code
     if done.stopped:
         if done.checkpoint:
             where = f" at {STAGES[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""  # as its lines
@@ -632,14 +671,6 @@ def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
             print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
         else:
             print("stopped before any step; nothing saved")
-        return stopped_code
-    if recall_stopped is not None and done.finished:  # the last stage's check: a resume finds nothing to train
-        print(f"stopped during the final recall check; model saved to {out}, without its verdict (what it learned: "
-              f"opencl-llm recall --model {out})")
-        return stopped_code
-    if recall_stopped is not None:
-        print(f"stopped during the recall check; checkpoint of the finished {recall_stopped} stage saved to "
-              f"{out} (continue with: opencl-llm train --resume {out})")
         return stopped_code
     print(f"model saved to {out}" if done.checkpoint else f"model unchanged in {out}" if out.exists()
           else "no steps to train; nothing saved")  # (a new run of --steps 0 said 'unchanged in' a folder never made)

@@ -417,7 +417,10 @@ class Run:
         except TrainingDiverged:
             self._save(trainer, False)  # the weights of the last good step are kept
             raise
-        if (stopped and progressed) or self._save_at_end(trainer):
+        # a stop between two stages (after the first one's check, before the next one's first step) ends the
+        # trainer with no stopped StageReport: the run said "model saved" and its verdict, exit 0, as if finished
+        stopped = stopped or (self._stop and not trainer.done)
+        if ((stopped and progressed) or self._save_at_end(trainer)) and self._saved_state != self._state(trainer):
             self._save(trainer, False)
         yield self._done(stopped, final)
 

@@ -410,6 +410,33 @@ def test_ctrl_c_during_the_final_recall_check_names_recall_not_resume(tmp_path, 
     assert (m.stage_index, m.stage_step, m.adam_step) == (2, 0, 4)
 
 
+def test_ctrl_c_between_two_stages_says_stopped(tmp_path, device, capsys, monkeypatch):
+    """A SIGINT that arrives as the pretrain stage's recall check ends (its table whole): the run stops before the
+    dialogue stage's first step and says so, exit 130, the stage's checkpoint kept. It said "model saved to ..." and
+    a verdict, exit 0, as of a finished run (a break-it helper's closed pipe at that moment)."""
+    import os
+    import signal
+
+    from core import trainer as trainer_mod
+
+    real = trainer_mod.Trainer.run
+
+    def run_then_ctrl_c(self, *a, **k):  # the signal right after the pretrain stage's report, as its line is shown
+        for ev in real(self, *a, **k):
+            yield ev
+            if isinstance(ev, trainer_mod.StageReport) and ev.stage == "pretrain":
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "run", run_then_ctrl_c)
+    out = tmp_path / "ck"
+    assert main(["train", *_TINY_1, "--out", str(out)]) == 130
+    said = capsys.readouterr().out
+    assert f"stopped at dialogues step 0; checkpoint saved to {out} (continue with: opencl-llm train --resume " in said
+    assert "model saved" not in said and "learned" not in said.lower(), said
+    m = CheckpointMeta.read(out)
+    assert (m.stage_index, m.stage_step, m.adam_step) == (1, 0, 2)
+
+
 def test_a_read_that_starts_between_a_saves_renames_is_repeated_not_mixed(ck, tmp_path, monkeypatch):
     """The flaky crash test's window, made deterministic: the folder is renamed away just before the
     reader pins it (so nothing is pinned), the next save's folder then appears under the name, and a
