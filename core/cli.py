@@ -196,6 +196,11 @@ class ProgressLines:
         return f"{ev.stage}: checking recall, {ev.done:,} of {ev.total:,} prompts"
 
 
+def _at_step(stage_index: int, stage_step: int) -> str:
+    """" at pretrain step 70" (as the step lines name it), or "" once both stages are done (``stage_index`` 2)."""
+    return f" at {STAGES[stage_index]} step {stage_step:,}" if stage_index < len(STAGES) else ""
+
+
 TRAIN_HOLDER = "opencl-llm train"
 """What ``train`` names itself in the lock of the folder it writes (core.folder_lock)."""
 
@@ -248,7 +253,7 @@ class _CtrlC:
             self.saved = True
             si = trainer.stage_index
             self.saved_at = (f" at the end of the {STAGES[si - 1]} stage" if stage_end else
-                             f" at {STAGES[si]} step {trainer.stage_step:,}" if si < 2 else "")
+                             _at_step(si, trainer.stage_step))
         except OSError as e:  # a full disk, a read-only folder: the previous checkpoint is still whole
             raise OSError(e.errno, f"cannot save the checkpoint to {out}: {e.strerror or e}; the folder keeps "
                           "its previous checkpoint (if any)") from None
@@ -665,8 +670,7 @@ def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
         return stopped_code
     if done.stopped:
         if done.checkpoint:
-            where = f" at {STAGES[done.stage_index]} step {done.stage_step:,}" if done.stage_index < 2 else ""  # as its lines
-            print(f"stopped{where}; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
+            print(f"stopped{_at_step(done.stage_index, done.stage_step)}; checkpoint saved to {out} (continue with: opencl-llm train --resume {out})")
         elif out.exists():  # a resumed run stopped before its first new step
             print(f"stopped before any step; {out} is as it was (continue with: opencl-llm train --resume {out})")
         else:
@@ -753,12 +757,12 @@ def _unfinished(loaded) -> str | None:
     meta = loaded.checkpoint
     if meta is None:
         return None
-    where = "" if meta.done else f" at {('pretrain', 'tune')[meta.stage_index]} step {meta.stage_step:,}"
     # a train writing into the folder itself holds it as TRAIN_HOLDER (an app holds its project, above it; a train
     # resuming from the folder into another holds it by another name)
     holder = live_holder(loaded.path)
     if holder is not None and holder.pid and holder.path == lock_path(loaded.path) and holder.what == TRAIN_HOLDER:
-        return (f"note: {loaded.path} is being trained now by {holder.describe()}; this is its last save{where}, "
+        return (f"note: {loaded.path} is being trained now by {holder.describe()}; this is its last save"
+                f"{_at_step(meta.stage_index, meta.stage_step)}, "
                 "so its answers may change once the run saves again")  # (it said "continue it" of a running run)
     if meta.done:
         return None

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.atomic import atomic_write
-from core.json_text import parse_json, repeated_keys
+from core.json_text import loads, parse_json
 from core.chat_format import SPECIAL_TOKENS, encode_dialogue, encode_fact, plain_text
 
 if TYPE_CHECKING:
@@ -573,8 +573,7 @@ def _parse_jsonl(text: str, path: str, located: bool = False,
             continue
         try:
             repeated: list[str] = []
-            records.append(json.loads(line, object_pairs_hook=repeated_keys(repeated)) if notes is not None
-                           else json.loads(line))
+            records.append(loads(line, repeated if notes is not None else None))
             lines.append(n)
             if repeated:
                 notes.append(f"{path}:{n}: {_repeated_message(repeated)}")

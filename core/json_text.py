@@ -23,13 +23,18 @@ def repeated_keys(repeated: list[str]):
     return hook
 
 
+def loads(text: str, repeated: list[str] | None = None) -> Any:
+    """``json.loads(text)``; with ``repeated``, also the names given twice in one object (:func:`repeated_keys`)."""
+    return json.loads(text) if repeated is None else json.loads(text, object_pairs_hook=repeated_keys(repeated))
+
+
 def parse_json(text: str, path: str | os.PathLike, error: type[Exception], what: str,
                repeated: list[str] | None = None) -> Any:
     """``json.loads(text)``; broken or too deeply nested JSON raises ``error`` with one line:
     ``PATH:LINE: broken JSON (reason)`` or ``PATH: JSON nested too deeply to be WHAT``. ``repeated``: filled with
     the names given twice in one object (:func:`repeated_keys`)."""
     try:
-        return json.loads(text, object_pairs_hook=repeated_keys(repeated)) if repeated is not None else json.loads(text)
+        return loads(text, repeated)
     except json.JSONDecodeError as e:
         raise error(f"{path}:{e.lineno}: broken JSON ({e.msg})") from None
     except RecursionError:

@@ -97,6 +97,11 @@ _SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "con
 """The model's shape fields that train's options can set over an Auto plan's (core.cli._configs)."""
 
 
+def _as_given(v: float) -> str:
+    """A number as given on the command line: 1000000, not 1e+06; 0.5 as 0.5."""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 def dataset_line(dataset: Dataset) -> str:
     """The run's dataset line: the facts and dialogues it trains ("dataset: 25 facts, 13 dialogues"), and how many
     entries hold nothing to train (an empty fact, a dialogue without a turn of text; each named in a warning)."""
@@ -223,10 +228,7 @@ class Run:
                   ("tune", tc.dialogues, planned.dialogues, self.plan.planned_steps[1]))
                  if plan and now.steps != old.steps and now.steps != plan]
         pm = self.plan.model_config  # the plan's line names its model's size, not the one trained
-        def num(v) -> str:  # as given on the command line: 1000000, not 1e+06
-            return str(int(v)) if float(v).is_integer() else f"{v:g}"
-
-        shape = [f"{f} {num(getattr(mc, f))} (planned {num(getattr(pm, f))})" for f in _SHAPE_FIELDS
+        shape = [f"{f} {_as_given(getattr(mc, f))} (planned {_as_given(getattr(pm, f))})" for f in _SHAPE_FIELDS
                  if getattr(mc, f) != getattr(pm, f)]
         size = f": {mc.n_params():,} parameters (planned {pm.n_params():,})" if mc.n_params() != pm.n_params() else ""
         asked = [", ".join(shape) + size] if shape else []

@@ -51,6 +51,7 @@ def _lora_text(mc: ModelConfig, lora: LoRAConfig, base_types: dict[str, str] | N
 
 def _checked(tc: TrainConfig) -> str:
     """What the run checks, and when (the trainer's recall checks, core.trainer)."""
+    written = " (and the questions written for facts)" if tc.fact_questions else ""
     if tc.check_every:
         sample = (f" ({tc.check_sample} of each kind, which show progress; all of them at the planned steps' end "
                   "and after, and only those end a stage)") if tc.check_sample else ""
@@ -58,12 +59,10 @@ def _checked(tc: TrainConfig) -> str:
             give_up = f", or past its planned steps once a check gains less than {tc.min_gain:.0%} of the items"
         else:
             give_up = f", or after {count_words(tc.patience, 'check')} without progress" if tc.patience else ""
-        written = " (and the questions written for facts)" if tc.fact_questions else ""
         text = (f"every {count_words(tc.check_every, 'step')}, which facts and dialogue answers{written} the model "
                 "reproduces"
                 f"{sample}; a stage ends once all are learned{give_up}.")
     else:
-        written = " (and the questions written for facts)" if tc.fact_questions else ""
         text = (f"after each stage, which facts and dialogue answers{written} the model reproduces (the Training tab's "
                 "table).")
     if tc.heldout:
