@@ -833,7 +833,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- recall
 def cmd_recall(args: argparse.Namespace) -> int:
     """Which facts and dialogue answers of a dataset file a model reproduces (greedy, batched on the
-    device, core.recall): e.g. questions held out of training."""
+    device, core.recall): e.g. questions held out of training. A checkpoint folder's own dataset (no ``--data``):
+    also the questions its run wrote for facts, trained and held out (core.batches.Batches, its run's data mix),
+    as the run's checks asked them."""
+    from core.batches import Batches
     from core.checkpoint import load_model
     from core.checkpoint_meta import DATASET_FILE
     from core.dataset import load_dataset
@@ -844,7 +847,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     if args.text_only:
         return _text_only(loaded, args)
-    if args.data is None:  # a checkpoint folder: the dataset it was trained on
+    own = args.data is None
+    if own:  # a checkpoint folder: the dataset it was trained on
         own = _own_dataset(loaded)
         if own is None:
             return _fail(f"{args.model}: has no dataset of its own (a checkpoint folder keeps the one it was trained "
@@ -863,15 +867,21 @@ def cmd_recall(args: argparse.Namespace) -> int:
     _tune_matmul(dev)
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
     kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
+    # its own dataset: also the questions its run wrote for facts, trained and held out (as its checks asked them)
+    mix = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train) if own else None
+    questions, heldout = (mix.question_pairs, mix.heldout_pairs) if mix else ((), ())
+    kinds += ("question",) * bool(questions) + ("heldout",) * bool(heldout)
     items, sizes, left_out = [], {}, {}
-    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes, left_out=left_out):
+    for _done, _total, items in recall_check(model, loaded.tokenizer, dataset, kinds, sizes=sizes, left_out=left_out,
+                                             questions=questions, heldout=heldout):
         pass
     of_all = sampled(sizes, items)
     if args.show_wrong:
         for r in items:
             if not r.ok:
                 print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
-    for k, noun in (("dialogue", "answers"), ("fact", "facts")):
+    for k, noun in (("dialogue", "answers"), ("fact", "facts"), ("question", "written questions"),
+                    ("heldout", "held-out questions")):
         ok, n = tally(items, k)
         why = left_out.get(k)  # what the check could not ask (too long for the model's context, one word)
         skipped = f"; not checked: {', '.join(f'{c:,} {reason}' for reason, c in why.items())}" if why else ""
@@ -1307,11 +1317,12 @@ def _add_recall(sub) -> None:
     s = sub.add_parser("recall", help="check which answers and facts of a dataset a model reproduces",
                        description="Greedy answers of a model to every dialogue question (and fact) of a dataset "
                        "file, compared with the dataset's answers word for word: e.g. questions held out of "
-                       "training.")
+                       "training. A checkpoint folder without --data: its own dataset, with the questions its run "
+                       "wrote for facts (trained and held out).")
     s.add_argument("--model", default=DEFAULT_MODEL_DIR, help=f"checkpoint folder, .gguf or Hugging Face folder "
                    f"(default: {DEFAULT_MODEL_DIR})")
     s.add_argument("--data", help="dataset file whose dialogues (and facts) to check (default: a checkpoint "
-                   "folder's own, the dataset it was trained on)")
+                   "folder's own, the dataset it was trained on, and the questions its run wrote for facts)")
     s.add_argument("--device", help="device index or name")
     s.add_argument("--show-wrong", action="store_true", help="print each wrong answer")
     s.add_argument("--text-only", action="store_true", help="list the facts the run learned as text only (no dialogue "

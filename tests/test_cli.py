@@ -648,3 +648,31 @@ def test_a_new_run_of_no_steps_says_nothing_was_saved(tmp_path, capsys):
     assert train(tmp_path, "--out", str(tmp_path / "z"), "--steps", "0") == 0
     assert capsys.readouterr().out.splitlines()[-1] == "no steps to train; nothing saved"
     assert not (tmp_path / "z").exists()
+
+
+def test_recall_asks_a_runs_own_written_and_held_out_questions(tmp_path, capsys):
+    """The verdict counted the questions the run wrote for facts ('2 of 2 written questions') and those it held out,
+    but `recall --model DIR` (the command the verdict names) asked neither: it checks them as the run's checks did."""
+    import re
+
+    from core.dataset import Dataset, Dialogue, save_dataset
+    from tests.make_datasets import make_dataset
+
+    g = make_dataset("catalogue", items=8, dialogues=5)
+    data, out = tmp_path / "shop.json", tmp_path / "m"
+    save_dataset(Dataset(list(g.facts), [Dialogue([qa]) for qa in g.dialogues]), data)
+    assert main(["train", "--data", str(data), "--out", str(out), "--time-budget", "30", "-q"]) == 0  # Auto
+    said = capsys.readouterr().out
+    written = re.search(r"[\d,]+ of ([\d,]+) written questions", said)
+    heldout = re.search(r"held out of training\): [\d,]+ of ([\d,]+) answered", said)
+    assert written and heldout, said[-800:]
+    assert main(["recall", "--model", str(out), "--show-wrong"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for kind, noun, planned in (("question", "written questions", written), ("heldout", "held-out questions", heldout)):
+        count = [m for line in lines if (m := re.fullmatch(rf"([\d,]+) of ([\d,]+) {noun} \([\d.]+ %\)", line))]
+        assert len(count) == 1 and count[0][2] == planned[1], lines
+        wrong = [line for line in lines if line.startswith(f"[{kind} ")]
+        assert len(wrong) == int(count[0][2]) - int(count[0][1]), lines
+    # another file has no written questions: only its facts and answers are asked
+    assert main(["recall", "--model", str(out), "--data", str(data)]) == 0
+    assert "questions" not in capsys.readouterr().out
