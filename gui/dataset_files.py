@@ -16,17 +16,31 @@ FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
 SAVE_FILTERS = {"App JSON (*.json)": ".json", "Plain text (*.txt)": ".txt", "Chat JSONL (*.jsonl)": ".jsonl"}
 
 
-def read_import(path: str | Path) -> tuple[Dataset, list[str]]:
-    """A dataset file (any core format) and the problems found (skipped entries).
+def read_import(path: str | Path) -> tuple[Dataset, list[str], list[str]]:
+    """A dataset file (any core format), the problems found (skipped entries) and the notes on how it was read
+    (core.dataset.load_dataset's: a name given twice in an object, a file read as plain text).
 
     Raises:
         core.dataset.DatasetError, OSError: the file cannot be read at all, or holds no entry.
     """
-    ds, problems = load_dataset(path)
+    notes: list[str] = []
+    ds, problems = load_dataset(path, notes)
     if not ds.facts and not ds.dialogues:
         why = f"; {count_words(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems else ""
         raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
-    return ds, [str(p) for p in problems]
+    return ds, [str(p) for p in problems], notes
+
+
+def import_message(problems: list[str], notes: list[str]) -> str:
+    """What an import tells the user: the entries skipped (the first 20) and the notes; "" when neither."""
+    parts = []
+    if problems:
+        more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
+        parts.append(f"{count_words(len(problems), 'entry')} {were(len(problems))} skipped:\n" + "\n".join(problems[:20])
+                     + more)
+    if notes:
+        parts.append("\n".join(notes))
+    return "\n\n".join(parts)
 
 
 def write_dataset(dataset: Dataset, path: str | Path) -> None:
@@ -46,7 +60,7 @@ class DatasetFileButtons(QHBoxLayout):
 
     Args:
         parent: the widget the dialogs belong to.
-        import_file: ``import_file(path, replace)`` returning the skipped entries (raises OSError/ValueError).
+        import_file: ``import_file(path, replace)`` returning (skipped entries, notes) (raises OSError/ValueError).
         export_file: ``export_file(path)`` (raises OSError).
         reset: replaces the dataset with the built-in example.
     """
@@ -72,7 +86,7 @@ class DatasetFileButtons(QHBoxLayout):
         if not path:
             return
         try:
-            problems = self._import(path, replace=replace)
+            problems, notes = self._import(path, replace=replace)
         except OSError as e:  # the file vanished or is not readable: its name and why, not Python's repr
             dialogs.warn(self._parent, "Import failed", f"{e.filename or path}: {e.strerror or e}. "
                                                         "The dataset was not changed.")
@@ -80,10 +94,8 @@ class DatasetFileButtons(QHBoxLayout):
         except ValueError as e:
             dialogs.warn(self._parent, "Import failed", str(e))
             return
-        if problems:
-            more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-            dialogs.inform(self._parent, "Import", f"{count_words(len(problems), 'entry')} {were(len(problems))} skipped:\n"
-                           + "\n".join(problems[:20]) + more)
+        if message := import_message(problems, notes):
+            dialogs.inform(self._parent, "Import", message)
 
     def export_dialog(self) -> None:
         path, chosen = QFileDialog.getSaveFileName(self._parent, "Export the dataset", "dataset.json",

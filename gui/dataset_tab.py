@@ -256,17 +256,18 @@ class DatasetTab(QWidget):
                 self.turns.setCurrentCell(turn, 0)
 
     # ----------------------------------------------------------------------------- files
-    def import_file(self, path: str | Path, replace: bool = True) -> list[str]:
-        """Read a dataset file (any core format); returns the problems found (skipped entries).
+    def import_file(self, path: str | Path, replace: bool = True) -> tuple[list[str], list[str]]:
+        """Read a dataset file (any core format); returns the problems found (skipped entries) and the notes on
+        how it was read (gui.dataset_files.read_import).
 
         Raises:
             core.dataset.DatasetError, OSError: the file cannot be read at all, or holds no entry (the
                 dataset is then left as it is).
         """
-        ds, problems = read_import(path)
+        ds, problems, notes = read_import(path)
         if replace:
             self.set_dataset(ds, "import")
-            return problems
+            return problems, notes
         target, n_facts, n_dialogues = self._dataset, len(self._dataset.facts), len(self._dataset.dialogues)
 
         def append():
@@ -279,7 +280,7 @@ class DatasetTab(QWidget):
             self.app_state.set_dataset(target)
         append()
         self.edits.record("append a file", take_back, append)
-        return problems
+        return problems, notes
 
     def export_file(self, path: str | Path) -> None:
         """Write the dataset; the format follows the extension (.txt, .jsonl, else JSON). Raises OSError."""

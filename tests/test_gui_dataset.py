@@ -82,7 +82,7 @@ def test_edit_reorder_and_round_trip(tab, tmp_path, qtbot):
         tab.export_file(path)
         assert load_dataset(path) == (expected, [])
         tab.set_dataset(Dataset())
-        assert tab.import_file(path) == []
+        assert tab.import_file(path) == ([], [])
         assert tab.dataset() == expected
     tab.import_file(tmp_path / "out.json", replace=False)
     assert len(tab.dataset().facts) == 2 * len(expected.facts)
@@ -356,6 +356,25 @@ def test_an_import_that_skips_one_entry_says_entry(tab, tmp_path, dialogs, monke
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(path), "")))
     tab._import_dialog(replace=True)
     assert dialogs.informed and dialogs.informed[-1][1].startswith("1 entry was skipped:\n")
+
+
+def test_an_import_tells_a_name_given_twice(tab, tmp_path, dialogs, monkeypatch):
+    """The command line warned of a JSON name given twice in an object (only its last value read); the app's
+    Import said nothing of it, so a user could not tell why a fact went missing."""
+    from PySide6.QtWidgets import QFileDialog
+
+    path = tmp_path / "twice.jsonl"
+    path.write_text('{"text": "Luna is a grey cat.", "text": "Biscuit is a brown beagle."}\n', "utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(path), "")))
+    tab._import_dialog(replace=True)
+    assert tab.dataset().facts == ["Biscuit is a brown beagle."]
+    assert dialogs.informed and dialogs.informed[-1][1] == (f'{path}:1: "text" given twice in an object; only its last '
+                                                            "value is read")
+    path.write_text('{"text": "Luna is a grey cat.", "text": "Biscuit is a brown beagle."}\nnot json\n', "utf-8")
+    tab._import_dialog(replace=False)
+    message = dialogs.informed[-1][1]
+    assert message.startswith("1 entry was skipped:\n") and message.endswith('"text" given twice in an object; only its '
+                                                                            "last value is read"), message
 
 
 def _counted_tokens(tab) -> str:
