@@ -696,9 +696,10 @@ class _Bars:
     def __init__(self, console, disabled: bool):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        # one text column for what a row has (a stage's passes, loss and speed; a check's "checking recall…"): an
+        # 80-column terminal cut the times and shrank the bar to one cell while the check's row carried '- tok/s'
         columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TextColumn("{task.fields[passes]}"), TextColumn("loss {task.fields[loss]}"),
-                   TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]
         self.progress = Progress(*columns, console=console, disable=disabled)
         self.tasks, self.check_task, self.recall_stopped = {}, None, None
 
@@ -732,15 +733,13 @@ class _Bars:
             self.progress.remove_task(self.check_task)
             self.check_task = None
         if ev.stage not in self.tasks:
-            self.tasks[ev.stage] = self.progress.add_task(str(ev.stage), total=ev.total_steps, loss="-", tps="-",
-                                                          passes="")
-        self.progress.update(self.tasks[ev.stage], completed=ev.step, loss=f"{ev.loss:.3f}",
-                             tps=f"{ev.tokens_per_s:,.0f}", passes=f"{ev.passes:.1f} passes")
+            self.tasks[ev.stage] = self.progress.add_task(str(ev.stage), total=ev.total_steps, info="")
+        self.progress.update(self.tasks[ev.stage], completed=ev.step,
+                             info=f"{ev.passes:.1f} passes  loss {ev.loss:.3f}  {ev.tokens_per_s:,.0f} tok/s")
 
     def _check(self, ev) -> None:
         if self.check_task is None:
-            self.check_task = self.progress.add_task(f"{ev.stage}: checking recall…", total=max(ev.total, 1),
-                                                     loss="-", tps="-", passes="")
+            self.check_task = self.progress.add_task(str(ev.stage), total=max(ev.total, 1), info="checking recall…")
         self.progress.update(self.check_task, completed=ev.done, total=max(ev.total, 1))  # a new check: its own total
         if ev.final and ev.done == ev.total:
             self.progress.remove_task(self.check_task)

@@ -676,3 +676,27 @@ def test_recall_asks_a_runs_own_written_and_held_out_questions(tmp_path, capsys)
     # another file has no written questions: only its facts and answers are asked
     assert main(["recall", "--model", str(out), "--data", str(data)]) == 0
     assert "questions" not in capsys.readouterr().out
+
+
+def test_the_progress_bars_fit_an_80_column_terminal():
+    """At 80 columns the bar shrank to one cell and the elapsed and remaining times were cut ('0… -:-…'), the recall
+    check's row widening the first column ('pretrain: checking recall…') and carrying 'loss -  - tok/s'."""
+    import io
+
+    from rich.console import Console
+
+    from core.cli import _Bars
+    from core.events import RecallProgress, StepReport
+    from core.stages import Stage
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, force_terminal=True, color_system=None)
+    bars = _Bars(console, disabled=False)
+    bars.show(StepReport(Stage("dialogues"), 100, 200, 350, 6.417, 1.0, (), 1e-3, tokens_per_s=126289.4,
+                         passes=10.6))
+    bars.show(RecallProgress(Stage("pretrain"), 250, 10, 1053, False))
+    console.print(bars.progress.make_tasks_table(bars.progress.tasks))
+    rows = buf.getvalue().splitlines()
+    assert len(rows) == 2 and all(len(r) <= 80 and "…" not in r.replace("recall…", "") for r in rows), rows
+    assert "100/200 10.6 passes  loss 6.417  126,289 tok/s 0:00:00" in rows[0] and "━━━" in rows[0], rows
+    assert rows[1].startswith("pretrain ") and "10/1053 checking recall…" in rows[1] and "tok/s" not in rows[1], rows
