@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the commands import what they need when they run (a fast --help)
+    from core.batches import Batches
     from core.config import ModelConfig, TrainConfig
     from core.device import Device
 
@@ -835,7 +836,6 @@ def cmd_recall(args: argparse.Namespace) -> int:
     device, core.recall): e.g. questions held out of training. A checkpoint folder's own dataset (no ``--data``):
     also the questions its run wrote for facts, trained and held out (core.batches.Batches, its run's data mix),
     as the run's checks asked them."""
-    from core.batches import Batches
     from core.checkpoint import load_model
     from core.checkpoint_meta import DATASET_FILE
     from core.dataset import load_dataset
@@ -848,11 +848,10 @@ def cmd_recall(args: argparse.Namespace) -> int:
         return _text_only(loaded, args)
     own = args.data is None
     if own:  # a checkpoint folder: the dataset it was trained on
-        own = _own_dataset(loaded)
-        if own is None:
+        args.data = _own_dataset(loaded)
+        if args.data is None:
             return _fail(f"{args.model}: has no dataset of its own (a checkpoint folder keeps the one it was trained "
                          "on); give the dataset to check with --data FILE")
-        args.data = own
         general = (" with the base model's replayed answers to the general questions, checked as dialogues"
                    if loaded.meta.get("base_model") else "")  # a fine-tune's dataset.json holds them (core.known)
         print(f"checking the dataset it was trained on ({Path(args.model) / DATASET_FILE}){general}")
@@ -867,7 +866,9 @@ def cmd_recall(args: argparse.Namespace) -> int:
     model = Model(dev, loaded.config, batch_size=16, weights=loaded.weights, training=False)
     kinds = tuple(k for k in ("fact", "dialogue") if getattr(dataset, k + "s"))
     # its own dataset: also the questions its run wrote for facts, trained and held out (as its checks asked them)
-    mix = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train) if own else None
+    mix, changed = _run_mix(loaded, dataset, args.data) if own else (None, None)
+    if changed:
+        print(f"warning: {changed}; they are not asked", file=sys.stderr)
     questions, heldout = (mix.question_pairs, mix.heldout_pairs) if mix else ((), ())
     kinds += ("question",) * bool(questions) + ("heldout",) * bool(heldout)
     items, sizes, left_out = [], {}, {}
@@ -900,10 +901,24 @@ def _own_dataset(loaded) -> Path | None:
     return own if own is not None and own.is_file() else None
 
 
+def _run_mix(loaded, dataset, path) -> tuple[Batches | None, str | None]:
+    """The data mix of ``loaded``'s run (core.batches.Batches: the questions it wrote for facts, the facts it learned as
+    text only) rebuilt from ``dataset``, its folder's dataset.json read from ``path``; ``(None, why)`` when that file
+    changed after the run (its hash is not config.json's dataset_hash): questions rebuilt from it would be ones the
+    run never wrote."""
+    from core.batches import Batches
+    from core.dataset import dataset_hash
+
+    trained = loaded.checkpoint.dataset_hash
+    if trained and dataset_hash(dataset) != trained:
+        return None, (f"{path}: changed since the run trained on it (its hash is not config.json's dataset_hash), "
+                      "so the questions the run wrote for facts cannot be told from it")
+    return Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train), None
+
+
 def _text_only(loaded, args) -> int:
     """``recall --text-only``: the facts of ``loaded``'s own dataset that its run learned as text only
     (core.batches.Batches.unasked, in the run's data mix: what its questions line and verdict count)."""
-    from core.batches import Batches
     from core.dataset import load_dataset
 
     if args.data is not None or args.show_wrong:
@@ -914,7 +929,10 @@ def _text_only(loaded, args) -> int:
         return _fail(f"{args.model}: --text-only needs a checkpoint folder (its dataset and its run's data mix say "
                      "which questions were written)")
     dataset, _ = load_dataset(own)
-    unasked = Batches(loaded.tokenizer, dataset, loaded.config.context_length, loaded.checkpoint.train).unasked
+    mix, changed = _run_mix(loaded, dataset, own)
+    if changed:
+        return _fail(f"{changed}, nor which facts it learned as text only")
+    unasked = mix.unasked
     n = dataset.trained_counts()[0]
     if not unasked:
         print(f"none of its {count_words(n, 'fact')} was learned as text only: a dialogue or a written question asks "

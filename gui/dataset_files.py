@@ -13,6 +13,8 @@ from gui import dialogs
 from gui.dataset_views import small_button
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
+PROBLEMS_SHOWN, NOTES_SHOWN = 20, 10
+"""Lines of skipped entries and of notes an import's message shows (then "… and N more")."""
 SAVE_FILTERS = {"App JSON (*.json)": ".json", "Plain text (*.txt)": ".txt", "Chat JSONL (*.jsonl)": ".jsonl"}
 
 
@@ -25,22 +27,29 @@ def read_import(path: str | Path) -> tuple[Dataset, list[str], list[str]]:
     """
     notes: list[str] = []
     ds, problems = load_dataset(path, notes)
-    if not ds.facts and not ds.dialogues:
+    if not ds.facts and not ds.dialogues:  # the notes may say why (a list given twice, the second one empty)
         why = f"; {count_words(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems else ""
-        raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.")
+        said = "".join(f"\n{n}" for n in notes[:NOTES_SHOWN])
+        raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.{said}")
     return ds, [str(p) for p in problems], notes
 
 
 def import_message(problems: list[str], notes: list[str]) -> str:
-    """What an import tells the user: the entries skipped (the first 20) and the notes; "" when neither."""
+    """What an import tells the user: the entries skipped (the first :data:`PROBLEMS_SHOWN`) and the notes (the first
+    :data:`NOTES_SHOWN`), each list's length said; "" when neither."""
     parts = []
     if problems:
-        more = f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""
-        parts.append(f"{count_words(len(problems), 'entry')} {were(len(problems))} skipped:\n" + "\n".join(problems[:20])
-                     + more)
+        parts.append(f"{count_words(len(problems), 'entry')} {were(len(problems))} skipped:\n"
+                     + _first(problems, PROBLEMS_SHOWN))
     if notes:
-        parts.append("\n".join(notes))
+        parts.append(_first(notes, NOTES_SHOWN))
     return "\n\n".join(parts)
+
+
+def _first(lines: list[str], n: int) -> str:
+    """The first ``n`` of ``lines`` and how many more there are (a message box taller than the screen hides its
+    buttons: 500 repeated names made one 14,056 pixels tall)."""
+    return "\n".join(lines[:n]) + (f"\n… and {len(lines) - n} more" if len(lines) > n else "")
 
 
 def write_dataset(dataset: Dataset, path: str | Path) -> None:
@@ -65,8 +74,8 @@ class DatasetFileButtons(QHBoxLayout):
         reset: replaces the dataset with the built-in example.
     """
 
-    def __init__(self, parent: QWidget, import_file: Callable[..., list[str]], export_file: Callable[[str], None],
-                 reset: Callable[[], None]) -> None:
+    def __init__(self, parent: QWidget, import_file: Callable[..., tuple[list[str], list[str]]],
+                 export_file: Callable[[str], None], reset: Callable[[], None]) -> None:
         super().__init__()
         self._parent, self._import, self._export, self._reset = parent, import_file, export_file, reset
         self.import_button = QToolButton()

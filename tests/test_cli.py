@@ -676,6 +676,20 @@ def test_recall_asks_a_runs_own_written_and_held_out_questions(tmp_path, capsys)
     # another file has no written questions: only its facts and answers are asked
     assert main(["recall", "--model", str(out), "--data", str(data)]) == 0
     assert "questions" not in capsys.readouterr().out
+    # its dataset.json edited after the run: questions rebuilt from it would be ones the run never wrote (a break-it
+    # helper added two dialogues and got '1 of 4 written questions', the held-out one among them)
+    from core.dataset import load_dataset
+
+    edited, _ = load_dataset(out / "dataset.json")
+    edited.dialogues.append(Dialogue([("Who makes the fan?", "Osk Industries.")]))
+    save_dataset(edited, out / "dataset.json")
+    assert main(["recall", "--model", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "questions" not in said.out and " of 6 answers" in said.out  # the file as it is now: its 6 dialogues
+    assert (f"warning: {out / 'dataset.json'}: changed since the run trained on it (its hash is not config.json's "
+            "dataset_hash), so the questions the run wrote for facts cannot be told from it; they are not asked") in said.err
+    assert main(["recall", "--model", str(out), "--text-only"]) == 2
+    assert "cannot be told from it, nor which facts it learned as text only" in capsys.readouterr().err
 
 
 def test_the_progress_bars_fit_an_80_column_terminal():

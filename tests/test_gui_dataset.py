@@ -375,6 +375,20 @@ def test_an_import_tells_a_name_given_twice(tab, tmp_path, dialogs, monkeypatch)
     message = dialogs.informed[-1][1]
     assert message.startswith("1 entry was skipped:\n") and message.endswith('"text" given twice in an object; only its '
                                                                             "last value is read"), message
+    # a note on every line: the first ten, then how many more (500 made a message box 14,056 pixels tall)
+    path.write_text('{"text": "a.", "text": "b."}\n' * 500, "utf-8")
+    tab._import_dialog(replace=True)
+    lines = dialogs.informed[-1][1].splitlines()
+    assert len(lines) == 11 and lines[-1] == "… and 490 more" and lines[9].startswith(f"{path}:10: "), lines
+    # an import that reads nothing says the note that tells why (the second "facts" was empty)
+    before = tab.dataset_copy()
+    lost = tmp_path / "lost.json"
+    lost.write_text('{"version": 1, "facts": ["Luna is a grey cat."], "facts": [], "dialogues": []}', "utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(lost), "")))
+    tab._import_dialog(replace=False)
+    assert dialogs.warned[-1][1] == (f"{lost}: no facts or dialogues found. The dataset was not changed.\n"
+                                     f'{lost}: "facts" given twice in an object; only its last value is read')
+    assert tab.dataset() == before
 
 
 def _counted_tokens(tab) -> str:
