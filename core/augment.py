@@ -83,6 +83,8 @@ class _Facts:
         self.keys = [[_key(w) for w, _ in t] for t in self.tokens]
         self.df: dict[str, int] = {}
         self.postings: dict[str, list[int]] = {}
+        # words some fact writes in lower case: no names ("when" in "... in December when the colonies ...")
+        self.lower = {_key(w) for t in self.tokens for w, _ in t if w.islower()}
         for i, ks in enumerate(self.keys):
             for k in set(ks):
                 self.df[k] = self.df.get(k, 0) + 1
@@ -119,9 +121,13 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
     words; None when the answer shares none with them (not the answer's alone then: "How long is the warranty on
     the Quaanu M82 scale?" -> "The warranty lasts 3 years." is no question about another item's warranty of 3 years).
     A question with no rare word a fact holds ("When does the club meet?") is linked by its answer alone
-    (:func:`_link_by_answer`)."""
-    qk = {_key(w) for w in words(question)}
-    rare = [k for k in qk if fx.rare(k)]
+    (:func:`_link_by_answer`). The question's first word is no name where a fact writes it in lower case: "When is
+    the honey harvested?" was linked to "Varroa is treated ... in December when the colonies have no brood.", the one
+    fact holding "when", not to "We harvest honey twice a year, ..." that its answer restates."""
+    qw = words(question)
+    qk = {_key(w) for w in qw}
+    first = _key(qw[0]) if qw else ""
+    rare = [k for k in qk if fx.rare(k) and not (k == first and k in fx.lower)]
     if not rare:
         return _link_by_answer(fx, answer)
     hits: dict[int, int] = {}

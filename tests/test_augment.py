@@ -377,3 +377,16 @@ def test_a_question_that_names_nothing_is_linked_by_its_answer():
              ("How long is the warranty on the Quaanu scale?", "The warranty is 3 years.")]
     ds = Dataset(facts, [Dialogue([t]) for t in turns])
     assert augment.asked_facts(ds) == {0}
+
+
+def test_a_questions_first_word_that_a_fact_writes_in_lower_case_names_nothing():
+    """A new user's "When is the honey harvested?" was linked to "Varroa is treated ... in December when the colonies
+    have no brood.", the one fact holding the (rare) word "when", so the harvest fact its answer restates was listed
+    as learned as text only. A first word the facts write in lower case is no name; a name first stays one."""
+    facts = ["We harvest honey twice a year, in late June and early September.",
+             "Varroa is treated with oxalic acid in December when the colonies have no brood.",
+             "Rosalind Okafor is the head beekeeper.", "The apiary keeps eleven hives."]
+    turns = [("When is the honey harvested?", "Twice a year, in late June and early September."),
+             ("Rosalind Okafor keeps which job?", "She is the head beekeeper.")]
+    assert [augment.patterns(Dataset(facts, [Dialogue([t])]))[0].fact for t in turns] == [0, 2]
+    assert augment.asked_facts(Dataset(facts, [Dialogue([t]) for t in turns])) == {0, 2}
