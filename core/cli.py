@@ -271,6 +271,9 @@ def _by_line(problems: list) -> list:
 
 
 def _load_data(path: str):
+    """``train --data``'s dataset and, where entries of the file were skipped, the line that says so again after
+    the verdict (the warnings scroll away above a run's lines: a new user's run said it learned everything of a
+    file whose half was skipped). Raises ValueError when nothing could be read."""
     from core.dataset import load_dataset
 
     notes: list[str] = []
@@ -279,7 +282,10 @@ def _load_data(path: str):
         print(f"warning: {p}", file=sys.stderr)
     if not dataset.facts and not dataset.dialogues:
         raise ValueError(f"{path}: no facts or dialogues could be read")
-    return dataset
+    n = len(problems)
+    skipped = (f"{count_words(n, 'entry')} of {path} {'was' if n == 1 else 'were'} skipped and not trained on "
+               "(the warnings above the run say which and why)") if n else None
+    return dataset, skipped
 
 
 def _base_config(args):
@@ -467,7 +473,7 @@ def _run_request(args):
         raise ValueError("--lora needs --base FILE.gguf (the model whose adapters are trained)")
     auto = not args.resume and not args.base and args.preset in (None, "Auto")
     mc = tc = lora = questions = None
-    data = _load_data(args.data) if args.data else None
+    data, args.skipped = _load_data(args.data) if args.data else (None, None)
     try:
         if args.base:
             tc, lora, questions = _base_config(args), _lora_config(args), _general_questions(args)
@@ -655,12 +661,13 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _finish(done, out, bars.recall_stopped, ctrl_c.exit_code)
+    return _finish(done, out, bars.recall_stopped, ctrl_c.exit_code, getattr(args, "skipped", None))
 
 
-def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
+def _finish(done, out: Path, recall_stopped, stopped_code: int = 130, skipped: str | None = None) -> int:
     """The end of ``train`` (core.events.RunDone, the run saved): a stopped run's message (exit ``stopped_code``:
-    128 + the stop signal's number), or "model saved" and the verdict."""
+    128 + the stop signal's number), or "model saved" and the verdict, then ``skipped`` (entries of the file not
+    trained on, :func:`_load_data`) as a warning."""
     if recall_stopped is not None and done.finished:  # the last stage's check: a resume finds nothing to train
         print(f"stopped during the final recall check; model saved to {out}, without its verdict (what it learned: "
               f"opencl-llm recall --model {out})")
@@ -687,6 +694,8 @@ def _finish(done, out: Path, recall_stopped, stopped_code: int = 130) -> int:
             print(done.general)
         if " as text only: " in done.verdict:  # (core.plan.verdict's words)
             print(f"the facts learned as text only: opencl-llm recall --model {out} --text-only")
+    if skipped:
+        print(f"warning: {skipped}", file=sys.stderr)
     return 0
 
 

@@ -603,8 +603,12 @@ def test_a_files_warnings_come_in_line_order(tmp_path, capsys):
                     '{"role": "assistant", "content": "Brown."}]}\n', encoding="utf-8")
     assert train(tmp_path, "--data", str(data), "--out", str(tmp_path / "m"), "--pretrain-steps", "1",
                  "--tune-steps", "1") == 0
-    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"warning: {data}:")]
+    err = capsys.readouterr().err.splitlines()
+    warned = [line for line in err if line.startswith(f"warning: {data}:")]
     assert [int(w.split(":")[2]) for w in warned] == [2, 4], warned
+    # said again after the verdict: the warnings scroll away above the run (a new user's run trained on half a file)
+    assert err[-1] == (f"warning: 2 entries of {data} were skipped and not trained on (the warnings above the run "
+                       "say which and why)"), err
 
 
 def test_the_verdict_counts_text_only_facts_among_the_checked_ones(tmp_path, capsys):
