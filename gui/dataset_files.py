@@ -13,6 +13,7 @@ from gui import dialogs
 from gui.dataset_views import small_button
 
 FILE_FILTER = "Datasets (*.json *.txt *.jsonl);;All files (*)"
+UNCHANGED = "The dataset was not changed."
 PROBLEMS_SHOWN, NOTES_SHOWN = 20, 10
 """Lines of skipped entries and of notes an import's message shows (then "… and N more")."""
 SAVE_FILTERS = {"App JSON (*.json)": ".json", "Plain text (*.txt)": ".txt", "Chat JSONL (*.jsonl)": ".jsonl"}
@@ -30,7 +31,7 @@ def read_import(path: str | Path) -> tuple[Dataset, list[str], list[str]]:
     if not ds.facts and not ds.dialogues:  # the notes may say why (a list given twice, the second one empty)
         why = f"; {count_words(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems else ""
         said = "".join(f"\n{n}" for n in notes[:NOTES_SHOWN])
-        raise DatasetError(f"{path}: no facts or dialogues found{why}. The dataset was not changed.{said}")
+        raise DatasetError(f"{path}: no facts or dialogues found{why}. {UNCHANGED}{said}")
     return ds, [str(p) for p in problems], notes
 
 
@@ -97,11 +98,11 @@ class DatasetFileButtons(QHBoxLayout):
         try:
             problems, notes = self._import(path, replace=replace)
         except OSError as e:  # the file vanished or is not readable: its name and why, not Python's repr
-            dialogs.warn(self._parent, "Import failed", f"{e.filename or path}: {e.strerror or e}. "
-                                                        "The dataset was not changed.")
+            dialogs.warn(self._parent, "Import failed", f"{e.filename or path}: {e.strerror or e}. {UNCHANGED}")
             return
-        except ValueError as e:
-            dialogs.warn(self._parent, "Import failed", str(e))
+        except ValueError as e:  # (a broken JSON file's message did not say that nothing changed)
+            said = str(e)
+            dialogs.warn(self._parent, "Import failed", said if UNCHANGED in said else f"{said}. {UNCHANGED}")
             return
         if message := import_message(problems, notes):
             dialogs.inform(self._parent, "Import", message)

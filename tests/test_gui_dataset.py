@@ -218,6 +218,13 @@ def test_importing_an_empty_file_says_so_and_changes_nothing(tab, tmp_path, dial
     tab._import_dialog(replace=True)
     assert dialogs.warned and "no facts or dialogues" in dialogs.warned[0][1]
     assert tab.dataset() == before
+    broken = tmp_path / "broken.json"  # its message did not say that nothing changed
+    broken.write_text("", "utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(broken), "")))
+    tab._import_dialog(replace=True)
+    assert dialogs.warned[-1][1].startswith(f"{broken}") and dialogs.warned[-1][1].endswith(
+        "(Expecting value). The dataset was not changed."), dialogs.warned[-1][1]
+    assert tab.dataset() == before
     gone = tmp_path / "gone.txt"  # chosen, then removed before it was read
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(gone), "")))
     tab._import_dialog(replace=True)
