@@ -81,6 +81,7 @@ class _Facts:
     def __init__(self, facts: list[str]):
         self.tokens = [_tokens(f.strip()) for f in facts]
         self.keys = [[_key(w) for w, _ in t] for t in self.tokens]
+        self.key_sets = [set(ks) for ks in self.keys]
         self.df: dict[str, int] = {}
         self.postings: dict[str, list[int]] = {}
         # words some fact writes in lower case: no names ("when" in "... in December when the colonies ...")
@@ -138,9 +139,21 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
     ak = {_key(w) for w in words(answer)} - qk
     best, best_score = None, 0.0
     for i in sorted(i for i, h in hits.items() if h == most):
-        score = sum(fx.idf(k) for k in ak.intersection(fx.keys[i]))
+        score = sum(_shares(fx, i, k) for k in ak)
         if score > best_score + 1e-9:
             best, best_score = i, score
+    return best
+
+
+def _shares(fx: _Facts, i: int, k: str) -> float:
+    """How much fact ``i`` holding answer word ``k`` says: the idf of its word that is ``k`` in some form
+    (:func:`_holds`: "years" of "4 years" and "2 years" and "year" of "2-year", "tuesdays" and "tuesday"), a
+    hyphenated word's parts included; 0.0 when it holds none (an answer "2 years." linked nothing where the
+    fact said "a 2-year warranty": 170 of the 4,740 dialogues of 240 generated datasets)."""
+    best = 0.0
+    for x in fx.key_sets[i]:
+        if _holds([x, *x.split("-")] if "-" in x else [x], k):
+            best = max(best, fx.idf(x))
     return best
 
 
@@ -290,6 +303,13 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
         return None
     q, in_q = _substitute(question, subs)
     if not in_q:
+        return None
+    # a word of the question that the pattern's fact lacks (its relation word: "colour" of "What colour is the X?")
+    # put in again with the item: the item's span took the relation along ("The colour of the Y is white." gave
+    # "What colour is the colour of the Y?", a break-it helper)
+    own = [k for k in (_key(w) for w in words(question)) if not _PUNCT.fullmatch(k) and not _holds(a_keys, k)]
+    new_keys = [_key(w) for w in words(q)]
+    if any(new_keys.count(k) > own.count(k) for k in set(own)):
         return None
     if answer.strip() == " ".join(_fact_text(fx, p.fact).split()):
         a = _fact_text(fx, j)

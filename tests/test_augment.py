@@ -3,6 +3,7 @@ dataset's own patterns, conversations of several dialogues, the batches that mix
 prompts asked in the middle of a conversation, and the verdict that reports them."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -390,3 +391,31 @@ def test_a_questions_first_word_that_a_fact_writes_in_lower_case_names_nothing()
              ("Rosalind Okafor keeps which job?", "She is the head beekeeper.")]
     assert [augment.patterns(Dataset(facts, [Dialogue([t])]))[0].fact for t in turns] == [0, 2]
     assert augment.asked_facts(Dataset(facts, [Dialogue([t]) for t in turns])) == {0, 2}
+
+
+def test_an_answer_links_its_fact_in_another_form_of_its_words():
+    """"How long is the warranty on the Briatro R82 scale?" -> "4 years." linked nothing where the fact said "a 4-year
+    warranty" (and "On Tuesdays." where it said "every Tuesday"): 170 of the 4,740 dialogues of 240 generated
+    datasets (tests/make_datasets.py, 5 kinds at several sizes) were counted as asking about no fact."""
+    facts = ["The Briatro R82 scale has a 4-year warranty.", "The Briatro R82 scale weighs 900 grams.",
+             "The Zenira K41 fan has a 2-year warranty.", "The Orex team meets every Tuesday.",
+             "The Orex team works in room 4B.", "The Hyis team meets every Friday."]
+    turns = [("How long is the warranty on the Briatro R82 scale?", "4 years."),
+             ("When does the Orex team meet?", "On Tuesdays."),
+             ("How long is the warranty on the Zenira K41 fan?", "2 years.")]  # the fan's, not the scale's
+    assert [augment.patterns(Dataset(facts, [Dialogue([t])]))[0].fact for t in turns] == [0, 3, 2]
+
+
+def test_a_written_question_does_not_ask_its_relation_twice():
+    """The item's span of a fact can take the relation along ("The colour of the Quaanu M82 scale is white."): put
+    into "What colour is the X?" it gave "What colour is the colour of the Quaanu M82 scale?" (a break-it helper),
+    and the generated team documents gave "Which office is the office of the Caliion team in?"."""
+    from tests.make_datasets import make_dataset
+
+    for name, seed, items, extra in (("catalogue", 0, 8, [("What colour is the Briatro R82 scale?",
+                                                           "The Briatro R82 scale comes in red.")]),
+                                     ("document", 1, 25, []), ("document", 1, 12, [])):
+        g = make_dataset(name, seed, items=items, dialogues=10 if name == "document" else 5)
+        ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in [*g.dialogues, *extra]])
+        qs = [q for _, q, _ in augment.fact_questions(ds)]
+        assert qs and not [q for q in qs if re.search(r"\b(colour|office|head)\b.*\b\1\b", q.lower())], qs
