@@ -661,7 +661,7 @@ def _follow(args, out: Path, run, events, ctrl_c: _CtrlC) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return _finish(done, out, bars.recall_stopped, ctrl_c.exit_code, getattr(args, "skipped", None))
+    return _finish(done, out, bars.recall_stopped, ctrl_c.exit_code, args.skipped)
 
 
 def _finish(done, out: Path, recall_stopped, stopped_code: int = 130, skipped: str | None = None) -> int:

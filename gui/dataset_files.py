@@ -102,7 +102,7 @@ class DatasetFileButtons(QHBoxLayout):
             return
         except ValueError as e:  # (a broken JSON file's message did not say that nothing changed)
             said = str(e)
-            dialogs.warn(self._parent, "Import failed", said if UNCHANGED in said else f"{said}. {UNCHANGED}")
+            dialogs.warn(self._parent, "Import failed", said if UNCHANGED in said else f"{said.rstrip('.')}. {UNCHANGED}")
             return
         if message := import_message(problems, notes):
             dialogs.inform(self._parent, "Import", message)
