@@ -84,8 +84,11 @@ class _Facts:
         self.key_sets = [set(ks) for ks in self.keys]
         self.df: dict[str, int] = {}
         self.postings: dict[str, list[int]] = {}
-        # words some fact writes in lower case: no names ("when" in "... in December when the colonies ...")
+        # words some fact writes in lower case ("when" in "... in December when the colonies ..."), and those some
+        # fact writes with a capital inside a sentence (names: "Bill" of "Dawn's brother is Bill.")
         self.lower = {_key(w) for t in self.tokens for w, _ in t if w.islower()}
+        self.named = {_key(w) for t in self.tokens for n, (w, _) in enumerate(t)
+                      if n and w[:1].isupper() and t[n - 1][0] not in (".", "!", "?")}
         for i, ks in enumerate(self.keys):
             for k in set(ks):
                 self.df[k] = self.df.get(k, 0) + 1
@@ -122,13 +125,16 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
     words; None when the answer shares none with them (not the answer's alone then: "How long is the warranty on
     the Quaanu M82 scale?" -> "The warranty lasts 3 years." is no question about another item's warranty of 3 years).
     A question with no rare word a fact holds ("When does the club meet?") is linked by its answer alone
-    (:func:`_link_by_answer`). The question's first word is no name where a fact writes it in lower case: "When is
-    the honey harvested?" was linked to "Varroa is treated ... in December when the colonies have no brood.", the one
-    fact holding "when", not to "We harvest honey twice a year, ..." that its answer restates."""
+    (:func:`_link_by_answer`). A word that starts a sentence of the question is no name where a fact writes it in
+    lower case and none with a capital inside a sentence: "When is the honey harvested?" was linked to "Varroa is
+    treated ... in December when the colonies have no brood.", the one fact holding "when", not to "We harvest honey
+    twice a year, ..." that its answer restates ("Bill does which job?" keeps "Bill" of "Dawn's brother is Bill.", and
+    "Bill's job?" its "Bill")."""
     qw = words(question)
     qk = {_key(w) for w in qw}
-    first = _key(qw[0]) if qw else ""
-    rare = [k for k in qk if fx.rare(k) and not (k == first and k in fx.lower)]
+    starts = {_key(w) for n, w in enumerate(qw)  # (a possessive, "Bill's job?", names its owner)
+              if (n == 0 or qw[n - 1] in (".", "!", "?")) and not _POSSESSIVE.search(w)}
+    rare = [k for k in qk if fx.rare(k) and not (k in starts and k in fx.lower and k not in fx.named)]
     if not rare:
         return _link_by_answer(fx, answer)
     hits: dict[int, int] = {}
@@ -136,23 +142,31 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
         for i in fx.postings[k]:
             hits[i] = hits.get(i, 0) + 1
     most = max(hits.values())
-    ak = {_key(w) for w in words(answer)} - qk
-    best, best_score = None, 0.0
+    ak = {p for k in {_key(w) for w in words(answer)} - qk for p in _parts(k)}
+    best, best_score = None, (0.0, 0.0)
     for i in sorted(i for i, h in hits.items() if h == most):
-        score = sum(_shares(fx, i, k) for k in ak)
-        if score > best_score + 1e-9:
+        score = (sum(_shares(fx, i, k, exact=True) for k in ak), sum(_shares(fx, i, k) for k in ak))
+        if score[0] > best_score[0] + 1e-9 or (abs(score[0] - best_score[0]) <= 1e-9 and score[1] > best_score[1] + 1e-9):
             best, best_score = i, score
     return best
 
 
-def _shares(fx: _Facts, i: int, k: str) -> float:
-    """How much fact ``i`` holding answer word ``k`` says: the idf of its word that is ``k`` in some form
-    (:func:`_holds`: "years" of "4 years" and "2 years" and "year" of "2-year", "tuesdays" and "tuesday"), a
-    hyphenated word's parts included; 0.0 when it holds none (an answer "2 years." linked nothing where the
-    fact said "a 2-year warranty": 170 of the 4,740 dialogues of 240 generated datasets)."""
+def _parts(k: str) -> list[str]:
+    """A word key and, when hyphenated, its parts ("2-year": "2-year", "2", "year")."""
+    return [k, *k.split("-")] if "-" in k else [k]
+
+
+def _shares(fx: _Facts, i: int, k: str, exact: bool = False) -> float:
+    """How much fact ``i`` holding answer word ``k`` says: the idf of its word that is ``k`` (a hyphenated word's parts
+    included: "4" and "year" of "4-year"), or with ``exact`` False also another form of ``k`` (:func:`_holds`, words
+    of letters only: "years" and "year", "tuesdays" and "tuesday"; not "1920" and "19200"); 0.0 when it holds none.
+    :func:`_link` compares the exact sums first ("Mark." is the fact of "Mark Ellis", not of "the market"), then these
+    (an answer "2 years." linked nothing where the fact said "a 2-year warranty": 170 of the 4,740 dialogues of 240
+    generated datasets)."""
     best = 0.0
     for x in fx.key_sets[i]:
-        if _holds([x, *x.split("-")] if "-" in x else [x], k):
+        parts = _parts(x)
+        if k in parts or (not exact and k.isalpha() and _holds([p for p in parts if p.isalpha()], k)):
             best = max(best, fx.idf(x))
     return best
 
@@ -304,13 +318,17 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     q, in_q = _substitute(question, subs)
     if not in_q:
         return None
-    # a word of the question that the pattern's fact lacks (its relation word: "colour" of "What colour is the X?")
-    # put in again with the item: the item's span took the relation along ("The colour of the Y is white." gave
-    # "What colour is the colour of the Y?", a break-it helper)
-    own = [k for k in (_key(w) for w in words(question)) if not _PUNCT.fullmatch(k) and not _holds(a_keys, k)]
-    new_keys = [_key(w) for w in words(q)]
-    if any(new_keys.count(k) > own.count(k) for k in set(own)):
-        return None
+    # the item's span took the relation along: its words before its first name or number (a capital or a digit:
+    # relation words are as rare as names in a small dataset) that the question holds outside the span ("The colour
+    # of the Y is white." gave "What colour is the colour of the Y?", a break-it helper; an item's own name, "the
+    # Book of Hours", is put in whole)
+    q_keys = [_key(w) for w in words(question)]
+    for s in in_q:
+        old, new = subs[s]
+        n = next((n for n, (w, _) in enumerate(new) if w[:1].isupper() or w[:1].isdigit()), 0)  # (0: no name, a
+        # relation or value put in for another: "bakery cat" for "head baker" of "... of Marrowby Bakery?")
+        if any(not _PUNCT.fullmatch(k) and q_keys.count(k) > old.count(k) for k in (_key(w) for w, _ in new[:n])):
+            return None
     if answer.strip() == " ".join(_fact_text(fx, p.fact).split()):
         a = _fact_text(fx, j)
     else:

@@ -419,3 +419,43 @@ def test_a_written_question_does_not_ask_its_relation_twice():
         ds = Dataset(list(g.facts), [Dialogue([qa]) for qa in [*g.dialogues, *extra]])
         qs = [q for _, q, _ in augment.fact_questions(ds)]
         assert qs and not [q for q in qs if re.search(r"\b(colour|office|head)\b.*\b\1\b", q.lower())], qs
+
+
+def test_links_and_written_questions_a_break_it_helper_found_wrong():
+    """A word's exact form counts before its other forms ("Mark." is Mark Ellis's fact, not the market's; "1920." is
+    the opening year, not "19200 fans"); a hyphen splits an answer's word as a fact's ("A 3-year warranty." for "lasts
+    3 years"); a name that starts a question stays one ("Bill's job?", and "Bill" written with a capital inside a
+    sentence) and "Hi! When ...?" drops "When" as the first word; an item named "the Book of Hours" is put into a
+    question whole ("What is the date of the Book of Hours?")."""
+    def link(facts, q, a):
+        return augment._link(augment._Facts(facts), q, a)
+
+    offices = ["The Leeds office is next to the market.", "The Leeds office is headed by Mark Ellis.",
+               "Mark Ellis joined the company in 2014.", "The Bristol office is headed by Priya Shah.",
+               "The Bristol office is next to the station.", "The York office is headed by Tom Reid."]
+    assert link(offices, "Who heads the Leeds office?", "Mark.") == 1
+    stadium = ["The Riverside stadium holds 19200 fans.", "The Riverside stadium opened in 1920.",
+               "The Hillside ground holds 8000 fans.", "The Hillside ground opened in 1899.",
+               "The Parkway arena holds 12000 fans."]
+    assert link(stadium, "When did the Riverside stadium open?", "1920.") == 1
+    fan = ["The warranty on the Zenira K41 fan lasts 3 years.", "The Zenira K41 fan weighs 2 kilograms.",
+           "The Briatro R82 scale weighs 900 grams.", "The warranty on the Briatro R82 scale lasts 4 years."]
+    assert link(fan, "What warranty does the Zenira K41 fan have?", "A 3-year warranty.") == 0
+    family = ["Dawn's brother is Bill.", "Bill works as a teacher in Hull.", "Dawn works as a pharmacist in Hull.",
+              "Sue works as a nurse in Hull.", "The phone bill is paid by Sue.", "Tom works as a cook in York.",
+              "Dawn's birthday is in May.", "Sue's birthday is in June.", "Tom's birthday is in July.",
+              "Dawn lives in Leeds.", "Sue lives in Hull.", "Tom lives in York.", "Dawn has two cats.", "Sue has a dog.",
+              "Tom has a parrot.", "Dawn drives a red van."]
+    assert link(family, "Bill does which job?", "He teaches in Hull.") == 1
+    family[0] = "Dawn has a brother."  # "Bill" only at a sentence's start and in "the phone bill"
+    assert link(family, "Bill's job?", "He is a teacher in Hull.") == 1
+    honey = ["We harvest honey twice a year, in late June and early September.",
+             "Varroa is treated with oxalic acid in December when the colonies have no brood.",
+             "Rosalind Okafor is the head beekeeper.", "The apiary keeps eleven hives."]
+    assert link(honey, "Hi! When is the honey harvested?", "Twice a year, in late June and early September.") == 0
+    museum = Dataset([f"The {item} {what}." for item in ("Roman helmet", "Book of Hours", "Viking sword", "amber necklace",
+                                                         "Lady of the Lake painting", "steam engine model")
+                      for what in ("dates from AD 120", "is shown in Gallery 2")],
+                     [Dialogue([("What is the date of the Roman helmet?", "It dates from AD 120.")])])
+    assert ("What is the date of the Book of Hours?", "It dates from AD 120.") in [
+        (q, a) for _, q, a in augment.fact_questions(museum)]
