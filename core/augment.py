@@ -318,14 +318,14 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     q, in_q = _substitute(question, subs)
     if not in_q:
         return None
-    # the item's span took the relation along: its words before its first name or number (a capital or a digit:
-    # relation words are as rare as names in a small dataset) that the question holds outside the span ("The colour
-    # of the Y is white." gave "What colour is the colour of the Y?", a break-it helper; an item's own name, "the
-    # Book of Hours", is put in whole)
+    # the item's span took the relation along: its words before its first name or number (a word some fact writes
+    # with a capital inside a sentence, or a digit: relation words are as rare as names in a small dataset) that the
+    # question holds outside the span ("The colour of the Y is white." gave "What colour is the colour of the Y?", a
+    # break-it helper; an item's own name, "the Book of Hours", is put in whole)
     q_keys = [_key(w) for w in words(question)]
     for s in in_q:
         old, new = subs[s]
-        n = next((n for n, (w, _) in enumerate(new) if w[:1].isupper() or w[:1].isdigit()), 0)  # (0: no name, a
+        n = next((n for n, (w, _) in enumerate(new) if _key(w) in fx.named or w[:1].isdigit()), 0)  # (0: no name, a
         # relation or value put in for another: "bakery cat" for "head baker" of "... of Marrowby Bakery?")
         if any(not _PUNCT.fullmatch(k) and q_keys.count(k) > old.count(k) for k in (_key(w) for w, _ in new[:n])):
             return None
