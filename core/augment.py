@@ -89,8 +89,8 @@ class _Facts:
         self.lower = {_key(w) for t in self.tokens for w, _ in t if w.islower()}
         self.named = {_key(w) for t in self.tokens for n, (w, _) in enumerate(t)
                       if n and w[:1].isupper() and t[n - 1][0] not in (".", "!", "?")}
-        for i, ks in enumerate(self.keys):
-            for k in set(ks):
+        for i, ks in enumerate(self.key_sets):
+            for k in ks:
                 self.df[k] = self.df.get(k, 0) + 1
                 self.postings.setdefault(k, []).append(i)
         self.threshold = max(TEMPLATE_MIN, len(facts) ** 0.5)
@@ -137,18 +137,25 @@ def _link(fx: _Facts, question: str, answer: str) -> int | None:
     rare = [k for k in qk if fx.rare(k) and not (k in starts and k in fx.lower and k not in fx.named)]
     if not rare:
         return _link_by_answer(fx, answer)
-    hits: dict[int, int] = {}
-    for k in rare:
-        for i in fx.postings[k]:
-            hits[i] = hits.get(i, 0) + 1
+    hits = _hits(fx, rare)
     most = max(hits.values())
     ak = {p for k in {_key(w) for w in words(answer)} - qk for p in _parts(k)}
     best, best_score = None, (0.0, 0.0)
     for i in sorted(i for i, h in hits.items() if h == most):
-        score = (sum(_shares(fx, i, k, exact=True) for k in ak), sum(_shares(fx, i, k) for k in ak))
+        shares = [_shares(fx, i, k) for k in ak]
+        score = (sum(e for e, _ in shares), sum(f for _, f in shares))
         if score[0] > best_score[0] + 1e-9 or (abs(score[0] - best_score[0]) <= 1e-9 and score[1] > best_score[1] + 1e-9):
             best, best_score = i, score
     return best
+
+
+def _hits(fx: _Facts, keys) -> dict[int, int]:
+    """``{fact index: how many of keys it holds}`` over the facts holding any."""
+    hits: dict[int, int] = {}
+    for k in keys:
+        for i in fx.postings.get(k, ()):
+            hits[i] = hits.get(i, 0) + 1
+    return hits
 
 
 def _parts(k: str) -> list[str]:
@@ -156,19 +163,21 @@ def _parts(k: str) -> list[str]:
     return [k, *k.split("-")] if "-" in k else [k]
 
 
-def _shares(fx: _Facts, i: int, k: str, exact: bool = False) -> float:
-    """How much fact ``i`` holding answer word ``k`` says: the idf of its word that is ``k`` (a hyphenated word's parts
-    included: "4" and "year" of "4-year"), or with ``exact`` False also another form of ``k`` (:func:`_holds`, words
-    of letters only: "years" and "year", "tuesdays" and "tuesday"; not "1920" and "19200"); 0.0 when it holds none.
-    :func:`_link` compares the exact sums first ("Mark." is the fact of "Mark Ellis", not of "the market"), then these
-    (an answer "2 years." linked nothing where the fact said "a 2-year warranty": 170 of the 4,740 dialogues of 240
-    generated datasets)."""
-    best = 0.0
+def _shares(fx: _Facts, i: int, k: str) -> tuple[float, float]:
+    """How much fact ``i`` holding answer word ``k`` says: (the idf of its word that is ``k``, a hyphenated word's parts
+    included: "4" and "year" of "4-year"; the same with another form of ``k`` too, :func:`_holds` on words of letters
+    only: "years" and "year", "tuesdays" and "tuesday", not "1920" and "19200"), 0.0 where it holds none.
+    :func:`_link` compares the exact sums first ("Mark." is the fact of "Mark Ellis", not of "the market"), then the
+    others (an answer "2 years." linked nothing where the fact said "a 2-year warranty": 170 of the 4,740 dialogues of
+    240 generated datasets)."""
+    exact = form = 0.0
     for x in fx.key_sets[i]:
         parts = _parts(x)
-        if k in parts or (not exact and k.isalpha() and _holds([p for p in parts if p.isalpha()], k)):
-            best = max(best, fx.idf(x))
-    return best
+        same = k in parts
+        if same or (k.isalpha() and _holds([p for p in parts if p.isalpha()], k)):
+            form = max(form, fx.idf(x))
+            exact = max(exact, fx.idf(x)) if same else exact
+    return exact, form
 
 
 def _link_by_answer(fx: _Facts, answer: str) -> int | None:
@@ -178,10 +187,7 @@ def _link_by_answer(fx: _Facts, answer: str) -> int | None:
     answer's rare words, at least two of them and at least half; None for an answer of fewer rare words ("Yes.")
     or one that as many facts hold."""
     ak = {k for k in (_key(w) for w in words(answer)) if fx.rare(k)}
-    hits: dict[int, int] = {}
-    for k in ak:
-        for i in fx.postings[k]:
-            hits[i] = hits.get(i, 0) + 1
+    hits = _hits(fx, ak)
     if not hits:
         return None
     most = max(hits.values())
@@ -305,14 +311,15 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     # wrote ", the warranty by us?" -> "No, the warranty , not by us.")
     if any(_only_punctuation(old) != _only_punctuation([_key(w) for w, _ in new]) for old, new in subs):
         return None  # ("." against "!" is a difference of punctuation only: facts of one kind)
-    item = {k for k in (_key(w) for w in words(question)) if fx.rare(k) and k in a_keys}
+    q_keys = [_key(w) for w in words(question)]
+    item = {k for k in q_keys if fx.rare(k) and k in a_keys}
     changed = {k for old, _ in subs for k in old}
     if not item & changed:
         return None
     # the pattern's value (its answer's words the question lacks) must have a counterpart in fact j: where the
     # alignment drops it, fact j states no such value ("The club workshop is open on Wednesday evenings." against
     # "Marta Kowal is the club captain.": "Who is the club workshop is open on Wednesday evenings?", a new user)
-    value = {_key(w) for w in words(answer)} - {_key(w) for w in words(question)}
+    value = {_key(w) for w in words(answer)} - set(q_keys)
     if value & (_dropped(fx.tokens[p.fact], fx.tokens[j]) - changed):  # (not the "50" of "$42.50" for "$7")
         return None
     q, in_q = _substitute(question, subs)
@@ -322,7 +329,6 @@ def _analogy(fx: _Facts, p: Pattern, j: int, question: str, answer: str) -> tupl
     # with a capital inside a sentence, or a digit: relation words are as rare as names in a small dataset) that the
     # question holds outside the span ("The colour of the Y is white." gave "What colour is the colour of the Y?", a
     # break-it helper; an item's own name, "the Book of Hours", is put in whole)
-    q_keys = [_key(w) for w in words(question)]
     for s in in_q:
         old, new = subs[s]
         n = next((n for n, (w, _) in enumerate(new) if _key(w) in fx.named or w[:1].isdigit()), 0)  # (0: no name, a

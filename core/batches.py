@@ -162,10 +162,9 @@ class Batches:
         facts = sorted({i for i, _, _ in qs})
         n_out = min(tc.heldout, len(facts) // 2)  # most facts with a question stay trained
         out = set(np.random.default_rng([tc.seed, 7]).choice(facts, n_out, replace=False).tolist()) if n_out else set()
-        trained = [Dialogue([(q, a)]) for i, q, a in qs if i not in out]
         heldout = [(q, a) for i, q, a in qs if i in out]
         self.question_pairs = [(q, a) for i, q, a in qs if i not in out]
-        return dialogue_examples(self.tokenizer, trained, cl), heldout
+        return dialogue_examples(self.tokenizer, [Dialogue([qa]) for qa in self.question_pairs], cl), heldout
 
     def _conversations(self, cl: int) -> list[Example]:
         """Conversations of 2-4 unrelated dialogues: the dataset's dialogues and as many trained fact

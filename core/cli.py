@@ -850,6 +850,7 @@ def cmd_recall(args: argparse.Namespace) -> int:
     from core.dataset import load_dataset
     from core.device import open_device
     from core.model import Model
+    from core.plan import KIND_NOUN
     from core.recall import recall_check, sampled, tally
 
     loaded = load_model(args.model)
@@ -889,9 +890,8 @@ def cmd_recall(args: argparse.Namespace) -> int:
         for r in items:
             if not r.ok:
                 print(f"[{r.kind} {r.index + 1}] {r.prompt!r}: got {r.got!r}, expected {r.expected!r}")
-    for k, noun in (("dialogue", "answers"), ("fact", "facts"), ("question", "written questions"),
-                    ("heldout", "held-out questions")):
-        ok, n = tally(items, k)
+    for k in ("dialogue", "fact", "question", "heldout"):
+        ok, n, noun = *tally(items, k), KIND_NOUN[k]
         why = left_out.get(k)  # what the check could not ask (too long for the model's context, one word)
         skipped = f"; not checked: {', '.join(f'{c:,} {reason}' for reason, c in why.items())}" if why else ""
         if n:

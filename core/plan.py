@@ -686,14 +686,15 @@ def verdict_of(report: StageReport, target: float = 1.0, preset: str | None = No
                 fixed_steps, report.questions_recalled)
     sampled = getattr(report, "recall_sampled", None) or {}
     if sampled:
-        note = ", ".join(f"{c:,} of {n:,} {_SAMPLED[k]}" for k, (c, n) in sampled.items())
+        note = ", ".join(f"{c:,} of {n:,} {KIND_NOUN[k]}" for k, (c, n) in sampled.items())
         v = replace(v, text=f"{v.text} (checked a sample: {note})")
     return v
 
 
-_SAMPLED = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions",
-            "question": "written questions"}
+KIND_NOUN = {"fact": "facts", "dialogue": "answers", "chat": "conversation questions", "heldout": "held-out questions",
+             "question": "written questions"}
+"""What the verdict's sample note and `opencl-llm recall` call the items of each recall kind (core.recall.KINDS)."""
 
 
-__all__ = ["AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",
+__all__ = ["KIND_NOUN", "AUTO", "Plan", "Verdict", "make_plan", "plan_for", "choose_preset", "verdict", "verdict_of", "with_heldout_trained",
            "measure_speed", "cached_speed", "plan_on", "store_speed", "speed_key", "format_duration", "padded_length"]

@@ -183,14 +183,11 @@ def recall_prompts(tok: Tokenizer, dataset: Dataset, context_length: int, kinds:
                 out.append(_Prompt("dialogue", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     if "chat" in kinds and len(dataset.dialogues) > 1:
         out += _chat_prompts(tok, dataset.dialogues, context_length)
-    if "heldout" in kinds:
-        for i, (user, answer) in enumerate(heldout):
-            ids = chat_format.prompt_ids(tok, [], user)
-            out.append(_Prompt("heldout", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
-    if "question" in kinds:
-        for i, (user, answer) in enumerate(questions):
-            ids = chat_format.prompt_ids(tok, [], user)
-            out.append(_Prompt("question", i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
+    for kind, pairs in (("heldout", heldout), ("question", questions)):  # each (question, answer) a new conversation
+        if kind in kinds:
+            for i, (user, answer) in enumerate(pairs):
+                ids = chat_format.prompt_ids(tok, [], user)
+                out.append(_Prompt(kind, i, user, answer, ids, len(tok.encode(answer)) + ANSWER_SLACK))
     # a prompt must leave room for its answer; a fact must be trained whole (Dataset.validate's rule: BOS, text and
     # EOS at most the context and one more token): one trained in pieces of the context cannot be reproduced from
     # its first words ("not checked for recall", as validate says)

@@ -30,7 +30,7 @@ def read_import(path: str | Path) -> tuple[Dataset, list[str], list[str]]:
     ds, problems = load_dataset(path, notes)
     if not ds.facts and not ds.dialogues:  # the notes may say why (a list given twice, the second one empty)
         why = f"; {count_words(len(problems), 'entry')} could not be read, e.g. {problems[0]}" if problems else ""
-        said = "".join(f"\n{n}" for n in notes[:NOTES_SHOWN])
+        said = f"\n{_first(notes, NOTES_SHOWN)}" if notes else ""
         raise DatasetError(f"{path}: no facts or dialogues found{why}. {UNCHANGED}{said}")
     return ds, [str(p) for p in problems], notes
 
